@@ -1,0 +1,25 @@
+"""Errors the engine raises for input it refuses; callers route them (stderr, dead letters)."""
+
+from __future__ import annotations
+
+
+class PageRejected(Exception):
+    """A page the engine cannot process. ``reason`` is a short machine code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; names the key and what is allowed."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"config key '{key}': {message}")
+        self.key = key
+        self.message = message
+
+
+class StoreMismatch(RuntimeError):
+    """The store was created with engine parameters that differ from the requested ones."""

@@ -1,0 +1,52 @@
+"""Seeded 64-bit hashing of tokens and vectorized mixing of hash values.
+
+Every random choice in the engine (simhash bits, OPH min-hashes, ICWS samples) derives
+from these two functions, so that the same token gets the same value on every page,
+in every process, with no vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import mmh3
+import numpy as np
+import numpy.typing as npt
+
+U64 = npt.NDArray[np.uint64]
+
+_MASK64 = (1 << 64) - 1
+
+
+def token_hashes(tokens: Iterable[str], seed: int = 0) -> U64:
+    """64-bit murmur3 hash of each token (UTF-8), as an unsigned array."""
+    seed32 = seed & 0xFFFFFFFF
+    return np.fromiter(
+        (mmh3.hash64(t, seed32, signed=False)[0] for t in tokens), dtype=np.uint64
+    )
+
+
+def content_hash(tokens: Iterable[str], seed: int = 0) -> bytes:
+    """128-bit hash of a token sequence; tokens are joined with a separator no token holds."""
+    return mmh3.hash_bytes("\x1f".join(tokens).encode("utf-8"), seed & 0xFFFFFFFF)
+
+
+def mix64(values: U64 | int, salt: int = 0) -> U64:
+    """splitmix64 finalizer of ``values`` xor a salted constant: a fast vectorized re-hash.
+
+    ``mix64(h, i)`` for i = 0, 1, 2, ... gives independent-looking hash functions of h.
+    """
+    with np.errstate(over="ignore"):
+        x = np.asarray(values, dtype=np.uint64) ^ np.uint64(
+            (0x9E3779B97F4A7C15 * (salt + 1)) & _MASK64
+        )
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def to_unit(values: U64) -> npt.NDArray[np.float64]:
+    """Map uint64 hash values to floats uniform in the open interval (0, 1)."""
+    return ((np.asarray(values, dtype=np.uint64) >> np.uint64(11)).astype(np.float64) + 0.5) / float(
+        1 << 53
+    )

@@ -1,0 +1,20 @@
+"""The unit of input: one fetched page, as a crawler publishes it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Page:
+    """A crawled page. ``id`` is the crawler's document id (often the canonical URL)."""
+
+    id: str
+    body: bytes | str
+    content_type: str = "text/plain"
+    url: str | None = None
+    fetched_at: int | None = None
+    encoding: str | None = None
+    lang: str | None = None
+    meta: dict[str, Any] | None = field(default=None, compare=False)
