@@ -256,7 +256,7 @@ def _heap_less(keys: F64, seqs: npt.NDArray[np.int64], a: int, c: int) -> bool:
 
 
 @njit(cache=True)
-def _heap_swap(keys, seqs, elems, sizes, a, c):  # type: ignore[no-untyped-def]
+def _heap_swap(keys, seqs, elems, sizes, a, c):
     keys[a], keys[c] = keys[c], keys[a]
     seqs[a], seqs[c] = seqs[c], seqs[a]
     sizes[a], sizes[c] = sizes[c], sizes[a]
@@ -265,7 +265,7 @@ def _heap_swap(keys, seqs, elems, sizes, a, c):  # type: ignore[no-untyped-def]
 
 
 @njit(cache=True)
-def heap_push(keys, seqs, elems, sizes, n, key, seq, src, size):  # type: ignore[no-untyped-def]
+def heap_push(keys, seqs, elems, sizes, n, key, seq, src, size):
     """Push node (key, seq, src[:size]) onto the heap of n nodes; returns the new count."""
     keys[n] = key
     seqs[n] = seq
@@ -284,7 +284,7 @@ def heap_push(keys, seqs, elems, sizes, n, key, seq, src, size):  # type: ignore
 
 
 @njit(cache=True)
-def heap_pop(keys, seqs, elems, sizes, n, out):  # type: ignore[no-untyped-def]
+def heap_pop(keys, seqs, elems, sizes, n, out):
     """Pop the top node into ``out``; returns (new count, its size, its key)."""
     size = sizes[0]
     key = keys[0]
@@ -364,7 +364,7 @@ def vosh_order_kernel(
 
 
 @njit(cache=True)
-def push_children(keys, seqs, elems, sizes, n, seq, cur, child, size, b, base, ratio):  # type: ignore[no-untyped-def]
+def push_children(keys, seqs, elems, sizes, n, seq, cur, child, size, b, base, ratio):
     """Algorithm 2 (fixed, see :func:`_children`) on ``cur[:size]``; pushes both children."""
     if size == 0:
         return n, seq
