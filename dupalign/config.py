@@ -1,0 +1,185 @@
+"""Engine parameters: defaults, validation, and the subset that must match the store.
+
+Parameters that change what is written to the store (seeds, k, K, bit layout, tokenization)
+are "frozen": they are recorded in the store's ``meta`` family at creation and a store
+refuses to open with different ones. The rest (thresholds, budgets, limits) may change
+between runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from fractions import Fraction
+from typing import Any
+
+from dupalign.errors import ConfigError
+
+TF_MODES = ("raw", "log", "binary", "sqrt", "squared")
+
+
+def _check_range(key: str, value: float, lo: float, hi: float) -> None:
+    if not (lo <= value <= hi):
+        raise ConfigError(key, f"{value!r} is out of range [{lo}, {hi}]")
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(key, f"{value!r} is not one of {', '.join(choices)}")
+
+
+def parse_fraction(key: str, value: Any) -> Fraction:
+    """θ as an exact fraction: "2/5", "0.4" or 0.4 all give 2/5."""
+    try:
+        frac = Fraction(str(value)).limit_denominator(1000)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise ConfigError(key, f"{value!r} is not a number or fraction like 2/5") from exc
+    if not (0 < frac <= 1):
+        raise ConfigError(key, f"{value!r} must be in (0, 1]")
+    return frac
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    main_content: bool = False  # boilerplate removal (resiliparse) instead of full text
+    max_page_bytes: int = 16 * 1024 * 1024
+    max_tokens: int = 2_000_000
+
+    def validate(self) -> None:
+        _check_range("text.max_page_bytes", self.max_page_bytes, 1024, 1 << 30)
+        _check_range("text.max_tokens", self.max_tokens, 100, 100_000_000)
+
+
+@dataclass(frozen=True)
+class NearConfig:
+    enabled: bool = True
+    hamming: int = 3
+    probe_budget: int = 64  # VOSH probes per lookup
+    mode: str = "all"  # PSM_A ("all") or PSM_F ("first")
+    min_tokens: int = 10  # shorter pages get exact matching only
+    cws_samples: int = 128
+    cws_threshold: float = 0.8  # weighted Jaccard a near duplicate must reach
+    cws_error: float = 1e-3  # e: probability budget of each early-termination bound
+    tf_mode: str = "log"
+    idf_freeze_at: tuple[int, ...] = (1000, 10000, 100000)
+
+    def validate(self) -> None:
+        _check_range("near.hamming", self.hamming, 0, 8)
+        _check_range("near.probe_budget", self.probe_budget, 1, 1_000_000)
+        _check_choice("near.mode", self.mode, ("all", "first"))
+        _check_range("near.min_tokens", self.min_tokens, 1, 1_000_000)
+        _check_range("near.cws_samples", self.cws_samples, 8, 4096)
+        _check_range("near.cws_threshold", self.cws_threshold, 0.01, 1.0)
+        _check_range("near.cws_error", self.cws_error, 1e-12, 0.5)
+        _check_choice("near.tf_mode", self.tf_mode, TF_MODES)
+        if list(self.idf_freeze_at) != sorted(set(self.idf_freeze_at)) or any(
+            n < 1 for n in self.idf_freeze_at
+        ):
+            raise ConfigError("near.idf_freeze_at", "must be increasing positive doc counts")
+
+
+@dataclass(frozen=True)
+class PassageConfig:
+    enabled: bool = True
+    mode: str = "oph"  # "oph" (Jaccard) or "weighted" (MonoActive, weighted Jaccard)
+    k: int = 64
+    theta: str = "2/5"
+    shingle: int = 1  # words per token for alignment (1 = words as in the papers)
+    query_len: int = 64  # tokens per query passage
+    stride: int = 32
+    min_len: int = 32  # shortest aligned subsequence reported, in tokens
+    max_candidates: int = 64  # pages verified per query passage (most collided bins first)
+    tf_mode: str = "log"  # weighted mode only
+
+    def validate(self) -> None:
+        _check_choice("passage.mode", self.mode, ("oph", "weighted"))
+        _check_range("passage.k", self.k, 4, 1024)
+        parse_fraction("passage.theta", self.theta)
+        _check_range("passage.shingle", self.shingle, 1, 8)
+        _check_range("passage.query_len", self.query_len, 4, 100_000)
+        _check_range("passage.stride", self.stride, 1, self.query_len)
+        _check_range("passage.min_len", self.min_len, 1, 100_000)
+        _check_range("passage.max_candidates", self.max_candidates, 1, 100_000)
+        _check_choice("passage.tf_mode", self.tf_mode, TF_MODES)
+
+    @property
+    def theta_fraction(self) -> Fraction:
+        return parse_fraction("passage.theta", self.theta)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    seed: int = 0x5EED
+    text: TextConfig = field(default_factory=TextConfig)
+    near: NearConfig = field(default_factory=NearConfig)
+    passage: PassageConfig = field(default_factory=PassageConfig)
+
+    def validate(self) -> EngineConfig:
+        _check_range("seed", self.seed, 0, (1 << 32) - 1)
+        self.text.validate()
+        self.near.validate()
+        self.passage.validate()
+        return self
+
+    def frozen_params(self) -> dict[str, Any]:
+        """What the store's contents depend on; recorded in ``meta`` and checked at open."""
+        return {
+            "format": 1,
+            "seed": self.seed,
+            "main_content": self.text.main_content,
+            "tf_mode": self.near.tf_mode,
+            "cws_samples": self.near.cws_samples,
+            "idf_freeze_at": list(self.near.idf_freeze_at),
+            "passage_mode": self.passage.mode,
+            "passage_k": self.passage.k,
+            "passage_shingle": self.passage.shingle,
+            "passage_tf_mode": self.passage.tf_mode,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
+        """Build from a TOML-like mapping; unknown keys and bad values raise ConfigError."""
+        sections = {"text": TextConfig, "near": NearConfig, "passage": PassageConfig}
+        kwargs: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in sections:
+                if not isinstance(value, dict):
+                    raise ConfigError(key, "must be a table")
+                kwargs[key] = _build_section(key, sections[key], value)
+            elif key == "seed":
+                if not isinstance(value, int) or isinstance(value, bool):
+                    raise ConfigError("seed", f"{value!r} is not an integer")
+                kwargs[key] = value
+            else:
+                raise ConfigError(key, "unknown key")
+        return cls(**kwargs).validate()
+
+
+def _build_section(name: str, cls: type, data: dict[str, Any]) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    defaults = cls()
+    for key, value in data.items():
+        if key not in known:
+            raise ConfigError(f"{name}.{key}", "unknown key")
+        default = getattr(defaults, key)
+        if isinstance(default, tuple):
+            if not isinstance(value, list | tuple):
+                raise ConfigError(f"{name}.{key}", f"{value!r} is not a list")
+            value = tuple(value)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{name}.{key}", f"{value!r} is not true/false")
+        elif isinstance(default, int):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigError(f"{name}.{key}", f"{value!r} is not an integer")
+        elif isinstance(default, float):
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ConfigError(f"{name}.{key}", f"{value!r} is not a number")
+            value = float(value)
+        elif isinstance(default, str) and not isinstance(value, str | int | float):
+            raise ConfigError(f"{name}.{key}", f"{value!r} is not a string")
+        kwargs[key] = str(value) if isinstance(default, str) else value
+    return cls(**kwargs)

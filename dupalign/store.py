@@ -1,0 +1,202 @@
+"""The RocksDB store: one database, one column family per kind of entry, raw bytes.
+
+Keys are big-endian so that byte order is numeric order. rocksdict has no merge operator,
+so everything that grows (inverted lists, offsets) is written as append-style keys and
+read back by prefix scans. Everything one page writes goes into one WriteBatch, which
+RocksDB applies atomically (also across a crash).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    DBCompressionType,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+)
+
+from dupalign.errors import StoreMismatch
+
+FAMILIES = (
+    "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables
+    "docs",  # ordinal -> doc record (msgpack)
+    "ids",  # doc id -> latest ordinal
+    "replay",  # 16-byte hash of (doc id, body) -> ordinal: a page seen before
+    "matches",  # ordinal -> the matches the page produced (msgpack), returned on replay
+    "exact",  # content hash (16 B) ‖ ordinal -> b""
+    "simhash",  # fingerprint ‖ ordinal -> b""
+    "cws",  # ordinal -> K uint64 samples
+    "oph",  # min-hash value ‖ ordinal ‖ window no. -> (l, c, r) of a non-empty window
+    "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
+    "offsets",  # topic ‖ partition -> next offset to consume
+)
+
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+
+
+def u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def read_u64(data: bytes, at: int = 0) -> int:
+    return int(_U64.unpack_from(data, at)[0])
+
+
+def u32(value: int) -> bytes:
+    return _U32.pack(value)
+
+
+def offsets_key(topic: str, partition: int) -> bytes:
+    return topic.encode("utf-8") + b"\x00" + u32(partition)
+
+
+def _options() -> Options:
+    opts = Options(raw_mode=True)
+    opts.create_if_missing(True)
+    opts.create_missing_column_families(True)
+    opts.set_compression_type(DBCompressionType.lz4())
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    opts.set_block_based_table_factory(table)
+    opts.increase_parallelism(2)
+    return opts
+
+
+class Batch:
+    """A WriteBatch that names column families by string."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._wb = WriteBatch(raw_mode=True)
+
+    def put(self, family: str, key: bytes, value: bytes) -> None:
+        self._wb.put(key, value, self._store._handles[family])
+
+    def delete(self, family: str, key: bytes) -> None:
+        self._wb.delete(key, self._store._handles[family])
+
+    def __len__(self) -> int:
+        return int(self._wb.len())
+
+
+class Store:
+    """The engine's RocksDB database. Open with the engine's frozen parameters: a new store
+    records them, an existing one must have been created with the same ones."""
+
+    def __init__(self, path: str | Path, params: dict[str, Any], read_only: bool = False) -> None:
+        self.path = Path(path)
+        opts = _options()
+        if read_only:
+            if not (self.path / "CURRENT").exists():
+                raise FileNotFoundError(f"no store at {self.path}")
+            access = AccessType.read_only()
+        else:
+            self.path.mkdir(parents=True, exist_ok=True)
+            access = AccessType.read_write()
+        families = {name: _options() for name in FAMILIES}
+        if (self.path / "CURRENT").exists():
+            existing = set(Rdict.list_cf(str(self.path), opts))
+            if read_only:
+                families = {n: o for n, o in families.items() if n in existing}
+        self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
+        self._handles = {name: self._db.get_column_family_handle(name) for name in families}
+        self._cfs = {name: self._db.get_column_family(name) for name in families}
+        self._check_params(params, read_only)
+
+    def _check_params(self, params: dict[str, Any], read_only: bool) -> None:
+        stored = self.get("meta", b"params")
+        if stored is None:
+            if read_only:
+                raise StoreMismatch(f"{self.path} has no engine parameters: not a dupalign store")
+            self._cfs["meta"][b"params"] = msgpack.packb(params)
+            self.params = dict(params)
+            return
+        self.params = msgpack.unpackb(stored)
+        if read_only:
+            return
+        diff = {
+            k: (self.params.get(k), params.get(k))
+            for k in set(self.params) | set(params)
+            if self.params.get(k) != params.get(k)
+        }
+        if diff:
+            detail = ", ".join(f"{k}: store has {a!r}, asked for {b!r}" for k, (a, b) in
+                               sorted(diff.items()))
+            raise StoreMismatch(f"store {self.path} was built with other parameters ({detail}); "
+                                "use the same config or a new store")
+
+    def get(self, family: str, key: bytes) -> bytes | None:
+        value = self._cfs[family].get(key)
+        return None if value is None else bytes(value)
+
+    def multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:
+        if not keys:
+            return []
+        return list(self._cfs[family].get(keys))
+
+    def put(self, family: str, key: bytes, value: bytes) -> None:
+        self._cfs[family][key] = value
+
+    def prefix(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """All entries whose key starts with ``prefix``, in key order."""
+        ropts = ReadOptions()
+        upper = _prefix_upper_bound(prefix)
+        if upper is not None:
+            ropts.set_iterate_upper_bound(upper)
+        it = self._cfs[family].iter(ropts)
+        it.seek(prefix)
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
+
+    def items(self, family: str) -> Iterator[tuple[bytes, bytes]]:
+        it = self._cfs[family].iter(ReadOptions())
+        it.seek_to_first()
+        while it.valid():
+            yield it.key(), it.value()
+            it.next()
+
+    def last_key(self, family: str) -> bytes | None:
+        it = self._cfs[family].iter(ReadOptions())
+        it.seek_to_last()
+        return it.key() if it.valid() else None
+
+    def batch(self) -> Batch:
+        return Batch(self)
+
+    def write(self, batch: Batch) -> None:
+        self._db.write(batch._wb)
+
+    def size_bytes(self) -> int:
+        total = 0
+        for cf in self._cfs.values():
+            total += int(cf.property_int_value("rocksdb.total-sst-files-size") or 0)
+            total += int(cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
+        return total
+
+    def flush(self) -> None:
+        for cf in self._cfs.values():
+            cf.flush()
+
+    def close(self) -> None:
+        self._cfs.clear()
+        self._handles.clear()
+        self._db.close()
+
+
+def _prefix_upper_bound(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key starting with ``prefix``."""
+    stripped = prefix.rstrip(b"\xff")
+    if not stripped:
+        return None
+    return stripped[:-1] + bytes([stripped[-1] + 1])

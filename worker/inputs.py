@@ -1,0 +1,194 @@
+"""Reading pages from files: JSON Lines (one page per line) and WARC (response records).
+
+Every item comes with its line or record number, so a bad one can be reported precisely
+and skipped without stopping the run.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from fastwarc.warc import ArchiveIterator, WarcRecordType
+
+from dupalign.page import Page
+
+SUPPORTED_TYPES = ("text/html", "application/xhtml+xml", "text/plain")
+
+
+@dataclass(frozen=True)
+class InputError:
+    """An input item that is not a usable page, with why."""
+
+    where: str  # "file.jsonl:12" or "file.warc.gz#record 7"
+    reason: str
+
+
+def is_warc(path: str | Path) -> bool:
+    name = str(path).lower()
+    return name.endswith((".warc", ".warc.gz", ".arc.gz"))
+
+
+def iter_input(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
+    """Pages of a JSON Lines or WARC file, numbered by line (JSONL) or record (WARC), from 1."""
+    if is_warc(path):
+        yield from iter_warc(path)
+    else:
+        yield from iter_jsonl(path)
+
+
+def page_from_mapping(obj: Any) -> Page:
+    """A Page from a decoded JSON/msgpack mapping; raises ValueError naming the bad field."""
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    doc_id = obj.get("id")
+    if not isinstance(doc_id, str) or not doc_id:
+        raise ValueError("'id' must be a non-empty string")
+    body = obj.get("body")
+    if not isinstance(body, str | bytes):
+        raise ValueError("'body' must be a string")
+    content_type = obj.get("content_type", "text/plain")
+    if not isinstance(content_type, str):
+        raise ValueError("'content_type' must be a string")
+    for key in ("url", "encoding", "lang"):
+        if obj.get(key) is not None and not isinstance(obj[key], str):
+            raise ValueError(f"'{key}' must be a string")
+    fetched_at = obj.get("fetched_at")
+    if fetched_at is not None and (not isinstance(fetched_at, int) or isinstance(fetched_at, bool)):
+        raise ValueError("'fetched_at' must be an integer (ms)")
+    meta = obj.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise ValueError("'meta' must be an object")
+    return Page(
+        id=doc_id,
+        body=body,
+        content_type=content_type,
+        url=obj.get("url"),
+        fetched_at=fetched_at,
+        encoding=obj.get("encoding"),
+        lang=obj.get("lang"),
+        meta=meta,
+    )
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                yield lineno, page_from_mapping(json.loads(raw))
+            except (ValueError, UnicodeDecodeError) as exc:
+                yield lineno, InputError(where, str(exc))
+
+
+def iter_warc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
+    """Response records of a WARC file. fastwarc reads WARC 1.0/1.1; older files (such as
+    ClueWeb09's WARC/0.18) are read by a small tolerant reader."""
+    try:
+        yield from _iter_fastwarc(path)
+    except OSError as exc:
+        if "Invalid WARC header" not in str(exc):
+            raise
+        yield from _iter_legacy_warc(path)
+
+
+def _clean_uri(uri: str | None) -> str | None:
+    if uri is None:
+        return None
+    uri = uri.strip()
+    return uri[1:-1] if uri.startswith("<") and uri.endswith(">") else uri
+
+
+def _page_or_error(
+    number: int, where: str, uri: str | None, ctype: str | None, body: bytes, date: int | None
+) -> Page | InputError:
+    if not uri:
+        return InputError(where, "response record without WARC-Target-URI")
+    mime = (ctype or "").split(";")[0].strip().lower()
+    if mime not in SUPPORTED_TYPES:
+        return InputError(where, f"content type {ctype!r} is not text")
+    charset = None
+    for part in (ctype or "").split(";")[1:]:
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "charset" and value.strip():
+            charset = value.strip().strip("\"'")
+    return Page(id=uri, url=uri, body=body, content_type=mime, encoding=charset, fetched_at=date)
+
+
+def _iter_fastwarc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
+    number = 0
+    with open(path, "rb") as fh:
+        for rec in ArchiveIterator(
+            fh, record_types=WarcRecordType.response, parse_http=True, strict_mode=False
+        ):
+            number += 1
+            where = f"{path}#record {number}"
+            if rec.http_headers is not None:
+                if rec.http_headers.status_code not in (None, 200):
+                    yield number, InputError(where, f"HTTP status {rec.http_headers.status_code}")
+                    continue
+                ctype = rec.http_headers.get("Content-Type")
+            else:  # payload is the document itself (e.g. Wayback exports)
+                ctype = rec.headers.get("Content-Type")
+            uri = _clean_uri(rec.headers.get("WARC-Target-URI"))
+            yield number, _page_or_error(number, where, uri, ctype, rec.reader.read(), None)
+
+
+def _iter_legacy_warc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    number = 0
+    with opener(path, "rb") as fh:
+        while True:
+            headers = _read_warc_headers(fh)
+            if headers is None:
+                return
+            length = int(headers.get("content-length", "0") or 0)
+            block = fh.read(length)
+            if headers.get("warc-type") != "response":
+                continue
+            number += 1
+            where = f"{path}#record {number}"
+            ctype = headers.get("content-type", "")
+            if ctype.startswith("application/http"):
+                head, _, body = block.partition(b"\r\n\r\n")
+                if not _:
+                    head, _, body = block.partition(b"\n\n")
+                http = _parse_header_lines(head.split(b"\n")[1:])
+                ctype = http.get("content-type", "")
+            else:
+                body = block
+            uri = _clean_uri(headers.get("warc-target-uri"))
+            yield number, _page_or_error(number, where, uri, ctype, body, None)
+
+
+def _read_warc_headers(fh: IO[bytes]) -> dict[str, str] | None:
+    line = fh.readline()
+    while line and not line.strip():
+        line = fh.readline()
+    if not line:
+        return None
+    if not line.startswith(b"WARC/"):
+        raise OSError(f"not a WARC record header: {line[:40]!r}")
+    lines = []
+    while True:
+        line = fh.readline()
+        if not line or not line.strip():
+            break
+        lines.append(line)
+    return _parse_header_lines(lines)
+
+
+def _parse_header_lines(lines: list[bytes]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for raw in lines:
+        name, sep, value = raw.decode("latin-1").partition(":")
+        if sep:
+            out[name.strip().lower()] = value.strip()
+    return out
