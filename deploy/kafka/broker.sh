@@ -10,7 +10,7 @@
 #   broker.sh classpath    only resolve and cache the jars (e.g. to warm a CI cache)
 #
 # Environment:
-#   DUPALIGN_KAFKA_CACHE   where the jars are cached (default ~/.cache/dupalign/kafka-<pom hash>)
+#   KAFKA_BROKER_CACHE   where the jars are cached (default ~/.cache/dupalign/kafka-<pom hash>)
 #   KAFKA_HEAP_OPTS        JVM heap (default -Xmx512m -Xms128m)
 #   BROKER_START_TIMEOUT   seconds to wait for readiness (default 120)
 #   BROKER_STOP_TIMEOUT    seconds to wait for a clean stop (default 30)
@@ -32,8 +32,8 @@ need_tools() {
 }
 
 cache_dir() {
-  if [[ -n "${DUPALIGN_KAFKA_CACHE:-}" ]]; then
-    echo "$DUPALIGN_KAFKA_CACHE"
+  if [[ -n "${KAFKA_BROKER_CACHE:-}" ]]; then
+    echo "$KAFKA_BROKER_CACHE"
   else
     local h
     h=$(sha256sum "$POM" | cut -c1-12)
