@@ -1,0 +1,411 @@
+"""Probabilistic Simhash Matching (PSM, Sood & Loguinov CIKM'11 §6.2, §7.3) on one sorted table.
+
+The table (:class:`SimhashTable`) is ONE array of 64-bit fingerprints sorted as unsigned
+integers, with a parallel array of ordinals, a directory over its top ``t`` "header" bits
+(``directory[v]`` = first row whose top t bits are >= v, so the rows of header v are
+``directory[v]:directory[v+1]``), and a small unsorted append buffer.
+
+Volatility versus the fixed sort order. The sort order cannot depend on the query, so bits
+are never permuted in the table: the header is always the top t bits of the fingerprint
+(bits 63 … 64-t). Volatility only decides the ORDER OF PROBES: VOSH runs over the t header
+bits ranked by the query's p_j, and each yielded set S (|S| = i <= h) is one probe of the
+bucket ``(x >> (64-t)) ^ mask(S)``; the bucket is scanned linearly and a row y is reported
+when popcount(x ^ y) <= h, i.e. when its remaining 64-t bits are within h - i (§6.2).
+Flips outside the header cost no probe (the scan covers them exactly), so PSM misses a true
+neighbour only when the header flips it needs come after the probe budget is spent.
+With an unlimited budget every set of <= h header bits is probed and PSM is exact.
+
+Header width. §7.3 finds t = d = log2(n) optimal with a 2^t-entry hash table, i.e. 2× the
+RAM of the fingerprints. Here t = floor(log2 n) - ``header_slack`` (default 2), tracked as
+the table grows (recomputed at every merge): the directory then costs 4 B × 2^t <= n/2 B,
+≤ 1/16 of the 8n B fingerprint array, and a bucket holds 4–8 rows on average.
+
+RAM. ``fingerprint_nbytes`` = sorted fingerprints + directory + buffer; ordinals are a
+separate int64 array (``ordinal_nbytes``): they are arbitrary store ordinals, and after
+sorting by fingerprint they cannot be implicit positions. ``nbytes`` is the sum.
+
+Append buffer. New rows go to an unsorted buffer that every query scans exactly; it is
+merged into the sorted array (linear merge, then directory rebuild) when it holds
+``max(buffer_min, isqrt(4 n))`` rows, which balances the O(n) merge per buffer-full against
+the O(buffer) scan per query (both ≈ 2·sqrt(n) per page when a page is one insert and one
+lookup).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from dupalign.vosh import VolatilityModel, heap_pop, heap_push, push_children, set_key
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+Mode = Literal["first", "all"]
+DEFAULT_BUDGET = 64
+_QUERY_CHUNK = 32768  # rows of W turned into volatilities at once (bounds temporary RAM)
+
+
+class SimhashTable:
+    """Sorted uint64 fingerprints + int64 ordinals + header directory + append buffer."""
+
+    def __init__(
+        self, header_bits: int | None = None, header_slack: int = 2, buffer_min: int = 1024
+    ) -> None:
+        if header_bits is not None and not 0 <= header_bits <= 32:
+            raise ValueError("header_bits must be in [0, 32]")
+        self._fixed_t = header_bits
+        self.header_slack = int(header_slack)
+        self.buffer_min = int(buffer_min)
+        self.fps: U64 = np.empty(0, dtype=np.uint64)
+        self.ordinals: I64 = np.empty(0, dtype=np.int64)
+        self._buf_fps: U64 = np.empty(self.buffer_min, dtype=np.uint64)
+        self._buf_ords: I64 = np.empty(self.buffer_min, dtype=np.int64)
+        self._nbuf = 0
+        self.header_bits = 0
+        self.directory: npt.NDArray[Any] = np.array([0, 0], dtype=np.uint32)
+        self._rebuild_directory()
+
+    # -- building -------------------------------------------------------------------------
+    @classmethod
+    def from_arrays(
+        cls, fps: npt.ArrayLike, ordinals: npt.ArrayLike, header_bits: int | None = None,
+        header_slack: int = 2, buffer_min: int = 1024,
+    ) -> SimhashTable:
+        """Build at start-up from (unsorted) fingerprints and their ordinals."""
+        f = np.asarray(fps, dtype=np.uint64).ravel()
+        o = np.asarray(ordinals, dtype=np.int64).ravel()
+        if f.shape != o.shape:
+            raise ValueError("fps and ordinals must have the same length")
+        t = cls(header_bits, header_slack, buffer_min)
+        order = np.lexsort((o, f))
+        t.fps = np.ascontiguousarray(f[order])
+        t.ordinals = np.ascontiguousarray(o[order])
+        t._rebuild_directory()
+        return t
+
+    def add(self, fp: int, ordinal: int) -> None:
+        if self._nbuf == self._buf_fps.shape[0]:
+            self.flush()
+        self._buf_fps[self._nbuf] = np.uint64(fp)
+        self._buf_ords[self._nbuf] = ordinal
+        self._nbuf += 1
+
+    def add_many(self, fps: npt.ArrayLike, ordinals: npt.ArrayLike) -> None:
+        f = np.asarray(fps, dtype=np.uint64).ravel()
+        o = np.asarray(ordinals, dtype=np.int64).ravel()
+        if f.shape != o.shape:
+            raise ValueError("fps and ordinals must have the same length")
+        i = 0
+        while i < f.size:
+            if self._nbuf == self._buf_fps.shape[0]:
+                self.flush()
+            take = min(f.size - i, self._buf_fps.shape[0] - self._nbuf)
+            self._buf_fps[self._nbuf : self._nbuf + take] = f[i : i + take]
+            self._buf_ords[self._nbuf : self._nbuf + take] = o[i : i + take]
+            self._nbuf += take
+            i += take
+
+    def flush(self) -> None:
+        """Merge the buffer into the sorted arrays and re-derive t and the directory."""
+        if self._nbuf:
+            bf = self._buf_fps[: self._nbuf]
+            bo = self._buf_ords[: self._nbuf]
+            order = np.lexsort((bo, bf))
+            bf, bo = bf[order], bo[order]
+            # Buffered rows go after equal fingerprints already in the table.
+            pos = np.searchsorted(self.fps, bf, side="right")
+            self.fps = np.insert(self.fps, pos, bf)
+            self.ordinals = np.insert(self.ordinals, pos, bo)
+            self._nbuf = 0
+        cap = max(self.buffer_min, math.isqrt(4 * len(self.fps)))
+        if cap != self._buf_fps.shape[0]:
+            self._buf_fps = np.empty(cap, dtype=np.uint64)
+            self._buf_ords = np.empty(cap, dtype=np.int64)
+        self._rebuild_directory()
+
+    def _rebuild_directory(self) -> None:
+        n = len(self.fps)
+        if self._fixed_t is not None:
+            t = self._fixed_t
+        else:
+            t = max(0, math.floor(math.log2(n)) - self.header_slack) if n > 0 else 0
+            t = min(t, 32)
+        self.header_bits = t
+        dtype = np.uint32 if n < 2**32 else np.int64
+        if t == 0:
+            self.directory = np.array([0, n], dtype=dtype)
+            return
+        counts = np.bincount((self.fps >> np.uint64(64 - t)).astype(np.int64), minlength=1 << t)
+        d = np.zeros((1 << t) + 1, dtype=dtype)
+        np.cumsum(counts, out=d[1:])
+        self.directory = d
+
+    # -- introspection --------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.fps) + self._nbuf
+
+    @property
+    def buffered(self) -> int:
+        return self._nbuf
+
+    @property
+    def buffer_fps(self) -> U64:
+        return self._buf_fps[: self._nbuf]
+
+    @property
+    def buffer_ordinals(self) -> I64:
+        return self._buf_ords[: self._nbuf]
+
+    @property
+    def fingerprint_nbytes(self) -> int:
+        return int(self.fps.nbytes + self.directory.nbytes + self._buf_fps.nbytes)
+
+    @property
+    def ordinal_nbytes(self) -> int:
+        return int(self.ordinals.nbytes + self._buf_ords.nbytes)
+
+    @property
+    def nbytes(self) -> int:
+        return self.fingerprint_nbytes + self.ordinal_nbytes
+
+    def all_arrays(self) -> tuple[U64, I64]:
+        """Every (fingerprint, ordinal), sorted part then buffer (for exact baselines)."""
+        return (np.concatenate([self.fps, self.buffer_fps]),
+                np.concatenate([self.ordinals, self.buffer_ordinals]))
+
+
+# ---------------------------------------------------------------------------------------
+# search
+# ---------------------------------------------------------------------------------------
+
+
+@njit(cache=True)
+def popcount64(x: np.uint64) -> int:
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return int((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@njit(cache=True)
+def _emit(res_ord, res_ham, nres, o, d):  # grow-by-doubling output arrays
+    if nres == res_ord.shape[0]:
+        r2 = np.empty(2 * nres + 16, dtype=np.int64)
+        h2 = np.empty(2 * nres + 16, dtype=np.int64)
+        r2[:nres] = res_ord[:nres]
+        h2[:nres] = res_ham[:nres]
+        res_ord, res_ham = r2, h2
+    res_ord[nres] = o
+    res_ham[nres] = d
+    return res_ord, res_ham, nres + 1
+
+
+@njit(cache=True)
+def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, P, h, budget, first):
+    m = qfps.shape[0]
+    offsets = np.zeros(m + 1, dtype=np.int64)
+    probes = np.zeros(m, dtype=np.int64)
+    res_ord = np.empty(max(16, m), dtype=np.int64)
+    res_ham = np.empty(max(16, m), dtype=np.int64)
+    nres = 0
+    hh = min(h, t)
+    cap = 2 * budget + hh + 2
+    keys = np.empty(cap)
+    seqs = np.empty(cap, dtype=np.int64)
+    elems = np.empty((cap, max(hh, 1)), dtype=np.int64)
+    sizes = np.empty(cap, dtype=np.int64)
+    cur = np.empty(max(hh, 1), dtype=np.int64)
+    child = np.empty(max(hh, 1), dtype=np.int64)
+    ratio = np.empty(max(t, 1))
+    hbit = np.empty(max(t, 1), dtype=np.uint64)  # rank -> mask of that header bit
+    ph = np.empty(max(t, 1))
+    shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
+    one = np.uint64(1)
+    for q in range(m):
+        x = qfps[q]
+        start = nres
+        done = False
+        # The buffer is small and unsorted: scan it exactly.
+        for i in range(buf_fps.shape[0]):
+            d = popcount64(x ^ buf_fps[i])
+            if d <= h:
+                res_ord, res_ham, nres = _emit(res_ord, res_ham, nres, buf_ords[i], d)
+                if first:
+                    done = True
+                    break
+        if not done:
+            # Header bits ranked by volatility (r-th header bit from the top is bit 63-r).
+            for r in range(t):
+                ph[r] = -P[q, 63 - r]
+            order = np.argsort(ph[:t], kind="mergesort")
+            base = 1.0
+            for r in range(t):
+                pr = P[q, 63 - order[r]]
+                ratio[r] = pr / (1.0 - pr)
+                base *= 1.0 - pr
+                hbit[r] = one << np.uint64(63 - order[r])
+            n = 0
+            seq = 0
+            for size in range(hh + 1):
+                for e in range(size):
+                    cur[e] = e
+                n = heap_push(keys, seqs, elems, sizes, n, set_key(base, ratio, cur, size), seq,
+                              cur, size)
+                seq += 1
+            k = 0
+            while n > 0 and k < budget and not done:
+                n, size, _key = heap_pop(keys, seqs, elems, sizes, n, cur)
+                k += 1
+                mask = np.uint64(0)
+                for e in range(size):
+                    mask |= hbit[cur[e]]
+                if t > 0:
+                    hv = (x ^ mask) >> shift
+                    lo = np.int64(directory[hv])
+                    hi = np.int64(directory[hv + one])
+                else:
+                    lo = np.int64(0)
+                    hi = np.int64(fps.shape[0])
+                for i in range(lo, hi):
+                    d = popcount64(x ^ fps[i])
+                    if d <= h:
+                        res_ord, res_ham, nres = _emit(res_ord, res_ham, nres, ords[i], d)
+                        if first:
+                            done = True
+                            break
+                if not done:
+                    n, seq = push_children(keys, seqs, elems, sizes, n, seq, cur, child, size, t,
+                                           base, ratio)
+            probes[q] = k
+        offsets[q + 1] = nres
+        if first and nres - start > 1:
+            nres = start + 1
+            offsets[q + 1] = nres
+    return offsets, res_ord[:nres], res_ham[:nres], probes
+
+
+@dataclass(frozen=True)
+class PsmBatchResult:
+    """Matches of query q: ``ordinals[offsets[q]:offsets[q+1]]`` (and ``hammings``)."""
+
+    offsets: I64
+    ordinals: I64
+    hammings: I64
+    probes: I64  # header probes spent per query
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def get(self, q: int) -> list[tuple[int, int]]:
+        a, b = int(self.offsets[q]), int(self.offsets[q + 1])
+        return sorted(zip(self.ordinals[a:b].tolist(), self.hammings[a:b].tolist(),
+                          strict=True), key=lambda r: (r[1], r[0]))
+
+
+_DEFAULT_MODEL = VolatilityModel()
+
+
+def psm_search_batch(
+    table: SimhashTable, fps: npt.ArrayLike, Ws: npt.ArrayLike, h: int = 3,
+    budget: int | None = DEFAULT_BUDGET, mode: Mode = "first",
+    model: VolatilityModel | None = None,
+) -> PsmBatchResult:
+    """PSM lookups of many fingerprints (with their weight sums W, shape (m, 64)).
+
+    ``budget`` is the number of header probes per query, the exact header included;
+    ``None`` means all sets of <= h header bits (exact search). ``mode="first"`` stops at
+    the first row within h (PSM_F), ``"all"`` reports every row found (PSM_A).
+    """
+    q = np.ascontiguousarray(fps, dtype=np.uint64).ravel()
+    W = np.asarray(Ws, dtype=np.float64)
+    if W.shape != (q.size, 64):
+        raise ValueError(f"Ws must have shape ({q.size}, 64), got {W.shape}")
+    if mode not in ("first", "all"):
+        raise ValueError("mode must be 'first' or 'all'")
+    if h < 0:
+        raise ValueError("h must be >= 0")
+    mdl = model if model is not None else _DEFAULT_MODEL
+    t = table.header_bits
+    if budget is None:
+        budget = sum(math.comb(t, i) for i in range(min(h, t) + 1))
+    if budget < 1:
+        raise ValueError("budget must be >= 1")
+    parts = []
+    for a in range(0, max(q.size, 1), _QUERY_CHUNK):
+        b = min(q.size, a + _QUERY_CHUNK)
+        P = mdl.volatility(W[a:b]) if b > a else np.empty((0, 64))
+        parts.append(_psm_batch_kernel(
+            table.fps, table.ordinals, table.directory, t, table.buffer_fps,
+            table.buffer_ordinals, q[a:b], np.ascontiguousarray(P), h, int(budget),
+            mode == "first"))
+    if len(parts) == 1:
+        return PsmBatchResult(*parts[0])
+    offs: list[I64] = [np.zeros(1, dtype=np.int64)]
+    ords: list[I64] = []
+    hams: list[I64] = []
+    probes: list[I64] = []
+    base = 0
+    for o, r, hm, pr in parts:
+        offs.append(o[1:] + base)
+        base += len(r)
+        ords.append(r)
+        hams.append(hm)
+        probes.append(pr)
+    return PsmBatchResult(np.concatenate(offs), np.concatenate(ords), np.concatenate(hams),
+                          np.concatenate(probes))
+
+
+def psm_search(
+    table: SimhashTable, fp: int, W: npt.ArrayLike, h: int = 3,
+    budget: int | None = DEFAULT_BUDGET, mode: Mode = "first",
+    model: VolatilityModel | None = None,
+) -> list[tuple[int, int]]:
+    """PSM lookup of one fingerprint: [(ordinal, hamming)] sorted by (hamming, ordinal)."""
+    w = np.asarray(W, dtype=np.float64).reshape(1, 64)
+    return psm_search_batch(table, [fp], w, h, budget, mode, model).get(0)
+
+
+def brute_force_search(
+    fps_array: npt.ArrayLike, ordinals: npt.ArrayLike, fp: int, h: int
+) -> list[tuple[int, int]]:
+    """Exact search by scanning every fingerprint: [(ordinal, hamming)] by (hamming, ordinal)."""
+    f = np.asarray(fps_array, dtype=np.uint64)
+    o = np.asarray(ordinals, dtype=np.int64)
+    d = np.bitwise_count(f ^ np.uint64(fp)).astype(np.int64)
+    hit = np.flatnonzero(d <= h)
+    return sorted(zip(o[hit].tolist(), d[hit].tolist(), strict=True), key=lambda r: (r[1], r[0]))
+
+
+@njit(cache=True)
+def _brute_batch_kernel(fps, ords, qfps, h):
+    m = qfps.shape[0]
+    offsets = np.zeros(m + 1, dtype=np.int64)
+    res_ord = np.empty(16, dtype=np.int64)
+    res_ham = np.empty(16, dtype=np.int64)
+    nres = 0
+    for q in range(m):
+        x = qfps[q]
+        for i in range(fps.shape[0]):
+            d = popcount64(x ^ fps[i])
+            if d <= h:
+                res_ord, res_ham, nres = _emit(res_ord, res_ham, nres, ords[i], d)
+        offsets[q + 1] = nres
+    return offsets, res_ord[:nres], res_ham[:nres]
+
+
+def brute_force_batch(
+    fps_array: npt.ArrayLike, ordinals: npt.ArrayLike, qfps: npt.ArrayLike, h: int
+) -> PsmBatchResult:
+    """Exact search of many queries by a full scan each (numba; the benchmark's baseline)."""
+    f = np.ascontiguousarray(fps_array, dtype=np.uint64)
+    o = np.ascontiguousarray(ordinals, dtype=np.int64)
+    q = np.ascontiguousarray(qfps, dtype=np.uint64).ravel()
+    offsets, ords, hams = _brute_batch_kernel(f, o, q, h)
+    return PsmBatchResult(offsets, ords, hams, np.zeros(q.size, dtype=np.int64))
