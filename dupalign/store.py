@@ -35,8 +35,10 @@ FAMILIES = (
     "exact",  # content hash (16 B) ‖ ordinal -> b""
     "simhash",  # fingerprint ‖ ordinal -> b""
     "cws",  # ordinal -> K uint64 samples
-    "oph",  # min-hash value ‖ ordinal ‖ window no. -> (l, c, r) of a non-empty window
+    "oph",  # bin ‖ min-hash value ‖ ordinal ‖ c -> (l, r): inverted lists of non-empty windows
     "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
+    "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
+    "idf_pending",  # ordinal -> distinct token hashes, kept until the last idf freeze
     "offsets",  # topic ‖ partition -> next offset to consume
 )
 
@@ -84,6 +86,10 @@ class Batch:
 
     def delete(self, family: str, key: bytes) -> None:
         self._wb.delete(key, self._store._handles[family])
+
+    def delete_range(self, family: str, begin: bytes, end: bytes) -> None:
+        """Delete keys in [begin, end)."""
+        self._wb.delete_range(begin, end, self._store._handles[family])
 
     def __len__(self) -> int:
         return int(self._wb.len())

@@ -1,0 +1,51 @@
+# One-word entry points. Every target creates the virtualenv and installs what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test test-quick lint demo demo-scan bench bench-psm bench-oph bench-scan bench-worker clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ needed"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## the whole test suite, Kafka integration tests included (starts a real local broker)
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+## unit and property tests only (no Kafka, no slow corpus tests)
+test-quick: $(STAMP)
+	$(PY) -m pytest -q -m "not kafka and not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check dupalign worker tests
+	$(VENV)/bin/mypy
+
+## the real thing: local Kafka broker, a real corpus produced, the worker, matches printed
+demo: $(STAMP)
+	bash deploy/demo.sh
+
+## embedded mode, no Kafka: a real corpus through the engine, matches printed
+demo-scan: $(STAMP)
+	bash deploy/demo-scan.sh
+
+bench-psm: $(STAMP)
+	$(PY) -m tests.bench.bench_psm --sizes 1e6,1e7 --queries 100000
+
+bench-oph: $(STAMP)
+	$(PY) -m tests.bench.bench_oph
+
+bench-scan: $(STAMP)
+	$(PY) -m tests.bench.bench_scan
+
+bench-worker: $(STAMP)
+	$(PY) -m tests.bench.bench_worker
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,65 @@
+"""The RocksDB store: families, prefix scans, atomic batches, parameter check at open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dupalign.errors import StoreMismatch
+from dupalign.store import Store, read_u64, u64
+
+
+def test_prefix_scan_returns_exactly_the_prefix_in_order(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db", {"p": 1})
+    batch = store.batch()
+    for value in (7, 8, 255, 256):
+        for ordinal in (3, 1, 2):
+            batch.put("oph", u64(value) + u64(ordinal), u64(ordinal))
+    batch.put("oph", b"\xff" * 8 + u64(0), b"")
+    store.write(batch)
+    assert [read_u64(v) for _, v in store.prefix("oph", u64(8))] == [1, 2, 3]
+    assert len(list(store.prefix("oph", b"\xff" * 8))) == 1
+    assert read_u64(store.last_key("oph") or b"", 8) == 0
+    store.close()
+
+
+def test_batch_is_invisible_until_written_and_survives_reopen(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db", {"p": 1})
+    batch = store.batch()
+    batch.put("docs", u64(0), b"doc")
+    batch.put("ids", b"x", u64(0))
+    assert store.get("docs", u64(0)) is None
+    store.write(batch)
+    store.close()
+    again = Store(tmp_path / "db", {"p": 1})
+    assert again.get("docs", u64(0)) == b"doc"
+    assert again.multi_get("ids", [b"x", b"y"]) == [u64(0), None]
+    again.close()
+
+
+def test_delete_range(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db", {})
+    batch = store.batch()
+    for i in range(10):
+        batch.put("idf_pending", u64(i), b"v")
+    store.write(batch)
+    batch = store.batch()
+    batch.delete_range("idf_pending", u64(0), u64(6))
+    store.write(batch)
+    assert [read_u64(k) for k, _ in store.items("idf_pending")] == [6, 7, 8, 9]
+    store.close()
+
+
+def test_other_parameters_refuse_to_open(tmp_path: Path) -> None:
+    Store(tmp_path / "db", {"k": 64, "seed": 1}).close()
+    with pytest.raises(StoreMismatch, match="k: store has 64, asked for 128"):
+        Store(tmp_path / "db", {"k": 128, "seed": 1})
+    ro = Store(tmp_path / "db", {}, read_only=True)
+    assert ro.params == {"k": 64, "seed": 1}
+    ro.close()
+
+
+def test_read_only_needs_an_existing_store(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        Store(tmp_path / "missing", {}, read_only=True)

@@ -1,0 +1,87 @@
+"""Text extraction, decoding and tokenization with offsets."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dupalign.errors import PageRejected
+from dupalign.page import Page
+from dupalign.text import decode_body, html_to_text, normalize_token, page_text, tokenize
+
+
+def test_tokens_keep_offsets_into_the_given_text() -> None:
+    text = "Héllo, WORLD! ﬁne straße 42"
+    toks = tokenize(text)
+    assert toks.tokens == ["héllo", "world", "fine", "strasse", "42"]
+    for tok, s, e in zip(toks.tokens, toks.starts, toks.ends, strict=True):
+        assert normalize_token(text[s:e]) == tok
+
+
+@given(st.text(max_size=200))
+@settings(max_examples=200, deadline=None)
+def test_offsets_round_trip_on_any_text(text: str) -> None:
+    toks = tokenize(text)
+    assert len(toks.starts) == len(toks.tokens)
+    prev_end = 0
+    for tok, s, e in zip(toks.tokens, toks.starts, toks.ends, strict=True):
+        assert prev_end <= s < e <= len(text)
+        assert normalize_token(text[s:e]) == tok
+        prev_end = e
+
+
+def test_char_range_of_token_range() -> None:
+    toks = tokenize("alpha beta  gamma delta")
+    assert toks.char_range(1, 3) == (6, 17)
+    assert toks.char_range(2, 2) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("raw", "declared", "html", "expected"),
+    [
+        ("naïve café".encode("cp1252"), None, False, "naïve café"),
+        ("naïve café".encode("utf-8"), None, False, "naïve café"),
+        ("Grüße".encode("utf-16"), None, False, "Grüße"),
+        ("Приве́т мир".encode("koi8-r", errors="ignore"), "koi8-r", False, "Привет мир"),
+        (b'<meta charset="iso-8859-1"><p>caf\xe9</p>', None, True, '<meta charset="iso-8859-1"><p>café</p>'),
+        ("日本語のテキスト".encode("shift_jis"), "shift_jis", False, "日本語のテキスト"),
+    ],
+)
+def test_decoding_order(raw: bytes, declared: str | None, html: bool, expected: str) -> None:
+    assert decode_body(raw, declared, html) == expected
+
+
+def test_wrong_declared_charset_falls_back() -> None:
+    assert decode_body("café".encode(), "no-such-charset") == "café"
+
+
+def test_binary_is_rejected_not_crashed() -> None:
+    with pytest.raises(PageRejected) as err:
+        decode_body(bytes(range(256)) * 40)
+    assert err.value.reason == "undecodable"
+
+
+def test_html_text_drops_scripts_and_keeps_blocks_apart() -> None:
+    html = ("<html><head><style>p{}</style><script>var x=1</script></head><body><nav>menu</nav>"
+            "<p>Hello <b>wor</b>ld</p><p>next</p></body></html>")
+    text = html_to_text(html)
+    assert tokenize(text).tokens == ["hello", "world", "next"]
+
+
+def test_broken_html_does_not_crash() -> None:
+    text = page_text(Page(id="x", body=b"<p>unclosed <b>bold <div>text</p></i>&amp",
+                          content_type="text/html"))
+    assert tokenize(text).tokens == ["unclosed", "bold", "text"]
+
+
+def test_page_limits_and_types() -> None:
+    with pytest.raises(PageRejected) as err:
+        page_text(Page(id="x", body=b"a" * 2000), max_bytes=1000)
+    assert err.value.reason == "too_large"
+    with pytest.raises(PageRejected) as err:
+        page_text(Page(id="x", body=b"%PDF", content_type="application/pdf"))
+    assert err.value.reason == "unsupported_type"
+    with pytest.raises(PageRejected) as err:
+        tokenize("a b c d", max_tokens=3)
+    assert err.value.reason == "too_many_tokens"
