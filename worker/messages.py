@@ -55,7 +55,8 @@ def bytes_fields(name: str) -> frozenset[str]:
 
 @functools.cache
 def _validator(name: str) -> Callable[[Any], Any]:
-    return fastjsonschema.compile(load_schema(name))  # type: ignore[no-any-return]
+    validator: Callable[[Any], Any] = fastjsonschema.compile(load_schema(name))
+    return validator
 
 
 def compile_all() -> None:
