@@ -108,7 +108,9 @@ def oph_counts(a: Sketch, b: Sketch) -> tuple[int, int]:
 
 
 def oph_estimate(a: Sketch, b: Sketch) -> float:
-    """Jaccard estimate ``N_mat / (k − N_emp)`` (paper's Eq. 3); NaN if every bin is jointly empty."""
+    """Jaccard estimate ``N_mat / (k − N_emp)`` (paper's Eq. 3).
+
+    NaN when every bin is empty in both sketches (two empty texts)."""
     n_mat, n_emp = oph_counts(a, b)
     k = a[0].shape[0]
     return n_mat / (k - n_emp) if k > n_emp else float("nan")
@@ -135,9 +137,7 @@ class OPHWindows:
 
 
 @njit(cache=True)
-def _windows(
-    hvals: U64, bins: I64, k: int
-) -> tuple[I64, U64, I64, I64, I64, I64, I64, I64]:
+def _windows(hvals: U64, bins: I64, k: int) -> tuple[I64, U64, I64, I64, I64, I64, I64, I64]:
     n = hvals.shape[0]
     # group positions by bin, in increasing position order (counting sort: O(n + k))
     start = np.zeros(k + 1, dtype=np.int64)

@@ -65,8 +65,11 @@ def windows_1based(h: list[int], t: int) -> tuple[set[tuple[int, int, int]], set
     """Non-empty (l, c, r) and empty (l, r) windows of 1-based paper bin t, 1-based."""
     w = compact_windows_binned(*fig2(h), 10)
     sel = w.bin == t - 1
-    ne = {(lo + 1, c + 1, r + 1) for lo, c, r, e in
-          zip(w.l[sel], w.c[sel], w.r[sel], w.empty[sel], strict=True) if not e}
+    ne = {
+        (lo + 1, c + 1, r + 1)
+        for lo, c, r, e in zip(w.l[sel], w.c[sel], w.r[sel], w.empty[sel], strict=True)
+        if not e
+    }
     em = {(lo + 1, r + 1) for lo, r, e in zip(w.l[sel], w.r[sel], w.empty[sel], strict=True) if e}
     return ne, em
 
@@ -90,8 +93,7 @@ def test_section3_examples() -> None:
         return [
             (bool(e), int(v))
             for bb, e, v, lo, c, r in rows
-            if bb == t - 1
-            and (lo <= i0 <= j0 <= r if e else lo <= i0 <= c <= j0 <= r)
+            if bb == t - 1 and (lo <= i0 <= j0 <= r if e else lo <= i0 <= c <= j0 <= r)
         ]
 
     # §3: h(T[10,13], 8) = h(T[11,13], 8) = h(T[12]) = 48
@@ -113,8 +115,9 @@ def test_adjacent_tokens_give_no_empty_window() -> None:
     h = np.array([5, 7, 9, 1], dtype=np.uint64)
     b = np.array([0, 0, 1, 0])
     w = compact_windows_binned(h, b, 2)
-    em = {(int(t), int(lo), int(r)) for t, lo, r, e in
-          zip(w.bin, w.l, w.r, w.empty, strict=True) if e}
+    em = {
+        (int(t), int(lo), int(r)) for t, lo, r, e in zip(w.bin, w.l, w.r, w.empty, strict=True) if e
+    }
     assert em == {(0, 2, 2), (1, 0, 1), (1, 3, 3)}
 
 
@@ -269,9 +272,7 @@ def clough_pairs() -> list[tuple[list[str], list[str]]]:
     pairs = []
     for cat in ("cut", "light", "heavy", "non"):
         for row in [r for r in rows if r["Category"] == cat][:3]:
-            pairs.append(
-                (clough_tokens(row["File"]), clough_tokens(f"orig_task{row['Task']}.txt"))
-            )
+            pairs.append((clough_tokens(row["File"]), clough_tokens(f"orig_task{row['Task']}.txt")))
     return pairs
 
 
@@ -283,9 +284,8 @@ def test_estimator_is_unbiased_on_clough() -> None:
         ta, tb = token_hashes(a), token_hashes(b)
         ests = []
         for salt in range(n_salts):
-            ests.append(
-                oph_estimate(oph_sketch(oph_values(ta, salt), k), oph_sketch(oph_values(tb, salt), k))
-            )
+            sa = oph_sketch(oph_values(ta, salt), k)
+            ests.append(oph_estimate(sa, oph_sketch(oph_values(tb, salt), k)))
         e = np.array(ests)
         # one estimate has sd ≈ sqrt(J(1-J)/k) ≤ 0.0625; the mean of 200 is within ~0.0044 sd
         assert abs(e.mean() - exact) < 0.02, (exact, e.mean())

@@ -16,8 +16,9 @@ def programs(draw: st.DrawFn) -> tuple[int, list[tuple[str, int, int, int]]]:
     pos = st.integers(-3, size + 3)  # out-of-range bounds are clipped
     ops = draw(
         st.lists(
-            st.tuples(st.sampled_from(["add", "add", "right", "max"]), pos, pos,
-                      st.integers(-5, 8)),
+            st.tuples(
+                st.sampled_from(["add", "add", "right", "max"]), pos, pos, st.integers(-5, 8)
+            ),
             max_size=60,
         )
     )

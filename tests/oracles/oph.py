@@ -6,22 +6,21 @@ and inclusive unless a docstring says half-open.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
+
+from dupalign.oph import OPHWindows
 
 # (bin, empty, value, l, c, r); value 0 and c -1 for empty windows, as in OPHWindows
 Window = tuple[int, bool, int, int, int, int]
 
 
-def windows_as_set(w: object) -> set[Window]:
-    """An OPHWindows (or anything with its fields) as a set of plain tuples."""
-    return {
-        (int(b), bool(e), int(v), int(lo), int(c), int(r))
-        for b, e, v, lo, c, r in zip(
-            w.bin, w.empty, w.value, w.l, w.c, w.r, strict=True  # type: ignore[attr-defined]
-        )
-    }
+def windows_as_set(w: OPHWindows) -> set[Window]:
+    """An OPHWindows as a set of plain tuples."""
+    rows = zip(w.bin, w.empty, w.value, w.l, w.c, w.r, strict=True)
+    return {(int(b), bool(e), int(v), int(lo), int(c), int(r)) for b, e, v, lo, c, r in rows}
 
 
 def subsequence_sketch(
@@ -47,7 +46,7 @@ def divide_conquer_windows(hvals: Sequence[int], bins: Sequence[int], k: int) ->
     for t in range(k):
         induced = [(0, None)] + [(x + 1, int(hvals[x])) for x in range(n) if bins[x] == t]
         induced.append((n + 1, None))
-        for (i, _), (j, _) in zip(induced, induced[1:], strict=False):
+        for (i, _), (j, _) in itertools.pairwise(induced):
             if i + 1 <= j - 1:  # l > r is not a window
                 out.add((t, True, 0, i + 1 - 1, -1, j - 1 - 1))
         real = [(p, v) for p, v in induced if v is not None]
@@ -71,9 +70,7 @@ def cover_weights(
 ) -> int:  # fmt: skip
     """Sum of the weights of the rectangles containing (i, j)."""
     return sum(
-        int(w[x])
-        for x in range(len(w))
-        if i_lo[x] <= i <= i_hi[x] and j_lo[x] <= j <= j_hi[x]
+        int(w[x]) for x in range(len(w)) if i_lo[x] <= i <= i_hi[x] and j_lo[x] <= j <= j_hi[x]
     )
 
 
@@ -144,7 +141,7 @@ def algorithm3(
     active: set[int] = set()
     cnt = 0
     out = []
-    for ux, unext in zip(us, us[1:], strict=False):
+    for ux, unext in itertools.pairwise(us):
         for u, dw, x in ep:
             if u == ux:
                 cnt += dw
@@ -153,12 +150,10 @@ def algorithm3(
                 else:
                     active.discard(x)
         if cnt >= threshold:
-            ep2 = sorted(
-                [(j_lo[x], w[x]) for x in active] + [(j_hi[x] + 1, -w[x]) for x in active]
-            )
+            ep2 = sorted([(j_lo[x], w[x]) for x in active] + [(j_hi[x] + 1, -w[x]) for x in active])
             vs = sorted({v for v, _ in ep2})
             cnt2 = 0
-            for vy, vnext in zip(vs, vs[1:], strict=False):
+            for vy, vnext in itertools.pairwise(vs):
                 cnt2 += sum(dw for v, dw in ep2 if v == vy)
                 if cnt2 >= threshold:
                     out.append(((ux, unext - 1), (vy, vnext - 1)))

@@ -1,0 +1,192 @@
+"""Interval scan: longest near-duplicate subsequences from weighted rectangles (OPH §4).
+
+A compact window covers a rectangle of subsequences: start i ∈ [i_lo, i_hi], end
+j ∈ [j_lo, j_hi] (for an OPH window (l, c, r): i ∈ [l, c], j ∈ [c, r]; for an empty one
+i, j ∈ [l, r]). Given the windows that collide with a query, each with an integer weight,
+a subsequence T[i..j] is a near-duplicate when the weights of the rectangles containing
+(i, j) sum to at least the threshold. For OPH with θ = p/q: matched non-empty windows
+weigh q, collided empty windows weigh p, and the threshold is k·p, which is exactly
+``N_mat / (k − N_emp) ≥ θ`` in integers.
+
+The scan (Algorithm 3 with the paper's three optimizations): sweep the distinct left
+endpoints u in increasing order; keep the right intervals of the rectangles whose left
+interval covers u in a dynamic segment tree (range add); when the running left count
+reaches the threshold, ask the tree for the rightmost end j with covering weight ≥ the
+threshold; report T[u..j] only if j > z, the largest end reported so far (the `z` filter),
+which leaves exactly the near-duplicates not strictly contained in another one.
+Ties by position are the window generator's business (dupalign.oph).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from dupalign.oph import U64, Bools, OPHWindows, oph_sketch
+from dupalign.segtree import seg_add, seg_new, seg_rightmost
+
+I64 = npt.NDArray[np.int64]
+ArrayLike = npt.ArrayLike
+
+
+@njit(cache=True)
+def _scan(
+    ep_pos: I64, ep_rect: I64, ep_sign: I64,
+    j_lo: I64, j_hi: I64, w: I64, threshold: int, min_len: int,
+) -> tuple[I64, I64]:  # fmt: skip
+    n_ep = ep_pos.shape[0]
+    jmin = j_lo.min()
+    size = j_hi.max() - jmin + 1
+    lc, rc, mx, tg, nn = seg_new(8 * n_ep + 16)
+    out_s = np.empty(n_ep, dtype=np.int64)
+    out_e = np.empty(n_ep, dtype=np.int64)
+    n_out = 0
+    cnt = 0
+    z = jmin - 1  # largest end reported so far
+    e = 0
+    while e < n_ep:
+        u = ep_pos[e]
+        while e < n_ep and ep_pos[e] == u:
+            x = ep_rect[e]
+            d = ep_sign[e] * w[x]
+            cnt += d
+            lc, rc, mx, tg = seg_add(lc, rc, mx, tg, nn, size, j_lo[x] - jmin, j_hi[x] - jmin, d)
+            e += 1
+        # every start in [u, next endpoint) has the same covering set: u is the longest
+        if cnt >= threshold:
+            q_lo = u + min_len - 1 - jmin  # length j − u + 1 ≥ min_len (also j ≥ u)
+            if q_lo < size:
+                j = seg_rightmost(lc, rc, mx, tg, size, q_lo, size - 1, threshold)
+                if j >= 0:
+                    j += jmin
+                    if j > z:
+                        out_s[n_out] = u
+                        out_e[n_out] = j + 1
+                        n_out += 1
+                        z = j
+    return out_s[:n_out].copy(), out_e[:n_out].copy()
+
+
+def scan_rectangles(
+    i_lo: ArrayLike,
+    i_hi: ArrayLike,
+    j_lo: ArrayLike,
+    j_hi: ArrayLike,
+    weights: ArrayLike,
+    threshold: int,
+    min_len: int = 1,
+) -> list[tuple[int, int]]:
+    """Longest near-duplicate subsequences covered by weighted rectangles.
+
+    Input bounds are 0-based INCLUSIVE token positions: rectangle x covers every
+    subsequence T[i..j] (inclusive) with ``i_lo[x] ≤ i ≤ i_hi[x]`` and
+    ``j_lo[x] ≤ j ≤ j_hi[x]``. Rectangles with ``i_lo > i_hi`` or ``j_lo > j_hi`` are
+    ignored. Weights are positive integers, ``threshold`` a positive integer.
+
+    A subsequence T[i..j] is a near-duplicate when ``j − i + 1 ≥ min_len`` (the paper's
+    length threshold t; default 1: every non-empty subsequence) and the weights of the
+    rectangles containing (i, j) sum to ≥ ``threshold``. Returned: the near-duplicates not
+    strictly contained in another near-duplicate, as HALF-OPEN 0-based ranges ``(i, j + 1)``
+    (so ``end − start ≥ min_len``), sorted by start (and then also by end).
+
+    O(m log m) for m rectangles: one sort, two tree updates per rectangle and at most one
+    tree query per distinct left endpoint.
+    """
+    il = np.asarray(i_lo, dtype=np.int64).ravel()
+    ih = np.asarray(i_hi, dtype=np.int64).ravel()
+    jl = np.asarray(j_lo, dtype=np.int64).ravel()
+    jh = np.asarray(j_hi, dtype=np.int64).ravel()
+    w = np.asarray(weights, dtype=np.int64).ravel()
+    if not (il.shape == ih.shape == jl.shape == jh.shape == w.shape):
+        raise ValueError("rectangle arrays must have the same length")
+    if threshold <= 0:
+        raise ValueError("threshold must be positive (else every subsequence matches)")
+    if min_len < 1:
+        raise ValueError("min_len must be >= 1")
+    if w.size and w.min() <= 0:
+        raise ValueError("weights must be positive")
+    keep = (il <= ih) & (jl <= jh)
+    if not keep.all():
+        il, ih, jl, jh, w = il[keep], ih[keep], jl[keep], jh[keep], w[keep]
+    if int(w.sum()) < threshold:  # the paper's line 1: no cell can reach the threshold
+        return []
+    m = il.shape[0]
+    pos = np.concatenate((il, ih + 1))
+    order = np.argsort(pos, kind="stable")
+    rect = np.concatenate((np.arange(m), np.arange(m)))[order]
+    sign = np.concatenate((np.ones(m, np.int64), -np.ones(m, np.int64)))[order]
+    s, e = _scan(pos[order], rect, sign, jl, jh, w, int(threshold), int(min_len))
+    return list(zip(s.tolist(), e.tolist(), strict=True))
+
+
+def collisions(windows: OPHWindows, query_mins: U64, query_empty: Bools) -> Bools:
+    """Which windows collide with a query sketch.
+
+    A non-empty window collides when the query's bin is non-empty with the same min-hash;
+    an empty window collides when the query's bin is empty too.
+    """
+    qe = query_empty[windows.bin]
+    return np.where(windows.empty, qe, ~qe & (query_mins[windows.bin] == windows.value))
+
+
+def oph_rectangles(
+    windows: OPHWindows, mask: Bools, theta: tuple[int, int]
+) -> tuple[I64, I64, I64, I64, I64]:
+    """Rectangles and integer weights of the windows selected by ``mask`` for θ = p/q.
+
+    Non-empty (l, c, r): i ∈ [l, c], j ∈ [c, r], weight q. Empty (l, r): i, j ∈ [l, r],
+    weight p. The matching threshold is k·p.
+    """
+    p, q = _check_theta(theta)
+    emp = windows.empty[mask]
+    lo, c, r = windows.l[mask], windows.c[mask], windows.r[mask]
+    i_hi = np.where(emp, r, c)
+    j_lo = np.where(emp, lo, c)
+    w = np.where(emp, p, q).astype(np.int64)
+    return lo, i_hi, j_lo, r, w
+
+
+def align_sketch(
+    query_mins: U64,
+    query_empty: Bools,
+    text_windows: OPHWindows,
+    k: int,
+    theta: tuple[int, int],
+    min_len: int = 1,
+) -> list[tuple[int, int]]:
+    """Longest subsequences T[s:e] (half-open, 0-based) whose OPH estimate against the query
+    sketch is ≥ θ = p/q and whose length is ≥ ``min_len``."""
+    p, q = _check_theta(theta)
+    if query_mins.shape[0] != k or query_empty.shape[0] != k:
+        raise ValueError("query sketch must have k bins")
+    mask = collisions(text_windows, query_mins, query_empty)
+    n_emp = int(np.count_nonzero(mask & text_windows.empty))
+    n_mat = int(np.count_nonzero(mask)) - n_emp
+    if q * n_mat + p * n_emp < k * p:
+        return []
+    return scan_rectangles(*oph_rectangles(text_windows, mask, theta), k * p, min_len)
+
+
+def align(
+    query_hvals: U64,
+    text_windows: OPHWindows,
+    k: int,
+    theta: tuple[int, int],
+    min_len: int = 1,
+) -> list[tuple[int, int]]:
+    """Pairwise alignment: the longest near-duplicate subsequences of a text for a query.
+
+    ``query_hvals`` are the query's OPH values (``oph.oph_values``); ``text_windows`` come
+    from ``oph.compact_windows`` with the same k. Returns half-open 0-based token ranges
+    ``(text_start, text_end)`` of the text with ``N_mat / (k − N_emp) ≥ p/q``.
+    """
+    mins, empty = oph_sketch(query_hvals, k)
+    return align_sketch(mins, empty, text_windows, k, theta, min_len)
+
+
+def _check_theta(theta: tuple[int, int]) -> tuple[int, int]:
+    p, q = int(theta[0]), int(theta[1])
+    if not 0 < p <= q:
+        raise ValueError(f"theta must be a fraction p/q with 0 < p <= q, got {theta}")
+    return p, q
