@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +24,8 @@ from dupalign.cws import (
     observation_bounds,
     weighted_jaccard,
 )
-from dupalign.hashing import mix64, to_unit
+from dupalign.hashing import mix64, to_unit, token_hashes
+from dupalign.idf import IdfBuilder, tf_idf_weights
 from tests.oracles.cws import (
     binom_cdf_twin,
     bounds_twin,
@@ -337,3 +340,31 @@ def test_icws_and_filter_end_to_end() -> None:
     assert weighted_jaccard(h, w, h, near_w) > 0.95 and near.decision == "similar"
     assert weighted_jaccard(h, w, h, far_w) < 0.6 and far.decision == "dissimilar"
     assert far.decided_by == "lower" and far.samples_used < 128
+
+
+RFC = Path("/work/shared/testdata/rfc")
+
+
+@pytest.mark.skipif(not RFC.exists(), reason="shared test data not present")
+def test_real_text_estimates_with_tf_idf_weights() -> None:
+    # RFC rewrites (2821→5321 ...) and unrelated RFCs, weighted by log-tf × idf over the folder
+    def tokens(name: str) -> np.ndarray:
+        text = (RFC / f"{name}.txt").read_text(encoding="latin-1").lower()
+        return token_hashes(re.findall(r"\w+", text))
+
+    names = ["rfc2821", "rfc5321", "rfc822", "rfc2822", "rfc2246", "rfc4346", "rfc8446"]
+    docs = {n: tokens(n) for n in names}
+    builder = IdfBuilder()
+    builder.add_documents(docs.values())
+    table = builder.freeze(1)
+    K = 256
+    sk = {n: icws_sketch(*tf_idf_weights(d, table), K, seed=1) for n, d in docs.items()}
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
+    for a, b in pairs:
+        j = weighted_jaccard(*tf_idf_weights(docs[a], table), *tf_idf_weights(docs[b], table))
+        est = float(np.mean(sk[a] == sk[b]))
+        assert abs(est - j) <= 4 * math.sqrt(j * (1 - j) / K) + 1 / K, (a, b, j, est)
+    j_rewrite = weighted_jaccard(
+        *tf_idf_weights(docs["rfc2821"], table), *tf_idf_weights(docs["rfc5321"], table)
+    )
+    assert j_rewrite > 0.7  # the rewrite is a near duplicate; the estimate tracks it
