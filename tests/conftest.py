@@ -1,0 +1,51 @@
+"""Shared fixtures. ``kafka_bootstrap`` starts one real Apache Kafka broker (KRaft, from the
+official Maven Central artifacts, via deploy/kafka/broker.sh) on first use and stops it when
+the session ends. No mocks of Kafka.
+
+* Java or Maven missing: Kafka tests are skipped with that reason, except when CI=true,
+  where they fail (CI must never pass without having run them).
+* Any other broker failure fails the tests that need it, with the script's output.
+* DUPALIGN_TEST_BOOTSTRAP=HOST:PORT uses an already running broker instead.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BROKER_SH = REPO / "deploy" / "kafka" / "broker.sh"
+TOOLS_MISSING = 2  # broker.sh exit code: java/mvn absent
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    external = os.environ.get("DUPALIGN_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    broker_dir = tmp_path_factory.mktemp("kafka-broker")
+    proc = subprocess.run(
+        ["bash", str(BROKER_SH), "start", str(broker_dir)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    if proc.returncode != 0:
+        message = f"Kafka broker did not start (broker.sh exit {proc.returncode}):\n{proc.stderr}"
+        subprocess.run(["bash", str(BROKER_SH), "stop", str(broker_dir)], check=False,
+                       capture_output=True, timeout=60)
+        if proc.returncode == TOOLS_MISSING and not _in_ci():
+            pytest.skip(message.strip())
+        pytest.fail(message, pytrace=False)
+    try:
+        yield proc.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run(["bash", str(BROKER_SH), "stop", str(broker_dir)], check=False,
+                       capture_output=True, timeout=120)

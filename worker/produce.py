@@ -1,0 +1,167 @@
+"""``dupalign produce``: pages from JSON Lines or WARC files into a Kafka topic.
+
+Each page becomes one msgpack ``page`` message (validated against the schema before it is
+sent), keyed by the page id so that all versions of a document land in one partition, in
+order. Items that are not usable pages are reported on stderr and skipped. The producer is
+idempotent (acks=all); every send is acknowledged before the command exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import IO
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from dupalign.errors import ConfigError
+from dupalign.page import Page
+from worker import messages
+from worker.config import KafkaConfig, load_config
+from worker.inputs import InputError, iter_input
+
+
+@dataclass
+class ProduceStats:
+    sent: int = 0
+    skipped: int = 0
+    bytes: int = 0
+
+
+class Progress:
+    def __init__(self, stream: IO[str], enabled: bool, every_s: float = 1.0) -> None:
+        self.stream, self.enabled, self.every_s = stream, enabled, every_s
+        self.start = self.last = time.monotonic()
+
+    def tick(self, stats: ProduceStats, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.enabled and (force or now - self.last >= self.every_s):
+            rate = stats.sent / max(now - self.start, 1e-9)
+            self.stream.write(
+                f"\rproduced {stats.sent} pages ({stats.bytes / 1e6:.1f} MB, {rate:.0f}/s), "
+                f"skipped {stats.skipped}")
+            self.stream.flush()
+            self.last = now
+
+
+def new_producer(kafka: KafkaConfig) -> AIOKafkaProducer:
+    return AIOKafkaProducer(
+        **kafka.client_kwargs(), enable_idempotence=True, acks="all",
+        linger_ms=max(kafka.linger_ms, 5), max_request_size=kafka.max_request_size,
+        compression_type=None if kafka.compression_type == "none" else kafka.compression_type,
+    )
+
+
+async def send_pages(
+    producer: AIOKafkaProducer, topic: str, pages: Iterable[Page] | AsyncIterator[Page],
+    stats: ProduceStats | None = None, progress: Progress | None = None,
+    max_in_flight: int = 10_000,
+) -> ProduceStats:
+    """Send pages and wait until every one is acknowledged."""
+    stats = stats or ProduceStats()
+    pending: list[asyncio.Future[object]] = []
+
+    async def one(page: Page) -> None:
+        value = messages.encode_page(page)
+        messages.validate("page", messages.page_to_wire(page))
+        pending.append(await producer.send(topic, value, key=page.id.encode("utf-8")))
+        stats.sent += 1
+        stats.bytes += len(value)
+        if len(pending) >= max_in_flight:
+            await asyncio.gather(*pending)
+            pending.clear()
+        if progress is not None:
+            progress.tick(stats)
+
+    if isinstance(pages, AsyncIterator):
+        async for page in pages:
+            await one(page)
+    else:
+        for page in pages:
+            await one(page)
+    await asyncio.gather(*pending)
+    return stats
+
+
+async def produce_files(
+    paths: list[str], kafka: KafkaConfig, topic: str, limit: int | None = None,
+    progress: Progress | None = None, err: IO[str] = sys.stderr,
+) -> ProduceStats:
+    stats = ProduceStats()
+
+    async def pages() -> AsyncIterator[Page]:
+        for path in paths:
+            for number, item in iter_input(path):
+                if limit is not None and stats.sent >= limit:
+                    return
+                if isinstance(item, InputError):
+                    stats.skipped += 1
+                    print(f"\nskipped {item.where}: {item.reason}", file=err)
+                    continue
+                try:
+                    messages.validate("page", messages.page_to_wire(item))
+                except messages.MessageRejected as exc:
+                    stats.skipped += 1
+                    print(f"\nskipped {path}:{number} ({item.id}): {exc}", file=err)
+                    continue
+                yield item
+                await asyncio.sleep(0)  # let the producer's sender run
+
+    producer = new_producer(kafka)
+    await producer.start()
+    try:
+        await send_pages(producer, topic, pages(), stats, progress)
+    finally:
+        await producer.stop()
+    if progress is not None:
+        progress.tick(stats, force=True)
+        if progress.enabled:
+            progress.stream.write("\n")
+    return stats
+
+
+def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("inputs", nargs="+", metavar="FILE",
+                        help="JSON Lines (.jsonl[.gz]) or WARC (.warc[.gz]) files")
+    parser.add_argument("--bootstrap", metavar="HOST:PORT",
+                        help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
+    parser.add_argument("--topic", help="target topic (default: kafka.input_topic, 'pages')")
+    parser.add_argument("--config", metavar="FILE", help="TOML config (its [kafka] table)")
+    parser.add_argument("--limit", type=int, help="stop after this many pages")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def run_produce(args: argparse.Namespace) -> int:
+    overrides = {"kafka": {"bootstrap_servers": args.bootstrap}} if args.bootstrap else {}
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        print(f"dupalign produce: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    topic = args.topic or config.kafka.input_topic
+    progress = Progress(sys.stderr, enabled=not args.quiet)
+    try:
+        stats = asyncio.run(produce_files(args.inputs, config.kafka, topic, args.limit, progress))
+    except KafkaError as exc:
+        print(f"\ndupalign produce: Kafka error: {exc!r}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"\ndupalign produce: {exc}", file=sys.stderr)
+        return 1
+    print(f"produced {stats.sent} pages to {topic}, skipped {stats.skipped}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dupalign-produce")
+    add_produce_arguments(parser)
+    return run_produce(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,688 @@
+"""The Kafka worker: pages in, matches and dead letters out, one page at a time through the
+engine, offsets committed only after the page's output is durable.
+
+Pipeline (one event loop, one engine thread)::
+
+    fetcher ──(micro-batches per partition, bounded: partitions pause when full)──▶
+    processor ──▶ engine thread: decode → validate → Engine.process (store WriteBatch)
+              ──▶ publish matches / dead letters ──▶ commit the batch's offsets
+
+Delivery guarantee. For every input record the order is: (1) the engine writes the page and
+the partition's next offset to RocksDB in one WriteBatch; (2) the batch's matches and dead
+letters are produced; (3) the consumed offset is committed. A crash anywhere before (3)
+makes the record be consumed again from the last committed offset; the engine recognises a
+page it has already stored and returns exactly the matches it returned the first time, so
+nothing is lost and the output is the same.
+
+* ``kafka.transactions = true`` (default): (2) and (3) are one Kafka transaction
+  (``send_offsets_to_transaction``) on a transactional producer per input partition (aiokafka
+  is pre-KIP-447, so one transactional id per partition fences a previous owner).
+  Consumers reading ``matches`` with ``isolation.level=read_committed`` see every match
+  exactly once: an aborted or unfinished transaction's messages are never visible, and the
+  replay republishes them in a new one.
+* ``kafka.transactions = false``: idempotent producer, offsets committed after all sends are
+  acknowledged. At-least-once: a crash between (2) and (3) republishes that batch's output;
+  every duplicate is byte-identical except ``detected_at`` and carries the same
+  ``dupalign-source`` header (topic:partition:offset), so consumers can drop it.
+
+On start and on every assignment the worker resumes from the group's committed offset. If the
+store is behind it (e.g. restored from an older backup), the worker first re-reads
+[store offset, committed offset) to rebuild its index without republishing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from dupalign.engine import Engine
+from dupalign.errors import ConfigError, PageRejected
+from worker import messages
+from worker.config import Config, load_config
+from worker.http import HttpServer
+from worker.messages import MessageRejected
+from worker.metrics import WorkerMetrics
+
+log = logging.getLogger("dupalign.worker")
+
+SOURCE_HEADER = "dupalign-source"
+ENGINE_STAGES = ("text", "exact", "near", "passage", "store")
+
+
+@dataclass
+class Outgoing:
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+@dataclass
+class BatchResult:
+    """What the engine thread made of one partition's micro-batch."""
+
+    tp: TopicPartition
+    next_offset: int
+    outgoing: list[Outgoing] = field(default_factory=list)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    matches: Counter[str] = field(default_factory=Counter)
+    dead_letters: Counter[str] = field(default_factory=Counter)
+    suppressed: int = 0
+    timestamps_ms: list[int] = field(default_factory=list)
+
+
+@dataclass
+class WorkItem:
+    tp: TopicPartition
+    epoch: int
+    records: list[Any]
+
+
+class FatalError(RuntimeError):
+    """Stop the worker without committing more (e.g. the store cannot be written)."""
+
+
+class Worker:
+    """One worker process: a consumer-group member with its own engine and store."""
+
+    def __init__(self, config: Config, store_dir: str | Path) -> None:
+        self.config = config
+        self.store_dir = Path(store_dir)
+        self.kc = config.kafka
+        self.wc = config.worker
+        self.metrics = WorkerMetrics()
+        self.engine: Engine | None = None
+        # The engine is not thread-safe: exactly one thread ever touches it.
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None  # non-transactional mode
+        self.txn_producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self.queue: asyncio.Queue[WorkItem] = asyncio.Queue()
+        self.epochs: dict[TopicPartition, int] = {}
+        self._epoch_counter = 0
+        self.suppress_below: dict[TopicPartition, int] = {}
+        self.inflight: TopicPartition | None = None
+        self.revoking: set[TopicPartition] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.stopping = asyncio.Event()
+        self.started = False
+        self.failure: BaseException | None = None
+        self.http: HttpServer | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+        self._paused: set[TopicPartition] = set()
+        self.hostname = socket.gethostname()
+
+    # -- life cycle -----------------------------------------------------------------------
+    async def run(self) -> int:
+        """Run until stop() or a fatal error; returns the process exit code."""
+        loop = asyncio.get_running_loop()
+        messages.compile_all()
+        if self.config.metrics.enabled:
+            self.http = HttpServer(self.metrics.registry, self._healthy, self._ready)
+            port = await self.http.start(self.config.metrics.host, self.config.metrics.port)
+            log.info("http listening", extra={"host": self.config.metrics.host, "port": port})
+        try:
+            self.engine = await loop.run_in_executor(
+                self.executor, Engine.open, self.store_dir, self.config.engine
+            )
+            if self.kc.create_topics:
+                await self._create_topics()
+            if not self.kc.transactions:
+                self.producer = self._new_producer(None)
+                await self.producer.start()
+            self.consumer = AIOKafkaConsumer(
+                **self.kc.client_kwargs(),
+                group_id=self.kc.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset=self.kc.auto_offset_reset,
+                isolation_level="read_committed",
+                max_poll_records=self.wc.batch_size,
+                session_timeout_ms=self.kc.session_timeout_ms,
+                heartbeat_interval_ms=self.kc.heartbeat_interval_ms,
+                max_poll_interval_ms=self.kc.max_poll_interval_ms,
+                max_partition_fetch_bytes=self.kc.max_partition_fetch_bytes,
+                fetch_max_bytes=self.kc.fetch_max_bytes,
+            )
+            self.consumer.subscribe([self.kc.input_topic], listener=_Listener(self))
+            await self.consumer.start()
+            self.started = True
+            log.info("worker started", extra={"config": self.config.redacted()})
+            self.tasks = [
+                asyncio.create_task(self._guard(self._fetch_loop()), name="fetch"),
+                asyncio.create_task(self._guard(self._process_loop()), name="process"),
+                asyncio.create_task(self._guard(self._lag_loop()), name="lag"),
+                asyncio.create_task(self._guard(self._store_size_loop()), name="store-size"),
+            ]
+            await self.stopping.wait()
+        except BaseException as exc:  # start-up failure: report and clean up
+            if self.failure is None:
+                self.failure = exc
+        finally:
+            await self._shutdown()
+        if self.failure is not None and not isinstance(self.failure, asyncio.CancelledError):
+            log.error("worker failed: %s", self.failure, exc_info=self.failure)
+            return 1
+        return 0
+
+    def stop(self) -> None:
+        """Graceful stop (SIGTERM): finish the current batch, publish, commit, close."""
+        self.stopping.set()
+
+    async def _guard(self, coro: Any) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+            self.stopping.set()
+
+    async def _shutdown(self) -> None:
+        self.stopping.set()
+        fetch = [t for t in self.tasks if t.get_name() in ("fetch", "lag", "store-size")]
+        for t in fetch:
+            t.cancel()
+        # The processor finishes (publishes and commits) the batch it holds, then stops.
+        process = [t for t in self.tasks if t.get_name() == "process"]
+        if process:
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.wc.shutdown_timeout_s)
+            except TimeoutError:
+                log.error("in-flight batch did not finish in %.0fs; its offsets stay "
+                          "uncommitted and it will be reprocessed", self.wc.shutdown_timeout_s)
+            process[0].cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.consumer is not None:
+            with contextlib.suppress(Exception):
+                await self.consumer.stop()
+        for producer in list(self.txn_producers.values()):
+            with contextlib.suppress(Exception):
+                await producer.stop()
+        self.txn_producers.clear()
+        if self.producer is not None:
+            with contextlib.suppress(Exception):
+                await self.producer.stop()  # flushes pending sends
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await asyncio.get_running_loop().run_in_executor(self.executor, engine.close)
+        self.executor.shutdown(wait=True)
+        if self.http is not None:
+            await self.http.stop()
+        log.info("worker stopped")
+
+    # -- health ---------------------------------------------------------------------------
+    def _healthy(self) -> tuple[bool, str]:
+        if self.failure is not None:
+            return False, f"failed: {self.failure}"
+        dead = [t.get_name() for t in self.tasks if t.done()]
+        if dead and not self.stopping.is_set():
+            return False, f"tasks ended: {', '.join(dead)}"
+        return True, "ok"
+
+    def _ready(self) -> tuple[bool, str]:
+        if self.stopping.is_set():
+            return False, "stopping"
+        if not self.started:
+            return False, "starting"
+        ok, reason = self._healthy()
+        if not ok:
+            return False, reason
+        assigned = 0 if self.consumer is None else len(self.consumer.assignment())
+        return True, f"consuming {assigned} partitions"
+
+    # -- Kafka clients --------------------------------------------------------------------
+    def _new_producer(self, transactional_id: str | None) -> AIOKafkaProducer:
+        kw: dict[str, Any] = {}
+        if transactional_id is not None:
+            kw["transactional_id"] = transactional_id
+            kw["transaction_timeout_ms"] = self.kc.transaction_timeout_ms
+        return AIOKafkaProducer(
+            **self.kc.client_kwargs(),
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=self.kc.linger_ms,
+            max_request_size=self.kc.max_request_size,
+            compression_type=None if self.kc.compression_type == "none"
+            else self.kc.compression_type,
+            **kw,
+        )
+
+    def transactional_id(self, tp: TopicPartition) -> str:
+        return f"{self.kc.transactional_id_prefix}-{self.kc.group_id}-{tp.topic}-{tp.partition}"
+
+    async def _create_topics(self) -> None:
+        admin = AIOKafkaAdminClient(**self.kc.client_kwargs())
+        await admin.start()
+        try:
+            existing = set(await admin.list_topics())
+            new = [
+                NewTopic(t, self.kc.topic_partitions, self.kc.replication_factor)
+                for t in (self.kc.input_topic, self.kc.output_topic, self.kc.dlq_topic)
+                if t not in existing
+            ]
+            if new:
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    await admin.create_topics(new)
+                log.info("created topics %s", [t.name for t in new])
+        finally:
+            await admin.close()
+
+    # -- rebalancing ----------------------------------------------------------------------
+    async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        revoked = set(revoked)
+        self.metrics.rebalances.labels("revoked").inc()
+        # Queued batches of these partitions are abandoned: never committed, so the next
+        # owner (possibly us again) reads them from the committed offset. The batch being
+        # processed right now is finished and committed (bounded: one micro-batch).
+        self.revoking |= revoked
+        if self.inflight in revoked:
+            try:
+                await asyncio.wait_for(self._idle.wait(), self.wc.shutdown_timeout_s)
+            except TimeoutError:
+                log.error("batch of %s still running at revocation; abandoning it", self.inflight)
+        for tp in revoked:
+            self.epochs.pop(tp, None)
+            self.suppress_below.pop(tp, None)
+            self._paused.discard(tp)
+            with contextlib.suppress(KeyError):
+                self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
+            producer = self.txn_producers.pop(tp, None)
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    await producer.stop()
+        self.revoking -= revoked
+        self.metrics.assigned_partitions.set(len(self.epochs))
+        log.info("partitions revoked", extra={"partitions": _names(revoked)})
+
+    async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        assert self.consumer is not None and self.engine is not None
+        assigned = set(assigned)
+        self.metrics.rebalances.labels("assigned").inc()
+        loop = asyncio.get_running_loop()
+        stored = await loop.run_in_executor(self.executor, self.engine.stored_offsets)
+        for tp in sorted(assigned):
+            self._epoch_counter += 1
+            self.epochs[tp] = self._epoch_counter
+            if self.kc.transactions and tp not in self.txn_producers:
+                producer = self._new_producer(self.transactional_id(tp))
+                await producer.start()  # InitProducerId fences a previous owner of this id
+                self.txn_producers[tp] = producer
+            committed = await self.consumer.committed(tp)
+            in_store = stored.get((tp.topic, tp.partition))
+            if committed is None and in_store is None:
+                continue  # new partition: auto_offset_reset applies
+            if committed is None:
+                assert in_store is not None
+                log.warning("%s: no committed offset; resuming at the store's offset %d",
+                            tp, in_store)
+                self.consumer.seek(tp, in_store)
+            elif in_store is not None and in_store < committed:
+                log.warning("%s: store is behind the group (%d < %d); re-indexing that range "
+                            "without publishing", tp, in_store, committed)
+                self.suppress_below[tp] = committed
+                self.consumer.seek(tp, in_store)
+            else:
+                if in_store is None:
+                    log.warning("%s: the store has no pages of this partition before offset "
+                                "%d; they cannot be matched", tp, committed)
+                self.consumer.seek(tp, committed)
+        self.metrics.assigned_partitions.set(len(self.epochs))
+        log.info("partitions assigned", extra={"partitions": _names(assigned)})
+
+    # -- the pipeline ---------------------------------------------------------------------
+    async def _fetch_loop(self) -> None:
+        assert self.consumer is not None
+        consumer = self.consumer
+        while not self.stopping.is_set():
+            self._apply_backpressure()
+            # getmany keeps being called while paused, so the group never sees us as stuck.
+            batches = await consumer.getmany(timeout_ms=200, max_records=self.wc.batch_size)
+            for tp, records in batches.items():
+                epoch = self.epochs.get(tp)
+                if epoch is None or not records:
+                    continue
+                self.queue.put_nowait(WorkItem(tp, epoch, records))
+            self.metrics.queued_batches.set(self.queue.qsize())
+
+    def _apply_backpressure(self) -> None:
+        assert self.consumer is not None
+        assignment = self.consumer.assignment()
+        if self.queue.qsize() >= self.wc.queue_batches:
+            to_pause = set(assignment) - self._paused
+            if to_pause:
+                self.consumer.pause(*to_pause)
+                self._paused |= to_pause
+        elif self._paused:
+            to_resume = self._paused & set(assignment)
+            if to_resume:
+                self.consumer.resume(*to_resume)
+            self._paused.clear()
+        self.metrics.paused_partitions.set(len(self._paused))
+
+    async def _process_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stopping.is_set():
+            item = await self.queue.get()
+            self.metrics.queued_batches.set(self.queue.qsize())
+            if self.stopping.is_set():
+                break  # not started: left uncommitted, consumed again after restart
+            if self.epochs.get(item.tp) != item.epoch or item.tp in self.revoking:
+                continue  # revoked since it was fetched
+            self.inflight = item.tp
+            self._idle.clear()
+            try:
+                t0 = time.perf_counter()
+                result = await loop.run_in_executor(
+                    self.executor, self._process_batch, item.tp, item.records,
+                    self.suppress_below.get(item.tp, -1),
+                )
+                self.metrics.stage_seconds.labels("engine").observe(time.perf_counter() - t0)
+                await self._publish_and_commit(result)
+            finally:
+                self.inflight = None
+                self._idle.set()
+
+    def _process_batch(self, tp: TopicPartition, records: list[Any], suppress_below: int
+                       ) -> BatchResult:
+        """Runs in the engine thread."""
+        engine = self.engine
+        if engine is None:
+            raise FatalError("engine closed")
+        m = self.metrics
+        result = BatchResult(tp, next_offset=records[-1].offset + 1)
+        m.batch_records.observe(len(records))
+        for rec in records:
+            out = self._process_record(engine, tp, rec, result)
+            if rec.offset < suppress_below:
+                result.suppressed += len(out)
+                continue
+            result.outgoing.extend(out)
+            result.timestamps_ms.append(rec.timestamp)
+        return result
+
+    def _process_record(self, engine: Engine, tp: TopicPartition, rec: Any,
+                        result: BatchResult) -> list[Outgoing]:
+        m = self.metrics
+        source = (tp.topic, tp.partition, rec.offset)
+        value: bytes = rec.value if rec.value is not None else b""
+        doc_id: str | None = None
+        try:
+            if len(value) > self.wc.max_message_bytes:
+                raise MessageRejected(
+                    "too_large", f"{len(value)} bytes > worker.max_message_bytes "
+                    f"({self.wc.max_message_bytes})")
+            t0 = time.perf_counter()
+            page = messages.decode_page(value)
+            doc_id = page.id
+            m.stage_seconds.labels("decode").observe(time.perf_counter() - t0)
+            before = engine.last_times
+            counters = _engine_counters(engine)
+            try:
+                found = engine.process(page, source=source)
+            except PageRejected as exc:
+                raise MessageRejected(exc.reason, exc.detail, doc_id) from None
+            except (OSError, MemoryError, FatalError):
+                raise
+            except Exception as exc:
+                if self.wc.on_engine_error == "fail":
+                    raise FatalError(f"engine failed on {source}: {exc!r}") from exc
+                log.exception("engine error on %s (sent to DLQ)", source)
+                raise MessageRejected("internal_error", f"{type(exc).__name__}: {exc}",
+                                      doc_id) from None
+        except MessageRejected as exc:
+            result.outcomes["rejected"] += 1
+            result.dead_letters[exc.reason] += 1
+            dl = messages.dead_letter_to_wire(
+                error=exc.reason, detail=exc.detail, topic=tp.topic, partition=tp.partition,
+                offset=rec.offset, raw=value, key=rec.key, failed_at_ms=_now_ms(),
+                doc_id=exc.doc_id or doc_id, raw_max_bytes=self.wc.dlq_raw_max_bytes,
+            )
+            return [Outgoing(self.kc.dlq_topic, rec.key, messages.pack(dl), _headers(source))]
+        if engine.last_times is before:
+            result.outcomes["replayed"] += 1  # answered from the store
+        else:
+            result.outcomes["processed"] += 1
+            times = engine.last_times
+            for stage in ENGINE_STAGES:
+                m.stage_seconds.labels(stage).observe(getattr(times, stage, 0.0))
+            _observe_counters(m, counters, _engine_counters(engine))
+        now = _now_ms()
+        key = page.id.encode("utf-8")
+        out = []
+        for match in found:
+            result.matches[match.kind] += 1
+            out.append(Outgoing(self.kc.output_topic, key, messages.encode_match(match, now),
+                                _headers(source)))
+        return out
+
+    async def _publish_and_commit(self, result: BatchResult) -> None:
+        tp = result.tp
+        if self.epochs.get(tp) is None:
+            log.warning("%s was revoked while its batch ran; not committing", tp)
+            return
+        offsets = {tp: result.next_offset}
+        t0 = time.perf_counter()
+        try:
+            if self.kc.transactions:
+                producer = self.txn_producers[tp]
+                async with producer.transaction():
+                    await self._send_all(producer, result.outgoing)
+                    t1 = time.perf_counter()
+                    await producer.send_offsets_to_transaction(offsets, self.kc.group_id)
+            else:
+                assert self.producer is not None and self.consumer is not None
+                await self._send_all(self.producer, result.outgoing)
+                t1 = time.perf_counter()
+                await self.consumer.commit(offsets)
+        except KafkaError as exc:
+            if self.epochs.get(tp) is None or getattr(exc, "retriable", False):
+                # Lost the partition (rebalance, fenced): the new owner redoes the batch.
+                log.warning("%s: batch not committed (%r); it will be consumed again", tp, exc)
+                return
+            raise
+        done = time.perf_counter()
+        m = self.metrics
+        m.stage_seconds.labels("publish").observe(t1 - t0)
+        m.stage_seconds.labels("commit").observe(done - t1)
+        m.last_commit.set(time.time())
+        for outcome, n in result.outcomes.items():
+            m.pages.labels(outcome).inc(n)
+        for kind, n in result.matches.items():
+            m.matches.labels(kind).inc(n)
+        for reason, n in result.dead_letters.items():
+            m.dead_letters.labels(reason).inc(n)
+        if result.suppressed:
+            m.suppressed.inc(result.suppressed)
+        now_ms = _now_ms()
+        for ts in result.timestamps_ms:
+            if ts > 0:
+                m.end_to_end.observe(max(0, now_ms - ts) / 1000)
+        if tp in self.suppress_below and result.next_offset >= self.suppress_below[tp]:
+            del self.suppress_below[tp]
+
+    @staticmethod
+    async def _send_all(producer: AIOKafkaProducer, outgoing: list[Outgoing]) -> None:
+        futures = [
+            await producer.send(o.topic, o.value, key=o.key, headers=o.headers)
+            for o in outgoing
+        ]
+        if futures:
+            await asyncio.gather(*futures)  # every send acknowledged before the commit
+
+    # -- periodic gauges ------------------------------------------------------------------
+    async def _lag_loop(self) -> None:
+        assert self.consumer is not None
+        while not self.stopping.is_set():
+            for tp in list(self.consumer.assignment()):
+                hw = self.consumer.highwater(tp)
+                if hw is None or tp not in self.epochs:
+                    continue
+                with contextlib.suppress(Exception):
+                    pos = await self.consumer.position(tp)
+                    self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(
+                        max(0, hw - pos))
+            await asyncio.sleep(self.wc.lag_interval_s)
+
+    async def _store_size_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.stopping.is_set():
+            size = await loop.run_in_executor(None, _dir_size, self.store_dir)
+            self.metrics.store_bytes.set(size)
+            await asyncio.sleep(self.wc.store_size_interval_s)
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.worker.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.worker.on_assigned(assigned)
+
+
+def _engine_counters(engine: Engine) -> tuple[int, int, int, int]:
+    """Cumulative (probes, candidates, cws pairs, cws samples saved) of the engine."""
+    near = getattr(engine, "near", None)
+    c = getattr(near, "counters", None)
+    if c is None:
+        return (0, 0, 0, 0)
+    f = getattr(c, "filter", None)
+    return (
+        int(getattr(c, "probes", 0)), int(getattr(c, "candidates", 0)),
+        int(getattr(f, "pairs", 0)), int(getattr(f, "samples_saved", 0)),
+    )
+
+
+def _observe_counters(m: WorkerMetrics, before: tuple[int, ...], after: tuple[int, ...]) -> None:
+    probes, candidates, pairs, saved = (a - b for a, b in zip(after, before, strict=True))
+    m.psm_probes.observe(probes)
+    m.near_candidates.inc(candidates)
+    m.cws_pairs.inc(pairs)
+    m.cws_saved.inc(saved)
+
+
+def _headers(source: tuple[str, int, int]) -> list[tuple[str, bytes]]:
+    return [(SOURCE_HEADER, f"{source[0]}:{source[1]}:{source[2]}".encode())]
+
+
+def _names(tps: Iterable[TopicPartition]) -> list[str]:
+    return sorted(f"{tp.topic}:{tp.partition}" for tp in tps)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total
+
+
+# -- logging and command line ---------------------------------------------------------------
+class JsonFormatter(logging.Formatter):
+    _skip = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update({k: v for k, v in record.__dict__.items() if k not in self._skip})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap", metavar="HOST:PORT",
+                        help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
+    parser.add_argument("--store", required=True, metavar="DIR", help="RocksDB store directory")
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML config ([kafka], [worker], [metrics], [engine]); "
+                        "DUPALIGN_<TABLE>_<KEY> environment variables override it")
+    parser.add_argument("--group", help="consumer group id (overrides kafka.group_id)")
+    parser.add_argument("--metrics-port", type=int,
+                        help="HTTP port for /metrics, /healthz, /readyz (0 = any free port)")
+    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    overrides: dict[str, dict[str, Any]] = {}
+    if getattr(args, "bootstrap", None):
+        overrides.setdefault("kafka", {})["bootstrap_servers"] = args.bootstrap
+    if getattr(args, "group", None):
+        overrides.setdefault("kafka", {})["group_id"] = args.group
+    if getattr(args, "metrics_port", None) is not None:
+        overrides.setdefault("metrics", {})["port"] = args.metrics_port
+    if getattr(args, "log_level", None):
+        overrides.setdefault("worker", {})["log_level"] = args.log_level
+    return load_config(getattr(args, "config", None) or os.environ.get("DUPALIGN_CONFIG"),
+                       overrides=overrides)
+
+
+async def serve(config: Config, store_dir: str | Path) -> int:
+    worker = Worker(config, store_dir)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    try:
+        return await worker.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"dupalign worker: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(config.worker.log_level, config.worker.log_format)
+    return asyncio.run(serve(config, args.store))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dupalign-worker")
+    add_worker_arguments(parser)
+    return run_worker(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
