@@ -157,7 +157,8 @@ def test_weighted_active_keys_and_partition(
 def test_compact_windows_all_functions(
     seq: list[int], k: int, mode: str, tf: M.TfMode, idf: dict[int, float]
 ) -> None:
-    w = M.compact_windows(np.array(seq, dtype=np.uint64), k, mode, tf, idf)  # type: ignore[arg-type]
+    # idf as a callable here (a Mapping elsewhere)
+    w = M.compact_windows(np.array(seq, dtype=np.uint64), k, mode, tf, M.idf_lookup(idf))  # type: ignore[arg-type]
     assert sorted(set(w.fn.tolist())) == list(range(k))
     for fn in range(k):
         val = O.weighted_value(fn, tf, idf) if mode == "weighted" else O.multiset_value(fn)
