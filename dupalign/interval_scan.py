@@ -38,7 +38,7 @@ def _scan(
     n_ep = ep_pos.shape[0]
     jmin = j_lo.min()
     size = j_hi.max() - jmin + 1
-    lc, rc, mx, tg, nn = seg_new(8 * n_ep + 16)
+    nd, meta, st = seg_new(size, min(8 * n_ep, 4 * size) + 16)
     out_s = np.empty(n_ep, dtype=np.int64)
     out_e = np.empty(n_ep, dtype=np.int64)
     n_out = 0
@@ -51,13 +51,13 @@ def _scan(
             x = ep_rect[e]
             d = ep_sign[e] * w[x]
             cnt += d
-            lc, rc, mx, tg = seg_add(lc, rc, mx, tg, nn, size, j_lo[x] - jmin, j_hi[x] - jmin, d)
+            nd = seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, d)
             e += 1
         # every start in [u, next endpoint) has the same covering set: u is the longest
         if cnt >= threshold:
             q_lo = u + min_len - 1 - jmin  # length j − u + 1 ≥ min_len (also j ≥ u)
             if q_lo < size:
-                j = seg_rightmost(lc, rc, mx, tg, size, q_lo, size - 1, threshold)
+                j = seg_rightmost(nd, meta, st, q_lo, size - 1, threshold)
                 if j >= 0:
                     j += jmin
                     if j > z:

@@ -4,8 +4,9 @@ The interval scans (OPH and MonoActive) keep the right intervals of the windows 
 interval covers the current start position in this tree, and ask for the rightmost end
 position whose covering weight reaches the threshold.
 
-Representation (array-backed, numba-friendly): node 0 is the root and covers positions
-``[0, size)``; a node has either two children or none (``lc[node] == 0`` means none, since
+Representation (array-backed, numba-friendly): one int64 row per node, ``nd[node] =
+(lc, rc, mx, tg)`` (one cache line per node visit); node 0 is the root and covers positions
+``[0, size)``; a node has either two children or none (``nd[node, 0] == 0`` means none, since
 the root is never a child). Each node keeps ``tg`` — an add applied to its whole range and
 never pushed down (a lazy tag that stays put, which is enough for add + max) — and
 ``mx = tg + max(mx[children])``: the maximum over its range of the adds made at or below it.
@@ -28,15 +29,18 @@ _MIN_CAPACITY = 16
 
 
 @njit(cache=True)
-def seg_new(capacity: int) -> tuple[I64, I64, I64, I64, I64]:
-    """Arrays of an empty tree: (lc, rc, mx, tg, nn); ``nn[0]`` is the number of nodes in use."""
+def seg_new(size: int, capacity: int) -> tuple[I64, I64, I64]:
+    """Arrays of an all-zero tree over ``[0, size)``: ``(nd, meta, st)``.
+
+    ``meta = [nodes in use, size, depth]``; ``st`` is scratch space for the traversals
+    (allocated once here: the scans call add/query ~10^5 times).
+    """
     cap = max(capacity, 16)
-    lc = np.zeros(cap, dtype=np.int64)
-    rc = np.zeros(cap, dtype=np.int64)
-    mx = np.zeros(cap, dtype=np.int64)
-    tg = np.zeros(cap, dtype=np.int64)
-    nn = np.ones(1, dtype=np.int64)  # the root
-    return lc, rc, mx, tg, nn
+    nd = np.zeros((cap, 4), dtype=np.int64)
+    depth = _depth(size)
+    meta = np.array([1, size, depth], dtype=np.int64)  # node 0, the root, is in use
+    st = np.empty((5, 4 * (depth + 2)), dtype=np.int64)
+    return nd, meta, st
 
 
 @njit(cache=True)
@@ -50,44 +54,35 @@ def _depth(size: int) -> int:
 
 
 @njit(cache=True)
-def _grow(lc: I64, rc: I64, mx: I64, tg: I64, need: int) -> tuple[I64, I64, I64, I64]:
-    cap = lc.shape[0]
-    if need <= cap:
-        return lc, rc, mx, tg
+def _grow(nd: I64, need: int) -> I64:
+    cap = nd.shape[0]
     new = max(need, 2 * cap)
-    lc2 = np.zeros(new, dtype=np.int64)
-    rc2 = np.zeros(new, dtype=np.int64)
-    mx2 = np.zeros(new, dtype=np.int64)
-    tg2 = np.zeros(new, dtype=np.int64)
-    lc2[:cap] = lc
-    rc2[:cap] = rc
-    mx2[:cap] = mx
-    tg2[:cap] = tg
-    return lc2, rc2, mx2, tg2
+    nd2 = np.zeros((new, 4), dtype=np.int64)
+    nd2[:cap] = nd
+    return nd2
 
 
 @njit(cache=True)
-def seg_add(
-    lc: I64, rc: I64, mx: I64, tg: I64, nn: I64, size: int, lo: int, hi: int, delta: int
-) -> tuple[I64, I64, I64, I64]:
+def seg_add(nd: I64, meta: I64, st: I64, lo: int, hi: int, delta: int) -> I64:
     """Add ``delta`` to every position in ``[lo, hi]`` (clipped to ``[0, size)``).
 
-    Returns the (possibly reallocated) arrays: callers must rebind them.
+    Returns the (possibly reallocated) node array: callers must rebind it.
     """
+    size = meta[1]
     lo = max(lo, 0)
     hi = min(hi, size - 1)
     if lo > hi or delta == 0:
-        return lc, rc, mx, tg
-    depth = _depth(size)
+        return nd
     # an update splits at most two nodes per level, each creating two children
-    lc, rc, mx, tg = _grow(lc, rc, mx, tg, nn[0] + 4 * (depth + 1))
+    need = meta[0] + 4 * (meta[2] + 1)
+    if need > nd.shape[0]:
+        nd = _grow(nd, need)
     # iterative DFS (numba's cached recursion is fragile); partial nodes are refreshed
     # bottom-up afterwards: in preorder a parent precedes its children, so go in reverse
-    cap = 4 * (depth + 2)
-    st_node = np.empty(cap, dtype=np.int64)
-    st_nl = np.empty(cap, dtype=np.int64)
-    st_nr = np.empty(cap, dtype=np.int64)
-    partial = np.empty(cap, dtype=np.int64)
+    st_node = st[0]
+    st_nl = st[1]
+    st_nr = st[2]
+    partial = st[3]
     n_part = 0
     top = 1
     st_node[0] = 0
@@ -101,50 +96,48 @@ def seg_add(
         if hi < nl or nr < lo:
             continue
         if lo <= nl and nr <= hi:
-            tg[node] += delta
-            mx[node] += delta
+            nd[node, 3] += delta
+            nd[node, 2] += delta
             continue
-        if lc[node] == 0:
-            a = nn[0]
-            nn[0] = a + 2
+        if nd[node, 0] == 0:
+            a = meta[0]
+            meta[0] = a + 2
             # slots may hold stale values: clear them
             for s in range(a, a + 2):
-                lc[s] = 0
-                rc[s] = 0
-                mx[s] = 0
-                tg[s] = 0
-            lc[node] = a
-            rc[node] = a + 1
+                nd[s, 0] = 0
+                nd[s, 1] = 0
+                nd[s, 2] = 0
+                nd[s, 3] = 0
+            nd[node, 0] = a
+            nd[node, 1] = a + 1
         partial[n_part] = node
         n_part += 1
         mid = (nl + nr) // 2
-        st_node[top] = lc[node]
+        st_node[top] = nd[node, 0]
         st_nl[top] = nl
         st_nr[top] = mid
-        st_node[top + 1] = rc[node]
+        st_node[top + 1] = nd[node, 1]
         st_nl[top + 1] = mid + 1
         st_nr[top + 1] = nr
         top += 2
     for x in range(n_part - 1, -1, -1):
         node = partial[x]
-        mx[node] = tg[node] + max(mx[lc[node]], mx[rc[node]])
-    return lc, rc, mx, tg
+        nd[node, 2] = nd[node, 3] + max(nd[nd[node, 0], 2], nd[nd[node, 1], 2])
+    return nd
 
 
 @njit(cache=True)
-def seg_rightmost(
-    lc: I64, rc: I64, mx: I64, tg: I64, size: int, lo: int, hi: int, threshold: int
-) -> int:
+def seg_rightmost(nd: I64, meta: I64, st: I64, lo: int, hi: int, threshold: int) -> int:
     """Largest position p in ``[lo, hi]`` whose value is ≥ ``threshold``, or -1 if none."""
+    size = meta[1]
     lo = max(lo, 0)
     hi = min(hi, size - 1)
     if lo > hi:
         return -1
-    cap = 2 * (_depth(size) + 2)
-    st_node = np.empty(cap, dtype=np.int64)
-    st_nl = np.empty(cap, dtype=np.int64)
-    st_nr = np.empty(cap, dtype=np.int64)
-    st_acc = np.empty(cap, dtype=np.int64)  # sum of the tags of the strict ancestors
+    st_node = st[0]
+    st_nl = st[1]
+    st_nr = st[2]
+    st_acc = st[4]  # sum of the tags of the strict ancestors
     top = 1
     st_node[0] = 0
     st_nl[0] = 0
@@ -157,17 +150,17 @@ def seg_rightmost(
         nl = st_nl[top]
         nr = st_nr[top]
         acc = st_acc[top]
-        if hi < nl or nr < lo or acc + mx[node] < threshold:
+        if hi < nl or nr < lo or acc + nd[node, 2] < threshold:
             continue
-        if lc[node] == 0:
+        if nd[node, 0] == 0:
             return min(nr, hi)  # uniform node: its value is acc + tg = acc + mx
         mid = (nl + nr) // 2
-        acc2 = acc + tg[node]
-        st_node[top] = lc[node]
+        acc2 = acc + nd[node, 3]
+        st_node[top] = nd[node, 0]
         st_nl[top] = nl
         st_nr[top] = mid
         st_acc[top] = acc2
-        st_node[top + 1] = rc[node]
+        st_node[top + 1] = nd[node, 1]
         st_nl[top + 1] = mid + 1
         st_nr[top + 1] = nr
         st_acc[top + 1] = acc2
@@ -176,13 +169,13 @@ def seg_rightmost(
 
 
 @njit(cache=True)
-def seg_max(lc: I64, rc: I64, mx: I64, tg: I64, size: int, lo: int, hi: int) -> int:
+def seg_max(nd: I64, meta: I64, st: I64, lo: int, hi: int) -> int:
     """Maximum value over ``[lo, hi]`` (a non-empty range inside ``[0, size)``)."""
-    cap = 2 * (_depth(size) + 2)
-    st_node = np.empty(cap, dtype=np.int64)
-    st_nl = np.empty(cap, dtype=np.int64)
-    st_nr = np.empty(cap, dtype=np.int64)
-    st_acc = np.empty(cap, dtype=np.int64)
+    size = meta[1]
+    st_node = st[0]
+    st_nl = st[1]
+    st_nr = st[2]
+    st_acc = st[4]
     top = 1
     st_node[0] = 0
     st_nl[0] = 0
@@ -197,16 +190,16 @@ def seg_max(lc: I64, rc: I64, mx: I64, tg: I64, size: int, lo: int, hi: int) -> 
         acc = st_acc[top]
         if hi < nl or nr < lo:
             continue
-        if (lo <= nl and nr <= hi) or lc[node] == 0:
-            best = max(best, acc + mx[node])
+        if (lo <= nl and nr <= hi) or nd[node, 0] == 0:
+            best = max(best, acc + nd[node, 2])
             continue
         mid = (nl + nr) // 2
-        acc2 = acc + tg[node]
-        st_node[top] = lc[node]
+        acc2 = acc + nd[node, 3]
+        st_node[top] = nd[node, 0]
         st_nl[top] = nl
         st_nr[top] = mid
         st_acc[top] = acc2
-        st_node[top + 1] = rc[node]
+        st_node[top + 1] = nd[node, 1]
         st_nl[top + 1] = mid + 1
         st_nr[top + 1] = nr
         st_acc[top + 1] = acc2
@@ -224,31 +217,27 @@ class DynamicSegmentTree:
         if size < 1:
             raise ValueError(f"size must be >= 1, got {size}")
         self.size = int(size)
-        self._lc, self._rc, self._mx, self._tg, self._nn = seg_new(capacity)
+        self._nd, self._meta, self._st = seg_new(size, capacity)
 
     @property
     def node_count(self) -> int:
         """Nodes allocated so far (the root included)."""
-        return int(self._nn[0])
+        return int(self._meta[0])
 
     def add(self, lo: int, hi: int, delta: int) -> None:
         """Add ``delta`` to every position in ``[lo, hi]``; the range is clipped to the tree."""
-        self._lc, self._rc, self._mx, self._tg = seg_add(
-            self._lc, self._rc, self._mx, self._tg, self._nn, self.size, lo, hi, delta
-        )
+        self._nd = seg_add(self._nd, self._meta, self._st, lo, hi, delta)
 
     def rightmost_at_least(self, lo: int, hi: int, threshold: int) -> int:
         """Largest position in ``[lo, hi]`` with value ≥ ``threshold``; -1 if there is none."""
-        return int(
-            seg_rightmost(self._lc, self._rc, self._mx, self._tg, self.size, lo, hi, threshold)
-        )
+        return int(seg_rightmost(self._nd, self._meta, self._st, lo, hi, threshold))
 
     def range_max(self, lo: int, hi: int) -> int:
         """Maximum value over ``[lo, hi]`` (clipped; raises on an empty range)."""
         lo, hi = max(lo, 0), min(hi, self.size - 1)
         if lo > hi:
             raise ValueError("empty range")
-        return int(seg_max(self._lc, self._rc, self._mx, self._tg, self.size, lo, hi))
+        return int(seg_max(self._nd, self._meta, self._st, lo, hi))
 
     def value_at(self, pos: int) -> int:
         """Value at one position."""
