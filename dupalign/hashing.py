@@ -47,6 +47,5 @@ def mix64(values: U64 | int, salt: int = 0) -> U64:
 
 def to_unit(values: U64) -> npt.NDArray[np.float64]:
     """Map uint64 hash values to floats uniform in the open interval (0, 1)."""
-    return ((np.asarray(values, dtype=np.uint64) >> np.uint64(11)).astype(np.float64) + 0.5) / float(
-        1 << 53
-    )
+    top53 = (np.asarray(values, dtype=np.uint64) >> np.uint64(11)).astype(np.float64)
+    return (top53 + 0.5) / float(1 << 53)

@@ -148,7 +148,8 @@ class Store:
     def multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        return list(self._cfs[family].get(keys))
+        found: list[bytes | None] = self._cfs[family].get(keys)  # type: ignore[arg-type,assignment]
+        return found
 
     def put(self, family: str, key: bytes, value: bytes) -> None:
         self._cfs[family][key] = value

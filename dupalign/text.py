@@ -67,17 +67,17 @@ def decode_body(body: bytes | str, declared: str | None = None, html: bool = Fal
     if isinstance(body, str):
         return body
     candidates: list[str] = []
-    for bom, name in _BOMS:
+    for bom, bom_codec in _BOMS:
         if body.startswith(bom):
-            candidates.append(name)
+            candidates.append(bom_codec)
             break
     for name in (declared, _sniff_meta_charset(body) if html else None, "utf-8"):
         codec = _known_codec(name)
         if codec and codec not in candidates:
             candidates.append(codec)
-    for codec in candidates:
+    for candidate in candidates:
         try:
-            text = body.decode(codec)
+            text = body.decode(candidate)
         except (UnicodeDecodeError, LookupError):
             continue
         _reject_binary(text)

@@ -33,12 +33,34 @@ def is_warc(path: str | Path) -> bool:
     return name.endswith((".warc", ".warc.gz", ".arc.gz"))
 
 
+def is_jsonl(path: str | Path) -> bool:
+    return str(path).lower().endswith((".jsonl", ".jsonl.gz", ".ndjson", ".json"))
+
+
 def iter_input(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
-    """Pages of a JSON Lines or WARC file, numbered by line (JSONL) or record (WARC), from 1."""
-    if is_warc(path):
-        yield from iter_warc(path)
+    """Pages of one input, numbered from 1: by line (JSON Lines), by record (WARC), by file
+    (a directory: every .txt/.html/.htm file below it in path order; id = relative path);
+    any other file is one page (HTML for .html/.htm, else plain text)."""
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in _DOC_SUFFIXES)
+        for number, f in enumerate(files, start=1):
+            yield number, _file_page(f, f.relative_to(p).as_posix())
+    elif is_warc(p):
+        yield from iter_warc(p)
+    elif is_jsonl(p):
+        yield from iter_jsonl(p)
     else:
-        yield from iter_jsonl(path)
+        yield 1, _file_page(p, p.name)
+
+
+_DOC_SUFFIXES = (".txt", ".html", ".htm", ".xhtml")
+
+
+def _file_page(path: Path, doc_id: str) -> Page:
+    html = path.suffix.lower() in (".html", ".htm", ".xhtml")
+    return Page(id=doc_id, url=None, body=path.read_bytes(),
+                content_type="text/html" if html else "text/plain")
 
 
 def page_from_mapping(obj: Any) -> Page:
@@ -142,9 +164,9 @@ def _iter_fastwarc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
 
 
 def _iter_legacy_warc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
-    opener = gzip.open if str(path).endswith(".gz") else open
     number = 0
-    with opener(path, "rb") as fh:
+    fh: IO[bytes] | gzip.GzipFile
+    with (gzip.open(path, "rb") if str(path).endswith(".gz") else open(path, "rb")) as fh:
         while True:
             headers = _read_warc_headers(fh)
             if headers is None:
@@ -168,7 +190,7 @@ def _iter_legacy_warc(path: str | Path) -> Iterator[tuple[int, Page | InputError
             yield number, _page_or_error(number, where, uri, ctype, body, None)
 
 
-def _read_warc_headers(fh: IO[bytes]) -> dict[str, str] | None:
+def _read_warc_headers(fh: IO[bytes] | gzip.GzipFile) -> dict[str, str] | None:
     line = fh.readline()
     while line and not line.strip():
         line = fh.readline()

@@ -1,0 +1,173 @@
+"""Whole-document near duplicates: weighted simhash + PSM lookup + CWS verification.
+
+State kept across pages, and how it survives a restart:
+- the PSM table (fingerprint → ordinal), rebuilt from the ``simhash`` family at open;
+- the volatility model (bit flip probabilities), written to ``meta`` with every page;
+- idf tables: version 0 is uniform; version v is frozen from the document frequencies of
+  the first ``idf_freeze_at[v-1]`` indexed pages and written to ``meta``. Until the last
+  freeze the pages' distinct token hashes are kept in ``idf_pending`` so that the counts
+  can be rebuilt at open. A page's fingerprint and sketch are computed with the version
+  current when it arrived; a candidate is verified with a query sketch computed under the
+  candidate's own version, so both sides of a comparison always use the same weights.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.config import EngineConfig
+from dupalign.cws import CwsFilter, FilterStats, icws_sketch
+from dupalign.idf import IdfBuilder, IdfTable, TfMode, tf_idf_weights
+from dupalign.psm import SimhashTable, psm_search
+from dupalign.simhash import weighted_simhash
+from dupalign.store import Batch, Store, read_u64, u64
+from dupalign.vosh import VolatilityModel
+
+U64 = npt.NDArray[np.uint64]
+_VERSION = struct.Struct(">H")
+_META_MODEL = b"volatility"
+
+
+def _idf_key(version: int) -> bytes:
+    return b"idf/" + u64(version)
+
+
+@dataclass
+class NearState:
+    """What one page contributes, computed by ``search`` and written by ``stage``."""
+
+    hashes: U64
+    indexed: bool
+    fingerprint: int | None = None
+    W: npt.NDArray[np.float64] | None = None
+    sketch: U64 | None = None
+    idf_version: int = 0
+    unique: U64 | None = None
+    frozen: IdfTable | None = None
+
+
+@dataclass
+class NearCounters:
+    lookups: int = 0
+    probes: int = 0
+    candidates: int = 0
+    filter: FilterStats = field(default_factory=FilterStats)
+
+
+class NearIndex:
+    def __init__(self, store: Store, config: EngineConfig, next_ordinal: int) -> None:
+        self.store = store
+        self.cfg = config.near
+        self.seed = config.seed
+        self.filter = CwsFilter(self.cfg.cws_samples, self.cfg.cws_threshold, self.cfg.cws_error)
+        self.counters = NearCounters()
+        self.tables: list[IdfTable] = [IdfTable.uniform()]
+        while (raw := store.get("meta", _idf_key(len(self.tables)))) is not None:
+            self.tables.append(IdfTable.from_bytes(raw))
+        self.builder: IdfBuilder | None = None
+        if len(self.tables) <= len(self.cfg.idf_freeze_at):
+            self.builder = IdfBuilder()
+            for _, value in store.items("idf_pending"):
+                self.builder.add_document(np.frombuffer(value, dtype="<u8"))
+        raw_model = store.get("meta", _META_MODEL)
+        self.model = VolatilityModel.from_bytes(raw_model) if raw_model else VolatilityModel()
+        fps, ords = [], []
+        for key, _ in store.items("simhash"):
+            fps.append(read_u64(key))
+            ords.append(read_u64(key, 8))
+        self.table = SimhashTable.from_arrays(
+            np.asarray(fps, dtype=np.uint64), np.asarray(ords, dtype=np.int64)
+        )
+
+    @property
+    def idf(self) -> IdfTable:
+        return self.tables[-1]
+
+    def _weights(self, hashes: U64, version: int) -> tuple[U64, npt.NDArray[np.float64]]:
+        mode = cast(TfMode, self.cfg.tf_mode)  # validated by NearConfig
+        return tf_idf_weights(hashes, self.tables[version], mode)
+
+    def search(
+        self, hashes: U64, ordinal: int
+    ) -> tuple[list[tuple[int, int, float]], NearState]:
+        """Verified near duplicates among pages before ``ordinal``: (ordinal, hamming, est)."""
+        state = NearState(hashes=hashes, indexed=len(hashes) >= self.cfg.min_tokens)
+        if not self.cfg.enabled or not state.indexed:
+            return [], state
+        version = len(self.tables) - 1
+        uniq, weights = self._weights(hashes, version)
+        fp, W = weighted_simhash(uniq, weights)
+        state.fingerprint, state.W, state.idf_version, state.unique = fp, W, version, uniq
+        state.sketch = icws_sketch(uniq, weights, self.cfg.cws_samples, self.seed)
+        self.counters.lookups += 1
+        candidates = psm_search(self.table, fp, W, self.cfg.hamming, self.cfg.probe_budget,
+                                self.cfg.mode, self.model)  # type: ignore[arg-type]
+        self.counters.candidates += len(candidates)
+        found = []
+        sketches = {version: state.sketch}
+        for other, hamming in candidates:
+            if other >= ordinal:
+                continue
+            raw = self.store.get("cws", u64(other))
+            if raw is None:
+                continue
+            other_version = _VERSION.unpack_from(raw)[0]
+            other_sketch = np.frombuffer(raw, dtype="<u8", offset=_VERSION.size)
+            if other_version not in sketches:
+                u, w = self._weights(hashes, other_version)
+                sketches[other_version] = icws_sketch(u, w, self.cfg.cws_samples, self.seed)
+            result = self.filter.compare(sketches[other_version], other_sketch)
+            self.counters.filter.add(result)
+            if result.decision == "similar":
+                found.append((other, hamming, round(result.est_jaccard, 4)))
+        return found, state
+
+    def stage(self, batch: Batch, ordinal: int, state: NearState | None) -> None:
+        """Put the page's entries into ``batch`` (the in-memory side waits for ``commit``)."""
+        if state is None or not state.indexed or state.fingerprint is None:
+            return
+        assert state.sketch is not None and state.unique is not None and state.W is not None
+        batch.put("simhash", u64(state.fingerprint) + u64(ordinal), b"")
+        batch.put("cws", u64(ordinal),
+                  _VERSION.pack(state.idf_version) + state.sketch.astype("<u8").tobytes())
+        self.model.update(state.W)
+        batch.put("meta", _META_MODEL, self.model.to_bytes())
+        if self.builder is not None:
+            batch.put("idf_pending", u64(ordinal), state.unique.astype("<u8").tobytes())
+            version = len(self.tables)
+            if self.builder.n_docs + 1 >= self.cfg.idf_freeze_at[version - 1]:
+                builder = IdfBuilder.from_bytes(self.builder.to_bytes())
+                builder.add_document(state.unique)
+                state.frozen = builder.freeze(version)
+                batch.put("meta", _idf_key(version), state.frozen.to_bytes())
+                if version == len(self.cfg.idf_freeze_at):
+                    batch.delete_range("idf_pending", u64(0), u64(ordinal + 1))
+
+    def commit(self, ordinal: int, state: NearState | None) -> None:
+        if state is None or not state.indexed or state.fingerprint is None:
+            return
+        self.table.add(state.fingerprint, ordinal)
+        if self.builder is not None:
+            assert state.unique is not None
+            self.builder.add_document(state.unique)
+            if state.frozen is not None:
+                self.tables.append(state.frozen)
+                if len(self.tables) > len(self.cfg.idf_freeze_at):
+                    self.builder = None
+
+    def stats(self) -> dict[str, Any]:
+        f = self.counters.filter
+        return {
+            "near_table_size": len(self.table),
+            "near_table_bytes": self.table.nbytes,
+            "idf_version": len(self.tables) - 1,
+            "near_lookups": self.counters.lookups,
+            "near_candidates": self.counters.candidates,
+            "cws_pairs": f.pairs,
+            "cws_samples_saved": f.samples_saved,
+        }

@@ -1,0 +1,331 @@
+"""Copied passages: a RocksDB index of compact windows and the streaming passage query.
+
+Every page's compact windows are indexed: non-empty windows in inverted lists keyed by
+(bin, min-hash), empty windows (OPH only) by (page, bin). A new page is cut into query
+passages of ``query_len`` tokens with a ``stride``; each passage is aligned against the
+earlier pages whose windows collide with its sketch:
+
+1. read the inverted lists of the passage's min-hashes (cached per page: passages overlap);
+2. count distinct collided bins per earlier page and drop the pages that cannot reach the
+   threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
+   makes queries scale, since empty windows are read only for the pages left);
+3. read those pages' empty windows in the passage's empty bins, and run the interval scan
+   over the colliding rectangles: the longest subsequences whose estimate is ≥ θ.
+
+Hits on one earlier page are merged into maximal spans. Thresholds are exact integers:
+θ = p/q, a matched non-empty window weighs q, a jointly empty bin weighs p, and a
+subsequence is similar when its weight reaches k·p (OPH: N_mat / (k − N_emp) ≥ θ).
+MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshold ⌈kθ⌉.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from dupalign import monoactive
+from dupalign.config import EngineConfig
+from dupalign.hashing import mix64
+from dupalign.interval_scan import scan_rectangles
+from dupalign.match import Span
+from dupalign.oph import compact_windows, oph_sketch, oph_values
+from dupalign.store import Batch, Store, read_u64, u64
+from dupalign.text import Tokens
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+_BIN = struct.Struct(">H")
+_SEQ = struct.Struct(">I")
+_RECT = np.dtype("<i4")
+_SHINGLE_SALT = 0x5348494E
+
+
+@dataclass
+class Rects:
+    """Windows as rectangles: subsequences T[i..j] with i in [i_lo, i_hi], j in [j_lo, j_hi]
+    (0-based, inclusive), sharing min-hash ``key`` in ``bin`` (OPH bin or MonoActive hash
+    function). ``empty`` marks OPH empty windows (their key is 0)."""
+
+    bin: I64
+    key: U64
+    i_lo: I64
+    i_hi: I64
+    j_lo: I64
+    j_hi: I64
+    empty: npt.NDArray[np.bool_]
+
+    def __len__(self) -> int:
+        return int(self.bin.shape[0])
+
+
+@dataclass
+class PassageState:
+    """What one page adds to the index, computed by ``search`` and written by ``stage``."""
+
+    rects: Rects | None
+    n_units: int
+
+
+@dataclass
+class PassageCounters:
+    passages: int = 0
+    lists_read: int = 0
+    entries_read: int = 0
+    candidates_pruned: int = 0
+    candidates_scanned: int = 0
+
+
+@dataclass
+class _Hit:
+    q_start: int
+    q_end: int
+    t_start: int
+    t_end: int
+    est: float
+
+
+@dataclass
+class _PageCache:
+    """Per-query-page caches: passages overlap, so lists and empty windows repeat."""
+
+    lists: dict[tuple[int, int], tuple[I64, I64]] = field(default_factory=dict)
+    empties: dict[tuple[int, int], npt.NDArray[np.int32]] = field(default_factory=dict)
+
+
+class PassageIndex:
+    def __init__(self, store: Store, config: EngineConfig) -> None:
+        self.store = store
+        self.cfg = config.passage
+        self.seed = config.seed
+        theta = self.cfg.theta_fraction
+        self.p, self.q = theta.numerator, theta.denominator
+        self.k = self.cfg.k
+        if self.cfg.mode == "oph":
+            self.w_match, self.w_empty, self.need = self.q, self.p, self.k * self.p
+        else:
+            self.w_match, self.w_empty = 1, 0
+            self.need = monoactive.threshold_count(self.k, (self.p, self.q))
+        self.counters = PassageCounters()
+        self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
+
+    # -- units: the tokens the alignment sees ------------------------------------------------
+    def units(self, hashes: U64) -> U64:
+        """Word hashes, or hashes of w-word shingles (unit i covers words [i, i + w))."""
+        w = self.cfg.shingle
+        if w == 1 or len(hashes) < w:
+            return hashes if w == 1 else np.empty(0, dtype=np.uint64)
+        acc = np.zeros(len(hashes) - w + 1, dtype=np.uint64)
+        for x in range(w):
+            acc = mix64(acc ^ hashes[x : len(hashes) - w + 1 + x], _SHINGLE_SALT + x)
+        return acc
+
+    def _word_range(self, start: int, end: int) -> tuple[int, int]:
+        return start, end - 1 + self.cfg.shingle
+
+    # -- windows and sketches ---------------------------------------------------------------
+    def windows(self, units: U64) -> Rects:
+        if self.cfg.mode == "oph":
+            w = compact_windows(oph_values(units), self.k)
+            emp = w.empty
+            return Rects(w.bin, w.value, w.l, np.where(emp, w.r, w.c), np.where(emp, w.l, w.c),
+                         w.r, emp)
+        mw = monoactive.compact_windows(units, self.k, "weighted", tf=self._tf)
+        return Rects(mw.fn.astype(np.int64), mw.key, mw.a.astype(np.int64),
+                     mw.b.astype(np.int64), mw.c.astype(np.int64), mw.d.astype(np.int64),
+                     np.zeros(len(mw), dtype=np.bool_))
+
+    def sketch(self, units: U64) -> tuple[U64, npt.NDArray[np.bool_]]:
+        if self.cfg.mode == "oph":
+            return oph_sketch(oph_values(units), self.k)
+        keys = monoactive.query_minhashes(units, self.k, "weighted", tf=self._tf)
+        return keys, np.zeros(self.k, dtype=np.bool_)
+
+    # -- the query --------------------------------------------------------------------------
+    def search(
+        self, hashes: U64, tokens: Tokens, ordinal: int
+    ) -> tuple[list[tuple[int, list[Span]]], PassageState]:
+        """Spans of this page copied from pages before ``ordinal``, per earlier page."""
+        units = self.units(hashes)
+        n = len(units)
+        if not self.cfg.enabled or n + self.cfg.shingle - 1 < self.cfg.min_len:
+            return [], PassageState(None, n)
+        rects = self.windows(units)
+        state = PassageState(rects, n)
+        cache = _PageCache()
+        hits: dict[int, list[_Hit]] = defaultdict(list)
+        for start in _passage_starts(n, self.cfg.query_len, self.cfg.stride):
+            end = min(n, start + self.cfg.query_len)
+            self.counters.passages += 1
+            for other, t_start, t_end, est in self._align_passage(units[start:end], ordinal,
+                                                                   cache):
+                hits[other].append(_Hit(start, end, t_start, t_end, est))
+        out = []
+        for other in sorted(hits):
+            spans = self._spans(other, hits[other], tokens)
+            if spans:
+                out.append((other, spans))
+        return out, state
+
+    def _align_passage(
+        self, q_units: U64, before: int, cache: _PageCache
+    ) -> list[tuple[int, int, int, float]]:
+        keys, empty = self.sketch(q_units)
+        per_bin: list[tuple[I64, I64]] = []  # (ordinals, rectangles) of each collided list
+        for b in np.flatnonzero(~empty).tolist():
+            ords, rects = self._list(b, int(keys[b]), before, cache)
+            if len(ords):
+                per_bin.append((ords, rects))
+        if not per_bin:
+            return []
+        # distinct collided bins per earlier page, and the best each page could still reach
+        all_ords = np.concatenate([np.unique(o) for o, _ in per_bin])
+        pages, n_mat = np.unique(all_ords, return_counts=True)
+        n_empty = int(np.count_nonzero(empty))
+        reach = self.w_match * n_mat + self.w_empty * n_empty
+        ok = reach >= self.need
+        self.counters.candidates_pruned += int(np.count_nonzero(~ok))
+        pages, n_mat = pages[ok], n_mat[ok]
+        if len(pages) > self.cfg.max_candidates:
+            top = np.argsort(-n_mat, kind="stable")[: self.cfg.max_candidates]
+            pages = np.sort(pages[top])
+        results = []
+        empty_bins = np.flatnonzero(empty).tolist()
+        for page in pages.tolist():
+            self.counters.candidates_scanned += 1
+            results.extend(self._scan_page(page, per_bin, empty_bins, cache))
+        return results
+
+    def _scan_page(
+        self, page: int, per_bin: list[tuple[I64, I64]], empty_bins: list[int],
+        cache: _PageCache,
+    ) -> list[tuple[int, int, int, float]]:
+        parts = [rects[ords == page] for ords, rects in per_bin]
+        rect = np.concatenate(parts) if parts else np.empty((0, 4), np.int64)
+        weights = np.full(len(rect), self.w_match, dtype=np.int64)
+        if self.w_empty and empty_bins:
+            emp = [self._empty_windows(page, b, cache) for b in empty_bins]
+            emp_arr = np.concatenate(emp).reshape(-1, 2).astype(np.int64)
+            if len(emp_arr):
+                rect = np.concatenate((rect, emp_arr[:, [0, 1, 0, 1]]))
+                weights = np.concatenate(
+                    (weights, np.full(len(emp_arr), self.w_empty, dtype=np.int64)))
+        if int(weights.sum()) < self.need:
+            return []
+        ranges = scan_rectangles(rect[:, 0], rect[:, 1], rect[:, 2], rect[:, 3], weights,
+                                 self.need, self.cfg.min_len)
+        out = []
+        for s, e in ranges:
+            i, j = s, e - 1
+            cover = (rect[:, 0] <= i) & (i <= rect[:, 1]) & (rect[:, 2] <= j) & (j <= rect[:, 3])
+            n_match = int(np.count_nonzero(cover & (weights == self.w_match)))
+            n_emp = int(np.count_nonzero(cover)) - n_match if self.w_empty else 0
+            denom = self.k - n_emp
+            out.append((page, s, e, n_match / denom if denom > 0 else 0.0))
+        return out
+
+    # -- store reads ------------------------------------------------------------------------
+    def _list(self, b: int, key: int, before: int, cache: _PageCache) -> tuple[I64, I64]:
+        """The inverted list (bin, key): ordinals and rectangle rows of pages < ``before``."""
+        hit = cache.lists.get((b, key))
+        if hit is None:
+            prefix = _BIN.pack(b) + u64(key)
+            ords, rects = [], []
+            for k_, v in self.store.prefix("oph", prefix):
+                ords.append(read_u64(k_, 10))
+                rects.append(v)
+            self.counters.lists_read += 1
+            self.counters.entries_read += len(ords)
+            o = np.asarray(ords, dtype=np.int64)
+            r = (np.frombuffer(b"".join(rects), dtype=_RECT).reshape(-1, 4).astype(np.int64)
+                 if rects else np.empty((0, 4), np.int64))
+            keep = o < before
+            hit = (o[keep], r[keep])
+            cache.lists[(b, key)] = hit
+        return hit
+
+    def _empty_windows(self, page: int, b: int, cache: _PageCache) -> npt.NDArray[np.int32]:
+        hit = cache.empties.get((page, b))
+        if hit is None:
+            raw = self.store.get("oph_empty", u64(page) + _BIN.pack(b))
+            hit = np.frombuffer(raw, dtype=_RECT) if raw else np.empty(0, dtype=_RECT)
+            cache.empties[(page, b)] = hit
+        return hit
+
+    # -- spans ------------------------------------------------------------------------------
+    def _spans(self, other: int, hits: list[_Hit], tokens: Tokens) -> list[Span]:
+        """Merge hits on one page into maximal spans (overlapping or touching on both sides)."""
+        raw = self.store.get("positions", u64(other))
+        if raw is None:
+            return []
+        both = np.frombuffer(raw, dtype="<i4")
+        o_starts, o_ends = both[0::2], both[1::2]
+        hits.sort(key=lambda h: (h.t_start, h.q_start))
+        merged: list[_Hit] = []
+        for h in hits:
+            last = merged[-1] if merged else None
+            if (last is not None and h.q_start <= last.q_end and h.q_end >= last.q_start
+                    and h.t_start <= last.t_end):
+                last.q_start, last.q_end = min(last.q_start, h.q_start), max(last.q_end, h.q_end)
+                last.t_end = max(last.t_end, h.t_end)
+                last.est = max(last.est, h.est)
+            else:
+                merged.append(_Hit(h.q_start, h.q_end, h.t_start, h.t_end, h.est))
+        spans = []
+        for h in merged:
+            qs, qe = self._word_range(h.q_start, h.q_end)
+            ts, te = self._word_range(h.t_start, h.t_end)
+            spans.append(Span(
+                tokens=(qs, qe), chars=tokens.char_range(qs, qe),
+                match_tokens=(ts, te),
+                match_chars=(int(o_starts[ts]), int(o_ends[te - 1])) if te > ts else (0, 0),
+                est_jaccard=round(h.est, 4),
+            ))
+        spans.sort(key=lambda s: s.tokens)
+        return spans
+
+    # -- writes -----------------------------------------------------------------------------
+    def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:
+        if state is None or state.rects is None:
+            return
+        r = state.rects
+        prefix_ord = u64(ordinal)
+        nonempty = np.flatnonzero(~r.empty)
+        packed = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1).astype(_RECT)
+        for seq, x in enumerate(nonempty.tolist()):
+            key = _BIN.pack(int(r.bin[x])) + u64(int(r.key[x])) + prefix_ord + _SEQ.pack(seq)
+            batch.put("oph", key, packed[x].tobytes())
+        emp = np.flatnonzero(r.empty)
+        if len(emp):
+            bins = r.bin[emp]
+            for b in np.unique(bins).tolist():
+                rows = emp[bins == b]
+                pairs = np.stack((r.i_lo[rows], r.j_hi[rows]), axis=1).astype(_RECT)
+                batch.put("oph_empty", prefix_ord + _BIN.pack(b), pairs.tobytes())
+
+    def commit(self, ordinal: int, state: PassageState | None) -> None:
+        """Nothing lives in memory: the index is the store."""
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "passage_queries": c.passages,
+            "passage_lists_read": c.lists_read,
+            "passage_entries_read": c.entries_read,
+            "passage_candidates_pruned": c.candidates_pruned,
+            "passage_candidates_scanned": c.candidates_scanned,
+        }
+
+
+def _passage_starts(n: int, length: int, stride: int) -> list[int]:
+    """Starts of query passages covering [0, n): every ``stride``, the last one flush right."""
+    if n <= length:
+        return [0]
+    starts = list(range(0, n - length + 1, stride))
+    if starts[-1] != n - length:
+        starts.append(n - length)
+    return starts

@@ -1,0 +1,144 @@
+"""`dupalign scan` next to datasketch MinHashLSH on llvm-13-doc vs llvm-14-doc.
+
+The same HTML documentation in two releases (Debian packages, unpacked by
+../shared/scripts/fetch-debian-docs.sh). llvm-13 pages are processed first, then llvm-14
+pages. Ground truth: pairs (llvm-14 page, llvm-13 page) whose word 5-shingle Jaccard is
+≥ 0.85, computed exactly on the same extracted text both methods see; candidates for the
+truth are all same-path pairs plus every pair either method reports (each checked exactly).
+
+Both sides start from the raw HTML bytes: datasketch gets our text extraction and word
+tokens (it has none of its own), then 5-shingles, MinHash(128) and MinHashLSH(0.8).
+
+Run: .venv/bin/python -m tests.bench.bench_scan [--docs DIR] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dupalign.config import EngineConfig, PassageConfig
+from dupalign.engine import Engine
+from dupalign.page import Page
+from dupalign.text import page_text, tokenize
+
+HERE = Path(__file__).resolve().parents[2]
+SHINGLE = 5
+TRUTH_J = 0.85
+
+
+def load_pages(docs: Path, limit: int | None) -> tuple[list[Page], list[Page]]:
+    releases = []
+    for name in ("llvm-13-doc", "llvm-14-doc"):
+        root = docs / name / "usr/share/doc" / name / "html"
+        if not root.is_dir():
+            raise SystemExit(f"missing {root}: run ../shared/scripts/fetch-debian-docs.sh {docs} "
+                             "llvm-13-doc llvm-14-doc")
+        files = sorted(root.rglob("*.html"))[:limit]
+        releases.append([Page(id=f"{name[:7]}/{f.relative_to(root).as_posix()}",
+                              body=f.read_bytes(), content_type="text/html") for f in files])
+    return releases[0], releases[1]
+
+
+def shingles(tokens: list[str]) -> set[tuple[str, ...]]:
+    return {tuple(tokens[i:i + SHINGLE]) for i in range(max(0, len(tokens) - SHINGLE + 1))}
+
+
+def jaccard(a: set[tuple[str, ...]], b: set[tuple[str, ...]]) -> float:
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)
+
+
+def run_datasketch(pages: list[Page]) -> tuple[float, set[tuple[str, str]]]:
+    from datasketch import MinHash, MinHashLSH
+
+    lsh = MinHashLSH(threshold=0.8, num_perm=128)
+    found: set[tuple[str, str]] = set()
+    t0 = time.perf_counter()
+    for page in pages:
+        toks = tokenize(page_text(page)).tokens
+        mh = MinHash(num_perm=128)
+        mh.update_batch([" ".join(s).encode() for s in shingles(toks)])
+        for other in lsh.query(mh):
+            found.add((page.id, other))
+        lsh.insert(page.id, mh)
+    return time.perf_counter() - t0, found
+
+
+def run_scan(pages: list[Page], config: EngineConfig, store: Path) -> tuple[float, set, dict]:
+    found: set[tuple[str, str]] = set()
+    kinds: dict[str, int] = {}
+    t0 = time.perf_counter()
+    with Engine.open(store, config) as engine:
+        for page in pages:
+            for m in engine.process(page):
+                kinds[m.kind] = kinds.get(m.kind, 0) + 1
+                if m.kind in ("exact", "near"):
+                    found.add((m.doc_id, m.match_doc_id))
+    return time.perf_counter() - t0, found, kinds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=Path, default=Path.home() / ".cache/dupalign-docs")
+    ap.add_argument("--limit", type=int, default=None, help="pages per release (default all)")
+    args = ap.parse_args()
+    if not (args.docs / "llvm-14-doc").is_dir():
+        subprocess.run(["bash", str(HERE.parent / "shared/scripts/fetch-debian-docs.sh"),
+                        str(args.docs), "llvm-13-doc", "llvm-14-doc"], check=True)
+    old, new = load_pages(args.docs, args.limit)
+    pages = old + new
+    print(f"corpus: {len(old)} llvm-13 + {len(new)} llvm-14 HTML pages")
+
+    sh = {p.id: shingles(tokenize(page_text(p)).tokens) for p in pages}
+    old_ids = {p.id for p in old}
+
+    def cross(pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        return {(a, b) for a, b in pairs if a not in old_ids and b in old_ids}
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    try:
+        runs = []
+        t_ds, ds_pairs = run_datasketch(pages)
+        runs.append(("datasketch MinHashLSH(0.8,128) 5-shingles", t_ds, cross(ds_pairs), {}))
+        full = EngineConfig().validate()
+        near_only = EngineConfig(passage=PassageConfig(enabled=False)).validate()
+        for label, cfg, store in (("dupalign scan (near only)", near_only, tmp / "a"),
+                                  ("dupalign scan (near + passages)", full, tmp / "b")):
+            t, pairs, kinds = run_scan(pages, cfg, store)
+            runs.append((label, t, cross(pairs), kinds))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    same_path = {(f"llvm-14/{p.id[8:]}", f"llvm-13/{p.id[8:]}") for p in new}
+    same_path = {pair for pair in same_path if pair[1] in sh}
+    candidates = same_path.union(*(r[2] for r in runs))
+    truth = {pair for pair in candidates if jaccard(sh[pair[0]], sh[pair[1]]) >= TRUTH_J}
+    print(f"truth: {len(truth)} cross-release pairs with word 5-shingle Jaccard >= {TRUTH_J} "
+          f"(of {len(candidates)} candidate pairs checked exactly)\n")
+    header = (f"{'method':<44} {'seconds':>8} {'docs/s':>8} {'reported':>9} {'recall':>7} "
+              f"{'precision':>9}")
+    print(header)
+    print("-" * len(header))
+    rates = {}
+    for label, t, pairs, kinds in runs:
+        tp = len(pairs & truth)
+        recall = tp / len(truth) if truth else float("nan")
+        precision = tp / len(pairs) if pairs else float("nan")
+        rates[label] = len(pages) / t
+        print(f"{label:<44} {t:8.2f} {rates[label]:8.1f} {len(pairs):9d} {recall:7.3f} "
+              f"{precision:9.3f}" + (f"  {kinds}" if kinds else ""))
+    base = rates[runs[0][0]]
+    for label, _, _, _ in runs[1:]:
+        print(f"speed ratio {label} / datasketch: {rates[label] / base:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
