@@ -137,7 +137,7 @@ class OPHWindows:
 
 
 @njit(cache=True)
-def _windows(hvals: U64, bins: I64, k: int) -> tuple[I64, U64, I64, I64, I64, I64, I64, I64]:
+def _windows(hvals: U64, bins: I64, k: int) -> tuple[I64, U64, Bools, I64, I64, I64]:
     n = hvals.shape[0]
     # group positions by bin, in increasing position order (counting sort: O(n + k))
     start = np.zeros(k + 1, dtype=np.int64)
@@ -147,42 +147,15 @@ def _windows(hvals: U64, bins: I64, k: int) -> tuple[I64, U64, I64, I64, I64, I6
         start[t + 1] += start[t]
     fill = start[:k].copy()
     pos = np.empty(n, dtype=np.int64)
+    sv = np.empty(n, dtype=np.uint64)  # values in the same order: sequential reads below
     for x in range(n):
         b = bins[x]
         pos[fill[b]] = x
+        sv[fill[b]] = hvals[x]
         fill[b] += 1
 
-    # non-empty windows: one per position; l and r are the previous/next positions in the
-    # same bin with a smaller (value, position) key, found with a monotone stack (the
-    # all-nearest-smaller-values form of the paper's divide and conquer, Algorithm 2)
-    nb = np.empty(n, dtype=np.int64)
-    nv = np.empty(n, dtype=np.uint64)
-    nl = np.empty(n, dtype=np.int64)
-    nc = np.empty(n, dtype=np.int64)
-    nr = np.empty(n, dtype=np.int64)
-    stack = np.empty(n, dtype=np.int64)  # indices into the bin's slice of pos / outputs
-    for t in range(k):
-        s, e = start[t], start[t + 1]
-        top = 0
-        for x in range(s, e):
-            p = pos[x]
-            v = hvals[p]
-            # an earlier equal value has a smaller key (it is to the left): keep it
-            while top > 0 and hvals[pos[stack[top - 1]]] > v:
-                top -= 1
-                nr[stack[top]] = p - 1
-            nb[x] = t
-            nv[x] = v
-            nc[x] = p
-            nl[x] = pos[stack[top - 1]] + 1 if top > 0 else 0
-            stack[top] = x
-            top += 1
-        while top > 0:
-            top -= 1
-            nr[stack[top]] = n - 1
-
     # empty windows: the gaps between consecutive positions of a bin, with dummies -1 and n;
-    # a gap of width 0 (adjacent positions) is no window
+    # a gap of width 0 (adjacent positions) is no window. Count them to size the output.
     m = 0
     for t in range(k):
         prev = -1
@@ -191,21 +164,49 @@ def _windows(hvals: U64, bins: I64, k: int) -> tuple[I64, U64, I64, I64, I64, I6
             if nxt - prev >= 2:
                 m += 1
             prev = nxt
-    eb = np.empty(m, dtype=np.int64)
-    el = np.empty(m, dtype=np.int64)
-    er = np.empty(m, dtype=np.int64)
-    y = 0
+    ob = np.empty(n + m, dtype=np.int64)
+    ov = np.zeros(n + m, dtype=np.uint64)
+    oe = np.zeros(n + m, dtype=np.bool_)
+    ol = np.empty(n + m, dtype=np.int64)
+    oc = np.full(n + m, -1, dtype=np.int64)
+    orr = np.empty(n + m, dtype=np.int64)
+
+    # non-empty windows (rows 0..n-1): one per position; l and r are the previous/next
+    # positions in the same bin with a smaller (value, position) key, found with a
+    # monotone stack (the all-nearest-smaller-values form of the paper's Algorithm 2)
+    stack = np.empty(n, dtype=np.int64)  # row indices
+    for t in range(k):
+        top = 0
+        for x in range(start[t], start[t + 1]):
+            p = pos[x]
+            v = sv[x]
+            # an earlier equal value has a smaller key (it is to the left): keep it
+            while top > 0 and sv[stack[top - 1]] > v:
+                top -= 1
+                orr[stack[top]] = p - 1
+            ob[x] = t
+            ov[x] = v
+            oc[x] = p
+            ol[x] = pos[stack[top - 1]] + 1 if top > 0 else 0
+            stack[top] = x
+            top += 1
+        while top > 0:
+            top -= 1
+            orr[stack[top]] = n - 1
+
+    y = n
     for t in range(k):
         prev = -1
         for x in range(start[t], start[t + 1] + 1):
             nxt = pos[x] if x < start[t + 1] else n
             if nxt - prev >= 2:
-                eb[y] = t
-                el[y] = prev + 1
-                er[y] = nxt - 1
+                ob[y] = t
+                oe[y] = True
+                ol[y] = prev + 1
+                orr[y] = nxt - 1
                 y += 1
             prev = nxt
-    return nb, nv, nl, nc, nr, eb, el, er
+    return ob, ov, oe, ol, oc, orr
 
 
 def compact_windows_binned(hvals: U64, bins: I64, k: int) -> OPHWindows:
@@ -215,23 +216,15 @@ def compact_windows_binned(hvals: U64, bins: I64, k: int) -> OPHWindows:
     if h.shape != b.shape or h.ndim != 1:
         raise ValueError("hvals and bins must be 1-d arrays of the same length")
     _check_bins(b, k)
-    nb, nv, nl, nc, nr, eb, el, er = _windows(h, b, k)
-    m = eb.shape[0]
-    return OPHWindows(
-        bin=np.concatenate((nb, eb)),
-        value=np.concatenate((nv, np.zeros(m, dtype=np.uint64))),
-        empty=np.concatenate((np.zeros(nb.shape[0], dtype=np.bool_), np.ones(m, np.bool_))),
-        l=np.concatenate((nl, el)),
-        c=np.concatenate((nc, np.full(m, -1, dtype=np.int64))),
-        r=np.concatenate((nr, er)),
-    )
+    ob, ov, oe, ol, oc, orr = _windows(h, b, k)
+    return OPHWindows(bin=ob, value=ov, empty=oe, l=ol, c=oc, r=orr)
 
 
 def compact_windows(hvals: U64, k: int) -> OPHWindows:
     """All OPH compact windows of a text with OPH values ``hvals``, in O(n + k) time.
 
-    At most n non-empty windows (exactly one per position) and at most n + k − 1 empty
-    windows; a bin with no token in the text gives the single empty window (0, n − 1).
+    Exactly n non-empty windows (one per position) and at most n + k − 2 empty windows
+    (n ≥ 1); a bin with no token in the text gives the single empty window (0, n − 1).
     """
     h = np.ascontiguousarray(hvals, dtype=np.uint64)
     return compact_windows_binned(h, oph_bins(h, k), k)
