@@ -105,7 +105,7 @@ def rectangles(draw: st.DrawFn) -> dict:
     )  # fmt: skip
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(rectangles())
 def test_scan_equals_brute_force(r: dict) -> None:
     args = (r["i_lo"], r["i_hi"], r["j_lo"], r["j_hi"], r["w"], r["threshold"], r["min_len"])
@@ -157,7 +157,7 @@ def text_and_query(draw: st.DrawFn) -> tuple:
     return binned(text), binned(query), k, (p, q), draw(st.integers(1, 4))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(text_and_query())
 def test_oph_alignment_equals_brute_force(case: tuple) -> None:
     (th, tb), (qh, qb), k, theta, min_len = case

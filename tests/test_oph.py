@@ -166,7 +166,7 @@ def check_exact_cover(h: np.ndarray, b: np.ndarray, k: int) -> None:
     assert used.all()  # every window represents at least one subsequence
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(binned_texts())
 def test_windows_represent_every_minhash_exactly_once(text: tuple) -> None:
     check_exact_cover(*text)
