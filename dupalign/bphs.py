@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from dupalign.psm import PsmBatchResult, _emit, popcount64
+from dupalign.psm import PsmBatchResult, grow, popcount64
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -80,41 +80,52 @@ def _lower_bound(a, v):
 
 
 @njit(cache=True)
+def _bphs_one(tables, tords, src_shift, widths, dst_shift, low_masks, prior_masks, x, h, first,
+              out_o, out_h, n):
+    """One lookup in all T tables; returns (n, ok), ok False when out_* overflowed."""
+    for i in range(tables.shape[0]):
+        px = _permute(x, src_shift[i], widths[i], dst_shift[i])
+        low = low_masks[i]
+        tab = tables[i]
+        for r in range(_lower_bound(tab, px & ~low), tab.shape[0]):
+            diff = px ^ tab[r]
+            if diff & ~low:
+                break  # header mismatch: past the range
+            d = popcount64(diff)
+            if d <= h:
+                dup = False
+                for i2 in range(i):
+                    if diff & prior_masks[i, i2] == 0:
+                        dup = True  # an earlier table already reports this row
+                        break
+                if not dup:
+                    if n == out_o.shape[0]:
+                        return n, False
+                    out_o[n] = tords[i, r]
+                    out_h[n] = d
+                    n += 1
+                    if first:
+                        return n, True
+    return n, True
+
+
+@njit(cache=True)
 def _bphs_batch_kernel(tables, tords, src_shift, widths, dst_shift, low_masks, prior_masks,
                        qfps, h, first):
-    T = tables.shape[0]
     m = qfps.shape[0]
     offsets = np.zeros(m + 1, dtype=np.int64)
     res_ord = np.empty(max(16, m), dtype=np.int64)
     res_ham = np.empty(max(16, m), dtype=np.int64)
     nres = 0
     for q in range(m):
-        x = qfps[q]
-        done = False
-        for i in range(T):
-            px = _permute(x, src_shift[i], widths[i], dst_shift[i])
-            low = low_masks[i]
-            tab = tables[i]
-            lo = _lower_bound(tab, px & ~low)
-            for r in range(lo, tab.shape[0]):
-                y = tab[r]
-                diff = px ^ y
-                if diff & ~low:
-                    break  # header mismatch: past the range
-                d = popcount64(diff)
-                if d <= h:
-                    dup = False
-                    for i2 in range(i):
-                        if diff & prior_masks[i, i2] == 0:
-                            dup = True  # an earlier table already reports y
-                            break
-                    if not dup:
-                        res_ord, res_ham, nres = _emit(res_ord, res_ham, nres, tords[i, r], d)
-                        if first:
-                            done = True
-                            break
-            if done:
+        while True:
+            n2, ok = _bphs_one(tables, tords, src_shift, widths, dst_shift, low_masks,
+                               prior_masks, qfps[q], h, first, res_ord, res_ham, nres)
+            if ok:
                 break
+            res_ord = grow(res_ord)  # rare: redo this query with more room
+            res_ham = grow(res_ham)
+        nres = n2
         offsets[q + 1] = nres
     return offsets, res_ord[:nres], res_ham[:nres]
 

@@ -41,7 +41,20 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from dupalign.vosh import VolatilityModel, heap_pop, heap_push, push_children, set_key
+from dupalign.vosh import (
+    MAX_H,
+    VolatilityModel,
+    bit_volatility,
+    heap_pop,
+    heap_push,
+    packed_children,
+    packed_elem,
+    packed_key,
+    packed_root,
+    packed_size,
+    rank_desc,
+    rms_of,
+)
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -49,7 +62,6 @@ F64 = npt.NDArray[np.float64]
 
 Mode = Literal["first", "all"]
 DEFAULT_BUDGET = 64
-_QUERY_CHUNK = 32768  # rows of W turned into volatilities at once (bounds temporary RAM)
 
 
 class SimhashTable:
@@ -195,100 +207,147 @@ def popcount64(x: np.uint64) -> int:
 
 
 @njit(cache=True)
-def _emit(res_ord, res_ham, nres, o, d):  # grow-by-doubling output arrays
-    if nres == res_ord.shape[0]:
-        r2 = np.empty(2 * nres + 16, dtype=np.int64)
-        h2 = np.empty(2 * nres + 16, dtype=np.int64)
-        r2[:nres] = res_ord[:nres]
-        h2[:nres] = res_ham[:nres]
-        res_ord, res_ham = r2, h2
-    res_ord[nres] = o
-    res_ham[nres] = d
-    return res_ord, res_ham, nres + 1
+def grow(a):
+    b = np.empty(2 * a.shape[0] + 16, dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
 
 
 @njit(cache=True)
-def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, P, h, budget, first):
+def scan_range(fps, ords, lo, hi, x, h, out_o, out_h, n, first):
+    """Report rows lo..hi-1 within h of x into out_*[n:]; returns (n, stop).
+
+    ``stop < hi`` means the output is full (grow it and resume at ``stop``) or, with
+    ``first``, that a match was found. Kept free of array reassignment: numba then keeps
+    this loop at ~2 ns per row (reassigning arrays in a hot loop costs ~30×).
+    """
+    for i in range(lo, hi):
+        d = popcount64(x ^ fps[i])
+        if d <= h:
+            if n == out_o.shape[0]:
+                return n, i
+            out_o[n] = ords[i]
+            out_h[n] = d
+            n += 1
+            if first:
+                return n, i + 1
+    return n, hi
+
+
+@njit(cache=True)
+def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prior_scale, h,
+             budget, first, out_o, out_h, n, keys, seqs, sets, ph, order, ratio, hbit, hvs,
+             los, his):
+    """One PSM lookup; returns (n, probes, ok, sink); ok is False when out_* overflowed.
+
+    ``sink`` only keeps the prefetching loads alive.
+    """
+    nb = buf_fps.shape[0]
+    # The buffer is small and unsorted: scan it exactly.
+    n2, stop = scan_range(buf_fps, buf_ords, 0, nb, x, h, out_o, out_h, n, first)
+    if first and n2 > n:
+        return n2, 0, True, np.uint64(0)
+    if stop < nb:
+        return n2, 0, False, np.uint64(0)
+    n = n2
+    # Volatility of the header bits only (the r-th header bit from the top is bit 63 - r),
+    # ranked most volatile first.
+    rms = rms_of(w)
+    for r in range(t):
+        c = abs(w[63 - r]) / rms if rms > 0 else 0.0
+        ph[r] = bit_volatility(c, surv, y_max, prior_scale)
+    rank_desc(ph, t, order)
+    base = 1.0
+    one = np.uint64(1)
+    for r in range(t):
+        pr = ph[order[r]]
+        ratio[r] = pr / (1.0 - pr)
+        base *= 1.0 - pr
+        hbit[r] = one << np.uint64(63 - order[r])
+    shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
+    m = 0
+    seq = 0
+    for size in range(min(h, t) + 1):
+        root = packed_root(size)
+        m = heap_push(keys, seqs, sets, m, packed_key(base, ratio, root), seq, root)
+        seq += 1
+    # Probes go in rounds: VOSH yields the round's header values, their directory entries
+    # and first rows are loaded in tight independent loops (so the cache misses overlap),
+    # then the buckets are scanned. PSM_F rounds double in size (1, 2, 4, ...) since it
+    # usually stops after one or two probes; PSM_A takes the whole budget in one round.
+    k = 0
+    sink = np.uint64(0)
+    rnd = budget if not first else 1
+    while k < budget and m > 0:
+        kk = 0
+        while kk < rnd and k + kk < budget and m > 0:
+            m, _key, s = heap_pop(keys, seqs, sets, m)
+            mask = np.uint64(0)
+            for e in range(packed_size(s)):
+                mask |= hbit[packed_elem(s, e)]
+            hvs[kk] = (x ^ mask) >> shift if t > 0 else np.uint64(0)
+            kk += 1
+            left, right = packed_children(s, t)
+            if left >= 0:
+                m = heap_push(keys, seqs, sets, m, packed_key(base, ratio, left), seq, left)
+                seq += 1
+            if right >= 0:
+                m = heap_push(keys, seqs, sets, m, packed_key(base, ratio, right), seq, right)
+                seq += 1
+        for i in range(kk):
+            los[i] = np.int64(directory[hvs[i]])
+            his[i] = np.int64(directory[hvs[i] + one])
+        for i in range(kk):
+            if los[i] < his[i]:
+                sink ^= fps[los[i]]
+        for i in range(kk):
+            n2, stop = scan_range(fps, ords, los[i], his[i], x, h, out_o, out_h, n, first)
+            if first and n2 > n:
+                return n2, k + i + 1, True, sink
+            if stop < his[i]:
+                return n2, k + i + 1, False, sink
+            n = n2
+        k += kk
+        rnd *= 2
+    return n, k, True, sink
+
+
+@njit(cache=True)
+def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, surv, y_max,
+                      prior_scale, h, budget, first):
     m = qfps.shape[0]
     offsets = np.zeros(m + 1, dtype=np.int64)
     probes = np.zeros(m, dtype=np.int64)
     res_ord = np.empty(max(16, m), dtype=np.int64)
     res_ham = np.empty(max(16, m), dtype=np.int64)
     nres = 0
-    hh = min(h, t)
-    cap = 2 * budget + hh + 2
+    cap = 2 * budget + min(h, t) + 2
     keys = np.empty(cap)
     seqs = np.empty(cap, dtype=np.int64)
-    elems = np.empty((cap, max(hh, 1)), dtype=np.int64)
-    sizes = np.empty(cap, dtype=np.int64)
-    cur = np.empty(max(hh, 1), dtype=np.int64)
-    child = np.empty(max(hh, 1), dtype=np.int64)
+    sets = np.empty(cap, dtype=np.int64)
+    ph = np.empty(max(t, 1))
+    order = np.empty(max(t, 1), dtype=np.int64)
     ratio = np.empty(max(t, 1))
     hbit = np.empty(max(t, 1), dtype=np.uint64)  # rank -> mask of that header bit
-    ph = np.empty(max(t, 1))
-    shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
-    one = np.uint64(1)
+    hvs = np.empty(budget, dtype=np.uint64)
+    los = np.empty(budget, dtype=np.int64)
+    his = np.empty(budget, dtype=np.int64)
+    sink = np.uint64(0)
     for q in range(m):
-        x = qfps[q]
-        start = nres
-        done = False
-        # The buffer is small and unsorted: scan it exactly.
-        for i in range(buf_fps.shape[0]):
-            d = popcount64(x ^ buf_fps[i])
-            if d <= h:
-                res_ord, res_ham, nres = _emit(res_ord, res_ham, nres, buf_ords[i], d)
-                if first:
-                    done = True
-                    break
-        if not done:
-            # Header bits ranked by volatility (r-th header bit from the top is bit 63-r).
-            for r in range(t):
-                ph[r] = -P[q, 63 - r]
-            order = np.argsort(ph[:t], kind="mergesort")
-            base = 1.0
-            for r in range(t):
-                pr = P[q, 63 - order[r]]
-                ratio[r] = pr / (1.0 - pr)
-                base *= 1.0 - pr
-                hbit[r] = one << np.uint64(63 - order[r])
-            n = 0
-            seq = 0
-            for size in range(hh + 1):
-                for e in range(size):
-                    cur[e] = e
-                n = heap_push(keys, seqs, elems, sizes, n, set_key(base, ratio, cur, size), seq,
-                              cur, size)
-                seq += 1
-            k = 0
-            while n > 0 and k < budget and not done:
-                n, size, _key = heap_pop(keys, seqs, elems, sizes, n, cur)
-                k += 1
-                mask = np.uint64(0)
-                for e in range(size):
-                    mask |= hbit[cur[e]]
-                if t > 0:
-                    hv = (x ^ mask) >> shift
-                    lo = np.int64(directory[hv])
-                    hi = np.int64(directory[hv + one])
-                else:
-                    lo = np.int64(0)
-                    hi = np.int64(fps.shape[0])
-                for i in range(lo, hi):
-                    d = popcount64(x ^ fps[i])
-                    if d <= h:
-                        res_ord, res_ham, nres = _emit(res_ord, res_ham, nres, ords[i], d)
-                        if first:
-                            done = True
-                            break
-                if not done:
-                    n, seq = push_children(keys, seqs, elems, sizes, n, seq, cur, child, size, t,
-                                           base, ratio)
-            probes[q] = k
+        while True:
+            n2, k, ok, sk = _psm_one(fps, ords, directory, t, buf_fps, buf_ords, qfps[q], W[q],
+                                     surv, y_max, prior_scale, h, budget, first, res_ord,
+                                     res_ham, nres, keys, seqs, sets, ph, order, ratio, hbit,
+                                     hvs, los, his)
+            sink ^= sk
+            if ok:
+                break
+            res_ord = grow(res_ord)  # rare: redo this query with more room
+            res_ham = grow(res_ham)
+        nres = n2
+        probes[q] = k
         offsets[q + 1] = nres
-        if first and nres - start > 1:
-            nres = start + 1
-            offsets[q + 1] = nres
-    return offsets, res_ord[:nres], res_ham[:nres], probes
+    return offsets, res_ord[:nres], res_ham[:nres], probes, sink
 
 
 @dataclass(frozen=True)
@@ -329,37 +388,19 @@ def psm_search_batch(
         raise ValueError(f"Ws must have shape ({q.size}, 64), got {W.shape}")
     if mode not in ("first", "all"):
         raise ValueError("mode must be 'first' or 'all'")
-    if h < 0:
-        raise ValueError("h must be >= 0")
+    if not 0 <= h <= MAX_H:
+        raise ValueError(f"h must be in [0, {MAX_H}]")
     mdl = model if model is not None else _DEFAULT_MODEL
     t = table.header_bits
     if budget is None:
         budget = sum(math.comb(t, i) for i in range(min(h, t) + 1))
     if budget < 1:
         raise ValueError("budget must be >= 1")
-    parts = []
-    for a in range(0, max(q.size, 1), _QUERY_CHUNK):
-        b = min(q.size, a + _QUERY_CHUNK)
-        P = mdl.volatility(W[a:b]) if b > a else np.empty((0, 64))
-        parts.append(_psm_batch_kernel(
-            table.fps, table.ordinals, table.directory, t, table.buffer_fps,
-            table.buffer_ordinals, q[a:b], np.ascontiguousarray(P), h, int(budget),
-            mode == "first"))
-    if len(parts) == 1:
-        return PsmBatchResult(*parts[0])
-    offs: list[I64] = [np.zeros(1, dtype=np.int64)]
-    ords: list[I64] = []
-    hams: list[I64] = []
-    probes: list[I64] = []
-    base = 0
-    for o, r, hm, pr in parts:
-        offs.append(o[1:] + base)
-        base += len(r)
-        ords.append(r)
-        hams.append(hm)
-        probes.append(pr)
-    return PsmBatchResult(np.concatenate(offs), np.concatenate(ords), np.concatenate(hams),
-                          np.concatenate(probes))
+    surv, y_max, prior_scale = mdl.kernel_params()
+    offsets, ords, hams, probes, _sink = _psm_batch_kernel(
+        table.fps, table.ordinals, table.directory, t, table.buffer_fps, table.buffer_ordinals,
+        q, np.ascontiguousarray(W), surv, y_max, prior_scale, h, int(budget), mode == "first")
+    return PsmBatchResult(offsets, ords, hams, probes)
 
 
 def psm_search(
@@ -391,11 +432,14 @@ def _brute_batch_kernel(fps, ords, qfps, h):
     res_ham = np.empty(16, dtype=np.int64)
     nres = 0
     for q in range(m):
-        x = qfps[q]
-        for i in range(fps.shape[0]):
-            d = popcount64(x ^ fps[i])
-            if d <= h:
-                res_ord, res_ham, nres = _emit(res_ord, res_ham, nres, ords[i], d)
+        i = 0
+        while True:
+            nres, i = scan_range(fps, ords, i, fps.shape[0], qfps[q], h, res_ord, res_ham,
+                                 nres, False)
+            if i >= fps.shape[0]:
+                break
+            res_ord = grow(res_ord)
+            res_ham = grow(res_ham)
         offsets[q + 1] = nres
     return offsets, res_ord[:nres], res_ham[:nres]
 

@@ -120,6 +120,10 @@ class VolatilityModel:
         return _volatility_rows(np.ascontiguousarray(w), self._survival_at_edges(),
                                 self.y_max, self.prior_scale)
 
+    def kernel_params(self) -> tuple[F64, float, float]:
+        """(survival at bin edges, y_max, prior_scale) for :func:`bit_volatility` in numba."""
+        return self._survival_at_edges(), self.y_max, self.prior_scale
+
     # -- persistence ----------------------------------------------------------------------
     def to_bytes(self) -> bytes:
         return msgpack.packb(
@@ -150,26 +154,35 @@ class VolatilityModel:
 
 
 @njit(cache=True)
+def rms_of(w: F64) -> float:
+    ss = 0.0
+    for j in range(w.shape[0]):
+        ss += w[j] * w[j]
+    return math.sqrt(ss / w.shape[0]) if w.shape[0] > 0 else 0.0
+
+
+@njit(cache=True)
+def bit_volatility(c: float, surv: F64, y_max: float, prior_scale: float) -> float:
+    """P(Y > c) for c = |W_j| / rms >= 0, from the histogram's survival at its bin edges."""
+    n_bins = surv.shape[0] - 1
+    if c >= y_max:
+        # Past the histogram: the overflow mass decays like the prior's tail.
+        return 0.5 * surv[n_bins] * math.exp(-(c - y_max) / prior_scale)
+    x = c * n_bins / y_max
+    i = int(x)
+    f = x - i
+    return 0.5 * (surv[i] * (1.0 - f) + surv[i + 1] * f)
+
+
+@njit(cache=True)
 def _volatility_rows(w: F64, surv: F64, y_max: float, prior_scale: float) -> F64:
     m, b = w.shape
     out = np.empty((m, b))
-    n_bins = surv.shape[0] - 1
     for r in range(m):
-        ss = 0.0
-        for j in range(b):
-            ss += w[r, j] * w[r, j]
-        rms = math.sqrt(ss / b) if b > 0 else 0.0
+        rms = rms_of(w[r])
         for j in range(b):
             c = abs(w[r, j]) / rms if rms > 0 else 0.0
-            if c >= y_max:
-                # Past the histogram: overflow mass decays like the prior's tail.
-                s = surv[n_bins] * math.exp(-(c - y_max) / prior_scale)
-            else:
-                x = c * n_bins / y_max
-                i = int(x)
-                f = x - i
-                s = surv[i] * (1.0 - f) + surv[i + 1] * f
-            out[r, j] = 0.5 * s
+            out[r, j] = bit_volatility(c, surv, y_max, prior_scale)
     return out
 
 
@@ -244,77 +257,127 @@ def vosh_sets(
             seq += 1
 
 
-# -- numba twin used inside PSM: same tree, same heap, on fixed-size arrays ----------------
+# -- numba twin used inside PSM: the same trees and heap on packed sets ---------------------
+#
+# A set of <= MAX_H ranks (each < 256) is one int64: rank e in bits 8e..8e+7, size in bits
+# 56..58. The heap holds parallel arrays (key, insertion number, packed set), so a swap moves
+# three scalars; this keeps a PSM probe's heap work to a few tens of nanoseconds.
+
+MAX_H = 7
+MAX_RANKS = 256
 
 
 @njit(cache=True)
-def _heap_less(keys: F64, seqs: npt.NDArray[np.int64], a: int, c: int) -> bool:
-    # "a before c": larger key first, then earlier insertion.
+def packed_size(s: int) -> int:
+    return s >> 56
+
+
+@njit(cache=True)
+def packed_elem(s: int, e: int) -> int:
+    return (s >> (8 * e)) & 255
+
+
+@njit(cache=True)
+def packed_root(size: int) -> int:
+    s = size << 56
+    for e in range(size):
+        s |= e << (8 * e)
+    return s
+
+
+@njit(cache=True)
+def packed_key(base: float, ratio: F64, s: int) -> float:
+    k = base
+    for e in range(s >> 56):
+        k *= ratio[(s >> (8 * e)) & 255]
+    return k
+
+
+@njit(cache=True)
+def packed_children(s: int, b: int) -> tuple[int, int]:
+    """Algorithm 2 (fixed, see :func:`_children`) on a packed set; -1 for a missing child."""
+    size = s >> 56
+    left = -1
+    right = -1
+    if size == 0:
+        return left, right
+    if packed_elem(s, size - 1) <= b - 2:
+        left = s + (1 << (8 * (size - 1)))
+    for j in range(size - 2, -1, -1):
+        gap = packed_elem(s, j + 1) - packed_elem(s, j)
+        if gap == 1:
+            continue
+        if gap == 2:
+            right = s + (1 << (8 * j))
+        break
+    return left, right
+
+
+@njit(cache=True)
+def _before(keys: F64, seqs: npt.NDArray[np.int64], a: int, c: int) -> bool:
+    # Larger key first, then earlier insertion (deterministic ties, as in vosh_sets).
     if keys[a] != keys[c]:
         return keys[a] > keys[c]
     return seqs[a] < seqs[c]
 
 
 @njit(cache=True)
-def _heap_swap(keys, seqs, elems, sizes, a, c):
-    keys[a], keys[c] = keys[c], keys[a]
-    seqs[a], seqs[c] = seqs[c], seqs[a]
-    sizes[a], sizes[c] = sizes[c], sizes[a]
-    for q in range(elems.shape[1]):
-        elems[a, q], elems[c, q] = elems[c, q], elems[a, q]
-
-
-@njit(cache=True)
-def heap_push(keys, seqs, elems, sizes, n, key, seq, src, size):
-    """Push node (key, seq, src[:size]) onto the heap of n nodes; returns the new count."""
-    keys[n] = key
-    seqs[n] = seq
-    sizes[n] = size
-    for q in range(size):
-        elems[n, q] = src[q]
+def heap_push(keys, seqs, sets, n, key, seq, s):
+    """Push (key, seq, packed set) onto the heap of n nodes; returns n + 1."""
     i = n
+    keys[i] = key
+    seqs[i] = seq
+    sets[i] = s
     while i > 0:
         par = (i - 1) >> 1
-        if _heap_less(keys, seqs, i, par):
-            _heap_swap(keys, seqs, elems, sizes, i, par)
-            i = par
-        else:
+        if not _before(keys, seqs, i, par):
             break
+        keys[i], keys[par] = keys[par], keys[i]
+        seqs[i], seqs[par] = seqs[par], seqs[i]
+        sets[i], sets[par] = sets[par], sets[i]
+        i = par
     return n + 1
 
 
 @njit(cache=True)
-def heap_pop(keys, seqs, elems, sizes, n, out):
-    """Pop the top node into ``out``; returns (new count, its size, its key)."""
-    size = sizes[0]
+def heap_pop(keys, seqs, sets, n):
+    """Remove the top node; returns (n - 1, its key, its packed set)."""
     key = keys[0]
-    for q in range(size):
-        out[q] = elems[0, q]
+    s = sets[0]
     n -= 1
-    if n > 0:
-        _heap_swap(keys, seqs, elems, sizes, 0, n)
-        i = 0
-        while True:
-            lc = 2 * i + 1
-            if lc >= n:
-                break
-            best = lc
-            if lc + 1 < n and _heap_less(keys, seqs, lc + 1, lc):
-                best = lc + 1
-            if _heap_less(keys, seqs, best, i):
-                _heap_swap(keys, seqs, elems, sizes, best, i)
-                i = best
-            else:
-                break
-    return n, size, key
+    keys[0] = keys[n]
+    seqs[0] = seqs[n]
+    sets[0] = sets[n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and _before(keys, seqs, c + 1, c):
+            c += 1
+        if not _before(keys, seqs, c, i):
+            break
+        keys[i], keys[c] = keys[c], keys[i]
+        seqs[i], seqs[c] = seqs[c], seqs[i]
+        sets[i], sets[c] = sets[c], sets[i]
+        i = c
+    return n, key, s
 
 
 @njit(cache=True)
-def set_key(base: float, ratio: F64, s: npt.NDArray[np.int64], size: int) -> float:
-    k = base
-    for q in range(size):
-        k *= ratio[s[q]]
-    return k
+def rank_desc(p: F64, b: int, order: npt.NDArray[np.int64]) -> None:
+    """order[:b] = indices of p[:b] by decreasing p, ties by index.
+
+    Counting rank (O(b^2) but branch-free): for b ≈ 20 header bits it beats insertion sort,
+    whose data-dependent branches mispredict on every query.
+    """
+    for i in range(b):
+        v = p[i]
+        r = 0
+        for j in range(b):
+            u = p[j]
+            r += (u > v) | ((u == v) & (j < i))
+        order[r] = i
 
 
 @njit(cache=True)
@@ -323,7 +386,8 @@ def vosh_order_kernel(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], F64]:
     """The first ``limit`` VOSH sets: (indices (k, h) padded with -1, sizes (k,), keys (k,))."""
     b = p.shape[0]
-    order = np.argsort(-p, kind="mergesort")
+    order = np.empty(b, dtype=np.int64)
+    rank_desc(p, b, order)
     ratio = np.empty(b)
     base = 1.0
     for r in range(b):
@@ -334,70 +398,46 @@ def vosh_order_kernel(
     cap = 2 * limit + hh + 2
     keys = np.empty(cap)
     seqs = np.empty(cap, dtype=np.int64)
-    elems = np.empty((cap, max(hh, 1)), dtype=np.int64)
-    sizes = np.empty(cap, dtype=np.int64)
-    cur = np.empty(max(hh, 1), dtype=np.int64)
-    child = np.empty(max(hh, 1), dtype=np.int64)
+    sets = np.empty(cap, dtype=np.int64)
     n = 0
     seq = 0
     for size in range(hh + 1):
-        for q in range(size):
-            cur[q] = q
-        n = heap_push(keys, seqs, elems, sizes, n, set_key(base, ratio, cur, size), seq, cur,
-                      size)
+        root = packed_root(size)
+        n = heap_push(keys, seqs, sets, n, packed_key(base, ratio, root), seq, root)
         seq += 1
     out_sets = np.full((limit, max(hh, 1)), -1, dtype=np.int64)
     out_sizes = np.zeros(limit, dtype=np.int64)
     out_keys = np.zeros(limit)
     k = 0
     while n > 0 and k < limit:
-        n, size, key = heap_pop(keys, seqs, elems, sizes, n, cur)
-        for q in range(size):
-            out_sets[k, q] = order[cur[q]]
+        n, key, s = heap_pop(keys, seqs, sets, n)
+        size = packed_size(s)
+        for e in range(size):
+            out_sets[k, e] = order[packed_elem(s, e)]
         out_sets[k, :size].sort()
         out_sizes[k] = size
         out_keys[k] = key
         k += 1
-        n, seq = push_children(keys, seqs, elems, sizes, n, seq, cur, child, size, b, base,
-                               ratio)
-    return out_sets[:k], out_sizes[:k], out_keys[:k]
-
-
-@njit(cache=True)
-def push_children(keys, seqs, elems, sizes, n, seq, cur, child, size, b, base, ratio):
-    """Algorithm 2 (fixed, see :func:`_children`) on ``cur[:size]``; pushes both children."""
-    if size == 0:
-        return n, seq
-    if cur[size - 1] <= b - 2:
-        for q in range(size):
-            child[q] = cur[q]
-        child[size - 1] += 1
-        n = heap_push(keys, seqs, elems, sizes, n, set_key(base, ratio, child, size), seq,
-                      child, size)
-        seq += 1
-    for j in range(size - 2, -1, -1):
-        gap = cur[j + 1] - cur[j]
-        if gap == 1:
-            continue
-        if gap == 2:
-            for q in range(size):
-                child[q] = cur[q]
-            child[j] += 1
-            n = heap_push(keys, seqs, elems, sizes, n, set_key(base, ratio, child, size), seq,
-                          child, size)
+        left, right = packed_children(s, b)
+        if left >= 0:
+            n = heap_push(keys, seqs, sets, n, packed_key(base, ratio, left), seq, left)
             seq += 1
-        break
-    return n, seq
+        if right >= 0:
+            n = heap_push(keys, seqs, sets, n, packed_key(base, ratio, right), seq, right)
+            seq += 1
+    return out_sets[:k], out_sizes[:k], out_keys[:k]
 
 
 def vosh_array(
     p: npt.ArrayLike, h: int, limit: int | None = None
 ) -> list[tuple[float, tuple[int, ...]]]:
-    """The numba kernel's sequence in :func:`vosh_sets` form (for tests and inspection)."""
+    """The numba kernel's sequence in :func:`vosh_sets` form (h <= 7, len(p) <= 256)."""
     pv = np.ascontiguousarray(p, dtype=np.float64)
     if np.any(pv < 0) or np.any(pv >= 1):
         raise ValueError("volatilities must lie in [0, 1)")
     b = pv.shape[0]
+    if h > MAX_H or b > MAX_RANKS:
+        raise ValueError(f"the packed kernel needs h <= {MAX_H} and at most {MAX_RANKS} bits")
     total = sum(math.comb(b, i) for i in range(min(h, b) + 1))
     lim = total if limit is None else min(limit, total)
     sets, sizes, keys = vosh_order_kernel(pv, h, lim)

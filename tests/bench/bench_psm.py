@@ -1,0 +1,276 @@
+"""Benchmark: PSM (first / all) against BPHS and brute force on planted near-duplicates.
+
+    .venv/bin/python -m tests.bench.bench_psm --sizes 1e6,1e7 --queries 100000
+    .venv/bin/python -m tests.bench.bench_psm --quick
+
+Data. Documents are weighted feature vectors: a few hundred tokens drawn from a Zipf law
+over a 2^20-token vocabulary, weight (1 + log tf) · idf with idf = -log P(token); their
+weighted simhash (with W) comes from ``dupalign.simhash``. Each query document is a copy of
+an original with a few features dropped, added and reweighted, redrawn (gentler) until its
+fingerprint is within Hamming 3 of the original's: the bits that flip are the volatile
+ones, as in the paper. The table holds the originals plus uniformly random background
+fingerprints up to N rows (ordinals: a random permutation). A query is (fp, W) of the
+perturbed document.
+
+Truth is exact search (BPHS, itself checked against brute force on a subsample). Relative
+recall: PSM_A = pairs found / exact pairs; PSM_F = queries with >= 1 match found / queries
+with >= 1 exact match (the paper's R', §8.3). The PSM probe budget of each mode is the
+smallest of a fixed ladder that reaches ``--target`` recall on the first ``--calib``
+queries; the reported recall is measured on all queries. Lookups/s: queries per CPU
+second of the calling thread (numba kernels are single-threaded; CPU time rather than wall
+time because the machine is shared), whole batch including the volatility computation,
+after a JIT warm-up.
+Brute force runs on ``--brute-queries`` queries and its rate is extrapolated (labelled).
+
+RAM: fingerprint bytes of each index (PSM: sorted array + header directory + buffer;
+BPHS: T permuted copies) and their ratio to the raw 8 B × N table. Ordinals (int64, one
+per row and table) are counted separately in the "ordinals" column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.bphs import BphsIndex
+from dupalign.hashing import mix64
+from dupalign.psm import PsmBatchResult, SimhashTable, brute_force_batch, psm_search_batch
+from dupalign.simhash import weighted_simhash_batch
+from dupalign.vosh import VolatilityModel
+
+VOCAB = 1 << 20
+FEATURE_SALT = 0x51A5
+BUDGETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+
+
+@dataclass
+class Row:
+    method: str
+    n: int
+    rate: float  # lookups per CPU second
+    recall: float
+    fbytes: int  # fingerprint bytes of the index
+    ratio: float  # fbytes / (8 N)
+    obytes: int  # ordinal bytes, counted separately
+    probes: float = float("nan")
+
+
+@dataclass
+class Docs:
+    fps: npt.NDArray[np.uint64]
+    W: npt.NDArray[np.float64]
+    tokens: npt.NDArray[np.int64]
+    weights: npt.NDArray[np.float64]
+    offsets: npt.NDArray[np.int64]
+
+
+class Corpus:
+    def __init__(self, rng: np.random.Generator, zipf_a: float = 1.07) -> None:
+        self.rng = rng
+        p = np.arange(1, VOCAB + 1, dtype=np.float64) ** -zipf_a
+        p /= p.sum()
+        self.cdf = np.cumsum(p)
+        self.idf = -np.log(p)
+
+    def draw_tokens(self, n: int) -> npt.NDArray[np.int64]:
+        return np.minimum(np.searchsorted(self.cdf, self.rng.random(n)), VOCAB - 1)
+
+    def documents(self, m: int, lo: int = 300, hi: int = 900) -> Docs:
+        lengths = self.rng.integers(lo, hi, m)
+        toks = self.draw_tokens(int(lengths.sum()))
+        doc = np.repeat(np.arange(m, dtype=np.int64), lengths)
+        u, tf = np.unique(doc * VOCAB + toks, return_counts=True)
+        d, t = u // VOCAB, u % VOCAB
+        w = (1.0 + np.log(tf)) * self.idf[t]
+        return self._finish(d, t, w, m)
+
+    def _finish(self, d, t, w, m: int) -> Docs:
+        off = np.zeros(m + 1, dtype=np.int64)
+        np.cumsum(np.bincount(d, minlength=m), out=off[1:])
+        fps, W = weighted_simhash_batch(mix64(t.astype(np.uint64), FEATURE_SALT), w, off)
+        return Docs(fps, W, t, w, off)
+
+    def perturb(self, docs: Docs, rate: npt.NDArray[np.float64]) -> Docs:
+        """Drop, reweight and add about ``rate`` of each document's features."""
+        m = len(docs.fps)
+        n_feat = np.diff(docs.offsets)
+        d = np.repeat(np.arange(m, dtype=np.int64), n_feat)
+        r = rate[d]
+        keep = self.rng.random(d.size) >= r
+        rew = np.where(self.rng.random(d.size) < r, self.rng.uniform(0.5, 1.5, d.size), 1.0)
+        n_add = self.rng.binomial(n_feat, rate)
+        d_add = np.repeat(np.arange(m, dtype=np.int64), n_add)
+        t_add = self.draw_tokens(d_add.size)
+        w_add = self.idf[t_add]
+        d2 = np.concatenate([d[keep], d_add])
+        t2 = np.concatenate([docs.tokens[keep], t_add])
+        w2 = np.concatenate([(docs.weights * rew)[keep], w_add])
+        order = np.argsort(d2, kind="stable")
+        return self._finish(d2[order], t2[order], w2[order], m)
+
+
+def take(docs: Docs, idx: npt.NDArray[np.int64]) -> Docs:
+    """Sub-corpus of the given documents (keeps features contiguous)."""
+    lens = np.diff(docs.offsets)[idx]
+    starts = docs.offsets[idx]
+    pos = np.repeat(starts - np.concatenate([[0], np.cumsum(lens)[:-1]]), lens) + np.arange(
+        lens.sum())
+    off = np.zeros(len(idx) + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
+    return Docs(docs.fps[idx], docs.W[idx], docs.tokens[pos], docs.weights[pos], off)
+
+
+def planted_pairs(corpus: Corpus, m: int, h: int) -> tuple[Docs, Docs, npt.NDArray[np.int64]]:
+    """m originals and their perturbed copies, every copy within h bits of its original."""
+    orig = corpus.documents(m)
+    rate = corpus.rng.uniform(0.005, 0.03, m)
+    q = corpus.perturb(orig, rate)
+    qfps, qW = q.fps.copy(), q.W.copy()
+    for _ in range(12):
+        bad = np.flatnonzero(np.bitwise_count(qfps ^ orig.fps) > h)
+        if bad.size == 0:
+            break
+        rate[bad] *= 0.7
+        redo = corpus.perturb(take(orig, bad), rate[bad])
+        qfps[bad], qW[bad] = redo.fps, redo.W
+    ok = np.flatnonzero(np.bitwise_count(qfps ^ orig.fps) <= h)
+    hist = np.bincount(np.bitwise_count(qfps[ok] ^ orig.fps[ok]), minlength=h + 1)
+    q = Docs(qfps, qW, q.tokens, q.weights, q.offsets)
+    return take(orig, ok), Docs(qfps[ok], qW[ok], q.tokens, q.weights, q.offsets), hist
+
+
+def pairs_of(res: PsmBatchResult) -> set[tuple[int, int]]:
+    qs = np.repeat(np.arange(len(res)), np.diff(res.offsets))
+    return set(zip(qs.tolist(), res.ordinals.tolist(), strict=True))
+
+
+def recall(res: PsmBatchResult, truth: PsmBatchResult, mode: str) -> float:
+    if mode == "first":
+        want = np.diff(truth.offsets) > 0
+        got = np.diff(res.offsets) > 0
+        return float((got & want).sum() / max(1, want.sum()))
+    t = pairs_of(truth)
+    return len(pairs_of(res) & t) / max(1, len(t))
+
+
+def timed(fn):
+    # CPU time of this thread: the kernels are single-threaded numba, and the machine is
+    # shared, so wall time would charge us for other processes' time slices.
+    t0 = time.thread_time()
+    out = fn()
+    return out, time.thread_time() - t0
+
+
+def run_size(n: int, n_queries: int, args: argparse.Namespace) -> list[Row]:
+    rng = np.random.default_rng(args.seed)
+    corpus = Corpus(rng)
+    orig, pert, hist = planted_pairs(corpus, n_queries, args.h)
+    m = len(orig.fps)
+    print(f"\nN={n:,}: {m:,} planted pairs; Hamming distance histogram {hist.tolist()}; "
+          f"{np.diff(orig.offsets).mean():.0f} features/doc", flush=True)
+
+    # Volatility model: the paper's estimator on a stream of other documents.
+    model = VolatilityModel()
+    if args.model == "stream":
+        for w in corpus.documents(args.train_docs).W:
+            model.update(w)
+    elif args.model == "pairs":
+        tr_orig, tr_pert, _ = planted_pairs(corpus, args.train_docs, args.h)
+        for wu, wv in zip(tr_orig.W, tr_pert.W, strict=True):
+            model.update_pair(wu, wv)
+
+    n_bg = max(0, n - m)
+    fps = np.concatenate([orig.fps, rng.integers(0, 2**64, n_bg, dtype=np.uint64)])
+    ords = rng.permutation(len(fps)).astype(np.int64)
+    table, t_build = timed(lambda: SimhashTable.from_arrays(fps, ords))
+    bphs, t_bphs = timed(lambda: BphsIndex.build(fps, ords, h=args.h, g=1))
+    print(f"built PSM table in {t_build:.1f} s (t = {table.header_bits} header bits), "
+          f"BPHS ({bphs.n_tables} tables) in {t_bphs:.1f} s", flush=True)
+
+    qf, qW = pert.fps, pert.W
+    # JIT warm-up on a few queries.
+    psm_search_batch(table, qf[:50], qW[:50], h=args.h, mode="all", model=model)
+    bphs.search_batch(qf[:50])
+    brute_force_batch(fps[:1000], ords[:1000], qf[:5], args.h)
+
+    truth, t_bphs_a = timed(lambda: bphs.search_batch(qf, mode="all"))
+    _, t_bphs_f = timed(lambda: bphs.search_batch(qf, mode="first"))
+    nb = min(args.brute_queries, m)
+    bf, t_bf = timed(lambda: brute_force_batch(fps, ords, qf[:nb], args.h))
+    sub = PsmBatchResult(truth.offsets[: nb + 1], truth.ordinals[: truth.offsets[nb]],
+                         truth.hammings[: truth.offsets[nb]], truth.probes[:nb])
+    assert pairs_of(bf) == pairs_of(sub), "BPHS disagrees with brute force"
+
+    rows: list[Row] = []
+    fp_raw = 8 * n
+    calib = min(args.calib, m)
+    tsub = PsmBatchResult(truth.offsets[: calib + 1], truth.ordinals[: truth.offsets[calib]],
+                          truth.hammings[: truth.offsets[calib]], truth.probes[:calib])
+    for mode in ("first", "all"):
+        budget = BUDGETS[-1]
+        for b in BUDGETS:
+            r = psm_search_batch(table, qf[:calib], qW[:calib], h=args.h, budget=b, mode=mode,
+                                 model=model)
+            if recall(r, tsub, mode) >= args.target:
+                budget = b
+                break
+        res, dt = timed(lambda b=budget, mo=mode: psm_search_batch(
+            table, qf, qW, h=args.h, budget=b, mode=mo, model=model))
+        rows.append(Row(f"PSM {mode} (budget {budget})", n, m / dt, recall(res, truth, mode),
+                        table.fingerprint_nbytes, table.fingerprint_nbytes / fp_raw,
+                        table.ordinal_nbytes, float(res.probes.mean())))
+    for mode, dt in (("first", t_bphs_f), ("all", t_bphs_a)):
+        rows.append(Row(f"BPHS {mode} (T={bphs.n_tables})", n, m / dt, 1.0,
+                        bphs.fingerprint_nbytes, bphs.fingerprint_nbytes / fp_raw,
+                        bphs.ordinal_nbytes))
+    rows.append(Row(f"brute force (extrapolated from {nb} queries)", n, nb / t_bf, 1.0,
+                    fps.nbytes, 1.0, ords.nbytes))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1e6,1e7", help="comma-separated table sizes N")
+    ap.add_argument("--queries", type=float, default=1e5)
+    ap.add_argument("--quick", action="store_true", help="N = 1e5, 10k queries (smoke run)")
+    ap.add_argument("--h", type=int, default=3)
+    ap.add_argument("--target", type=float, default=0.95, help="relative recall for budgets")
+    ap.add_argument("--calib", type=int, default=10_000, help="queries used to pick budgets")
+    ap.add_argument("--brute-queries", type=int, default=200)
+    ap.add_argument("--model", choices=["stream", "pairs", "prior"], default="stream",
+                    help="volatility model: the paper's stream estimator, near-dup pairs, "
+                         "or the cold-start prior")
+    ap.add_argument("--train-docs", type=int, default=5000)
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    sizes = [int(float(s)) for s in args.sizes.split(",")]
+    n_q = int(args.queries)
+    if args.quick:
+        sizes, n_q = [100_000], 10_000
+    rows: list[Row] = []
+    for n in sizes:
+        rows.extend(run_size(n, min(n_q, n), args))
+    print(f"\nh = {args.h}, volatility model: {args.model}; one core, batch lookups\n")
+    hdr = (f"{'method':<42} {'N':>11} {'lookups/s':>12} {'rel.recall':>10} {'probes':>7} "
+           f"{'fp bytes':>13} {'x 8N':>6} {'ordinals B':>13}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r.method:<42} {r.n:>11,} {r.rate:>12,.0f} {r.recall:>10.4f} "
+              f"{r.probes:>7.1f} {r.fbytes:>13,} {r.ratio:>6.3f} {r.obytes:>13,}")
+    print()
+    for n in sizes:
+        by = {r.method.split(" (")[0]: r for r in rows if r.n == n}
+        for mode in ("first", "all"):
+            p, b = by[f"PSM {mode}"], by[f"BPHS {mode}"]
+            print(f"N={n:,} {mode:>5}: PSM/BPHS lookups/s = {p.rate / b.rate:.2f}x, "
+                  f"RAM (fingerprints) = {p.fbytes / b.fbytes:.3f}x, "
+                  f"PSM relative recall {p.recall:.4f}")
+
+
+if __name__ == "__main__":
+    main()
