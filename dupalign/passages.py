@@ -152,7 +152,7 @@ class PassageIndex:
         """Spans of this page copied from pages before ``ordinal``, per earlier page."""
         units = self.units(hashes)
         n = len(units)
-        if not self.cfg.enabled or n + self.cfg.shingle - 1 < self.cfg.min_len:
+        if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
             return [], PassageState(None, n)
         rects = self.windows(units)
         state = PassageState(rects, n)
