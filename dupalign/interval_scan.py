@@ -12,8 +12,10 @@ The scan (Algorithm 3 with the paper's three optimizations): sweep the distinct 
 endpoints u in increasing order; keep the right intervals of the rectangles whose left
 interval covers u in a dynamic segment tree (range add); when the running left count
 reaches the threshold, ask the tree for the rightmost end j with covering weight ≥ the
-threshold; report T[u..j] only if j > z, the largest end reported so far (the `z` filter),
-which leaves exactly the near-duplicates not strictly contained in another one.
+threshold (tree updates are deferred to those moments, so that rectangles that open and
+close while the count is below the threshold cost nothing); report T[u..j] only if
+j > z, the largest end reported so far (the `z` filter), which leaves exactly the
+near-duplicates not strictly contained in another one.
 Ties by position are the window generator's business (dupalign.oph).
 """
 
@@ -42,6 +44,12 @@ def _scan(
     out_s = np.empty(n_ep, dtype=np.int64)
     out_e = np.empty(n_ep, dtype=np.int64)
     n_out = 0
+    # Tree updates are deferred until a query needs them: a rectangle whose left interval
+    # opens and closes while the running count stays below the threshold never touches
+    # the tree (most of a text, usually). state: 0 unseen, 1 pending, 2 in tree, 3 done.
+    state = np.zeros(w.shape[0], dtype=np.int8)
+    pending = np.empty(w.shape[0], dtype=np.int64)
+    n_pend = 0
     cnt = 0
     z = jmin - 1  # largest end reported so far
     e = 0
@@ -49,14 +57,26 @@ def _scan(
         u = ep_pos[e]
         while e < n_ep and ep_pos[e] == u:
             x = ep_rect[e]
-            d = ep_sign[e] * w[x]
-            cnt += d
-            nd = seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, d)
+            cnt += ep_sign[e] * w[x]
+            if ep_sign[e] > 0:
+                state[x] = 1
+                pending[n_pend] = x
+                n_pend += 1
+            else:
+                if state[x] == 2:
+                    nd = seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, -w[x])
+                state[x] = 3
             e += 1
         # every start in [u, next endpoint) has the same covering set: u is the longest
         if cnt >= threshold:
             q_lo = u + min_len - 1 - jmin  # length j − u + 1 ≥ min_len (also j ≥ u)
             if q_lo < size:
+                for y in range(n_pend):
+                    x = pending[y]
+                    if state[x] == 1:
+                        nd = seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, w[x])
+                        state[x] = 2
+                n_pend = 0
                 j = seg_rightmost(nd, meta, st, q_lo, size - 1, threshold)
                 if j >= 0:
                     j += jmin
