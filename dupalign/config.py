@@ -90,7 +90,7 @@ class PassageConfig:
     query_len: int = 48  # units per query passage
     stride: int = 24
     min_len: int = 24  # shortest aligned subsequence reported, in units
-    max_candidates: int = 64  # pages verified per query passage (most collided bins first)
+    max_candidates: int = 16  # earlier pages aligned per query passage (most collided first)
     tf_mode: str = "log"  # weighted mode only
 
     def validate(self) -> None:

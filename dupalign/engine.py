@@ -26,7 +26,7 @@ from dupalign.match import Match
 from dupalign.near import NearIndex
 from dupalign.page import Page
 from dupalign.passages import PassageIndex
-from dupalign.store import Store, offsets_key, read_u64, u64
+from dupalign.store import Store, offsets_key, parse_offsets_key, read_u64, u64
 from dupalign.text import Tokens, page_text, tokenize
 
 ENGINE_NAME = "dupalign"
@@ -215,8 +215,7 @@ class Engine:
     def stored_offsets(self) -> dict[tuple[str, int], int]:
         out: dict[tuple[str, int], int] = {}
         for key, value in self.store.items("offsets"):
-            topic, _, part = key.rpartition(b"\x00")
-            out[(topic.decode("utf-8"), int.from_bytes(part, "big"))] = read_u64(value)
+            out[parse_offsets_key(key)] = read_u64(value)
         return out
 
     def stats(self) -> dict[str, Any]:

@@ -40,7 +40,7 @@ def _scan(
     n_ep = ep_pos.shape[0]
     jmin = j_lo.min()
     size = j_hi.max() - jmin + 1
-    nd, meta, st = seg_new(size, min(8 * n_ep, 4 * size) + 16)
+    nd, meta, st = seg_new(size, min(2 * n_ep, 2 * size) + 64)  # grows by doubling
     out_s = np.empty(n_ep, dtype=np.int64)
     out_e = np.empty(n_ep, dtype=np.int64)
     n_out = 0

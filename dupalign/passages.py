@@ -175,16 +175,17 @@ class PassageIndex:
         self, q_units: U64, before: int, cache: _PageCache
     ) -> list[tuple[int, int, int, float]]:
         keys, empty = self.sketch(q_units)
-        per_bin: list[tuple[I64, I64]] = []  # (ordinals, rectangles) of each collided list
-        for b in np.flatnonzero(~empty).tolist():
-            ords, rects = self._list(b, int(keys[b]), before, cache)
-            if len(ords):
-                per_bin.append((ords, rects))
-        if not per_bin:
+        lists = [self._list(b, int(keys[b]), before, cache) for b in np.flatnonzero(~empty)]
+        lists = [(o, r) for o, r in lists if len(o)]
+        if not lists:
             return []
-        # distinct collided bins per earlier page, and the best each page could still reach
-        all_ords = np.concatenate([np.unique(o) for o, _ in per_bin])
-        pages, n_mat = np.unique(all_ords, return_counts=True)
+        ords = np.concatenate([o for o, _ in lists])
+        rects = np.concatenate([r for _, r in lists])
+        # distinct collided bins per earlier page: a page may hold several windows of one
+        # (bin, key) list, so count (page, list) pairs once
+        list_no = np.repeat(np.arange(len(lists)), [len(o) for o, _ in lists])
+        pairs = np.unique(ords * len(lists) + list_no)
+        pages, n_mat = np.unique(pairs // len(lists), return_counts=True)
         n_empty = int(np.count_nonzero(empty))
         reach = self.w_match * n_mat + self.w_empty * n_empty
         ok = reach >= self.need
@@ -193,27 +194,32 @@ class PassageIndex:
         if len(pages) > self.cfg.max_candidates:
             top = np.argsort(-n_mat, kind="stable")[: self.cfg.max_candidates]
             pages = np.sort(pages[top])
-        results = []
+        if not len(pages):
+            return []
+        order = np.argsort(ords, kind="stable")
+        ords, rects = ords[order], rects[order]
+        lo = np.searchsorted(ords, pages, side="left")
+        hi = np.searchsorted(ords, pages, side="right")
         empty_bins = np.flatnonzero(empty).tolist()
-        for page in pages.tolist():
+        results = []
+        for page, a, b in zip(pages.tolist(), lo.tolist(), hi.tolist(), strict=True):
             self.counters.candidates_scanned += 1
-            results.extend(self._scan_page(page, per_bin, empty_bins, cache))
+            results.extend(self._scan_page(page, rects[a:b], empty_bins, cache))
         return results
 
     def _scan_page(
-        self, page: int, per_bin: list[tuple[I64, I64]], empty_bins: list[int],
-        cache: _PageCache,
+        self, page: int, matched: I64, empty_bins: list[int], cache: _PageCache
     ) -> list[tuple[int, int, int, float]]:
-        parts = [rects[ords == page] for ords, rects in per_bin]
-        rect = np.concatenate(parts) if parts else np.empty((0, 4), np.int64)
-        weights = np.full(len(rect), self.w_match, dtype=np.int64)
+        """Align against one earlier page: its matched non-empty windows (rectangles) plus
+        its empty windows in the passage's empty bins."""
+        rect = matched
+        is_empty = np.zeros(len(rect), dtype=np.bool_)
         if self.w_empty and empty_bins:
-            emp = [self._empty_windows(page, b, cache) for b in empty_bins]
-            emp_arr = np.concatenate(emp).reshape(-1, 2).astype(np.int64)
-            if len(emp_arr):
-                rect = np.concatenate((rect, emp_arr[:, [0, 1, 0, 1]]))
-                weights = np.concatenate(
-                    (weights, np.full(len(emp_arr), self.w_empty, dtype=np.int64)))
+            emp = self._empty_windows(page, empty_bins, cache)
+            if len(emp):
+                rect = np.concatenate((rect, emp[:, [0, 1, 0, 1]]))
+                is_empty = np.concatenate((is_empty, np.ones(len(emp), dtype=np.bool_)))
+        weights = np.where(is_empty, self.w_empty, self.w_match).astype(np.int64)
         if int(weights.sum()) < self.need:
             return []
         ranges = scan_rectangles(rect[:, 0], rect[:, 1], rect[:, 2], rect[:, 3], weights,
@@ -222,8 +228,8 @@ class PassageIndex:
         for s, e in ranges:
             i, j = s, e - 1
             cover = (rect[:, 0] <= i) & (i <= rect[:, 1]) & (rect[:, 2] <= j) & (j <= rect[:, 3])
-            n_match = int(np.count_nonzero(cover & (weights == self.w_match)))
-            n_emp = int(np.count_nonzero(cover)) - n_match if self.w_empty else 0
+            n_emp = int(np.count_nonzero(cover & is_empty))
+            n_match = int(np.count_nonzero(cover)) - n_emp
             denom = self.k - n_emp
             out.append((page, s, e, n_match / denom if denom > 0 else 0.0))
         return out
@@ -248,13 +254,16 @@ class PassageIndex:
             cache.lists[(b, key)] = hit
         return hit
 
-    def _empty_windows(self, page: int, b: int, cache: _PageCache) -> npt.NDArray[np.int32]:
-        hit = cache.empties.get((page, b))
-        if hit is None:
-            raw = self.store.get("oph_empty", u64(page) + _BIN.pack(b))
-            hit = np.frombuffer(raw, dtype=_RECT) if raw else np.empty(0, dtype=_RECT)
-            cache.empties[(page, b)] = hit
-        return hit
+    def _empty_windows(self, page: int, bins: list[int], cache: _PageCache) -> I64:
+        """The page's empty windows in ``bins`` as (l, r) rows (one multi-get for the misses)."""
+        missing = [b for b in bins if (page, b) not in cache.empties]
+        if missing:
+            raws = self.store.multi_get("oph_empty", [u64(page) + _BIN.pack(b) for b in missing])
+            for b, raw in zip(missing, raws, strict=True):
+                cache.empties[(page, b)] = (np.frombuffer(raw, dtype=_RECT) if raw
+                                            else np.empty(0, dtype=_RECT))
+        parts = [cache.empties[(page, b)] for b in bins]
+        return np.concatenate(parts).reshape(-1, 2).astype(np.int64)
 
     # -- spans ------------------------------------------------------------------------------
     def _spans(self, other: int, hits: list[_Hit], tokens: Tokens) -> list[Span]:

@@ -36,7 +36,8 @@ def seg_new(size: int, capacity: int) -> tuple[I64, I64, I64]:
     (allocated once here: the scans call add/query ~10^5 times).
     """
     cap = max(capacity, 16)
-    nd = np.zeros((cap, 4), dtype=np.int64)
+    nd = np.empty((cap, 4), dtype=np.int64)  # rows are cleared when handed out
+    nd[0] = 0
     depth = _depth(size)
     meta = np.array([1, size, depth], dtype=np.int64)  # node 0, the root, is in use
     st = np.empty((5, 4 * (depth + 2)), dtype=np.int64)
@@ -57,7 +58,7 @@ def _depth(size: int) -> int:
 def _grow(nd: I64, need: int) -> I64:
     cap = nd.shape[0]
     new = max(need, 2 * cap)
-    nd2 = np.zeros((new, 4), dtype=np.int64)
+    nd2 = np.empty((new, 4), dtype=np.int64)
     nd2[:cap] = nd
     return nd2
 

@@ -62,6 +62,10 @@ def offsets_key(topic: str, partition: int) -> bytes:
     return topic.encode("utf-8") + b"\x00" + u32(partition)
 
 
+def parse_offsets_key(key: bytes) -> tuple[str, int]:
+    return key[:-5].decode("utf-8"), int(_U32.unpack_from(key, len(key) - 4)[0])
+
+
 def _options() -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)

@@ -65,6 +65,7 @@ def decode_body(body: bytes | str, declared: str | None = None, html: bool = Fal
     """Decode page bytes: BOM, then the declared charset, then an HTML meta charset, then UTF-8,
     then statistical detection. Binary data raises PageRejected('undecodable')."""
     if isinstance(body, str):
+        _reject_binary(body)
         return body
     candidates: list[str] = []
     for bom, bom_codec in _BOMS:

@@ -1,0 +1,81 @@
+"""`dupalign scan` as a user runs it: real files in, JSON Lines out, bad lines reported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker.cli import main
+from worker.inputs import InputError, iter_input
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "testdata"
+WARCS = sorted((SHARED / "warc").glob("*.warc.gz"))
+
+
+@pytest.mark.parametrize("warc", WARCS, ids=[w.name for w in WARCS])
+def test_every_warc_file_parses(warc: Path) -> None:
+    items = [item for _, item in iter_input(warc)]
+    pages = [i for i in items if not isinstance(i, InputError)]
+    assert len(pages) >= 10
+    assert all(p.id.startswith("http") for p in pages)
+    # the few records that are not pages say why
+    assert all(i.reason for i in items if isinstance(i, InputError))
+
+
+def test_scan_warc_twice_gives_the_same_matches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    warc = SHARED / "warc" / "sample-input_snapshot-wayback-topic-02.warc.gz"
+    outs = []
+    for name in ("one", "two"):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["scan", str(warc), "--store", str(tmp_path / "store"), "--out", str(out)]) == 0
+        outs.append([json.loads(line) for line in out.read_text().splitlines()])
+    strip = [[{k: v for k, v in m.items() if k != "detected_at"} for m in o] for o in outs]
+    assert strip[0] == strip[1]
+    assert strip[0], "Wayback captures of the same pages must produce matches"
+    assert {m["kind"] for m in strip[0]} <= {"exact", "near", "passage"}
+
+
+def test_bad_jsonl_lines_are_reported_and_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join((SHARED / "rfc" / "rfc821.txt").read_text().split()[:400])
+    lines = [
+        json.dumps({"id": "a", "body": text}),
+        "{not json",
+        json.dumps({"id": 5, "body": "x"}),
+        json.dumps({"id": "b", "body": text, "content_type": "text/plain"}),
+        json.dumps({"id": "c", "body": "\u0000\u0001" * 500}),
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["scan", str(src), "--store", str(tmp_path / "s"), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"{src}:2" in err and f"{src}:3" in err and "'id' must be a non-empty string" in err
+    assert "in.jsonl:5" in err and "undecodable" in err
+    matches = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(m["doc_id"], m["kind"], m["match_doc_id"]) for m in matches] == [("b", "exact", "a")]
+
+
+def test_console_script_and_config_errors(tmp_path: Path) -> None:
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text("[engine.near]\nhamming = 99\n")
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", "body": "hello"}) + "\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "scan", str(src), "--store", str(tmp_path / "s"),
+         "--config", str(cfg)], capture_output=True, text=True, check=False)
+    assert run.returncode == 2
+    assert "near.hamming" in run.stderr and "out of range" in run.stderr
+
+
+def test_query_reads_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    orig = SHARED / "clough" / "orig_taska.txt"
+    assert main(["scan", str(orig), "--store", str(tmp_path / "s"), "--quiet"]) == 0
+    capsys.readouterr()
+    answer = SHARED / "clough" / "g4pC_taska.txt"  # a `cut` answer
+    assert main(["query", "--file", str(answer), "--store", str(tmp_path / "s")]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert rows and rows[0]["match_doc_id"] == "orig_taska.txt" and rows[0]["spans"]
