@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The real thing, locally: start a single-node Kafka broker (official Maven Central jars),
+# publish a real corpus (Clough & Stevenson originals + answers, a WARC crawl) to `pages`,
+# run the worker, print matches from `matches` as they arrive, then stop everything cleanly.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+shared=${DUPALIGN_SHARED:-$here/../shared}
+work=${DUPALIGN_DEMO_DIR:-$here/var/demo}
+bin=$here/.venv/bin
+rm -rf "$work/store" "$work/kafka"; mkdir -p "$work"
+
+worker_pid=""
+cleanup() {
+  if [[ -n "$worker_pid" ]] && kill -0 "$worker_pid" 2>/dev/null; then
+    kill -TERM "$worker_pid"; wait "$worker_pid" || true
+  fi
+  bash "$here/deploy/kafka/broker.sh" stop "$work/kafka" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+bootstrap=$(bash "$here/deploy/kafka/broker.sh" start "$work/kafka")
+echo "demo: broker at $bootstrap"
+
+"$bin/dupalign" worker --bootstrap "$bootstrap" --store "$work/store" --metrics-port 0 \
+  --log-level WARNING &
+worker_pid=$!
+
+clough=$shared/testdata/clough
+"$bin/dupalign" produce --bootstrap "$bootstrap" --topic pages \
+  "$clough"/orig_task*.txt "$clough"/g*.txt "$shared/testdata/warc/sample-0000.warc.gz"
+
+# Print matches as they arrive; stop after 20 s without a new one (or 5 minutes in all).
+"$bin/python" - "$bootstrap" <<'PY'
+import asyncio, sys, time
+import msgpack
+from aiokafka import AIOKafkaConsumer
+
+async def main(bootstrap: str) -> None:
+    consumer = AIOKafkaConsumer("matches", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                isolation_level="read_committed", group_id=None)
+    await consumer.start()
+    n, last, start = 0, time.monotonic(), time.monotonic()
+    try:
+        while time.monotonic() - last < 20 and time.monotonic() - start < 300:
+            batch = await consumer.getmany(timeout_ms=1000)
+            for records in batch.values():
+                for rec in records:
+                    m = msgpack.unpackb(rec.value)
+                    n += 1
+                    last = time.monotonic()
+                    spans = m.get("spans") or []
+                    extra = f" {len(spans)} span(s)" if spans else ""
+                    print(f"{m['kind']:<8} {m['doc_id'][:40]:<40} ~ {m['match_doc_id'][:40]:<40} "
+                          f"est={m.get('est_jaccard', 0):.2f}{extra}", flush=True)
+    finally:
+        await consumer.stop()
+    print(f"demo: {n} matches received")
+
+asyncio.run(main(sys.argv[1]))
+PY
