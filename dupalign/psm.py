@@ -52,7 +52,6 @@ from dupalign.vosh import (
     packed_key,
     packed_root,
     packed_size,
-    rank_desc,
     rms_of,
 )
 
@@ -62,6 +61,7 @@ F64 = npt.NDArray[np.float64]
 
 Mode = Literal["first", "all"]
 DEFAULT_BUDGET = 64
+_PREFETCH = 8  # lookahead (queries) of the software prefetch in the batch kernel
 
 
 class SimhashTable:
@@ -236,8 +236,8 @@ def scan_range(fps, ords, lo, hi, x, h, out_o, out_h, n, first):
 
 @njit(cache=True)
 def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prior_scale, h,
-             budget, first, out_o, out_h, n, keys, seqs, sets, ph, order, ratio, hbit, hvs,
-             los, his):
+             budget, first, out_o, out_h, n, keys, seqs, sets, ph, ck, order, ratio, hbit,
+             hvs, los, his):
     """One PSM lookup; returns (n, probes, ok, sink); ok is False when out_* overflowed.
 
     ``sink`` only keeps the prefetching loads alive.
@@ -252,15 +252,27 @@ def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prio
     n = n2
     # Volatility of the header bits only (the r-th header bit from the top is bit 63 - r),
     # ranked most volatile first.
+    # rank header bits by |W_j| ascending, i.e. by p_j non-increasing (p is monotone in
+    # |W_j|): float bits of a non-negative double order like the double, and the low five
+    # mantissa bits carry the header index (t <= 32) so that every key is distinct and
+    # ties go by index; a counting rank on such keys is branch-free.
     rms = rms_of(w)
+    inv = 1.0 / rms if rms > 0 else 0.0
     for r in range(t):
-        c = abs(w[63 - r]) / rms if rms > 0 else 0.0
-        ph[r] = bit_volatility(c, surv, y_max, prior_scale)
-    rank_desc(ph, t, order)
+        ph[r] = abs(w[63 - r]) * inv
+    phi = ph.view(np.int64)
+    for r in range(t):
+        ck[r] = (phi[r] & ~np.int64(31)) | r
+    for i in range(t):
+        v = ck[i]
+        rk = 0
+        for j in range(t):
+            rk += ck[j] < v
+        order[rk] = i
     base = 1.0
     one = np.uint64(1)
     for r in range(t):
-        pr = ph[order[r]]
+        pr = bit_volatility(ph[order[r]], surv, y_max, prior_scale)
         ratio[r] = pr / (1.0 - pr)
         base *= 1.0 - pr
         hbit[r] = one << np.uint64(63 - order[r])
@@ -326,6 +338,7 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, surv,
     seqs = np.empty(cap, dtype=np.int64)
     sets = np.empty(cap, dtype=np.int64)
     ph = np.empty(max(t, 1))
+    ck = np.empty(max(t, 1), dtype=np.int64)
     order = np.empty(max(t, 1), dtype=np.int64)
     ratio = np.empty(max(t, 1))
     hbit = np.empty(max(t, 1), dtype=np.uint64)  # rank -> mask of that header bit
@@ -333,12 +346,23 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, surv,
     los = np.empty(budget, dtype=np.int64)
     his = np.empty(budget, dtype=np.int64)
     sink = np.uint64(0)
+    shift = np.uint64(64 - t) if t > 0 else np.uint64(63)
+    hmask = np.uint64(0) if t == 0 else ~np.uint64(0)
     for q in range(m):
+        # Every lookup's first probe is its own header (the empty flip set has the largest
+        # p(u, S) since p_j <= 1/2): touch the directory entry PREFETCH queries ahead and
+        # the first row of the bucket half as far ahead, so those misses overlap with work.
+        if q + _PREFETCH < m:
+            sink ^= np.uint64(directory[(qfps[q + _PREFETCH] >> shift) & hmask])
+        if q + _PREFETCH // 2 < m:
+            lo = directory[(qfps[q + _PREFETCH // 2] >> shift) & hmask]
+            if lo < fps.shape[0]:
+                sink ^= fps[lo]
         while True:
             n2, k, ok, sk = _psm_one(fps, ords, directory, t, buf_fps, buf_ords, qfps[q], W[q],
                                      surv, y_max, prior_scale, h, budget, first, res_ord,
-                                     res_ham, nres, keys, seqs, sets, ph, order, ratio, hbit,
-                                     hvs, los, his)
+                                     res_ham, nres, keys, seqs, sets, ph, ck, order, ratio,
+                                     hbit, hvs, los, his)
             sink ^= sk
             if ok:
                 break
