@@ -26,7 +26,7 @@ import numpy.typing as npt
 from numba import njit
 
 from dupalign.oph import U64, Bools, OPHWindows, oph_sketch
-from dupalign.segtree import seg_add, seg_new, seg_rightmost
+from dupalign.segtree import seg_add, seg_capacity, seg_new, seg_rightmost
 
 I64 = npt.NDArray[np.int64]
 ArrayLike = npt.ArrayLike
@@ -40,7 +40,7 @@ def _scan(
     n_ep = ep_pos.shape[0]
     jmin = j_lo.min()
     size = j_hi.max() - jmin + 1
-    nd, meta, st = seg_new(size, min(2 * n_ep, 2 * size) + 64)  # grows by doubling
+    nd, meta, st = seg_new(size, seg_capacity(size, n_ep))  # never needs to grow
     out_s = np.empty(n_ep, dtype=np.int64)
     out_e = np.empty(n_ep, dtype=np.int64)
     n_out = 0
@@ -64,7 +64,7 @@ def _scan(
                 n_pend += 1
             else:
                 if state[x] == 2:
-                    nd = seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, -w[x])
+                    seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, -w[x])
                 state[x] = 3
             e += 1
         # every start in [u, next endpoint) has the same covering set: u is the longest
@@ -74,7 +74,7 @@ def _scan(
                 for y in range(n_pend):
                     x = pending[y]
                     if state[x] == 1:
-                        nd = seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, w[x])
+                        seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, w[x])
                         state[x] = 2
                 n_pend = 0
                 j = seg_rightmost(nd, meta, st, q_lo, size - 1, threshold)
@@ -133,7 +133,7 @@ def scan_rectangles(
         return []
     m = il.shape[0]
     pos = np.concatenate((il, ih + 1))
-    order = np.argsort(pos, kind="stable")
+    order = np.argsort(pos)  # order within one position does not matter
     rect = np.concatenate((np.arange(m), np.arange(m)))[order]
     sign = np.concatenate((np.ones(m, np.int64), -np.ones(m, np.int64)))[order]
     s, e = _scan(pos[order], rect, sign, jl, jh, w, int(threshold), int(min_len))

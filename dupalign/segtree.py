@@ -33,9 +33,11 @@ def seg_new(size: int, capacity: int) -> tuple[I64, I64, I64]:
     """Arrays of an all-zero tree over ``[0, size)``: ``(nd, meta, st)``.
 
     ``meta = [nodes in use, size, depth]``; ``st`` is scratch space for the traversals
-    (allocated once here: the scans call add/query ~10^5 times).
+    (allocated once here: the scans call add/query ~10^5 times). ``capacity`` is the number
+    of node rows; ``seg_capacity`` gives one that never runs out, else call ``seg_reserve``
+    before each ``seg_add``.
     """
-    cap = max(capacity, 16)
+    cap = max(min(capacity, 2 * size - 1), 1)
     nd = np.empty((cap, 4), dtype=np.int64)  # rows are cleared when handed out
     nd[0] = 0
     depth = _depth(size)
@@ -64,36 +66,49 @@ def _grow(nd: I64, need: int) -> I64:
 
 
 @njit(cache=True)
-def seg_add(nd: I64, meta: I64, st: I64, lo: int, hi: int, delta: int) -> I64:
+def seg_capacity(size: int, n_adds: int) -> int:
+    """Node rows that suffice for ``n_adds`` updates of a tree over ``[0, size)``.
+
+    The fully split tree has 2·size − 1 nodes, and one update splits at most two nodes
+    per level (two new rows each).
+    """
+    return min(2 * size - 1, 1 + 4 * _depth(size) * n_adds)
+
+
+@njit(cache=True)
+def seg_reserve(nd: I64, meta: I64) -> I64:
+    """The node array, reallocated if needed so that one more ``seg_add`` fits."""
+    need = min(meta[0] + 4 * meta[2], 2 * meta[1] - 1)
+    if need > nd.shape[0]:
+        return _grow(nd, need)
+    return nd
+
+
+@njit(cache=True)
+def seg_add(nd: I64, meta: I64, st: I64, lo: int, hi: int, delta: int) -> None:
     """Add ``delta`` to every position in ``[lo, hi]`` (clipped to ``[0, size)``).
 
-    Returns the (possibly reallocated) node array: callers must rebind it.
+    In place: the tree must have room (``seg_capacity`` rows, or ``seg_reserve`` first);
+    raises IndexError otherwise. Not returning the array keeps the callers' hot loops free
+    of array rebinding (numba then refcounts it on every iteration: ~10× slower scans).
     """
     size = meta[1]
     lo = max(lo, 0)
     hi = min(hi, size - 1)
     if lo > hi or delta == 0:
-        return nd
-    # an update splits at most two nodes per level, each creating two children
-    need = meta[0] + 4 * (meta[2] + 1)
-    if need > nd.shape[0]:
-        nd = _grow(nd, need)
+        return
     # iterative DFS (numba's cached recursion is fragile); partial nodes are refreshed
     # bottom-up afterwards: in preorder a parent precedes its children, so go in reverse
-    st_node = st[0]
-    st_nl = st[1]
-    st_nr = st[2]
-    partial = st[3]
     n_part = 0
     top = 1
-    st_node[0] = 0
-    st_nl[0] = 0
-    st_nr[0] = size - 1
+    st[0, 0] = 0
+    st[1, 0] = 0
+    st[2, 0] = size - 1
     while top > 0:
         top -= 1
-        node = st_node[top]
-        nl = st_nl[top]
-        nr = st_nr[top]
+        node = st[0, top]
+        nl = st[1, top]
+        nr = st[2, top]
         if hi < nl or nr < lo:
             continue
         if lo <= nl and nr <= hi:
@@ -102,6 +117,8 @@ def seg_add(nd: I64, meta: I64, st: I64, lo: int, hi: int, delta: int) -> I64:
             continue
         if nd[node, 0] == 0:
             a = meta[0]
+            if a + 2 > nd.shape[0]:
+                raise IndexError("segment tree is full: seg_reserve before seg_add")
             meta[0] = a + 2
             # slots may hold stale values: clear them
             for s in range(a, a + 2):
@@ -111,20 +128,19 @@ def seg_add(nd: I64, meta: I64, st: I64, lo: int, hi: int, delta: int) -> I64:
                 nd[s, 3] = 0
             nd[node, 0] = a
             nd[node, 1] = a + 1
-        partial[n_part] = node
+        st[3, n_part] = node
         n_part += 1
         mid = (nl + nr) // 2
-        st_node[top] = nd[node, 0]
-        st_nl[top] = nl
-        st_nr[top] = mid
-        st_node[top + 1] = nd[node, 1]
-        st_nl[top + 1] = mid + 1
-        st_nr[top + 1] = nr
+        st[0, top] = nd[node, 0]
+        st[1, top] = nl
+        st[2, top] = mid
+        st[0, top + 1] = nd[node, 1]
+        st[1, top + 1] = mid + 1
+        st[2, top + 1] = nr
         top += 2
     for x in range(n_part - 1, -1, -1):
-        node = partial[x]
+        node = st[3, x]
         nd[node, 2] = nd[node, 3] + max(nd[nd[node, 0], 2], nd[nd[node, 1], 2])
-    return nd
 
 
 @njit(cache=True)
@@ -135,36 +151,32 @@ def seg_rightmost(nd: I64, meta: I64, st: I64, lo: int, hi: int, threshold: int)
     hi = min(hi, size - 1)
     if lo > hi:
         return -1
-    st_node = st[0]
-    st_nl = st[1]
-    st_nr = st[2]
-    st_acc = st[4]  # sum of the tags of the strict ancestors
     top = 1
-    st_node[0] = 0
-    st_nl[0] = 0
-    st_nr[0] = size - 1
-    st_acc[0] = 0
+    st[0, 0] = 0
+    st[1, 0] = 0
+    st[2, 0] = size - 1
+    st[4, 0] = 0
     # right-first DFS: the first qualifying uniform node found is the rightmost one
     while top > 0:
         top -= 1
-        node = st_node[top]
-        nl = st_nl[top]
-        nr = st_nr[top]
-        acc = st_acc[top]
+        node = st[0, top]
+        nl = st[1, top]
+        nr = st[2, top]
+        acc = st[4, top]
         if hi < nl or nr < lo or acc + nd[node, 2] < threshold:
             continue
         if nd[node, 0] == 0:
             return min(nr, hi)  # uniform node: its value is acc + tg = acc + mx
         mid = (nl + nr) // 2
         acc2 = acc + nd[node, 3]
-        st_node[top] = nd[node, 0]
-        st_nl[top] = nl
-        st_nr[top] = mid
-        st_acc[top] = acc2
-        st_node[top + 1] = nd[node, 1]
-        st_nl[top + 1] = mid + 1
-        st_nr[top + 1] = nr
-        st_acc[top + 1] = acc2
+        st[0, top] = nd[node, 0]
+        st[1, top] = nl
+        st[2, top] = mid
+        st[4, top] = acc2
+        st[0, top + 1] = nd[node, 1]
+        st[1, top + 1] = mid + 1
+        st[2, top + 1] = nr
+        st[4, top + 1] = acc2
         top += 2
     return -1
 
@@ -173,22 +185,18 @@ def seg_rightmost(nd: I64, meta: I64, st: I64, lo: int, hi: int, threshold: int)
 def seg_max(nd: I64, meta: I64, st: I64, lo: int, hi: int) -> int:
     """Maximum value over ``[lo, hi]`` (a non-empty range inside ``[0, size)``)."""
     size = meta[1]
-    st_node = st[0]
-    st_nl = st[1]
-    st_nr = st[2]
-    st_acc = st[4]
     top = 1
-    st_node[0] = 0
-    st_nl[0] = 0
-    st_nr[0] = size - 1
-    st_acc[0] = 0
+    st[0, 0] = 0
+    st[1, 0] = 0
+    st[2, 0] = size - 1
+    st[4, 0] = 0
     best = np.iinfo(np.int64).min
     while top > 0:
         top -= 1
-        node = st_node[top]
-        nl = st_nl[top]
-        nr = st_nr[top]
-        acc = st_acc[top]
+        node = st[0, top]
+        nl = st[1, top]
+        nr = st[2, top]
+        acc = st[4, top]
         if hi < nl or nr < lo:
             continue
         if (lo <= nl and nr <= hi) or nd[node, 0] == 0:
@@ -196,14 +204,14 @@ def seg_max(nd: I64, meta: I64, st: I64, lo: int, hi: int) -> int:
             continue
         mid = (nl + nr) // 2
         acc2 = acc + nd[node, 3]
-        st_node[top] = nd[node, 0]
-        st_nl[top] = nl
-        st_nr[top] = mid
-        st_acc[top] = acc2
-        st_node[top + 1] = nd[node, 1]
-        st_nl[top + 1] = mid + 1
-        st_nr[top + 1] = nr
-        st_acc[top + 1] = acc2
+        st[0, top] = nd[node, 0]
+        st[1, top] = nl
+        st[2, top] = mid
+        st[4, top] = acc2
+        st[0, top + 1] = nd[node, 1]
+        st[1, top + 1] = mid + 1
+        st[2, top + 1] = nr
+        st[4, top + 1] = acc2
         top += 2
     return best
 
@@ -227,7 +235,8 @@ class DynamicSegmentTree:
 
     def add(self, lo: int, hi: int, delta: int) -> None:
         """Add ``delta`` to every position in ``[lo, hi]``; the range is clipped to the tree."""
-        self._nd = seg_add(self._nd, self._meta, self._st, lo, hi, delta)
+        self._nd = seg_reserve(self._nd, self._meta)
+        seg_add(self._nd, self._meta, self._st, lo, hi, delta)
 
     def rightmost_at_least(self, lo: int, hi: int, threshold: int) -> int:
         """Largest position in ``[lo, hi]`` with value ≥ ``threshold``; -1 if there is none."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dupalign.segtree import DynamicSegmentTree
+from dupalign.segtree import DynamicSegmentTree, seg_add, seg_capacity, seg_new, seg_rightmost
 from tests.oracles.oph import NaiveRangeArray
 
 
@@ -78,3 +79,27 @@ def test_memory_is_independent_of_size() -> None:
 def test_bad_size() -> None:
     with pytest.raises(ValueError):
         DynamicSegmentTree(0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 300),
+    st.lists(st.tuples(st.integers(0, 299), st.integers(0, 299), st.integers(1, 3)), max_size=40),
+)
+def test_capacity_bound_suffices(size: int, adds: list[tuple[int, int, int]]) -> None:
+    nd, meta, scratch = seg_new(size, seg_capacity(size, len(adds)))
+    naive = NaiveRangeArray(size)
+    for a, b, v in adds:
+        seg_add(nd, meta, scratch, min(a, b), max(a, b), v)  # must not run out of rows
+        naive.add(min(a, b), max(a, b), v)
+    assert meta[0] <= min(2 * size - 1, nd.shape[0])
+    top = int(naive.a.max())
+    assert seg_rightmost(nd, meta, scratch, 0, size - 1, top) == int(
+        np.flatnonzero(naive.a == top)[-1]
+    )
+
+
+def test_full_tree_raises_instead_of_overflowing() -> None:
+    nd, meta, scratch = seg_new(1000, 3)
+    with pytest.raises(IndexError):
+        seg_add(nd, meta, scratch, 10, 20, 1)
