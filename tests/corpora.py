@@ -1,0 +1,94 @@
+"""Real text for tests and benchmarks: ../shared/testdata (Clough, RFCs) and the llvm docs.
+
+Text comes back exactly as the engine sees it (``dupalign.text.page_text``), so character
+ranges in a Match's spans index into the strings returned here.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from dupalign.page import Page
+from dupalign.text import page_text
+
+TESTDATA = Path(__file__).resolve().parents[2] / "shared" / "testdata"
+if not TESTDATA.exists():
+    TESTDATA = Path("/work/shared/testdata")
+CLOUGH = TESTDATA / "clough"
+RFC = TESTDATA / "rfc"
+LLVM_DOCS = Path.home() / ".cache" / "dupalign-docs"
+
+_WORD = re.compile(r"\w+")
+
+
+@dataclass(frozen=True)
+class CloughAnswer:
+    file: str
+    task: str  # a..e
+    category: str  # cut | light | heavy | non
+    body: bytes
+
+
+def plain_text(body: bytes | str, content_type: str = "text/plain") -> str:
+    """The text the engine tokenizes for a body (decoding as the engine does)."""
+    return page_text(Page(id="-", body=body, content_type=content_type))
+
+
+@cache
+def clough_answers() -> tuple[CloughAnswer, ...]:
+    with open(CLOUGH / "file_information.csv", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    return tuple(  # the csv also lists the originals (category "orig")
+        CloughAnswer(r["File"], r["Task"], r["Category"], (CLOUGH / r["File"]).read_bytes())
+        for r in rows
+        if r["Category"] != "orig"
+    )
+
+
+@cache
+def clough_original(task: str) -> bytes:
+    return (CLOUGH / f"orig_task{task}.txt").read_bytes()
+
+
+@cache
+def rfc_text(number: int) -> str:
+    return plain_text((RFC / f"rfc{number}.txt").read_bytes())
+
+
+def rfc_numbers() -> list[int]:
+    return sorted(int(p.stem[3:]) for p in RFC.glob("rfc[0-9]*.txt"))
+
+
+def llvm_doc_files(limit: int | None = None) -> list[Path]:
+    """HTML pages of the llvm docs unpacked by scripts/fetch-debian-docs.sh (may be none)."""
+    files = sorted(LLVM_DOCS.rglob("*.html")) if LLVM_DOCS.exists() else []
+    return files[:limit] if limit is not None else files
+
+
+def words(text: str) -> list[str]:
+    """Lower-cased \\w+ words (the engine's tokens for ASCII text)."""
+    return _WORD.findall(text.lower())
+
+
+def ngrams(tokens: list[str], n: int) -> set[tuple[str, ...]]:
+    return {tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)}
+
+
+def copied_mask(tokens: list[str], other: list[str], n: int = 5) -> list[bool]:
+    """Which positions of ``tokens`` lie in a word n-gram that also occurs in ``other``."""
+    grams = ngrams(other, n)
+    out = [False] * len(tokens)
+    for i in range(len(tokens) - n + 1):
+        if tuple(tokens[i : i + n]) in grams:
+            out[i : i + n] = [True] * n
+    return out
+
+
+def containment(part: list[str], whole: list[str], n: int) -> float:
+    """Share of ``part``'s distinct word n-grams that also occur in ``whole`` (0 if none)."""
+    a = ngrams(part, n)
+    return len(a & ngrams(whole, n)) / len(a) if a else 0.0
