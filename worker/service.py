@@ -318,11 +318,12 @@ class Worker:
         assert self.consumer is not None and self.engine is not None
         assigned = set(assigned)
         self.metrics.rebalances.labels("assigned").inc()
+        # aiokafka starts fetching as soon as the assignment is set, before this listener
+        # returns: hold the partitions until their positions and producers are ready.
+        self.consumer.pause(*assigned)
         loop = asyncio.get_running_loop()
         stored = await loop.run_in_executor(self.executor, self.engine.stored_offsets)
         for tp in sorted(assigned):
-            self._epoch_counter += 1
-            self.epochs[tp] = self._epoch_counter
             if self.kc.transactions and tp not in self.txn_producers:
                 producer = self._new_producer(self.transactional_id(tp))
                 await producer.start()  # InitProducerId fences a previous owner of this id
@@ -346,6 +347,11 @@ class Worker:
                     log.warning("%s: the store has no pages of this partition before offset "
                                 "%d; they cannot be matched", tp, committed)
                 self.consumer.seek(tp, committed)
+        # Only now (producers ready, positions set) do fetched batches of these count.
+        for tp in assigned:
+            self._epoch_counter += 1
+            self.epochs[tp] = self._epoch_counter
+        self.consumer.resume(*assigned)
         self.metrics.assigned_partitions.set(len(self.epochs))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
 
@@ -359,7 +365,13 @@ class Worker:
             batches = await consumer.getmany(timeout_ms=200, max_records=self.wc.batch_size)
             for tp, records in batches.items():
                 epoch = self.epochs.get(tp)
-                if epoch is None or not records:
+                if not records:
+                    continue
+                if epoch is None:
+                    # Fetched while its assignment was being set up: put the position back
+                    # rather than skip the records.
+                    if tp in consumer.assignment():
+                        consumer.seek(tp, records[0].offset)
                     continue
                 self.queue.put_nowait(WorkItem(tp, epoch, records))
             self.metrics.queued_batches.set(self.queue.qsize())
@@ -484,7 +496,10 @@ class Worker:
         t0 = time.perf_counter()
         try:
             if self.kc.transactions:
-                producer = self.txn_producers[tp]
+                producer = self.txn_producers.get(tp)
+                if producer is None:
+                    log.warning("%s: no producer (revoked); not committing", tp)
+                    return
                 async with producer.transaction():
                     await self._send_all(producer, result.outgoing)
                     t1 = time.perf_counter()
