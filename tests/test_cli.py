@@ -27,7 +27,7 @@ def test_every_warc_file_parses(warc: Path) -> None:
 
 
 def test_scan_warc_twice_gives_the_same_matches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    warc = SHARED / "warc" / "sample-input_snapshot-wayback-topic-02.warc.gz"
+    warc = SHARED / "warc" / "sample-0001.warc.gz"  # 15 pages, two of them exact copies
     outs = []
     for name in ("one", "two"):
         out = tmp_path / f"{name}.jsonl"
@@ -35,8 +35,8 @@ def test_scan_warc_twice_gives_the_same_matches(tmp_path: Path, capsys: pytest.C
         outs.append([json.loads(line) for line in out.read_text().splitlines()])
     strip = [[{k: v for k, v in m.items() if k != "detected_at"} for m in o] for o in outs]
     assert strip[0] == strip[1]
-    assert strip[0], "Wayback captures of the same pages must produce matches"
-    assert {m["kind"] for m in strip[0]} <= {"exact", "near", "passage"}
+    kinds = {m["kind"] for m in strip[0]}
+    assert "exact" in kinds and kinds <= {"exact", "near", "passage"}
 
 
 def test_bad_jsonl_lines_are_reported_and_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
