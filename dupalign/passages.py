@@ -175,7 +175,8 @@ class PassageIndex:
         self, q_units: U64, before: int, cache: _PageCache
     ) -> list[tuple[int, int, int, float]]:
         keys, empty = self.sketch(q_units)
-        lists = [self._list(b, int(keys[b]), before, cache) for b in np.flatnonzero(~empty)]
+        lists = [self._list(b, int(keys[b]), before, cache)
+                 for b in np.flatnonzero(~empty).tolist()]
         lists = [(o, r) for o, r in lists if len(o)]
         if not lists:
             return []

@@ -26,7 +26,7 @@ def test_every_warc_file_parses(warc: Path) -> None:
     assert all(i.reason for i in items if isinstance(i, InputError))
 
 
-def test_scan_warc_twice_gives_the_same_matches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_scan_warc_twice_gives_the_same_matches(tmp_path: Path) -> None:
     warc = SHARED / "warc" / "sample-0001.warc.gz"  # 15 pages, two of them exact copies
     outs = []
     for name in ("one", "two"):
@@ -39,7 +39,9 @@ def test_scan_warc_twice_gives_the_same_matches(tmp_path: Path, capsys: pytest.C
     assert "exact" in kinds and kinds <= {"exact", "near", "passage"}
 
 
-def test_bad_jsonl_lines_are_reported_and_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_jsonl_lines_are_reported_and_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     text = " ".join((SHARED / "rfc" / "rfc821.txt").read_text().split()[:400])
     lines = [
         json.dumps({"id": "a", "body": text}),
