@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from dupalign.bphs import BphsIndex
 from dupalign.hashing import mix64
-from dupalign.psm import PsmBatchResult, SimhashTable, brute_force_batch, psm_search_batch
+from dupalign.psm import Mode, PsmBatchResult, SimhashTable, brute_force_batch, psm_search_batch
 from dupalign.simhash import weighted_simhash_batch
 from dupalign.vosh import VolatilityModel
 
@@ -197,18 +197,30 @@ def run_size(n: int, n_queries: int, args: argparse.Namespace) -> list[Row]:
     ords = rng.permutation(len(fps)).astype(np.int64)
     table, t_build = timed(lambda: SimhashTable.from_arrays(fps, ords,
                                                           header_slack=args.header_slack))
-    bphs, t_bphs = timed(lambda: BphsIndex.build(fps, ords, h=args.h, g=1))
-    print(f"built PSM table in {t_build:.1f} s (t = {table.header_bits} header bits), "
-          f"BPHS ({bphs.n_tables} tables) in {t_bphs:.1f} s", flush=True)
-
+    print(f"built PSM table in {t_build:.1f} s (t = {table.header_bits} header bits)",
+          flush=True)
     qf, qW = pert.fps, pert.W
     # JIT warm-up on a few queries.
     psm_search_batch(table, qf[:50], qW[:50], h=args.h, mode="all", model=model)
-    bphs.search_batch(qf[:50])
     brute_force_batch(fps[:1000], ords[:1000], qf[:5], args.h)
 
-    truth, t_bphs_a = timed(lambda: bphs.search_batch(qf, mode="all"), args.repeat)
-    _, t_bphs_f = timed(lambda: bphs.search_batch(qf, mode="first"), args.repeat)
+    bphs_rows: list[Row] = []
+    truth: PsmBatchResult | None = None
+    for g in (int(x) for x in args.bphs_g.split(",")):
+        bphs, t_bphs = timed(lambda g=g: BphsIndex.build(fps, ords, h=args.h, g=g))
+        print(f"built BPHS (g = {g}, {bphs.n_tables} tables) in {t_bphs:.1f} s", flush=True)
+        bphs.search_batch(qf[:50])
+        res_a, t_a = timed(lambda bphs=bphs: bphs.search_batch(qf, mode="all"), args.repeat)
+        _, t_f = timed(lambda bphs=bphs: bphs.search_batch(qf, mode="first"), args.repeat)
+        if truth is None:
+            truth = res_a
+        assert pairs_of(res_a) == pairs_of(truth), "BPHS variants disagree"
+        for mode, dt in (("first", t_f), ("all", t_a)):
+            bphs_rows.append(Row(f"BPHS {mode} (T={bphs.n_tables})", n, m / dt, 1.0,
+                                 bphs.fingerprint_nbytes, bphs.fingerprint_nbytes / (8 * n),
+                                 bphs.ordinal_nbytes))
+        del bphs
+    assert truth is not None
     nb = min(args.brute_queries, m)
     bf, t_bf = timed(lambda: brute_force_batch(fps, ords, qf[:nb], args.h))
     sub = PsmBatchResult(truth.offsets[: nb + 1], truth.ordinals[: truth.offsets[nb]],
@@ -220,7 +232,8 @@ def run_size(n: int, n_queries: int, args: argparse.Namespace) -> list[Row]:
     calib = m if args.calib <= 0 else min(args.calib, m)
     tsub = PsmBatchResult(truth.offsets[: calib + 1], truth.ordinals[: truth.offsets[calib]],
                           truth.hammings[: truth.offsets[calib]], truth.probes[:calib])
-    for mode in ("first", "all"):
+    modes: tuple[Mode, ...] = ("first", "all")
+    for mode in modes:
         # Smallest budget of the ladder reaching the target (recall grows with the budget:
         # the probes of budget k are a prefix of those of budget k + 1).
         lo, hi = 0, len(BUDGETS) - 1
@@ -238,10 +251,7 @@ def run_size(n: int, n_queries: int, args: argparse.Namespace) -> list[Row]:
         rows.append(Row(f"PSM {mode} (budget {budget})", n, m / dt, recall(res, truth, mode),
                         table.fingerprint_nbytes, table.fingerprint_nbytes / fp_raw,
                         table.ordinal_nbytes, float(res.probes.mean())))
-    for mode, dt in (("first", t_bphs_f), ("all", t_bphs_a)):
-        rows.append(Row(f"BPHS {mode} (T={bphs.n_tables})", n, m / dt, 1.0,
-                        bphs.fingerprint_nbytes, bphs.fingerprint_nbytes / fp_raw,
-                        bphs.ordinal_nbytes))
+    rows.extend(bphs_rows)
     rows.append(Row(f"brute force (extrapolated from {nb} queries)", n, nb / t_bf, 1.0,
                     fps.nbytes, 1.0, ords.nbytes))
     return rows
@@ -263,6 +273,8 @@ def main() -> None:
                          "or the cold-start prior")
     ap.add_argument("--train-docs", type=int, default=5000)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--bphs-g", default="1",
+                    help="BPHS variants: g blocks in the header, G = g + h (1: T=4; 2: T=10)")
     ap.add_argument("--header-slack", type=int, default=2,
                     help="PSM header bits t = floor(log2 N) - slack")
     args = ap.parse_args()
@@ -283,12 +295,13 @@ def main() -> None:
               f"{r.probes:>7.1f} {r.fbytes:>13,} {r.ratio:>6.3f} {r.obytes:>13,}")
     print()
     for n in sizes:
-        by = {r.method.split(" (")[0]: r for r in rows if r.n == n}
         for mode in ("first", "all"):
-            p, b = by[f"PSM {mode}"], by[f"BPHS {mode}"]
-            print(f"N={n:,} {mode:>5}: PSM/BPHS lookups/s = {p.rate / b.rate:.2f}x, "
-                  f"RAM (fingerprints) = {p.fbytes / b.fbytes:.3f}x, "
-                  f"PSM relative recall {p.recall:.4f}")
+            p = next(r for r in rows if r.n == n and r.method.startswith(f"PSM {mode}"))
+            for b in (r for r in rows if r.n == n and r.method.startswith(f"BPHS {mode}")):
+                tables = b.method.split("(")[1].rstrip(")")
+                print(f"N={n:,} {mode:>5} vs BPHS {tables:>4}: PSM/BPHS lookups/s = "
+                      f"{p.rate / b.rate:.2f}x, RAM (fingerprints) = {p.fbytes / b.fbytes:.3f}x, "
+                      f"PSM relative recall {p.recall:.4f}")
 
 
 if __name__ == "__main__":
