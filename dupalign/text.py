@@ -21,6 +21,7 @@ from dupalign.errors import PageRejected
 from dupalign.page import Page
 
 _WORD = re.compile(r"\w+")
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f]")
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _BOMS = (
     (codecs.BOM_UTF32_LE, "utf-32"),
@@ -108,7 +109,7 @@ def _reject_binary(text: str) -> None:
     sample = text[:65536]
     if not sample:
         return
-    controls = sum(1 for ch in sample if ch < " " and ch not in "\t\n\r\f\v")
+    controls = len(_CONTROL.findall(sample))
     if controls > 0.05 * len(sample):
         raise PageRejected("undecodable", f"{controls} control characters in the first "
                            f"{len(sample)}: binary content, not text")
@@ -147,13 +148,16 @@ def normalize_token(token: str) -> str:
 
 def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     """Word tokens (Unicode ``\\w+``), normalized, with their character offsets in ``text``."""
-    # ASCII text lower-cases without changing length, so one pass serves tokens and offsets.
-    ascii_text = text.isascii()
-    scanned = text.lower() if ascii_text else text
+    # Lower-casing keeps offsets when it keeps the length (always for ASCII), so one pass
+    # serves tokens and offsets; only non-ASCII tokens then need NFKC and case folding.
+    scanned = text.lower()
+    if len(scanned) != len(text):
+        scanned = text
     spans: list[int] = []
     tokens: list[str] = []
     for m in _WORD.finditer(scanned):
-        tokens.append(m.group() if ascii_text else normalize_token(m.group()))
+        tok = m.group()
+        tokens.append(tok if tok.isascii() else normalize_token(tok))
         spans.extend(m.span())
     if max_tokens is not None and len(tokens) > max_tokens:
         raise PageRejected("too_many_tokens", f"{len(tokens)} tokens, limit is {max_tokens}")

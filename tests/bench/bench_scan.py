@@ -97,6 +97,7 @@ def main() -> int:
     print(f"corpus: {len(old)} llvm-13 + {len(new)} llvm-14 HTML pages")
 
     sh = {p.id: shingles(tokenize(page_text(p)).tokens) for p in pages}
+    print("truth shingles computed", flush=True)
     old_ids = {p.id for p in old}
 
     def cross(pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
@@ -107,12 +108,14 @@ def main() -> int:
         runs = []
         t_ds, ds_pairs = run_datasketch(pages)
         runs.append(("datasketch MinHashLSH(0.8,128) 5-shingles", t_ds, cross(ds_pairs), {}))
+        print(f"datasketch done in {t_ds:.1f} s", flush=True)
         full = EngineConfig().validate()
         near_only = EngineConfig(passage=PassageConfig(enabled=False)).validate()
         for label, cfg, store in (("dupalign scan (near only)", near_only, tmp / "a"),
                                   ("dupalign scan (near + passages)", full, tmp / "b")):
             t, pairs, kinds = run_scan(pages, cfg, store)
             runs.append((label, t, cross(pairs), kinds))
+            print(f"{label} done in {t:.1f} s", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
