@@ -42,11 +42,13 @@ import numpy.typing as npt
 from numba import njit
 
 from dupalign.vosh import (
+    LINEAR_MAX_BUDGET,
     MAX_H,
     VolatilityModel,
     bit_volatility,
     heap_pop,
     heap_push,
+    list_pop,
     packed_children,
     packed_elem,
     packed_key,
@@ -277,11 +279,22 @@ def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prio
         base *= 1.0 - pr
         hbit[r] = one << np.uint64(63 - order[r])
     shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
+    # VOSH frontier: an insertion-ordered list for small budgets, a heap otherwise (the same
+    # order either way: largest p(u, S), then earliest insertion).
+    linear = budget <= LINEAR_MAX_BUDGET
     m = 0
+    used = 0
     seq = 0
     for size in range(min(h, t) + 1):
         root = packed_root(size)
-        m = heap_push(keys, seqs, sets, m, packed_key(base, ratio, root), seq, root)
+        key = packed_key(base, ratio, root)
+        if linear:
+            keys[used] = key
+            sets[used] = root
+            used += 1
+            m += 1
+        else:
+            m = heap_push(keys, seqs, sets, m, key, seq, root)
         seq += 1
     # Probes go in rounds: VOSH yields the round's header values, their directory entries
     # and first rows are loaded in tight independent loops (so the cache misses overlap),
@@ -293,19 +306,30 @@ def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prio
     while k < budget and m > 0:
         kk = 0
         while kk < rnd and k + kk < budget and m > 0:
-            m, _key, s = heap_pop(keys, seqs, sets, m)
+            if linear:
+                i = list_pop(keys, used)
+                s = sets[i]
+                keys[i] = -2.0
+                m -= 1
+            else:
+                m, _key, s = heap_pop(keys, seqs, sets, m)
             mask = np.uint64(0)
             for e in range(packed_size(s)):
                 mask |= hbit[packed_elem(s, e)]
             hvs[kk] = (x ^ mask) >> shift if t > 0 else np.uint64(0)
             kk += 1
             left, right = packed_children(s, t)
-            if left >= 0:
-                m = heap_push(keys, seqs, sets, m, packed_key(base, ratio, left), seq, left)
-                seq += 1
-            if right >= 0:
-                m = heap_push(keys, seqs, sets, m, packed_key(base, ratio, right), seq, right)
-                seq += 1
+            for c in (left, right):
+                if c >= 0:
+                    key = packed_key(base, ratio, c)
+                    if linear:
+                        keys[used] = key
+                        sets[used] = c
+                        used += 1
+                        m += 1
+                    else:
+                        m = heap_push(keys, seqs, sets, m, key, seq, c)
+                    seq += 1
         for i in range(kk):
             los[i] = np.int64(directory[hvs[i]])
             his[i] = np.int64(directory[hvs[i] + one])

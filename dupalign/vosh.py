@@ -364,6 +364,27 @@ def heap_pop(keys, seqs, sets, n):
     return n, key, s
 
 
+LINEAR_MAX_BUDGET = 64
+
+
+@njit(cache=True)
+def list_pop(keys: F64, n_used: int) -> int:
+    """Index of the first largest live key of an insertion-ordered list (removed: -2).
+
+    The same order as the heap (largest key, then earliest insertion). Pops cost O(list)
+    but for the small budgets of PSM (list <= 2 · budget + h + 1 nodes) a linear scan is
+    ~2× faster than the heap's data-dependent branches; above LINEAR_MAX_BUDGET the heap's
+    O(log k) wins.
+    """
+    best = 0
+    bk = -1.0
+    for i in range(n_used):
+        if keys[i] > bk:
+            bk = keys[i]
+            best = i
+    return best
+
+
 @njit(cache=True)
 def rank_desc(p: F64, b: int, order: npt.NDArray[np.int64]) -> None:
     """order[:b] = indices of p[:b] by decreasing p, ties by index.
@@ -399,18 +420,34 @@ def vosh_order_kernel(
     keys = np.empty(cap)
     seqs = np.empty(cap, dtype=np.int64)
     sets = np.empty(cap, dtype=np.int64)
-    n = 0
+    linear = limit <= LINEAR_MAX_BUDGET
+    n = 0  # live nodes
+    used = 0  # list slots used (linear mode)
     seq = 0
     for size in range(hh + 1):
         root = packed_root(size)
-        n = heap_push(keys, seqs, sets, n, packed_key(base, ratio, root), seq, root)
+        key = packed_key(base, ratio, root)
+        if linear:
+            keys[used] = key
+            sets[used] = root
+            used += 1
+            n += 1
+        else:
+            n = heap_push(keys, seqs, sets, n, key, seq, root)
         seq += 1
     out_sets = np.full((limit, max(hh, 1)), -1, dtype=np.int64)
     out_sizes = np.zeros(limit, dtype=np.int64)
     out_keys = np.zeros(limit)
     k = 0
     while n > 0 and k < limit:
-        n, key, s = heap_pop(keys, seqs, sets, n)
+        if linear:
+            i = list_pop(keys, used)
+            key = keys[i]
+            s = sets[i]
+            keys[i] = -2.0
+            n -= 1
+        else:
+            n, key, s = heap_pop(keys, seqs, sets, n)
         size = packed_size(s)
         for e in range(size):
             out_sets[k, e] = order[packed_elem(s, e)]
@@ -419,12 +456,17 @@ def vosh_order_kernel(
         out_keys[k] = key
         k += 1
         left, right = packed_children(s, b)
-        if left >= 0:
-            n = heap_push(keys, seqs, sets, n, packed_key(base, ratio, left), seq, left)
-            seq += 1
-        if right >= 0:
-            n = heap_push(keys, seqs, sets, n, packed_key(base, ratio, right), seq, right)
-            seq += 1
+        for c in (left, right):
+            if c >= 0:
+                ck = packed_key(base, ratio, c)
+                if linear:
+                    keys[used] = ck
+                    sets[used] = c
+                    used += 1
+                    n += 1
+                else:
+                    n = heap_push(keys, seqs, sets, n, ck, seq, c)
+                seq += 1
     return out_sets[:k], out_sizes[:k], out_keys[:k]
 
 

@@ -10,7 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dupalign.vosh import VolatilityModel, _children, vosh_array, vosh_sets
+from dupalign.vosh import (
+    LINEAR_MAX_BUDGET,
+    VolatilityModel,
+    _children,
+    vosh_array,
+    vosh_sets,
+)
 
 
 def p_of(p: list[float], s: tuple[int, ...]) -> float:
@@ -56,9 +62,21 @@ def test_vosh_sets_equals_brute_force(p: list[float], h: int) -> None:
 @settings(max_examples=300, deadline=None)
 @given(p=st.lists(probs, min_size=1, max_size=10), h=st.integers(0, 4))
 def test_numba_vosh_equals_python_vosh(p: list[float], h: int) -> None:
-    got = vosh_array(p, h)
+    got = vosh_array(p, h)  # heap frontier when there are more than 64 sets
     check_against_brute_force(p, h, got)
-    assert [s for _, s in got] == [s for _, s in vosh_sets(p, h)]
+    python = [s for _, s in vosh_sets(p, h)]
+    assert [s for _, s in got] == python
+    # The linear frontier (budgets <= 64) yields the same prefix.
+    assert [s for _, s in vosh_array(p, h, LINEAR_MAX_BUDGET)] == python[:LINEAR_MAX_BUDGET]
+
+
+@settings(max_examples=50, deadline=None)
+@given(p=st.lists(probs, min_size=20, max_size=64), h=st.integers(1, 4))
+def test_linear_and_heap_frontiers_agree_on_wide_hashes(p: list[float], h: int) -> None:
+    linear = vosh_array(p, h, LINEAR_MAX_BUDGET)
+    heap = vosh_array(p, h, LINEAR_MAX_BUDGET + 1)[:LINEAR_MAX_BUDGET]
+    assert [s for _, s in linear] == [s for _, s in heap]
+    assert [s for _, s in linear] == [s for _, s in vosh_sets(p, h, LINEAR_MAX_BUDGET)]
 
 
 @settings(max_examples=100, deadline=None)
