@@ -17,12 +17,19 @@ With an unlimited budget every set of <= h header bits is probed and PSM is exac
 
 Header width. §7.3 finds t = d = log2(n) optimal with a 2^t-entry hash table, i.e. 2× the
 RAM of the fingerprints. Here t = floor(log2 n) - ``header_slack`` (default 2), tracked as
-the table grows (recomputed at every merge): the directory then costs 4 B × 2^t <= n/2 B,
-≤ 1/16 of the 8n B fingerprint array, and a bucket holds 4–8 rows on average.
+the table grows (recomputed at every merge): the directory (uint32 offsets) then costs
+4 B × 2^t <= n B, at most 1/8 of the 8n B fingerprint array (1.105× in all at n = 10^7),
+and a bucket holds 4–8 rows on average. A smaller directory than the paper's costs a few
+more rows per probe, which are sequential and cheap next to the probe's cache misses.
 
 RAM. ``fingerprint_nbytes`` = sorted fingerprints + directory + buffer; ordinals are a
 separate int64 array (``ordinal_nbytes``): they are arbitrary store ordinals, and after
 sorting by fingerprint they cannot be implicit positions. ``nbytes`` is the sum.
+
+Speed (batch kernel, one core): ranking the header bits is a branch-free counting rank;
+the VOSH frontier is an insertion-ordered list for budgets <= 64 (a heap above); probes
+are issued in rounds whose directory entries and first rows are loaded in tight loops so
+that their cache misses overlap; the first probe of the next queries is prefetched.
 
 Append buffer. New rows go to an unsorted buffer that every query scans exactly; it is
 merged into the sorted array (linear merge, then directory rebuild) when it holds
@@ -252,12 +259,11 @@ def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prio
     if stop < nb:
         return n2, 0, False, np.uint64(0)
     n = n2
-    # Volatility of the header bits only (the r-th header bit from the top is bit 63 - r),
-    # ranked most volatile first.
-    # rank header bits by |W_j| ascending, i.e. by p_j non-increasing (p is monotone in
-    # |W_j|): float bits of a non-negative double order like the double, and the low five
-    # mantissa bits carry the header index (t <= 32) so that every key is distinct and
-    # ties go by index; a counting rank on such keys is branch-free.
+    # Rank the header bits (the r-th from the top is bit 63 - r) by |W_j| / rms ascending,
+    # i.e. by p_j non-increasing (p is monotone in |W_j|): the bits of a non-negative double
+    # order like the double, and the low five mantissa bits carry the header index (t <= 32)
+    # so that every key is distinct and ties go by index; a counting rank on such keys is
+    # branch-free.
     rms = rms_of(w)
     inv = 1.0 / rms if rms > 0 else 0.0
     for r in range(t):
