@@ -194,3 +194,14 @@ def test_psm_with_learned_model_and_bad_arguments() -> None:
         psm_search_batch(table, q, W, mode="some")  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         psm_search_batch(table, q, W, budget=0)
+
+
+def test_empty_table_and_empty_batches() -> None:
+    table = SimhashTable()
+    assert psm_search(table, 5, np.zeros(64), budget=None, mode="all") == []
+    assert len(psm_search_batch(table, [], np.zeros((0, 64)))) == 0
+    table.add(5, 1)  # only in the buffer: found by the exact buffer scan
+    assert psm_search(table, 4, np.ones(64), mode="all") == [(1, 1)]
+    index = BphsIndex.build([], [], h=3)
+    assert index.search(5) == [] and len(index.search_batch([])) == 0
+    assert brute_force_search([], [], 3, 3) == []
