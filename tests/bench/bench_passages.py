@@ -1,0 +1,411 @@
+"""Passage alignment benchmark: accuracy against exact Jaccard, index size, cost vs store size.
+
+Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|scale]
+     [--scale 1000,10000]
+
+1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
+   subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
+   the paper's t = 1), ⊕S its token positions; R the ranges the OPH interval scan reports
+   (k = 64), ⊕R theirs. Per pair P = |⊕S ∩ ⊕R| / |⊕R|, R = |⊕S ∩ ⊕R| / |⊕S|; P and R are
+   averaged over pairs and F1 is the harmonic mean of the averages (that is how the paper's
+   F1 column follows from its P and R columns). Pairs with an empty ⊕R (⊕S) are left out of
+   the P (R) average and counted. Sets:
+   * planted: a 128-word RFC passage (the query) whose copy, with 5-15% random word edits
+     (substitute / insert / delete, words from the same RFC), is inserted into a 1000-word
+     window of an RFC of another family or into a Clough answer (the text);
+   * clough: a cut/light answer with word 3-gram containment >= 0.3 in its original (query)
+     against that original (text);
+   * rfc-chain: a 128-word passage of RFC 5321 (5322) against the 1500-word window of 2821
+     (2822) around its best verbatim 8-gram matches.
+   Units: words (as the paper), and word bigrams (the engine's default shingle = 2).
+2. Index size and cost as the store grows: Engine.process on pages of 300-1000 words with
+   ``near.enabled = False`` (passage cost only), default passage config. Pages: real text
+   (RFCs, Clough answers, llvm docs under ~/.cache/dupalign-docs if present) cut into chunks;
+   when the real chunks run out, the same chunks with every word replaced by a random word of
+   similar corpus frequency (a per-round permutation within frequency-rank bands), so list
+   lengths grow as with natural text without pages copying each other; 10% of pages also get
+   a planted, edited 100-200-word copy of an earlier page's passage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from dupalign.config import EngineConfig, NearConfig, PassageConfig
+from dupalign.engine import Engine
+from dupalign.hashing import token_hashes
+from dupalign.interval_scan import align
+from dupalign.oph import compact_windows, oph_values
+from dupalign.page import Page
+from dupalign.text import html_to_text, tokenize
+from tests import corpora
+
+I64 = npt.NDArray[np.int64]
+FAMILIES = [{821, 2821, 5321}, {822, 2822, 5322}, {2246, 4346, 5246, 8446},
+            {1945, 2068, 2616, 7230, 7231, 9110, 9112}, {1034, 1035}]
+
+
+# -- accuracy -------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _truth_ends(text: I64, in_q: npt.NDArray[np.bool_], q_size: int, p: int, q: int) -> I64:
+    """For each start i, the largest j with J(Q, T[i..j]) >= p/q (-1 if none): O(n^2)."""
+    n = text.shape[0]
+    cnt = np.zeros(in_q.shape[0], dtype=np.int32)
+    best = np.full(n, -1, dtype=np.int64)
+    for i in range(n):
+        distinct = 0
+        inter = 0
+        for j in range(i, n):
+            t = text[j]
+            if cnt[t] == 0:
+                distinct += 1
+                if in_q[t]:
+                    inter += 1
+            cnt[t] += 1
+            if q * inter >= p * (q_size + distinct - inter):
+                best[i] = j
+        for j in range(i, n):
+            cnt[text[j]] = 0
+    return best
+
+
+def truth_positions(q_units: npt.NDArray[np.uint64], t_units: npt.NDArray[np.uint64],
+                    p: int, q: int) -> npt.NDArray[np.bool_]:
+    """⊕S: positions of T inside some subsequence with exact Jaccard >= p/q."""
+    _, inv = np.unique(np.concatenate((q_units, t_units)), return_inverse=True)
+    qi, ti = inv[: len(q_units)], inv[len(q_units):].astype(np.int64)
+    in_q = np.zeros(int(inv.max()) + 1, dtype=np.bool_)
+    in_q[qi] = True
+    ends = _truth_ends(ti, in_q, int(in_q.sum()), p, q)
+    cover = np.zeros(len(t_units) + 1, dtype=np.int64)
+    starts = np.flatnonzero(ends >= 0)
+    np.add.at(cover, starts, 1)
+    np.add.at(cover, ends[starts] + 1, -1)
+    return np.cumsum(cover[:-1]) > 0
+
+
+def range_positions(ranges: list[tuple[int, int]], n: int) -> npt.NDArray[np.bool_]:
+    m = np.zeros(n, dtype=np.bool_)
+    for s, e in ranges:
+        m[s:e] = True
+    return m
+
+
+@dataclass
+class Pair:
+    name: str
+    query: list[str]
+    text: list[str]
+
+
+def edit(words: list[str], vocab: list[str], rate: float, rng: np.random.Generator) -> list[str]:
+    """Random word edits: each word is substituted, followed by an insertion, or deleted
+    with total probability ``rate`` (one third each)."""
+    out: list[str] = []
+    for w in words:
+        r = rng.random()
+        if r < rate / 3:
+            out.append(vocab[rng.integers(len(vocab))])
+        elif r < 2 * rate / 3:
+            out += [w, vocab[rng.integers(len(vocab))]]
+        elif r >= rate:
+            out.append(w)
+    return out
+
+
+def rfc_words(number: int) -> list[str]:
+    return tokenize(corpora.rfc_text(number)).tokens
+
+
+def planted_pairs(n: int, rng: np.random.Generator) -> list[Pair]:
+    rfcs = corpora.rfc_numbers()
+    answers = [tokenize(corpora.plain_text(a.body)).tokens for a in corpora.clough_answers()]
+    pairs = []
+    for x in range(n):
+        a = int(rng.choice(rfcs))
+        src = rfc_words(a)
+        s = int(rng.integers(0, len(src) - 128))
+        query = src[s : s + 128]
+        copy = edit(query, src, float(rng.uniform(0.05, 0.15)), rng)
+        if x % 2 == 0:
+            fam = next(f for f in FAMILIES if a in f)
+            host_words = rfc_words(int(rng.choice([r for r in rfcs if r not in fam])))
+            h = int(rng.integers(0, len(host_words) - 1000))
+            host = host_words[h : h + 1000]
+        else:
+            host = answers[int(rng.integers(len(answers)))]
+        at = int(rng.integers(0, len(host) + 1))
+        pairs.append(Pair(f"rfc{a}@{s}", query, host[:at] + copy + host[at:]))
+    return pairs
+
+
+def clough_pairs() -> list[Pair]:
+    out = []
+    for a in corpora.clough_answers():
+        ans = tokenize(corpora.plain_text(a.body)).tokens
+        orig = tokenize(corpora.plain_text(corpora.clough_original(a.task))).tokens
+        if a.category in ("cut", "light") and corpora.containment(ans, orig, 3) >= 0.3:
+            out.append(Pair(a.file, ans, orig))
+    return out
+
+
+def chain_pairs(n: int, rng: np.random.Generator) -> list[Pair]:
+    out = []
+    for newer, older in ((5321, 2821), (5322, 2822)):
+        new, old = rfc_words(newer), rfc_words(older)
+        index: dict[tuple[str, ...], list[int]] = {}
+        for i in range(len(old) - 7):
+            index.setdefault(tuple(old[i : i + 8]), []).append(i)
+        for _ in range(n // 2):
+            s = int(rng.integers(0, len(new) - 128))
+            q = new[s : s + 128]
+            hits = [i for j in range(121) for i in index.get(tuple(q[j : j + 8]), [])]
+            c = int(np.median(hits)) if hits else int(rng.integers(0, len(old)))
+            lo = max(0, min(c - 750, len(old) - 1500))
+            out.append(Pair(f"{newer}@{s}", q, old[lo : lo + 1500]))
+    return out
+
+
+def accuracy(sets: dict[str, list[Pair]], shingles: tuple[int, ...]) -> None:
+    print("## Accuracy vs exact Jaccard (OPH interval scan, k = 64, t = 1)")
+    print(f"{'set':<10} {'units':<7} {'θ':>4} {'pairs':>5} {'P':>6} {'R':>6} {'F1':>6} "
+          f"{'pairF1':>6} {'noS':>4} {'noR':>4} {'align ms':>8} {'brute ms':>8} {'|T|':>5}")
+    k = 64
+    with tempfile.TemporaryDirectory() as d, Engine.open(d, EngineConfig()) as eng:
+        units_of = eng.passages.units
+        warm = units_of(token_hashes(["a", "b", "c", "a"], 0))  # compile before timing
+        align(oph_values(warm), compact_windows(oph_values(warm), k), k, (1, 2), 1)
+        truth_positions(warm, warm, 1, 2)
+        for shingle in shingles:
+            cfg = PassageConfig(shingle=shingle)
+            eng.passages.cfg = cfg  # only ``units`` is used: it reads cfg.shingle
+            for name, pairs in sets.items():
+                enc = [(units_of(token_hashes(p.query, 0)), units_of(token_hashes(p.text, 0)))
+                       for p in pairs]
+                for num, den in ((3, 10), (2, 5), (1, 2)):
+                    ps, rs, f1s, no_s, no_r, t_al, t_bf = [], [], [], 0, 0, [], []
+                    for qu, tu in enc:
+                        t0 = time.perf_counter()
+                        got = align(oph_values(qu), compact_windows(oph_values(tu), k), k,
+                                    (num, den), 1)
+                        t1 = time.perf_counter()
+                        truth = truth_positions(qu, tu, num, den)
+                        t2 = time.perf_counter()
+                        t_al.append(t1 - t0)
+                        t_bf.append(t2 - t1)
+                        rep = range_positions(got, len(tu))
+                        both = int((rep & truth).sum())
+                        p_ = both / rep.sum() if rep.any() else None
+                        r_ = both / truth.sum() if truth.any() else None
+                        no_r += p_ is None
+                        no_s += r_ is None
+                        if p_ is not None:
+                            ps.append(p_)
+                        if r_ is not None:
+                            rs.append(r_)
+                        if p_ is not None and r_ is not None:
+                            f1s.append(2 * p_ * r_ / (p_ + r_) if p_ + r_ else 0.0)
+                    mp = statistics.mean(ps) if ps else float("nan")
+                    mr = statistics.mean(rs) if rs else float("nan")
+                    f1 = 2 * mp * mr / (mp + mr) if mp + mr else 0.0
+                    pf1 = statistics.mean(f1s) if f1s else float("nan")
+                    n_t = statistics.mean(len(p.text) for p in pairs)
+                    print(f"{name:<10} {'w' + str(shingle):<7} {num / den:>4.1f} {len(pairs):>5} "
+                          f"{mp:>6.3f} {mr:>6.3f} {f1:>6.3f} {pf1:>6.3f} {no_s:>4} {no_r:>4} "
+                          f"{1e3 * statistics.mean(t_al):>8.3f} "
+                          f"{1e3 * statistics.mean(t_bf):>8.3f} {n_t:>5.0f}")
+    print("noS / noR: pairs with no true / no reported position (left out of R / P). "
+          "brute = numba O(n²) incremental exact Jaccard.")
+    print()
+
+
+# -- index size and cost as the store grows -------------------------------------------------
+
+def real_chunks(rng: np.random.Generator, use_docs: bool) -> list[list[str]]:
+    """Real text cut into chunks of 300-1000 words."""
+    docs = [rfc_words(r) for r in corpora.rfc_numbers()]
+    docs += [tokenize(corpora.plain_text(a.body)).tokens for a in corpora.clough_answers()]
+    if use_docs:
+        for f in corpora.llvm_doc_files():
+            docs.append(tokenize(html_to_text(f.read_text(encoding="utf-8",
+                                                          errors="replace"))).tokens)
+    out = []
+    for words in docs:
+        s = 0
+        while len(words) - s >= 300:
+            n = int(rng.integers(300, 1001))
+            out.append(words[s : s + n])
+            s += n
+    order = rng.permutation(len(out))
+    return [out[i] for i in order]
+
+
+class Remapper:
+    """Replace every word by a random word of similar corpus frequency (a fixed permutation
+    per round, within bands of frequency rank a quarter-octave wide)."""
+
+    def __init__(self, chunks: list[list[str]]) -> None:
+        freq = Counter(w for c in chunks for w in c)
+        self.vocab = [w for w, _ in freq.most_common()]
+        self.rank = {w: r for r, w in enumerate(self.vocab)}
+        self.band = (4 * np.log2(np.arange(len(self.vocab)) + 1)).astype(np.int64)
+
+    def mapping(self, rng: np.random.Generator) -> dict[str, str]:
+        perm = np.arange(len(self.vocab))
+        for b in np.unique(self.band):
+            idx = np.flatnonzero(self.band == b)
+            perm[idx] = rng.permutation(idx)
+        return {w: self.vocab[perm[r]] for w, r in self.rank.items()}
+
+
+def page_stream(n: int, rng: np.random.Generator, use_docs: bool) -> tuple[list[str], int]:
+    """``n`` page texts and the number of real (not remapped) chunks among them."""
+    chunks = real_chunks(rng, use_docs)
+    remap = Remapper(chunks)
+    pages: list[list[str]] = []
+    mapping: dict[str, str] | None = None
+    for x in range(n):
+        c = x % len(chunks)
+        if c == 0 and x:
+            mapping = remap.mapping(rng)
+        words = chunks[c] if mapping is None else [mapping[w] for w in chunks[c]]
+        if x > 10 and rng.random() < 0.1:  # planted copy of an earlier page's passage
+            src = pages[int(rng.integers(0, x))]
+            ln = int(rng.integers(100, 201))
+            s = int(rng.integers(0, max(1, len(src) - ln)))
+            copy = edit(src[s : s + ln], remap.vocab[:5000], float(rng.uniform(0.05, 0.15)), rng)
+            at = int(rng.integers(0, len(words) + 1))
+            words = words[:at] + copy + words[at:]
+        pages.append(words)
+    print(f"{len(chunks)} real chunks of 300-1000 words available")
+    return [" ".join(p) for p in pages], min(n, len(chunks))
+
+
+def family_bytes(eng: Engine, family: str) -> int:
+    cf = eng.store._cfs[family]
+    return int(cf.property_int_value("rocksdb.total-sst-files-size") or 0) + int(
+        cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
+
+
+def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None
+          ) -> None:
+    rng = np.random.default_rng(5)
+    t0 = time.perf_counter()
+    texts, n_real = page_stream(checkpoints[-1], rng, use_docs)
+    print(f"## Cost vs store size (near disabled; default passage config: "
+          f"{PassageConfig()})")
+    print(f"{len(texts)} pages built in {time.perf_counter() - t0:.1f}s; the first {n_real} are "
+          "real text chunks, the rest frequency-band remaps; 10% carry a planted copy")
+    print(f"{'pages':>7} {'ms/page':>8} {'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} "
+          f"{'cand/pass':>9} {'pruned/pass':>11} {'match/pg':>8} {'B/token':>8} "
+          f"{'oph B/tok':>9} {'store MB':>8}")
+    cfg = EngineConfig(near=NearConfig(enabled=False))
+    d = tempfile.mkdtemp(dir=store_root)
+    tokens = 0
+    prof = cProfile.Profile() if profile_last else None
+    try:
+        with Engine.open(d, cfg) as eng:
+            done = 0
+            for cp in checkpoints:
+                c0 = dict(vars(eng.passages.counters))
+                matches = 0
+                last_batch = cp == checkpoints[-1]
+                if prof is not None and last_batch:
+                    prof.enable()
+                t = time.perf_counter()
+                for x in range(done, cp):
+                    found = eng.process(Page(id=f"p{x}", body=texts[x]))
+                    matches += len(found)
+                    tokens += texts[x].count(" ") + 1  # words joined by single spaces
+                dt = time.perf_counter() - t
+                if prof is not None and last_batch:
+                    prof.disable()
+                c1 = vars(eng.passages.counters)
+                n = cp - done
+                dp = max(1, c1["passages"] - c0["passages"])
+                eng.store.flush()
+                size = eng.store.size_bytes()
+                oph = family_bytes(eng, "oph") + family_bytes(eng, "oph_empty")
+                print(f"{cp:>7} {1e3 * dt / n:>8.2f} {dp / n:>7.1f} "
+                      f"{(c1['lists_read'] - c0['lists_read']) / dp:>10.1f} "
+                      f"{(c1['entries_read'] - c0['entries_read']) / dp:>12.1f} "
+                      f"{(c1['candidates_scanned'] - c0['candidates_scanned']) / dp:>9.2f} "
+                      f"{(c1['candidates_pruned'] - c0['candidates_pruned']) / dp:>11.2f} "
+                      f"{matches / n:>8.2f} {size / tokens:>8.1f} {oph / tokens:>9.1f} "
+                      f"{size / 2**20:>8.1f}", flush=True)
+                done = cp
+            fams = {f: family_bytes(eng, f) for f in ("oph", "oph_empty", "positions", "docs")}
+            print("bytes per token by family after flush: " + ", ".join(
+                f"{f} {b / tokens:.1f}" for f, b in fams.items()) + f" ({tokens} tokens)")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    if prof is not None:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
+        print("## Profile of the last batch (cumulative)")
+        print("\n".join(s.getvalue().splitlines()[:60]))
+    print()
+
+
+def _git_state() -> str:
+    """HEAD and whether the engine's passage code differs from it (others edit the tree)."""
+    repo = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, text=True,
+                              capture_output=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--short", "dupalign"], cwd=repo, text=True,
+                               capture_output=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown revision"
+    changed = [x for x in dirty if x.endswith(".py")]
+    return head + (f" + uncommitted {', '.join(changed)}" if changed else "")
+
+
+def timed(label: str, fn: Callable[[], None]) -> None:
+    t = time.perf_counter()
+    fn()
+    print(f"[{label}: {time.perf_counter() - t:.1f}s]\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("accuracy", "scale"))
+    ap.add_argument("--scale", help="comma-separated store sizes (pages) to report at")
+    ap.add_argument("--no-docs", action="store_true", help="do not use the llvm docs")
+    ap.add_argument("--profile", action="store_true", help="cProfile the last scale batch")
+    ap.add_argument("--store-root", help="directory for the scale store (default: tmp)")
+    args = ap.parse_args()
+    print(f"# dupalign at {_git_state()}\n")
+    rng = np.random.default_rng(1)
+    if args.only in (None, "accuracy"):
+        n = 30 if args.quick else 100
+        sets = {"planted": planted_pairs(n, rng), "clough": clough_pairs(),
+                "rfc-chain": chain_pairs(n // 2, rng)}
+        timed("accuracy", lambda: accuracy(sets, (1,) if args.quick else (1, 2)))
+    if args.only in (None, "scale"):
+        default = "200,500" if args.quick else "500,1000,2000,3000"
+        cps = [int(x) for x in (args.scale or default).split(",")]
+        timed("scale", lambda: scale(cps, not args.no_docs and bool(corpora.llvm_doc_files(1)),
+                                     args.profile, args.store_root))
+
+
+if __name__ == "__main__":
+    main()
