@@ -91,6 +91,10 @@ class PassageConfig:
     stride: int = 24
     min_len: int = 24  # shortest aligned subsequence reported, in units
     max_candidates: int = 16  # earlier pages aligned per query passage (most collided first)
+    # Inverted lists longer than this hold common units (site navigation, boilerplate, stock
+    # phrases): they do not nominate candidate pages, only complete the windows of pages that
+    # a rarer unit nominated. A passage made only of common units is not reported.
+    max_list: int = 256
     tf_mode: str = "log"  # weighted mode only
 
     def validate(self) -> None:
@@ -102,6 +106,7 @@ class PassageConfig:
         _check_range("passage.stride", self.stride, 1, self.query_len)
         _check_range("passage.min_len", self.min_len, 1, 100_000)
         _check_range("passage.max_candidates", self.max_candidates, 1, 100_000)
+        _check_range("passage.max_list", self.max_list, 1, 100_000_000)
         _check_choice("passage.tf_mode", self.tf_mode, PASSAGE_TF_MODES)
 
     @property

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,6 +21,7 @@ import msgpack
 import numpy as np
 
 from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
 from dupalign.hashing import content_hash, token_hashes
 from dupalign.match import Match
 from dupalign.near import NearIndex
@@ -33,15 +34,19 @@ ENGINE_NAME = "dupalign"
 
 
 @dataclass
-class StageTimes:
-    """Seconds spent in each stage by the last processed page (for metrics)."""
+class PageReport:
+    """What the last ``process`` call did, for metrics: seconds per stage and counts."""
 
+    replayed: bool = False  # answered from the store (page seen before)
     text: float = 0.0
     exact: float = 0.0
     near: float = 0.0
     passage: float = 0.0
     store: float = 0.0
-    counters: dict[str, int] = field(default_factory=dict)
+    psm_probes: int = 0
+    near_candidates: int = 0
+    cws_pairs: int = 0
+    cws_samples_saved: int = 0
 
 
 class Engine:
@@ -55,7 +60,7 @@ class Engine:
         self.next_ordinal = 0 if last is None else read_u64(last) + 1
         self.near = NearIndex(store, config, self.next_ordinal)
         self.passages = PassageIndex(store, config)
-        self.last_times = StageTimes()
+        self.last_report = PageReport()
         self._engine_info = {
             "name": ENGINE_NAME,
             "h": config.near.hamming,
@@ -97,10 +102,12 @@ class Engine:
         that ``source``'s offset still advances so the caller can move on)."""
         if self.read_only:
             raise RuntimeError("engine opened read-only")
-        times = StageTimes()
+        times = PageReport()
+        self.last_report = times
         replay_key = _replay_key(page)
         seen = self.store.get("replay", replay_key)
         if seen is not None:
+            times.replayed = True
             if source is not None:
                 self._write_offset_only(source)
             return self._stored_matches(read_u64(seen))
@@ -109,6 +116,8 @@ class Engine:
         try:
             text = page_text(page, self.config.text.main_content, self.config.text.max_page_bytes)
             tokens = tokenize(text, self.config.text.max_tokens)
+            if not len(tokens):
+                raise PageRejected("empty", "no words in the page text")
         except Exception:
             if source is not None:
                 self._write_offset_only(source)
@@ -129,7 +138,13 @@ class Engine:
             matches.append(self._match(page.id, "exact", original, est_jaccard=1.0))
         else:
             hashes = token_hashes(tokens.tokens, self.config.seed)
+            c = self.near.counters
+            before = (c.probes, c.candidates, c.filter.pairs, c.filter.samples_saved)
             near_found, near_state = self.near.search(hashes, ordinal)
+            times.psm_probes = c.probes - before[0]
+            times.near_candidates = c.candidates - before[1]
+            times.cws_pairs = c.filter.pairs - before[2]
+            times.cws_samples_saved = c.filter.samples_saved - before[3]
             matched = set()
             for other, hamming, est in near_found:
                 matched.add(other)
@@ -172,7 +187,6 @@ class Engine:
         self.near.commit(ordinal, near_state)
         self.passages.commit(ordinal, passage_state)
         times.store = time.perf_counter() - t4
-        self.last_times = times
         return matches
 
     def query_text(self, text: str) -> list[Match]:

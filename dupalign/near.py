@@ -23,7 +23,7 @@ import numpy.typing as npt
 from dupalign.config import EngineConfig
 from dupalign.cws import CwsFilter, FilterStats, icws_sketch
 from dupalign.idf import IdfBuilder, IdfTable, TfMode, tf_idf_weights
-from dupalign.psm import SimhashTable, psm_search
+from dupalign.psm import SimhashTable, psm_search_batch
 from dupalign.simhash import weighted_simhash
 from dupalign.store import Batch, Store, read_u64, u64
 from dupalign.vosh import VolatilityModel
@@ -105,8 +105,11 @@ class NearIndex:
         state.fingerprint, state.W, state.idf_version, state.unique = fp, W, version, uniq
         state.sketch = icws_sketch(uniq, weights, self.cfg.cws_samples, self.seed)
         self.counters.lookups += 1
-        candidates = psm_search(self.table, fp, W, self.cfg.hamming, self.cfg.probe_budget,
-                                self.cfg.mode, self.model)  # type: ignore[arg-type]
+        psm = psm_search_batch(self.table, [fp], W[None, :], self.cfg.hamming,
+                               self.cfg.probe_budget, self.cfg.mode,  # type: ignore[arg-type]
+                               self.model)
+        candidates = psm.get(0)
+        self.counters.probes += int(psm.probes[0])
         self.counters.candidates += len(candidates)
         found = []
         sketches = {version: state.sketch}

@@ -78,6 +78,7 @@ class PassageCounters:
     entries_read: int = 0
     candidates_pruned: int = 0
     candidates_scanned: int = 0
+    long_lists: int = 0
 
 
 @dataclass
@@ -93,7 +94,8 @@ class _Hit:
 class _PageCache:
     """Per-query-page caches: passages overlap, so lists and empty windows repeat."""
 
-    lists: dict[tuple[int, int], tuple[I64, I64]] = field(default_factory=dict)
+    lists: dict[tuple[int, int], tuple[I64, I64] | None] = field(default_factory=dict)
+    page_lists: dict[tuple[int, int, int], I64] = field(default_factory=dict)
     empties: dict[tuple[int, int], npt.NDArray[np.int32]] = field(default_factory=dict)
 
 
@@ -175,18 +177,24 @@ class PassageIndex:
         self, q_units: U64, before: int, cache: _PageCache
     ) -> list[tuple[int, int, int, float]]:
         keys, empty = self.sketch(q_units)
-        lists = [self._list(b, int(keys[b]), before, cache)
-                 for b in np.flatnonzero(~empty).tolist()]
-        lists = [(o, r) for o, r in lists if len(o)]
+        lists: list[tuple[I64, I64]] = []
+        long_keys: list[tuple[int, int]] = []
+        for b in np.flatnonzero(~empty).tolist():
+            found = self._list(b, int(keys[b]), before, cache)
+            if found is None:
+                long_keys.append((b, int(keys[b])))
+            elif len(found[0]):
+                lists.append(found)
         if not lists:
-            return []
+            return []  # only common units collide: boilerplate, not a copied passage
         ords = np.concatenate([o for o, _ in lists])
         rects = np.concatenate([r for _, r in lists])
         # distinct collided bins per earlier page: a page may hold several windows of one
-        # (bin, key) list, so count (page, list) pairs once
+        # (bin, key) list, so count (page, list) pairs once; long lists may add one each
         list_no = np.repeat(np.arange(len(lists)), [len(o) for o, _ in lists])
         pairs = np.unique(ords * len(lists) + list_no)
         pages, n_mat = np.unique(pairs // len(lists), return_counts=True)
+        n_mat = n_mat + len(long_keys)
         n_empty = int(np.count_nonzero(empty))
         reach = self.w_match * n_mat + self.w_empty * n_empty
         ok = reach >= self.need
@@ -205,7 +213,11 @@ class PassageIndex:
         results = []
         for page, a, b in zip(pages.tolist(), lo.tolist(), hi.tolist(), strict=True):
             self.counters.candidates_scanned += 1
-            results.extend(self._scan_page(page, rects[a:b], empty_bins, cache))
+            matched = rects[a:b]
+            if long_keys:
+                extra = [self._page_windows(lb, lk, page, cache) for lb, lk in long_keys]
+                matched = np.concatenate([matched, *extra])
+            results.extend(self._scan_page(page, matched, empty_bins, cache))
         return results
 
     def _scan_page(
@@ -236,24 +248,40 @@ class PassageIndex:
         return out
 
     # -- store reads ------------------------------------------------------------------------
-    def _list(self, b: int, key: int, before: int, cache: _PageCache) -> tuple[I64, I64]:
-        """The inverted list (bin, key): ordinals and rectangle rows of pages < ``before``."""
-        hit = cache.lists.get((b, key))
-        if hit is None:
-            prefix = _BIN.pack(b) + u64(key)
-            ords, rects = [], []
-            for k_, v in self.store.prefix("oph", prefix):
-                ords.append(read_u64(k_, 10))
-                rects.append(v)
-            self.counters.lists_read += 1
-            self.counters.entries_read += len(ords)
+    def _list(
+        self, b: int, key: int, before: int, cache: _PageCache
+    ) -> tuple[I64, I64] | None:
+        """The inverted list (bin, key): ordinals and rectangles of pages < ``before``, or
+        None when it is longer than ``max_list`` (a common unit: navigation, boilerplate,
+        stop phrases), which is then read per candidate page by ``_page_windows``."""
+        if (b, key) in cache.lists:
+            return cache.lists[(b, key)]
+        ords: list[int] = []
+        rects: list[bytes] = []
+        hit: tuple[I64, I64] | None = None
+        for k_, v in self.store.prefix("oph", _BIN.pack(b) + u64(key)):
+            if len(ords) == self.cfg.max_list:
+                self.counters.long_lists += 1
+                break
+            ords.append(read_u64(k_, 10))
+            rects.append(v)
+        else:
             o = np.asarray(ords, dtype=np.int64)
-            r = (np.frombuffer(b"".join(rects), dtype=_RECT).reshape(-1, 4).astype(np.int64)
-                 if rects else np.empty((0, 4), np.int64))
             keep = o < before
-            hit = (o[keep], r[keep])
-            cache.lists[(b, key)] = hit
+            hit = (o[keep], _unpack_rects(rects)[keep])
+        self.counters.lists_read += 1
+        self.counters.entries_read += len(ords)
+        cache.lists[(b, key)] = hit
         return hit
+
+    def _page_windows(self, b: int, key: int, page: int, cache: _PageCache) -> I64:
+        """One page's windows in a long inverted list: a seek to (bin, key, page)."""
+        found = cache.page_lists.get((b, key, page))
+        if found is None:
+            prefix = _BIN.pack(b) + u64(key) + u64(page)
+            found = _unpack_rects([v for _, v in self.store.prefix("oph", prefix)])
+            cache.page_lists[(b, key, page)] = found
+        return found
 
     def _empty_windows(self, page: int, bins: list[int], cache: _PageCache) -> I64:
         """The page's empty windows in ``bins`` as (l, r) rows (one multi-get for the misses)."""
@@ -328,7 +356,14 @@ class PassageIndex:
             "passage_entries_read": c.entries_read,
             "passage_candidates_pruned": c.candidates_pruned,
             "passage_candidates_scanned": c.candidates_scanned,
+            "passage_long_lists": c.long_lists,
         }
+
+
+def _unpack_rects(values: list[bytes]) -> I64:
+    if not values:
+        return np.empty((0, 4), dtype=np.int64)
+    return np.frombuffer(b"".join(values), dtype=_RECT).reshape(-1, 4).astype(np.int64)
 
 
 def _passage_starts(n: int, length: int, stride: int) -> list[int]:

@@ -132,6 +132,9 @@ def test_rejected_pages_write_nothing(tmp_path: Path) -> None:
         with pytest.raises(PageRejected) as err:
             engine.process(Page(id="bin", body=bytes(range(256)) * 50), source=("pages", 1, 7))
         assert err.value.reason == "undecodable"
+        with pytest.raises(PageRejected) as err:
+            engine.process(Page(id="blank", body="<p> </p>", content_type="text/html"))
+        assert err.value.reason == "empty"
         assert engine.next_ordinal == 0
         assert engine.stored_offsets() == {("pages", 1): 8}
 

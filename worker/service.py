@@ -447,8 +447,6 @@ class Worker:
             page = messages.decode_page(value)
             doc_id = page.id
             m.stage_seconds.labels("decode").observe(time.perf_counter() - t0)
-            before = engine.last_times
-            counters = _engine_counters(engine)
             try:
                 found = engine.process(page, source=source)
             except PageRejected as exc:
@@ -470,14 +468,17 @@ class Worker:
                 doc_id=exc.doc_id or doc_id, raw_max_bytes=self.wc.dlq_raw_max_bytes,
             )
             return [Outgoing(self.kc.dlq_topic, rec.key, messages.pack(dl), _headers(source))]
-        if engine.last_times is before:
+        report = engine.last_report
+        if report.replayed:
             result.outcomes["replayed"] += 1  # answered from the store
         else:
             result.outcomes["processed"] += 1
-            times = engine.last_times
             for stage in ENGINE_STAGES:
-                m.stage_seconds.labels(stage).observe(getattr(times, stage, 0.0))
-            _observe_counters(m, counters, _engine_counters(engine))
+                m.stage_seconds.labels(stage).observe(getattr(report, stage))
+            m.psm_probes.observe(report.psm_probes)
+            m.near_candidates.inc(report.near_candidates)
+            m.cws_pairs.inc(report.cws_pairs)
+            m.cws_saved.inc(report.cws_samples_saved)
         now = _now_ms()
         key = page.id.encode("utf-8")
         out = []
@@ -575,27 +576,6 @@ class _Listener(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         await self.worker.on_assigned(assigned)
-
-
-def _engine_counters(engine: Engine) -> tuple[int, int, int, int]:
-    """Cumulative (probes, candidates, cws pairs, cws samples saved) of the engine."""
-    near = getattr(engine, "near", None)
-    c = getattr(near, "counters", None)
-    if c is None:
-        return (0, 0, 0, 0)
-    f = getattr(c, "filter", None)
-    return (
-        int(getattr(c, "probes", 0)), int(getattr(c, "candidates", 0)),
-        int(getattr(f, "pairs", 0)), int(getattr(f, "samples_saved", 0)),
-    )
-
-
-def _observe_counters(m: WorkerMetrics, before: tuple[int, ...], after: tuple[int, ...]) -> None:
-    probes, candidates, pairs, saved = (a - b for a, b in zip(after, before, strict=True))
-    m.psm_probes.observe(probes)
-    m.near_candidates.inc(candidates)
-    m.cws_pairs.inc(pairs)
-    m.cws_saved.inc(saved)
 
 
 def _headers(source: tuple[str, int, int]) -> list[tuple[str, bytes]]:
