@@ -70,6 +70,7 @@ F64 = npt.NDArray[np.float64]
 
 Mode = Literal["first", "all"]
 DEFAULT_BUDGET = 64
+_NO_BOUND = np.iinfo(np.int64).max
 _PREFETCH = 8  # lookahead (queries) of the software prefetch in the batch kernel
 
 
@@ -223,16 +224,17 @@ def grow(a):
 
 
 @njit(cache=True)
-def scan_range(fps, ords, lo, hi, x, h, out_o, out_h, n, first):
-    """Report rows lo..hi-1 within h of x into out_*[n:]; returns (n, stop).
+def scan_range(fps, ords, lo, hi, x, h, out_o, out_h, n, first, before):
+    """Report rows lo..hi-1 within h of x and ordinal < before into out_*[n:].
 
+    Returns (n, stop).
     ``stop < hi`` means the output is full (grow it and resume at ``stop``) or, with
     ``first``, that a match was found. Kept free of array reassignment: numba then keeps
     this loop at ~2 ns per row (reassigning arrays in a hot loop costs ~30×).
     """
     for i in range(lo, hi):
         d = popcount64(x ^ fps[i])
-        if d <= h:
+        if d <= h and ords[i] < before:
             if n == out_o.shape[0]:
                 return n, i
             out_o[n] = ords[i]
@@ -244,16 +246,17 @@ def scan_range(fps, ords, lo, hi, x, h, out_o, out_h, n, first):
 
 
 @njit(cache=True)
-def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prior_scale, h,
-             budget, first, out_o, out_h, n, keys, seqs, sets, ph, ck, order, ratio, hbit,
-             hvs, los, his):
+def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, before, surv, y_max,
+             prior_scale, h, budget, first, out_o, out_h, n, keys, seqs, sets, ph, ck, order,
+             ratio, hbit, hvs, los, his):
     """One PSM lookup; returns (n, probes, ok, sink); ok is False when out_* overflowed.
 
     ``sink`` only keeps the prefetching loads alive.
     """
     nb = buf_fps.shape[0]
     # The buffer is small and unsorted: scan it exactly.
-    n2, stop = scan_range(buf_fps, buf_ords, 0, nb, x, h, out_o, out_h, n, first)
+    n2, stop = scan_range(buf_fps, buf_ords, 0, nb, x, h, out_o, out_h, n, first,
+                          before)
     if first and n2 > n:
         return n2, 0, True, np.uint64(0)
     if stop < nb:
@@ -343,7 +346,8 @@ def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prio
             if los[i] < his[i]:
                 sink ^= fps[los[i]]
         for i in range(kk):
-            n2, stop = scan_range(fps, ords, los[i], his[i], x, h, out_o, out_h, n, first)
+            n2, stop = scan_range(fps, ords, los[i], his[i], x, h, out_o, out_h, n, first,
+                                  before)
             if first and n2 > n:
                 return n2, k + i + 1, True, sink
             if stop < his[i]:
@@ -355,8 +359,8 @@ def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, surv, y_max, prio
 
 
 @njit(cache=True)
-def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, surv, y_max,
-                      prior_scale, h, budget, first):
+def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, before, surv,
+                      y_max, prior_scale, h, budget, first):
     m = qfps.shape[0]
     offsets = np.zeros(m + 1, dtype=np.int64)
     probes = np.zeros(m, dtype=np.int64)
@@ -390,7 +394,7 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, surv,
                 sink ^= fps[lo]
         while True:
             n2, k, ok, sk = _psm_one(fps, ords, directory, t, buf_fps, buf_ords, qfps[q], W[q],
-                                     surv, y_max, prior_scale, h, budget, first, res_ord,
+                                     before[q], surv, y_max, prior_scale, h, budget, first, res_ord,
                                      res_ham, nres, keys, seqs, sets, ph, ck, order, ratio,
                                      hbit, hvs, los, his)
             sink ^= sk
@@ -428,13 +432,15 @@ _DEFAULT_MODEL = VolatilityModel()
 def psm_search_batch(
     table: SimhashTable, fps: npt.ArrayLike, Ws: npt.ArrayLike, h: int = 3,
     budget: int | None = DEFAULT_BUDGET, mode: Mode = "first",
-    model: VolatilityModel | None = None,
+    model: VolatilityModel | None = None, before: npt.ArrayLike | None = None,
 ) -> PsmBatchResult:
     """PSM lookups of many fingerprints (with their weight sums W, shape (m, 64)).
 
     ``budget`` is the number of header probes per query, the exact header included;
     ``None`` means all sets of <= h header bits (exact search). ``mode="first"`` stops at
     the first row within h (PSM_F), ``"all"`` reports every row found (PSM_A).
+    ``before`` (an int, or one per query): only rows with a smaller ordinal count, so that
+    PSM_F does not stop on a later page or on the query page itself when it is replayed.
     """
     q = np.ascontiguousarray(fps, dtype=np.uint64).ravel()
     W = np.asarray(Ws, dtype=np.float64)
@@ -450,21 +456,24 @@ def psm_search_batch(
         budget = sum(math.comb(t, i) for i in range(min(h, t) + 1))
     if budget < 1:
         raise ValueError("budget must be >= 1")
+    bound = np.broadcast_to(
+        np.asarray(_NO_BOUND if before is None else before, dtype=np.int64), q.shape)
     surv, y_max, prior_scale = mdl.kernel_params()
     offsets, ords, hams, probes, _sink = _psm_batch_kernel(
         table.fps, table.ordinals, table.directory, t, table.buffer_fps, table.buffer_ordinals,
-        q, np.ascontiguousarray(W), surv, y_max, prior_scale, h, int(budget), mode == "first")
+        q, np.ascontiguousarray(W), np.ascontiguousarray(bound), surv, y_max, prior_scale, h,
+        int(budget), mode == "first")
     return PsmBatchResult(offsets, ords, hams, probes)
 
 
 def psm_search(
     table: SimhashTable, fp: int, W: npt.ArrayLike, h: int = 3,
     budget: int | None = DEFAULT_BUDGET, mode: Mode = "first",
-    model: VolatilityModel | None = None,
+    model: VolatilityModel | None = None, before: int | None = None,
 ) -> list[tuple[int, int]]:
     """PSM lookup of one fingerprint: [(ordinal, hamming)] sorted by (hamming, ordinal)."""
     w = np.asarray(W, dtype=np.float64).reshape(1, 64)
-    return psm_search_batch(table, [fp], w, h, budget, mode, model).get(0)
+    return psm_search_batch(table, [fp], w, h, budget, mode, model, before).get(0)
 
 
 def brute_force_search(
@@ -489,7 +498,7 @@ def _brute_batch_kernel(fps, ords, qfps, h):
         i = 0
         while True:
             nres, i = scan_range(fps, ords, i, fps.shape[0], qfps[q], h, res_ord, res_ham,
-                                 nres, False)
+                                 nres, False, _NO_BOUND)
             if i >= fps.shape[0]:
                 break
             res_ord = grow(res_ord)

@@ -117,6 +117,36 @@ def test_bphs_equals_brute_force(params, h, g) -> None:
         assert len(first.get(i)) == min(1, len(exact)) and set(first.get(i)) <= set(exact)
 
 
+@settings(max_examples=40, deadline=None)
+@given(params=table_params, h=st.integers(0, 4), mode=st.sampled_from(["first", "all"]),
+       budget=st.one_of(st.none(), st.integers(1, 20)))
+def test_before_bound_filters_ordinals(params, h, mode, budget) -> None:
+    table, fps = make_table(params, buffer_min=16)
+    allf, allo = table.all_arrays()
+    q, W = queries_and_w(params[0], fps, 16)
+    bound = np.random.default_rng(params[0]).integers(0, 7 * len(allf) + 6, len(q))
+    res = psm_search_batch(table, q, W, h=h, budget=budget, mode=mode, before=bound)
+    for i in range(len(q)):
+        exact = [r for r in brute_force_search(allf, allo, int(q[i]), h) if r[0] < bound[i]]
+        got = res.get(i)
+        assert set(got) <= set(exact)
+        if budget is None:
+            assert (got == exact) if mode == "all" else (bool(got) == bool(exact))
+
+
+def test_replayed_page_does_not_stop_first_mode_on_itself() -> None:
+    rng = np.random.default_rng(8)
+    fps = rng.integers(0, 2**64, 1000, dtype=np.uint64)
+    # Page 500 is a near copy of page 100 and sorts just before it (bit 3 clear).
+    fps[500] &= ~np.uint64(1 << 3)
+    fps[100] = fps[500] | np.uint64(1 << 3)
+    table = SimhashTable.from_arrays(fps, np.arange(1000))
+    W = np.ones(64)
+    assert psm_search(table, int(fps[500]), W, budget=None) == [(500, 0)]  # stops on itself
+    assert psm_search(table, int(fps[500]), W, mode="all") == [(500, 0), (100, 1)]
+    assert psm_search(table, int(fps[500]), W, budget=None, before=500) == [(100, 1)]
+
+
 def test_volatility_ordering_finds_the_volatile_flip_first() -> None:
     """One neighbour differing in the header bit with the smallest |W|: found by probe 2."""
     rng = np.random.default_rng(5)
