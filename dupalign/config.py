@@ -64,7 +64,7 @@ class NearConfig:
     idf_freeze_at: tuple[int, ...] = (1000, 10000, 100000)
 
     def validate(self) -> None:
-        _check_range("near.hamming", self.hamming, 0, 8)
+        _check_range("near.hamming", self.hamming, 0, 7)
         _check_range("near.probe_budget", self.probe_budget, 1, 1_000_000)
         _check_choice("near.mode", self.mode, ("all", "first"))
         _check_range("near.min_tokens", self.min_tokens, 1, 1_000_000)

@@ -107,7 +107,7 @@ class NearIndex:
         self.counters.lookups += 1
         psm = psm_search_batch(self.table, [fp], W[None, :], self.cfg.hamming,
                                self.cfg.probe_budget, self.cfg.mode,  # type: ignore[arg-type]
-                               self.model)
+                               self.model, before=ordinal)
         candidates = psm.get(0)
         self.counters.probes += int(psm.probes[0])
         self.counters.candidates += len(candidates)
