@@ -41,7 +41,9 @@ def parse_fraction(key: str, value: Any) -> Fraction:
 
 @dataclass(frozen=True)
 class TextConfig:
-    main_content: bool = False  # boilerplate removal (resiliparse) instead of full text
+    # HTML: main content only (resiliparse boilerplate removal: navigation, headers, footers).
+    # Site chrome repeated on every page would otherwise match as "copied passages" everywhere.
+    main_content: bool = True
     max_page_bytes: int = 16 * 1024 * 1024
     max_tokens: int = 2_000_000
 

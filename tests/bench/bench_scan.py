@@ -8,6 +8,9 @@ truth are all same-path pairs plus every pair either method reports (each checke
 
 Both sides start from the raw HTML bytes: datasketch gets our text extraction and word
 tokens (it has none of its own), then 5-shingles, MinHash(128) and MinHashLSH(0.8).
+Text is the pages' main content (boilerplate removal, `text.main_content = true`) for the
+truth and for every method, since site navigation repeated on every page is not what a
+passage detector should report; `--full-text` uses the whole page text instead.
 
 Run: .venv/bin/python -m tests.bench.bench_scan [--docs DIR] [--limit N]
 """
@@ -22,8 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from dupalign.config import EngineConfig, PassageConfig
+from dupalign.config import EngineConfig, PassageConfig, TextConfig
 from dupalign.engine import Engine
+from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.text import page_text, tokenize
 
@@ -55,14 +59,14 @@ def jaccard(a: set[tuple[str, ...]], b: set[tuple[str, ...]]) -> float:
     return len(a & b) / len(a | b)
 
 
-def run_datasketch(pages: list[Page]) -> tuple[float, set[tuple[str, str]]]:
+def run_datasketch(pages: list[Page], main: bool) -> tuple[float, set[tuple[str, str]]]:
     from datasketch import MinHash, MinHashLSH
 
     lsh = MinHashLSH(threshold=0.8, num_perm=128)
     found: set[tuple[str, str]] = set()
     t0 = time.perf_counter()
     for page in pages:
-        toks = tokenize(page_text(page)).tokens
+        toks = tokenize(page_text(page, main_content=main)).tokens
         mh = MinHash(num_perm=128)
         mh.update_batch([" ".join(s).encode() for s in shingles(toks)])
         for other in lsh.query(mh):
@@ -77,7 +81,11 @@ def run_scan(pages: list[Page], config: EngineConfig, store: Path) -> tuple[floa
     t0 = time.perf_counter()
     with Engine.open(store, config) as engine:
         for page in pages:
-            for m in engine.process(page):
+            try:
+                found = engine.process(page)
+            except PageRejected:
+                continue
+            for m in found:
                 kinds[m.kind] = kinds.get(m.kind, 0) + 1
                 if m.kind in ("exact", "near"):
                     found.add((m.doc_id, m.match_doc_id))
@@ -88,6 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--docs", type=Path, default=Path.home() / ".cache/dupalign-docs")
     ap.add_argument("--limit", type=int, default=None, help="pages per release (default all)")
+    ap.add_argument("--full-text", action="store_true", help="whole page text, not main content")
     args = ap.parse_args()
     if not (args.docs / "llvm-14-doc").is_dir():
         subprocess.run(["bash", str(HERE.parent / "shared/scripts/fetch-debian-docs.sh"),
@@ -96,7 +105,8 @@ def main() -> int:
     pages = old + new
     print(f"corpus: {len(old)} llvm-13 + {len(new)} llvm-14 HTML pages")
 
-    sh = {p.id: shingles(tokenize(page_text(p)).tokens) for p in pages}
+    main = not args.full_text
+    sh = {p.id: shingles(tokenize(page_text(p, main_content=main)).tokens) for p in pages}
     print("truth shingles computed", flush=True)
     old_ids = {p.id for p in old}
 
@@ -106,11 +116,12 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
     try:
         runs = []
-        t_ds, ds_pairs = run_datasketch(pages)
+        t_ds, ds_pairs = run_datasketch(pages, main)
         runs.append(("datasketch MinHashLSH(0.8,128) 5-shingles", t_ds, cross(ds_pairs), {}))
         print(f"datasketch done in {t_ds:.1f} s", flush=True)
-        full = EngineConfig().validate()
-        near_only = EngineConfig(passage=PassageConfig(enabled=False)).validate()
+        text = TextConfig(main_content=main)
+        full = EngineConfig(text=text).validate()
+        near_only = EngineConfig(text=text, passage=PassageConfig(enabled=False)).validate()
         for label, cfg, store in (("dupalign scan (near only)", near_only, tmp / "a"),
                                   ("dupalign scan (near + passages)", full, tmp / "b")):
             t, pairs, kinds = run_scan(pages, cfg, store)
