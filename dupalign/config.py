@@ -93,9 +93,10 @@ class PassageConfig:
     stride: int = 24
     min_len: int = 24  # shortest aligned subsequence reported, in units
     max_candidates: int = 16  # earlier pages aligned per query passage (most collided first)
-    # Inverted lists longer than this hold common units (site navigation, boilerplate, stock
-    # phrases): they do not nominate candidate pages, only complete the windows of pages that
-    # a rarer unit nominated. A passage made only of common units is not reported.
+    # Inverted lists longer than this hold common units (boilerplate, stock phrases): they do
+    # not nominate candidate pages, only complete the windows of pages a rarer unit
+    # nominated. Exact while a passage has fewer long lists than the matches a page needs
+    # (m_min); past that, pages sharing only common units with it are not considered.
     max_list: int = 256
     tf_mode: str = "log"  # weighted mode only
 

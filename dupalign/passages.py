@@ -79,6 +79,7 @@ class PassageCounters:
     candidates_pruned: int = 0
     candidates_scanned: int = 0
     long_lists: int = 0
+    inexact_passages: int = 0  # passages with >= m_min long lists (candidates may be missed)
 
 
 @dataclass
@@ -185,6 +186,12 @@ class PassageIndex:
                 long_keys.append((b, int(keys[b])))
             elif len(found[0]):
                 lists.append(found)
+        n_empty = int(np.count_nonzero(empty))
+        # A page reaching the threshold matches at least m_min bins; while fewer than m_min
+        # lists are long, it must appear in a short one, so the candidates are exact.
+        m_min = -(-(self.need - self.w_empty * n_empty) // self.w_match)
+        if len(long_keys) >= m_min:
+            self.counters.inexact_passages += 1
         if not lists:
             return []  # only common units collide: boilerplate, not a copied passage
         ords = np.concatenate([o for o, _ in lists])
@@ -195,7 +202,6 @@ class PassageIndex:
         pairs = np.unique(ords * len(lists) + list_no)
         pages, n_mat = np.unique(pairs // len(lists), return_counts=True)
         n_mat = n_mat + len(long_keys)
-        n_empty = int(np.count_nonzero(empty))
         reach = self.w_match * n_mat + self.w_empty * n_empty
         ok = reach >= self.need
         self.counters.candidates_pruned += int(np.count_nonzero(~ok))
@@ -302,17 +308,7 @@ class PassageIndex:
             return []
         both = np.frombuffer(raw, dtype="<i4")
         o_starts, o_ends = both[0::2], both[1::2]
-        hits.sort(key=lambda h: (h.t_start, h.q_start))
-        merged: list[_Hit] = []
-        for h in hits:
-            last = merged[-1] if merged else None
-            if (last is not None and h.q_start <= last.q_end and h.q_end >= last.q_start
-                    and h.t_start <= last.t_end):
-                last.q_start, last.q_end = min(last.q_start, h.q_start), max(last.q_end, h.q_end)
-                last.t_end = max(last.t_end, h.t_end)
-                last.est = max(last.est, h.est)
-            else:
-                merged.append(_Hit(h.q_start, h.q_end, h.t_start, h.t_end, h.est))
+        merged = _merge_hits(hits)
         spans = []
         for h in merged:
             qs, qe = self._word_range(h.q_start, h.q_end)
@@ -357,7 +353,39 @@ class PassageIndex:
             "passage_candidates_pruned": c.candidates_pruned,
             "passage_candidates_scanned": c.candidates_scanned,
             "passage_long_lists": c.long_lists,
+            "passage_inexact_passages": c.inexact_passages,
         }
+
+
+def _merge_hits(hits: list[_Hit]) -> list[_Hit]:
+    """Maximal spans: hits whose query ranges and text ranges both overlap or touch are
+    merged, transitively (repeated sweeps until nothing merges; each sweep keeps the spans
+    still open on the text axis and merges a hit into every open one it overlaps)."""
+    spans = [_Hit(h.q_start, h.q_end, h.t_start, h.t_end, h.est) for h in hits]
+    while True:
+        spans.sort(key=lambda h: (h.t_start, h.q_start))
+        merged: list[_Hit] = []
+        open_: list[_Hit] = []
+        for h in spans:
+            open_ = [o for o in open_ if o.t_end >= h.t_start]
+            into = [o for o in open_ if h.q_start <= o.q_end and h.q_end >= o.q_start]
+            if not into:
+                merged.append(h)
+                open_.append(h)
+                continue
+            target = into[0]
+            for o in [h, *into[1:]]:
+                target.q_start = min(target.q_start, o.q_start)
+                target.q_end = max(target.q_end, o.q_end)
+                target.t_start = min(target.t_start, o.t_start)
+                target.t_end = max(target.t_end, o.t_end)
+                target.est = max(target.est, o.est)
+            for o in into[1:]:
+                merged.remove(o)
+                open_.remove(o)
+        if len(merged) == len(spans):
+            return merged
+        spans = merged
 
 
 def _unpack_rects(values: list[bytes]) -> I64:

@@ -82,10 +82,10 @@ def run_scan(pages: list[Page], config: EngineConfig, store: Path) -> tuple[floa
     with Engine.open(store, config) as engine:
         for page in pages:
             try:
-                found = engine.process(page)
+                page_matches = engine.process(page)
             except PageRejected:
                 continue
-            for m in found:
+            for m in page_matches:
                 kinds[m.kind] = kinds.get(m.kind, 0) + 1
                 if m.kind in ("exact", "near"):
                     found.add((m.doc_id, m.match_doc_id))
