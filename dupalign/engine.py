@@ -152,10 +152,10 @@ class Engine:
                                            est_jaccard=est))
             t3 = time.perf_counter()
             times.near = t3 - t2
-            passage_found, passage_state = self.passages.search(hashes, tokens, ordinal)
+            # one message per matched pair: near duplicates are not aligned again as passages
+            passage_found, passage_state = self.passages.search(hashes, tokens, ordinal,
+                                                                frozenset(matched))
             for other, spans in passage_found:
-                if other in matched:
-                    continue  # one message per matched pair: near already covers it
                 best = max(s.est_jaccard for s in spans)
                 matches.append(self._match(page.id, "passage", other, est_jaccard=best,
                                            spans=tuple(spans)))

@@ -150,9 +150,10 @@ class PassageIndex:
 
     # -- the query --------------------------------------------------------------------------
     def search(
-        self, hashes: U64, tokens: Tokens, ordinal: int
+        self, hashes: U64, tokens: Tokens, ordinal: int, exclude: frozenset[int] = frozenset()
     ) -> tuple[list[tuple[int, list[Span]]], PassageState]:
-        """Spans of this page copied from pages before ``ordinal``, per earlier page."""
+        """Spans of this page copied from pages before ``ordinal``, per earlier page; pages
+        in ``exclude`` (already matched as near duplicates) are not aligned."""
         units = self.units(hashes)
         n = len(units)
         if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
@@ -165,7 +166,7 @@ class PassageIndex:
             end = min(n, start + self.cfg.query_len)
             self.counters.passages += 1
             for other, t_start, t_end, est in self._align_passage(units[start:end], ordinal,
-                                                                   cache):
+                                                                   cache, exclude):
                 hits[other].append(_Hit(start, end, t_start, t_end, est))
         out = []
         for other in sorted(hits):
@@ -175,7 +176,8 @@ class PassageIndex:
         return out, state
 
     def _align_passage(
-        self, q_units: U64, before: int, cache: _PageCache
+        self, q_units: U64, before: int, cache: _PageCache,
+        exclude: frozenset[int] = frozenset(),
     ) -> list[tuple[int, int, int, float]]:
         keys, empty = self.sketch(q_units)
         lists: list[tuple[I64, I64]] = []
@@ -204,6 +206,8 @@ class PassageIndex:
         n_mat = n_mat + len(long_keys)
         reach = self.w_match * n_mat + self.w_empty * n_empty
         ok = reach >= self.need
+        if exclude:
+            ok &= ~np.isin(pages, np.fromiter(exclude, dtype=np.int64))
         self.counters.candidates_pruned += int(np.count_nonzero(~ok))
         pages, n_mat = pages[ok], n_mat[ok]
         if len(pages) > self.cfg.max_candidates:
