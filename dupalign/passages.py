@@ -43,6 +43,7 @@ _BIN = struct.Struct(">H")
 _SEQ = struct.Struct(">I")
 _RECT = np.dtype("<i4")
 _SHINGLE_SALT = 0x5348494E
+_MAX_LONG_MEMO = 1 << 20  # long-list keys remembered (≈100 MB at most)
 
 
 @dataclass
@@ -115,6 +116,7 @@ class PassageIndex:
             self.need = monoactive.threshold_count(self.k, (self.p, self.q))
         self.counters = PassageCounters()
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
+        self._long: set[tuple[int, int]] = set()  # (bin, key) lists known to be long
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -266,12 +268,18 @@ class PassageIndex:
         stop phrases), which is then read per candidate page by ``_page_windows``."""
         if (b, key) in cache.lists:
             return cache.lists[(b, key)]
+        if (b, key) in self._long:  # lists only grow: once long, always long
+            cache.lists[(b, key)] = None
+            return None
         ords: list[int] = []
         rects: list[bytes] = []
         hit: tuple[I64, I64] | None = None
         for k_, v in self.store.prefix("oph", _BIN.pack(b) + u64(key)):
             if len(ords) == self.cfg.max_list:
                 self.counters.long_lists += 1
+                if len(self._long) >= _MAX_LONG_MEMO:
+                    self._long.clear()
+                self._long.add((b, key))
                 break
             ords.append(read_u64(k_, 10))
             rects.append(v)
