@@ -249,15 +249,18 @@ class PassageIndex:
             return []
         ranges = scan_rectangles(rect[:, 0], rect[:, 1], rect[:, 2], rect[:, 3], weights,
                                  self.need, self.cfg.min_len)
-        out = []
-        for s, e in ranges:
-            i, j = s, e - 1
-            cover = (rect[:, 0] <= i) & (i <= rect[:, 1]) & (rect[:, 2] <= j) & (j <= rect[:, 3])
-            n_emp = int(np.count_nonzero(cover & is_empty))
-            n_match = int(np.count_nonzero(cover)) - n_emp
-            denom = self.k - n_emp
-            out.append((page, s, e, n_match / denom if denom > 0 else 0.0))
-        return out
+        if not ranges:
+            return []
+        # estimate of each reported subsequence: the windows covering cell (start, end - 1)
+        bounds = np.asarray(ranges, dtype=np.int64)
+        i, j = bounds[:, :1], bounds[:, 1:] - 1
+        cover = ((rect[:, 0] <= i) & (i <= rect[:, 1]) & (rect[:, 2] <= j) & (j <= rect[:, 3]))
+        n_emp = np.count_nonzero(cover & is_empty, axis=1)
+        n_match = np.count_nonzero(cover, axis=1) - n_emp
+        denom = self.k - n_emp
+        est = np.where(denom > 0, n_match / np.maximum(denom, 1), 0.0)
+        return [(page, int(s), int(e), float(x))
+                for (s, e), x in zip(ranges, est.tolist(), strict=True)]
 
     # -- store reads ------------------------------------------------------------------------
     def _list(
