@@ -14,6 +14,7 @@ from typing import IO, Any
 from dupalign.config import EngineConfig
 from dupalign.errors import ConfigError, PageRejected, StoreMismatch
 from worker.inputs import InputError, iter_input
+from worker.progress import Progress
 
 
 def load_engine_config(path: str | None) -> EngineConfig:
@@ -29,21 +30,9 @@ def load_engine_config(path: str | None) -> EngineConfig:
     return EngineConfig.from_dict(section)
 
 
-class Progress:
-    """A throttled progress line on stderr for long runs."""
-
-    def __init__(self, stream: IO[str], every_s: float = 2.0) -> None:
-        self.stream, self.every_s = stream, every_s
-        self.start = self.last = time.monotonic()
-
-    def tick(self, pages: int, matches: int, errors: int, force: bool = False) -> None:
-        now = time.monotonic()
-        if force or now - self.last >= self.every_s:
-            rate = pages / max(now - self.start, 1e-9)
-            self.stream.write(f"\r{pages} pages, {matches} matches, {errors} rejected, "
-                              f"{rate:.0f} pages/s")
-            self.stream.flush()
-            self.last = now
+def _scan_line(progress: Progress, pages: int, matches: int, errors: int) -> str:
+    return (f"{pages} pages, {matches} matches, {errors} rejected, "
+            f"{progress.rate(pages):.0f} pages/s")
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
@@ -52,8 +41,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     config = load_engine_config(args.config)
     out: IO[str] = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
     pages = matches = errors = 0
-    progress = Progress(sys.stderr)
-    show_progress = (not args.quiet and sys.stderr.isatty()) or args.progress
+    progress = Progress(sys.stderr, (not args.quiet and sys.stderr.isatty()) or args.progress)
     with Engine.open(args.store, config) as engine:
         for path in args.inputs:
             for number, item in iter_input(path):
@@ -72,11 +60,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
                 for match in found:
                     out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
                 matches += len(found)
-                if show_progress:
-                    progress.tick(pages, matches, errors)
-    if show_progress:
-        progress.tick(pages, matches, errors, force=True)
-        sys.stderr.write("\n")
+                progress.tick(_scan_line(progress, pages, matches, errors))
+    progress.tick(_scan_line(progress, pages, matches, errors), force=True)
+    progress.done()
     if out is not sys.stdout:
         out.close()
     print(f"scan: {pages} pages, {matches} matches, {errors} rejected or skipped",
@@ -147,12 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_optional(sub: Any, name: str, module: str, add: str, run: str, help_: str) -> None:
     import importlib
 
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:  # TODO(lead): remove once worker.service lands
-        if exc.name != module:
-            raise
-        return
+    mod = importlib.import_module(module)
     p = sub.add_parser(name, help=help_)
     getattr(mod, add)(p)
     p.set_defaults(func=getattr(mod, run))

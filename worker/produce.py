@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import IO
@@ -24,6 +23,7 @@ from dupalign.page import Page
 from worker import messages
 from worker.config import KafkaConfig, load_config
 from worker.inputs import InputError, iter_input
+from worker.progress import Progress
 
 
 @dataclass
@@ -33,20 +33,9 @@ class ProduceStats:
     bytes: int = 0
 
 
-class Progress:
-    def __init__(self, stream: IO[str], enabled: bool, every_s: float = 1.0) -> None:
-        self.stream, self.enabled, self.every_s = stream, enabled, every_s
-        self.start = self.last = time.monotonic()
-
-    def tick(self, stats: ProduceStats, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.enabled and (force or now - self.last >= self.every_s):
-            rate = stats.sent / max(now - self.start, 1e-9)
-            self.stream.write(
-                f"\rproduced {stats.sent} pages ({stats.bytes / 1e6:.1f} MB, {rate:.0f}/s), "
-                f"skipped {stats.skipped}")
-            self.stream.flush()
-            self.last = now
+def _progress_line(stats: ProduceStats, progress: Progress) -> str:
+    return (f"produced {stats.sent} pages ({stats.bytes / 1e6:.1f} MB, "
+            f"{progress.rate(stats.sent):.0f}/s), skipped {stats.skipped}")
 
 
 def new_producer(kafka: KafkaConfig) -> AIOKafkaProducer:
@@ -76,7 +65,7 @@ async def send_pages(
             await asyncio.gather(*pending)
             pending.clear()
         if progress is not None:
-            progress.tick(stats)
+            progress.tick(_progress_line(stats, progress))
 
     if isinstance(pages, AsyncIterator):
         async for page in pages:
@@ -119,9 +108,8 @@ async def produce_files(
     finally:
         await producer.stop()
     if progress is not None:
-        progress.tick(stats, force=True)
-        if progress.enabled:
-            progress.stream.write("\n")
+        progress.tick(_progress_line(stats, progress), force=True)
+        progress.done()
     return stats
 
 
