@@ -34,7 +34,7 @@ from dupalign.hashing import mix64
 from dupalign.interval_scan import scan_rectangles
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_sketch, oph_values
-from dupalign.store import Batch, Store, read_u64, u64
+from dupalign.store import Batch, Store, u64
 from dupalign.text import Tokens
 
 I64 = npt.NDArray[np.int64]
@@ -42,6 +42,8 @@ U64 = npt.NDArray[np.uint64]
 _BIN = struct.Struct(">H")
 _SEQ = struct.Struct(">I")
 _RECT = np.dtype("<i4")
+# key of an inverted-list entry: bin ‖ min-hash ‖ ordinal ‖ window number, big-endian
+_LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq", ">u4")])
 _SHINGLE_SALT = 0x5348494E
 _MAX_LONG_MEMO = 1 << 20  # long-list keys remembered (≈100 MB at most)
 
@@ -274,24 +276,20 @@ class PassageIndex:
         if (b, key) in self._long:  # lists only grow: once long, always long
             cache.lists[(b, key)] = None
             return None
-        ords: list[int] = []
-        rects: list[bytes] = []
-        hit: tuple[I64, I64] | None = None
-        for k_, v in self.store.prefix("oph", _BIN.pack(b) + u64(key)):
-            if len(ords) == self.cfg.max_list:
-                self.counters.long_lists += 1
-                if len(self._long) >= _MAX_LONG_MEMO:
-                    self._long.clear()
-                self._long.add((b, key))
-                break
-            ords.append(read_u64(k_, 10))
-            rects.append(v)
-        else:
-            o = np.asarray(ords, dtype=np.int64)
-            keep = o < before
-            hit = (o[keep], _unpack_rects(rects)[keep])
+        entries = self.store.prefix_items("oph", _BIN.pack(b) + u64(key), self.cfg.max_list + 1)
         self.counters.lists_read += 1
-        self.counters.entries_read += len(ords)
+        self.counters.entries_read += len(entries)
+        hit: tuple[I64, I64] | None = None
+        if len(entries) > self.cfg.max_list:
+            self.counters.long_lists += 1
+            if len(self._long) >= _MAX_LONG_MEMO:
+                self._long.clear()
+            self._long.add((b, key))
+        else:
+            keys = np.frombuffer(b"".join(k for k, _ in entries), dtype=_LIST_KEY)
+            o = keys["ordinal"].astype(np.int64)
+            keep = o < before
+            hit = (o[keep], _unpack_rects([v for _, v in entries])[keep])
         cache.lists[(b, key)] = hit
         return hit
 
@@ -300,7 +298,7 @@ class PassageIndex:
         found = cache.page_lists.get((b, key, page))
         if found is None:
             prefix = _BIN.pack(b) + u64(key) + u64(page)
-            found = _unpack_rects([v for _, v in self.store.prefix("oph", prefix)])
+            found = _unpack_rects([v for _, v in self.store.prefix_items("oph", prefix)])
             cache.page_lists[(b, key, page)] = found
         return found
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 from rocksdict import (
@@ -169,6 +170,18 @@ class Store:
         while it.valid():
             yield it.key(), it.value()
             it.next()
+
+    def prefix_items(
+        self, family: str, prefix: bytes, limit: int | None = None
+    ) -> list[tuple[bytes, bytes]]:
+        """Like ``prefix`` but materialized (at most ``limit`` entries), iterated in Rust."""
+        ropts = ReadOptions()
+        upper = _prefix_upper_bound(prefix)
+        if upper is not None:
+            ropts.set_iterate_upper_bound(upper)
+        items = cast(Iterator[tuple[bytes, bytes]],
+                     self._cfs[family].items(from_key=prefix, read_opt=ropts))
+        return list(items if limit is None else islice(items, limit))
 
     def items(self, family: str) -> Iterator[tuple[bytes, bytes]]:
         it = self._cfs[family].iter(ReadOptions())
