@@ -21,7 +21,7 @@ MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshol
 from __future__ import annotations
 
 import struct
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -46,6 +46,7 @@ _RECT = np.dtype("<i4")
 _LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq", ">u4")])
 _SHINGLE_SALT = 0x5348494E
 _MAX_LONG_MEMO = 1 << 20  # long-list keys remembered (≈100 MB at most)
+_HOT_ENTRIES = 1 << 21  # list entries kept in memory (≈ 80 MB)
 
 
 @dataclass
@@ -82,6 +83,7 @@ class PassageCounters:
     candidates_pruned: int = 0
     candidates_scanned: int = 0
     long_lists: int = 0
+    lists_cached: int = 0
     inexact_passages: int = 0  # passages with >= m_min long lists (candidates may be missed)
 
 
@@ -119,6 +121,9 @@ class PassageIndex:
         self.counters = PassageCounters()
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
         self._long: set[tuple[int, int]] = set()  # (bin, key) lists known to be long
+        # Recently read short lists, kept equal to the store by ``commit`` (LRU by entries).
+        self._hot: OrderedDict[tuple[int, int], tuple[I64, I64]] = OrderedDict()
+        self._hot_entries = 0
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -276,22 +281,42 @@ class PassageIndex:
         if (b, key) in self._long:  # lists only grow: once long, always long
             cache.lists[(b, key)] = None
             return None
+        full = self._hot.get((b, key))
+        if full is not None:
+            self._hot.move_to_end((b, key))
+            self.counters.lists_cached += 1
+        else:
+            full = self._read_list(b, key)
+        hit: tuple[I64, I64] | None = None
+        if full is not None:
+            o, r = full
+            keep = o < before
+            hit = (o, r) if keep.all() else (o[keep], r[keep])
+        cache.lists[(b, key)] = hit
+        return hit
+
+    def _read_list(self, b: int, key: int) -> tuple[I64, I64] | None:
+        """A whole inverted list from the store (None if long), remembered in ``_hot``."""
         entries = self.store.prefix_items("oph", _BIN.pack(b) + u64(key), self.cfg.max_list + 1)
         self.counters.lists_read += 1
         self.counters.entries_read += len(entries)
-        hit: tuple[I64, I64] | None = None
         if len(entries) > self.cfg.max_list:
             self.counters.long_lists += 1
-            if len(self._long) >= _MAX_LONG_MEMO:
-                self._long.clear()
-            self._long.add((b, key))
-        else:
-            keys = np.frombuffer(b"".join(k for k, _ in entries), dtype=_LIST_KEY)
-            o = keys["ordinal"].astype(np.int64)
-            keep = o < before
-            hit = (o[keep], _unpack_rects([v for _, v in entries])[keep])
-        cache.lists[(b, key)] = hit
-        return hit
+            self._mark_long(b, key)
+            return None
+        keys = np.frombuffer(b"".join(k for k, _ in entries), dtype=_LIST_KEY)
+        full = (keys["ordinal"].astype(np.int64), _unpack_rects([v for _, v in entries]))
+        self._hot[(b, key)] = full
+        self._hot_entries += len(entries)
+        while self._hot_entries > _HOT_ENTRIES:
+            _, (old, _) = self._hot.popitem(last=False)
+            self._hot_entries -= len(old)
+        return full
+
+    def _mark_long(self, b: int, key: int) -> None:
+        if len(self._long) >= _MAX_LONG_MEMO:
+            self._long.clear()
+        self._long.add((b, key))
 
     def _page_windows(self, b: int, key: int, page: int, cache: _PageCache) -> I64:
         """One page's windows in a long inverted list: a seek to (bin, key, page)."""
@@ -355,7 +380,25 @@ class PassageIndex:
                 batch.put("oph_empty", prefix_ord + _BIN.pack(b), pairs.tobytes())
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:
-        """Nothing lives in memory: the index is the store."""
+        """After the page's batch is written: append its windows to the remembered lists,
+        so that ``_hot`` stays equal to the store for every list it holds."""
+        if state is None or state.rects is None or not self._hot:
+            return
+        r = state.rects
+        for x in np.flatnonzero(~r.empty).tolist():
+            k = (int(r.bin[x]), int(r.key[x]))
+            full = self._hot.get(k)
+            if full is None:
+                continue
+            o, rect = full
+            row = np.array([[r.i_lo[x], r.i_hi[x], r.j_lo[x], r.j_hi[x]]], dtype=np.int64)
+            if len(o) + 1 > self.cfg.max_list:
+                del self._hot[k]
+                self._hot_entries -= len(o)
+                self._mark_long(*k)
+            else:
+                self._hot[k] = (np.append(o, ordinal), np.concatenate((rect, row)))
+                self._hot_entries += 1
 
     def stats(self) -> dict[str, Any]:
         c = self.counters
@@ -366,6 +409,7 @@ class PassageIndex:
             "passage_candidates_pruned": c.candidates_pruned,
             "passage_candidates_scanned": c.candidates_scanned,
             "passage_long_lists": c.long_lists,
+            "passage_lists_cached": c.lists_cached,
             "passage_inexact_passages": c.inexact_passages,
         }
 

@@ -201,3 +201,20 @@ def test_uncommitted_memory_state_matches_store_after_reopen(tmp_path: Path) -> 
     with Engine.open(tmp_path / "s") as engine:
         assert np.array_equal(np.sort(engine.near.table.all_arrays()[0]), table_before)
         assert engine.next_ordinal == 1
+
+
+def test_in_memory_lists_stay_equal_to_the_store(tmp_path: Path) -> None:
+    """Lists read while processing are kept in memory and extended by later pages; a query
+    on the warm engine must equal the same query on a freshly opened (cold) one."""
+    texts = [rfc_words("rfc2821.txt", 700 * i, 700) for i in range(6)]
+    pages = [page(f"p{i}", edit(texts[i % 3], 0.05, i)) for i in range(6)]
+    probe = " ".join(edit(texts[0], 0.05, 99) + edit(texts[1], 0.05, 98))
+    cfg = EngineConfig(near=NearConfig(enabled=False)).validate()
+    with Engine.open(tmp_path / "s", cfg) as warm:
+        for p in pages:
+            warm.process(p)
+        assert warm.passages.counters.lists_cached > 0
+        hot = [(m.match_doc_id, m.spans) for m in warm.query_text(probe)]
+    with Engine.open(tmp_path / "s", cfg) as cold:
+        assert [(m.match_doc_id, m.spans) for m in cold.query_text(probe)] == hot
+    assert {doc for doc, _ in hot} >= {"p0", "p1", "p3", "p4"}
