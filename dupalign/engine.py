@@ -10,7 +10,6 @@ page yields exactly what it yielded the first time (the matches are stored and r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -18,7 +17,6 @@ from typing import Any
 
 import mmh3
 import msgpack
-import numpy as np
 
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
@@ -28,7 +26,7 @@ from dupalign.near import NearIndex
 from dupalign.page import Page
 from dupalign.passages import PassageIndex
 from dupalign.store import Store, offsets_key, parse_offsets_key, read_u64, u64
-from dupalign.text import Tokens, page_text, tokenize
+from dupalign.text import page_text, tokenize
 
 ENGINE_NAME = "dupalign"
 
@@ -162,7 +160,6 @@ class Engine:
             times.passage = time.perf_counter() - t3
             self.near.stage(batch, ordinal, near_state)
             self.passages.stage(batch, ordinal, passage_state)
-            batch.put("positions", u64(ordinal), _pack_positions(tokens))
         t4 = time.perf_counter()
 
         record = {
@@ -241,23 +238,7 @@ class Engine:
             **self.passages.stats(),
         }
 
-    def iter_docs(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        for key, value in self.store.items("docs"):
-            yield read_u64(key), msgpack.unpackb(value)
-
 
 def _replay_key(page: Page) -> bytes:
     body = page.body.encode("utf-8") if isinstance(page.body, str) else page.body
     return mmh3.hash_bytes(page.id.encode("utf-8") + b"\x00" + body)
-
-
-def _pack_positions(tokens: Tokens) -> bytes:
-    both = np.empty(2 * len(tokens), dtype="<i4")
-    both[0::2] = tokens.starts
-    both[1::2] = tokens.ends
-    return both.tobytes()
-
-
-def unpack_positions(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    both = np.frombuffer(data, dtype="<i4")
-    return both[0::2].astype(np.int64), both[1::2].astype(np.int64)

@@ -73,6 +73,7 @@ class PassageState:
 
     rects: Rects | None
     n_units: int
+    positions: bytes = b""  # the page's token character offsets, for spans that cite it
 
 
 @dataclass
@@ -168,7 +169,7 @@ class PassageIndex:
         if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
             return [], PassageState(None, n)
         rects = self.windows(units)
-        state = PassageState(rects, n)
+        state = PassageState(rects, n, _pack_positions(tokens))
         cache = _PageCache()
         hits: dict[int, list[_Hit]] = defaultdict(list)
         for start in _passage_starts(n, self.cfg.query_len, self.cfg.stride):
@@ -344,8 +345,7 @@ class PassageIndex:
         raw = self.store.get("positions", u64(other))
         if raw is None:
             return []
-        both = np.frombuffer(raw, dtype="<i4")
-        o_starts, o_ends = both[0::2], both[1::2]
+        o_starts, o_ends = _unpack_positions(raw)
         merged = _merge_hits(hits)
         spans = []
         for h in merged:
@@ -366,6 +366,7 @@ class PassageIndex:
             return
         r = state.rects
         prefix_ord = u64(ordinal)
+        batch.put("positions", prefix_ord, state.positions)
         nonempty = np.flatnonzero(~r.empty)
         packed = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1).astype(_RECT)
         for seq, x in enumerate(nonempty.tolist()):
@@ -443,6 +444,18 @@ def _merge_hits(hits: list[_Hit]) -> list[_Hit]:
         if len(merged) == len(spans):
             return merged
         spans = merged
+
+
+def _pack_positions(tokens: Tokens) -> bytes:
+    both = np.empty(2 * len(tokens), dtype="<i4")
+    both[0::2] = tokens.starts
+    both[1::2] = tokens.ends
+    return both.tobytes()
+
+
+def _unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    both = np.frombuffer(data, dtype="<i4")
+    return both[0::2], both[1::2]
 
 
 def _unpack_rects(values: list[bytes]) -> I64:
