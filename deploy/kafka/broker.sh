@@ -161,9 +161,11 @@ start() {
   [[ -f "$dir/server.properties" ]] || write_config "$dir"
   if [[ ! -f "$dir/data/meta.properties" ]]; then
     local cluster_id
+    # base64url of 16 random bytes may begin with '-': pass it as --cluster-id=ID so the
+    # argument parser cannot mistake it for an option (a CI run failed on exactly that).
     cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
     if ! java -Xmx256m -cp "$cp" -Dlog4j2.configurationFile="file:$dir/log4j2.properties" \
-        kafka.tools.StorageTool format --cluster-id "$cluster_id" \
+        kafka.tools.StorageTool format --cluster-id="$cluster_id" \
         --config "$dir/server.properties" --standalone >"$dir/format.log" 2>&1; then
       cat "$dir/format.log" >&2
       die 4 "storage format failed"
