@@ -58,6 +58,7 @@ _GOLDEN = 0x9E3779B97F4A7C15
 
 # mix64 salts, per seed: 16 streams so that streams of different seeds never coincide.
 _S_FEATURE, _S_SAMPLE, _S_R0, _S_R1, _S_C0, _S_C1, _S_BETA, _S_T, _S_PACK = range(9)
+_S_MH_FEATURE, _S_MH_SAMPLE, _S_MH_VALUE = range(9, 12)
 
 
 def _salt(seed: int, stream: int) -> int:
@@ -177,6 +178,38 @@ def icws_sketch(hashes: npt.ArrayLike, weights: npt.ArrayLike, K: int, seed: int
     if not s.hash.any():
         return np.zeros(K, dtype=np.uint64)
     return pack_samples(s, seed)
+
+
+@njit(cache=True)
+def _minhash_kernel(base: U64, sample_keys: U64, salt_c: np.uint64, out: U64) -> None:
+    # samples outer: the running minimum stays in a register while features stream by
+    for k in range(sample_keys.shape[0]):
+        key = sample_keys[k]
+        best = np.uint64(0xFFFFFFFFFFFFFFFF)
+        for i in range(base.shape[0]):
+            v = _mix(base[i] ^ key, salt_c)
+            if v < best:
+                best = v
+        out[k] = best
+
+
+def minhash_sketch(features: npt.ArrayLike, K: int, seed: int = 0) -> U64:
+    """K-min-hash sketch of a set of uint64 features (repeats are ignored): sample k is
+    min over x of mix64(mix64(x) ^ key_k). Two sets agree on sample k with probability
+    equal to their Jaccard similarity, independently over k, so sketches compare under the
+    same ``CwsFilter`` as ICWS sketches (ICWS with all weights 1 is this, in distribution).
+    The empty set gives all zeros. Cost O(n·K) with one mix per (feature, sample).
+    """
+    if not 1 <= K <= 1 << 16:
+        raise ValueError(f"K must be in [1, 65536], got {K}")
+    f = np.asarray(features, dtype=np.uint64).ravel()
+    if f.size == 0:
+        return np.zeros(K, dtype=np.uint64)
+    base = mix64(f, _salt(seed, _S_MH_FEATURE))
+    keys = mix64(np.arange(K, dtype=np.uint64), _salt(seed, _S_MH_SAMPLE))
+    out = np.empty(K, dtype=np.uint64)
+    _minhash_kernel(base, keys, _salt_const(_salt(seed, _S_MH_VALUE)), out)
+    return out
 
 
 def weighted_jaccard(

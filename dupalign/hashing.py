@@ -49,3 +49,24 @@ def to_unit(values: U64) -> npt.NDArray[np.float64]:
     """Map uint64 hash values to floats uniform in the open interval (0, 1)."""
     top53 = (np.asarray(values, dtype=np.uint64) >> np.uint64(11)).astype(np.float64)
     return (top53 + 0.5) / float(1 << 53)
+
+
+def shingle_hashes(hashes: U64, w: int, salt: int = 0) -> U64:
+    """One order-sensitive 64-bit hash per run of ``w`` consecutive token hashes.
+
+    Shingle i covers ``hashes[i:i + w]``: acc = h_i, then acc = mix64(acc) ^ h_{i+j} for
+    j = 1 … w − 1, and a final mix64 with salt + 1. A sequence shorter than ``w`` gives one
+    shingle over all of it (so short pages still have a feature); an empty one gives none.
+    """
+    if w < 1:
+        raise ValueError(f"w must be ≥ 1, got {w}")
+    h = np.asarray(hashes, dtype=np.uint64)
+    n = h.size
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    span = min(w, n)
+    m = n - span + 1
+    acc = h[:m].copy()
+    for j in range(1, span):
+        acc = mix64(acc, salt) ^ h[j : j + m]
+    return mix64(acc, salt + 1)

@@ -21,10 +21,11 @@ from dupalign.cws import (
     binom_cdf,
     icws_samples,
     icws_sketch,
+    minhash_sketch,
     observation_bounds,
     weighted_jaccard,
 )
-from dupalign.hashing import mix64, to_unit, token_hashes
+from dupalign.hashing import mix64, shingle_hashes, to_unit, token_hashes
 from dupalign.idf import IdfBuilder, tf_idf_weights
 from tests.oracles.cws import (
     binom_cdf_twin,
@@ -368,3 +369,74 @@ def test_real_text_estimates_with_tf_idf_weights() -> None:
         *tf_idf_weights(docs["rfc2821"], table), *tf_idf_weights(docs["rfc5321"], table)
     )
     assert j_rewrite > 0.7  # the rewrite is a near duplicate; the estimate tracks it
+
+
+# --- min-hash sketches of shingle sets (near-duplicate verification) -----------------------
+
+
+def _shingle_twin(h: list[int], w: int, salt: int) -> list[int]:
+    def mix(x: int, s: int) -> int:
+        return int(mix64(np.array([x], dtype=np.uint64), s)[0])
+
+    if not h:
+        return []
+    span = min(w, len(h))
+    out = []
+    for i in range(len(h) - span + 1):
+        acc = h[i]
+        for j in range(1, span):
+            acc = mix(acc, salt) ^ h[i + j]
+        out.append(mix(acc, salt + 1))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(u64, max_size=12), st.integers(min_value=1, max_value=5),
+       st.integers(min_value=0, max_value=1000))
+def test_shingle_hashes_match_twin(h: list[int], w: int, salt: int) -> None:
+    got = shingle_hashes(np.array(h, dtype=np.uint64), w, salt)
+    assert got.dtype == np.uint64
+    assert got.tolist() == _shingle_twin(h, w, salt)
+
+
+def test_shingle_hashes_keep_order() -> None:
+    h = token_hashes(["a", "b", "c", "d"])
+    assert shingle_hashes(h, 3)[0] != shingle_hashes(h[[1, 0, 2, 3]], 3)[0]
+    assert shingle_hashes(h, 1).tolist() == mix64(h, 1).tolist()
+    with pytest.raises(ValueError):
+        shingle_hashes(h, 0)
+
+
+def _minhash_twin(features: set[int], K: int, seed: int) -> list[int]:
+    def mix(x: int, s: int) -> int:
+        return int(mix64(np.array([x], dtype=np.uint64), s)[0])
+
+    if not features:
+        return [0] * K
+    out = []
+    for k in range(K):
+        key = mix(k, (seed << 4) | 10)
+        out.append(min(mix(mix(x, (seed << 4) | 9) ^ key, (seed << 4) | 11) for x in features))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(u64, max_size=10), st.integers(min_value=1, max_value=6),
+       st.integers(min_value=0, max_value=1000))
+def test_minhash_sketch_matches_twin(f: list[int], K: int, seed: int) -> None:
+    got = minhash_sketch(np.array(f, dtype=np.uint64), K, seed)
+    assert got.tolist() == _minhash_twin(set(f), K, seed)
+    # a set: order and repeats do not matter
+    assert np.array_equal(got, minhash_sketch(np.array(f[::-1] + f, dtype=np.uint64), K, seed))
+
+
+def test_minhash_sketch_estimates_jaccard() -> None:
+    # |A ∩ B| = 600, |A ∪ B| = 1000: J = 0.6; K = 2048 samples, sd ≈ 0.011
+    a = np.arange(0, 800, dtype=np.uint64)
+    b = np.arange(200, 1000, dtype=np.uint64)
+    sa, sb = minhash_sketch(a, 2048, 3), minhash_sketch(b, 2048, 3)
+    assert abs(float(np.mean(sa == sb)) - 0.6) < 0.05
+    assert np.array_equal(minhash_sketch(a, 64, 3), minhash_sketch(a.copy(), 64, 3))
+    assert not np.array_equal(minhash_sketch(a, 64, 3), minhash_sketch(a, 64, 4))
+    with pytest.raises(ValueError):
+        minhash_sketch(a, 0)
