@@ -131,13 +131,25 @@ def scan_rectangles(
         il, ih, jl, jh, w = il[keep], ih[keep], jl[keep], jh[keep], w[keep]
     if int(w.sum()) < threshold:  # the paper's line 1: no cell can reach the threshold
         return []
-    m = il.shape[0]
-    pos = np.concatenate((il, ih + 1))
-    order = np.argsort(pos)  # order within one position does not matter
-    rect = np.concatenate((np.arange(m), np.arange(m)))[order]
-    sign = np.concatenate((np.ones(m, np.int64), -np.ones(m, np.int64)))[order]
-    s, e = _scan(pos[order], rect, sign, jl, jh, w, int(threshold), int(min_len))
+    s, e = scan_kernel(il, ih, jl, jh, w, int(threshold), int(min_len))
     return list(zip(s.tolist(), e.tolist(), strict=True))
+
+
+@njit(cache=True)
+def scan_kernel(
+    il: I64, ih: I64, jl: I64, jh: I64, w: I64, threshold: int, min_len: int
+) -> tuple[I64, I64]:
+    """``scan_rectangles`` for numba callers: valid rectangles (``il ≤ ih``, ``jl ≤ jh``),
+    positive weights, at least one rectangle. Returns (starts, ends), half-open."""
+    m = il.shape[0]
+    pos = np.empty(2 * m, dtype=np.int64)
+    rect = np.empty(2 * m, dtype=np.int64)
+    sign = np.empty(2 * m, dtype=np.int64)
+    for x in range(m):
+        pos[x], rect[x], sign[x] = il[x], x, 1
+        pos[m + x], rect[m + x], sign[m + x] = ih[x] + 1, x, -1
+    order = np.argsort(pos)  # order within one position does not matter
+    return _scan(pos[order], rect[order], sign[order], jl, jh, w, threshold, min_len)
 
 
 def collisions(windows: OPHWindows, query_mins: U64, query_empty: Bools) -> Bools:

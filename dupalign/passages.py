@@ -22,18 +22,17 @@ from __future__ import annotations
 
 import struct
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from dupalign import monoactive
+from dupalign import monoactive, passage_align
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
-from dupalign.interval_scan import scan_rectangles
 from dupalign.match import Span
-from dupalign.oph import compact_windows, oph_sketch, oph_values
+from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
 from dupalign.store import Batch, Store, u64
 from dupalign.text import Tokens
 
@@ -47,6 +46,7 @@ _LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq"
 _SHINGLE_SALT = 0x5348494E
 _MAX_LONG_MEMO = 1 << 20  # long-list keys remembered (≈100 MB at most)
 _HOT_ENTRIES = 1 << 21  # list entries kept in memory (≈ 80 MB)
+_NO_RECTS = np.empty((0, 4), dtype=np.int64)
 
 
 @dataclass
@@ -88,6 +88,29 @@ class PassageCounters:
     inexact_passages: int = 0  # passages with >= m_min long lists (candidates may be missed)
 
 
+class _HotList:
+    """An inverted list kept in memory, appended to in place (capacity doubles): slices
+    handed out earlier stay valid, since appends only write past them."""
+
+    __slots__ = ("n", "ords", "rects")
+
+    def __init__(self, ords: I64, rects: I64) -> None:
+        self.ords, self.rects, self.n = ords, rects, len(ords)
+
+    def append(self, ordinal: int, rects: I64) -> None:
+        end = self.n + len(rects)
+        if end > len(self.ords):
+            cap = max(end, 2 * len(self.ords), 4)
+            ords = np.empty(cap, dtype=np.int64)
+            ords[: self.n] = self.ords[: self.n]
+            grown = np.empty((cap, 4), dtype=np.int64)
+            grown[: self.n] = self.rects[: self.n]
+            self.ords, self.rects = ords, grown
+        self.ords[self.n : end] = ordinal
+        self.rects[self.n : end] = rects
+        self.n = end
+
+
 @dataclass
 class _Hit:
     q_start: int
@@ -95,15 +118,6 @@ class _Hit:
     t_start: int
     t_end: int
     est: float
-
-
-@dataclass
-class _PageCache:
-    """Per-query-page caches: passages overlap, so lists and empty windows repeat."""
-
-    lists: dict[tuple[int, int], tuple[I64, I64] | None] = field(default_factory=dict)
-    page_lists: dict[tuple[int, int, int], I64] = field(default_factory=dict)
-    empties: dict[tuple[int, int], npt.NDArray[np.int32]] = field(default_factory=dict)
 
 
 class PassageIndex:
@@ -123,7 +137,7 @@ class PassageIndex:
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
         self._long: set[tuple[int, int]] = set()  # (bin, key) lists known to be long
         # Recently read short lists, kept equal to the store by ``commit`` (LRU by entries).
-        self._hot: OrderedDict[tuple[int, int], tuple[I64, I64]] = OrderedDict()
+        self._hot: OrderedDict[tuple[int, int], _HotList] = OrderedDict()
         self._hot_entries = 0
 
     # -- units: the tokens the alignment sees ------------------------------------------------
@@ -170,14 +184,13 @@ class PassageIndex:
             return [], PassageState(None, n)
         rects = self.windows(units)
         state = PassageState(rects, n, _pack_positions(tokens))
-        cache = _PageCache()
+        starts = np.asarray(_passage_starts(n, self.cfg.query_len, self.cfg.stride),
+                            dtype=np.int64)
+        ends = np.minimum(n, starts + self.cfg.query_len)
         hits: dict[int, list[_Hit]] = defaultdict(list)
-        for start in _passage_starts(n, self.cfg.query_len, self.cfg.stride):
-            end = min(n, start + self.cfg.query_len)
-            self.counters.passages += 1
-            for other, t_start, t_end, est in self._align_passage(units[start:end], ordinal,
-                                                                   cache, exclude):
-                hits[other].append(_Hit(start, end, t_start, t_end, est))
+        for p, other, t_start, t_end, est in self.align_passages(units, starts, ends, ordinal,
+                                                                 exclude):
+            hits[other].append(_Hit(int(starts[p]), int(ends[p]), t_start, t_end, est))
         out = []
         for other in sorted(hits):
             spans = self._spans(other, hits[other], tokens)
@@ -185,116 +198,88 @@ class PassageIndex:
                 out.append((other, spans))
         return out, state
 
-    def _align_passage(
-        self, q_units: U64, before: int, cache: _PageCache,
+    def align_passages(
+        self, units: U64, starts: I64, ends: I64, before: int,
         exclude: frozenset[int] = frozenset(),
-    ) -> list[tuple[int, int, int, float]]:
-        keys, empty = self.sketch(q_units)
-        lists: list[tuple[I64, I64]] = []
-        long_keys: list[tuple[int, int]] = []
-        for b in np.flatnonzero(~empty).tolist():
-            found = self._list(b, int(keys[b]), before, cache)
+    ) -> list[tuple[int, int, int, int, float]]:
+        """Align the passages ``units[starts[p]:ends[p]]`` against the pages before
+        ``before``: ``(passage, page, start, end, estimate)`` for every longest range
+        ``[start, end)`` of the page's units whose estimate is ≥ θ (dupalign.passage_align
+        has the steps)."""
+        self.counters.passages += len(starts)
+        keys, empty = self._sketches(units, starts, ends)
+        n_p, k = keys.shape
+        # the distinct inverted lists named by the sketches, in key order
+        rows, bins = np.nonzero(~empty)
+        named = np.empty(len(rows), dtype=[("bin", "<i8"), ("key", "<u8")])
+        named["bin"], named["key"] = bins, keys[rows, bins]
+        lists, inverse = np.unique(named, return_inverse=True)
+        lid = np.full((n_p, k), -1, dtype=np.int64)
+        lid[rows, bins] = inverse.ravel()
+        is_long = np.zeros(len(lists), dtype=np.bool_)
+        lengths = np.zeros(len(lists), dtype=np.int64)
+        part_o: list[I64] = []
+        part_r: list[I64] = []
+        for x, (b, key) in enumerate(lists.tolist()):
+            found = self._full_list(b, key)
             if found is None:
-                long_keys.append((b, int(keys[b])))
-            elif len(found[0]):
-                lists.append(found)
-        n_empty = int(np.count_nonzero(empty))
-        # A page reaching the threshold matches at least m_min bins; while fewer than m_min
-        # lists are long, it must appear in a short one, so the candidates are exact.
-        m_min = -(-(self.need - self.w_empty * n_empty) // self.w_match)
-        if len(long_keys) >= m_min:
-            self.counters.inexact_passages += 1
-        if not lists:
-            return []  # only common units collide: boilerplate, not a copied passage
-        ords = np.concatenate([o for o, _ in lists])
-        rects = np.concatenate([r for _, r in lists])
-        # distinct collided bins per earlier page: a page may hold several windows of one
-        # (bin, key) list, so count (page, list) pairs once; long lists may add one each
-        list_no = np.repeat(np.arange(len(lists)), [len(o) for o, _ in lists])
-        pairs = np.unique(ords * len(lists) + list_no)
-        pages, n_mat = np.unique(pairs // len(lists), return_counts=True)
-        n_mat = n_mat + len(long_keys)
-        reach = self.w_match * n_mat + self.w_empty * n_empty
-        ok = reach >= self.need
-        if exclude:
-            ok &= ~np.isin(pages, np.fromiter(exclude, dtype=np.int64))
-        self.counters.candidates_pruned += int(np.count_nonzero(~ok))
-        pages, n_mat = pages[ok], n_mat[ok]
-        if len(pages) > self.cfg.max_candidates:
-            top = np.argsort(-n_mat, kind="stable")[: self.cfg.max_candidates]
-            pages = np.sort(pages[top])
-        if not len(pages):
+                is_long[x] = True
+            else:
+                part_o.append(found[0])
+                part_r.append(found[1])
+                lengths[x] = len(found[0])
+        off = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+        ords = np.concatenate(part_o) if part_o else np.empty(0, dtype=np.int64)
+        rects = np.concatenate(part_r) if part_r else np.empty((0, 4), dtype=np.int64)
+        n_before = passage_align.entries_before(off, ords, before)
+        excl = np.array(sorted(exclude), dtype=np.int64)
+        t_p, t_o, _, pruned, inexact = passage_align.select_candidates(
+            lid, is_long, n_before, off, ords, empty, excl, self.w_match, self.w_empty,
+            self.need, self.cfg.max_candidates)
+        self.counters.inexact_passages += inexact
+        if len(t_p):
+            viable = passage_align.viable_tasks(t_p, t_o, lid, is_long, n_before, off, ords,
+                                                rects, empty, self.w_match, self.w_empty,
+                                                self.need)
+            pruned += int(np.count_nonzero(~viable))
+            t_p, t_o = t_p[viable], t_o[viable]
+        self.counters.candidates_pruned += pruned
+        self.counters.candidates_scanned += len(t_p)
+        if not len(t_p):
             return []
-        order = np.argsort(ords, kind="stable")
-        ords, rects = ords[order], rects[order]
-        lo = np.searchsorted(ords, pages, side="left")
-        hi = np.searchsorted(ords, pages, side="right")
-        empty_bins = np.flatnonzero(empty).tolist()
-        results = []
-        for page, a, b in zip(pages.tolist(), lo.tolist(), hi.tolist(), strict=True):
-            self.counters.candidates_scanned += 1
-            matched = rects[a:b]
-            if long_keys:
-                extra = [self._page_windows(lb, lk, page, cache) for lb, lk in long_keys]
-                matched = np.concatenate([matched, *extra])
-            results.extend(self._scan_page(page, matched, empty_bins, cache))
-        return results
+        long_keys, long_off, long_rects = self._long_windows(t_p, t_o, lid, is_long, lists)
+        empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
+        h_t, h_s, h_e, h_x = passage_align.scan_tasks(
+            t_p, t_o, lid, is_long, n_before, off, ords, rects, empty, long_keys, long_off,
+            long_rects, empty_keys, empty_off, empty_lr, self.w_match, self.w_empty,
+            self.need, self.cfg.min_len, self.k)
+        return list(zip(t_p[h_t].tolist(), t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
+                        h_x.tolist(), strict=True))
 
-    def _scan_page(
-        self, page: int, matched: I64, empty_bins: list[int], cache: _PageCache
-    ) -> list[tuple[int, int, int, float]]:
-        """Align against one earlier page: its matched non-empty windows (rectangles) plus
-        its empty windows in the passage's empty bins."""
-        rect = matched
-        is_empty = np.zeros(len(rect), dtype=np.bool_)
-        if self.w_empty and empty_bins:
-            emp = self._empty_windows(page, empty_bins, cache)
-            if len(emp):
-                rect = np.concatenate((rect, emp[:, [0, 1, 0, 1]]))
-                is_empty = np.concatenate((is_empty, np.ones(len(emp), dtype=np.bool_)))
-        weights = np.where(is_empty, self.w_empty, self.w_match).astype(np.int64)
-        if int(weights.sum()) < self.need:
-            return []
-        ranges = scan_rectangles(rect[:, 0], rect[:, 1], rect[:, 2], rect[:, 3], weights,
-                                 self.need, self.cfg.min_len)
-        if not ranges:
-            return []
-        # estimate of each reported subsequence: the windows covering cell (start, end - 1)
-        bounds = np.asarray(ranges, dtype=np.int64)
-        i, j = bounds[:, :1], bounds[:, 1:] - 1
-        cover = ((rect[:, 0] <= i) & (i <= rect[:, 1]) & (rect[:, 2] <= j) & (j <= rect[:, 3]))
-        n_emp = np.count_nonzero(cover & is_empty, axis=1)
-        n_match = np.count_nonzero(cover, axis=1) - n_emp
-        denom = self.k - n_emp
-        est = np.where(denom > 0, n_match / np.maximum(denom, 1), 0.0)
-        return [(page, int(s), int(e), float(x))
-                for (s, e), x in zip(ranges, est.tolist(), strict=True)]
+    def _sketches(self, units: U64, starts: I64, ends: I64) -> tuple[U64, npt.NDArray[np.bool_]]:
+        """The sketch of every passage: ``(mins[P, k], empty[P, k])``."""
+        if self.cfg.mode == "oph":
+            hvals = oph_values(units)
+            return passage_align.passage_sketches(hvals, oph_bins(hvals, self.k), starts, ends,
+                                                  self.k)
+        keys = np.stack([self.sketch(units[s:e])[0] for s, e in
+                         zip(starts.tolist(), ends.tolist(), strict=True)])
+        return keys, np.zeros(keys.shape, dtype=np.bool_)
 
     # -- store reads ------------------------------------------------------------------------
-    def _list(
-        self, b: int, key: int, before: int, cache: _PageCache
-    ) -> tuple[I64, I64] | None:
-        """The inverted list (bin, key): ordinals and rectangles of pages < ``before``, or
-        None when it is longer than ``max_list`` (a common unit: navigation, boilerplate,
-        stop phrases), which is then read per candidate page by ``_page_windows``."""
-        if (b, key) in cache.lists:
-            return cache.lists[(b, key)]
+    def _full_list(self, b: int, key: int) -> tuple[I64, I64] | None:
+        """The inverted list (bin, key): ordinals (ascending) and rectangles, or None when
+        it is longer than ``max_list`` (a common unit: navigation, boilerplate, stop
+        phrases), whose windows are then read per candidate page (``_long_windows``)."""
         if (b, key) in self._long:  # lists only grow: once long, always long
-            cache.lists[(b, key)] = None
             return None
-        full = self._hot.get((b, key))
-        if full is not None:
+        hot = self._hot.get((b, key))
+        if hot is not None:
             self._hot.move_to_end((b, key))
             self.counters.lists_cached += 1
-        else:
-            full = self._read_list(b, key)
-        hit: tuple[I64, I64] | None = None
-        if full is not None:
-            o, r = full
-            keep = o < before
-            hit = (o, r) if keep.all() else (o[keep], r[keep])
-        cache.lists[(b, key)] = hit
-        return hit
+            return hot.ords[: hot.n], hot.rects[: hot.n]
+        return self._read_list(b, key)
 
     def _read_list(self, b: int, key: int) -> tuple[I64, I64] | None:
         """A whole inverted list from the store (None if long), remembered in ``_hot``."""
@@ -307,11 +292,11 @@ class PassageIndex:
             return None
         keys = np.frombuffer(b"".join(k for k, _ in entries), dtype=_LIST_KEY)
         full = (keys["ordinal"].astype(np.int64), _unpack_rects([v for _, v in entries]))
-        self._hot[(b, key)] = full
+        self._hot[(b, key)] = _HotList(*full)
         self._hot_entries += len(entries)
         while self._hot_entries > _HOT_ENTRIES:
-            _, (old, _) = self._hot.popitem(last=False)
-            self._hot_entries -= len(old)
+            _, old = self._hot.popitem(last=False)
+            self._hot_entries -= old.n
         return full
 
     def _mark_long(self, b: int, key: int) -> None:
@@ -319,25 +304,45 @@ class PassageIndex:
             self._long.clear()
         self._long.add((b, key))
 
-    def _page_windows(self, b: int, key: int, page: int, cache: _PageCache) -> I64:
-        """One page's windows in a long inverted list: a seek to (bin, key, page)."""
-        found = cache.page_lists.get((b, key, page))
-        if found is None:
-            prefix = _BIN.pack(b) + u64(key) + u64(page)
-            found = _unpack_rects([v for _, v in self.store.prefix_items("oph", prefix)])
-            cache.page_lists[(b, key, page)] = found
-        return found
+    def _long_windows(
+        self, t_p: I64, t_o: I64, lid: I64, is_long: npt.NDArray[np.bool_], lists: Any
+    ) -> tuple[I64, I64, I64]:
+        """The candidates' windows in their passages' long lists, as a CSR array keyed by
+        ``list << 40 | page``: one seek to (bin, key, page) each."""
+        if not is_long.any():
+            return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), _NO_RECTS
+        task, b = np.nonzero((lid[t_p] >= 0) & is_long[lid[t_p]])
+        want = np.unique((lid[t_p[task], b] << passage_align.LONG_KEY_SHIFT) | t_o[task])
+        parts = []
+        for x in want.tolist():
+            lb, lk = lists[x >> passage_align.LONG_KEY_SHIFT].tolist()
+            page = x & ((1 << passage_align.LONG_KEY_SHIFT) - 1)
+            prefix = _BIN.pack(lb) + u64(lk) + u64(page)
+            parts.append(_unpack_rects([v for _, v in self.store.prefix_items("oph", prefix)]))
+        return _csr(want, parts, _NO_RECTS)
 
-    def _empty_windows(self, page: int, bins: list[int], cache: _PageCache) -> I64:
-        """The page's empty windows in ``bins`` as (l, r) rows (one multi-get for the misses)."""
-        missing = [b for b in bins if (page, b) not in cache.empties]
-        if missing:
-            raws = self.store.multi_get("oph_empty", [u64(page) + _BIN.pack(b) for b in missing])
-            for b, raw in zip(missing, raws, strict=True):
-                cache.empties[(page, b)] = (np.frombuffer(raw, dtype=_RECT) if raw
-                                            else np.empty(0, dtype=_RECT))
-        parts = [cache.empties[(page, b)] for b in bins]
-        return np.concatenate(parts).reshape(-1, 2).astype(np.int64)
+    def _empty_windows(
+        self, t_p: I64, t_o: I64, empty: npt.NDArray[np.bool_]
+    ) -> tuple[I64, I64, I64]:
+        """The candidates' empty windows in their passages' empty bins, as a CSR array keyed
+        by ``page << 16 | bin`` with (l, r) rows: one multi-get for the whole page."""
+        none = np.empty((0, 2), dtype=np.int64)
+        if not self.w_empty:
+            return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), none
+        task, b = np.nonzero(empty[t_p])
+        want = np.unique((t_o[task] << passage_align.EMPTY_KEY_SHIFT) | b)
+        ids = np.empty(len(want), dtype=[("ordinal", ">u8"), ("bin", ">u2")])
+        ids["ordinal"] = want >> passage_align.EMPTY_KEY_SHIFT
+        ids["bin"] = want & ((1 << passage_align.EMPTY_KEY_SHIFT) - 1)
+        raw = ids.tobytes()
+        size = ids.dtype.itemsize
+        found = self.store.multi_get(
+            "oph_empty", [raw[x : x + size] for x in range(0, len(raw), size)])
+        values = [v or b"" for v in found]
+        off = np.zeros(len(values) + 1, dtype=np.int64)
+        np.cumsum([len(v) // (2 * _RECT.itemsize) for v in values], out=off[1:])
+        rows = np.frombuffer(b"".join(values), dtype=_RECT).reshape(-1, 2).astype(np.int64)
+        return want, off, rows
 
     # -- spans ------------------------------------------------------------------------------
     def _spans(self, other: int, hits: list[_Hit], tokens: Tokens) -> list[Span]:
@@ -368,10 +373,14 @@ class PassageIndex:
         prefix_ord = u64(ordinal)
         batch.put("positions", prefix_ord, state.positions)
         nonempty = np.flatnonzero(~r.empty)
-        packed = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1).astype(_RECT)
-        for seq, x in enumerate(nonempty.tolist()):
-            key = _BIN.pack(int(r.bin[x])) + u64(int(r.key[x])) + prefix_ord + _SEQ.pack(seq)
-            batch.put("oph", key, packed[x].tobytes())
+        keys = np.empty(len(nonempty), dtype=_LIST_KEY)
+        keys["bin"], keys["key"] = r.bin[nonempty], r.key[nonempty]
+        keys["ordinal"], keys["seq"] = ordinal, np.arange(len(nonempty))
+        packed = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[nonempty].astype(_RECT)
+        ks, vs = keys.tobytes(), packed.tobytes()
+        kw, vw = _LIST_KEY.itemsize, packed.itemsize * 4
+        for x in range(len(nonempty)):
+            batch.put("oph", ks[x * kw : (x + 1) * kw], vs[x * vw : (x + 1) * vw])
         emp = np.flatnonzero(r.empty)
         if len(emp):
             bins = r.bin[emp]
@@ -386,20 +395,22 @@ class PassageIndex:
         if state is None or state.rects is None or not self._hot:
             return
         r = state.rects
-        for x in np.flatnonzero(~r.empty).tolist():
-            k = (int(r.bin[x]), int(r.key[x]))
-            full = self._hot.get(k)
-            if full is None:
-                continue
-            o, rect = full
-            row = np.array([[r.i_lo[x], r.i_hi[x], r.j_lo[x], r.j_hi[x]]], dtype=np.int64)
-            if len(o) + 1 > self.cfg.max_list:
+        added: dict[tuple[int, int], list[int]] = defaultdict(list)
+        nonempty = np.flatnonzero(~r.empty)
+        for x, b, key in zip(nonempty.tolist(), r.bin[nonempty].tolist(),
+                             r.key[nonempty].tolist(), strict=True):
+            if (b, key) in self._hot:
+                added[(b, key)].append(x)
+        rect = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)
+        for k, xs in added.items():
+            hot = self._hot[k]
+            if hot.n + len(xs) > self.cfg.max_list:
                 del self._hot[k]
-                self._hot_entries -= len(o)
+                self._hot_entries -= hot.n
                 self._mark_long(*k)
             else:
-                self._hot[k] = (np.append(o, ordinal), np.concatenate((rect, row)))
-                self._hot_entries += 1
+                hot.append(ordinal, rect[xs])
+                self._hot_entries += len(xs)
 
     def stats(self) -> dict[str, Any]:
         c = self.counters
@@ -472,3 +483,10 @@ def _passage_starts(n: int, length: int, stride: int) -> list[int]:
     if starts[-1] != n - length:
         starts.append(n - length)
     return starts
+
+
+def _csr(keys: I64, parts: list[I64], none: I64) -> tuple[I64, I64, I64]:
+    """Rows of ``parts[x]`` under ``keys[x]`` as (keys, offsets, rows)."""
+    off = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum([len(x) for x in parts], out=off[1:])
+    return keys, off, np.concatenate(parts) if parts else none

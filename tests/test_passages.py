@@ -29,7 +29,7 @@ from dupalign.interval_scan import align
 from dupalign.match import Match
 from dupalign.oph import OPHWindows, compact_windows, oph_counts, oph_sketch, oph_values
 from dupalign.page import Page
-from dupalign.passages import PassageIndex, _PageCache, _passage_starts
+from dupalign.passages import PassageIndex, _passage_starts
 from dupalign.text import Tokens, tokenize
 from tests import corpora
 
@@ -101,7 +101,7 @@ def _word_positions(idx: PassageIndex, start: int, end: int) -> set[int]:
 def check_store_against_pairwise(
     store_dir: Path, cfg: EngineConfig, texts: list[str], query: str
 ) -> tuple[int, int]:
-    """Index ``texts``, then check every passage of ``query`` (via ``_align_passage``) and the
+    """Index ``texts``, then check every passage of ``query`` (via ``align_passages``) and the
     merged spans of ``Engine.process(query)`` against pairwise alignment. Returns (number of
     reported ranges, candidates pruned)."""
     with Engine.open(store_dir, cfg) as eng:
@@ -120,16 +120,18 @@ def check_store_against_pairwise(
         if len(q_units) == 0:
             return 0, 0
         before = eng.next_ordinal
-        cache = _PageCache()
         expected_q: dict[int, set[int]] = defaultdict(set)
         expected_t: dict[int, set[int]] = defaultdict(set)
+        starts = np.array(_passage_starts(len(q_units), cfg.passage.query_len,
+                                          cfg.passage.stride), dtype=np.int64)
+        ends = np.minimum(len(q_units), starts + cfg.passage.query_len)
+        found = idx.align_passages(q_units, starts, ends, before)
+        assert len(found) == len(set(found))
         n_ranges = 0
-        for start in _passage_starts(len(q_units), cfg.passage.query_len, cfg.passage.stride):
-            end = min(len(q_units), start + cfg.passage.query_len)
+        for p, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
             passage = q_units[start:end]
-            got = idx._align_passage(passage, before, cache)
+            got = [(o, s, e, est) for pp, o, s, e, est in found if pp == p]
             assert {(o, s, e) for o, s, e, _ in got} == ref.align(passage)
-            assert len(got) == len(set(got))
             for o, s, e, est in got:
                 assert est == pytest.approx(ref.estimate(passage, o, s, e))
                 assert est >= float(cfg.passage.theta_fraction) - 1e-12
@@ -348,3 +350,23 @@ def test_rfc_chains(tmp_path: Path) -> None:
     assert http <= 0.3, http
     assert smtp_copied >= 0.95, smtp_copied
     assert http_copied >= 0.8, http_copied
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 30), min_size=1, max_size=60), st.integers(1, 12),
+       st.data())
+def test_passage_sketches_equal_oph_sketch_per_slice(words: list[int], k: int,
+                                                     data: st.DataObject) -> None:
+    from dupalign.oph import oph_bins
+    from dupalign.passage_align import passage_sketches
+
+    hvals = oph_values(token_hashes([f"w{x}" for x in words], 1))
+    n = len(words)
+    starts = np.array(data.draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=6)),
+                      dtype=np.int64)
+    ends = np.array([data.draw(st.integers(s + 1, n)) for s in starts.tolist()], dtype=np.int64)
+    mins, empty = passage_sketches(hvals, oph_bins(hvals, k), starts, ends, k)
+    for p, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        want_mins, want_empty = oph_sketch(hvals[s:e], k)
+        assert (empty[p] == want_empty).all()
+        assert (mins[p] == want_mins).all()

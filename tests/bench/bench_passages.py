@@ -33,13 +33,14 @@ import argparse
 import cProfile
 import io
 import pstats
+import resource
 import shutil
 import statistics
 import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -275,27 +276,46 @@ class Remapper:
         return {w: self.vocab[perm[r]] for w, r in self.rank.items()}
 
 
-def page_stream(n: int, rng: np.random.Generator, use_docs: bool) -> tuple[list[str], int]:
-    """``n`` page texts and the number of real (not remapped) chunks among them."""
+BLOCK = 500  # pages per remap block
+RESERVOIR = 2000  # earlier pages kept as sources of planted copies
+
+
+def page_stream(n: int, rng: np.random.Generator, use_docs: bool) -> Iterator[str]:
+    """``n`` page texts whose duplication rate does not drift with the store size.
+
+    Blocks of ``BLOCK`` pages, each drawing real chunks at random (without replacement in
+    the block): the first block as they are, every later one through a fresh frequency-band
+    remap (so a block is new text with real word statistics, and the natural copies inside
+    the corpus, such as llvm-13 vs llvm-14 pages, recur at the same rate in every block).
+    10% of the pages carry a planted copy of a passage of a uniformly random earlier page
+    (reservoir sampling), with 5-15% word edits.
+    """
     chunks = real_chunks(rng, use_docs)
+    print(f"{len(chunks)} real chunks of 300-1000 words available; blocks of {BLOCK} pages, "
+          "the first real text, the rest frequency-band remaps; 10% carry a planted copy")
     remap = Remapper(chunks)
-    pages: list[list[str]] = []
+    reservoir: list[list[str]] = []
     mapping: dict[str, str] | None = None
+    block: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
     for x in range(n):
-        c = x % len(chunks)
-        if c == 0 and x:
-            mapping = remap.mapping(rng)
-        words = chunks[c] if mapping is None else [mapping[w] for w in chunks[c]]
+        if x % BLOCK == 0:
+            if x:
+                mapping = remap.mapping(rng)
+            block = rng.choice(len(chunks), size=min(BLOCK, len(chunks)), replace=False)
+        c = chunks[int(block[(x % BLOCK) % len(block)])]
+        words = c if mapping is None else [mapping[w] for w in c]
         if x > 10 and rng.random() < 0.1:  # planted copy of an earlier page's passage
-            src = pages[int(rng.integers(0, x))]
+            src = reservoir[int(rng.integers(0, len(reservoir)))]
             ln = int(rng.integers(100, 201))
             s = int(rng.integers(0, max(1, len(src) - ln)))
             copy = edit(src[s : s + ln], remap.vocab[:5000], float(rng.uniform(0.05, 0.15)), rng)
             at = int(rng.integers(0, len(words) + 1))
             words = words[:at] + copy + words[at:]
-        pages.append(words)
-    print(f"{len(chunks)} real chunks of 300-1000 words available")
-    return [" ".join(p) for p in pages], min(n, len(chunks))
+        if len(reservoir) < RESERVOIR:
+            reservoir.append(words)
+        elif (r := int(rng.integers(0, x + 1))) < RESERVOIR:
+            reservoir[r] = words
+        yield " ".join(words)
 
 
 def family_bytes(eng: Engine, family: str) -> int:
@@ -307,15 +327,13 @@ def family_bytes(eng: Engine, family: str) -> int:
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None
           ) -> None:
     rng = np.random.default_rng(5)
-    t0 = time.perf_counter()
-    texts, n_real = page_stream(checkpoints[-1], rng, use_docs)
+    texts = page_stream(checkpoints[-1], rng, use_docs)
     print(f"## Cost vs store size (near disabled; default passage config: "
-          f"{PassageConfig()})")
-    print(f"{len(texts)} pages built in {time.perf_counter() - t0:.1f}s; the first {n_real} are "
-          "real text chunks, the rest frequency-band remaps; 10% carry a planted copy")
+          f"{PassageConfig()}); ms/page and the counters are over the pages since the "
+          "previous checkpoint")
     print(f"{'pages':>7} {'ms/page':>8} {'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} "
           f"{'cand/pass':>9} {'pruned/pass':>11} {'match/pg':>8} {'B/token':>8} "
-          f"{'oph B/tok':>9} {'store MB':>8}")
+          f"{'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
     cfg = EngineConfig(near=NearConfig(enabled=False))
     d = tempfile.mkdtemp(dir=store_root)
     tokens = 0
@@ -331,9 +349,10 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                     prof.enable()
                 t = time.perf_counter()
                 for x in range(done, cp):
-                    found = eng.process(Page(id=f"p{x}", body=texts[x]))
+                    text = next(texts)
+                    found = eng.process(Page(id=f"p{x}", body=text))
                     matches += len(found)
-                    tokens += texts[x].count(" ") + 1  # words joined by single spaces
+                    tokens += text.count(" ") + 1  # words joined by single spaces
                 dt = time.perf_counter() - t
                 if prof is not None and last_batch:
                     prof.disable()
@@ -349,7 +368,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                       f"{(c1['candidates_scanned'] - c0['candidates_scanned']) / dp:>9.2f} "
                       f"{(c1['candidates_pruned'] - c0['candidates_pruned']) / dp:>11.2f} "
                       f"{matches / n:>8.2f} {size / tokens:>8.1f} {oph / tokens:>9.1f} "
-                      f"{size / 2**20:>8.1f}", flush=True)
+                      f"{size / 2**20:>8.1f} "
+                      f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:>7.0f}",
+                      flush=True)
                 done = cp
             fams = {f: family_bytes(eng, f) for f in ("oph", "oph_empty", "positions", "docs")}
             print("bytes per token by family after flush: " + ", ".join(

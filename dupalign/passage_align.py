@@ -1,0 +1,363 @@
+"""Batched passage alignment: all query passages of one page in three numba calls.
+
+The streaming query (dupalign.passages) aligns every passage of a new page against the
+earlier pages whose windows collide with the passage's sketch. Done one passage at a time
+in Python, the per-passage overhead (about a millisecond) dominated the cost; here the
+page's passages go through the pipeline together:
+
+1. ``passage_sketches``: the OPH sketch of every passage (P × k min-hashes);
+2. the caller gathers the distinct inverted lists named by those sketches into one CSR
+   array (entries sorted by ordinal within each list, as the store keeps them);
+3. ``select_candidates``: per passage, the earlier pages that collide in enough distinct
+   bins to reach the threshold if every empty bin also collided, capped at
+   ``max_candidates`` (most collided bins first);
+4. the caller reads the empty windows (and long-list windows) of those pages only;
+5. ``scan_tasks``: per (passage, candidate page), the rectangles of its matched windows and
+   collided empty windows, the interval scan, and the estimate of every reported range.
+
+Integer weights as in dupalign.interval_scan: a matched non-empty window weighs
+``w_match``, a jointly empty bin ``w_empty``, and a subsequence is similar when the weights
+covering it reach ``need``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from dupalign.interval_scan import scan_kernel
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+Bools = npt.NDArray[np.bool_]
+
+LONG_KEY_SHIFT = 40  # long-window keys: list id << 40 | ordinal (ordinals stay below 2^40)
+EMPTY_KEY_SHIFT = 16  # empty-window keys: ordinal << 16 | bin (k ≤ 2^16)
+
+
+@njit(cache=True)
+def passage_sketches(hvals: U64, bins: I64, starts: I64, ends: I64, k: int) -> tuple[U64, Bools]:
+    """OPH sketch of every passage ``[starts[p], ends[p])``: ``(mins[P, k], empty[P, k])``,
+    each row equal to ``oph.oph_sketch`` of the slice (``mins`` is 0 in empty bins)."""
+    n_p = starts.shape[0]
+    mins = np.zeros((n_p, k), dtype=np.uint64)
+    empty = np.ones((n_p, k), dtype=np.bool_)
+    for p in range(n_p):
+        for x in range(starts[p], ends[p]):
+            b = bins[x]
+            if empty[p, b] or hvals[x] < mins[p, b]:
+                mins[p, b] = hvals[x]
+                empty[p, b] = False
+    return mins, empty
+
+
+@njit(cache=True)
+def entries_before(off: I64, ords: I64, before: int) -> I64:
+    """Per list, the number of its entries (sorted by ordinal) whose page is < ``before``."""
+    n_l = off.shape[0] - 1
+    out = np.empty(n_l, dtype=np.int64)
+    for x in range(n_l):
+        out[x] = np.searchsorted(ords[off[x]:off[x + 1]], before)
+    return out
+
+
+@njit(cache=True)
+def _is_in(sorted_values: I64, v: int) -> bool:
+    i = np.searchsorted(sorted_values, v)
+    return i < sorted_values.shape[0] and sorted_values[i] == v
+
+
+@njit(cache=True)
+def select_candidates(
+    lid: I64, is_long: Bools, n_before: I64, off: I64, ords: I64, q_empty: Bools,
+    exclude: I64, w_match: int, w_empty: int, need: int, max_candidates: int,
+) -> tuple[I64, I64, I64, int, int]:  # fmt: skip
+    """Candidate pages of every passage.
+
+    ``lid[p, b]`` is the list of passage p's min-hash in bin b (-1 where the bin is empty);
+    ``exclude`` is sorted. A page's collided bins are the distinct short lists holding one
+    of its windows, plus every long list (not read per page here: counted as possible).
+    Passages without any non-empty short list get no candidates (only common units
+    collide: boilerplate, not a copied passage).
+
+    Returns ``(task_passage, task_page, task_collided, pruned, inexact)``: the tasks sorted
+    by passage, then page; ``pruned`` counts pages dropped because they cannot reach the
+    threshold (or are excluded); ``inexact`` the passages with so many long lists that a
+    page reaching the threshold might appear in long lists only.
+    """
+    n_p, k = lid.shape
+    buf = np.empty(max(1, ords.shape[0]), dtype=np.int64)
+    t_p = np.empty(16, dtype=np.int64)
+    t_o = np.empty(16, dtype=np.int64)
+    t_c = np.empty(16, dtype=np.int64)
+    n_t = 0
+    pruned = 0
+    inexact = 0
+    for p in range(n_p):
+        n_empty = 0
+        n_long = 0
+        n_buf = 0
+        for b in range(k):
+            x = lid[p, b]
+            if x < 0:
+                if q_empty[p, b]:
+                    n_empty += 1
+                continue
+            if is_long[x]:
+                n_long += 1
+                continue
+            prev = -1
+            for e in range(off[x], off[x] + n_before[x]):
+                if ords[e] != prev:  # one count per (page, list)
+                    prev = ords[e]
+                    buf[n_buf] = prev
+                    n_buf += 1
+        # a page reaching the threshold collides in >= m_min bins; while fewer lists are
+        # long, it appears in a short one and the candidates are exact
+        m_min = -(-(need - w_empty * n_empty) // w_match)
+        if n_long >= m_min:
+            inexact += 1
+        if n_buf == 0:
+            continue
+        pages = np.sort(buf[:n_buf])
+        # distinct pages and their collided-bin counts
+        u_page = np.empty(n_buf, dtype=np.int64)
+        u_cnt = np.empty(n_buf, dtype=np.int64)
+        n_u = 0
+        for y in range(n_buf):
+            if n_u and u_page[n_u - 1] == pages[y]:
+                u_cnt[n_u - 1] += 1
+            else:
+                u_page[n_u] = pages[y]
+                u_cnt[n_u] = 1
+                n_u += 1
+        keep = np.empty(n_u, dtype=np.int64)
+        n_keep = 0
+        for y in range(n_u):
+            n_mat = u_cnt[y] + n_long
+            if (w_match * n_mat + w_empty * n_empty >= need
+                    and not (exclude.shape[0] and _is_in(exclude, u_page[y]))):
+                keep[n_keep] = y
+                n_keep += 1
+            else:
+                pruned += 1
+        keep = keep[:n_keep]
+        if n_keep > max_candidates:
+            # most collided bins first; ties keep the smaller ordinal (stable sort)
+            order = np.argsort(-u_cnt[keep], kind="mergesort")[:max_candidates]
+            keep = np.sort(keep[order])
+        if n_t + keep.shape[0] > t_p.shape[0]:
+            size = 2 * (n_t + keep.shape[0])
+            t_p = _grow(t_p, size)
+            t_o = _grow(t_o, size)
+            t_c = _grow(t_c, size)
+        for c in range(keep.shape[0]):
+            t_p[n_t] = p
+            t_o[n_t] = u_page[keep[c]]
+            t_c[n_t] = u_cnt[keep[c]] + n_long
+            n_t += 1
+    return t_p[:n_t].copy(), t_o[:n_t].copy(), t_c[:n_t].copy(), pruned, inexact
+
+
+@njit(cache=True)
+def _grow(a: I64, size: int) -> I64:
+    out = np.empty(size, dtype=np.int64)
+    out[: a.shape[0]] = a
+    return out
+
+
+@njit(cache=True)
+def _csr_range(keys: I64, off: I64, key: int) -> tuple[int, int]:
+    """Rows ``[a, b)`` of ``key`` in a CSR array with sorted distinct ``keys`` (empty if absent)."""
+    i = np.searchsorted(keys, key)
+    if i < keys.shape[0] and keys[i] == key:
+        return off[i], off[i + 1]
+    return 0, 0
+
+
+@njit(cache=True)
+def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) -> int:
+    """Append a rectangle (rows of ``buf``: i_lo, i_hi, j_lo, j_hi, weight) unless it covers
+    no subsequence; returns the new count."""
+    if i_lo > i_hi or j_lo > j_hi:
+        return m
+    buf[m, 0], buf[m, 1], buf[m, 2], buf[m, 3], buf[m, 4] = i_lo, i_hi, j_lo, j_hi, w
+    return m + 1
+
+
+@njit(cache=True)
+def _gather(
+    buf: I64, p: int, o: int, lid: I64, is_long: Bools, n_before: I64, off: I64, ords: I64,
+    rects: I64, q_empty: Bools, long_keys: I64, long_off: I64, long_rects: I64,
+    empty_keys: I64, empty_off: I64, empty_lr: I64, w_match: int, w_empty: int,
+) -> int:  # fmt: skip
+    """Rectangles of page ``o`` against passage ``p`` into ``buf``; returns their count.
+
+    Its windows in the passage's short lists (rows of ``rects``, ordinals in ``ords``), in
+    its long lists (CSR keyed by ``list << 40 | page``) and, when ``w_empty``, its empty
+    windows in the passage's empty bins (CSR keyed by ``page << 16 | bin``, rows (l, r)
+    covering i, j ∈ [l, r]). Empty windows get weight ``-w_empty``: the sign marks them.
+    Each row of the inputs is used at most once, so ``buf`` needs no more rows than they
+    hold together.
+    """
+    m = 0
+    for b in range(lid.shape[1]):
+        x = lid[p, b]
+        if x >= 0:
+            if is_long[x]:
+                a, z = _csr_range(long_keys, long_off, (x << LONG_KEY_SHIFT) | o)
+                for r in range(a, z):
+                    m = _push(buf, m, long_rects[r, 0], long_rects[r, 1], long_rects[r, 2],
+                              long_rects[r, 3], w_match)
+            else:
+                seg = ords[off[x]:off[x] + n_before[x]]
+                for r in range(off[x] + np.searchsorted(seg, o),
+                               off[x] + np.searchsorted(seg, o, side="right")):
+                    m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3],
+                              w_match)
+        elif w_empty and q_empty[p, b]:
+            a, z = _csr_range(empty_keys, empty_off, (o << EMPTY_KEY_SHIFT) | b)
+            for r in range(a, z):
+                lo, hi = empty_lr[r, 0], empty_lr[r, 1]
+                m = _push(buf, m, lo, hi, lo, hi, -w_empty)
+    return m
+
+
+@njit(cache=True)
+def _empty_bins(q_empty: Bools) -> I64:
+    n_p, k = q_empty.shape
+    out = np.zeros(n_p, dtype=np.int64)
+    for p in range(n_p):
+        for b in range(k):
+            if q_empty[p, b]:
+                out[p] += 1
+    return out
+
+
+@njit(cache=True)
+def _reachable(buf: I64, m: int, lo_col: int, m_min: int, size: int) -> I64:
+    """Prefix counts of the positions covered by ≥ ``m_min`` matched (weight > 0) intervals
+    ``[buf[:, lo_col], buf[:, lo_col + 1]]``."""
+    cov = np.zeros(size + 1, dtype=np.int64)
+    for r in range(m):
+        if buf[r, 4] > 0:
+            cov[buf[r, lo_col]] += 1
+            cov[buf[r, lo_col + 1] + 1] -= 1
+    out = np.zeros(size + 1, dtype=np.int64)
+    run = 0
+    for x in range(size):
+        run += cov[x]
+        out[x + 1] = out[x] + (1 if run >= m_min else 0)
+    return out
+
+
+@njit(cache=True)
+def _drop_unreachable(buf: I64, m: int, m_min: int) -> int:
+    """Keep (compacted to the front) only the rectangles that can be part of a similar cell.
+
+    A similar cell is covered by at least ``m_min`` matched windows (the rest of the
+    threshold is all the empty and long windows could add), and then so are its start i
+    and its end j in the projections on each axis. A rectangle whose start interval, or
+    end interval, holds no such position covers no similar cell: dropping it changes no
+    result (a necessary condition only; the scan decides). Returns the new count.
+    """
+    size = 0
+    for r in range(m):
+        size = max(size, buf[r, 1] + 2, buf[r, 3] + 2)
+    ok_i = _reachable(buf, m, 0, m_min, size)
+    ok_j = _reachable(buf, m, 2, m_min, size)
+    kept = 0
+    for r in range(m):
+        # prefix counts: any reachable position in [lo, hi]
+        if (ok_i[buf[r, 1] + 1] > ok_i[buf[r, 0]] and ok_j[buf[r, 3] + 1] > ok_j[buf[r, 2]]):
+            buf[kept] = buf[r]
+            kept += 1
+    return kept
+
+
+@njit(cache=True)
+def viable_tasks(
+    task_p: I64, task_o: I64, lid: I64, is_long: Bools, n_before: I64, off: I64, ords: I64,
+    rects: I64, q_empty: Bools, w_match: int, w_empty: int, need: int,
+) -> Bools:  # fmt: skip
+    """Which tasks may still hold a similar cell, judged from their short-list windows
+    alone (before their empty and long-list windows are read): some start position and
+    some end position must each be covered by enough matched windows that the empty bins
+    and long lists could make up the rest."""
+    n_empty = _empty_bins(q_empty)
+    none = np.empty(0, dtype=np.int64)
+    none2 = np.empty((0, 4), dtype=np.int64)
+    buf = np.empty((max(1, ords.shape[0]), 5), dtype=np.int64)
+    out = np.zeros(task_p.shape[0], dtype=np.bool_)
+    for t in range(task_p.shape[0]):
+        p = task_p[t]
+        n_long = 0
+        for b in range(lid.shape[1]):
+            if lid[p, b] >= 0 and is_long[lid[p, b]]:
+                n_long += 1
+        rest = need - w_empty * n_empty[p] - w_match * n_long
+        if rest <= 0:
+            out[t] = True  # nothing to judge by
+            continue
+        m = _gather(buf, p, task_o[t], lid, is_long, n_before, off, ords, rects, q_empty,
+                    none, none, none2, none, none, none2, w_match, 0)
+        out[t] = _drop_unreachable(buf, m, -(-rest // w_match)) > 0
+    return out
+
+
+@njit(cache=True)
+def scan_tasks(
+    task_p: I64, task_o: I64, lid: I64, is_long: Bools, n_before: I64, off: I64, ords: I64,
+    rects: I64, q_empty: Bools, long_keys: I64, long_off: I64, long_rects: I64,
+    empty_keys: I64, empty_off: I64, empty_lr: I64,
+    w_match: int, w_empty: int, need: int, min_len: int, k: int,
+) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:  # fmt: skip
+    """Interval scan of every (passage, candidate page) task over the rectangles that
+    ``_gather`` collects.
+
+    Returns ``(hit_task, start, end, estimate)``: every longest near-duplicate range of the
+    page (half-open units) per task, with ``N_mat / (k − N_emp)`` at the range's cell.
+    """
+    n_empty = _empty_bins(q_empty)
+    rows = ords.shape[0] + long_rects.shape[0] + empty_lr.shape[0]
+    buf = np.empty((max(1, rows), 5), dtype=np.int64)
+    h_t = np.empty(16, dtype=np.int64)
+    h_s = np.empty(16, dtype=np.int64)
+    h_e = np.empty(16, dtype=np.int64)
+    h_x = np.empty(16, dtype=np.float64)
+    n_h = 0
+    for t in range(task_p.shape[0]):
+        p = task_p[t]
+        m = _gather(buf, p, task_o[t], lid, is_long, n_before, off, ords, rects, q_empty,
+                    long_keys, long_off, long_rects, empty_keys, empty_off, empty_lr,
+                    w_match, w_empty)
+        rest = need - w_empty * n_empty[p]
+        m = _drop_unreachable(buf, m, max(1, -(-rest // w_match)))
+        w = np.abs(buf[:m, 4])
+        if m == 0 or w.sum() < need:
+            continue
+        s_out, e_out = scan_kernel(buf[:m, 0].copy(), buf[:m, 1].copy(), buf[:m, 2].copy(),
+                                   buf[:m, 3].copy(), w, need, min_len)
+        for y in range(s_out.shape[0]):
+            i = s_out[y]
+            j = e_out[y] - 1
+            n_emp = 0
+            n_all = 0
+            for r in range(m):
+                if buf[r, 0] <= i <= buf[r, 1] and buf[r, 2] <= j <= buf[r, 3]:
+                    n_all += 1
+                    if buf[r, 4] < 0:
+                        n_emp += 1
+            denom = k - n_emp
+            if n_h == h_t.shape[0]:
+                h_t, h_s, h_e = _grow(h_t, 2 * n_h), _grow(h_s, 2 * n_h), _grow(h_e, 2 * n_h)
+                h_x2 = np.empty(2 * n_h, dtype=np.float64)
+                h_x2[:n_h] = h_x
+                h_x = h_x2
+            h_t[n_h] = t
+            h_s[n_h] = s_out[y]
+            h_e[n_h] = e_out[y]
+            h_x[n_h] = (n_all - n_emp) / denom if denom > 0 else 0.0
+            n_h += 1
+    return h_t[:n_h].copy(), h_s[:n_h].copy(), h_e[:n_h].copy(), h_x[:n_h].copy()
