@@ -146,20 +146,55 @@ def normalize_token(token: str) -> str:
     return unicodedata.normalize("NFKC", token).casefold()
 
 
+# \w for the ASCII range as a lookup table; other code points are classified once per
+# distinct character by the regex itself, so the result is exactly ``\w+``.
+_ASCII_WORD = np.array([bool(_WORD.fullmatch(chr(c))) for c in range(128)], dtype=np.bool_)
+
+
+def _word_runs(scanned: str) -> tuple[list[str], npt.NDArray[np.bool_]]:
+    """The ``\\w+`` runs of ``scanned`` and the per-character word mask.
+
+    Non-word characters are overwritten with spaces in a numpy copy of the code points and
+    the result is split on whitespace (never a word character), all at C speed.
+    """
+    if scanned.isascii():
+        codes = np.frombuffer(scanned.encode("ascii"), dtype=np.uint8)
+        mask = _ASCII_WORD[codes]
+        return np.where(mask, codes, np.uint8(32)).tobytes().decode("ascii").split(), mask
+    cps = np.frombuffer(scanned.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    mask = np.zeros(cps.size, dtype=np.bool_)
+    low = cps < 128
+    mask[low] = _ASCII_WORD[cps[low]]
+    high = np.flatnonzero(~low)
+    if high.size:
+        uniq, inv = np.unique(cps[high], return_inverse=True)
+        is_word = np.array([_WORD.fullmatch(chr(c)) is not None for c in uniq.tolist()],
+                           dtype=np.bool_)
+        mask[high] = is_word[inv.ravel()]
+    spaced = np.where(mask, cps, np.uint32(32)).tobytes().decode("utf-32-le")
+    return spaced.split(), mask
+
+
 def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     """Word tokens (Unicode ``\\w+``), normalized, with their character offsets in ``text``."""
     # Lower-casing keeps offsets when it keeps the length (always for ASCII), so one pass
     # serves tokens and offsets; only non-ASCII tokens then need NFKC and case folding.
     scanned = text.lower()
-    if len(scanned) != len(text):
+    lowered = len(scanned) == len(text)
+    if not lowered:
         scanned = text
-    spans: list[int] = []
-    tokens: list[str] = []
-    for m in _WORD.finditer(scanned):
-        tok = m.group()
-        tokens.append(tok if tok.isascii() else normalize_token(tok))
-        spans.extend(m.span())
+    tokens, mask = _word_runs(scanned)
     if max_tokens is not None and len(tokens) > max_tokens:
         raise PageRejected("too_many_tokens", f"{len(tokens)} tokens, limit is {max_tokens}")
-    offsets = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
-    return Tokens(text=text, tokens=tokens, starts=offsets[:, 0].copy(), ends=offsets[:, 1].copy())
+    if not lowered:  # e.g. "İ" lower-cases to two characters: ASCII tokens need it too
+        tokens = [normalize_token(t) for t in tokens]
+    elif not scanned.isascii():
+        tokens = [t if t.isascii() else normalize_token(t) for t in tokens]
+    # Offsets: the edges of the runs of word characters (what finditer would report),
+    # found with numpy instead of one Match object per token.
+    edges = np.diff(mask.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts = np.flatnonzero(edges == 1).astype(np.int64)
+    ends = np.flatnonzero(edges == -1).astype(np.int64)
+    if starts.size != len(tokens):  # cannot happen while \\w is a per-character class
+        raise AssertionError("word runs and regex tokens disagree")
+    return Tokens(text=text, tokens=tokens, starts=starts, ends=ends)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
+import mmh3
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dupalign.errors import PageRejected
+from dupalign.hashing import token_hashes
 from dupalign.page import Page
 from dupalign.text import decode_body, html_to_text, normalize_token, page_text, tokenize
 
@@ -85,3 +90,38 @@ def test_page_limits_and_types() -> None:
     with pytest.raises(PageRejected) as err:
         tokenize("a b c d", max_tokens=3)
     assert err.value.reason == "too_many_tokens"
+
+
+def _tokenize_twin(text: str) -> tuple[list[str], list[tuple[int, int]]]:
+    """The obvious tokenizer: one regex match at a time (the implementation before numpy)."""
+    scanned = text.lower()
+    if len(scanned) != len(text):
+        scanned = text
+    toks, spans = [], []
+    for m in re.finditer(r"\w+", scanned):
+        toks.append(normalize_token(m.group()))
+        spans.append(m.span())
+    return toks, spans
+
+
+_letters = st.sampled_from(list("aZ9_ -.,\n\tÉéßİıǅﬁ²Ⅻ　中文字\u0301\ud800😀ΣσςÅ"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=40), st.lists(_letters, max_size=40).map("".join)))
+def test_tokenize_matches_regex_twin(text: str) -> None:
+    toks = tokenize(text)
+    exp_toks, exp_spans = _tokenize_twin(text)
+    assert toks.tokens == exp_toks
+    assert list(zip(toks.starts.tolist(), toks.ends.tolist(), strict=True)) == exp_spans
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=6), st.sampled_from(["a", "the", "é", ""])),
+                max_size=30), st.integers(min_value=0, max_value=2**40))
+def test_token_hashes_hash_each_token(tokens: list[str], seed: int) -> None:
+    seed32 = seed & 0xFFFFFFFF
+    expected = [mmh3.hash64(t, seed32, signed=False)[0] for t in tokens]
+    assert token_hashes(tokens, seed).tolist() == expected
+    assert token_hashes(iter(tokens), seed).tolist() == expected
+    assert token_hashes(tokens, seed).dtype == np.uint64
