@@ -89,26 +89,35 @@ class PassageCounters:
 
 
 class _HotList:
-    """An inverted list kept in memory, appended to in place (capacity doubles): slices
-    handed out earlier stay valid, since appends only write past them."""
+    """An inverted list kept in memory. Appends are queued as rows and written into the
+    arrays (capacity doubles) when the list is next read, since most lists are not read
+    again soon; slices handed out earlier stay valid, as writes only go past them."""
 
-    __slots__ = ("n", "ords", "rects")
+    __slots__ = ("n", "ords", "pending", "rects")
 
     def __init__(self, ords: I64, rects: I64) -> None:
         self.ords, self.rects, self.n = ords, rects, len(ords)
+        self.pending: list[tuple[int, int, int, int, int]] = []
 
-    def append(self, ordinal: int, rects: I64) -> None:
-        end = self.n + len(rects)
-        if end > len(self.ords):
-            cap = max(end, 2 * len(self.ords), 4)
-            ords = np.empty(cap, dtype=np.int64)
-            ords[: self.n] = self.ords[: self.n]
-            grown = np.empty((cap, 4), dtype=np.int64)
-            grown[: self.n] = self.rects[: self.n]
-            self.ords, self.rects = ords, grown
-        self.ords[self.n : end] = ordinal
-        self.rects[self.n : end] = rects
-        self.n = end
+    def __len__(self) -> int:
+        return self.n + len(self.pending)
+
+    def arrays(self) -> tuple[I64, I64]:
+        if self.pending:
+            rows = np.array(self.pending, dtype=np.int64)
+            self.pending = []
+            end = self.n + len(rows)
+            if end > len(self.ords):
+                cap = max(end, 2 * len(self.ords))
+                ords = np.empty(cap, dtype=np.int64)
+                ords[: self.n] = self.ords[: self.n]
+                grown = np.empty((cap, 4), dtype=np.int64)
+                grown[: self.n] = self.rects[: self.n]
+                self.ords, self.rects = ords, grown
+            self.ords[self.n : end] = rows[:, 0]
+            self.rects[self.n : end] = rows[:, 1:]
+            self.n = end
+        return self.ords[: self.n], self.rects[: self.n]
 
 
 @dataclass
@@ -278,7 +287,7 @@ class PassageIndex:
         if hot is not None:
             self._hot.move_to_end((b, key))
             self.counters.lists_cached += 1
-            return hot.ords[: hot.n], hot.rects[: hot.n]
+            return hot.arrays()
         return self._read_list(b, key)
 
     def _read_list(self, b: int, key: int) -> tuple[I64, I64] | None:
@@ -296,7 +305,7 @@ class PassageIndex:
         self._hot_entries += len(entries)
         while self._hot_entries > _HOT_ENTRIES:
             _, old = self._hot.popitem(last=False)
-            self._hot_entries -= old.n
+            self._hot_entries -= len(old)
         return full
 
     def _mark_long(self, b: int, key: int) -> None:
@@ -395,22 +404,21 @@ class PassageIndex:
         if state is None or state.rects is None or not self._hot:
             return
         r = state.rects
-        added: dict[tuple[int, int], list[int]] = defaultdict(list)
         nonempty = np.flatnonzero(~r.empty)
-        for x, b, key in zip(nonempty.tolist(), r.bin[nonempty].tolist(),
-                             r.key[nonempty].tolist(), strict=True):
-            if (b, key) in self._hot:
-                added[(b, key)].append(x)
-        rect = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)
-        for k, xs in added.items():
-            hot = self._hot[k]
-            if hot.n + len(xs) > self.cfg.max_list:
-                del self._hot[k]
-                self._hot_entries -= hot.n
-                self._mark_long(*k)
+        rows = np.stack((np.full(len(r), ordinal), r.i_lo, r.i_hi, r.j_lo, r.j_hi),
+                        axis=1)[nonempty].tolist()
+        for b, key, row in zip(r.bin[nonempty].tolist(), r.key[nonempty].tolist(), rows,
+                               strict=True):
+            hot = self._hot.get((b, key))
+            if hot is None:
+                continue
+            if len(hot) + 1 > self.cfg.max_list:
+                del self._hot[(b, key)]
+                self._hot_entries -= len(hot)
+                self._mark_long(b, key)
             else:
-                hot.append(ordinal, rect[xs])
-                self._hot_entries += len(xs)
+                hot.pending.append(row)
+                self._hot_entries += 1
 
     def stats(self) -> dict[str, Any]:
         c = self.counters
