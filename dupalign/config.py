@@ -60,7 +60,7 @@ class NearConfig:
     mode: str = "all"  # PSM_A ("all") or PSM_F ("first")
     min_tokens: int = 10  # shorter pages get exact matching only
     cws_samples: int = 128
-    cws_threshold: float = 0.8  # weighted Jaccard a near duplicate must reach
+    cws_threshold: float = 0.8  # word 3-shingle Jaccard a near duplicate must reach
     cws_error: float = 1e-3  # e: probability budget of each early-termination bound
     tf_mode: str = "log"
     idf_freeze_at: tuple[int, ...] = (1000, 10000, 100000)
@@ -134,7 +134,7 @@ class EngineConfig:
     def frozen_params(self) -> dict[str, Any]:
         """What the store's contents depend on; recorded in ``meta`` and checked at open."""
         return {
-            "format": 1,
+            "format": 2,  # 2: near verification sketches are 3-shingle min-hashes (1: ICWS)
             "seed": self.seed,
             "main_content": self.text.main_content,
             "tf_mode": self.near.tf_mode,
