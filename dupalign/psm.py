@@ -26,10 +26,13 @@ RAM. ``fingerprint_nbytes`` = sorted fingerprints + directory + buffer; ordinals
 separate int64 array (``ordinal_nbytes``): they are arbitrary store ordinals, and after
 sorting by fingerprint they cannot be implicit positions. ``nbytes`` is the sum.
 
-Speed (batch kernel, one core): ranking the header bits is a branch-free counting rank;
-the VOSH frontier is an insertion-ordered list for budgets <= 64 (a heap above); probes
-are issued in rounds whose directory entries and first rows are loaded in tight loops so
-that their cache misses overlap; the first probe of the next queries is prefetched.
+Speed (batch kernel, one core): the header bits of 64 queries at a time are ranked by a
+counting rank vectorized across queries; the VOSH frontier (shared with
+:func:`dupalign.vosh.vosh_order_kernel`, so the oracle tests cover it) is a branch-light
+insertion-ordered list for budgets <= 64; queries are software-pipelined in three stages
+(probes + directory prefetch, bucket prefetch, scan) so that a probe's two dependent cache
+misses overlap with other queries' work; PSM_F prepares 4 probes ahead and computes more
+only for a query that needs them. Each query's result equals a lookup on its own.
 
 Append buffer. New rows go to an unsorted buffer that every query scans exactly; it is
 merged into the sorted array (linear merge, then directory rebuild) when it holds
@@ -46,22 +49,19 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from dupalign.vosh import (
-    LINEAR_MAX_BUDGET,
     MAX_H,
+    SENTINEL,
     VolatilityModel,
     bit_volatility,
-    heap_pop,
-    heap_push,
-    list_pop,
-    packed_children,
-    packed_elem,
-    packed_key,
-    packed_root,
-    packed_size,
+    packed_mask,
     rms_of,
+    vosh_enumerate,
 )
 
 U64 = npt.NDArray[np.uint64]
@@ -71,7 +71,6 @@ F64 = npt.NDArray[np.float64]
 Mode = Literal["first", "all"]
 DEFAULT_BUDGET = 64
 _NO_BOUND = np.iinfo(np.int64).max
-_PREFETCH = 8  # lookahead (queries) of the software prefetch in the batch kernel
 
 
 class SimhashTable:
@@ -245,122 +244,108 @@ def scan_range(fps, ords, lo, hi, x, h, out_o, out_h, n, first, before):
     return n, hi
 
 
-@njit(cache=True)
-def _psm_one(fps, ords, directory, t, buf_fps, buf_ords, x, w, before, surv, y_max,
-             prior_scale, h, budget, first, out_o, out_h, n, keys, seqs, sets, ph, ck, order,
-             ratio, hbit, hvs, los, his):
-    """One PSM lookup; returns (n, probes, ok, sink); ok is False when out_* overflowed.
+def _prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
+    """Software prefetch of ``arr[idx]`` into all cache levels (LLVM ``llvm.prefetch``).
 
-    ``sink`` only keeps the prefetching loads alive.
+    A plain load would stall retirement once the reorder buffer fills; a prefetch lets the
+    miss proceed while the core keeps working on other queries.
     """
-    nb = buf_fps.shape[0]
-    # The buffer is small and unsorted: scan it exactly.
-    n2, stop = scan_range(buf_fps, buf_ords, 0, nb, x, h, out_o, out_h, n, first,
-                          before)
-    if first and n2 > n:
-        return n2, 0, True, np.uint64(0)
-    if stop < nb:
-        return n2, 0, False, np.uint64(0)
-    n = n2
-    # Rank the header bits (the r-th from the top is bit 63 - r) by |W_j| / rms ascending,
-    # i.e. by p_j non-increasing (p is monotone in |W_j|): the bits of a non-negative double
-    # order like the double, and the low five mantissa bits carry the header index (t <= 32)
-    # so that every key is distinct and ties go by index; a counting rank on such keys is
-    # branch-free.
-    rms = rms_of(w)
-    inv = 1.0 / rms if rms > 0 else 0.0
+    sig = types.void(arr, types.intp)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                       wraparound=False, boundscheck=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+prefetch: Any = intrinsic(_prefetch)
+
+_CHUNK = 64  # queries whose header bits are ranked together (vectorized across queries)
+_FIRST_PREFIX = 4  # PSM_F probes prepared ahead (stage A); the rest only when needed
+
+
+@njit(cache=True)
+def _rank_chunk(W, q0, c, t, surv, y_max, prior_scale, phT, rkT, order, ratio_h, base):
+    """Rank the header bits of queries q0..q0+c-1 and give their volatility ratios.
+
+    ``order[i, r]`` = the header bit (r-th from the top: bit 63 - r) of rank r, by |W|
+    ascending (p_j is non-increasing in |W_j|; the RMS scale is common to all bits of a
+    query, so it does not change the rank); ties go by r. ``ratio_h[i, r]`` = p / (1 - p)
+    of header bit r; ``base[i]`` = prod_r (1 - p). The loops run across queries (the
+    innermost index), which vectorizes; a per-query rank of ~20 bits does not.
+    """
+    # The bits of a non-negative double order like the double; the low five mantissa bits
+    # carry r so that keys are distinct and ties go by index.
     for r in range(t):
-        ph[r] = abs(w[63 - r]) * inv
-    phi = ph.view(np.int64)
+        for i in range(c):
+            phT[r, i] = abs(W[q0 + i, 63 - r])
+    ck = phT.view(np.int64)
     for r in range(t):
-        ck[r] = (phi[r] & ~np.int64(31)) | r
-    for i in range(t):
-        v = ck[i]
-        rk = 0
-        for j in range(t):
-            rk += ck[j] < v
-        order[rk] = i
-    base = 1.0
+        for i in range(c):
+            ck[r, i] = (ck[r, i] & ~np.int64(31)) | r
+    for r in range(t):
+        for i in range(c):
+            rkT[r, i] = 0
+    for j in range(t):
+        for r in range(t):
+            for i in range(c):
+                rkT[r, i] += ck[j, i] < ck[r, i]
+    for r in range(t):
+        for i in range(c):
+            order[i, rkT[r, i]] = r
+    for i in range(c):
+        w = W[q0 + i]
+        rms = rms_of(w)
+        inv = 1.0 / rms if rms > 0 else 0.0
+        bs = 1.0
+        for r in range(t):
+            pr = bit_volatility(abs(w[63 - r]) * inv, surv, y_max, prior_scale)
+            ratio_h[i, r] = pr / (1.0 - pr)
+            bs *= 1.0 - pr
+        base[i] = bs
+
+
+@njit(cache=True)
+def _vosh_probes(x, t, h, budget, base, order, ratio_h, ratio_ext, bits_ext, keys, seqs, sets,
+                 packed, pkeys, hv_out):
+    """The first ``budget`` VOSH probes of one query: header values into hv_out; returns k.
+
+    ``order`` and ``ratio_h`` are the query's rows from :func:`_rank_chunk`;
+    ``ratio_ext[SENTINEL]`` = 1 and ``bits_ext[SENTINEL]`` = 0 (set by the caller).
+    """
     one = np.uint64(1)
     for r in range(t):
-        pr = bit_volatility(ph[order[r]], surv, y_max, prior_scale)
-        ratio[r] = pr / (1.0 - pr)
-        base *= 1.0 - pr
-        hbit[r] = one << np.uint64(63 - order[r])
+        b = order[r]
+        ratio_ext[r] = ratio_h[b]
+        bits_ext[r] = one << np.uint64(63 - b)
+    k = vosh_enumerate(base, ratio_ext, t, h, budget, keys, seqs, sets, packed, pkeys)
     shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
-    # VOSH frontier: an insertion-ordered list for small budgets, a heap otherwise (the same
-    # order either way: largest p(u, S), then earliest insertion).
-    linear = budget <= LINEAR_MAX_BUDGET
-    m = 0
-    used = 0
-    seq = 0
-    for size in range(min(h, t) + 1):
-        root = packed_root(size)
-        key = packed_key(base, ratio, root)
-        if linear:
-            keys[used] = key
-            sets[used] = root
-            used += 1
-            m += 1
-        else:
-            m = heap_push(keys, seqs, sets, m, key, seq, root)
-        seq += 1
-    # Probes go in rounds: VOSH yields the round's header values, their directory entries
-    # and first rows are loaded in tight independent loops (so the cache misses overlap),
-    # then the buckets are scanned. PSM_F rounds double in size (1, 2, 4, ...) since it
-    # usually stops after one or two probes; PSM_A takes the whole budget in one round.
-    k = 0
-    sink = np.uint64(0)
-    rnd = budget if not first else 1
-    while k < budget and m > 0:
-        kk = 0
-        while kk < rnd and k + kk < budget and m > 0:
-            if linear:
-                i = list_pop(keys, used)
-                s = sets[i]
-                keys[i] = -2.0
-                m -= 1
-            else:
-                m, _key, s = heap_pop(keys, seqs, sets, m)
-            mask = np.uint64(0)
-            for e in range(packed_size(s)):
-                mask |= hbit[packed_elem(s, e)]
-            hvs[kk] = (x ^ mask) >> shift if t > 0 else np.uint64(0)
-            kk += 1
-            left, right = packed_children(s, t)
-            for c in (left, right):
-                if c >= 0:
-                    key = packed_key(base, ratio, c)
-                    if linear:
-                        keys[used] = key
-                        sets[used] = c
-                        used += 1
-                        m += 1
-                    else:
-                        m = heap_push(keys, seqs, sets, m, key, seq, c)
-                    seq += 1
-        for i in range(kk):
-            los[i] = np.int64(directory[hvs[i]])
-            his[i] = np.int64(directory[hvs[i] + one])
-        for i in range(kk):
-            if los[i] < his[i]:
-                sink ^= fps[los[i]]
-        for i in range(kk):
-            n2, stop = scan_range(fps, ords, los[i], his[i], x, h, out_o, out_h, n, first,
-                                  before)
-            if first and n2 > n:
-                return n2, k + i + 1, True, sink
-            if stop < his[i]:
-                return n2, k + i + 1, False, sink
-            n = n2
-        k += kk
-        rnd *= 2
-    return n, k, True, sink
+    for i in range(k):
+        hv_out[i] = (x ^ packed_mask(bits_ext, packed[i])) >> shift if t > 0 else np.uint64(0)
+    return k
 
 
 @njit(cache=True)
 def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, before, surv,
                       y_max, prior_scale, h, budget, first):
+    """PSM lookups of a batch, software-pipelined over queries; results in query order.
+
+    Query q goes through three stages in consecutive iterations: (A) its VOSH probes are
+    computed and their directory entries prefetched; (B) the entries are read (they have
+    arrived meanwhile) and the buckets' rows prefetched; (C) the buffer and the buckets are
+    scanned. Stage A of query q, B of q-1 and C of q-2 run in one iteration, so the two
+    dependent cache misses of every probe overlap with other queries' computation. Every
+    query's probes, scan order and matches are exactly those of a lookup on its own.
+    """
     m = qfps.shape[0]
     offsets = np.zeros(m + 1, dtype=np.int64)
     probes = np.zeros(m, dtype=np.int64)
@@ -371,41 +356,116 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
     keys = np.empty(cap)
     seqs = np.empty(cap, dtype=np.int64)
     sets = np.empty(cap, dtype=np.int64)
-    ph = np.empty(max(t, 1))
-    ck = np.empty(max(t, 1), dtype=np.int64)
-    order = np.empty(max(t, 1), dtype=np.int64)
-    ratio = np.empty(max(t, 1))
-    hbit = np.empty(max(t, 1), dtype=np.uint64)  # rank -> mask of that header bit
-    hvs = np.empty(budget, dtype=np.uint64)
-    los = np.empty(budget, dtype=np.int64)
-    his = np.empty(budget, dtype=np.int64)
-    sink = np.uint64(0)
-    shift = np.uint64(64 - t) if t > 0 else np.uint64(63)
-    hmask = np.uint64(0) if t == 0 else ~np.uint64(0)
-    for q in range(m):
-        # Every lookup's first probe is its own header (the empty flip set has the largest
-        # p(u, S) since p_j <= 1/2): touch the directory entry PREFETCH queries ahead and
-        # the first row of the bucket half as far ahead, so those misses overlap with work.
-        if q + _PREFETCH < m:
-            sink ^= np.uint64(directory[(qfps[q + _PREFETCH] >> shift) & hmask])
-        if q + _PREFETCH // 2 < m:
-            lo = directory[(qfps[q + _PREFETCH // 2] >> shift) & hmask]
-            if lo < fps.shape[0]:
-                sink ^= fps[lo]
-        while True:
-            n2, k, ok, sk = _psm_one(fps, ords, directory, t, buf_fps, buf_ords, qfps[q], W[q],
-                                     before[q], surv, y_max, prior_scale, h, budget, first, res_ord,
-                                     res_ham, nres, keys, seqs, sets, ph, ck, order, ratio,
-                                     hbit, hvs, los, his)
-            sink ^= sk
-            if ok:
-                break
-            res_ord = grow(res_ord)  # rare: redo this query with more room
-            res_ham = grow(res_ham)
-        nres = n2
-        probes[q] = k
-        offsets[q + 1] = nres
-    return offsets, res_ord[:nres], res_ham[:nres], probes, sink
+    tt = max(t, 1)
+    phT = np.empty((tt, _CHUNK))
+    rkT = np.empty((tt, _CHUNK), dtype=np.int64)
+    # Two chunks of ranks: stage C may need its query's ranks after stage A began the next.
+    order = np.empty((2, _CHUNK, tt), dtype=np.int64)
+    ratio_h = np.empty((2, _CHUNK, tt))
+    base = np.empty((2, _CHUNK))
+    ratio_ext = np.ones(SENTINEL + 1)
+    bits_ext = np.zeros(SENTINEL + 1, dtype=np.uint64)
+    packed = np.empty(budget, dtype=np.int64)
+    pkeys = np.empty(budget)
+    hv = np.empty((3, budget), dtype=np.uint64)
+    los = np.empty((3, budget), dtype=np.int64)
+    his = np.empty((3, budget), dtype=np.int64)
+    nk = np.zeros(3, dtype=np.int64)
+    # PSM_F usually stops within a few probes: stage A prepares only this prefix, and a
+    # query that needs more recomputes its (deterministic) sequence in stage C.
+    pre = min(budget, _FIRST_PREFIX) if first else budget
+    hv_rest = np.empty(budget, dtype=np.uint64)
+    los_rest = np.empty(budget, dtype=np.int64)
+    his_rest = np.empty(budget, dtype=np.int64)
+    nb = buf_fps.shape[0]
+    one = np.uint64(1)
+    for it in range(m + 2):
+        qa = it
+        if qa < m:  # stage A
+            sa = qa % 3
+            ci = qa % _CHUNK
+            bi = (qa // _CHUNK) & 1
+            if ci == 0:
+                _rank_chunk(W, qa, min(_CHUNK, m - qa), t, surv, y_max, prior_scale, phT, rkT,
+                            order[bi], ratio_h[bi], base[bi])
+            k = _vosh_probes(qfps[qa], t, h, pre, base[bi, ci], order[bi, ci], ratio_h[bi, ci],
+                             ratio_ext, bits_ext, keys, seqs, sets, packed, pkeys, hv[sa])
+            nk[sa] = k
+            for i in range(k):
+                prefetch(directory, np.intp(hv[sa, i]))
+        qb = it - 1
+        if 0 <= qb < m:  # stage B
+            sb = qb % 3
+            for i in range(nk[sb]):
+                lo = np.int64(directory[hv[sb, i]])
+                hi = np.int64(directory[hv[sb, i] + one])
+                los[sb, i] = lo
+                his[sb, i] = hi
+                if lo < hi:
+                    prefetch(fps, lo)
+                    prefetch(fps, hi - 1)
+        qc = it - 2
+        if 0 <= qc < m:  # stage C
+            sc = qc % 3
+            x = qfps[qc]
+            bound = before[qc]
+            while True:
+                n = nres
+                ok = True
+                done = False
+                used = 0
+                # The buffer is small and unsorted: scan it exactly.
+                n2, stop = scan_range(buf_fps, buf_ords, 0, nb, x, h, res_ord, res_ham, n,
+                                      first, bound)
+                if stop < nb and not (first and n2 > n):
+                    ok = False
+                elif first and n2 > n:
+                    done = True
+                n = n2
+                if ok and not done:
+                    for i in range(nk[sc]):
+                        used = i + 1
+                        lo = los[sc, i]
+                        hi = his[sc, i]
+                        n2, stop = scan_range(fps, ords, lo, hi, x, h, res_ord, res_ham, n,
+                                              first, bound)
+                        if first and n2 > n:
+                            n = n2
+                            break
+                        if stop < hi:
+                            ok = False
+                            break
+                        n = n2
+                    else:
+                        if first and nk[sc] == pre < budget:
+                            bi = (qc // _CHUNK) & 1
+                            ci = qc % _CHUNK
+                            k2 = _vosh_probes(x, t, h, budget, base[bi, ci], order[bi, ci],
+                                              ratio_h[bi, ci], ratio_ext, bits_ext, keys, seqs,
+                                              sets, packed, pkeys, hv_rest)
+                            for i in range(pre, k2):  # independent loads: misses overlap
+                                los_rest[i] = np.int64(directory[hv_rest[i]])
+                                his_rest[i] = np.int64(directory[hv_rest[i] + one])
+                            for i in range(pre, k2):
+                                used = i + 1
+                                lo = los_rest[i]
+                                hi = his_rest[i]
+                                n2, stop = scan_range(fps, ords, lo, hi, x, h, res_ord, res_ham,
+                                                      n, first, bound)
+                                if n2 > n:
+                                    n = n2
+                                    break
+                                if stop < hi:
+                                    ok = False
+                                    break
+                if ok:
+                    break
+                res_ord = grow(res_ord)  # rare: redo this query with more room
+                res_ham = grow(res_ham)
+            nres = n
+            probes[qc] = used
+            offsets[qc + 1] = nres
+    return offsets, res_ord[:nres], res_ham[:nres], probes
 
 
 @dataclass(frozen=True)
@@ -459,7 +519,7 @@ def psm_search_batch(
     bound = np.broadcast_to(
         np.asarray(_NO_BOUND if before is None else before, dtype=np.int64), q.shape)
     surv, y_max, prior_scale = mdl.kernel_params()
-    offsets, ords, hams, probes, _sink = _psm_batch_kernel(
+    offsets, ords, hams, probes = _psm_batch_kernel(
         table.fps, table.ordinals, table.directory, t, table.buffer_fps, table.buffer_ordinals,
         q, np.ascontiguousarray(W), np.ascontiguousarray(bound), surv, y_max, prior_scale, h,
         int(budget), mode == "first")

@@ -155,10 +155,19 @@ class VolatilityModel:
 
 @njit(cache=True)
 def rms_of(w: F64) -> float:
-    ss = 0.0
-    for j in range(w.shape[0]):
-        ss += w[j] * w[j]
-    return math.sqrt(ss / w.shape[0]) if w.shape[0] > 0 else 0.0
+    # Four partial sums: a single running sum is a chain of dependent adds (4 cycles each).
+    s0 = s1 = s2 = s3 = 0.0
+    b = w.shape[0]
+    main = b - b % 4
+    for j in range(0, main, 4):
+        s0 += w[j] * w[j]
+        s1 += w[j + 1] * w[j + 1]
+        s2 += w[j + 2] * w[j + 2]
+        s3 += w[j + 3] * w[j + 3]
+    for j in range(main, b):
+        s0 += w[j] * w[j]
+    ss = (s0 + s1) + (s2 + s3)
+    return math.sqrt(ss / b) if b > 0 else 0.0
 
 
 @njit(cache=True)
@@ -257,14 +266,17 @@ def vosh_sets(
             seq += 1
 
 
-# -- numba twin used inside PSM: the same trees and heap on packed sets ---------------------
+# -- numba twin used inside PSM: the same trees and frontier on packed sets -----------------
 #
-# A set of <= MAX_H ranks (each < 256) is one int64: rank e in bits 8e..8e+7, size in bits
-# 56..58. The heap holds parallel arrays (key, insertion number, packed set), so a swap moves
-# three scalars; this keeps a PSM probe's heap work to a few tens of nanoseconds.
+# A set of <= MAX_H ranks (each < MAX_RANKS) is one int64: element e in bits 8e..8e+7, the
+# size in bits 56..58, and the unused element bytes hold SENTINEL. Keys and masks then read
+# all seven bytes through tables whose SENTINEL entry is neutral (ratio 1.0, mask 0), with no
+# loop whose trip count depends on the set: such loops mispredict on almost every probe.
 
 MAX_H = 7
-MAX_RANKS = 256
+MAX_RANKS = 255
+SENTINEL = 255
+LINEAR_MAX_BUDGET = 64
 
 
 @njit(cache=True)
@@ -280,36 +292,55 @@ def packed_elem(s: int, e: int) -> int:
 @njit(cache=True)
 def packed_root(size: int) -> int:
     s = size << 56
-    for e in range(size):
-        s |= e << (8 * e)
+    for e in range(MAX_H):
+        s |= (e if e < size else SENTINEL) << (8 * e)
     return s
 
 
 @njit(cache=True)
-def packed_key(base: float, ratio: F64, s: int) -> float:
-    k = base
-    for e in range(s >> 56):
-        k *= ratio[(s >> (8 * e)) & 255]
-    return k
+def packed_key(base: float, ratio_ext: F64, s: int) -> float:
+    """base * prod over the set of ratio_ext[rank]; ratio_ext[SENTINEL] must be 1.0.
+
+    Multiplied in element order, like :func:`vosh_sets` (the sentinel factors are exact),
+    so both give bit-identical keys and hence the same order, ties included.
+    """
+    k = base * ratio_ext[s & 255]
+    k *= ratio_ext[(s >> 8) & 255]
+    k *= ratio_ext[(s >> 16) & 255]
+    k *= ratio_ext[(s >> 24) & 255]
+    k *= ratio_ext[(s >> 32) & 255]
+    k *= ratio_ext[(s >> 40) & 255]
+    return k * ratio_ext[(s >> 48) & 255]
+
+
+@njit(cache=True)
+def packed_mask(bits_ext: npt.NDArray[np.uint64], s: int) -> np.uint64:
+    """OR over the set of bits_ext[rank]; bits_ext[SENTINEL] must be 0."""
+    m = bits_ext[s & 255] | bits_ext[(s >> 8) & 255] | bits_ext[(s >> 16) & 255]
+    m |= bits_ext[(s >> 24) & 255] | bits_ext[(s >> 32) & 255] | bits_ext[(s >> 40) & 255]
+    return m | bits_ext[(s >> 48) & 255]
 
 
 @njit(cache=True)
 def packed_children(s: int, b: int) -> tuple[int, int]:
-    """Algorithm 2 (fixed, see :func:`_children`) on a packed set; -1 for a missing child."""
+    """Algorithm 2 (fixed, see :func:`_children`) on a packed set; -1 for a missing child.
+
+    Left child: the last element + 1 (if < b). Right child: the scan from the end stops at
+    the first gap >= 2, i.e. at the largest j <= size - 2 with e[j+1] - e[j] >= 2; there is
+    a child (e[j] + 1) iff that gap is exactly 2. Computed over all six gaps with selects.
+    """
     size = s >> 56
-    left = -1
-    right = -1
-    if size == 0:
-        return left, right
-    if packed_elem(s, size - 1) <= b - 2:
-        left = s + (1 << (8 * (size - 1)))
-    for j in range(size - 2, -1, -1):
-        gap = packed_elem(s, j + 1) - packed_elem(s, j)
-        if gap == 1:
-            continue
-        if gap == 2:
-            right = s + (1 << (8 * j))
-        break
+    sh = 8 * max(size - 1, 0)
+    last = (s >> sh) & 255
+    left = s + (1 << sh) if (size > 0) & (last <= b - 2) else -1
+    jstar = -1
+    gstar = 0
+    for j in range(MAX_H - 1):
+        g = ((s >> (8 * j + 8)) & 255) - ((s >> (8 * j)) & 255)
+        c = (j <= size - 2) & (g >= 2)
+        jstar = j if c else jstar
+        gstar = g if c else gstar
+    right = s + (1 << (8 * max(jstar, 0))) if (jstar >= 0) & (gstar == 2) else -1
     return left, right
 
 
@@ -364,34 +395,88 @@ def heap_pop(keys, seqs, sets, n):
     return n, key, s
 
 
-LINEAR_MAX_BUDGET = 64
+@njit(cache=True)
+def list_pop(keys: F64, n_used: int) -> int:
+    """Index of the first largest key of an insertion-ordered list.
+
+    The same order as the heap (largest key, then earliest insertion). Live keys are >= 0
+    and removed entries -2, so the result is negative-keyed when nothing live is left. The
+    max is a select chain and the search for its first index exits once: a
+    compare-and-branch argmax mispredicts on most pops.
+    """
+    mx = -3.0
+    for i in range(n_used):
+        mx = max(mx, keys[i])
+    for i in range(n_used):
+        if keys[i] == mx:
+            return i
+    return 0
 
 
 @njit(cache=True)
-def list_pop(keys: F64, n_used: int) -> int:
-    """Index of the first largest live key of an insertion-ordered list (removed: -2).
+def vosh_enumerate(base: float, ratio_ext: F64, b: int, h: int, limit: int, keys: F64,
+                   seqs: npt.NDArray[np.int64], sets: npt.NDArray[np.int64],
+                   out: npt.NDArray[np.int64], out_keys: F64) -> int:
+    """The first ``limit`` VOSH sets, packed, into out[:k] (keys into out_keys); returns k.
 
-    The same order as the heap (largest key, then earliest insertion). Pops cost O(list)
-    but for the small budgets of PSM (list <= 2 · budget + h + 1 nodes) a linear scan is
-    ~2× faster than the heap's data-dependent branches; above LINEAR_MAX_BUDGET the heap's
-    O(log k) wins.
+    ``ratio_ext[r]`` = p/(1-p) of rank r (ranks by non-increasing p, r < b <= MAX_RANKS),
+    ``ratio_ext[SENTINEL]`` = 1.0, ``base`` = prod_j (1 - p_j); keys are p(u, S).
+    Frontier: for limit <= LINEAR_MAX_BUDGET an insertion-ordered list (children are
+    appended without a branch: both slots are written, the count grows by the number that
+    exist); a heap above. Same order either way: largest key,
+    then earliest insertion. Scratch arrays need 2 * limit + h + 2 entries.
     """
-    best = 0
-    bk = -1.0
-    for i in range(n_used):
-        if keys[i] > bk:
-            bk = keys[i]
-            best = i
-    return best
+    hh = min(h, b)
+    linear = limit <= LINEAR_MAX_BUDGET
+    n = 0  # live nodes (heap) / slots used (list)
+    seq = 0
+    for size in range(hh + 1):
+        root = packed_root(size)
+        key = packed_key(base, ratio_ext, root)
+        if linear:
+            keys[n] = key
+            sets[n] = root
+            n += 1
+        else:
+            n = heap_push(keys, seqs, sets, n, key, seq, root)
+        seq += 1
+    k = 0
+    while k < limit:
+        if linear:
+            i = list_pop(keys, n)
+            key = keys[i]
+            if key < 0.0:
+                break
+            s = sets[i]
+            keys[i] = -2.0
+        else:
+            if n == 0:
+                break
+            n, key, s = heap_pop(keys, seqs, sets, n)
+        out[k] = s
+        out_keys[k] = key
+        k += 1
+        if k == limit:
+            break
+        left, right = packed_children(s, b)
+        if linear:
+            keys[n] = packed_key(base, ratio_ext, left)
+            sets[n] = left
+            n += left >= 0
+            keys[n] = packed_key(base, ratio_ext, right)
+            sets[n] = right
+            n += right >= 0
+        else:
+            for c in (left, right):
+                if c >= 0:
+                    n = heap_push(keys, seqs, sets, n, packed_key(base, ratio_ext, c), seq, c)
+                    seq += 1
+    return k
 
 
 @njit(cache=True)
 def rank_desc(p: F64, b: int, order: npt.NDArray[np.int64]) -> None:
-    """order[:b] = indices of p[:b] by decreasing p, ties by index.
-
-    Counting rank (O(b^2) but branch-free): for b ≈ 20 header bits it beats insertion sort,
-    whose data-dependent branches mispredict on every query.
-    """
+    """order[:b] = indices of p[:b] by decreasing p, ties by index (counting rank)."""
     for i in range(b):
         v = p[i]
         r = 0
@@ -409,71 +494,38 @@ def vosh_order_kernel(
     b = p.shape[0]
     order = np.empty(b, dtype=np.int64)
     rank_desc(p, b, order)
-    ratio = np.empty(b)
+    ratio_ext = np.ones(SENTINEL + 1)
     base = 1.0
     for r in range(b):
         pr = p[order[r]]
-        ratio[r] = pr / (1.0 - pr)
+        ratio_ext[r] = pr / (1.0 - pr)
         base *= 1.0 - pr
     hh = min(h, b)
     cap = 2 * limit + hh + 2
     keys = np.empty(cap)
     seqs = np.empty(cap, dtype=np.int64)
     sets = np.empty(cap, dtype=np.int64)
-    linear = limit <= LINEAR_MAX_BUDGET
-    n = 0  # live nodes
-    used = 0  # list slots used (linear mode)
-    seq = 0
-    for size in range(hh + 1):
-        root = packed_root(size)
-        key = packed_key(base, ratio, root)
-        if linear:
-            keys[used] = key
-            sets[used] = root
-            used += 1
-            n += 1
-        else:
-            n = heap_push(keys, seqs, sets, n, key, seq, root)
-        seq += 1
-    out_sets = np.full((limit, max(hh, 1)), -1, dtype=np.int64)
-    out_sizes = np.zeros(limit, dtype=np.int64)
-    out_keys = np.zeros(limit)
-    k = 0
-    while n > 0 and k < limit:
-        if linear:
-            i = list_pop(keys, used)
-            key = keys[i]
-            s = sets[i]
-            keys[i] = -2.0
-            n -= 1
-        else:
-            n, key, s = heap_pop(keys, seqs, sets, n)
+    packed = np.empty(limit, dtype=np.int64)
+    pkeys = np.empty(limit)
+    k = vosh_enumerate(base, ratio_ext, b, h, limit, keys, seqs, sets, packed, pkeys)
+    out_sets = np.full((k, max(hh, 1)), -1, dtype=np.int64)
+    out_sizes = np.zeros(k, dtype=np.int64)
+    out_keys = np.zeros(k)
+    for i in range(k):
+        s = packed[i]
         size = packed_size(s)
         for e in range(size):
-            out_sets[k, e] = order[packed_elem(s, e)]
-        out_sets[k, :size].sort()
-        out_sizes[k] = size
-        out_keys[k] = key
-        k += 1
-        left, right = packed_children(s, b)
-        for c in (left, right):
-            if c >= 0:
-                ck = packed_key(base, ratio, c)
-                if linear:
-                    keys[used] = ck
-                    sets[used] = c
-                    used += 1
-                    n += 1
-                else:
-                    n = heap_push(keys, seqs, sets, n, ck, seq, c)
-                seq += 1
-    return out_sets[:k], out_sizes[:k], out_keys[:k]
+            out_sets[i, e] = order[packed_elem(s, e)]
+        out_sets[i, :size].sort()
+        out_sizes[i] = size
+        out_keys[i] = pkeys[i]
+    return out_sets, out_sizes, out_keys
 
 
 def vosh_array(
     p: npt.ArrayLike, h: int, limit: int | None = None
 ) -> list[tuple[float, tuple[int, ...]]]:
-    """The numba kernel's sequence in :func:`vosh_sets` form (h <= 7, len(p) <= 256)."""
+    """The numba kernel's sequence in :func:`vosh_sets` form (h <= 7, len(p) <= 255)."""
     pv = np.ascontiguousarray(p, dtype=np.float64)
     if np.any(pv < 0) or np.any(pv >= 1):
         raise ValueError("volatilities must lie in [0, 1)")

@@ -17,7 +17,7 @@ from dupalign.psm import (
     psm_search,
     psm_search_batch,
 )
-from dupalign.vosh import VolatilityModel
+from dupalign.vosh import VolatilityModel, vosh_sets
 
 
 def clustered(seed: int, n: int, n_centers: int, max_flips: int) -> np.ndarray:
@@ -235,3 +235,41 @@ def test_empty_table_and_empty_batches() -> None:
     index = BphsIndex.build([], [], h=3)
     assert index.search(5) == [] and len(index.search_batch([])) == 0
     assert brute_force_search([], [], 3, 3) == []
+
+
+@settings(max_examples=25, deadline=None)
+@given(params=table_params, h=st.integers(0, 4), mode=st.sampled_from(["first", "all"]),
+       budget=st.one_of(st.none(), st.integers(1, 12), st.integers(60, 90)))
+def test_pipelined_batch_equals_one_query_at_a_time(params, h, mode, budget) -> None:
+    """The batch kernel interleaves queries (pipeline stages, chunked ranks, PSM_F prefix):
+    every query must get exactly the probes and matches, in order, of a lookup on its own."""
+    table, fps = make_table(params, buffer_min=16)
+    q, W = queries_and_w(params[0], fps, 150)  # > 2 rank chunks of 64 queries
+    bound = np.random.default_rng(params[0]).integers(0, 7 * len(fps) + 6, len(q))
+    res = psm_search_batch(table, q, W, h=h, budget=budget, mode=mode, before=bound)
+    for i in range(len(q)):
+        one = psm_search_batch(table, q[i : i + 1], W[i : i + 1], h=h, budget=budget,
+                               mode=mode, before=bound[i : i + 1])
+        a, b = int(res.offsets[i]), int(res.offsets[i + 1])
+        assert res.ordinals[a:b].tolist() == one.ordinals.tolist()
+        assert res.hammings[a:b].tolist() == one.hammings.tolist()
+        assert int(res.probes[i]) == int(one.probes[0])
+
+
+def test_psm_probes_follow_vosh_order() -> None:
+    """Probe k of a query is its header flipped by the k-th VOSH set of the header bits."""
+    rng = np.random.default_rng(3)
+    fps = rng.integers(0, 2**64, 1 << 12, dtype=np.uint64)
+    t = SimhashTable.from_arrays(fps, np.arange(len(fps))).header_bits
+    W = rng.standard_normal(64)  # continuous: no ties in volatility
+    x = int(rng.integers(0, 2**64, dtype=np.uint64))
+    p = VolatilityModel().volatility(W)[63 - np.arange(t)]  # header bit r = bit 63 - r
+    for k, (_key, s) in enumerate(vosh_sets(p, 3, 30)):
+        y = x
+        for r in s:
+            y ^= 1 << (63 - r)
+        table = SimhashTable.from_arrays(np.append(fps, np.uint64(y)), np.arange(len(fps) + 1))
+        found = [len(fps) in psm_search_batch(table, [x], W[None, :], h=3, budget=b,
+                                              mode="all").ordinals.tolist()
+                 for b in (max(k, 1), k + 1)]
+        assert found == ([False, True] if k > 0 else [True, True])
