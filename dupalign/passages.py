@@ -44,8 +44,12 @@ _RECT = np.dtype("<i4")
 # key of an inverted-list entry: bin ‖ min-hash ‖ ordinal ‖ window number, big-endian
 _LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq", ">u4")])
 _SHINGLE_SALT = 0x5348494E
-_MAX_LONG_MEMO = 1 << 20  # long-list keys remembered (≈100 MB at most)
-_HOT_ENTRIES = 1 << 21  # list entries kept in memory (≈ 80 MB)
+_MAX_LONG_MEMO = 1 << 18  # long-list keys remembered (≈ 40 MB at most)
+# In-memory lists: about 48 bytes per entry plus ~600 per list (key tuple, dict node, object,
+# array headers), which dominates since most lists are short; the budget counts both.
+_HOT_BYTES = 256 << 20
+_HOT_LIST_BYTES = 600
+_HOT_ENTRY_BYTES = 48
 _NO_RECTS = np.empty((0, 4), dtype=np.int64)
 
 
@@ -147,7 +151,8 @@ class PassageIndex:
         self._long: set[tuple[int, int]] = set()  # (bin, key) lists known to be long
         # Recently read short lists, kept equal to the store by ``commit`` (LRU by entries).
         self._hot: OrderedDict[tuple[int, int], _HotList] = OrderedDict()
-        self._hot_entries = 0
+        self._hot_bytes = 0
+        self.hot_budget = _HOT_BYTES  # bytes of in-memory lists (estimate)
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -302,11 +307,15 @@ class PassageIndex:
         keys = np.frombuffer(b"".join(k for k, _ in entries), dtype=_LIST_KEY)
         full = (keys["ordinal"].astype(np.int64), _unpack_rects([v for _, v in entries]))
         self._hot[(b, key)] = _HotList(*full)
-        self._hot_entries += len(entries)
-        while self._hot_entries > _HOT_ENTRIES:
-            _, old = self._hot.popitem(last=False)
-            self._hot_entries -= len(old)
+        self._hot_bytes += _HOT_LIST_BYTES + _HOT_ENTRY_BYTES * len(entries)
+        self._evict()
         return full
+
+    def _evict(self) -> None:
+        """Drop the least recently read lists until the memory budget holds."""
+        while self._hot_bytes > self.hot_budget and self._hot:
+            _, old = self._hot.popitem(last=False)
+            self._hot_bytes -= _HOT_LIST_BYTES + _HOT_ENTRY_BYTES * len(old)
 
     def _mark_long(self, b: int, key: int) -> None:
         if len(self._long) >= _MAX_LONG_MEMO:
@@ -414,11 +423,12 @@ class PassageIndex:
                 continue
             if len(hot) + 1 > self.cfg.max_list:
                 del self._hot[(b, key)]
-                self._hot_entries -= len(hot)
+                self._hot_bytes -= _HOT_LIST_BYTES + _HOT_ENTRY_BYTES * len(hot)
                 self._mark_long(b, key)
             else:
                 hot.pending.append(row)
-                self._hot_entries += 1
+                self._hot_bytes += _HOT_ENTRY_BYTES
+        self._evict()
 
     def stats(self) -> dict[str, Any]:
         c = self.counters

@@ -203,17 +203,24 @@ def test_uncommitted_memory_state_matches_store_after_reopen(tmp_path: Path) -> 
         assert engine.next_ordinal == 1
 
 
-def test_in_memory_lists_stay_equal_to_the_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("budget", [None, 300_000])
+def test_in_memory_lists_stay_equal_to_the_store(tmp_path: Path, budget: int | None) -> None:
     """Lists read while processing are kept in memory and extended by later pages; a query
-    on the warm engine must equal the same query on a freshly opened (cold) one."""
+    on the warm engine must equal the same query on a freshly opened (cold) one, also when
+    a small memory budget evicts lists all the time."""
     texts = [rfc_words("rfc2821.txt", 700 * i, 700) for i in range(6)]
     pages = [page(f"p{i}", edit(texts[i % 3], 0.05, i)) for i in range(6)]
     probe = " ".join(edit(texts[0], 0.05, 99) + edit(texts[1], 0.05, 98))
     cfg = EngineConfig(near=NearConfig(enabled=False)).validate()
     with Engine.open(tmp_path / "s", cfg) as warm:
+        if budget is not None:
+            warm.passages.hot_budget = budget
         for p in pages:
             warm.process(p)
+            assert warm.passages._hot_bytes <= warm.passages.hot_budget
         assert warm.passages.counters.lists_cached > 0
+        if budget is not None:  # evictions happened: fewer lists kept than read
+            assert len(warm.passages._hot) < warm.passages.counters.lists_read
         hot = [(m.match_doc_id, m.spans) for m in warm.query_text(probe)]
     with Engine.open(tmp_path / "s", cfg) as cold:
         assert [(m.match_doc_id, m.spans) for m in cold.query_text(probe)] == hot
