@@ -22,6 +22,8 @@ covering it reach ``need``.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 from numba import njit
@@ -31,6 +33,7 @@ from dupalign.interval_scan import scan_kernel
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 Bools = npt.NDArray[np.bool_]
+Ints = npt.NDArray[np.integer[Any]]  # int64, or int32 for the in-memory lists' rectangles
 
 LONG_KEY_SHIFT = 40  # long-window keys: list id << 40 | ordinal (ordinals stay below 2^40)
 EMPTY_KEY_SHIFT = 16  # empty-window keys: ordinal << 16 | bin (k ≤ 2^16)
@@ -53,12 +56,13 @@ def passage_sketches(hvals: U64, bins: I64, starts: I64, ends: I64, k: int) -> t
 
 
 @njit(cache=True)
-def entries_before(off: I64, ords: I64, before: int) -> I64:
-    """Per list, the number of its entries (sorted by ordinal) whose page is < ``before``."""
-    n_l = off.shape[0] - 1
-    out = np.empty(n_l, dtype=np.int64)
-    for x in range(n_l):
-        out[x] = np.searchsorted(ords[off[x]:off[x + 1]], before)
+def entries_before(start: I64, length: I64, ords: I64, before: int) -> I64:
+    """Per list (rows ``start[x]:start[x] + length[x]`` of ``ords``, sorted by ordinal; a
+    negative length marks a long list), the number of entries whose page is < ``before``."""
+    out = np.zeros(start.shape[0], dtype=np.int64)
+    for x in range(start.shape[0]):
+        if length[x] > 0:
+            out[x] = np.searchsorted(ords[start[x]:start[x] + length[x]], before)
     return out
 
 
@@ -70,7 +74,7 @@ def _is_in(sorted_values: I64, v: int) -> bool:
 
 @njit(cache=True)
 def select_candidates(
-    lid: I64, is_long: Bools, n_before: I64, off: I64, ords: I64, q_empty: Bools,
+    lid: I64, is_long: Bools, n_before: I64, start: I64, ords: I64, q_empty: Bools,
     exclude: I64, w_match: int, w_empty: int, need: int, max_candidates: int,
 ) -> tuple[I64, I64, I64, int, int]:  # fmt: skip
     """Candidate pages of every passage.
@@ -87,7 +91,7 @@ def select_candidates(
     page reaching the threshold might appear in long lists only.
     """
     n_p, k = lid.shape
-    buf = np.empty(max(1, ords.shape[0]), dtype=np.int64)
+    buf = np.empty(max(1, n_before.sum()), dtype=np.int64)
     t_p = np.empty(16, dtype=np.int64)
     t_o = np.empty(16, dtype=np.int64)
     t_c = np.empty(16, dtype=np.int64)
@@ -108,7 +112,7 @@ def select_candidates(
                 n_long += 1
                 continue
             prev = -1
-            for e in range(off[x], off[x] + n_before[x]):
+            for e in range(start[x], start[x] + n_before[x]):
                 if ords[e] != prev:  # one count per (page, list)
                     prev = ords[e]
                     buf[n_buf] = prev
@@ -188,8 +192,8 @@ def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) 
 
 @njit(cache=True)
 def _gather(
-    buf: I64, p: int, o: int, lid: I64, is_long: Bools, n_before: I64, off: I64, ords: I64,
-    rects: I64, q_empty: Bools, long_keys: I64, long_off: I64, long_rects: I64,
+    buf: I64, p: int, o: int, lid: I64, is_long: Bools, n_before: I64, start: I64, ords: I64,
+    rects: Ints, q_empty: Bools, long_keys: I64, long_off: I64, long_rects: I64,
     empty_keys: I64, empty_off: I64, empty_lr: I64, w_match: int, w_empty: int,
 ) -> int:  # fmt: skip
     """Rectangles of page ``o`` against passage ``p`` into ``buf``; returns their count.
@@ -211,9 +215,9 @@ def _gather(
                     m = _push(buf, m, long_rects[r, 0], long_rects[r, 1], long_rects[r, 2],
                               long_rects[r, 3], w_match)
             else:
-                seg = ords[off[x]:off[x] + n_before[x]]
-                for r in range(off[x] + np.searchsorted(seg, o),
-                               off[x] + np.searchsorted(seg, o, side="right")):
+                seg = ords[start[x]:start[x] + n_before[x]]
+                for r in range(start[x] + np.searchsorted(seg, o),
+                               start[x] + np.searchsorted(seg, o, side="right")):
                     m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3],
                               w_match)
         elif w_empty and q_empty[p, b]:
@@ -278,8 +282,8 @@ def _drop_unreachable(buf: I64, m: int, m_min: int) -> int:
 
 @njit(cache=True)
 def viable_tasks(
-    task_p: I64, task_o: I64, lid: I64, is_long: Bools, n_before: I64, off: I64, ords: I64,
-    rects: I64, q_empty: Bools, w_match: int, w_empty: int, need: int,
+    task_p: I64, task_o: I64, lid: I64, is_long: Bools, n_before: I64, start: I64, ords: I64,
+    rects: Ints, q_empty: Bools, w_match: int, w_empty: int, need: int,
 ) -> Bools:  # fmt: skip
     """Which tasks may still hold a similar cell, judged from their short-list windows
     alone (before their empty and long-list windows are read): some start position and
@@ -288,7 +292,7 @@ def viable_tasks(
     n_empty = _empty_bins(q_empty)
     none = np.empty(0, dtype=np.int64)
     none2 = np.empty((0, 4), dtype=np.int64)
-    buf = np.empty((max(1, ords.shape[0]), 5), dtype=np.int64)
+    buf = np.empty((max(1, n_before.sum()), 5), dtype=np.int64)
     out = np.zeros(task_p.shape[0], dtype=np.bool_)
     for t in range(task_p.shape[0]):
         p = task_p[t]
@@ -300,7 +304,7 @@ def viable_tasks(
         if rest <= 0:
             out[t] = True  # nothing to judge by
             continue
-        m = _gather(buf, p, task_o[t], lid, is_long, n_before, off, ords, rects, q_empty,
+        m = _gather(buf, p, task_o[t], lid, is_long, n_before, start, ords, rects, q_empty,
                     none, none, none2, none, none, none2, w_match, 0)
         out[t] = _drop_unreachable(buf, m, -(-rest // w_match)) > 0
     return out
@@ -308,8 +312,8 @@ def viable_tasks(
 
 @njit(cache=True)
 def scan_tasks(
-    task_p: I64, task_o: I64, lid: I64, is_long: Bools, n_before: I64, off: I64, ords: I64,
-    rects: I64, q_empty: Bools, long_keys: I64, long_off: I64, long_rects: I64,
+    task_p: I64, task_o: I64, lid: I64, is_long: Bools, n_before: I64, start: I64, ords: I64,
+    rects: Ints, q_empty: Bools, long_keys: I64, long_off: I64, long_rects: I64,
     empty_keys: I64, empty_off: I64, empty_lr: I64,
     w_match: int, w_empty: int, need: int, min_len: int, k: int,
 ) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:  # fmt: skip
@@ -320,7 +324,7 @@ def scan_tasks(
     page (half-open units) per task, with ``N_mat / (k − N_emp)`` at the range's cell.
     """
     n_empty = _empty_bins(q_empty)
-    rows = ords.shape[0] + long_rects.shape[0] + empty_lr.shape[0]
+    rows = n_before.sum() + long_rects.shape[0] + empty_lr.shape[0]
     buf = np.empty((max(1, rows), 5), dtype=np.int64)
     h_t = np.empty(16, dtype=np.int64)
     h_s = np.empty(16, dtype=np.int64)
@@ -329,7 +333,7 @@ def scan_tasks(
     n_h = 0
     for t in range(task_p.shape[0]):
         p = task_p[t]
-        m = _gather(buf, p, task_o[t], lid, is_long, n_before, off, ords, rects, q_empty,
+        m = _gather(buf, p, task_o[t], lid, is_long, n_before, start, ords, rects, q_empty,
                     long_keys, long_off, long_rects, empty_keys, empty_off, empty_lr,
                     w_match, w_empty)
         rest = need - w_empty * n_empty[p]

@@ -21,7 +21,7 @@ MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshol
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -31,6 +31,7 @@ import numpy.typing as npt
 from dupalign import monoactive, passage_align
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
+from dupalign.list_cache import ListCache
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
 from dupalign.store import Batch, Store, u64
@@ -44,12 +45,7 @@ _RECT = np.dtype("<i4")
 # key of an inverted-list entry: bin ‖ min-hash ‖ ordinal ‖ window number, big-endian
 _LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq", ">u4")])
 _SHINGLE_SALT = 0x5348494E
-_MAX_LONG_MEMO = 1 << 18  # long-list keys remembered (≈ 40 MB at most)
-# In-memory lists: about 48 bytes per entry plus ~600 per list (key tuple, dict node, object,
-# array headers), which dominates since most lists are short; the budget counts both.
-_HOT_BYTES = 256 << 20
-_HOT_LIST_BYTES = 600
-_HOT_ENTRY_BYTES = 48
+_CACHE_BYTES = 256 << 20  # inverted lists kept in memory (dupalign.list_cache)
 _NO_RECTS = np.empty((0, 4), dtype=np.int64)
 
 
@@ -92,38 +88,6 @@ class PassageCounters:
     inexact_passages: int = 0  # passages with >= m_min long lists (candidates may be missed)
 
 
-class _HotList:
-    """An inverted list kept in memory. Appends are queued as rows and written into the
-    arrays (capacity doubles) when the list is next read, since most lists are not read
-    again soon; slices handed out earlier stay valid, as writes only go past them."""
-
-    __slots__ = ("n", "ords", "pending", "rects")
-
-    def __init__(self, ords: I64, rects: I64) -> None:
-        self.ords, self.rects, self.n = ords, rects, len(ords)
-        self.pending: list[tuple[int, int, int, int, int]] = []
-
-    def __len__(self) -> int:
-        return self.n + len(self.pending)
-
-    def arrays(self) -> tuple[I64, I64]:
-        if self.pending:
-            rows = np.array(self.pending, dtype=np.int64)
-            self.pending = []
-            end = self.n + len(rows)
-            if end > len(self.ords):
-                cap = max(end, 2 * len(self.ords))
-                ords = np.empty(cap, dtype=np.int64)
-                ords[: self.n] = self.ords[: self.n]
-                grown = np.empty((cap, 4), dtype=np.int64)
-                grown[: self.n] = self.rects[: self.n]
-                self.ords, self.rects = ords, grown
-            self.ords[self.n : end] = rows[:, 0]
-            self.rects[self.n : end] = rows[:, 1:]
-            self.n = end
-        return self.ords[: self.n], self.rects[: self.n]
-
-
 @dataclass
 class _Hit:
     q_start: int
@@ -148,11 +112,7 @@ class PassageIndex:
             self.need = monoactive.threshold_count(self.k, (self.p, self.q))
         self.counters = PassageCounters()
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
-        self._long: set[tuple[int, int]] = set()  # (bin, key) lists known to be long
-        # Recently read short lists, kept equal to the store by ``commit`` (LRU by entries).
-        self._hot: OrderedDict[tuple[int, int], _HotList] = OrderedDict()
-        self._hot_bytes = 0
-        self.hot_budget = _HOT_BYTES  # bytes of in-memory lists (estimate)
+        self.cache = ListCache(_CACHE_BYTES, self.cfg.max_list)
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -230,30 +190,19 @@ class PassageIndex:
         lists, inverse = np.unique(named, return_inverse=True)
         lid = np.full((n_p, k), -1, dtype=np.int64)
         lid[rows, bins] = inverse.ravel()
-        is_long = np.zeros(len(lists), dtype=np.bool_)
-        lengths = np.zeros(len(lists), dtype=np.int64)
-        part_o: list[I64] = []
-        part_r: list[I64] = []
-        for x, (b, key) in enumerate(lists.tolist()):
-            found = self._full_list(b, key)
-            if found is None:
-                is_long[x] = True
-            else:
-                part_o.append(found[0])
-                part_r.append(found[1])
-                lengths[x] = len(found[0])
-        off = np.zeros(len(lists) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=off[1:])
-        ords = np.concatenate(part_o) if part_o else np.empty(0, dtype=np.int64)
-        rects = np.concatenate(part_r) if part_r else np.empty((0, 4), dtype=np.int64)
-        n_before = passage_align.entries_before(off, ords, before)
+        slots = self._list_slots(np.ascontiguousarray(lists["bin"]),
+                                 np.ascontiguousarray(lists["key"]))
+        is_long = self.cache.is_long(slots)
+        start, length = self.cache.s_start[slots], self.cache.s_len[slots]
+        ords, rects = self.cache.ords, self.cache.rects
+        n_before = passage_align.entries_before(start, length, ords, before)
         excl = np.array(sorted(exclude), dtype=np.int64)
         t_p, t_o, _, pruned, inexact = passage_align.select_candidates(
-            lid, is_long, n_before, off, ords, empty, excl, self.w_match, self.w_empty,
+            lid, is_long, n_before, start, ords, empty, excl, self.w_match, self.w_empty,
             self.need, self.cfg.max_candidates)
         self.counters.inexact_passages += inexact
         if len(t_p):
-            viable = passage_align.viable_tasks(t_p, t_o, lid, is_long, n_before, off, ords,
+            viable = passage_align.viable_tasks(t_p, t_o, lid, is_long, n_before, start, ords,
                                                 rects, empty, self.w_match, self.w_empty,
                                                 self.need)
             pruned += int(np.count_nonzero(~viable))
@@ -265,7 +214,7 @@ class PassageIndex:
         long_keys, long_off, long_rects = self._long_windows(t_p, t_o, lid, is_long, lists)
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
         h_t, h_s, h_e, h_x = passage_align.scan_tasks(
-            t_p, t_o, lid, is_long, n_before, off, ords, rects, empty, long_keys, long_off,
+            t_p, t_o, lid, is_long, n_before, start, ords, rects, empty, long_keys, long_off,
             long_rects, empty_keys, empty_off, empty_lr, self.w_match, self.w_empty,
             self.need, self.cfg.min_len, self.k)
         return list(zip(t_p[h_t].tolist(), t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
@@ -282,45 +231,39 @@ class PassageIndex:
         return keys, np.zeros(keys.shape, dtype=np.bool_)
 
     # -- store reads ------------------------------------------------------------------------
-    def _full_list(self, b: int, key: int) -> tuple[I64, I64] | None:
-        """The inverted list (bin, key): ordinals (ascending) and rectangles, or None when
-        it is longer than ``max_list`` (a common unit: navigation, boilerplate, stop
-        phrases), whose windows are then read per candidate page (``_long_windows``)."""
-        if (b, key) in self._long:  # lists only grow: once long, always long
-            return None
-        hot = self._hot.get((b, key))
-        if hot is not None:
-            self._hot.move_to_end((b, key))
-            self.counters.lists_cached += 1
-            return hot.arrays()
-        return self._read_list(b, key)
-
-    def _read_list(self, b: int, key: int) -> tuple[I64, I64] | None:
-        """A whole inverted list from the store (None if long), remembered in ``_hot``."""
-        entries = self.store.prefix_items("oph", _BIN.pack(b) + u64(key), self.cfg.max_list + 1)
-        self.counters.lists_read += 1
-        self.counters.entries_read += len(entries)
-        if len(entries) > self.cfg.max_list:
-            self.counters.long_lists += 1
-            self._mark_long(b, key)
-            return None
-        keys = np.frombuffer(b"".join(k for k, _ in entries), dtype=_LIST_KEY)
-        full = (keys["ordinal"].astype(np.int64), _unpack_rects([v for _, v in entries]))
-        self._hot[(b, key)] = _HotList(*full)
-        self._hot_bytes += _HOT_LIST_BYTES + _HOT_ENTRY_BYTES * len(entries)
-        self._evict()
-        return full
-
-    def _evict(self) -> None:
-        """Drop the least recently read lists until the memory budget holds."""
-        while self._hot_bytes > self.hot_budget and self._hot:
-            _, old = self._hot.popitem(last=False)
-            self._hot_bytes -= _HOT_LIST_BYTES + _HOT_ENTRY_BYTES * len(old)
-
-    def _mark_long(self, b: int, key: int) -> None:
-        if len(self._long) >= _MAX_LONG_MEMO:
-            self._long.clear()
-        self._long.add((b, key))
+    def _list_slots(self, bins: I64, keys: U64) -> I64:
+        """Cache slots of the inverted lists (bin, key); the lists not in memory are read
+        from the store (whole, or only flagged when longer than ``max_list``: a common
+        unit such as navigation or stop phrases, whose windows are then read per
+        candidate page by ``_long_windows``)."""
+        slots = self.cache.lookup(bins, keys)
+        miss = np.flatnonzero(slots < 0)
+        self.counters.lists_cached += len(slots) - len(miss)
+        if not len(miss):
+            return slots
+        long = np.zeros(len(miss), dtype=np.bool_)
+        counts = np.zeros(len(miss), dtype=np.int64)
+        key_bytes: list[bytes] = []
+        values: list[bytes] = []
+        for y, (b, key) in enumerate(zip(bins[miss].tolist(), keys[miss].tolist(),
+                                         strict=True)):
+            entries = self.store.prefix_items("oph", _BIN.pack(b) + u64(key),
+                                              self.cfg.max_list + 1)
+            self.counters.entries_read += len(entries)
+            if len(entries) > self.cfg.max_list:
+                long[y] = True
+                self.counters.long_lists += 1
+                continue
+            counts[y] = len(entries)
+            key_bytes.extend(k for k, _ in entries)
+            values.extend(v for _, v in entries)
+        self.counters.lists_read += len(miss)
+        off = np.zeros(len(miss) + 1, dtype=np.int64)
+        np.cumsum(counts, out=off[1:])
+        ords = np.frombuffer(b"".join(key_bytes), dtype=_LIST_KEY)["ordinal"].astype(np.int64)
+        slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords,
+                                        _unpack_rects(values))
+        return slots
 
     def _long_windows(
         self, t_p: I64, t_o: I64, lid: I64, is_long: npt.NDArray[np.bool_], lists: Any
@@ -408,27 +351,16 @@ class PassageIndex:
                 batch.put("oph_empty", prefix_ord + _BIN.pack(b), pairs.tobytes())
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:
-        """After the page's batch is written: append its windows to the remembered lists,
-        so that ``_hot`` stays equal to the store for every list it holds."""
-        if state is None or state.rects is None or not self._hot:
-            return
-        r = state.rects
-        nonempty = np.flatnonzero(~r.empty)
-        rows = np.stack((np.full(len(r), ordinal), r.i_lo, r.i_hi, r.j_lo, r.j_hi),
-                        axis=1)[nonempty].tolist()
-        for b, key, row in zip(r.bin[nonempty].tolist(), r.key[nonempty].tolist(), rows,
-                               strict=True):
-            hot = self._hot.get((b, key))
-            if hot is None:
-                continue
-            if len(hot) + 1 > self.cfg.max_list:
-                del self._hot[(b, key)]
-                self._hot_bytes -= _HOT_LIST_BYTES + _HOT_ENTRY_BYTES * len(hot)
-                self._mark_long(b, key)
-            else:
-                hot.pending.append(row)
-                self._hot_bytes += _HOT_ENTRY_BYTES
-        self._evict()
+        """After the page's batch is written: append its windows to the lists in memory,
+        so that they stay equal to the store, then keep the memory budget."""
+        if state is not None and state.rects is not None:
+            r = state.rects
+            nonempty = np.flatnonzero(~r.empty)
+            rects = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[nonempty]
+            self.counters.long_lists += self.cache.append_page(
+                np.ascontiguousarray(r.bin[nonempty]), np.ascontiguousarray(r.key[nonempty]),
+                ordinal, rects)
+        self.cache.trim()
 
     def stats(self) -> dict[str, Any]:
         c = self.counters

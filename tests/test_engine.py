@@ -203,7 +203,7 @@ def test_uncommitted_memory_state_matches_store_after_reopen(tmp_path: Path) -> 
         assert engine.next_ordinal == 1
 
 
-@pytest.mark.parametrize("budget", [None, 300_000])
+@pytest.mark.parametrize("budget", [None, 100_000])
 def test_in_memory_lists_stay_equal_to_the_store(tmp_path: Path, budget: int | None) -> None:
     """Lists read while processing are kept in memory and extended by later pages; a query
     on the warm engine must equal the same query on a freshly opened (cold) one, also when
@@ -214,13 +214,13 @@ def test_in_memory_lists_stay_equal_to_the_store(tmp_path: Path, budget: int | N
     cfg = EngineConfig(near=NearConfig(enabled=False)).validate()
     with Engine.open(tmp_path / "s", cfg) as warm:
         if budget is not None:
-            warm.passages.hot_budget = budget
+            warm.passages.cache.budget = budget
         for p in pages:
             warm.process(p)
-            assert warm.passages._hot_bytes <= warm.passages.hot_budget
+            assert warm.passages.cache.bytes_used <= warm.passages.cache.budget
         assert warm.passages.counters.lists_cached > 0
         if budget is not None:  # evictions happened: fewer lists kept than read
-            assert len(warm.passages._hot) < warm.passages.counters.lists_read
+            assert len(warm.passages.cache) < warm.passages.counters.lists_read
         hot = [(m.match_doc_id, m.spans) for m in warm.query_text(probe)]
     with Engine.open(tmp_path / "s", cfg) as cold:
         assert [(m.match_doc_id, m.spans) for m in cold.query_text(probe)] == hot

@@ -1,0 +1,259 @@
+"""Recently read inverted lists of the passage index, kept in memory in numba arrays.
+
+A page's query names a few hundred distinct inverted lists (bin, min-hash), many of them
+read again by later pages, and every new page appends its windows to the lists it shares.
+Kept as Python objects this bookkeeping cost more than the alignment itself (~600 bytes and
+several microseconds per list); here one kernel call looks up all the lists of a page, one
+inserts the lists read from the store, and one appends a page's windows.
+
+Layout: an arena of entries (ordinal, int32 rectangle) in which every cached list owns a
+contiguous run, sorted by ordinal as in the store (appends come from later pages, so the
+order holds); a list that outgrows its run moves to the arena's end with twice the room.
+A typed dict maps (bin, key) to the list's slot. Lists longer than ``max_list`` are kept
+as a flag only (their entries are read per page).
+
+Slots stay valid until ``trim``: lookups and inserts only grow the arrays, so a query can
+use the slots it got. ``trim`` (called after a page is committed) drops the least recently
+used half of the lists while the bytes in use exceed the budget, and compacts the arena.
+
+Invariant (tested against the store): every cached list equals the store's list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit, types
+from numba.typed import Dict
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+I32 = npt.NDArray[np.int32]
+Bools = npt.NDArray[np.bool_]
+
+ENTRY_BYTES = 8 + 4 * 4  # ordinal + int32 rectangle
+SLOT_BYTES = 8 * 4 + 64  # slot arrays + typed-dict entry (estimate)
+LONG = -1  # s_len of a list known to be long
+_SLOT_ARRAYS = ("s_start", "s_len", "s_cap", "s_used")
+
+
+class ListCache:
+    """In-memory inverted lists under a byte budget (see the module docstring)."""
+
+    def __init__(self, budget_bytes: int, max_list: int) -> None:
+        self.budget = budget_bytes
+        self.max_list = max_list
+        self.clock = 0
+        self.index: Any = Dict.empty(key_type=types.UniTuple(types.int64, 2),
+                                     value_type=types.int64)
+        self.s_start = np.zeros(1 << 10, dtype=np.int64)
+        self.s_len = np.zeros(1 << 10, dtype=np.int64)
+        self.s_cap = np.zeros(1 << 10, dtype=np.int64)
+        self.s_used = np.zeros(1 << 10, dtype=np.int64)
+        self.n_slots = 0
+        self.ords = np.zeros(1 << 12, dtype=np.int64)
+        self.rects = np.zeros((1 << 12, 4), dtype=np.int32)
+        self.end = 0  # arena rows in use (including runs of dropped or moved lists)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def bytes_used(self) -> int:
+        return self.end * ENTRY_BYTES + self.n_slots * SLOT_BYTES
+
+    def lookup(self, bins: I64, keys: U64) -> I64:
+        """Slot of each list (bin, key), or -1 if not cached; marks hits as recently used."""
+        self.clock += 1
+        return _lookup(self.index, self.s_used, bins, keys.view(np.int64), self.clock)
+
+    def is_long(self, slots: I64) -> Bools:
+        return (slots >= 0) & (self.s_len[np.maximum(slots, 0)] == LONG)
+
+    def insert(self, bins: I64, keys: U64, long: Bools, off: I64, ords: I64,
+               rects: I64) -> I64:
+        """Cache lists read from the store: rows ``off[x]:off[x + 1]`` of ``ords`` and
+        ``rects``, or only the flag where ``long``. Returns their slots."""
+        self._reserve(len(bins), int(off[-1]) + len(bins))
+        self.clock += 1
+        slots, self.n_slots, self.end = _insert(
+            self.index, self.s_start, self.s_len, self.s_cap, self.s_used, self.n_slots,
+            self.ords, self.rects, self.end, bins, keys.view(np.int64), long, off, ords, rects,
+            self.clock)
+        return slots
+
+    def append_page(self, bins: I64, keys: U64, ordinal: int, rects: I64) -> int:
+        """Append a page's windows (one per row) to the cached lists they belong to; lists
+        that become longer than ``max_list`` turn into long flags. Returns how many did."""
+        went_long = 0
+        x = 0
+        while x < len(bins):
+            n_long, self.end, x = _append(
+                self.index, self.s_start, self.s_len, self.s_cap, self.ords, self.rects,
+                self.end, bins, keys.view(np.int64), ordinal, rects, self.max_list, x)
+            went_long += n_long
+            if x < len(bins):  # a run could not move: more room, then go on from x
+                self._grow_arena(2 * len(self.ords))
+        return went_long
+
+    def entries(self, slot: int) -> tuple[I64, I32]:
+        """A cached list's ordinals and rectangles (views; valid until the next ``trim``)."""
+        a, n = int(self.s_start[slot]), int(self.s_len[slot])
+        return self.ords[a : a + n], self.rects[a : a + n]
+
+    def trim(self) -> None:
+        """Keep the bytes in use within the budget: compact, then drop the least recently
+        used half of the lists until at most 3/4 of it is used (so that compactions stay
+        rare). Invalidates slots."""
+        if self.bytes_used <= self.budget:
+            return
+        self._compact(np.ones(self.n_slots, dtype=np.bool_))
+        while 4 * self.bytes_used > 3 * self.budget and len(self.index):
+            # the more recently used half (by rank: many lists share one clock value)
+            keep = np.zeros(self.n_slots, dtype=np.bool_)
+            order = np.argsort(self.s_used[: self.n_slots], kind="stable")
+            keep[order[(self.n_slots + 1) // 2 :]] = True  # drops at least one
+            self._compact(keep)
+
+    # -- arrays -----------------------------------------------------------------------------
+    def _reserve(self, new_slots: int, new_rows: int) -> None:
+        if self.n_slots + new_slots > len(self.s_start):
+            n = max(2 * len(self.s_start), self.n_slots + new_slots)
+            for name in _SLOT_ARRAYS:
+                old = getattr(self, name)
+                new = np.zeros(n, dtype=old.dtype)
+                new[: len(old)] = old
+                setattr(self, name, new)
+        if self.end + new_rows > len(self.ords):
+            self._grow_arena(max(2 * len(self.ords), self.end + new_rows))
+
+    def _grow_arena(self, n: int) -> None:
+        ords = np.zeros(n, dtype=np.int64)
+        ords[: self.end] = self.ords[: self.end]
+        rects = np.zeros((n, 4), dtype=np.int32)
+        rects[: self.end] = self.rects[: self.end]
+        self.ords, self.rects = ords, rects
+
+    def _compact(self, keep: Bools) -> None:
+        self.n_slots, self.end = _compact(self.index, self.s_start, self.s_len, self.s_cap,
+                                          self.s_used, self.n_slots, self.ords, self.rects,
+                                          keep)
+
+
+@njit(cache=True)
+def _lookup(index: Any, s_used: I64, bins: I64, keys: I64, clock: int) -> I64:
+    out = np.full(bins.shape[0], -1, dtype=np.int64)
+    for x in range(bins.shape[0]):
+        k = (bins[x], keys[x])
+        if k in index:
+            s = index[k]
+            out[x] = s
+            s_used[s] = clock
+    return out
+
+
+@njit(cache=True)
+def _insert(
+    index: Any, s_start: I64, s_len: I64, s_cap: I64, s_used: I64, n_slots: int, a_ord: I64,
+    a_rect: I32, end: int, bins: I64, keys: I64, long: Bools, off: I64, ords: I64,
+    rects: I64, clock: int,
+) -> tuple[I64, int, int]:  # fmt: skip
+    out = np.empty(bins.shape[0], dtype=np.int64)
+    for x in range(bins.shape[0]):
+        k = (bins[x], keys[x])
+        if k in index:
+            s = index[k]
+        else:
+            s = n_slots
+            n_slots += 1
+            index[k] = s
+        out[x] = s
+        s_used[s] = clock
+        if long[x]:
+            s_start[s], s_len[s], s_cap[s] = 0, LONG, 0
+            continue
+        n = off[x + 1] - off[x]
+        s_start[s], s_len[s], s_cap[s] = end, n, n + 1  # room for one append in place
+        for r in range(n):
+            a_ord[end + r] = ords[off[x] + r]
+            for c in range(4):
+                a_rect[end + r, c] = rects[off[x] + r, c]
+        end += n + 1
+    return out, n_slots, end
+
+
+@njit(cache=True)
+def _append(
+    index: Any, s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, a_rect: I32, end: int,
+    bins: I64, keys: I64, ordinal: int, rects: I64, max_list: int, x0: int,
+) -> tuple[int, int, int]:  # fmt: skip
+    """Appends windows x0.. and returns (lists that went long, new end, next x): next x is
+    below ``len(bins)`` when the arena has no room to move a run (grow it and go on)."""
+    went_long = 0
+    for x in range(x0, bins.shape[0]):
+        k = (bins[x], keys[x])
+        if k not in index:
+            continue
+        s = index[k]
+        if s_len[s] == LONG:
+            continue
+        n = s_len[s]
+        if n + 1 > max_list:
+            s_start[s], s_len[s], s_cap[s] = 0, LONG, 0
+            went_long += 1
+            continue
+        if n == s_cap[s]:
+            cap = max(2 * n, 2)
+            if end + cap > a_ord.shape[0]:
+                return went_long, end, x
+            for r in range(n):
+                a_ord[end + r] = a_ord[s_start[s] + r]
+                a_rect[end + r] = a_rect[s_start[s] + r]
+            s_start[s], s_cap[s] = end, cap
+            end += cap
+        a_ord[s_start[s] + n] = ordinal
+        for c in range(4):
+            a_rect[s_start[s] + n, c] = rects[x, c]
+        s_len[s] = n + 1
+    return went_long, end, bins.shape[0]
+
+
+@njit(cache=True)
+def _compact(
+    index: Any, s_start: I64, s_len: I64, s_cap: I64, s_used: I64, n_slots: int, a_ord: I64,
+    a_rect: I32, keep: Bools,
+) -> tuple[int, int]:  # fmt: skip
+    """Keep the slots in ``keep``: renumber them densely and move their runs to the arena's
+    front in arena order (a run only moves towards the front: copying in place is safe)."""
+    order = np.argsort(s_start[:n_slots], kind="mergesort")
+    new_slot = np.full(n_slots, -1, dtype=np.int64)
+    n_new = 0
+    end = 0
+    for s in order:
+        if not keep[s]:
+            continue
+        n = s_len[s]
+        if n != LONG:
+            a = s_start[s]
+            for r in range(n):
+                a_ord[end + r] = a_ord[a + r]
+                a_rect[end + r] = a_rect[a + r]
+            s_start[s] = end
+            s_cap[s] = n
+            end += n
+        new_slot[s] = n_new
+        n_new += 1
+    st, ln, cp, us = s_start.copy(), s_len.copy(), s_cap.copy(), s_used.copy()
+    for s in range(n_slots):
+        t = new_slot[s]
+        if t >= 0:
+            s_start[t], s_len[t], s_cap[t], s_used[t] = st[s], ln[s], cp[s], us[s]
+    entries = [(k, s) for k, s in index.items()]  # no writes while iterating
+    for k, s in entries:
+        if new_slot[s] >= 0:
+            index[k] = new_slot[s]
+        else:
+            del index[k]
+    return n_new, end

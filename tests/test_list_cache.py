@@ -1,0 +1,99 @@
+"""The in-memory inverted lists against a plain dict of Python lists (the obvious twin)."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dupalign.list_cache import ListCache
+
+Entry = tuple[int, tuple[int, int, int, int]]
+
+
+def _cached(cache: ListCache, twin: dict[tuple[int, int], list[Entry] | None]) -> None:
+    """Every list in the cache equals its twin (entries, or the long flag)."""
+    names = list(twin)
+    if not names:
+        return
+    bins = np.array([b for b, _ in names], dtype=np.int64)
+    keys = np.array([k for _, k in names], dtype=np.uint64)
+    slots = cache.lookup(bins, keys)
+    long = cache.is_long(slots)
+    for (name, want), slot, is_long in zip(twin.items(), slots.tolist(), long.tolist(),
+                                           strict=True):
+        if slot < 0:
+            continue  # evicted: allowed
+        if want is None:
+            assert is_long, name
+            continue
+        ords, rects = cache.entries(slot)
+        got = [(int(o), tuple(int(v) for v in r)) for o, r in zip(ords, rects, strict=True)]
+        assert got == want, name
+
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["read", "page"]),
+        st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5)), min_size=1, max_size=12),
+    ),
+    min_size=1, max_size=25,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=ops, max_list=st.integers(1, 6), budget=st.sampled_from([300, 2_000, 1 << 20]))
+def test_cache_equals_dict_of_lists(ops: list, max_list: int, budget: int) -> None:
+    """Reads insert the store's current list (or the long flag), pages append their windows
+    to the cached lists in order; after every step each cached list equals the store's."""
+    store: dict[tuple[int, int], list[Entry]] = {}
+    twin: dict[tuple[int, int], list[Entry] | None] = {}
+    cache = ListCache(budget, max_list)
+    for ordinal, (kind, names) in enumerate(ops):
+        if kind == "read":
+            uniq = sorted(set(names))
+            bins = np.array([b for b, _ in uniq], dtype=np.int64)
+            keys = np.array([k for _, k in uniq], dtype=np.uint64)
+            slots = cache.lookup(bins, keys)
+            miss = [x for x in range(len(uniq)) if slots[x] < 0]
+            rows = [store.get(uniq[x], []) for x in miss]
+            long = np.array([len(r) > max_list for r in rows], dtype=np.bool_)
+            kept = [[] if lg else r for r, lg in zip(rows, long.tolist(), strict=True)]
+            off = np.zeros(len(miss) + 1, dtype=np.int64)
+            np.cumsum([len(r) for r in kept], out=off[1:])
+            ords = np.array([o for r in kept for o, _ in r], dtype=np.int64)
+            rects = np.array([q for r in kept for _, q in r], dtype=np.int64).reshape(-1, 4)
+            if miss:
+                cache.insert(bins[miss], keys[miss], long, off, ords, rects)
+            for x, r, lg in zip(miss, rows, long.tolist(), strict=True):
+                twin[uniq[x]] = None if lg else list(r)
+        else:
+            rects = np.array([[ordinal, i, i + 1, i + 2] for i in range(len(names))],
+                             dtype=np.int64)
+            for (b, k), r in zip(names, rects.tolist(), strict=True):
+                store.setdefault((b, k), []).append((ordinal, tuple(r)))
+                if twin.get((b, k)) is not None:
+                    lst = twin[(b, k)]
+                    assert lst is not None
+                    lst.append((ordinal, tuple(r)))
+                    if len(lst) > max_list:
+                        twin[(b, k)] = None
+            cache.append_page(np.array([b for b, _ in names], dtype=np.int64),
+                              np.array([k for _, k in names], dtype=np.uint64), ordinal, rects)
+            cache.trim()
+            assert cache.bytes_used <= max(budget, 0) or len(cache) == 0
+        _cached(cache, twin)
+
+
+def test_lists_move_when_they_outgrow_their_run() -> None:
+    cache = ListCache(1 << 20, 100)
+    bins = np.array([0, 1], dtype=np.int64)
+    keys = np.array([7, 2**63 + 5], dtype=np.uint64)  # keys above 2^63 too
+    cache.insert(bins, keys, np.zeros(2, dtype=np.bool_), np.array([0, 1, 2]),
+                 np.array([0, 0]), np.array([[1, 1, 1, 1], [2, 2, 2, 2]]))
+    for ordinal in range(1, 20):
+        cache.append_page(bins, keys, ordinal, np.full((2, 4), ordinal, dtype=np.int64))
+    for x, slot in enumerate(cache.lookup(bins, keys).tolist()):
+        ords, rects = cache.entries(slot)
+        assert ords.tolist() == list(range(20))
+        assert rects[0].tolist() == [x + 1] * 4 and rects[5].tolist() == [5] * 4
