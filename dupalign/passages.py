@@ -344,11 +344,15 @@ class PassageIndex:
             batch.put("oph", ks[x * kw : (x + 1) * kw], vs[x * vw : (x + 1) * vw])
         emp = np.flatnonzero(r.empty)
         if len(emp):
+            emp = emp[np.argsort(r.bin[emp], kind="stable")]  # one value per bin, rows in order
             bins = r.bin[emp]
-            for b in np.unique(bins).tolist():
-                rows = emp[bins == b]
-                pairs = np.stack((r.i_lo[rows], r.j_hi[rows]), axis=1).astype(_RECT)
-                batch.put("oph_empty", prefix_ord + _BIN.pack(b), pairs.tobytes())
+            cuts = np.flatnonzero(np.diff(bins)) + 1
+            lo = np.concatenate(([0], cuts)).tolist()
+            hi = np.concatenate((cuts, [len(emp)])).tolist()
+            data = np.stack((r.i_lo[emp], r.j_hi[emp]), axis=1).astype(_RECT).tobytes()
+            w = 2 * _RECT.itemsize
+            for a, z, b in zip(lo, hi, bins[lo].tolist(), strict=True):
+                batch.put("oph_empty", prefix_ord + _BIN.pack(b), data[a * w : z * w])
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:
         """After the page's batch is written: append its windows to the lists in memory,
