@@ -27,12 +27,15 @@ separate int64 array (``ordinal_nbytes``): they are arbitrary store ordinals, an
 sorting by fingerprint they cannot be implicit positions. ``nbytes`` is the sum.
 
 Speed (batch kernel, one core): the header bits of 64 queries at a time are ranked by a
-counting rank vectorized across queries; the VOSH frontier (shared with
-:func:`dupalign.vosh.vosh_order_kernel`, so the oracle tests cover it) is a branch-light
-insertion-ordered list for budgets <= 64; queries are software-pipelined in three stages
-(probes + directory prefetch, bucket prefetch, scan) so that a probe's two dependent cache
-misses overlap with other queries' work; PSM_F prepares 4 probes ahead and computes more
-only for a query that needs them. Each query's result equals a lookup on its own.
+counting rank vectorized across queries, and their volatilities are computed the same way;
+only the L = budget - 1 most volatile header bits enter VOSH (no set holding a lower rank
+can come within the budget, see :func:`_probes`), so the probe order is exactly that of VOSH
+on all t bits. For h <= 3 and small budgets the frontier is a fixed 32-slot list popped
+with branch-free reductions; otherwise :func:`dupalign.vosh.vosh_enumerate` (shared with
+:func:`dupalign.vosh.vosh_order_kernel`, so the oracle tests cover it). Queries are
+software-pipelined in three stages (probes + directory prefetch, bucket prefetch, scan) so
+that a probe's two dependent cache misses overlap with other queries' work. Each query's
+result equals a lookup on its own.
 
 Append buffer. New rows go to an unsorted buffer that every query scans exactly; it is
 merged into the sorted array (linear merge, then directory rebuild) when it holds
@@ -60,6 +63,7 @@ from dupalign.vosh import (
     VolatilityModel,
     bit_volatility,
     packed_mask,
+    packed_root,
     rms_of,
     vosh_enumerate,
 )
@@ -269,26 +273,77 @@ def _prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
 
 prefetch: Any = intrinsic(_prefetch)
 
+
+def _cttz(typingctx: Any, x: Any) -> Any:
+    """Index of the lowest set bit of a non-zero int64 (one ``tzcnt``)."""
+    sig = types.int64(types.int64)
+
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.cttz(args[0], ir.IntType(1)(1))
+
+    return sig, codegen
+
+
+cttz: Any = intrinsic(_cttz)
+
+
+@njit(cache=True, inline="always")
+def _key3(base, ratio_ext, s):
+    """packed_key for sets of <= 3 elements: the factors of the empty slots are exactly 1."""
+    k = base * ratio_ext[s & 255]
+    k *= ratio_ext[(s >> 8) & 255]
+    return k * ratio_ext[(s >> 16) & 255]
+
+
+@njit(cache=True, inline="always")
+def _children3(s, b):
+    """packed_children for sets of <= 3 elements (only gaps 0 and 1 can count)."""
+    size = s >> 56
+    sh = 8 * max(size - 1, 0)
+    last = (s >> sh) & 255
+    left = s + (1 << sh) if (size > 0) & (last <= b - 2) else -1
+    e0 = s & 255
+    e1 = (s >> 8) & 255
+    e2 = (s >> 16) & 255
+    g0 = e1 - e0
+    g1 = e2 - e1
+    c1 = (size >= 3) & (g1 >= 2)
+    c0 = (size >= 2) & (g0 >= 2)
+    jstar = 1 if c1 else (0 if c0 else -1)
+    gstar = g1 if c1 else g0
+    right = s + (1 << (8 * max(jstar, 0))) if (jstar >= 0) & (gstar == 2) else -1
+    return left, right
+
 _CHUNK = 64  # queries whose header bits are ranked together (vectorized across queries)
-_FIRST_PREFIX = 4  # PSM_F probes prepared ahead (stage A); the rest only when needed
+_FRONTIER = 32  # slots of the fixed-size VOSH frontier (budgets with 2k + h - 1 <= 32)
 
 
 @njit(cache=True)
-def _rank_chunk(W, q0, c, t, surv, y_max, prior_scale, phT, rkT, order, ratio_h, base):
-    """Rank the header bits of queries q0..q0+c-1 and give their volatility ratios.
+def _prepare_chunk(W, q0, c, t, L, surv, y_max, prior_scale, absT, ckf, rkT, pT, order,
+                   ratioT, base):
+    """Rank the header bits of queries q0..q0+c-1 and compute their volatility ratios.
 
-    ``order[i, r]`` = the header bit (r-th from the top: bit 63 - r) of rank r, by |W|
-    ascending (p_j is non-increasing in |W_j|; the RMS scale is common to all bits of a
-    query, so it does not change the rank); ties go by r. ``ratio_h[i, r]`` = p / (1 - p)
-    of header bit r; ``base[i]`` = prod_r (1 - p). The loops run across queries (the
-    innermost index), which vectorizes; a per-query rank of ~20 bits does not.
+    ``order[i, rho]`` (rho < L) = the header bit (r-th from the top: bit 63 - r) of rank
+    rho, by |W| ascending (p_j is non-increasing in |W_j|; the RMS scale is common to all
+    bits of a query, so it does not change the rank); ties go by r. ``ratioT[r, i]`` =
+    p / (1 - p) of header bit r; ``base[i]`` = prod_r (1 - p). Every loop runs across
+    queries (the innermost index), so that it vectorizes; per query, ranking ~20 bits or
+    evaluating their volatility one at a time does not.
     """
-    # The bits of a non-negative double order like the double; the low five mantissa bits
-    # carry r so that keys are distinct and ties go by index.
+    n_bins = surv.shape[0] - 1
+    inv = np.empty(c)
+    for i in range(c):
+        rms = rms_of(W[q0 + i])
+        inv[i] = 1.0 / rms if rms > 0 else 0.0
     for r in range(t):
         for i in range(c):
-            phT[r, i] = abs(W[q0 + i, 63 - r])
-    ck = phT.view(np.int64)
+            absT[r, i] = abs(W[q0 + i, 63 - r])
+    # The bits of a non-negative double order like the double; the low five mantissa bits
+    # carry r so that keys are distinct and ties go by r.
+    ck = ckf.view(np.int64)
+    for r in range(t):
+        for i in range(c):
+            ckf[r, i] = absT[r, i]
     for r in range(t):
         for i in range(c):
             ck[r, i] = (ck[r, i] & ~np.int64(31)) | r
@@ -301,36 +356,111 @@ def _rank_chunk(W, q0, c, t, surv, y_max, prior_scale, phT, rkT, order, ratio_h,
                 rkT[r, i] += ck[j, i] < ck[r, i]
     for r in range(t):
         for i in range(c):
-            order[i, rkT[r, i]] = r
-    for i in range(c):
-        w = W[q0 + i]
-        rms = rms_of(w)
-        inv = 1.0 / rms if rms > 0 else 0.0
-        bs = 1.0
+            rho = rkT[r, i]
+            if rho < L:
+                order[i, rho] = r
+    # bit_volatility inlined without its branch (c >= y_max is checked afterwards), so the
+    # loop vectorizes; same expressions, hence the same doubles.
+    over = 0
+    for r in range(t):
+        for i in range(c):
+            cc = absT[r, i] * inv[i]
+            x = cc * n_bins / y_max
+            j = min(int(x), n_bins - 1)
+            f = x - j
+            pT[r, i] = 0.5 * (surv[j] * (1.0 - f) + surv[j + 1] * f)
+            over |= cc >= y_max
+    if over:
         for r in range(t):
-            pr = bit_volatility(abs(w[63 - r]) * inv, surv, y_max, prior_scale)
-            ratio_h[i, r] = pr / (1.0 - pr)
-            bs *= 1.0 - pr
-        base[i] = bs
+            for i in range(c):
+                cc = absT[r, i] * inv[i]
+                if cc >= y_max:
+                    pT[r, i] = bit_volatility(cc, surv, y_max, prior_scale)
+    for i in range(c):
+        base[i] = 1.0
+    for r in range(t):
+        for i in range(c):
+            pr = pT[r, i]
+            ratioT[r, i] = pr / (1.0 - pr)
+            base[i] *= 1.0 - pr
 
 
-@njit(cache=True)
-def _vosh_probes(x, t, h, budget, base, order, ratio_h, ratio_ext, bits_ext, keys, seqs, sets,
-                 packed, pkeys, hv_out):
-    """The first ``budget`` VOSH probes of one query: header values into hv_out; returns k.
+@njit(cache=True, inline="always")
+def _probes(x, t, L, h, budget, base, order, ratioT, i, ratio_ext, bits_ext, keys, seqs,
+            sets, packed, pkeys, fkeys, ik, fsets, hv, row):
+    """The first ``budget`` VOSH probes of query i of its chunk: header values into hv[row].
 
-    ``order`` and ``ratio_h`` are the query's rows from :func:`_rank_chunk`;
-    ``ratio_ext[SENTINEL]`` = 1 and ``bits_ext[SENTINEL]`` = 0 (set by the caller).
+    Only the L = min(t, budget - 1) most volatile header bits are ranked: a set whose
+    largest rank is r comes after its r - |S| + 1 ancestors in its VOSH tree and after the
+    roots of smaller sizes (keys never grow down a tree since p <= 1/2, and earlier
+    insertions win ties), i.e. at position >= r + 1, so ranks >= budget - 1 are never
+    reached; dropping the sets that hold them leaves the order of the others unchanged.
+    For 2 * budget + h - 1 <= _FRONTIER the frontier is a fixed-size list whose pop (first
+    largest key) is two branch-free reductions over all slots, which vectorize; keys are
+    non-negative doubles, compared as their int64 bits. Returns the number of probes.
     """
     one = np.uint64(1)
-    for r in range(t):
-        b = order[r]
-        ratio_ext[r] = ratio_h[b]
-        bits_ext[r] = one << np.uint64(63 - b)
-    k = vosh_enumerate(base, ratio_ext, t, h, budget, keys, seqs, sets, packed, pkeys)
+    for rho in range(L):
+        b = order[i, rho]
+        ratio_ext[rho] = ratioT[b, i]
+        bits_ext[rho] = one << np.uint64(63 - b)
     shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
-    for i in range(k):
-        hv_out[i] = (x ^ packed_mask(bits_ext, packed[i])) >> shift if t > 0 else np.uint64(0)
+    hh = min(h, L)
+    if 2 * budget + hh - 1 > _FRONTIER or hh > 3:
+        k = vosh_enumerate(base, ratio_ext, L, h, budget, keys, seqs, sets, packed, pkeys)
+        for j in range(k):
+            hv[row, j] = (x ^ packed_mask(bits_ext, packed[j])) >> shift if t > 0 else np.uint64(0)
+        return k
+    for s in range(_FRONTIER):
+        ik[s] = -2
+    n = 0
+    for size in range(hh + 1):
+        root = packed_root(size)
+        fkeys[n] = _key3(base, ratio_ext, root)
+        fsets[n] = root
+        n += 1
+    k = 0
+    while k < budget:
+        # max of the 32 slots in eight independent chains (a single chain is ~64 cycles)
+        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.int64(-3)
+        for s in range(0, _FRONTIER, 8):
+            m0 = max(m0, ik[s])
+            m1 = max(m1, ik[s + 1])
+            m2 = max(m2, ik[s + 2])
+            m3 = max(m3, ik[s + 3])
+            m4 = max(m4, ik[s + 4])
+            m5 = max(m5, ik[s + 5])
+            m6 = max(m6, ik[s + 6])
+            m7 = max(m7, ik[s + 7])
+        mx = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+        if mx < 0:
+            break
+        b0 = b1 = b2 = b3 = np.int64(0)
+        for s in range(0, _FRONTIER, 4):
+            b0 |= np.int64(ik[s] == mx) << s
+            b1 |= np.int64(ik[s + 1] == mx) << (s + 1)
+            b2 |= np.int64(ik[s + 2] == mx) << (s + 2)
+            b3 |= np.int64(ik[s + 3] == mx) << (s + 3)
+        at = cttz((b0 | b1) | (b2 | b3))  # first slot of the largest key
+        st = fsets[at]
+        ik[at] = -1
+        hv[row, k] = (x ^ packed_mask(bits_ext, st)) >> shift if t > 0 else np.uint64(0)
+        k += 1
+        if k == budget:
+            break
+        left, right = _children3(st, L)
+        kl = _key3(base, ratio_ext, left)
+        kr = _key3(base, ratio_ext, right)
+        fsets[n] = left
+        fkeys[n] = kl
+        if left < 0:
+            ik[n] = -2
+        n += left >= 0
+        fsets[n] = right
+        fkeys[n] = kr
+        if right < 0:
+            ik[n] = -2
+        n += right >= 0
     return k
 
 
@@ -352,31 +482,30 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
     res_ord = np.empty(max(16, m), dtype=np.int64)
     res_ham = np.empty(max(16, m), dtype=np.int64)
     nres = 0
+    L = min(t, budget - 1)
     cap = 2 * budget + min(h, t) + 2
     keys = np.empty(cap)
     seqs = np.empty(cap, dtype=np.int64)
     sets = np.empty(cap, dtype=np.int64)
-    tt = max(t, 1)
-    phT = np.empty((tt, _CHUNK))
-    rkT = np.empty((tt, _CHUNK), dtype=np.int64)
-    # Two chunks of ranks: stage C may need its query's ranks after stage A began the next.
-    order = np.empty((2, _CHUNK, tt), dtype=np.int64)
-    ratio_h = np.empty((2, _CHUNK, tt))
-    base = np.empty((2, _CHUNK))
-    ratio_ext = np.ones(SENTINEL + 1)
-    bits_ext = np.zeros(SENTINEL + 1, dtype=np.uint64)
     packed = np.empty(budget, dtype=np.int64)
     pkeys = np.empty(budget)
+    fkeys = np.empty(_FRONTIER)
+    ik = fkeys.view(np.int64)  # the same slots: keys >= 0 order like their int64 bits
+    fsets = np.empty(_FRONTIER, dtype=np.int64)
+    tt = max(t, 1)
+    absT = np.empty((tt, _CHUNK))
+    ckf = np.empty((tt, _CHUNK))
+    rkT = np.empty((tt, _CHUNK), dtype=np.int64)
+    pT = np.empty((tt, _CHUNK))
+    order = np.empty((_CHUNK, max(L, 1)), dtype=np.int64)
+    ratioT = np.empty((tt, _CHUNK))
+    base = np.empty(_CHUNK)
+    ratio_ext = np.ones(SENTINEL + 1)
+    bits_ext = np.zeros(SENTINEL + 1, dtype=np.uint64)
     hv = np.empty((3, budget), dtype=np.uint64)
     los = np.empty((3, budget), dtype=np.int64)
     his = np.empty((3, budget), dtype=np.int64)
     nk = np.zeros(3, dtype=np.int64)
-    # PSM_F usually stops within a few probes: stage A prepares only this prefix, and a
-    # query that needs more recomputes its (deterministic) sequence in stage C.
-    pre = min(budget, _FIRST_PREFIX) if first else budget
-    hv_rest = np.empty(budget, dtype=np.uint64)
-    los_rest = np.empty(budget, dtype=np.int64)
-    his_rest = np.empty(budget, dtype=np.int64)
     nb = buf_fps.shape[0]
     one = np.uint64(1)
     for it in range(m + 2):
@@ -384,12 +513,11 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
         if qa < m:  # stage A
             sa = qa % 3
             ci = qa % _CHUNK
-            bi = (qa // _CHUNK) & 1
             if ci == 0:
-                _rank_chunk(W, qa, min(_CHUNK, m - qa), t, surv, y_max, prior_scale, phT, rkT,
-                            order[bi], ratio_h[bi], base[bi])
-            k = _vosh_probes(qfps[qa], t, h, pre, base[bi, ci], order[bi, ci], ratio_h[bi, ci],
-                             ratio_ext, bits_ext, keys, seqs, sets, packed, pkeys, hv[sa])
+                _prepare_chunk(W, qa, min(_CHUNK, m - qa), t, L, surv, y_max, prior_scale,
+                               absT, ckf, rkT, pT, order, ratioT, base)
+            k = _probes(qfps[qa], t, L, h, budget, base[ci], order, ratioT, ci, ratio_ext,
+                        bits_ext, keys, seqs, sets, packed, pkeys, fkeys, ik, fsets, hv, sa)
             nk[sa] = k
             for i in range(k):
                 prefetch(directory, np.intp(hv[sa, i]))
@@ -409,59 +537,33 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
             sc = qc % 3
             x = qfps[qc]
             bound = before[qc]
-            while True:
-                n = nres
-                ok = True
-                done = False
-                used = 0
-                # The buffer is small and unsorted: scan it exactly.
-                n2, stop = scan_range(buf_fps, buf_ords, 0, nb, x, h, res_ord, res_ham, n,
-                                      first, bound)
-                if stop < nb and not (first and n2 > n):
-                    ok = False
-                elif first and n2 > n:
-                    done = True
-                n = n2
-                if ok and not done:
-                    for i in range(nk[sc]):
-                        used = i + 1
-                        lo = los[sc, i]
-                        hi = his[sc, i]
-                        n2, stop = scan_range(fps, ords, lo, hi, x, h, res_ord, res_ham, n,
-                                              first, bound)
-                        if first and n2 > n:
-                            n = n2
-                            break
-                        if stop < hi:
-                            ok = False
-                            break
-                        n = n2
-                    else:
-                        if first and nk[sc] == pre < budget:
-                            bi = (qc // _CHUNK) & 1
-                            ci = qc % _CHUNK
-                            k2 = _vosh_probes(x, t, h, budget, base[bi, ci], order[bi, ci],
-                                              ratio_h[bi, ci], ratio_ext, bits_ext, keys, seqs,
-                                              sets, packed, pkeys, hv_rest)
-                            for i in range(pre, k2):  # independent loads: misses overlap
-                                los_rest[i] = np.int64(directory[hv_rest[i]])
-                                his_rest[i] = np.int64(directory[hv_rest[i] + one])
-                            for i in range(pre, k2):
-                                used = i + 1
-                                lo = los_rest[i]
-                                hi = his_rest[i]
-                                n2, stop = scan_range(fps, ords, lo, hi, x, h, res_ord, res_ham,
-                                                      n, first, bound)
-                                if n2 > n:
-                                    n = n2
-                                    break
-                                if stop < hi:
-                                    ok = False
-                                    break
-                if ok:
-                    break
-                res_ord = grow(res_ord)  # rare: redo this query with more room
+            kq = nk[sc]
+            rows = nb
+            for i in range(kq):
+                rows += his[sc, i] - los[sc, i]
+            while nres + rows > res_ord.shape[0]:  # room for every row scanned
+                res_ord = grow(res_ord)
                 res_ham = grow(res_ham)
+            # The buffer is small and unsorted: scan it exactly. Room is reserved above, so
+            # scan_range stops early only on a PSM_F match.
+            n, _ = scan_range(buf_fps, buf_ords, 0, nb, x, h, res_ord, res_ham, nres, first,
+                              bound)
+            used = 0
+            found = first and n > nres
+            if not found:  # the buckets, inline: a scan_range call per probe costs ~10%
+                for i in range(kq):
+                    used = i + 1
+                    for r in range(los[sc, i], his[sc, i]):
+                        d = popcount64(x ^ fps[r])
+                        if d <= h and ords[r] < bound:
+                            res_ord[n] = ords[r]
+                            res_ham[n] = d
+                            n += 1
+                            found = first
+                            if found:
+                                break
+                    if found:
+                        break
             nres = n
             probes[qc] = used
             offsets[qc + 1] = nres
