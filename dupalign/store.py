@@ -22,6 +22,7 @@ from rocksdict import (
     Options,
     Rdict,
     ReadOptions,
+    SliceTransform,
     WriteBatch,
 )
 
@@ -67,7 +68,13 @@ def parse_offsets_key(key: bytes) -> tuple[str, int]:
     return key[:-5].decode("utf-8"), int(_U32.unpack_from(key, len(key) - 4)[0])
 
 
-def _options() -> Options:
+# Families read by prefix: the fixed key prefix that names one group (an inverted list is
+# bin ‖ min-hash, 10 bytes). RocksDB keeps Bloom filters of these prefixes, so a seek to a
+# list that does not exist (most lists a new page asks for) reads no data block.
+PREFIX_LENGTHS = {"oph": 10}
+
+
+def _options(family: str | None = None) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
@@ -76,6 +83,9 @@ def _options() -> Options:
     table.set_bloom_filter(10, False)
     opts.set_block_based_table_factory(table)
     opts.increase_parallelism(2)
+    if family in PREFIX_LENGTHS:
+        opts.set_prefix_extractor(SliceTransform.create_fixed_prefix(PREFIX_LENGTHS[family]))
+        opts.set_memtable_prefix_bloom_ratio(0.1)
     return opts
 
 
@@ -114,7 +124,7 @@ class Store:
         else:
             self.path.mkdir(parents=True, exist_ok=True)
             access = AccessType.read_write()
-        families = {name: _options() for name in FAMILIES}
+        families = {name: _options(name) for name in FAMILIES}
         if (self.path / "CURRENT").exists():
             existing = set(Rdict.list_cf(str(self.path), opts))
             if read_only:
@@ -122,6 +132,8 @@ class Store:
         self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
         self._handles = {name: self._db.get_column_family_handle(name) for name in families}
         self._cfs = {name: self._db.get_column_family(name) for name in families}
+        self._same_prefix = ReadOptions()
+        self._same_prefix.set_prefix_same_as_start(True)
         self._check_params(params, read_only)
 
     def _check_params(self, params: dict[str, Any], read_only: bool) -> None:
@@ -175,10 +187,18 @@ class Store:
         self, family: str, prefix: bytes, limit: int | None = None
     ) -> list[tuple[bytes, bytes]]:
         """Like ``prefix`` but materialized (at most ``limit`` entries), iterated in Rust."""
-        ropts = ReadOptions()
-        upper = _prefix_upper_bound(prefix)
-        if upper is not None:
-            ropts.set_iterate_upper_bound(upper)
+        fixed = PREFIX_LENGTHS.get(family)
+        if fixed == len(prefix):
+            # exactly the family's fixed prefix: iteration ends where it changes, and the
+            # prefix Bloom filters skip the files without it
+            ropts = self._same_prefix
+        else:
+            ropts = ReadOptions()
+            if fixed is not None and len(prefix) > fixed:
+                ropts.set_prefix_same_as_start(True)
+            upper = _prefix_upper_bound(prefix)
+            if upper is not None:
+                ropts.set_iterate_upper_bound(upper)
         items = cast(Iterator[tuple[bytes, bytes]],
                      self._cfs[family].items(from_key=prefix, read_opt=ropts))
         return list(items if limit is None else islice(items, limit))
