@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from dupalign.hashing import mix64
 from dupalign.interval_scan import scan_kernel
 
 I64 = npt.NDArray[np.int64]
@@ -37,6 +38,7 @@ Ints = npt.NDArray[np.integer[Any]]  # int64, or int32 for the in-memory lists' 
 
 LONG_KEY_SHIFT = 40  # long-window keys: list id << 40 | ordinal (ordinals stay below 2^40)
 EMPTY_KEY_SHIFT = 16  # empty-window keys: ordinal << 16 | bin (k ≤ 2^16)
+_FP_SALT = 0x4C495354  # "LIST"
 
 
 @njit(cache=True)
@@ -171,6 +173,64 @@ def _grow(a: I64, size: int) -> I64:
     return out
 
 
+def window_fingerprints(bins: I64, keys: U64) -> npt.NDArray[np.uint32]:
+    """32-bit fingerprints of inverted lists (bin, min-hash): a page records those of its
+    windows, so that membership in a long list can be checked without reading the list
+    (a false positive, at rate ~ windows / 2^32, only costs a read)."""
+    x = np.asarray(keys, dtype=np.uint64) ^ (np.asarray(bins).astype(np.uint64) << np.uint64(48))
+    return (mix64(x, _FP_SALT) >> np.uint64(32)).astype(np.uint32)
+
+
+@njit(cache=True)
+def long_hits(
+    task_p: I64, task_o: I64, task_collided: I64, lid: I64, is_long: Bools, list_fp: I64,
+    key_pages: I64, key_off: I64, key_fps: I64, q_empty: Bools, w_match: int, w_empty: int,
+    need: int,
+) -> tuple[I64, Bools, I64, I64]:  # fmt: skip
+    """The long lists each task's page really belongs to, from the page's sorted window
+    fingerprints (CSR over the sorted ``key_pages``; a page without a record is assumed to
+    belong to all of them). ``task_collided`` counted every long list as a collision;
+    recounted, tasks that can no longer reach ``need`` are dropped.
+
+    Returns ``(task_long, keep, pair_task, pair_list)``: per task the number of long lists
+    holding its page, whether it is kept, and the (task, list) pairs of kept tasks whose
+    windows must be read.
+    """
+    n_t = task_p.shape[0]
+    n_empty = _empty_bins(q_empty)
+    task_long = np.zeros(n_t, dtype=np.int64)
+    keep = np.zeros(n_t, dtype=np.bool_)
+    pair_t = np.empty(16, dtype=np.int64)
+    pair_l = np.empty(16, dtype=np.int64)
+    n_pairs = 0
+    for t in range(n_t):
+        p = task_p[t]
+        a, z = _csr_range(key_pages, key_off, task_o[t])
+        known = a < z or _is_in(key_pages, task_o[t])
+        credited = 0
+        first = n_pairs
+        for b in range(lid.shape[1]):
+            x = lid[p, b]
+            if x < 0 or not is_long[x]:
+                continue
+            credited += 1
+            if known:
+                i = a + np.searchsorted(key_fps[a:z], list_fp[x])
+                if i >= z or key_fps[i] != list_fp[x]:
+                    continue
+            task_long[t] += 1
+            if n_pairs == pair_t.shape[0]:
+                pair_t, pair_l = _grow(pair_t, 2 * n_pairs), _grow(pair_l, 2 * n_pairs)
+            pair_t[n_pairs] = t
+            pair_l[n_pairs] = x
+            n_pairs += 1
+        collided = task_collided[t] - credited + task_long[t]
+        keep[t] = w_match * collided + w_empty * n_empty[p] >= need
+        if not keep[t]:
+            n_pairs = first
+    return task_long, keep, pair_t[:n_pairs].copy(), pair_l[:n_pairs].copy()
+
+
 @njit(cache=True)
 def _csr_range(keys: I64, off: I64, key: int) -> tuple[int, int]:
     """Rows ``[a, b)`` of ``key`` in a CSR array with sorted distinct ``keys`` (empty if absent)."""
@@ -282,13 +342,13 @@ def _drop_unreachable(buf: I64, m: int, m_min: int) -> int:
 
 @njit(cache=True)
 def viable_tasks(
-    task_p: I64, task_o: I64, lid: I64, is_long: Bools, n_before: I64, start: I64, ords: I64,
-    rects: Ints, q_empty: Bools, w_match: int, w_empty: int, need: int,
+    task_p: I64, task_o: I64, task_long: I64, lid: I64, is_long: Bools, n_before: I64,
+    start: I64, ords: I64, rects: Ints, q_empty: Bools, w_match: int, w_empty: int, need: int,
 ) -> Bools:  # fmt: skip
     """Which tasks may still hold a similar cell, judged from their short-list windows
     alone (before their empty and long-list windows are read): some start position and
     some end position must each be covered by enough matched windows that the empty bins
-    and long lists could make up the rest."""
+    and the ``task_long[t]`` long lists holding the page could make up the rest."""
     n_empty = _empty_bins(q_empty)
     none = np.empty(0, dtype=np.int64)
     none2 = np.empty((0, 4), dtype=np.int64)
@@ -296,11 +356,7 @@ def viable_tasks(
     out = np.zeros(task_p.shape[0], dtype=np.bool_)
     for t in range(task_p.shape[0]):
         p = task_p[t]
-        n_long = 0
-        for b in range(lid.shape[1]):
-            if lid[p, b] >= 0 and is_long[lid[p, b]]:
-                n_long += 1
-        rest = need - w_empty * n_empty[p] - w_match * n_long
+        rest = need - w_empty * n_empty[p] - w_match * task_long[t]
         if rest <= 0:
             out[t] = True  # nothing to judge by
             continue

@@ -197,21 +197,31 @@ class PassageIndex:
         ords, rects = self.cache.ords, self.cache.rects
         n_before = passage_align.entries_before(start, length, ords, before)
         excl = np.array(sorted(exclude), dtype=np.int64)
-        t_p, t_o, _, pruned, inexact = passage_align.select_candidates(
+        t_p, t_o, t_c, pruned, inexact = passage_align.select_candidates(
             lid, is_long, n_before, start, ords, empty, excl, self.w_match, self.w_empty,
             self.need, self.cfg.max_candidates)
         self.counters.inexact_passages += inexact
+        pair_t = pair_l = np.empty(0, dtype=np.int64)
         if len(t_p):
-            viable = passage_align.viable_tasks(t_p, t_o, lid, is_long, n_before, start, ords,
-                                                rects, empty, self.w_match, self.w_empty,
-                                                self.need)
-            pruned += int(np.count_nonzero(~viable))
-            t_p, t_o = t_p[viable], t_o[viable]
+            # which long lists each candidate page is really in (its window fingerprints)
+            list_fp = passage_align.window_fingerprints(lists["bin"], lists["key"])
+            t_long, keep, pair_t, pair_l = passage_align.long_hits(
+                t_p, t_o, t_c, lid, is_long, list_fp.astype(np.int64),
+                *self._page_fingerprints(np.unique(t_o)), empty, self.w_match, self.w_empty,
+                self.need)
+            keep &= passage_align.viable_tasks(
+                t_p, t_o, t_long, lid, is_long, n_before, start, ords, rects, empty,
+                self.w_match, self.w_empty, self.need)
+            pruned += int(np.count_nonzero(~keep))
+            renumber = np.cumsum(keep) - 1
+            kept_pair = keep[pair_t]
+            pair_t, pair_l = renumber[pair_t[kept_pair]], pair_l[kept_pair]
+            t_p, t_o = t_p[keep], t_o[keep]
         self.counters.candidates_pruned += pruned
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
             return []
-        long_keys, long_off, long_rects = self._long_windows(t_p, t_o, lid, is_long, lists)
+        long_keys, long_off, long_rects = self._long_windows(t_o[pair_t], pair_l, lists)
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
         h_t, h_s, h_e, h_x = passage_align.scan_tasks(
             t_p, t_o, lid, is_long, n_before, start, ords, rects, empty, long_keys, long_off,
@@ -265,15 +275,23 @@ class PassageIndex:
                                         _unpack_rects(values))
         return slots
 
-    def _long_windows(
-        self, t_p: I64, t_o: I64, lid: I64, is_long: npt.NDArray[np.bool_], lists: Any
-    ) -> tuple[I64, I64, I64]:
-        """The candidates' windows in their passages' long lists, as a CSR array keyed by
-        ``list << 40 | page``: one seek to (bin, key, page) each."""
-        if not is_long.any():
+    def _page_fingerprints(self, pages: I64) -> tuple[I64, I64, I64]:
+        """The pages' sorted window fingerprints as CSR (pages without a record, if any,
+        are left out: they count as belonging to every long list)."""
+        raws = self.store.multi_get("oph_keys", [u64(o) for o in pages.tolist()])
+        have = np.array([r is not None for r in raws], dtype=np.bool_)
+        parts = [np.frombuffer(r, dtype="<u4") for r in raws if r is not None]
+        off = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([len(x) for x in parts], out=off[1:])
+        fps = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
+        return pages[have], off, fps
+
+    def _long_windows(self, pages: I64, list_ids: I64, lists: Any) -> tuple[I64, I64, I64]:
+        """The windows of ``pages[x]`` in the long list ``list_ids[x]``, as a CSR array keyed
+        by ``list << 40 | page``: one seek to (bin, key, page) each."""
+        if not len(pages):
             return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), _NO_RECTS
-        task, b = np.nonzero((lid[t_p] >= 0) & is_long[lid[t_p]])
-        want = np.unique((lid[t_p[task], b] << passage_align.LONG_KEY_SHIFT) | t_o[task])
+        want = np.unique((list_ids << passage_align.LONG_KEY_SHIFT) | pages)
         parts = []
         for x in want.tolist():
             lb, lk = lists[x >> passage_align.LONG_KEY_SHIFT].tolist()
@@ -342,6 +360,8 @@ class PassageIndex:
         kw, vw = _LIST_KEY.itemsize, packed.itemsize * 4
         for x in range(len(nonempty)):
             batch.put("oph", ks[x * kw : (x + 1) * kw], vs[x * vw : (x + 1) * vw])
+        fps = passage_align.window_fingerprints(r.bin[nonempty], r.key[nonempty])
+        batch.put("oph_keys", prefix_ord, np.unique(fps).astype("<u4").tobytes())
         emp = np.flatnonzero(r.empty)
         if len(emp):
             emp = emp[np.argsort(r.bin[emp], kind="stable")]  # one value per bin, rows in order

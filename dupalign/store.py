@@ -39,6 +39,7 @@ FAMILIES = (
     "cws",  # ordinal -> K uint64 samples
     "oph",  # bin ‖ min-hash value ‖ ordinal ‖ c -> (l, r): inverted lists of non-empty windows
     "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
+    "oph_keys",  # ordinal -> sorted 32-bit fingerprints of the page's lists (bin ‖ min-hash)
     "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
     "idf_pending",  # ordinal -> distinct token hashes, kept until the last idf freeze
     "offsets",  # topic ‖ partition -> next offset to consume
