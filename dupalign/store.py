@@ -18,6 +18,7 @@ import msgpack
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
+    Cache,
     DBCompressionType,
     Options,
     Rdict,
@@ -75,13 +76,20 @@ def parse_offsets_key(key: bytes) -> tuple[str, int]:
 PREFIX_LENGTHS = {"oph": 10}
 
 
-def _options(family: str | None = None) -> Options:
+BLOCK_CACHE_BYTES = 256 << 20  # uncompressed blocks shared by all families
+
+
+def _options(family: str | None = None, cache: Cache | None = None) -> Options:
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
     opts.set_compression_type(DBCompressionType.lz4())
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
+    if cache is not None:
+        # list reads are random over the whole store, so the default per-family cache
+        # holds little of it (6M-entry test store: 19 -> 12.5 us per read with 1 GB)
+        table.set_block_cache(cache)
     opts.set_block_based_table_factory(table)
     opts.increase_parallelism(2)
     if family in PREFIX_LENGTHS:
@@ -125,7 +133,8 @@ class Store:
         else:
             self.path.mkdir(parents=True, exist_ok=True)
             access = AccessType.read_write()
-        families = {name: _options(name) for name in FAMILIES}
+        cache = Cache(BLOCK_CACHE_BYTES)
+        families = {name: _options(name, cache) for name in FAMILIES}
         if (self.path / "CURRENT").exists():
             existing = set(Rdict.list_cf(str(self.path), opts))
             if read_only:
