@@ -5,12 +5,15 @@ Every page's compact windows are indexed: non-empty windows in inverted lists ke
 passages of ``query_len`` tokens with a ``stride``; each passage is aligned against the
 earlier pages whose windows collide with its sketch:
 
-1. read the inverted lists of the passage's min-hashes (cached per page: passages overlap);
+1. read the inverted lists of the passages' min-hashes (all passages of the page at once,
+   from memory (dupalign.list_cache) or the store); lists longer than ``max_list`` are only
+   flagged: a page's membership in them is checked against its list fingerprints;
 2. count distinct collided bins per earlier page and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
 3. read those pages' empty windows in the passage's empty bins, and run the interval scan
    over the colliding rectangles: the longest subsequences whose estimate is ≥ θ.
+The numba kernels of steps 2-3 are in dupalign.passage_align.
 
 Hits on one earlier page are merged into maximal spans. Thresholds are exact integers:
 θ = p/q, a matched non-empty window weighs q, a jointly empty bin weighs p, and a
