@@ -6,9 +6,8 @@ State kept across pages, and how it survives a restart:
 - idf tables: version 0 is uniform; version v is frozen from the document frequencies of
   the first ``idf_freeze_at[v-1]`` indexed pages and written to ``meta``. Until the last
   freeze the pages' distinct token hashes are kept in ``idf_pending`` so that the counts
-  can be rebuilt at open. A page's fingerprint and sketch are computed with the version
-  current when it arrived; a candidate is verified with a query sketch computed under the
-  candidate's own version, so both sides of a comparison always use the same weights.
+  can be rebuilt at open. A page's fingerprint is computed with the version current when
+  it arrived; the verification sketch does not depend on idf.
 
 Verification: a candidate is a near duplicate if the resemblance (Jaccard) of the two pages'
 word ``SHINGLE``-shingle sets reaches ``cws_threshold``, estimated from K-min-hash sketches
@@ -16,14 +15,13 @@ under the CWS early-termination filter. Shingles and not the weighted bag of wor
 a bag of words ignores order: on llvm-13/14 docs, 20-word templated pages listing operands
 ("src … xnack_mask vcc trap m0 …") and long pages with reordered tables had weighted word
 Jaccard ≥ 0.8 but 5-shingle Jaccard 0.4–0.8, and made most false positives. Binary
-shingles and not ICWS over weighted shingles, because ICWS costs ~150 ns per (feature,
-sample) and a page has ~1 shingle per token (vs ~1 distinct word per 5 tokens); a min-hash
-costs one mix per (feature, sample). Sketches do not depend on the idf version.
+shingles and not ICWS over weighted shingles, because ICWS takes logarithms and
+exponentials for every (feature, sample) and a page has ~1 shingle per token; a min-hash is
+one mix per (feature, sample), and min-hash is consistent sampling with unit weights.
 """
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -40,7 +38,6 @@ from dupalign.store import Batch, Store, read_u64, u64
 from dupalign.vosh import VolatilityModel
 
 U64 = npt.NDArray[np.uint64]
-_VERSION = struct.Struct(">H")
 _META_MODEL = b"volatility"
 # words per verification shingle (3: standard w-shingling; llvm and Clough checks in the
 # commit message); should become a frozen config key, near.shingle
@@ -66,7 +63,6 @@ class NearState:
     fingerprint: int | None = None
     W: npt.NDArray[np.float64] | None = None
     sketch: U64 | None = None
-    idf_version: int = 0
     unique: U64 | None = None
     frozen: IdfTable | None = None
 
@@ -122,7 +118,7 @@ class NearIndex:
         version = len(self.tables) - 1
         uniq, weights = self._weights(hashes, version)
         fp, W = weighted_simhash(uniq, weights)
-        state.fingerprint, state.W, state.idf_version, state.unique = fp, W, version, uniq
+        state.fingerprint, state.W, state.unique = fp, W, uniq
         state.sketch = verification_sketch(hashes, self.cfg.cws_samples, self.seed)
         self.counters.lookups += 1
         psm = psm_search_batch(self.table, [fp], W[None, :], self.cfg.hamming,
@@ -138,8 +134,7 @@ class NearIndex:
             raw = self.store.get("cws", u64(other))
             if raw is None:
                 continue
-            # the version prefix stays in the record; min-hash sketches do not depend on it
-            other_sketch = np.frombuffer(raw, dtype="<u8", offset=_VERSION.size)
+            other_sketch = np.frombuffer(raw, dtype="<u8")
             result = self.filter.compare(state.sketch, other_sketch)
             self.counters.filter.add(result)
             if result.decision == "similar":
@@ -152,8 +147,7 @@ class NearIndex:
             return
         assert state.sketch is not None and state.unique is not None and state.W is not None
         batch.put("simhash", u64(state.fingerprint) + u64(ordinal), b"")
-        batch.put("cws", u64(ordinal),
-                  _VERSION.pack(state.idf_version) + state.sketch.astype("<u8").tobytes())
+        batch.put("cws", u64(ordinal), state.sketch.astype("<u8").tobytes())
         self.model.update(state.W)
         batch.put("meta", _META_MODEL, self.model.to_bytes())
         if self.builder is not None:

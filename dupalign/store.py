@@ -37,7 +37,7 @@ FAMILIES = (
     "matches",  # ordinal -> the matches the page produced (msgpack), returned on replay
     "exact",  # content hash (16 B) ‖ ordinal -> b""
     "simhash",  # fingerprint ‖ ordinal -> b""
-    "cws",  # ordinal -> K uint64 samples
+    "cws",  # ordinal -> K uint64 min-hashes of the page's word shingles (verification)
     "oph",  # bin ‖ min-hash value ‖ ordinal ‖ c -> (l, r): inverted lists of non-empty windows
     "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
     "oph_keys",  # ordinal -> sorted 32-bit fingerprints of the page's lists (bin ‖ min-hash)
