@@ -57,7 +57,8 @@ def oph_bins(hvals: U64, k: int) -> I64:
 
 
 @njit(cache=True)
-def _sketch(hvals: U64, bins: I64, k: int) -> tuple[U64, Bools]:
+def oph_sketch_kernel(hvals: U64, bins: I64, k: int) -> tuple[U64, Bools]:
+    """``oph_sketch_binned`` for numba callers (bins already checked)."""
     mins = np.zeros(k, dtype=np.uint64)
     empty = np.ones(k, dtype=np.bool_)
     for x in range(hvals.shape[0]):
@@ -80,7 +81,7 @@ def oph_sketch_binned(hvals: U64, bins: I64, k: int) -> Sketch:
     if h.shape != b.shape:
         raise ValueError("hvals and bins must have the same length")
     _check_bins(b, k)
-    return _sketch(h, b, k)
+    return oph_sketch_kernel(h, b, k)
 
 
 def oph_sketch(hvals: U64, k: int) -> Sketch:
@@ -89,7 +90,7 @@ def oph_sketch(hvals: U64, k: int) -> Sketch:
     ``mins[t]`` is the smallest value in bin t (0 and meaningless when ``empty[t]``).
     """
     h = np.ascontiguousarray(hvals, dtype=np.uint64)
-    return _sketch(h, oph_bins(h, k), k)
+    return oph_sketch_kernel(h, oph_bins(h, k), k)
 
 
 def oph_counts(a: Sketch, b: Sketch) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from numba import njit
 
 from dupalign.hashing import mix64
 from dupalign.interval_scan import scan_kernel
+from dupalign.oph import oph_sketch_kernel
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
@@ -49,11 +50,8 @@ def passage_sketches(hvals: U64, bins: I64, starts: I64, ends: I64, k: int) -> t
     mins = np.zeros((n_p, k), dtype=np.uint64)
     empty = np.ones((n_p, k), dtype=np.bool_)
     for p in range(n_p):
-        for x in range(starts[p], ends[p]):
-            b = bins[x]
-            if empty[p, b] or hvals[x] < mins[p, b]:
-                mins[p, b] = hvals[x]
-                empty[p, b] = False
+        mins[p], empty[p] = oph_sketch_kernel(hvals[starts[p]:ends[p]], bins[starts[p]:ends[p]],
+                                              k)
     return mins, empty
 
 
@@ -206,7 +204,7 @@ def long_hits(
     for t in range(n_t):
         p = task_p[t]
         a, z = _csr_range(key_pages, key_off, task_o[t])
-        known = a < z or _is_in(key_pages, task_o[t])
+        known = a < z  # a candidate page has windows, so a record is never empty
         credited = 0
         first = n_pairs
         for b in range(lid.shape[1]):
