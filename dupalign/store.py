@@ -72,7 +72,8 @@ def parse_offsets_key(key: bytes) -> tuple[str, int]:
 
 # Families read by prefix: the fixed key prefix that names one group (an inverted list is
 # bin ‖ min-hash, 10 bytes). RocksDB keeps Bloom filters of these prefixes, so a seek to a
-# list that does not exist (most lists a new page asks for) reads no data block.
+# list that does not exist (most lists a new page asks for) reads no data block
+# (tests/bench/bench_store.py).
 PREFIX_LENGTHS = {"oph": 10}
 
 
@@ -87,8 +88,8 @@ def _options(family: str | None = None, cache: Cache | None = None) -> Options:
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     if cache is not None:
-        # list reads are random over the whole store, so the default per-family cache
-        # holds little of it (6M-entry test store: 19 -> 12.5 us per read with 1 GB)
+        # list reads are random over the whole store, so a small per-family cache holds
+        # little of it (tests/bench/bench_store.py compares reads with plain options)
         table.set_block_cache(cache)
     opts.set_block_based_table_factory(table)
     opts.increase_parallelism(2)
