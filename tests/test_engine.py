@@ -225,3 +225,20 @@ def test_in_memory_lists_stay_equal_to_the_store(tmp_path: Path, budget: int | N
     with Engine.open(tmp_path / "s", cfg) as cold:
         assert [(m.match_doc_id, m.spans) for m in cold.query_text(probe)] == hot
     assert {doc for doc, _ in hot} >= {"p0", "p1", "p3", "p4"}
+
+
+def test_same_words_in_another_order_are_not_near_duplicates(tmp_path: Path) -> None:
+    """Verification compares word 3-shingle sets: a page whose 4-word blocks are shuffled
+    has the same bag of words (same simhash, so PSM nominates it) but is not a near
+    duplicate (weighted word Jaccard 1, which the earlier word-level check accepted)."""
+    words = rfc_words("rfc2821.txt", 0, 400)
+    blocks = [words[i : i + 4] for i in range(0, len(words), 4)]
+    random.Random(3).shuffle(blocks)
+    shuffled = [w for b in blocks for w in b]
+    cfg = EngineConfig(passage=PassageConfig(enabled=False)).validate()
+    with Engine.open(tmp_path / "s", cfg) as engine:
+        engine.process(page("orig", words))
+        found = engine.process(page("shuffled", shuffled))
+        assert engine.near.counters.candidates >= 1  # nominated by PSM ...
+        assert not [m for m in found if m.kind == "near"]  # ... rejected by verification
+        assert engine.near.counters.filter.pairs >= 1
