@@ -60,7 +60,10 @@ class NearConfig:
     mode: str = "all"  # PSM_A ("all") or PSM_F ("first")
     min_tokens: int = 10  # shorter pages get exact matching only
     cws_samples: int = 128
-    cws_threshold: float = 0.8  # word 3-shingle Jaccard a near duplicate must reach
+    cws_threshold: float = 0.8  # word-shingle Jaccard a near duplicate must reach
+    # words per verification shingle: 3 is standard w-shingling; on llvm-13/14 it rejects the
+    # templated pages that share words in another order (dupalign.near)
+    shingle: int = 3
     cws_error: float = 1e-3  # e: probability budget of each early-termination bound
     tf_mode: str = "log"
     idf_freeze_at: tuple[int, ...] = (1000, 10000, 100000)
@@ -72,6 +75,7 @@ class NearConfig:
         _check_range("near.min_tokens", self.min_tokens, 1, 1_000_000)
         _check_range("near.cws_samples", self.cws_samples, 8, 4096)
         _check_range("near.cws_threshold", self.cws_threshold, 0.01, 1.0)
+        _check_range("near.shingle", self.shingle, 1, 16)
         _check_range("near.cws_error", self.cws_error, 1e-12, 0.5)
         _check_choice("near.tf_mode", self.tf_mode, NEAR_TF_MODES)
         if list(self.idf_freeze_at) != sorted(set(self.idf_freeze_at)) or any(
@@ -118,17 +122,36 @@ class PassageConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    """Memory budgets (runtime only: they change speed, never results)."""
+
+    lists_mb: int = 256  # inverted lists of the passage index kept in memory
+    blocks_mb: int = 256  # RocksDB block cache shared by all column families
+
+    def validate(self) -> None:
+        _check_range("cache.lists_mb", self.lists_mb, 1, 1 << 20)
+        _check_range("cache.blocks_mb", self.blocks_mb, 1, 1 << 20)
+
+
+# Frozen parameters added after stores were made, with the value those stores were built
+# with: a store that did not record one was built with this value.
+IMPLIED_PARAMS = {"near_shingle": 3}
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     seed: int = 0x5EED
     text: TextConfig = field(default_factory=TextConfig)
     near: NearConfig = field(default_factory=NearConfig)
     passage: PassageConfig = field(default_factory=PassageConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
     def validate(self) -> EngineConfig:
         _check_range("seed", self.seed, 0, (1 << 32) - 1)
         self.text.validate()
         self.near.validate()
         self.passage.validate()
+        self.cache.validate()
         return self
 
     def frozen_params(self) -> dict[str, Any]:
@@ -139,6 +162,7 @@ class EngineConfig:
             "main_content": self.text.main_content,
             "tf_mode": self.near.tf_mode,
             "cws_samples": self.near.cws_samples,
+            "near_shingle": self.near.shingle,
             "idf_freeze_at": list(self.near.idf_freeze_at),
             "passage_mode": self.passage.mode,
             "passage_k": self.passage.k,
@@ -152,13 +176,12 @@ class EngineConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EngineConfig:
         """Build from a TOML-like mapping; unknown keys and bad values raise ConfigError."""
-        sections = {"text": TextConfig, "near": NearConfig, "passage": PassageConfig}
         kwargs: dict[str, Any] = {}
         for key, value in data.items():
-            if key in sections:
+            if key in SECTIONS:
                 if not isinstance(value, dict):
                     raise ConfigError(key, "must be a table")
-                kwargs[key] = _build_section(key, sections[key], value)
+                kwargs[key] = _build_section(key, SECTIONS[key], value)
             elif key == "seed":
                 if not isinstance(value, int) or isinstance(value, bool):
                     raise ConfigError("seed", f"{value!r} is not an integer")
@@ -166,6 +189,11 @@ class EngineConfig:
             else:
                 raise ConfigError(key, "unknown key")
         return cls(**kwargs).validate()
+
+
+# the tables of an engine configuration (a TOML file's [engine.<name>])
+SECTIONS: dict[str, type] = {"text": TextConfig, "near": NearConfig, "passage": PassageConfig,
+                             "cache": CacheConfig}
 
 
 def _build_section(name: str, cls: type, data: dict[str, Any]) -> Any:

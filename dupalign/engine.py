@@ -18,7 +18,7 @@ from typing import Any
 import mmh3
 import msgpack
 
-from dupalign.config import EngineConfig
+from dupalign.config import IMPLIED_PARAMS, EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.hashing import content_hash, token_hashes
 from dupalign.match import Match
@@ -74,7 +74,8 @@ class Engine:
         cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False
     ) -> Engine:
         config = (config or EngineConfig()).validate()
-        store = Store(store_dir, config.frozen_params(), read_only=read_only)
+        store = Store(store_dir, config.frozen_params(), read_only=read_only,
+                      implied=IMPLIED_PARAMS, block_cache_bytes=config.cache.blocks_mb << 20)
         try:
             return cls(store, config, read_only)
         except BaseException:

@@ -10,7 +10,7 @@ State kept across pages, and how it survives a restart:
   it arrived; the verification sketch does not depend on idf.
 
 Verification: a candidate is a near duplicate if the resemblance (Jaccard) of the two pages'
-word ``SHINGLE``-shingle sets reaches ``cws_threshold``, estimated from K-min-hash sketches
+word ``near.shingle``-shingle sets reaches ``cws_threshold``, estimated from K-min-hash sketches
 under the CWS early-termination filter. Shingles and not the weighted bag of words, because
 a bag of words ignores order: on llvm-13/14 docs, 20-word templated pages listing operands
 ("src … xnack_mask vcc trap m0 …") and long pages with reordered tables had weighted word
@@ -39,15 +39,12 @@ from dupalign.vosh import VolatilityModel
 
 U64 = npt.NDArray[np.uint64]
 _META_MODEL = b"volatility"
-# words per verification shingle (3: standard w-shingling; llvm and Clough checks in the
-# commit message); should become a frozen config key, near.shingle
-SHINGLE = 3
 _SHINGLE_SALT = 0x5A1
 
 
-def verification_sketch(hashes: U64, K: int, seed: int) -> U64:
-    """The page's K-min-hash sketch of its word ``SHINGLE``-shingles (token order kept)."""
-    return minhash_sketch(shingle_hashes(hashes, SHINGLE, _SHINGLE_SALT), K, seed)
+def verification_sketch(hashes: U64, K: int, seed: int, shingle: int) -> U64:
+    """The page's K-min-hash sketch of its word ``shingle``-shingles (token order kept)."""
+    return minhash_sketch(shingle_hashes(hashes, shingle, _SHINGLE_SALT), K, seed)
 
 
 def _idf_key(version: int) -> bytes:
@@ -119,7 +116,8 @@ class NearIndex:
         uniq, weights = self._weights(hashes, version)
         fp, W = weighted_simhash(uniq, weights)
         state.fingerprint, state.W, state.unique = fp, W, uniq
-        state.sketch = verification_sketch(hashes, self.cfg.cws_samples, self.seed)
+        state.sketch = verification_sketch(hashes, self.cfg.cws_samples, self.seed,
+                                           self.cfg.shingle)
         self.counters.lookups += 1
         psm = psm_search_batch(self.table, [fp], W[None, :], self.cfg.hamming,
                                self.cfg.probe_budget, self.cfg.mode,  # type: ignore[arg-type]

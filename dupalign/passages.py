@@ -37,7 +37,7 @@ from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
-from dupalign.store import Batch, Store, u64
+from dupalign.store import Batch, PrefixReader, Store, u64
 from dupalign.text import Tokens
 
 I64 = npt.NDArray[np.int64]
@@ -48,7 +48,6 @@ _RECT = np.dtype("<i4")
 # key of an inverted-list entry: bin ‖ min-hash ‖ ordinal ‖ window number, big-endian
 _LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq", ">u4")])
 _SHINGLE_SALT = 0x5348494E
-_CACHE_BYTES = 256 << 20  # inverted lists kept in memory (dupalign.list_cache)
 _NO_RECTS = np.empty((0, 4), dtype=np.int64)
 
 
@@ -115,7 +114,7 @@ class PassageIndex:
             self.need = monoactive.threshold_count(self.k, (self.p, self.q))
         self.counters = PassageCounters()
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
-        self.cache = ListCache(_CACHE_BYTES, self.cfg.max_list)
+        self.cache = ListCache(config.cache.lists_mb << 20, self.cfg.max_list)
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -193,7 +192,8 @@ class PassageIndex:
         lists, inverse = np.unique(named, return_inverse=True)
         lid = np.full((n_p, k), -1, dtype=np.int64)
         lid[rows, bins] = inverse.ravel()
-        slots = self._list_slots(np.ascontiguousarray(lists["bin"]),
+        reader = self.store.prefix_reader("oph")  # made now: sees every earlier page
+        slots = self._list_slots(reader, np.ascontiguousarray(lists["bin"]),
                                  np.ascontiguousarray(lists["key"]))
         is_long = self.cache.is_long(slots)
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]
@@ -224,7 +224,8 @@ class PassageIndex:
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
             return []
-        long_keys, long_off, long_rects = self._long_windows(t_o[pair_t], pair_l, lists)
+        long_keys, long_off, long_rects = self._long_windows(reader, t_o[pair_t], pair_l,
+                                                             lists)
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
         h_t, h_s, h_e, h_x = passage_align.scan_tasks(
             t_p, t_o, lid, is_long, n_before, start, ords, rects, empty, long_keys, long_off,
@@ -244,7 +245,7 @@ class PassageIndex:
         return keys, np.zeros(keys.shape, dtype=np.bool_)
 
     # -- store reads ------------------------------------------------------------------------
-    def _list_slots(self, bins: I64, keys: U64) -> I64:
+    def _list_slots(self, reader: PrefixReader, bins: I64, keys: U64) -> I64:
         """Cache slots of the inverted lists (bin, key); the lists not in memory are read
         from the store (whole, or only flagged when longer than ``max_list``: a common
         unit such as navigation or stop phrases, whose windows are then read per
@@ -260,16 +261,15 @@ class PassageIndex:
         values: list[bytes] = []
         for y, (b, key) in enumerate(zip(bins[miss].tolist(), keys[miss].tolist(),
                                          strict=True)):
-            entries = self.store.prefix_items("oph", _BIN.pack(b) + u64(key),
-                                              self.cfg.max_list + 1)
-            self.counters.entries_read += len(entries)
-            if len(entries) > self.cfg.max_list:
+            ks, vs = reader.items(_BIN.pack(b) + u64(key), self.cfg.max_list + 1)
+            self.counters.entries_read += len(ks)
+            if len(ks) > self.cfg.max_list:
                 long[y] = True
                 self.counters.long_lists += 1
                 continue
-            counts[y] = len(entries)
-            key_bytes.extend(k for k, _ in entries)
-            values.extend(v for _, v in entries)
+            counts[y] = len(ks)
+            key_bytes += ks
+            values += vs
         self.counters.lists_read += len(miss)
         off = np.zeros(len(miss) + 1, dtype=np.int64)
         np.cumsum(counts, out=off[1:])
@@ -289,7 +289,8 @@ class PassageIndex:
         fps = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
         return pages[have], off, fps
 
-    def _long_windows(self, pages: I64, list_ids: I64, lists: Any) -> tuple[I64, I64, I64]:
+    def _long_windows(self, reader: PrefixReader, pages: I64, list_ids: I64, lists: Any
+                      ) -> tuple[I64, I64, I64]:
         """The windows of ``pages[x]`` in the long list ``list_ids[x]``, as a CSR array keyed
         by ``list << 40 | page``: one seek to (bin, key, page) each."""
         if not len(pages):
@@ -300,7 +301,7 @@ class PassageIndex:
             lb, lk = lists[x >> passage_align.LONG_KEY_SHIFT].tolist()
             page = x & ((1 << passage_align.LONG_KEY_SHIFT) - 1)
             prefix = _BIN.pack(lb) + u64(lk) + u64(page)
-            parts.append(_unpack_rects([v for _, v in self.store.prefix_items("oph", prefix)]))
+            parts.append(_unpack_rects(reader.items(prefix)[1]))
         return _csr(want, parts, _NO_RECTS)
 
     def _empty_windows(

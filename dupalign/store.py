@@ -77,7 +77,7 @@ def parse_offsets_key(key: bytes) -> tuple[str, int]:
 PREFIX_LENGTHS = {"oph": 10}
 
 
-BLOCK_CACHE_BYTES = 256 << 20  # uncompressed blocks shared by all families
+BLOCK_CACHE_BYTES = 256 << 20  # uncompressed blocks shared by all families (default)
 
 
 def _options(family: str | None = None, cache: Cache | None = None) -> Options:
@@ -124,7 +124,11 @@ class Store:
     """The engine's RocksDB database. Open with the engine's frozen parameters: a new store
     records them, an existing one must have been created with the same ones."""
 
-    def __init__(self, path: str | Path, params: dict[str, Any], read_only: bool = False) -> None:
+    def __init__(self, path: str | Path, params: dict[str, Any], read_only: bool = False,
+                 implied: dict[str, Any] | None = None,
+                 block_cache_bytes: int = BLOCK_CACHE_BYTES) -> None:
+        """``implied``: parameters added after some stores were made, with the value those
+        stores were built with (a store that lacks one was built with that value)."""
         self.path = Path(path)
         opts = _options()
         if read_only:
@@ -134,7 +138,7 @@ class Store:
         else:
             self.path.mkdir(parents=True, exist_ok=True)
             access = AccessType.read_write()
-        cache = Cache(BLOCK_CACHE_BYTES)
+        cache = Cache(block_cache_bytes)
         families = {name: _options(name, cache) for name in FAMILIES}
         if (self.path / "CURRENT").exists():
             existing = set(Rdict.list_cf(str(self.path), opts))
@@ -145,9 +149,10 @@ class Store:
         self._cfs = {name: self._db.get_column_family(name) for name in families}
         self._same_prefix = ReadOptions()
         self._same_prefix.set_prefix_same_as_start(True)
-        self._check_params(params, read_only)
+        self._check_params(params, read_only, implied or {})
 
-    def _check_params(self, params: dict[str, Any], read_only: bool) -> None:
+    def _check_params(self, params: dict[str, Any], read_only: bool,
+                      implied: dict[str, Any]) -> None:
         stored = self.get("meta", b"params")
         if stored is None:
             if read_only:
@@ -155,7 +160,7 @@ class Store:
             self._cfs["meta"][b"params"] = msgpack.packb(params)
             self.params = dict(params)
             return
-        self.params = msgpack.unpackb(stored)
+        self.params = {**implied, **msgpack.unpackb(stored)}
         if read_only:
             return
         diff = {
@@ -214,6 +219,11 @@ class Store:
                      self._cfs[family].items(from_key=prefix, read_opt=ropts))
         return list(items if limit is None else islice(items, limit))
 
+    def prefix_reader(self, family: str) -> PrefixReader:
+        """Many prefix reads through one iterator (see :class:`PrefixReader`)."""
+        return PrefixReader(self._cfs[family], self._same_prefix
+                            if family in PREFIX_LENGTHS else ReadOptions())
+
     def items(self, family: str) -> Iterator[tuple[bytes, bytes]]:
         it = self._cfs[family].iter(ReadOptions())
         it.seek_to_first()
@@ -255,3 +265,29 @@ def _prefix_upper_bound(prefix: bytes) -> bytes | None:
     if not stripped:
         return None
     return stripped[:-1] + bytes([stripped[-1] + 1])
+
+
+class PrefixReader:
+    """Prefix reads that share one RocksDB iterator: creating an iterator per read costs
+    more than reading a short list with it (tests/bench/bench_store.py). The iterator sees
+    the store as it was when the reader was made, so make one per query, after the writes
+    it must see."""
+
+    def __init__(self, cf: Rdict, ropts: ReadOptions) -> None:
+        self._it = cf.iter(ropts)
+
+    def items(self, prefix: bytes, limit: int | None = None) -> tuple[list[bytes], list[bytes]]:
+        """Keys and values of the entries starting with ``prefix`` (at most ``limit``)."""
+        it = self._it
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        it.seek(prefix)
+        n = len(prefix)
+        while it.valid() and (limit is None or len(keys) < limit):
+            key = it.key()
+            if key[:n] != prefix:
+                break
+            keys.append(key)
+            values.append(it.value())
+            it.next()
+        return keys, values

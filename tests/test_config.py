@@ -37,8 +37,14 @@ port = 0
 seed = 7
 [engine.near]
 hamming = 4
+shingle = 5
+[engine.cache]
+lists_mb = 64
 """)
-    cfg = load_config(path, env={})
+    cfg = load_config(path, env={"DUPALIGN_ENGINE_CACHE_BLOCKS_MB": "32"})
+    assert cfg.engine.near.shingle == 5
+    assert (cfg.engine.cache.lists_mb, cfg.engine.cache.blocks_mb) == (64, 32)
+    assert cfg.engine.frozen_params()["near_shingle"] == 5
     assert cfg.kafka.input_topic == "crawl.pages" and cfg.kafka.transactions is False
     assert cfg.worker.batch_size == 16 and cfg.worker.shutdown_timeout_s == 5.0
     assert cfg.metrics.port == 0
@@ -96,6 +102,8 @@ def test_env_types_and_secrets_stay_strings() -> None:
         ("", {"DUPALIGN_WORKER_BATCHSIZE": "3"}, "worker.batchsize", "unknown key"),
         ("[surprise]\nx = 1\n", {}, "surprise", "unknown table"),
         ("[engine.near]\nhamming = 99\n", {}, "engine.near.hamming", "range"),
+        ("[engine.near]\nshingle = 0\n", {}, "engine.near.shingle", "range"),
+        ("[engine.cache]\nlists_mb = 0\n", {}, "engine.cache.lists_mb", "range"),
         ("", {"DUPALIGN_ENGINE_NEAR_HAMMING": "-1"}, "engine.near.hamming", "range"),
         (
             '[kafka]\nsecurity_protocol = "SASL_SSL"\n', {}, "kafka.sasl_plain_username",

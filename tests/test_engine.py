@@ -242,3 +242,10 @@ def test_same_words_in_another_order_are_not_near_duplicates(tmp_path: Path) -> 
         assert engine.near.counters.candidates >= 1  # nominated by PSM ...
         assert not [m for m in found if m.kind == "near"]  # ... rejected by verification
         assert engine.near.counters.filter.pairs >= 1
+    # with 1-word shingles (config near.shingle) verification sees the same word set
+    words_cfg = EngineConfig(near=NearConfig(shingle=1),
+                             passage=PassageConfig(enabled=False)).validate()
+    with Engine.open(tmp_path / "w", words_cfg) as engine:
+        engine.process(page("orig", words))
+        found = engine.process(page("shuffled", shuffled))
+        assert [m.match_doc_id for m in found if m.kind == "near"] == ["orig"]

@@ -60,6 +60,16 @@ def test_other_parameters_refuse_to_open(tmp_path: Path) -> None:
     ro.close()
 
 
+def test_parameters_added_later_are_implied_for_older_stores(tmp_path: Path) -> None:
+    """A store made before a frozen parameter existed was built with its implied value: it
+    opens with that value and refuses another one."""
+    Store(tmp_path / "db", {"k": 64}).close()
+    implied = {"near_shingle": 3}
+    Store(tmp_path / "db", {"k": 64, "near_shingle": 3}, implied=implied).close()
+    with pytest.raises(StoreMismatch, match="near_shingle: store has 3, asked for 5"):
+        Store(tmp_path / "db", {"k": 64, "near_shingle": 5}, implied=implied)
+
+
 def test_read_only_needs_an_existing_store(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         Store(tmp_path / "missing", {}, read_only=True)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from dupalign.config import EngineConfig
+from dupalign.config import SECTIONS, EngineConfig
 from dupalign.errors import ConfigError
 
 ENV_PREFIX = "DUPALIGN_"
@@ -186,7 +186,7 @@ class Config:
 
 
 TABLES: dict[str, type] = {"kafka": KafkaConfig, "worker": WorkerConfig, "metrics": MetricsConfig}
-ENGINE_SECTIONS = ("text", "near", "passage")
+ENGINE_SECTIONS = tuple(SECTIONS)
 
 
 def _check_value(table: str, key: str, value: Any, default: Any, meta: Mapping[str, Any]) -> Any:

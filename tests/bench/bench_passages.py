@@ -380,10 +380,11 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     finally:
         shutil.rmtree(d, ignore_errors=True)
     if prof is not None:
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
-        print("## Profile of the last batch (cumulative)")
-        print("\n".join(s.getvalue().splitlines()[:60]))
+        for order in ("cumulative", "tottime"):
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats(order).print_stats(25)
+            print(f"## Profile of the last batch ({order})")
+            print("\n".join(s.getvalue().splitlines()[:60]))
     print()
 
 

@@ -4,8 +4,10 @@ A passage query asks for a few hundred lists (bin ‖ min-hash prefix scans) per
 which do not exist. The store gives the ``oph`` family prefix Bloom filters, bounds list
 reads with ``prefix_same_as_start`` and shares one block cache; the baseline is the same
 data in a RocksDB with whole-key Bloom filters only, read with an iterate upper bound (how
-lists were read before). Both stores hold the same ``--entries`` random list entries,
-flushed to SST files; reads ask for existing and absent lists in random order.
+lists were read before); "one iterator" reads through ``Store.prefix_reader`` (one RocksDB
+iterator for many reads, as the passage query does). Both stores hold the same
+``--entries`` random list entries, flushed to SST files; reads ask for existing and absent
+lists in random order.
 
 Run: .venv/bin/python -m tests.bench.bench_store [--entries 2e6] [--reads 20000]
 """
@@ -90,12 +92,14 @@ def main() -> None:
                       strict=True)]
         print(f"{n:,} list entries in each store, {args.reads:,} reads of each kind\n")
         print(f"{'lists':<9} {'plain µs/read':>14} {'store µs/read':>14} {'ratio':>7} "
-              f"{'entries (plain / store)':>24}")
+              f"{'one iterator':>13} {'ratio':>7} {'entries (plain / store / one)':>30}")
+        reader = ours.prefix_reader("oph")  # the passage query's way: one per page
         for name, prefixes in (("absent", absent), ("existing", present)):
             p_us, p_n = timed(lambda x: plain_read(plain, x), prefixes)
             s_us, s_n = timed(lambda x: len(ours.prefix_items("oph", x, 257)), prefixes)
+            r_us, r_n = timed(lambda x: len(reader.items(x, 257)[0]), prefixes)
             print(f"{name:<9} {p_us:>14.1f} {s_us:>14.1f} {p_us / s_us:>6.2f}x "
-                  f"{f'{p_n} / {s_n}':>24}")
+                  f"{r_us:>13.1f} {p_us / r_us:>6.2f}x {f'{p_n} / {s_n} / {r_n}':>30}")
         ours.close()
         plain.close()
     finally:
