@@ -103,6 +103,12 @@ class Engine:
             raise RuntimeError("engine opened read-only")
         times = PageReport()
         self.last_report = times
+        try:
+            _check_unicode(page)
+        except PageRejected:
+            if source is not None:
+                self._write_offset_only(source)
+            raise
         replay_key = _replay_key(page)
         seen = self.store.get("replay", replay_key)
         if seen is not None:
@@ -238,6 +244,19 @@ class Engine:
             **self.near.stats(),
             **self.passages.stats(),
         }
+
+
+def _check_unicode(page: Page) -> None:
+    """The page's strings are stored as UTF-8, which cannot hold a lone surrogate (JSON's
+    escapes can): reject such a page before anything is computed."""
+    for name in ("id", "url", "body", "content_type", "encoding", "lang"):
+        value = getattr(page, name)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise PageRejected("bad_unicode", f"page {name} is not valid Unicode "
+                                   f"({exc.reason} at character {exc.start})") from None
 
 
 def _replay_key(page: Page) -> bytes:

@@ -45,6 +45,10 @@ class ListCache:
     def __init__(self, budget_bytes: int, max_list: int) -> None:
         self.budget = budget_bytes
         self.max_list = max_list
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every list."""
         self.clock = 0
         self.index: Any = Dict.empty(key_type=types.UniTuple(types.int64, 2),
                                      value_type=types.int64)

@@ -135,8 +135,41 @@ def test_rejected_pages_write_nothing(tmp_path: Path) -> None:
         with pytest.raises(PageRejected) as err:
             engine.process(Page(id="blank", body="<p> </p>", content_type="text/html"))
         assert err.value.reason == "empty"
+        # JSON escapes can carry lone surrogates, which UTF-8 (the store) cannot
+        with pytest.raises(PageRejected) as err:
+            engine.process(Page(id="u", url="http://x/\ud800", body="some words here"),
+                           source=("pages", 1, 8))
+        assert err.value.reason == "bad_unicode" and "url" in err.value.detail
         assert engine.next_ordinal == 0
-        assert engine.stored_offsets() == {("pages", 1): 8}
+        assert engine.stored_offsets() == {("pages", 1): 9}
+
+
+def test_a_page_written_but_not_committed_is_not_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If processing fails after a page's batch is written, before the lists in memory
+    learn of it, the next page drops those lists and reads them again from the store: it
+    still finds the page, and later list writes keep the page's entries."""
+    words = rfc_words("rfc2821.txt", 0, 400)
+    with Engine.open(tmp_path / "s") as engine:
+        engine.process(page("a", words[:150]))
+        engine.process(page("b", words[150:300]))
+
+        def crash(ordinal: int, state: object) -> None:
+            raise RuntimeError("crash after the write")
+
+        monkeypatch.setattr(engine.passages, "commit", crash)
+        with pytest.raises(RuntimeError):
+            engine.process(page("c", words[100:200]))
+        monkeypatch.undo()
+        found = engine.process(page("d", words[120:180]))
+        assert {m.match_doc_id for m in found if m.kind == "passage"} >= {"a", "c"}
+        engine.process(page("e", words[140:220]))  # appends to lists that hold c
+        probe = " ".join(words[100:200])
+        hot = [(m.match_doc_id, m.spans) for m in engine.query_text(probe)]
+        engine.passages.cache.clear()
+        assert [(m.match_doc_id, m.spans) for m in engine.query_text(probe)] == hot
+        assert {doc for doc, _ in hot} >= {"a", "b", "c", "d", "e"}
 
 
 def test_invalid_config_names_the_key() -> None:
