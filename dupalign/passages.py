@@ -56,7 +56,9 @@ _SEQ = struct.Struct(">I")
 _RECT = np.dtype("<i4")
 # an inverted-list entry in head and archive values
 _ENTRY = np.dtype([("ordinal", "<i8"), ("rect", "<i4", (4,))])
-_HEAD = struct.Struct("<q")  # archives before the head's entries; -1: a long list
+# a head value starts with one entry-sized header row whose ordinal field is the number of
+# archives before the head (-1: a long list), so that a head is a slice of an entry array
+_HEAD = struct.Struct("<q16x")
 _LONG_HEAD = _HEAD.pack(-1)
 _SEG = struct.Struct(">H")  # archive number
 ARCHIVE_ENTRIES = 16  # entries per archive (the head holds 1..16)
@@ -202,13 +204,10 @@ class PassageIndex:
         n_p, k = keys.shape
         # the distinct inverted lists named by the sketches, in key order
         rows, bins = np.nonzero(~empty)
-        named = np.empty(len(rows), dtype=[("bin", "<i8"), ("key", "<u8")])
-        named["bin"], named["key"] = bins, keys[rows, bins]
-        lists, inverse = np.unique(named, return_inverse=True)
+        l_bins, l_keys, inverse = _distinct_lists(bins.astype(np.int64), keys[rows, bins])
         lid = np.full((n_p, k), -1, dtype=np.int64)
-        lid[rows, bins] = inverse.ravel()
-        slots = self._list_slots(np.ascontiguousarray(lists["bin"]),
-                                 np.ascontiguousarray(lists["key"]))
+        lid[rows, bins] = inverse
+        slots = self._list_slots(l_bins, l_keys)
         is_long = self.cache.is_long(slots)
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]
         ords, rects = self.cache.ords, self.cache.rects
@@ -221,7 +220,7 @@ class PassageIndex:
         pair_t = pair_l = np.empty(0, dtype=np.int64)
         if len(t_p):
             # which long lists each candidate page is really in (its window fingerprints)
-            list_fp = passage_align.window_fingerprints(lists["bin"], lists["key"])
+            list_fp = passage_align.window_fingerprints(l_bins, l_keys)
             t_long, keep, pair_t, pair_l = passage_align.long_hits(
                 t_p, t_o, t_c, lid, is_long, list_fp.astype(np.int64),
                 *self._page_fingerprints(np.unique(t_o)), empty, self.w_match, self.w_empty,
@@ -238,7 +237,8 @@ class PassageIndex:
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
             return []
-        long_keys, long_off, long_rects = self._long_windows(t_o[pair_t], pair_l, lists)
+        long_keys, long_off, long_rects = self._long_windows(t_o[pair_t], pair_l, l_bins,
+                                                             l_keys)
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
         h_t, h_s, h_e, h_x = passage_align.scan_tasks(
             t_p, t_o, lid, is_long, n_before, start, ords, rects, empty, long_keys, long_off,
@@ -326,7 +326,8 @@ class PassageIndex:
         fps = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
         return pages[have], off, fps
 
-    def _long_windows(self, pages: I64, list_ids: I64, lists: Any) -> tuple[I64, I64, I64]:
+    def _long_windows(self, pages: I64, list_ids: I64, l_bins: I64, l_keys: U64
+                      ) -> tuple[I64, I64, I64]:
         """The windows of ``pages[x]`` in the long list ``list_ids[x]``, as a CSR array keyed
         by ``list << 40 | page``: one seek to (bin, key, page) each."""
         if not len(pages):
@@ -335,7 +336,8 @@ class PassageIndex:
         reader = self.store.prefix_reader("oph_long")
         parts = []
         for x in want.tolist():
-            lb, lk = lists[x >> passage_align.LONG_KEY_SHIFT].tolist()
+            lb = int(l_bins[x >> passage_align.LONG_KEY_SHIFT])
+            lk = int(l_keys[x >> passage_align.LONG_KEY_SHIFT])
             page = x & ((1 << passage_align.LONG_KEY_SHIFT) - 1)
             prefix = _head_key(lb, lk) + u64(page)
             parts.append(_unpack_rects(reader.items(prefix)[1]))
@@ -416,65 +418,96 @@ class PassageIndex:
         """Append the page's windows to their inverted lists: per list, a new head (and
         an archive when the head fills up), or the move to one key per entry when the
         list grows past ``max_list``. The old heads come from memory where the list is
-        cached (the cache equals the store) and from one multi-get otherwise."""
-        named = np.empty(len(bins), dtype=[("bin", "<i8"), ("key", "<u8")])
-        named["bin"], named["key"] = bins, keys
-        lists, inverse = np.unique(named, return_inverse=True)
-        inverse = inverse.ravel()
-        order = np.argsort(inverse, kind="stable")  # by list, then window order
-        new = np.empty(len(bins), dtype=_ENTRY)
-        new["ordinal"] = ordinal
-        new["rect"] = rects[order]
-        new_bytes = new.tobytes()
-        new_off = np.zeros(len(lists) + 1, dtype=np.int64)
-        np.cumsum(np.bincount(inverse, minlength=len(lists)), out=new_off[1:])
-        l_bins, l_keys = lists["bin"].tolist(), lists["key"].tolist()
-        heads = [_head_key(b, k) for b, k in zip(l_bins, l_keys, strict=True)]
-        slots = self.cache.lookup(np.ascontiguousarray(lists["bin"]),
-                                  np.ascontiguousarray(lists["key"]))
-        uncached = np.flatnonzero(slots < 0).tolist()
-        stored = dict(zip(uncached, self.store.multi_get("oph", [heads[x] for x in uncached]),
-                          strict=True))
-        a_ords, a_rects = self.cache.ords, self.cache.rects
-        cap, size = self.archive, _ENTRY.itemsize
-        for x, head_key in enumerate(heads):
-            added = new_bytes[new_off[x] * size : new_off[x + 1] * size]
-            slot = int(slots[x])
-            if slot >= 0:  # the cached list: its head is its last 1..cap entries
-                n = int(self.cache.s_len[slot])
-                if n == LONG:
-                    n_arch, head = -1, b""
-                else:
-                    n_arch = max(n - 1, 0) // cap
-                    a = int(self.cache.s_start[slot])
-                    head = _entries(a_ords[a + n_arch * cap : a + n],
-                                    a_rects[a + n_arch * cap : a + n])
-            else:
-                value = stored[x]
-                n_arch, head = (0, b"") if value is None else (
-                    _HEAD.unpack_from(value)[0], value[_HEAD.size :])
-            if n_arch < 0:  # already long
+        cached (the cache equals the store) and from one multi-get otherwise; the new
+        heads are built in one entry array (a header row, the old head, the new rows)."""
+        l_bins, l_keys, inverse = _distinct_lists(bins, keys)
+        n_lists = len(l_bins)
+        n_new = np.bincount(inverse, minlength=n_lists)
+        named = np.empty(n_lists, dtype=[("bin", ">u2"), ("key", ">u8")])
+        named["bin"], named["key"] = l_bins, l_keys
+        raw_keys = named.tobytes()
+        heads = [raw_keys[x * 10 : (x + 1) * 10] for x in range(n_lists)]
+        slots = self.cache.lookup(l_bins, l_keys)
+        n_arch, old = self._old_heads(heads, slots)
+        # value rows per list: header, old head, new entries (window order)
+        n_old_head = np.diff(old[1])
+        size = 1 + n_old_head + n_new
+        off = np.zeros(n_lists + 1, dtype=np.int64)
+        np.cumsum(size, out=off[1:])
+        rows = np.zeros(int(off[-1]), dtype=_ENTRY)
+        rows["ordinal"][off[:-1]] = n_arch
+        rows[_spread(off[:-1] + 1, n_old_head)] = old[0]
+        order = np.argsort(inverse, kind="stable")
+        new_at = _spread(off[:-1] + 1 + n_old_head, n_new)
+        rows["ordinal"][new_at] = ordinal
+        rows["rect"][new_at] = rects[order]
+        data = rows.tobytes()
+        w = _ENTRY.itemsize
+        cap = self.archive
+        n_total = np.where(n_arch >= 0, n_arch * cap + n_old_head, 0) + n_new
+        simple = (n_arch >= 0) & (n_old_head + n_new <= cap) & (n_total <= self.cfg.max_list)
+        b_off = (off * w).tolist()
+        batch.put_many("oph", [heads[x] for x in np.flatnonzero(simple).tolist()],
+                       [data[b_off[x] : b_off[x + 1]] for x in np.flatnonzero(simple).tolist()])
+        for x in np.flatnonzero(~simple).tolist():
+            head_key = heads[x]
+            body = data[b_off[x] + w : b_off[x + 1]]  # old head + new entries
+            added = body[n_old_head[x] * w :]
+            na = int(n_arch[x])
+            if na < 0:  # already long
                 _put_long(batch, head_key, added)
-                continue
-            n_old = n_arch * cap + len(head) // size
-            if n_old + (new_off[x + 1] - new_off[x]) > self.cfg.max_list:
+            elif n_total[x] > self.cfg.max_list:
                 # becomes long: every entry moves to its own key, once
+                slot = int(slots[x])
                 if slot >= 0:
                     a = int(self.cache.s_start[slot])
-                    older = _entries(a_ords[a : a + n_arch * cap], a_rects[a : a + n_arch * cap])
+                    older = _entries(self.cache.ords[a : a + na * cap],
+                                     self.cache.rects[a : a + na * cap])
                 else:
-                    older = b"".join(self._archives(head_key, n_arch))
-                _put_long(batch, head_key, older + head + added)
-                for j in range(n_arch):
+                    older = b"".join(self._archives(head_key, na))
+                _put_long(batch, head_key, older + body)
+                for j in range(na):
                     batch.delete("oph_arch", head_key + _SEG.pack(j))
                 batch.put("oph", head_key, _LONG_HEAD)
-                continue
-            body = head + added
-            while len(body) > cap * size:  # seal full heads into archives
-                batch.put("oph_arch", head_key + _SEG.pack(n_arch), body[: cap * size])
-                body = body[cap * size :]
-                n_arch += 1
-            batch.put("oph", head_key, _HEAD.pack(n_arch) + body)
+            else:
+                while len(body) > cap * w:  # seal full heads into archives
+                    batch.put("oph_arch", head_key + _SEG.pack(na), body[: cap * w])
+                    body = body[cap * w :]
+                    na += 1
+                batch.put("oph", head_key, _HEAD.pack(na) + body)
+
+    def _old_heads(self, heads: list[bytes], slots: I64) -> tuple[I64, tuple[Any, I64]]:
+        """Per list: archives before its head (-1: long; 0 for a new list), and the head's
+        entries as ``(rows, offsets)``; from memory for cached lists, else the store."""
+        n_lists = len(heads)
+        n_arch = np.zeros(n_lists, dtype=np.int64)
+        count = np.zeros(n_lists, dtype=np.int64)
+        cached = np.flatnonzero(slots >= 0)
+        n = self.cache.s_len[slots[cached]]
+        long = n == LONG
+        n_arch[cached] = np.where(long, -1, np.maximum(n - 1, 0) // self.archive)
+        count[cached] = np.where(long, 0, n - n_arch[cached] * self.archive)
+        start = np.where(long, 0, self.cache.s_start[slots[cached]] + n_arch[cached] * self.archive)
+        at = _spread(start, count[cached])
+        c_rows = np.empty(len(at), dtype=_ENTRY)
+        c_rows["ordinal"], c_rows["rect"] = self.cache.ords[at], self.cache.rects[at]
+        uncached = np.flatnonzero(slots < 0).tolist()
+        values = self.store.multi_get("oph", [heads[x] for x in uncached])
+        parts: list[bytes] = []
+        for x, value in zip(uncached, values, strict=True):
+            if value is not None:
+                n_arch[x] = _HEAD.unpack_from(value)[0]
+                parts.append(value[_HEAD.size :])
+                count[x] = (len(value) - _HEAD.size) // _ENTRY.itemsize
+        u_rows = np.frombuffer(b"".join(parts), dtype=_ENTRY)
+        # rows in list order: place the cached and the stored heads
+        off = np.zeros(n_lists + 1, dtype=np.int64)
+        np.cumsum(count, out=off[1:])
+        rows = np.empty(int(off[-1]), dtype=_ENTRY)
+        rows[_spread(off[cached], count[cached])] = c_rows
+        u = np.asarray(uncached, dtype=np.int64)
+        rows[_spread(off[u], count[u])] = u_rows
+        return n_arch, (rows, off)
 
     def _archives(self, head_key: bytes, n_arch: int) -> list[bytes]:
         found = self.store.multi_get("oph_arch", [head_key + _SEG.pack(j)
@@ -593,6 +626,27 @@ def _head_key(bin_: int, key: int) -> bytes:
 def read_head(value: bytes) -> tuple[int, int]:
     """(archives before the head or -1 for a long list, entries in the head)."""
     return _HEAD.unpack_from(value)[0], (len(value) - _HEAD.size) // _ENTRY.itemsize
+
+
+def _distinct_lists(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
+    """The distinct lists (bin, key) in key order, and the index of each input among them
+    (np.unique on a structured array sorts several times slower)."""
+    order = np.lexsort((keys, bins))
+    b, k = bins[order], keys[order]
+    first = np.ones(len(order), dtype=np.bool_)
+    first[1:] = (b[1:] != b[:-1]) | (k[1:] != k[:-1])
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return np.ascontiguousarray(b[first]), np.ascontiguousarray(k[first]), inverse
+
+
+def _spread(starts: I64, counts: I64) -> I64:
+    """Concatenated ranges ``starts[x] .. starts[x] + counts[x] - 1``."""
+    total = int(counts.sum())
+    if not total:
+        return np.empty(0, dtype=np.int64)
+    base = np.repeat(starts - np.cumsum(counts) + counts, counts)
+    return base + np.arange(total, dtype=np.int64)
 
 
 def _entries(ords: I64, rects: npt.NDArray[np.integer[Any]]) -> bytes:

@@ -111,6 +111,11 @@ class Batch:
     def put(self, family: str, key: bytes, value: bytes) -> None:
         self._wb.put(key, value, self._store._handles[family])
 
+    def put_many(self, family: str, keys: list[bytes], values: list[bytes]) -> None:
+        put, handle = self._wb.put, self._store._handles[family]
+        for key, value in zip(keys, values, strict=True):
+            put(key, value, handle)
+
     def delete(self, family: str, key: bytes) -> None:
         self._wb.delete(key, self._store._handles[family])
 
