@@ -157,9 +157,7 @@ class EngineConfig:
     def frozen_params(self) -> dict[str, Any]:
         """What the store's contents depend on; recorded in ``meta`` and checked at open."""
         return {
-            # 2: near verification sketches are 3-shingle min-hashes (1: ICWS); 3: inverted
-            # lists as head + archive values (2: one key per entry)
-            "format": 3,
+            "format": 2,  # 2: near verification sketches are 3-shingle min-hashes (1: ICWS)
             "seed": self.seed,
             "main_content": self.text.main_content,
             "tf_mode": self.near.tf_mode,

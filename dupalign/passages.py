@@ -15,15 +15,6 @@ earlier pages whose windows collide with its sketch:
    over the colliding rectangles: the longest subsequences whose estimate is ≥ θ.
 The numba kernels of steps 2-3 are in dupalign.passage_align.
 
-Storage (one RocksDB read per list, and a few fixed-size writes per appended entry): an
-inverted list is a head value (``oph``: the number of archives before it, then its newest
-1..``archive`` entries) and archives of exactly ``archive`` entries (``oph_arch``), so a
-whole list is one multi-get of heads plus one of archives for the whole page. Appending
-rewrites the head only (at most ``archive`` entries) and seals it into an archive when it is
-full. A list that grows past ``max_list`` moves once to one key per entry (``oph_long``),
-read per (list, candidate page) by ``_long_windows``; its head then only says "long".
-Entries are (ordinal, rectangle) in ordinal order.
-
 Hits on one earlier page are merged into maximal spans. Thresholds are exact integers:
 θ = p/q, a matched non-empty window weighs q, a jointly empty bin weighs p, and a
 subsequence is similar when its weight reaches k·p (OPH: N_mat / (k − N_emp) ≥ θ).
@@ -43,10 +34,10 @@ import numpy.typing as npt
 from dupalign import monoactive, passage_align
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
-from dupalign.list_cache import LONG, ListCache
+from dupalign.list_cache import ListCache
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
-from dupalign.store import Batch, Store, u32, u64
+from dupalign.store import Batch, PrefixReader, Store, u64
 from dupalign.text import Tokens
 
 I64 = npt.NDArray[np.int64]
@@ -54,14 +45,8 @@ U64 = npt.NDArray[np.uint64]
 _BIN = struct.Struct(">H")
 _SEQ = struct.Struct(">I")
 _RECT = np.dtype("<i4")
-# an inverted-list entry in head and archive values
-_ENTRY = np.dtype([("ordinal", "<i8"), ("rect", "<i4", (4,))])
-# a head value starts with one entry-sized header row whose ordinal field is the number of
-# archives before the head (-1: a long list), so that a head is a slice of an entry array
-_HEAD = struct.Struct("<q16x")
-_LONG_HEAD = _HEAD.pack(-1)
-_SEG = struct.Struct(">H")  # archive number
-ARCHIVE_ENTRIES = 16  # entries per archive (the head holds 1..16)
+# key of an inverted-list entry: bin ‖ min-hash ‖ ordinal ‖ window number, big-endian
+_LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq", ">u4")])
 _SHINGLE_SALT = 0x5348494E
 _NO_RECTS = np.empty((0, 4), dtype=np.int64)
 
@@ -130,7 +115,6 @@ class PassageIndex:
         self.counters = PassageCounters()
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
         self.cache = ListCache(config.cache.lists_mb << 20, self.cfg.max_list)
-        self.archive = ARCHIVE_ENTRIES
         self._staged: int | None = None  # a page staged but not committed yet
 
     # -- units: the tokens the alignment sees ------------------------------------------------
@@ -207,7 +191,8 @@ class PassageIndex:
         l_bins, l_keys, inverse = _distinct_lists(bins.astype(np.int64), keys[rows, bins])
         lid = np.full((n_p, k), -1, dtype=np.int64)
         lid[rows, bins] = inverse
-        slots = self._list_slots(l_bins, l_keys)
+        reader = self.store.prefix_reader("oph")  # made now: sees every earlier page
+        slots = self._list_slots(reader, l_bins, l_keys)
         is_long = self.cache.is_long(slots)
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]
         ords, rects = self.cache.ords, self.cache.rects
@@ -237,8 +222,8 @@ class PassageIndex:
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
             return []
-        long_keys, long_off, long_rects = self._long_windows(t_o[pair_t], pair_l, l_bins,
-                                                             l_keys)
+        long_keys, long_off, long_rects = self._long_windows(reader, t_o[pair_t], pair_l,
+                                                             l_bins, l_keys)
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
         h_t, h_s, h_e, h_x = passage_align.scan_tasks(
             t_p, t_o, lid, is_long, n_before, start, ords, rects, empty, long_keys, long_off,
@@ -258,7 +243,7 @@ class PassageIndex:
         return keys, np.zeros(keys.shape, dtype=np.bool_)
 
     # -- store reads ------------------------------------------------------------------------
-    def _list_slots(self, bins: I64, keys: U64) -> I64:
+    def _list_slots(self, reader: PrefixReader, bins: I64, keys: U64) -> I64:
         """Cache slots of the inverted lists (bin, key); the lists not in memory are read
         from the store (whole, or only flagged when longer than ``max_list``: a common
         unit such as navigation or stop phrases, whose windows are then read per
@@ -269,51 +254,28 @@ class PassageIndex:
         self.counters.lists_cached += len(slots) - len(miss)
         if not len(miss):
             return slots
+        long = np.zeros(len(miss), dtype=np.bool_)
+        counts = np.zeros(len(miss), dtype=np.int64)
+        key_bytes: list[bytes] = []
+        values: list[bytes] = []
+        for y, (b, key) in enumerate(zip(bins[miss].tolist(), keys[miss].tolist(),
+                                         strict=True)):
+            ks, vs = reader.items(_BIN.pack(b) + u64(key), self.cfg.max_list + 1)
+            self.counters.entries_read += len(ks)
+            if len(ks) > self.cfg.max_list:
+                long[y] = True
+                self.counters.long_lists += 1
+                continue
+            counts[y] = len(ks)
+            key_bytes += ks
+            values += vs
         self.counters.lists_read += len(miss)
-        heads = [_head_key(b, k) for b, k in zip(bins[miss].tolist(), keys[miss].tolist(),
-                                                 strict=True)]
-        long, off, entries = self._read_lists(heads)
-        self.counters.long_lists += int(np.count_nonzero(long))
-        self.counters.entries_read += len(entries)
-        slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off,
-                                        entries["ordinal"].astype(np.int64),
-                                        entries["rect"].astype(np.int64))
+        off = np.zeros(len(miss) + 1, dtype=np.int64)
+        np.cumsum(counts, out=off[1:])
+        ords = np.frombuffer(b"".join(key_bytes), dtype=_LIST_KEY)["ordinal"].astype(np.int64)
+        slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords,
+                                        _unpack_rects(values))
         return slots
-
-    def _read_lists(self, heads: list[bytes]) -> tuple[npt.NDArray[np.bool_], I64, Any]:
-        """Whole lists from the store: two multi-gets (heads, then archives). Returns
-        ``(long, off, entries)``: list x is ``entries[off[x]:off[x + 1]]`` (none if long
-        or absent)."""
-        raw = self.store.multi_get("oph", heads)
-        long = np.zeros(len(heads), dtype=np.bool_)
-        n_arch = np.zeros(len(heads), dtype=np.int64)
-        archive_keys: list[bytes] = []
-        for x, value in enumerate(raw):
-            if value is None:
-                continue
-            n_arch[x] = _HEAD.unpack_from(value)[0]
-            if n_arch[x] < 0:
-                long[x], n_arch[x] = True, 0
-            archive_keys += [heads[x] + _SEG.pack(j) for j in range(n_arch[x])]
-        archives = self.store.multi_get("oph_arch", archive_keys)
-        parts: list[bytes] = []
-        sizes = np.zeros(len(heads), dtype=np.int64)
-        a = 0
-        for x, value in enumerate(raw):
-            if value is None or long[x]:
-                continue
-            for part in archives[a : a + n_arch[x]]:
-                if part is None:
-                    raise RuntimeError(f"store {self.store.path}: an archive of inverted list "
-                                       f"{heads[x].hex()} is missing (damaged store)")
-                parts.append(part)
-                sizes[x] += len(part)
-            a += n_arch[x]
-            parts.append(value[_HEAD.size :])
-            sizes[x] += len(value) - _HEAD.size
-        off = np.zeros(len(heads) + 1, dtype=np.int64)
-        np.cumsum(sizes // _ENTRY.itemsize, out=off[1:])
-        return long, off, np.frombuffer(b"".join(parts), dtype=_ENTRY)
 
     def _page_fingerprints(self, pages: I64) -> tuple[I64, I64, I64]:
         """The pages' sorted window fingerprints as CSR (pages without a record, if any,
@@ -326,20 +288,19 @@ class PassageIndex:
         fps = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
         return pages[have], off, fps
 
-    def _long_windows(self, pages: I64, list_ids: I64, l_bins: I64, l_keys: U64
-                      ) -> tuple[I64, I64, I64]:
+    def _long_windows(self, reader: PrefixReader, pages: I64, list_ids: I64, l_bins: I64,
+                      l_keys: U64) -> tuple[I64, I64, I64]:
         """The windows of ``pages[x]`` in the long list ``list_ids[x]``, as a CSR array keyed
         by ``list << 40 | page``: one seek to (bin, key, page) each."""
         if not len(pages):
             return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), _NO_RECTS
         want = np.unique((list_ids << passage_align.LONG_KEY_SHIFT) | pages)
-        reader = self.store.prefix_reader("oph_long")
         parts = []
         for x in want.tolist():
             lb = int(l_bins[x >> passage_align.LONG_KEY_SHIFT])
             lk = int(l_keys[x >> passage_align.LONG_KEY_SHIFT])
             page = x & ((1 << passage_align.LONG_KEY_SHIFT) - 1)
-            prefix = _head_key(lb, lk) + u64(page)
+            prefix = _BIN.pack(lb) + u64(lk) + u64(page)
             parts.append(_unpack_rects(reader.items(prefix)[1]))
         return _csr(want, parts, _NO_RECTS)
 
@@ -397,8 +358,14 @@ class PassageIndex:
         prefix_ord = u64(ordinal)
         batch.put("positions", prefix_ord, state.positions)
         nonempty = np.flatnonzero(~r.empty)
-        self._stage_lists(batch, ordinal, r.bin[nonempty], r.key[nonempty],
-                          np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[nonempty])
+        keys = np.empty(len(nonempty), dtype=_LIST_KEY)
+        keys["bin"], keys["key"] = r.bin[nonempty], r.key[nonempty]
+        keys["ordinal"], keys["seq"] = ordinal, np.arange(len(nonempty))
+        packed = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[nonempty].astype(_RECT)
+        ks, vs = keys.tobytes(), packed.tobytes()
+        kw, vw = _LIST_KEY.itemsize, packed.itemsize * 4
+        batch.put_many("oph", [ks[x * kw : (x + 1) * kw] for x in range(len(nonempty))],
+                       [vs[x * vw : (x + 1) * vw] for x in range(len(nonempty))])
         fps = passage_align.window_fingerprints(r.bin[nonempty], r.key[nonempty])
         batch.put("oph_keys", prefix_ord, np.unique(fps).astype("<u4").tobytes())
         emp = np.flatnonzero(r.empty)
@@ -413,114 +380,10 @@ class PassageIndex:
             for a, z, b in zip(lo, hi, bins[lo].tolist(), strict=True):
                 batch.put("oph_empty", prefix_ord + _BIN.pack(b), data[a * w : z * w])
 
-    def _stage_lists(self, batch: Batch, ordinal: int, bins: I64, keys: U64,
-                     rects: I64) -> None:
-        """Append the page's windows to their inverted lists: per list, a new head (and
-        an archive when the head fills up), or the move to one key per entry when the
-        list grows past ``max_list``. The old heads come from memory where the list is
-        cached (the cache equals the store) and from one multi-get otherwise; the new
-        heads are built in one entry array (a header row, the old head, the new rows)."""
-        l_bins, l_keys, inverse = _distinct_lists(bins, keys)
-        n_lists = len(l_bins)
-        n_new = np.bincount(inverse, minlength=n_lists)
-        named = np.empty(n_lists, dtype=[("bin", ">u2"), ("key", ">u8")])
-        named["bin"], named["key"] = l_bins, l_keys
-        raw_keys = named.tobytes()
-        heads = [raw_keys[x * 10 : (x + 1) * 10] for x in range(n_lists)]
-        slots = self.cache.lookup(l_bins, l_keys)
-        n_arch, old = self._old_heads(heads, slots)
-        # value rows per list: header, old head, new entries (window order)
-        n_old_head = np.diff(old[1])
-        size = 1 + n_old_head + n_new
-        off = np.zeros(n_lists + 1, dtype=np.int64)
-        np.cumsum(size, out=off[1:])
-        rows = np.zeros(int(off[-1]), dtype=_ENTRY)
-        rows["ordinal"][off[:-1]] = n_arch
-        rows[_spread(off[:-1] + 1, n_old_head)] = old[0]
-        order = np.argsort(inverse, kind="stable")
-        new_at = _spread(off[:-1] + 1 + n_old_head, n_new)
-        rows["ordinal"][new_at] = ordinal
-        rows["rect"][new_at] = rects[order]
-        data = rows.tobytes()
-        w = _ENTRY.itemsize
-        cap = self.archive
-        n_total = np.where(n_arch >= 0, n_arch * cap + n_old_head, 0) + n_new
-        simple = (n_arch >= 0) & (n_old_head + n_new <= cap) & (n_total <= self.cfg.max_list)
-        b_off = (off * w).tolist()
-        batch.put_many("oph", [heads[x] for x in np.flatnonzero(simple).tolist()],
-                       [data[b_off[x] : b_off[x + 1]] for x in np.flatnonzero(simple).tolist()])
-        for x in np.flatnonzero(~simple).tolist():
-            head_key = heads[x]
-            body = data[b_off[x] + w : b_off[x + 1]]  # old head + new entries
-            added = body[n_old_head[x] * w :]
-            na = int(n_arch[x])
-            if na < 0:  # already long
-                _put_long(batch, head_key, added)
-            elif n_total[x] > self.cfg.max_list:
-                # becomes long: every entry moves to its own key, once
-                slot = int(slots[x])
-                if slot >= 0:
-                    a = int(self.cache.s_start[slot])
-                    older = _entries(self.cache.ords[a : a + na * cap],
-                                     self.cache.rects[a : a + na * cap])
-                else:
-                    older = b"".join(self._archives(head_key, na))
-                _put_long(batch, head_key, older + body)
-                for j in range(na):
-                    batch.delete("oph_arch", head_key + _SEG.pack(j))
-                batch.put("oph", head_key, _LONG_HEAD)
-            else:
-                while len(body) > cap * w:  # seal full heads into archives
-                    batch.put("oph_arch", head_key + _SEG.pack(na), body[: cap * w])
-                    body = body[cap * w :]
-                    na += 1
-                batch.put("oph", head_key, _HEAD.pack(na) + body)
-
-    def _old_heads(self, heads: list[bytes], slots: I64) -> tuple[I64, tuple[Any, I64]]:
-        """Per list: archives before its head (-1: long; 0 for a new list), and the head's
-        entries as ``(rows, offsets)``; from memory for cached lists, else the store."""
-        n_lists = len(heads)
-        n_arch = np.zeros(n_lists, dtype=np.int64)
-        count = np.zeros(n_lists, dtype=np.int64)
-        cached = np.flatnonzero(slots >= 0)
-        n = self.cache.s_len[slots[cached]]
-        long = n == LONG
-        n_arch[cached] = np.where(long, -1, np.maximum(n - 1, 0) // self.archive)
-        count[cached] = np.where(long, 0, n - n_arch[cached] * self.archive)
-        start = np.where(long, 0, self.cache.s_start[slots[cached]] + n_arch[cached] * self.archive)
-        at = _spread(start, count[cached])
-        c_rows = np.empty(len(at), dtype=_ENTRY)
-        c_rows["ordinal"], c_rows["rect"] = self.cache.ords[at], self.cache.rects[at]
-        uncached = np.flatnonzero(slots < 0).tolist()
-        values = self.store.multi_get("oph", [heads[x] for x in uncached])
-        parts: list[bytes] = []
-        for x, value in zip(uncached, values, strict=True):
-            if value is not None:
-                n_arch[x] = _HEAD.unpack_from(value)[0]
-                parts.append(value[_HEAD.size :])
-                count[x] = (len(value) - _HEAD.size) // _ENTRY.itemsize
-        u_rows = np.frombuffer(b"".join(parts), dtype=_ENTRY)
-        # rows in list order: place the cached and the stored heads
-        off = np.zeros(n_lists + 1, dtype=np.int64)
-        np.cumsum(count, out=off[1:])
-        rows = np.empty(int(off[-1]), dtype=_ENTRY)
-        rows[_spread(off[cached], count[cached])] = c_rows
-        u = np.asarray(uncached, dtype=np.int64)
-        rows[_spread(off[u], count[u])] = u_rows
-        return n_arch, (rows, off)
-
-    def _archives(self, head_key: bytes, n_arch: int) -> list[bytes]:
-        found = self.store.multi_get("oph_arch", [head_key + _SEG.pack(j)
-                                                  for j in range(n_arch)])
-        if any(v is None for v in found):
-            raise RuntimeError(f"store {self.store.path}: an archive of inverted list "
-                               f"{head_key.hex()} is missing (damaged store)")
-        return [v for v in found if v is not None]
-
     def _forget_uncommitted(self) -> None:
         """A page staged but never committed (its processing failed after ``stage``) may or
-        may not be in the store, so the lists in memory can no longer be trusted to equal
-        it: drop them (they are read again)."""
+        may not be in the store, so the lists in memory may lack its windows: drop them
+        (they are read again)."""
         if self._staged is not None:
             self.cache.clear()
             self._staged = None
@@ -550,6 +413,18 @@ class PassageIndex:
             "passage_lists_cached": c.lists_cached,
             "passage_inexact_passages": c.inexact_passages,
         }
+
+
+def _distinct_lists(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
+    """The distinct lists (bin, key) in key order, and the index of each input among them
+    (np.unique on a structured array sorts several times slower)."""
+    order = np.lexsort((keys, bins))
+    b, k = bins[order], keys[order]
+    first = np.ones(len(order), dtype=np.bool_)
+    first[1:] = (b[1:] != b[:-1]) | (k[1:] != k[:-1])
+    inverse = np.empty(len(order), dtype=np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return np.ascontiguousarray(b[first]), np.ascontiguousarray(k[first]), inverse
 
 
 def _merge_hits(hits: list[_Hit]) -> list[_Hit]:
@@ -616,55 +491,3 @@ def _csr(keys: I64, parts: list[I64], none: I64) -> tuple[I64, I64, I64]:
     off = np.zeros(len(keys) + 1, dtype=np.int64)
     np.cumsum([len(x) for x in parts], out=off[1:])
     return keys, off, np.concatenate(parts) if parts else none
-
-
-def _head_key(bin_: int, key: int) -> bytes:
-    """An inverted list's key: bin ‖ min-hash (big-endian)."""
-    return _BIN.pack(bin_) + u64(key)
-
-
-def read_head(value: bytes) -> tuple[int, int]:
-    """(archives before the head or -1 for a long list, entries in the head)."""
-    return _HEAD.unpack_from(value)[0], (len(value) - _HEAD.size) // _ENTRY.itemsize
-
-
-def _distinct_lists(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
-    """The distinct lists (bin, key) in key order, and the index of each input among them
-    (np.unique on a structured array sorts several times slower)."""
-    order = np.lexsort((keys, bins))
-    b, k = bins[order], keys[order]
-    first = np.ones(len(order), dtype=np.bool_)
-    first[1:] = (b[1:] != b[:-1]) | (k[1:] != k[:-1])
-    inverse = np.empty(len(order), dtype=np.int64)
-    inverse[order] = np.cumsum(first) - 1
-    return np.ascontiguousarray(b[first]), np.ascontiguousarray(k[first]), inverse
-
-
-def _spread(starts: I64, counts: I64) -> I64:
-    """Concatenated ranges ``starts[x] .. starts[x] + counts[x] - 1``."""
-    total = int(counts.sum())
-    if not total:
-        return np.empty(0, dtype=np.int64)
-    base = np.repeat(starts - np.cumsum(counts) + counts, counts)
-    return base + np.arange(total, dtype=np.int64)
-
-
-def _entries(ords: I64, rects: npt.NDArray[np.integer[Any]]) -> bytes:
-    """List entries as stored in heads and archives."""
-    out = np.empty(len(ords), dtype=_ENTRY)
-    out["ordinal"], out["rect"] = ords, rects
-    return out.tobytes()
-
-
-def _put_long(batch: Batch, head_key: bytes, packed: bytes) -> None:
-    """Entries of a long list, one key each: head key ‖ ordinal ‖ number within the page
-    (so that ``_long_windows`` reads one page's windows by prefix)."""
-    entries = np.frombuffer(packed, dtype=_ENTRY)
-    seq = 0
-    prev = -1
-    rect_bytes = entries["rect"].astype(_RECT).tobytes()
-    w = 4 * _RECT.itemsize
-    for x, o in enumerate(entries["ordinal"].tolist()):
-        seq = seq + 1 if o == prev else 0
-        prev = o
-        batch.put("oph_long", head_key + u64(o) + u32(seq), rect_bytes[x * w : (x + 1) * w])

@@ -1,10 +1,9 @@
 """The RocksDB store: one database, one column family per kind of entry, raw bytes.
 
 Keys are big-endian so that byte order is numeric order. rocksdict has no merge operator,
-so a growing inverted list is kept as a small head value, rewritten on every append, and
-fixed-size archive values (dupalign.passages); lists of common units (long lists) become
-append-style keys read by prefix scans. Everything one page writes goes into one
-WriteBatch, which RocksDB applies atomically (also across a crash).
+so everything that grows (inverted lists, offsets) is written as append-style keys and
+read back by prefix scans. Everything one page writes goes into one WriteBatch, which
+RocksDB applies atomically (also across a crash).
 """
 
 from __future__ import annotations
@@ -39,9 +38,7 @@ FAMILIES = (
     "exact",  # content hash (16 B) ‖ ordinal -> b""
     "simhash",  # fingerprint ‖ ordinal -> b""
     "cws",  # ordinal -> K uint64 min-hashes of the page's word shingles (verification)
-    "oph",  # bin ‖ min-hash -> head of the inverted list of non-empty windows with that key
-    "oph_arch",  # bin ‖ min-hash ‖ archive number -> the list's older entries, packed
-    "oph_long",  # bin ‖ min-hash ‖ ordinal ‖ seq -> rectangle: entries of long lists
+    "oph",  # bin ‖ min-hash value ‖ ordinal ‖ c -> (l, r): inverted lists of non-empty windows
     "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
     "oph_keys",  # ordinal -> sorted 32-bit fingerprints of the page's lists (bin ‖ min-hash)
     "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
@@ -73,10 +70,11 @@ def parse_offsets_key(key: bytes) -> tuple[str, int]:
     return key[:-5].decode("utf-8"), int(_U32.unpack_from(key, len(key) - 4)[0])
 
 
-# Families read by prefix: the fixed key prefix that names one group (a long list is
+# Families read by prefix: the fixed key prefix that names one group (an inverted list is
 # bin ‖ min-hash, 10 bytes). RocksDB keeps Bloom filters of these prefixes, so a seek to a
-# group that does not exist reads no data block (tests/bench/bench_store.py).
-PREFIX_LENGTHS = {"oph_long": 10}
+# list that does not exist (most lists a new page asks for) reads no data block
+# (tests/bench/bench_store.py).
+PREFIX_LENGTHS = {"oph": 10}
 
 
 BLOCK_CACHE_BYTES = 256 << 20  # uncompressed blocks shared by all families (default)

@@ -149,7 +149,7 @@ def test_a_page_written_but_not_committed_is_not_lost(
 ) -> None:
     """If processing fails after a page's batch is written, before the lists in memory
     learn of it, the next page drops those lists and reads them again from the store: it
-    still finds the page, and later list writes keep the page's entries."""
+    still finds the page, and answers from memory equal answers from the store."""
     words = rfc_words("rfc2821.txt", 0, 400)
     with Engine.open(tmp_path / "s") as engine:
         engine.process(page("a", words[:150]))
@@ -164,7 +164,7 @@ def test_a_page_written_but_not_committed_is_not_lost(
         monkeypatch.undo()
         found = engine.process(page("d", words[120:180]))
         assert {m.match_doc_id for m in found if m.kind == "passage"} >= {"a", "c"}
-        engine.process(page("e", words[140:220]))  # appends to lists that hold c
+        engine.process(page("e", words[140:220]))
         probe = " ".join(words[100:200])
         hot = [(m.match_doc_id, m.spans) for m in engine.query_text(probe)]
         engine.passages.cache.clear()

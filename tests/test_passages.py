@@ -29,8 +29,7 @@ from dupalign.interval_scan import align
 from dupalign.match import Match
 from dupalign.oph import OPHWindows, compact_windows, oph_counts, oph_sketch, oph_values
 from dupalign.page import Page
-from dupalign.passages import ARCHIVE_ENTRIES, PassageIndex, _passage_starts, read_head
-from dupalign.store import Store, read_u64
+from dupalign.passages import PassageIndex, _passage_starts
 from dupalign.text import Tokens, tokenize
 from tests import corpora
 
@@ -101,17 +100,13 @@ def _word_positions(idx: PassageIndex, start: int, end: int) -> set[int]:
 
 
 def check_store_against_pairwise(
-    store_dir: Path, cfg: EngineConfig, texts: list[str], query: str,
-    archive: int = ARCHIVE_ENTRIES,
+    store_dir: Path, cfg: EngineConfig, texts: list[str], query: str
 ) -> tuple[int, int]:
-    """Index ``texts``, then check every passage of ``query`` (via ``align_passages``, with
-    the lists in memory and again read from the store) and the merged spans of
-    ``Engine.process(query)`` against pairwise alignment. ``archive``: entries per stored
-    archive (small values make lists of a few entries span several archives). Returns
-    (number of reported ranges, candidates pruned)."""
+    """Index ``texts``, then check every passage of ``query`` (via ``align_passages``) and the
+    merged spans of ``Engine.process(query)`` against pairwise alignment. Returns (number of
+    reported ranges, candidates pruned)."""
     with Engine.open(store_dir, cfg) as eng:
         idx = eng.passages
-        idx.archive = archive
         indexed: dict[int, np.ndarray] = {}
         for n, text in enumerate(texts):
             ordinal = eng.next_ordinal
@@ -132,10 +127,7 @@ def check_store_against_pairwise(
                                           cfg.passage.stride), dtype=np.int64)
         ends = np.minimum(len(q_units), starts + cfg.passage.query_len)
         inexact = idx.counters.inexact_passages
-        _check_list_layout(eng.store, archive)
         found = idx.align_passages(q_units, starts, ends, before)
-        idx.cache.clear()  # the same lists, read from the store's heads and archives
-        assert idx.align_passages(q_units, starts, ends, before) == found
         # with many long lists a passage's candidates may miss pages (counted): then the
         # hits must still be right, only possibly fewer
         exact = idx.counters.inexact_passages == inexact
@@ -176,21 +168,10 @@ def check_store_against_pairwise(
         return n_ranges, pruned
 
 
-def _check_list_layout(store: Store, archive: int) -> None:
-    """Every stored archive belongs to a short list that counts it, heads hold 1..archive
-    entries, and a long list keeps no archives (they moved to one key per entry)."""
-    heads = {k: read_head(v) for k, v in store.items("oph")}
-    for key, _ in store.items("oph_arch"):
-        n_arch, _ = heads[key[:10]]
-        assert 0 <= read_u64(b"\0" * 6 + key[10:]) < n_arch
-    for n_arch, n_head in heads.values():
-        assert n_arch == -1 or 1 <= n_head <= archive
-
-
 # -- property test: random small texts over small alphabets (so that repeats occur) ----------
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[list[str], str, dict[str, object], int]:
+def scenarios(draw: st.DrawFn) -> tuple[list[str], str, dict[str, object]]:
     alphabet = draw(st.integers(2, 12))
     word = st.integers(0, alphabet - 1)
     pages = draw(st.lists(st.lists(word, min_size=1, max_size=40), min_size=1, max_size=5))
@@ -216,24 +197,23 @@ def scenarios(draw: st.DrawFn) -> tuple[list[str], str, dict[str, object], int]:
         # reads) is exercised as often as the short one
         "max_list": draw(st.sampled_from([1, 2, 3, 256])),
     }
-    archive = draw(st.sampled_from([1, 2, 16]))
 
     def text(ws: list[int]) -> str:
         return " ".join(f"w{x}" for x in ws)
 
-    return [text(p) for p in pages], text(query), params, archive
+    return [text(p) for p in pages], text(query), params
 
 
 @pytest.mark.parametrize("mode", ["oph", "weighted"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios())
 def test_store_search_equals_pairwise_alignment(
-    mode: str, sc: tuple[list[str], str, dict[str, object], int]
+    mode: str, sc: tuple[list[str], str, dict[str, object]]
 ) -> None:
-    texts, query, params, archive = sc
+    texts, query, params = sc
     cfg = _config(mode, **params)  # type: ignore[arg-type]
     with tempfile.TemporaryDirectory(dir=_FAST_TMP) as d:
-        check_store_against_pairwise(Path(d), cfg, texts, query, archive)
+        check_store_against_pairwise(Path(d), cfg, texts, query)
 
 
 @pytest.mark.parametrize("mode", ["oph", "weighted"])
@@ -263,10 +243,8 @@ def test_long_lists_are_exercised(tmp_path: Path) -> None:
     texts = [" ".join(f"w{x}" for x in p) for p in pages]
     cfg = _config("oph", k=16, theta=Fraction(1, 2), shingle=1, query_len=24, stride=8,
                   min_len=8, max_list=6)
-    # archives of 2 entries: lists fill archives before they turn long and move to one key
-    # per entry
     n_ranges, _ = check_store_against_pairwise(tmp_path, cfg, texts,
-                                               " ".join(f"w{x}" for x in query), archive=2)
+                                               " ".join(f"w{x}" for x in query))
     with Engine.open(tmp_path, cfg, read_only=True) as eng:
         eng.query_text(" ".join(f"w{x}" for x in query))
         c = eng.passages.counters
