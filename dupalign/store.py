@@ -284,15 +284,18 @@ class PrefixReader:
     def items(self, prefix: bytes, limit: int | None = None) -> tuple[list[bytes], list[bytes]]:
         """Keys and values of the entries starting with ``prefix`` (at most ``limit``)."""
         it = self._it
+        valid, key_of, value_of, step = it.valid, it.key, it.value, it.next  # hot loop
         keys: list[bytes] = []
         values: list[bytes] = []
         it.seek(prefix)
         n = len(prefix)
-        while it.valid() and (limit is None or len(keys) < limit):
-            key = it.key()
+        left = -1 if limit is None else limit
+        while left and valid():
+            key = key_of()
             if key[:n] != prefix:
                 break
             keys.append(key)
-            values.append(it.value())
-            it.next()
+            values.append(value_of())
+            step()
+            left -= 1
         return keys, values
