@@ -102,9 +102,10 @@ def _word_positions(idx: PassageIndex, start: int, end: int) -> set[int]:
 def check_store_against_pairwise(
     store_dir: Path, cfg: EngineConfig, texts: list[str], query: str
 ) -> tuple[int, int]:
-    """Index ``texts``, then check every passage of ``query`` (via ``align_passages``) and the
-    merged spans of ``Engine.process(query)`` against pairwise alignment. Returns (number of
-    reported ranges, candidates pruned)."""
+    """Index ``texts``, then check every passage of ``query`` (via ``align_passages``, with
+    the lists in memory and again read from the store) and the merged spans of
+    ``Engine.process(query)`` against pairwise alignment. Returns (number of reported
+    ranges, candidates pruned)."""
     with Engine.open(store_dir, cfg) as eng:
         idx = eng.passages
         indexed: dict[int, np.ndarray] = {}
@@ -128,6 +129,8 @@ def check_store_against_pairwise(
         ends = np.minimum(len(q_units), starts + cfg.passage.query_len)
         inexact = idx.counters.inexact_passages
         found = idx.align_passages(q_units, starts, ends, before)
+        idx.cache.clear()  # the same lists, now read from the store
+        assert idx.align_passages(q_units, starts, ends, before) == found
         # with many long lists a passage's candidates may miss pages (counted): then the
         # hits must still be right, only possibly fewer
         exact = idx.counters.inexact_passages == inexact
