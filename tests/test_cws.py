@@ -374,10 +374,13 @@ def test_real_text_estimates_with_tf_idf_weights() -> None:
 # --- min-hash sketches of shingle sets (near-duplicate verification) -----------------------
 
 
-def _shingle_twin(h: list[int], w: int, salt: int) -> list[int]:
-    def mix(x: int, s: int) -> int:
-        return int(mix64(np.array([x], dtype=np.uint64), s)[0])
+def _mix1(x: int, s: int) -> int:
+    """mix64 of one value, as a Python int (for the twins)."""
+    return int(mix64(np.array([x], dtype=np.uint64), s)[0])
 
+
+
+def _shingle_twin(h: list[int], w: int, salt: int) -> list[int]:
     if not h:
         return []
     span = min(w, len(h))
@@ -385,8 +388,8 @@ def _shingle_twin(h: list[int], w: int, salt: int) -> list[int]:
     for i in range(len(h) - span + 1):
         acc = h[i]
         for j in range(1, span):
-            acc = mix(acc, salt) ^ h[i + j]
-        out.append(mix(acc, salt + 1))
+            acc = _mix1(acc, salt) ^ h[i + j]
+        out.append(_mix1(acc, salt + 1))
     return out
 
 
@@ -408,15 +411,12 @@ def test_shingle_hashes_keep_order() -> None:
 
 
 def _minhash_twin(features: set[int], K: int, seed: int) -> list[int]:
-    def mix(x: int, s: int) -> int:
-        return int(mix64(np.array([x], dtype=np.uint64), s)[0])
-
     if not features:
         return [0] * K
     out = []
     for k in range(K):
-        key = mix(k, (seed << 4) | 10)
-        out.append(min(mix(mix(x, (seed << 4) | 9) ^ key, (seed << 4) | 11) for x in features))
+        key = _mix1(k, (seed << 4) | 10)
+        out.append(min(_mix1(_mix1(x, (seed << 4) | 9) ^ key, (seed << 4) | 11) for x in features))
     return out
 
 
