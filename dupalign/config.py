@@ -157,7 +157,9 @@ class EngineConfig:
     def frozen_params(self) -> dict[str, Any]:
         """What the store's contents depend on; recorded in ``meta`` and checked at open."""
         return {
-            "format": 2,  # 2: near verification sketches are 3-shingle min-hashes (1: ICWS)
+            # 2: near verification sketches are 3-shingle min-hashes (1: ICWS);
+            # 3: long inverted lists carry a marker (format 2 readers cannot parse it)
+            "format": 3,
             "seed": self.seed,
             "main_content": self.text.main_content,
             "tf_mode": self.near.tf_mode,

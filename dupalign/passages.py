@@ -37,7 +37,7 @@ from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
-from dupalign.store import Batch, PrefixReader, Store, u64
+from dupalign.store import Batch, PrefixReader, Store, read_u64, u64
 from dupalign.text import Tokens
 
 I64 = npt.NDArray[np.int64]
@@ -116,6 +116,9 @@ class PassageIndex:
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
         self.cache = ListCache(config.cache.lists_mb << 20, self.cfg.max_list)
         self._staged: int | None = None  # a page staged but not committed yet
+        # lists found long by reading them, marked by the next page staged, so that a later
+        # read (after the list left memory) learns it from one entry, not max_list + 1
+        self._new_markers: dict[bytes, int] = {}
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -258,13 +261,25 @@ class PassageIndex:
         counts = np.zeros(len(miss), dtype=np.int64)
         key_bytes: list[bytes] = []
         values: list[bytes] = []
+        max_list = self.cfg.max_list
         for y, (b, key) in enumerate(zip(bins[miss].tolist(), keys[miss].tolist(),
                                          strict=True)):
-            ks, vs = reader.items(_BIN.pack(b) + u64(key), self.cfg.max_list + 1)
+            prefix = _BIN.pack(b) + u64(key)
+            ks, vs = reader.items(prefix, max_list + 1, header=True)
             self.counters.entries_read += len(ks)
-            if len(ks) > self.cfg.max_list:
+            if ks and len(ks[0]) == len(prefix):  # the list's long marker
+                if read_u64(vs[0]) > max_list:
+                    long[y] = True
+                    self.counters.long_lists += 1
+                    continue
+                # marked under a smaller max_list: read the list after all
+                ks, vs = reader.items(prefix, max_list + 2)
+                ks, vs = ks[1:], vs[1:]
+                self.counters.entries_read += len(ks)
+            if len(ks) > max_list:
                 long[y] = True
                 self.counters.long_lists += 1
+                self._new_markers[prefix] = len(ks)
                 continue
             counts[y] = len(ks)
             key_bytes += ks
@@ -354,6 +369,9 @@ class PassageIndex:
         if state is None or state.rects is None:
             return
         self._staged = ordinal
+        for prefix, n in self._new_markers.items():  # true whenever written: lists only grow
+            batch.put("oph", prefix, u64(n))
+        self._new_markers.clear()
         r = state.rects
         prefix_ord = u64(ordinal)
         batch.put("positions", prefix_ord, state.positions)

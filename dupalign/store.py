@@ -38,7 +38,8 @@ FAMILIES = (
     "exact",  # content hash (16 B) ‖ ordinal -> b""
     "simhash",  # fingerprint ‖ ordinal -> b""
     "cws",  # ordinal -> K uint64 min-hashes of the page's word shingles (verification)
-    "oph",  # bin ‖ min-hash value ‖ ordinal ‖ c -> (l, r): inverted lists of non-empty windows
+    "oph",  # bin ‖ min-hash value ‖ ordinal ‖ c -> (l, r): inverted lists of non-empty windows;
+    # bin ‖ min-hash value -> u64 n: the list holds at least n entries (marks long lists)
     "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
     "oph_keys",  # ordinal -> sorted 32-bit fingerprints of the page's lists (bin ‖ min-hash)
     "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
@@ -281,13 +282,18 @@ class PrefixReader:
     def __init__(self, cf: Rdict, ropts: ReadOptions) -> None:
         self._it = cf.iter(ropts)
 
-    def items(self, prefix: bytes, limit: int | None = None) -> tuple[list[bytes], list[bytes]]:
-        """Keys and values of the entries starting with ``prefix`` (at most ``limit``)."""
+    def items(self, prefix: bytes, limit: int | None = None, header: bool = False
+              ) -> tuple[list[bytes], list[bytes]]:
+        """Keys and values of the entries starting with ``prefix`` (at most ``limit``).
+        With ``header``, an entry whose key is ``prefix`` itself (it sorts first: a group's
+        header) is returned alone, without reading the group."""
         it = self._it
         valid, key_of, value_of, step = it.valid, it.key, it.value, it.next  # hot loop
         keys: list[bytes] = []
         values: list[bytes] = []
         it.seek(prefix)
+        if header and valid() and key_of() == prefix:
+            return [prefix], [value_of()]
         n = len(prefix)
         left = -1 if limit is None else limit
         while left and valid():

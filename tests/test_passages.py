@@ -30,6 +30,7 @@ from dupalign.match import Match
 from dupalign.oph import OPHWindows, compact_windows, oph_counts, oph_sketch, oph_values
 from dupalign.page import Page
 from dupalign.passages import PassageIndex, _passage_starts
+from dupalign.store import read_u64
 from dupalign.text import Tokens, tokenize
 from tests import corpora
 
@@ -255,6 +256,49 @@ def test_long_lists_are_exercised(tmp_path: Path) -> None:
         assert c.inexact_passages == 0
     assert n_ranges > 0
 
+
+
+def test_long_list_markers(tmp_path: Path) -> None:
+    """A list read from the store and found long is marked with the next page, so that a
+    later read (after the list left memory) takes one entry instead of max_list + 1. The
+    marks change no result, and a mark left under a smaller max_list is read past."""
+    rng = np.random.default_rng(11)
+    common = [1000, 1001, 1002, 1003]
+    pages = [common + rng.integers(0, 5000, size=50).tolist() for _ in range(9)]
+    query = " ".join(f"w{x}" for x in pages[3][:40] + pages[5][:30])
+    texts = [" ".join(f"w{x}" for x in p) for p in pages]
+
+    def build(path: Path, evict: bool) -> list[tuple[bytes, bytes]]:
+        cfg = _config("oph", k=16, theta=Fraction(1, 2), shingle=1, query_len=24, stride=8,
+                      min_len=8, max_list=6)
+        with Engine.open(path, cfg) as eng:
+            for n, text in enumerate(texts):
+                if evict and n == len(texts) - 1:
+                    eng.passages.cache.clear()  # the last page reads the lists from the store
+                eng.process(Page(id=f"p{n}", body=text))
+            return [(k, v) for k, v in eng.store.prefix("oph", b"") if len(k) == 10]
+
+    assert build(tmp_path / "plain", evict=False) == []
+    marks = build(tmp_path / "marked", evict=True)
+    assert marks and all(read_u64(v) == 7 for _, v in marks)  # max_list + 1 entries seen
+
+    def cold_query(path: Path, max_list: int) -> tuple[list[object], int, int]:
+        cfg = _config("oph", k=16, theta=Fraction(1, 2), shingle=1, query_len=24, stride=8,
+                      min_len=8, max_list=max_list)
+        with Engine.open(path, cfg, read_only=True) as eng:
+            found: list[object] = [(m.match_doc_id, m.spans) for m in eng.query_text(query)]
+            return found, eng.passages.counters.entries_read, eng.passages.counters.long_lists
+
+    plain, plain_read, plain_long = cold_query(tmp_path / "plain", 6)
+    marked, marked_read, marked_long = cold_query(tmp_path / "marked", 6)
+    assert marked == plain and plain
+    assert marked_long == plain_long > 0
+    assert marked_read < plain_read
+    # under max_list 20 these lists are short: the marks (7 entries) are read past
+    plain20, plain20_read, _ = cold_query(tmp_path / "plain", 20)
+    marked20, marked20_read, marked20_long = cold_query(tmp_path / "marked", 20)
+    assert marked20 == plain20 and marked20_long == 0
+    assert marked20_read > plain20_read
 
 # -- real text: Clough & Stevenson ------------------------------------------------------------
 
