@@ -48,7 +48,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from dupalign.config import EngineConfig, NearConfig, PassageConfig
+from dupalign.config import CacheConfig, EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
 from dupalign.hashing import token_hashes
 from dupalign.interval_scan import align
@@ -324,17 +324,17 @@ def family_bytes(eng: Engine, family: str) -> int:
         cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
 
 
-def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None
-          ) -> None:
+def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
+          cache: CacheConfig) -> None:
     rng = np.random.default_rng(5)
     texts = page_stream(checkpoints[-1], rng, use_docs)
     print(f"## Cost vs store size (near disabled; default passage config: "
-          f"{PassageConfig()}); ms/page (wall), cpu ms (process CPU time per page) and the "
-          "counters are over the pages since the previous checkpoint")
+          f"{PassageConfig()}; {cache}); ms/page (wall), cpu ms (process CPU time per page) "
+          "and the counters are over the pages since the previous checkpoint")
     print(f"{'pages':>7} {'ms/page':>8} {'cpu ms':>7} {'pass/pg':>7} {'lists/pass':>10} "
           f"{'entries/pass':>12} {'cand/pass':>9} {'pruned/pass':>11} {'match/pg':>8} "
           f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
-    cfg = EngineConfig(near=NearConfig(enabled=False))
+    cfg = EngineConfig(near=NearConfig(enabled=False), cache=cache)
     d = tempfile.mkdtemp(dir=store_root)
     tokens = 0
     prof = cProfile.Profile() if profile_last else None
@@ -416,6 +416,8 @@ def main() -> None:
     ap.add_argument("--no-docs", action="store_true", help="do not use the llvm docs")
     ap.add_argument("--profile", action="store_true", help="cProfile the last scale batch")
     ap.add_argument("--store-root", help="directory for the scale store (default: tmp)")
+    ap.add_argument("--lists-mb", type=int, default=CacheConfig.lists_mb,
+                    help="memory for inverted lists (engine.cache.lists_mb)")
     args = ap.parse_args()
     print(f"# dupalign at {_git_state()}\n")
     rng = np.random.default_rng(1)
@@ -428,7 +430,8 @@ def main() -> None:
         default = "200,500" if args.quick else "500,1000,2000,3000"
         cps = [int(x) for x in (args.scale or default).split(",")]
         timed("scale", lambda: scale(cps, not args.no_docs and bool(corpora.llvm_doc_files(1)),
-                                     args.profile, args.store_root))
+                                     args.profile, args.store_root,
+                                     CacheConfig(lists_mb=args.lists_mb)))
 
 
 if __name__ == "__main__":
