@@ -136,6 +136,9 @@ class CacheConfig:
 # Frozen parameters added after stores were made, with the value those stores were built
 # with: a store that did not record one was built with this value.
 IMPLIED_PARAMS = {"near_shingle": 3}
+# Older values of frozen parameters that a store can be upgraded from in place: format 3
+# only adds long-list marks to format 2, which a format 3 reader does without.
+PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (2,)}
 
 
 @dataclass(frozen=True)

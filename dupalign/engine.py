@@ -18,7 +18,7 @@ from typing import Any
 import mmh3
 import msgpack
 
-from dupalign.config import IMPLIED_PARAMS, EngineConfig
+from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES, EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.hashing import content_hash, token_hashes
 from dupalign.match import Match
@@ -75,7 +75,8 @@ class Engine:
     ) -> Engine:
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
-                      implied=IMPLIED_PARAMS, block_cache_bytes=config.cache.blocks_mb << 20)
+                      implied=IMPLIED_PARAMS, upgrades=PARAM_UPGRADES,
+                      block_cache_bytes=config.cache.blocks_mb << 20)
         try:
             return cls(store, config, read_only)
         except BaseException:

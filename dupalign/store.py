@@ -132,9 +132,13 @@ class Store:
 
     def __init__(self, path: str | Path, params: dict[str, Any], read_only: bool = False,
                  implied: dict[str, Any] | None = None,
+                 upgrades: dict[str, tuple[Any, ...]] | None = None,
                  block_cache_bytes: int = BLOCK_CACHE_BYTES) -> None:
         """``implied``: parameters added after some stores were made, with the value those
-        stores were built with (a store that lacks one was built with that value)."""
+        stores were built with (a store that lacks one was built with that value).
+        ``upgrades``: per parameter, older values a store may have that the asked value
+        only extends (a later store format that adds optional entries): opened for
+        writing, such a store is upgraded to the asked value, if nothing else differs."""
         self.path = Path(path)
         opts = _options()
         if read_only:
@@ -155,10 +159,10 @@ class Store:
         self._cfs = {name: self._db.get_column_family(name) for name in families}
         self._same_prefix = ReadOptions()
         self._same_prefix.set_prefix_same_as_start(True)
-        self._check_params(params, read_only, implied or {})
+        self._check_params(params, read_only, implied or {}, upgrades or {})
 
     def _check_params(self, params: dict[str, Any], read_only: bool,
-                      implied: dict[str, Any]) -> None:
+                      implied: dict[str, Any], upgrades: dict[str, tuple[Any, ...]]) -> None:
         stored = self.get("meta", b"params")
         if stored is None:
             if read_only:
@@ -174,6 +178,10 @@ class Store:
             for k in set(self.params) | set(params)
             if self.params.get(k) != params.get(k)
         }
+        if diff and all(a in upgrades.get(k, ()) for k, (a, _) in diff.items()):
+            self.params.update({k: b for k, (_, b) in diff.items()})
+            self._cfs["meta"][b"params"] = msgpack.packb(self.params)
+            return
         if diff:
             detail = ", ".join(f"{k}: store has {a!r}, asked for {b!r}" for k, (a, b) in
                                sorted(diff.items()))

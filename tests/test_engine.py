@@ -282,3 +282,19 @@ def test_same_words_in_another_order_are_not_near_duplicates(tmp_path: Path) -> 
         engine.process(page("orig", words))
         found = engine.process(page("shuffled", shuffled))
         assert [m.match_doc_id for m in found if m.kind == "near"] == ["orig"]
+
+
+def test_a_format_2_store_is_upgraded_and_keeps_its_pages(tmp_path: Path) -> None:
+    """Format 3 only adds long-list marks: a format 2 store opens, records format 3 and
+    still finds its pages."""
+    import msgpack
+
+    base = rfc_words("rfc2821.txt", 0, 400)
+    with Engine.open(tmp_path / "s") as engine:
+        engine.process(page("a", base))
+        params = engine.store.params
+        engine.store.put("meta", b"params", msgpack.packb({**params, "format": 2}))
+    with Engine.open(tmp_path / "s") as engine:
+        assert engine.store.params["format"] == 3
+        found = engine.process(page("b", base))
+        assert [(m.kind, m.match_doc_id) for m in found] == [("exact", "a")]

@@ -70,6 +70,28 @@ def test_parameters_added_later_are_implied_for_older_stores(tmp_path: Path) -> 
         Store(tmp_path / "db", {"k": 64, "near_shingle": 5}, implied=implied)
 
 
+
+def test_upgradable_parameters_are_upgraded_in_place(tmp_path: Path) -> None:
+    """A store of an older format that the new one only extends opens for writing and
+    records the new format; a read-only open leaves it as it is; any other difference
+    (or a format not listed) still refuses to open."""
+    upgrades = {"format": (2,)}
+    Store(tmp_path / "a", {"format": 2, "k": 64}).close()
+    with pytest.raises(StoreMismatch, match="k: store has 64, asked for 128"):
+        Store(tmp_path / "a", {"format": 3, "k": 128}, upgrades=upgrades)
+    ro = Store(tmp_path / "a", {"format": 3, "k": 64}, read_only=True, upgrades=upgrades)
+    assert ro.params["format"] == 2
+    ro.close()
+    Store(tmp_path / "a", {"format": 3, "k": 64}, upgrades=upgrades).close()
+    ro = Store(tmp_path / "a", {}, read_only=True)
+    assert ro.params == {"format": 3, "k": 64}
+    ro.close()
+    with pytest.raises(StoreMismatch, match="format: store has 3, asked for 2"):
+        Store(tmp_path / "a", {"format": 2, "k": 64}, upgrades=upgrades)
+    Store(tmp_path / "b", {"format": 1, "k": 64}).close()
+    with pytest.raises(StoreMismatch, match="format: store has 1, asked for 3"):
+        Store(tmp_path / "b", {"format": 3, "k": 64}, upgrades=upgrades)
+
 def test_read_only_needs_an_existing_store(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         Store(tmp_path / "missing", {}, read_only=True)
