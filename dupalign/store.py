@@ -300,14 +300,14 @@ class PrefixReader:
         keys: list[bytes] = []
         values: list[bytes] = []
         it.seek(prefix)
-        if header and valid() and key_of() == prefix:
-            return [prefix], [value_of()]
         n = len(prefix)
         left = -1 if limit is None else limit
         while left and valid():
             key = key_of()
             if key[:n] != prefix:
                 break
+            if header and key == prefix:  # only the first key can equal the prefix
+                return [key], [value_of()]
             keys.append(key)
             values.append(value_of())
             step()

@@ -24,6 +24,27 @@ def test_prefix_scan_returns_exactly_the_prefix_in_order(tmp_path: Path) -> None
     store.close()
 
 
+
+def test_prefix_reader_stops_at_a_group_header(tmp_path: Path) -> None:
+    """A key equal to the prefix sorts before the group's entries: with ``header`` it is
+    returned alone, without reading the group; without, it is read like any entry."""
+    store = Store(tmp_path / "db", {"p": 1})
+    batch = store.batch()
+    group, other = b"\x00\x01" + u64(5), b"\x00\x01" + u64(6)
+    batch.put("oph", group, u64(99))
+    for ordinal in range(4):
+        batch.put("oph", group + u64(ordinal) + b"\0\0\0\0", u64(ordinal))
+        batch.put("oph", other + u64(ordinal) + b"\0\0\0\0", u64(ordinal))
+    store.write(batch)
+    reader = store.prefix_reader("oph")
+    assert reader.items(group, 10, header=True) == ([group], [u64(99)])
+    keys, values = reader.items(group, 10)
+    assert keys[0] == group and [read_u64(v) for v in values[1:]] == [0, 1, 2, 3]
+    assert len(reader.items(group, 3)[0]) == 3
+    keys, _ = reader.items(other, 10, header=True)  # no header: the whole group
+    assert len(keys) == 4 and all(k.startswith(other) for k in keys)
+    store.close()
+
 def test_batch_is_invisible_until_written_and_survives_reopen(tmp_path: Path) -> None:
     store = Store(tmp_path / "db", {"p": 1})
     batch = store.batch()
