@@ -137,8 +137,9 @@ class CacheConfig:
 # with: a store that did not record one was built with this value.
 IMPLIED_PARAMS = {"near_shingle": 3}
 # Older values of frozen parameters that a store can be upgraded from in place: format 3
-# only adds long-list marks to format 2, which a format 3 reader does without.
-PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (2,)}
+# only adds long-list marks to format 2, format 4 packed runs of list entries to format 3;
+# a reader of the newer format does without either.
+PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (2, 3)}
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,8 @@ class EngineConfig:
         return {
             # 2: near verification sketches are 3-shingle min-hashes (1: ICWS);
             # 3: long inverted lists carry a marker (format 2 readers cannot parse it)
-            "format": 3,
+            # 4: inverted lists may start with a packed run (format 3 readers cannot parse it)
+            "format": 4,
             "seed": self.seed,
             "main_content": self.text.main_content,
             "tf_mode": self.near.tf_mode,

@@ -47,6 +47,17 @@ _SEQ = struct.Struct(">I")
 _RECT = np.dtype("<i4")
 # key of an inverted-list entry: bin ‖ min-hash ‖ ordinal ‖ window number, big-endian
 _LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq", ">u4")])
+# A run: every entry of a list up to some ordinal packed in one value, under the key
+# bin ‖ min-hash ‖ last ordinal ‖ _RUN_SEQ (no page has 2^32 windows). Pages append their
+# windows one key each; a list read from the store with PACK_MIN or more of those (and at
+# least a quarter of its run's length, so that a list is repacked O(log n) times) is packed
+# by the next page's batch, which deletes the keys it replaces: a later read takes one key
+# instead of hundreds (reading an entry through the iterator costs about a microsecond,
+# unpacking it from a run a few nanoseconds). A list is: [long mark] [run] [entries of
+# later pages].
+_RUN_SEQ = b"\xff\xff\xff\xff"
+_RUN = np.dtype([("ordinal", "<i8"), ("rect", "<i4", (4,))])
+PACK_MIN = 8
 _SHINGLE_SALT = 0x5348494E
 _NO_RECTS = np.empty((0, 4), dtype=np.int64)
 
@@ -82,7 +93,9 @@ class PassageState:
 class PassageCounters:
     passages: int = 0
     lists_read: int = 0
-    entries_read: int = 0
+    entries_read: int = 0  # list entries read from the store (those in runs included)
+    keys_read: int = 0  # store keys read for them (a run is one key)
+    runs_written: int = 0
     candidates_pruned: int = 0
     candidates_scanned: int = 0
     long_lists: int = 0
@@ -119,6 +132,10 @@ class PassageIndex:
         # lists found long by reading them, marked by the next page staged, so that a later
         # read (after the list left memory) learns it from one entry, not max_list + 1
         self._new_markers: dict[bytes, int] = {}
+        # lists read with many unpacked entries, packed by the next page staged:
+        # prefix -> (run key, run, keys it replaces)
+        self._new_runs: dict[bytes, tuple[bytes, bytes, list[bytes]]] = {}
+        self.pack_min = PACK_MIN  # runtime only: packing changes the layout, not the lists
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -258,16 +275,20 @@ class PassageIndex:
         if not len(miss):
             return slots
         long = np.zeros(len(miss), dtype=np.bool_)
-        counts = np.zeros(len(miss), dtype=np.int64)
+        n_run = np.zeros(len(miss), dtype=np.int64)
+        n_single = np.zeros(len(miss), dtype=np.int64)
+        runs: list[npt.NDArray[Any]] = []
         key_bytes: list[bytes] = []
         values: list[bytes] = []
+        to_pack: list[tuple[int, bytes, list[bytes]]] = []
         max_list = self.cfg.max_list
         for y, (b, key) in enumerate(zip(bins[miss].tolist(), keys[miss].tolist(),
                                          strict=True)):
             prefix = _BIN.pack(b) + u64(key)
             ks, vs = reader.items(prefix, max_list + 1, header=True)
-            self.counters.entries_read += len(ks)
+            self.counters.keys_read += len(ks)
             if ks and len(ks[0]) == len(prefix):  # the list's long marker
+                self.counters.entries_read += 1
                 if read_u64(vs[0]) > max_list:
                     long[y] = True
                     self.counters.long_lists += 1
@@ -275,21 +296,37 @@ class PassageIndex:
                 # marked under a smaller max_list: read the list after all
                 ks, vs = reader.items(prefix, max_list + 2)
                 ks, vs = ks[1:], vs[1:]
-                self.counters.entries_read += len(ks)
-            if len(ks) > max_list:
+                self.counters.keys_read += len(ks)
+            replaced: list[bytes] = []
+            run = np.empty(0, dtype=_RUN)
+            if ks and ks[0][-4:] == _RUN_SEQ:
+                run = np.frombuffer(vs[0], dtype=_RUN)
+                replaced = ks[:1]
+                ks, vs = ks[1:], vs[1:]
+            n = len(run) + len(ks)
+            self.counters.entries_read += n
+            if n > max_list:
                 long[y] = True
                 self.counters.long_lists += 1
-                self._new_markers[prefix] = len(ks)
+                self._new_markers[prefix] = n
                 continue
-            counts[y] = len(ks)
+            if len(run):
+                runs.append(run)
+            if len(ks) >= max(self.pack_min, len(run) // 4):
+                to_pack.append((y, prefix, replaced + ks))
+            n_run[y] = len(run)
+            n_single[y] = len(ks)
             key_bytes += ks
             values += vs
         self.counters.lists_read += len(miss)
-        off = np.zeros(len(miss) + 1, dtype=np.int64)
-        np.cumsum(counts, out=off[1:])
-        ords = np.frombuffer(b"".join(key_bytes), dtype=_LIST_KEY)["ordinal"].astype(np.int64)
-        slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords,
-                                        _unpack_rects(values))
+        off, ords, rects = _assemble_lists(n_run, runs, n_single, key_bytes, values)
+        for y, prefix, replaced in to_pack:
+            packed = np.empty(int(off[y + 1] - off[y]), dtype=_RUN)
+            packed["ordinal"] = ords[off[y] : off[y + 1]]
+            packed["rect"] = rects[off[y] : off[y + 1]]
+            last = int(packed["ordinal"][-1])
+            self._new_runs[prefix] = (prefix + u64(last) + _RUN_SEQ, packed.tobytes(), replaced)
+        slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords, rects)
         return slots
 
     def _page_fingerprints(self, pages: I64) -> tuple[I64, I64, I64]:
@@ -315,8 +352,7 @@ class PassageIndex:
             lb = int(l_bins[x >> passage_align.LONG_KEY_SHIFT])
             lk = int(l_keys[x >> passage_align.LONG_KEY_SHIFT])
             page = x & ((1 << passage_align.LONG_KEY_SHIFT) - 1)
-            prefix = _BIN.pack(lb) + u64(lk) + u64(page)
-            parts.append(_unpack_rects(reader.items(prefix)[1]))
+            parts.append(_page_windows(reader, _BIN.pack(lb) + u64(lk), page))
         return _csr(want, parts, _NO_RECTS)
 
     def _empty_windows(
@@ -372,6 +408,14 @@ class PassageIndex:
         for prefix, n in self._new_markers.items():  # true whenever written: lists only grow
             batch.put("oph", prefix, u64(n))
         self._new_markers.clear()
+        # entries never change once written, so a run stays true too (and writing it again
+        # after a failed page is harmless: same key, same value, deletes of deleted keys)
+        for run_key, run, replaced in self._new_runs.values():
+            batch.put("oph", run_key, run)
+            for key in replaced:
+                batch.delete("oph", key)
+        self.counters.runs_written += len(self._new_runs)
+        self._new_runs.clear()
         r = state.rects
         prefix_ord = u64(ordinal)
         batch.put("positions", prefix_ord, state.positions)
@@ -425,6 +469,8 @@ class PassageIndex:
             "passage_queries": c.passages,
             "passage_lists_read": c.lists_read,
             "passage_entries_read": c.entries_read,
+            "passage_keys_read": c.keys_read,
+            "passage_runs_written": c.runs_written,
             "passage_candidates_pruned": c.candidates_pruned,
             "passage_candidates_scanned": c.candidates_scanned,
             "passage_long_lists": c.long_lists,
@@ -486,6 +532,50 @@ def _pack_positions(tokens: Tokens) -> bytes:
 def _unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     both = np.frombuffer(data, dtype="<i4")
     return both[0::2], both[1::2]
+
+
+def _assemble_lists(n_run: I64, runs: list[npt.NDArray[Any]], n_single: I64,
+                    keys: list[bytes], values: list[bytes]) -> tuple[I64, I64, I64]:
+    """Lists read from the store as CSR ``(offsets, ordinals, rectangles)``: list y is its
+    run's ``n_run[y]`` entries (``runs`` holds those of the lists that have one, in order),
+    then its ``n_single[y]`` entries stored one per key (``keys``/``values``, in order)."""
+    off = np.zeros(len(n_run) + 1, dtype=np.int64)
+    np.cumsum(n_run + n_single, out=off[1:])
+    single_ords = np.frombuffer(b"".join(keys), dtype=_LIST_KEY)["ordinal"].astype(np.int64)
+    single_rects = _unpack_rects(values)
+    if not runs:
+        return off, single_ords, single_rects
+    ords = np.empty(int(off[-1]), dtype=np.int64)
+    rects = np.empty((int(off[-1]), 4), dtype=np.int64)
+    run = np.concatenate(runs)
+    at_run = _ranks(off[:-1], n_run)
+    at_single = _ranks(off[:-1] + n_run, n_single)
+    ords[at_run], rects[at_run] = run["ordinal"], run["rect"]
+    ords[at_single], rects[at_single] = single_ords, single_rects
+    return off, ords, rects
+
+
+def _ranks(starts: I64, counts: I64) -> I64:
+    """``starts[y] + i`` for i in range(counts[y]), for every y in order."""
+    first = np.cumsum(counts) - counts
+    return np.repeat(starts - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+
+
+def _page_windows(reader: PrefixReader, list_prefix: bytes, page: int) -> I64:
+    """The windows of ``page`` in the list ``list_prefix``: its own keys, or the part of the
+    run that holds it (a seek to the page lands on the run when the page was packed)."""
+    page_key = u64(page)
+    values: list[bytes] = []
+    for key, value in reader.scan(list_prefix + page_key, list_prefix):
+        if key[-4:] == _RUN_SEQ:
+            if not values:
+                run = np.frombuffer(value, dtype=_RUN)
+                return run["rect"][run["ordinal"] == page].astype(np.int64)
+            break
+        if key[len(list_prefix) : len(list_prefix) + 8] != page_key:
+            break
+        values.append(value)
+    return _unpack_rects(values)
 
 
 def _unpack_rects(values: list[bytes]) -> I64:

@@ -38,8 +38,10 @@ FAMILIES = (
     "exact",  # content hash (16 B) ‖ ordinal -> b""
     "simhash",  # fingerprint ‖ ordinal -> b""
     "cws",  # ordinal -> K uint64 min-hashes of the page's word shingles (verification)
-    "oph",  # bin ‖ min-hash value ‖ ordinal ‖ c -> (l, r): inverted lists of non-empty windows;
-    # bin ‖ min-hash value -> u64 n: the list holds at least n entries (marks long lists)
+    "oph",  # bin ‖ min-hash value ‖ ordinal ‖ seq -> rectangle: inverted lists of non-empty
+    # windows; bin ‖ min-hash value -> u64 n: the list holds at least n entries (marks long
+    # lists); bin ‖ min-hash value ‖ ordinal ‖ 0xFFFFFFFF -> a run: every entry of the list up
+    # to that ordinal packed in one value (dupalign.passages: packed when read)
     "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
     "oph_keys",  # ordinal -> sorted 32-bit fingerprints of the page's lists (bin ‖ min-hash)
     "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
@@ -313,3 +315,16 @@ class PrefixReader:
             step()
             left -= 1
         return keys, values
+
+    def scan(self, start: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Entries from the first key >= ``start`` on, while they begin with ``prefix`` (the
+        caller stops when it has what it wants; the next read moves the iterator)."""
+        it = self._it
+        it.seek(start)
+        n = len(prefix)
+        while it.valid():
+            key = it.key()
+            if key[:n] != prefix:
+                return
+            yield key, it.value()
+            it.next()

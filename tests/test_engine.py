@@ -284,17 +284,19 @@ def test_same_words_in_another_order_are_not_near_duplicates(tmp_path: Path) -> 
         assert [m.match_doc_id for m in found if m.kind == "near"] == ["orig"]
 
 
-def test_a_format_2_store_is_upgraded_and_keeps_its_pages(tmp_path: Path) -> None:
-    """Format 3 only adds long-list marks: a format 2 store opens, records format 3 and
-    still finds its pages."""
+@pytest.mark.parametrize("old_format", [2, 3])
+def test_an_older_format_store_is_upgraded_and_keeps_its_pages(tmp_path: Path,
+                                                              old_format: int) -> None:
+    """Formats 3 and 4 only add long-list marks and packed runs: a format 2 or 3 store
+    opens, records format 4 and still finds its pages."""
     import msgpack
 
     base = rfc_words("rfc2821.txt", 0, 400)
     with Engine.open(tmp_path / "s") as engine:
         engine.process(page("a", base))
         params = engine.store.params
-        engine.store.put("meta", b"params", msgpack.packb({**params, "format": 2}))
+        engine.store.put("meta", b"params", msgpack.packb({**params, "format": old_format}))
     with Engine.open(tmp_path / "s") as engine:
-        assert engine.store.params["format"] == 3
+        assert engine.store.params["format"] == 4
         found = engine.process(page("b", base))
         assert [(m.kind, m.match_doc_id) for m in found] == [("exact", "a")]

@@ -15,13 +15,14 @@ import tempfile
 from collections import defaultdict
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dupalign import monoactive
+from dupalign import monoactive, passages
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
 from dupalign.hashing import token_hashes
@@ -101,17 +102,20 @@ def _word_positions(idx: PassageIndex, start: int, end: int) -> set[int]:
 
 
 def check_store_against_pairwise(
-    store_dir: Path, cfg: EngineConfig, texts: list[str], query: str
+    store_dir: Path, cfg: EngineConfig, texts: list[str], query: str, cold: bool = False
 ) -> tuple[int, int]:
     """Index ``texts``, then check every passage of ``query`` (via ``align_passages``, with
     the lists in memory and again read from the store) and the merged spans of
-    ``Engine.process(query)`` against pairwise alignment. Returns (number of reported
+    ``Engine.process(query)`` against pairwise alignment. ``cold``: every page reads its
+    lists from the store (so that they are marked and packed). Returns (number of reported
     ranges, candidates pruned)."""
     with Engine.open(store_dir, cfg) as eng:
         idx = eng.passages
         indexed: dict[int, np.ndarray] = {}
         for n, text in enumerate(texts):
             ordinal = eng.next_ordinal
+            if cold:
+                idx.cache.clear()
             found = eng.process(Page(id=f"p{n}", body=text))
             # an exact duplicate is not indexed again; a page too short has no windows
             if not any(m.kind == "exact" for m in found):
@@ -175,7 +179,9 @@ def check_store_against_pairwise(
 # -- property test: random small texts over small alphabets (so that repeats occur) ----------
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> tuple[list[str], str, dict[str, object]]:
+def scenarios(
+    draw: st.DrawFn,
+) -> tuple[list[str], str, dict[str, object], dict[str, Any]]:
     alphabet = draw(st.integers(2, 12))
     word = st.integers(0, alphabet - 1)
     pages = draw(st.lists(st.lists(word, min_size=1, max_size=40), min_size=1, max_size=5))
@@ -190,6 +196,11 @@ def scenarios(draw: st.DrawFn) -> tuple[list[str], str, dict[str, object]]:
         else:
             query += draw(st.lists(word, min_size=1, max_size=12))
     query_len = draw(st.integers(4, 20))
+    store = {
+        # lists read from the store by every page, packed into runs after 1, 2 or 8 entries
+        "cold": draw(st.booleans()),
+        "pack_min": draw(st.sampled_from([1, 2, passages.PACK_MIN])),
+    }
     params = {
         "k": draw(st.integers(4, 16)),
         "theta": Fraction(draw(st.integers(1, 9)), 10),
@@ -205,19 +216,20 @@ def scenarios(draw: st.DrawFn) -> tuple[list[str], str, dict[str, object]]:
     def text(ws: list[int]) -> str:
         return " ".join(f"w{x}" for x in ws)
 
-    return [text(p) for p in pages], text(query), params
+    return [text(p) for p in pages], text(query), params, store
 
 
 @pytest.mark.parametrize("mode", ["oph", "weighted"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios())
 def test_store_search_equals_pairwise_alignment(
-    mode: str, sc: tuple[list[str], str, dict[str, object]]
+    mode: str, sc: tuple[list[str], str, dict[str, object], dict[str, Any]]
 ) -> None:
-    texts, query, params = sc
+    texts, query, params, store = sc
     cfg = _config(mode, **params)  # type: ignore[arg-type]
-    with tempfile.TemporaryDirectory(dir=_FAST_TMP) as d:
-        check_store_against_pairwise(Path(d), cfg, texts, query)
+    with tempfile.TemporaryDirectory(dir=_FAST_TMP) as d, pytest.MonkeyPatch.context() as mp:
+        mp.setattr(passages, "PACK_MIN", store["pack_min"])
+        check_store_against_pairwise(Path(d), cfg, texts, query, cold=store["cold"])
 
 
 @pytest.mark.parametrize("mode", ["oph", "weighted"])
@@ -335,6 +347,70 @@ def _inside(tokens: Tokens, char_ranges: list[tuple[int, int]]) -> np.ndarray:
 
 
 @needs_testdata
+def _stored_lists(store_dir: Path, cfg: EngineConfig) -> tuple[dict[bytes, list[Any]], int]:
+    """Every inverted list in the store as (ordinal, rectangle) entries in key order, read
+    key by key (runs unpacked here, independently of the engine), and the number of runs."""
+    lists: dict[bytes, list[Any]] = defaultdict(list)
+    n_runs = 0
+    with Engine.open(store_dir, cfg, read_only=True) as eng:
+        for key, value in eng.store.prefix("oph", b""):
+            if len(key) == 10:  # a long-list mark
+                continue
+            if key[18:] == b"\xff" * 4:
+                n_runs += 1
+                for x in range(0, len(value), 24):
+                    lists[key[:10]].append((int.from_bytes(value[x : x + 8], "little"),
+                                            value[x + 8 : x + 24]))
+            else:
+                lists[key[:10]].append((int.from_bytes(key[10:18], "big"), value))
+    return dict(lists), n_runs
+
+
+def test_packed_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lists read from the store with many entries one key each are packed into one run by
+    the next page. A store built so holds the same lists as one built without packing
+    (entries in ordinal order), queries on both give the same matches (also through long
+    lists, whose per-page windows then come from a run) after reading the same entries,
+    in fewer keys."""
+    rng = np.random.default_rng(12)
+    common = [1000, 1001, 1002, 1003]
+    pages = [common + rng.integers(0, 400, size=60).tolist() for _ in range(40)]
+    query = " ".join(f"w{x}" for x in pages[3][:40] + pages[25][:30])
+    texts = [" ".join(f"w{x}" for x in p) for p in pages]
+    cfg = _config("oph", k=16, theta=Fraction(1, 2), shingle=1, query_len=24, stride=8,
+                  min_len=8, max_list=24)
+
+    def build(path: Path, pack_min: int) -> int:
+        monkeypatch.setattr(passages, "PACK_MIN", pack_min)
+        with Engine.open(path, cfg) as eng:
+            for n, text in enumerate(texts):
+                eng.passages.cache.clear()  # every page reads its lists from the store
+                eng.process(Page(id=f"p{n}", body=text))
+            return eng.passages.counters.runs_written
+
+    default = passages.PACK_MIN
+    assert build(tmp_path / "plain", pack_min=10**9) == 0
+    assert build(tmp_path / "packed", pack_min=default) > 0
+    plain, plain_runs = _stored_lists(tmp_path / "plain", cfg)
+    packed, packed_runs = _stored_lists(tmp_path / "packed", cfg)
+    assert plain_runs == 0 and packed_runs > 0
+    assert packed == plain
+    assert all(e == sorted(e, key=lambda x: x[0]) for e in packed.values())
+
+    def cold_query(path: Path) -> tuple[list[object], passages.PassageCounters]:
+        with Engine.open(path, cfg, read_only=True) as eng:
+            found: list[object] = [(m.match_doc_id, m.spans) for m in eng.query_text(query)]
+            return found, eng.passages.counters
+
+    plain_found, plain_c = cold_query(tmp_path / "plain")
+    packed_found, packed_c = cold_query(tmp_path / "packed")
+    assert packed_found == plain_found and {d for d, _ in plain_found} >= {"p3", "p25"}
+    assert packed_c.long_lists == plain_c.long_lists > 0
+    assert packed_c.candidates_scanned == plain_c.candidates_scanned
+    assert packed_c.entries_read == plain_c.entries_read
+    assert packed_c.keys_read < plain_c.keys_read
+
+
 def test_clough_default_config(tmp_path: Path) -> None:
     found, texts = _clough_store(tmp_path)
     answers = corpora.clough_answers()

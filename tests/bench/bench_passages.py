@@ -324,61 +324,96 @@ def family_bytes(eng: Engine, family: str) -> int:
         cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
 
 
+@dataclass
+class Variant:
+    """One engine of the scale run; several are fed the same pages in turn."""
+
+    name: str
+    engine: Engine
+    wall: float = 0.0  # seconds in Engine.process since the last checkpoint
+    thread: float = 0.0  # CPU seconds of the calling thread in it
+    matches: int = 0
+
+
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
-          cache: CacheConfig) -> None:
+          cache: CacheConfig, compare_runs: bool = False) -> None:
     rng = np.random.default_rng(5)
     texts = page_stream(checkpoints[-1], rng, use_docs)
     print(f"## Cost vs store size (near disabled; default passage config: "
-          f"{PassageConfig()}; {cache}); ms/page (wall), cpu ms (process CPU time per page) "
-          "and the counters are over the pages since the previous checkpoint")
-    print(f"{'pages':>7} {'ms/page':>8} {'cpu ms':>7} {'pass/pg':>7} {'lists/pass':>10} "
-          f"{'entries/pass':>12} {'cand/pass':>9} {'pruned/pass':>11} {'match/pg':>8} "
+          f"{PassageConfig()}; {cache}); ms/page (wall), fg cpu (CPU time of the calling "
+          "thread), cpu ms (process CPU time per page, RocksDB compactions included) and "
+          "the counters are over the pages since the previous checkpoint")
+    if compare_runs:
+        print("Two engines fed the same pages in turn: 'runs' packs lists read from the store "
+              "(default), 'no runs' keeps one key per entry (process CPU not split: '-')")
+    print(f"{'pages':>7} {'variant':>8} {'ms/page':>8} {'fg cpu':>7} {'cpu ms':>7} "
+          f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
+          f"{'runs/pg':>7} {'cand/pass':>9} {'pruned/pass':>11} {'match/pg':>8} "
           f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
     cfg = EngineConfig(near=NearConfig(enabled=False), cache=cache)
-    d = tempfile.mkdtemp(dir=store_root)
+    names = ["runs", "no runs"] if compare_runs else ["runs"]
+    dirs = [tempfile.mkdtemp(dir=store_root) for _ in names]
     tokens = 0
     prof = cProfile.Profile() if profile_last else None
+    variants: list[Variant] = []
     try:
-        with Engine.open(d, cfg) as eng:
-            done = 0
-            for cp in checkpoints:
-                c0 = dict(vars(eng.passages.counters))
-                matches = 0
-                last_batch = cp == checkpoints[-1]
-                if prof is not None and last_batch:
-                    prof.enable()
-                t = time.perf_counter()
-                cpu = time.process_time()  # all threads (RocksDB compactions too)
-                for x in range(done, cp):
-                    text = next(texts)
-                    found = eng.process(Page(id=f"p{x}", body=text))
-                    matches += len(found)
-                    tokens += text.count(" ") + 1  # words joined by single spaces
-                dt = time.perf_counter() - t
-                dcpu = time.process_time() - cpu
-                if prof is not None and last_batch:
-                    prof.disable()
-                c1 = vars(eng.passages.counters)
-                n = cp - done
-                dp = max(1, c1["passages"] - c0["passages"])
-                eng.store.flush()
-                size = eng.store.size_bytes()
-                oph = family_bytes(eng, "oph") + family_bytes(eng, "oph_empty")
-                print(f"{cp:>7} {1e3 * dt / n:>8.2f} {1e3 * dcpu / n:>7.2f} {dp / n:>7.1f} "
-                      f"{(c1['lists_read'] - c0['lists_read']) / dp:>10.1f} "
-                      f"{(c1['entries_read'] - c0['entries_read']) / dp:>12.1f} "
-                      f"{(c1['candidates_scanned'] - c0['candidates_scanned']) / dp:>9.2f} "
-                      f"{(c1['candidates_pruned'] - c0['candidates_pruned']) / dp:>11.2f} "
-                      f"{matches / n:>8.2f} {size / tokens:>8.1f} {oph / tokens:>9.1f} "
+        for name, d in zip(names, dirs, strict=True):
+            eng = Engine.open(d, cfg)
+            if name == "no runs":
+                eng.passages.pack_min = 1 << 62
+            variants.append(Variant(name, eng))
+        done = 0
+        for cp in checkpoints:
+            c0 = [dict(vars(v.engine.passages.counters)) for v in variants]
+            for v in variants:
+                v.wall = v.thread = 0.0
+                v.matches = 0
+            last_batch = cp == checkpoints[-1]
+            if prof is not None and last_batch:
+                prof.enable()
+            cpu = time.process_time()  # all threads (RocksDB compactions too)
+            for x in range(done, cp):
+                text = next(texts)
+                tokens += text.count(" ") + 1  # words joined by single spaces
+                for v in variants:
+                    t, th = time.perf_counter(), time.thread_time()
+                    v.matches += len(v.engine.process(Page(id=f"p{x}", body=text)))
+                    v.wall += time.perf_counter() - t
+                    v.thread += time.thread_time() - th
+            dcpu = time.process_time() - cpu
+            if prof is not None and last_batch:
+                prof.disable()
+            n = cp - done
+            for v, c in zip(variants, c0, strict=True):
+                c1 = vars(v.engine.passages.counters)
+                dp = max(1, c1["passages"] - c["passages"])
+                v.engine.store.flush()
+                size = v.engine.store.size_bytes()
+                oph = family_bytes(v.engine, "oph") + family_bytes(v.engine, "oph_empty")
+                proc = "-" if compare_runs else f"{1e3 * dcpu / n:.2f}"
+                print(f"{cp:>7} {v.name:>8} {1e3 * v.wall / n:>8.2f} {1e3 * v.thread / n:>7.2f} "
+                      f"{proc:>7} {dp / n:>7.1f} "
+                      f"{(c1['lists_read'] - c['lists_read']) / dp:>10.1f} "
+                      f"{(c1['entries_read'] - c['entries_read']) / dp:>12.1f} "
+                      f"{(c1['keys_read'] - c['keys_read']) / dp:>9.1f} "
+                      f"{(c1['runs_written'] - c['runs_written']) / n:>7.2f} "
+                      f"{(c1['candidates_scanned'] - c['candidates_scanned']) / dp:>9.2f} "
+                      f"{(c1['candidates_pruned'] - c['candidates_pruned']) / dp:>11.2f} "
+                      f"{v.matches / n:>8.2f} {size / tokens:>8.1f} {oph / tokens:>9.1f} "
                       f"{size / 2**20:>8.1f} "
                       f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:>7.0f}",
                       flush=True)
-                done = cp
-            fams = {f: family_bytes(eng, f) for f in ("oph", "oph_empty", "positions", "docs")}
-            print("bytes per token by family after flush: " + ", ".join(
+            done = cp
+        for v in variants:
+            fams = {f: family_bytes(v.engine, f)
+                    for f in ("oph", "oph_empty", "oph_keys", "positions", "docs")}
+            print(f"{v.name}: bytes per token by family after flush: " + ", ".join(
                 f"{f} {b / tokens:.1f}" for f, b in fams.items()) + f" ({tokens} tokens)")
     finally:
-        shutil.rmtree(d, ignore_errors=True)
+        for v in variants:
+            v.engine.close()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
     if prof is not None:
         for order in ("cumulative", "tottime"):
             s = io.StringIO()
@@ -418,6 +453,8 @@ def main() -> None:
     ap.add_argument("--store-root", help="directory for the scale store (default: tmp)")
     ap.add_argument("--lists-mb", type=int, default=CacheConfig.lists_mb,
                     help="memory for inverted lists (engine.cache.lists_mb)")
+    ap.add_argument("--compare-runs", action="store_true",
+                    help="scale: also run an engine that never packs lists, pages in turn")
     args = ap.parse_args()
     print(f"# dupalign at {_git_state()}\n")
     rng = np.random.default_rng(1)
@@ -431,7 +468,8 @@ def main() -> None:
         cps = [int(x) for x in (args.scale or default).split(",")]
         timed("scale", lambda: scale(cps, not args.no_docs and bool(corpora.llvm_doc_files(1)),
                                      args.profile, args.store_root,
-                                     CacheConfig(lists_mb=args.lists_mb)))
+                                     CacheConfig(lists_mb=args.lists_mb),
+                                     args.compare_runs))
 
 
 if __name__ == "__main__":
