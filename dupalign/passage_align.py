@@ -91,7 +91,14 @@ def select_candidates(
     page reaching the threshold might appear in long lists only.
     """
     n_p, k = lid.shape
-    buf = np.empty(max(1, n_before.sum()), dtype=np.int64)
+    # collided-bin counts per page, indexed by ordinal (entries are of pages < before, so
+    # ords < the largest ordinal seen); only the pages touched are reset after a passage
+    n_ord = 1
+    for x in range(n_before.shape[0]):
+        if n_before[x] > 0:
+            n_ord = max(n_ord, ords[start[x] + n_before[x] - 1] + 1)
+    count = np.zeros(n_ord, dtype=np.int32)
+    touched = np.empty(max(1, n_before.sum()), dtype=np.int64)
     t_p = np.empty(16, dtype=np.int64)
     t_o = np.empty(16, dtype=np.int64)
     t_c = np.empty(16, dtype=np.int64)
@@ -101,7 +108,7 @@ def select_candidates(
     for p in range(n_p):
         n_empty = 0
         n_long = 0
-        n_buf = 0
+        n_u = 0
         for b in range(k):
             x = lid[p, b]
             if x < 0:
@@ -113,40 +120,39 @@ def select_candidates(
                 continue
             prev = -1
             for e in range(start[x], start[x] + n_before[x]):
-                if ords[e] != prev:  # one count per (page, list)
-                    prev = ords[e]
-                    buf[n_buf] = prev
-                    n_buf += 1
+                o = ords[e]
+                if o != prev:  # one count per (page, list): a list is sorted by ordinal
+                    prev = o
+                    if count[o] == 0:
+                        touched[n_u] = o
+                        n_u += 1
+                    count[o] += 1
         # a page reaching the threshold collides in >= m_min bins; while fewer lists are
         # long, it appears in a short one and the candidates are exact
         m_min = -(-(need - w_empty * n_empty) // w_match)
         if n_long >= m_min:
             inexact += 1
-        if n_buf == 0:
+        if n_u == 0:
             continue
-        pages = np.sort(buf[:n_buf])
-        # distinct pages and their collided-bin counts
-        u_page = np.empty(n_buf, dtype=np.int64)
-        u_cnt = np.empty(n_buf, dtype=np.int64)
-        n_u = 0
-        for y in range(n_buf):
-            if n_u and u_page[n_u - 1] == pages[y]:
-                u_cnt[n_u - 1] += 1
-            else:
-                u_page[n_u] = pages[y]
-                u_cnt[n_u] = 1
-                n_u += 1
-        keep = np.empty(n_u, dtype=np.int64)
-        n_keep = 0
+        u_page = np.empty(n_u, dtype=np.int64)
+        u_cnt = np.empty(n_u, dtype=np.int64)
+        n_pass = 0
         for y in range(n_u):
-            n_mat = u_cnt[y] + n_long
-            if (w_match * n_mat + w_empty * n_empty >= need
-                    and not (exclude.shape[0] and _is_in(exclude, u_page[y]))):
-                keep[n_keep] = y
-                n_keep += 1
+            o = touched[y]
+            hits = count[o]
+            count[o] = 0
+            if (w_match * (hits + n_long) + w_empty * n_empty >= need
+                    and not (exclude.shape[0] and _is_in(exclude, o))):
+                u_page[n_pass] = o
+                u_cnt[n_pass] = hits
+                n_pass += 1
             else:
                 pruned += 1
-        keep = keep[:n_keep]
+        order = np.argsort(u_page[:n_pass])  # the few pages kept, by ordinal
+        u_page = u_page[:n_pass][order]
+        u_cnt = u_cnt[:n_pass][order]
+        keep = np.arange(n_pass)
+        n_keep = n_pass
         if n_keep > max_candidates:
             # most collided bins first; ties keep the smaller ordinal (stable sort)
             order = np.argsort(-u_cnt[keep], kind="mergesort")[:max_candidates]
