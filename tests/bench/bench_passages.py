@@ -336,30 +336,36 @@ class Variant:
 
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
-          cache: CacheConfig, compare_runs: bool = False) -> None:
+          cache: CacheConfig, compare_runs: bool = False,
+          max_lists: tuple[int, ...] = (PassageConfig.max_list,)) -> None:
     rng = np.random.default_rng(5)
     texts = page_stream(checkpoints[-1], rng, use_docs)
     print(f"## Cost vs store size (near disabled; default passage config: "
           f"{PassageConfig()}; {cache}); ms/page (wall), fg cpu (CPU time of the calling "
           "thread), cpu ms (process CPU time per page, RocksDB compactions included) and "
           "the counters are over the pages since the previous checkpoint")
+    # (name, passage.max_list, pack lists read from the store)
+    specs = [(f"ml {m}" if len(max_lists) > 1 else "runs", m, True) for m in max_lists]
     if compare_runs:
-        print("Two engines fed the same pages in turn: 'runs' packs lists read from the store "
-              "(default), 'no runs' keeps one key per entry (process CPU not split: '-')")
+        specs.append(("no runs", max_lists[0], False))
+    if len(specs) > 1:
+        print(f"Engines fed the same pages in turn: {', '.join(n for n, _, _ in specs)} "
+              "('ml N': passage.max_list = N; 'no runs' keeps one key per list entry, never "
+              "packing lists read from the store into runs); process CPU is not split: '-'")
     print(f"{'pages':>7} {'variant':>8} {'ms/page':>8} {'fg cpu':>7} {'cpu ms':>7} "
           f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
           f"{'runs/pg':>7} {'cand/pass':>9} {'pruned/pass':>11} {'match/pg':>8} "
           f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
-    cfg = EngineConfig(near=NearConfig(enabled=False), cache=cache)
-    names = ["runs", "no runs"] if compare_runs else ["runs"]
-    dirs = [tempfile.mkdtemp(dir=store_root) for _ in names]
+    dirs = [tempfile.mkdtemp(dir=store_root) for _ in specs]
     tokens = 0
     prof = cProfile.Profile() if profile_last else None
     variants: list[Variant] = []
     try:
-        for name, d in zip(names, dirs, strict=True):
+        for (name, max_list, packed), d in zip(specs, dirs, strict=True):
+            cfg = EngineConfig(near=NearConfig(enabled=False),
+                               passage=PassageConfig(max_list=max_list), cache=cache)
             eng = Engine.open(d, cfg)
-            if name == "no runs":
+            if not packed:
                 eng.passages.pack_min = 1 << 62
             variants.append(Variant(name, eng))
         done = 0
@@ -390,7 +396,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                 v.engine.store.flush()
                 size = v.engine.store.size_bytes()
                 oph = family_bytes(v.engine, "oph") + family_bytes(v.engine, "oph_empty")
-                proc = "-" if compare_runs else f"{1e3 * dcpu / n:.2f}"
+                proc = "-" if len(variants) > 1 else f"{1e3 * dcpu / n:.2f}"
                 print(f"{cp:>7} {v.name:>8} {1e3 * v.wall / n:>8.2f} {1e3 * v.thread / n:>7.2f} "
                       f"{proc:>7} {dp / n:>7.1f} "
                       f"{(c1['lists_read'] - c['lists_read']) / dp:>10.1f} "
@@ -453,6 +459,8 @@ def main() -> None:
     ap.add_argument("--store-root", help="directory for the scale store (default: tmp)")
     ap.add_argument("--lists-mb", type=int, default=CacheConfig.lists_mb,
                     help="memory for inverted lists (engine.cache.lists_mb)")
+    ap.add_argument("--max-list", default=str(PassageConfig.max_list),
+                    help="scale: comma-separated passage.max_list values, one engine each")
     ap.add_argument("--compare-runs", action="store_true",
                     help="scale: also run an engine that never packs lists, pages in turn")
     args = ap.parse_args()
@@ -469,7 +477,8 @@ def main() -> None:
         timed("scale", lambda: scale(cps, not args.no_docs and bool(corpora.llvm_doc_files(1)),
                                      args.profile, args.store_root,
                                      CacheConfig(lists_mb=args.lists_mb),
-                                     args.compare_runs))
+                                     args.compare_runs,
+                                     tuple(int(x) for x in args.max_list.split(","))))
 
 
 if __name__ == "__main__":
