@@ -91,8 +91,8 @@ def select_candidates(
     page reaching the threshold might appear in long lists only.
     """
     n_p, k = lid.shape
-    # collided-bin counts per page, indexed by ordinal (entries are of pages < before, so
-    # ords < the largest ordinal seen); only the pages touched are reset after a passage
+    # collided-bin counts per page, indexed by ordinal (up to the largest ordinal counted);
+    # after each passage only the pages it touched are reset
     n_ord = 1
     for x in range(n_before.shape[0]):
         if n_before[x] > 0:

@@ -1,7 +1,7 @@
 """Passage alignment benchmark: accuracy against exact Jaccard, index size, cost vs store size.
 
 Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|scale]
-     [--scale 1000,10000]
+     [--scale 1000,10000] [--lists-mb 256] [--max-list 256,1024] [--compare-runs]
 
 1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
    subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
