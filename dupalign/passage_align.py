@@ -152,11 +152,9 @@ def select_candidates(
         u_page = u_page[:n_pass][order]
         u_cnt = u_cnt[:n_pass][order]
         keep = np.arange(n_pass)
-        n_keep = n_pass
-        if n_keep > max_candidates:
+        if n_pass > max_candidates:
             # most collided bins first; ties keep the smaller ordinal (stable sort)
-            order = np.argsort(-u_cnt[keep], kind="mergesort")[:max_candidates]
-            keep = np.sort(keep[order])
+            keep = np.sort(np.argsort(-u_cnt, kind="mergesort")[:max_candidates])
         if n_t + keep.shape[0] > t_p.shape[0]:
             size = 2 * (n_t + keep.shape[0])
             t_p = _grow(t_p, size)

@@ -567,11 +567,9 @@ def _page_windows(reader: PrefixReader, list_prefix: bytes, page: int) -> I64:
     page_key = u64(page)
     values: list[bytes] = []
     for key, value in reader.scan(list_prefix + page_key, list_prefix):
-        if key[-4:] == _RUN_SEQ:
-            if not values:
-                run = np.frombuffer(value, dtype=_RUN)
-                return run["rect"][run["ordinal"] == page].astype(np.int64)
-            break
+        if key[-4:] == _RUN_SEQ:  # the page is in the run (a run deletes the keys it holds)
+            run = np.frombuffer(value, dtype=_RUN)
+            return run["rect"][run["ordinal"] == page].astype(np.int64)
         if key[len(list_prefix) : len(list_prefix) + 8] != page_key:
             break
         values.append(value)
