@@ -97,10 +97,9 @@ class PassageConfig:
     stride: int = 24
     min_len: int = 24  # shortest aligned subsequence reported, in units
     max_candidates: int = 16  # earlier pages aligned per query passage (most collided first)
-    # Inverted lists longer than this hold common units (boilerplate, stock phrases): they do
-    # not nominate candidate pages, only complete the windows of pages a rarer unit
-    # nominated. Exact while a passage has fewer long lists than the matches a page needs
-    # (m_min); past that, pages sharing only common units with it are not considered.
+    # Inverted lists longer than this are stop lists: they hold common units (boilerplate,
+    # stock phrases), and a passage's bin whose list is one counts as neither a collision
+    # nor an empty bin (dupalign.passages). Frozen: results depend on it.
     max_list: int = 256
     tf_mode: str = "log"  # weighted mode only
 
@@ -135,11 +134,13 @@ class CacheConfig:
 
 # Frozen parameters added after stores were made, with the value those stores were built
 # with: a store that did not record one was built with this value.
-IMPLIED_PARAMS = {"near_shingle": 3}
+# (Stores before format 5 did not freeze max_list; 256 was the default.)
+IMPLIED_PARAMS = {"near_shingle": 3, "passage_max_list": 256}
 # Older values of frozen parameters that a store can be upgraded from in place: format 3
-# only adds long-list marks to format 2, format 4 packed runs of list entries to format 3;
-# a reader of the newer format does without either.
-PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (2, 3)}
+# only adds long-list marks to format 2, format 4 packed runs of list entries to format 3,
+# format 5 stops writing list fingerprints of pages (stop lists need none); a reader of
+# the newer format does without the additions, and the older lists are complete.
+PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (2, 3, 4)}
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,8 @@ class EngineConfig:
             # 2: near verification sketches are 3-shingle min-hashes (1: ICWS);
             # 3: long inverted lists carry a marker (format 2 readers cannot parse it)
             # 4: inverted lists may start with a packed run (format 3 readers cannot parse it)
-            "format": 4,
+            # 5: lists longer than max_list are stop lists; no list fingerprints of pages
+            "format": 5,
             "seed": self.seed,
             "main_content": self.text.main_content,
             "tf_mode": self.near.tf_mode,
@@ -175,6 +177,7 @@ class EngineConfig:
             "passage_k": self.passage.k,
             "passage_shingle": self.passage.shingle,
             "passage_tf_mode": self.passage.tf_mode,
+            "passage_max_list": self.passage.max_list,
         }
 
     def to_dict(self) -> dict[str, Any]:

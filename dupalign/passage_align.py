@@ -10,14 +10,16 @@ page's passages go through the pipeline together:
    array (entries sorted by ordinal within each list, as the store keeps them);
 3. ``select_candidates``: per passage, the earlier pages that collide in enough distinct
    bins to reach the threshold if every empty bin also collided, capped at
-   ``max_candidates`` (most collided bins first);
-4. the caller reads the empty windows (and long-list windows) of those pages only;
+   ``max_candidates`` (most collided bins first); ``viable_tasks`` drops those whose
+   windows cannot cover a similar cell;
+4. the caller reads the empty windows of those pages only;
 5. ``scan_tasks``: per (passage, candidate page), the rectangles of its matched windows and
    collided empty windows, the interval scan, and the estimate of every reported range.
 
 Integer weights as in dupalign.interval_scan: a matched non-empty window weighs
 ``w_match``, a jointly empty bin ``w_empty``, and a subsequence is similar when the weights
-covering it reach ``need``.
+covering it reach ``need``. A stop list (longer than ``max_list``) comes with no entries:
+its bin is neither a collision nor an empty bin.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from dupalign.hashing import mix64
 from dupalign.interval_scan import scan_kernel
 from dupalign.oph import oph_sketch_kernel
 
@@ -37,9 +38,7 @@ U64 = npt.NDArray[np.uint64]
 Bools = npt.NDArray[np.bool_]
 Ints = npt.NDArray[np.integer[Any]]  # int64, or int32 for the in-memory lists' rectangles
 
-LONG_KEY_SHIFT = 40  # long-window keys: list id << 40 | ordinal (ordinals stay below 2^40)
 EMPTY_KEY_SHIFT = 16  # empty-window keys: ordinal << 16 | bin (k ≤ 2^16)
-_FP_SALT = 0x4C495354  # "LIST"
 
 
 @njit(cache=True)
@@ -74,21 +73,18 @@ def _is_in(sorted_values: I64, v: int) -> bool:
 
 @njit(cache=True)
 def select_candidates(
-    lid: I64, is_long: Bools, n_before: I64, start: I64, ords: I64, q_empty: Bools,
-    exclude: I64, w_match: int, w_empty: int, need: int, max_candidates: int,
-) -> tuple[I64, I64, I64, int, int]:  # fmt: skip
+    lid: I64, n_before: I64, start: I64, ords: I64, q_empty: Bools, exclude: I64,
+    w_match: int, w_empty: int, need: int, max_candidates: int,
+) -> tuple[I64, I64, int]:  # fmt: skip
     """Candidate pages of every passage.
 
-    ``lid[p, b]`` is the list of passage p's min-hash in bin b (-1 where the bin is empty);
-    ``exclude`` is sorted. A page's collided bins are the distinct short lists holding one
-    of its windows, plus every long list (not read per page here: counted as possible).
-    Passages without any non-empty short list get no candidates (only common units
-    collide: boilerplate, not a copied passage).
+    ``lid[p, b]`` is the list of passage p's min-hash in bin b (-1 where the bin is
+    empty); ``exclude`` is sorted. A page's collided bins are the distinct lists holding
+    one of its windows.
 
-    Returns ``(task_passage, task_page, task_collided, pruned, inexact)``: the tasks sorted
-    by passage, then page; ``pruned`` counts pages dropped because they cannot reach the
-    threshold (or are excluded); ``inexact`` the passages with so many long lists that a
-    page reaching the threshold might appear in long lists only.
+    Returns ``(task_passage, task_page, pruned)``: the tasks sorted by passage, then page;
+    ``pruned`` counts pages dropped because they cannot reach the threshold even if every
+    empty bin collided (or are excluded).
     """
     n_p, k = lid.shape
     # collided-bin counts per page, indexed by ordinal (up to the largest ordinal counted);
@@ -101,22 +97,16 @@ def select_candidates(
     touched = np.empty(max(1, n_before.sum()), dtype=np.int64)
     t_p = np.empty(16, dtype=np.int64)
     t_o = np.empty(16, dtype=np.int64)
-    t_c = np.empty(16, dtype=np.int64)
     n_t = 0
     pruned = 0
-    inexact = 0
     for p in range(n_p):
         n_empty = 0
-        n_long = 0
         n_u = 0
         for b in range(k):
             x = lid[p, b]
             if x < 0:
                 if q_empty[p, b]:
                     n_empty += 1
-                continue
-            if is_long[x]:
-                n_long += 1
                 continue
             prev = -1
             for e in range(start[x], start[x] + n_before[x]):
@@ -127,11 +117,6 @@ def select_candidates(
                         touched[n_u] = o
                         n_u += 1
                     count[o] += 1
-        # a page reaching the threshold collides in >= m_min bins; while fewer lists are
-        # long, it appears in a short one and the candidates are exact
-        m_min = -(-(need - w_empty * n_empty) // w_match)
-        if n_long >= m_min:
-            inexact += 1
         if n_u == 0:
             continue
         u_page = np.empty(n_u, dtype=np.int64)
@@ -141,7 +126,7 @@ def select_candidates(
             o = touched[y]
             hits = count[o]
             count[o] = 0
-            if (w_match * (hits + n_long) + w_empty * n_empty >= need
+            if (w_match * hits + w_empty * n_empty >= need
                     and not (exclude.shape[0] and _is_in(exclude, o))):
                 u_page[n_pass] = o
                 u_cnt[n_pass] = hits
@@ -159,13 +144,11 @@ def select_candidates(
             size = 2 * (n_t + keep.shape[0])
             t_p = _grow(t_p, size)
             t_o = _grow(t_o, size)
-            t_c = _grow(t_c, size)
         for c in range(keep.shape[0]):
             t_p[n_t] = p
             t_o[n_t] = u_page[keep[c]]
-            t_c[n_t] = u_cnt[keep[c]] + n_long
             n_t += 1
-    return t_p[:n_t].copy(), t_o[:n_t].copy(), t_c[:n_t].copy(), pruned, inexact
+    return t_p[:n_t].copy(), t_o[:n_t].copy(), pruned
 
 
 @njit(cache=True)
@@ -173,64 +156,6 @@ def _grow(a: I64, size: int) -> I64:
     out = np.empty(size, dtype=np.int64)
     out[: a.shape[0]] = a
     return out
-
-
-def window_fingerprints(bins: I64, keys: U64) -> npt.NDArray[np.uint32]:
-    """32-bit fingerprints of inverted lists (bin, min-hash): a page records those of its
-    windows, so that membership in a long list can be checked without reading the list
-    (a false positive, at rate ~ windows / 2^32, only costs a read)."""
-    x = np.asarray(keys, dtype=np.uint64) ^ (np.asarray(bins).astype(np.uint64) << np.uint64(48))
-    return (mix64(x, _FP_SALT) >> np.uint64(32)).astype(np.uint32)
-
-
-@njit(cache=True)
-def long_hits(
-    task_p: I64, task_o: I64, task_collided: I64, lid: I64, is_long: Bools, list_fp: I64,
-    key_pages: I64, key_off: I64, key_fps: I64, q_empty: Bools, w_match: int, w_empty: int,
-    need: int,
-) -> tuple[I64, Bools, I64, I64]:  # fmt: skip
-    """The long lists each task's page really belongs to, from the page's sorted window
-    fingerprints (CSR over the sorted ``key_pages``; a page without a record is assumed to
-    belong to all of them). ``task_collided`` counted every long list as a collision;
-    recounted, tasks that can no longer reach ``need`` are dropped.
-
-    Returns ``(task_long, keep, pair_task, pair_list)``: per task the number of long lists
-    holding its page, whether it is kept, and the (task, list) pairs of kept tasks whose
-    windows must be read.
-    """
-    n_t = task_p.shape[0]
-    n_empty = _empty_bins(q_empty)
-    task_long = np.zeros(n_t, dtype=np.int64)
-    keep = np.zeros(n_t, dtype=np.bool_)
-    pair_t = np.empty(16, dtype=np.int64)
-    pair_l = np.empty(16, dtype=np.int64)
-    n_pairs = 0
-    for t in range(n_t):
-        p = task_p[t]
-        a, z = _csr_range(key_pages, key_off, task_o[t])
-        known = a < z  # a candidate page has windows, so a record is never empty
-        credited = 0
-        first = n_pairs
-        for b in range(lid.shape[1]):
-            x = lid[p, b]
-            if x < 0 or not is_long[x]:
-                continue
-            credited += 1
-            if known:
-                i = a + np.searchsorted(key_fps[a:z], list_fp[x])
-                if i >= z or key_fps[i] != list_fp[x]:
-                    continue
-            task_long[t] += 1
-            if n_pairs == pair_t.shape[0]:
-                pair_t, pair_l = _grow(pair_t, 2 * n_pairs), _grow(pair_l, 2 * n_pairs)
-            pair_t[n_pairs] = t
-            pair_l[n_pairs] = x
-            n_pairs += 1
-        collided = task_collided[t] - credited + task_long[t]
-        keep[t] = w_match * collided + w_empty * n_empty[p] >= need
-        if not keep[t]:
-            n_pairs = first
-    return task_long, keep, pair_t[:n_pairs].copy(), pair_l[:n_pairs].copy()
 
 
 @njit(cache=True)
@@ -254,34 +179,26 @@ def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) 
 
 @njit(cache=True)
 def _gather(
-    buf: I64, p: int, o: int, lid: I64, is_long: Bools, n_before: I64, start: I64, ords: I64,
-    rects: Ints, q_empty: Bools, long_keys: I64, long_off: I64, long_rects: I64,
-    empty_keys: I64, empty_off: I64, empty_lr: I64, w_match: int, w_empty: int,
+    buf: I64, p: int, o: int, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
+    q_empty: Bools, empty_keys: I64, empty_off: I64, empty_lr: I64, w_match: int,
+    w_empty: int,
 ) -> int:  # fmt: skip
     """Rectangles of page ``o`` against passage ``p`` into ``buf``; returns their count.
 
-    Its windows in the passage's short lists (rows of ``rects``, ordinals in ``ords``), in
-    its long lists (CSR keyed by ``list << 40 | page``) and, when ``w_empty``, its empty
-    windows in the passage's empty bins (CSR keyed by ``page << 16 | bin``, rows (l, r)
-    covering i, j ∈ [l, r]). Empty windows get weight ``-w_empty``: the sign marks them.
-    Each row of the inputs is used at most once, so ``buf`` needs no more rows than they
-    hold together.
+    Its windows in the passage's lists (rows of ``rects``, ordinals in ``ords``) and, when
+    ``w_empty``, its empty windows in the passage's empty bins (CSR keyed by
+    ``page << 16 | bin``, rows (l, r) covering i, j ∈ [l, r]). Empty windows get weight
+    ``-w_empty``: the sign marks them. Each row of the inputs is used at most once, so
+    ``buf`` needs no more rows than they hold together.
     """
     m = 0
     for b in range(lid.shape[1]):
         x = lid[p, b]
         if x >= 0:
-            if is_long[x]:
-                a, z = _csr_range(long_keys, long_off, (x << LONG_KEY_SHIFT) | o)
-                for r in range(a, z):
-                    m = _push(buf, m, long_rects[r, 0], long_rects[r, 1], long_rects[r, 2],
-                              long_rects[r, 3], w_match)
-            else:
-                seg = ords[start[x]:start[x] + n_before[x]]
-                for r in range(start[x] + np.searchsorted(seg, o),
-                               start[x] + np.searchsorted(seg, o, side="right")):
-                    m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3],
-                              w_match)
+            seg = ords[start[x]:start[x] + n_before[x]]
+            for r in range(start[x] + np.searchsorted(seg, o),
+                           start[x] + np.searchsorted(seg, o, side="right")):
+                m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3], w_match)
         elif w_empty and q_empty[p, b]:
             a, z = _csr_range(empty_keys, empty_off, (o << EMPTY_KEY_SHIFT) | b)
             for r in range(a, z):
@@ -323,7 +240,7 @@ def _drop_unreachable(buf: I64, m: int, m_min: int) -> int:
     """Keep (compacted to the front) only the rectangles that can be part of a similar cell.
 
     A similar cell is covered by at least ``m_min`` matched windows (the rest of the
-    threshold is all the empty and long windows could add), and then so are its start i
+    threshold is all the empty windows could add), and then so are its start i
     and its end j in the projections on each axis. A rectangle whose start interval, or
     end interval, holds no such position covers no similar cell: dropping it changes no
     result (a necessary condition only; the scan decides). Returns the new count.
@@ -344,35 +261,33 @@ def _drop_unreachable(buf: I64, m: int, m_min: int) -> int:
 
 @njit(cache=True)
 def viable_tasks(
-    task_p: I64, task_o: I64, task_long: I64, lid: I64, is_long: Bools, n_before: I64,
-    start: I64, ords: I64, rects: Ints, q_empty: Bools, w_match: int, w_empty: int, need: int,
+    task_p: I64, task_o: I64, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
+    q_empty: Bools, w_match: int, w_empty: int, need: int,
 ) -> Bools:  # fmt: skip
-    """Which tasks may still hold a similar cell, judged from their short-list windows
-    alone (before their empty and long-list windows are read): some start position and
-    some end position must each be covered by enough matched windows that the empty bins
-    and the ``task_long[t]`` long lists holding the page could make up the rest."""
+    """Which tasks may still hold a similar cell, judged from their matched windows alone
+    (before their empty windows are read): some start position and some end position must
+    each be covered by enough matched windows that the empty bins could make up the rest."""
     n_empty = _empty_bins(q_empty)
     none = np.empty(0, dtype=np.int64)
-    none2 = np.empty((0, 4), dtype=np.int64)
+    none2 = np.empty((0, 2), dtype=np.int64)
     buf = np.empty((max(1, n_before.sum()), 5), dtype=np.int64)
     out = np.zeros(task_p.shape[0], dtype=np.bool_)
     for t in range(task_p.shape[0]):
         p = task_p[t]
-        rest = need - w_empty * n_empty[p] - w_match * task_long[t]
+        rest = need - w_empty * n_empty[p]
         if rest <= 0:
             out[t] = True  # nothing to judge by
             continue
-        m = _gather(buf, p, task_o[t], lid, is_long, n_before, start, ords, rects, q_empty,
-                    none, none, none2, none, none, none2, w_match, 0)
+        m = _gather(buf, p, task_o[t], lid, n_before, start, ords, rects, q_empty, none, none,
+                    none2, w_match, 0)
         out[t] = _drop_unreachable(buf, m, -(-rest // w_match)) > 0
     return out
 
 
 @njit(cache=True)
 def scan_tasks(
-    task_p: I64, task_o: I64, lid: I64, is_long: Bools, n_before: I64, start: I64, ords: I64,
-    rects: Ints, q_empty: Bools, long_keys: I64, long_off: I64, long_rects: I64,
-    empty_keys: I64, empty_off: I64, empty_lr: I64,
+    task_p: I64, task_o: I64, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
+    q_empty: Bools, empty_keys: I64, empty_off: I64, empty_lr: I64,
     w_match: int, w_empty: int, need: int, min_len: int, k: int,
 ) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:  # fmt: skip
     """Interval scan of every (passage, candidate page) task over the rectangles that
@@ -382,7 +297,7 @@ def scan_tasks(
     page (half-open units) per task, with ``N_mat / (k − N_emp)`` at the range's cell.
     """
     n_empty = _empty_bins(q_empty)
-    rows = n_before.sum() + long_rects.shape[0] + empty_lr.shape[0]
+    rows = n_before.sum() + empty_lr.shape[0]
     buf = np.empty((max(1, rows), 5), dtype=np.int64)
     h_t = np.empty(16, dtype=np.int64)
     h_s = np.empty(16, dtype=np.int64)
@@ -391,9 +306,8 @@ def scan_tasks(
     n_h = 0
     for t in range(task_p.shape[0]):
         p = task_p[t]
-        m = _gather(buf, p, task_o[t], lid, is_long, n_before, start, ords, rects, q_empty,
-                    long_keys, long_off, long_rects, empty_keys, empty_off, empty_lr,
-                    w_match, w_empty)
+        m = _gather(buf, p, task_o[t], lid, n_before, start, ords, rects, q_empty, empty_keys,
+                    empty_off, empty_lr, w_match, w_empty)
         rest = need - w_empty * n_empty[p]
         m = _drop_unreachable(buf, m, max(1, -(-rest // w_match)))
         w = np.abs(buf[:m, 4])

@@ -6,8 +6,13 @@ passages of ``query_len`` tokens with a ``stride``; each passage is aligned agai
 earlier pages whose windows collide with its sketch:
 
 1. read the inverted lists of the passages' min-hashes (all passages of the page at once,
-   from memory (dupalign.list_cache) or the store); lists longer than ``max_list`` are only
-   flagged: a page's membership in them is checked against its list fingerprints;
+   from memory (dupalign.list_cache) or the store); a list longer than ``max_list`` is a
+   stop list, only flagged: a unit that common (navigation, licence text, stop phrases)
+   says nothing about copying, so its bin counts as neither a collision nor an empty bin,
+   as search engines and plagiarism detectors (MOSS) drop their most frequent
+   fingerprints. This is what keeps a page's cost flat as the store grows: without it the
+   common lists grow with the store, and so do the pages that collide with a passage in
+   them. ``max_list`` is frozen with the store, since results depend on it;
 2. count distinct collided bins per earlier page and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
@@ -100,7 +105,7 @@ class PassageCounters:
     candidates_scanned: int = 0
     long_lists: int = 0
     lists_cached: int = 0
-    inexact_passages: int = 0  # passages with >= m_min long lists (candidates may be missed)
+    stopped_bins: int = 0  # passage bins whose list is a stop list (not a collision)
 
 
 @dataclass
@@ -213,42 +218,30 @@ class PassageIndex:
         lid[rows, bins] = inverse
         reader = self.store.prefix_reader("oph")  # made now: sees every earlier page
         slots = self._list_slots(reader, l_bins, l_keys)
-        is_long = self.cache.is_long(slots)
+        # a stop list is cached as a flag with no entries (n_before 0 below): its bin is
+        # neither a collision nor an empty bin
+        named = lid >= 0
+        self.counters.stopped_bins += int(np.count_nonzero(self.cache.is_long(slots)[lid[named]]))
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]
         ords, rects = self.cache.ords, self.cache.rects
         n_before = passage_align.entries_before(start, length, ords, before)
         excl = np.array(sorted(exclude), dtype=np.int64)
-        t_p, t_o, t_c, pruned, inexact = passage_align.select_candidates(
-            lid, is_long, n_before, start, ords, empty, excl, self.w_match, self.w_empty,
-            self.need, self.cfg.max_candidates)
-        self.counters.inexact_passages += inexact
-        pair_t = pair_l = np.empty(0, dtype=np.int64)
+        t_p, t_o, pruned = passage_align.select_candidates(
+            lid, n_before, start, ords, empty, excl, self.w_match, self.w_empty, self.need,
+            self.cfg.max_candidates)
         if len(t_p):
-            # which long lists each candidate page is really in (its window fingerprints)
-            list_fp = passage_align.window_fingerprints(l_bins, l_keys)
-            t_long, keep, pair_t, pair_l = passage_align.long_hits(
-                t_p, t_o, t_c, lid, is_long, list_fp.astype(np.int64),
-                *self._page_fingerprints(np.unique(t_o)), empty, self.w_match, self.w_empty,
-                self.need)
-            keep &= passage_align.viable_tasks(
-                t_p, t_o, t_long, lid, is_long, n_before, start, ords, rects, empty,
-                self.w_match, self.w_empty, self.need)
+            keep = passage_align.viable_tasks(t_p, t_o, lid, n_before, start, ords, rects,
+                                              empty, self.w_match, self.w_empty, self.need)
             pruned += int(np.count_nonzero(~keep))
-            renumber = np.cumsum(keep) - 1
-            kept_pair = keep[pair_t]
-            pair_t, pair_l = renumber[pair_t[kept_pair]], pair_l[kept_pair]
             t_p, t_o = t_p[keep], t_o[keep]
         self.counters.candidates_pruned += pruned
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
             return []
-        long_keys, long_off, long_rects = self._long_windows(reader, t_o[pair_t], pair_l,
-                                                             l_bins, l_keys)
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
         h_t, h_s, h_e, h_x = passage_align.scan_tasks(
-            t_p, t_o, lid, is_long, n_before, start, ords, rects, empty, long_keys, long_off,
-            long_rects, empty_keys, empty_off, empty_lr, self.w_match, self.w_empty,
-            self.need, self.cfg.min_len, self.k)
+            t_p, t_o, lid, n_before, start, ords, rects, empty, empty_keys, empty_off, empty_lr,
+            self.w_match, self.w_empty, self.need, self.cfg.min_len, self.k)
         return list(zip(t_p[h_t].tolist(), t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
                         h_x.tolist(), strict=True))
 
@@ -265,9 +258,8 @@ class PassageIndex:
     # -- store reads ------------------------------------------------------------------------
     def _list_slots(self, reader: PrefixReader, bins: I64, keys: U64) -> I64:
         """Cache slots of the inverted lists (bin, key); the lists not in memory are read
-        from the store (whole, or only flagged when longer than ``max_list``: a common
-        unit such as navigation or stop phrases, whose windows are then read per
-        candidate page by ``_long_windows``)."""
+        from the store (whole, or only flagged when longer than ``max_list``: a stop
+        list)."""
         self._forget_uncommitted()
         slots = self.cache.lookup(bins, keys)
         miss = np.flatnonzero(slots < 0)
@@ -293,7 +285,8 @@ class PassageIndex:
                     long[y] = True
                     self.counters.long_lists += 1
                     continue
-                # marked under a smaller max_list: read the list after all
+                # marked by a store of format <= 4, where max_list was not frozen and may
+                # have been smaller: read the list after all
                 ks, vs = reader.items(prefix, max_list + 2)
                 ks, vs = ks[1:], vs[1:]
                 self.counters.keys_read += len(ks)
@@ -328,32 +321,6 @@ class PassageIndex:
             self._new_runs[prefix] = (prefix + u64(last) + _RUN_SEQ, packed.tobytes(), replaced)
         slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords, rects)
         return slots
-
-    def _page_fingerprints(self, pages: I64) -> tuple[I64, I64, I64]:
-        """The pages' sorted window fingerprints as CSR (pages without a record, if any,
-        are left out: they count as belonging to every long list)."""
-        raws = self.store.multi_get("oph_keys", [u64(o) for o in pages.tolist()])
-        have = np.array([r is not None for r in raws], dtype=np.bool_)
-        parts = [np.frombuffer(r, dtype="<u4") for r in raws if r is not None]
-        off = np.zeros(len(parts) + 1, dtype=np.int64)
-        np.cumsum([len(x) for x in parts], out=off[1:])
-        fps = np.concatenate(parts).astype(np.int64) if parts else np.empty(0, dtype=np.int64)
-        return pages[have], off, fps
-
-    def _long_windows(self, reader: PrefixReader, pages: I64, list_ids: I64, l_bins: I64,
-                      l_keys: U64) -> tuple[I64, I64, I64]:
-        """The windows of ``pages[x]`` in the long list ``list_ids[x]``, as a CSR array keyed
-        by ``list << 40 | page``: one seek to (bin, key, page) each."""
-        if not len(pages):
-            return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), _NO_RECTS
-        want = np.unique((list_ids << passage_align.LONG_KEY_SHIFT) | pages)
-        parts = []
-        for x in want.tolist():
-            lb = int(l_bins[x >> passage_align.LONG_KEY_SHIFT])
-            lk = int(l_keys[x >> passage_align.LONG_KEY_SHIFT])
-            page = x & ((1 << passage_align.LONG_KEY_SHIFT) - 1)
-            parts.append(_page_windows(reader, _BIN.pack(lb) + u64(lk), page))
-        return _csr(want, parts, _NO_RECTS)
 
     def _empty_windows(
         self, t_p: I64, t_o: I64, empty: npt.NDArray[np.bool_]
@@ -428,8 +395,6 @@ class PassageIndex:
         kw, vw = _LIST_KEY.itemsize, packed.itemsize * 4
         batch.put_many("oph", [ks[x * kw : (x + 1) * kw] for x in range(len(nonempty))],
                        [vs[x * vw : (x + 1) * vw] for x in range(len(nonempty))])
-        fps = passage_align.window_fingerprints(r.bin[nonempty], r.key[nonempty])
-        batch.put("oph_keys", prefix_ord, np.unique(fps).astype("<u4").tobytes())
         emp = np.flatnonzero(r.empty)
         if len(emp):
             emp = emp[np.argsort(r.bin[emp], kind="stable")]  # one value per bin, rows in order
@@ -475,7 +440,7 @@ class PassageIndex:
             "passage_candidates_scanned": c.candidates_scanned,
             "passage_long_lists": c.long_lists,
             "passage_lists_cached": c.lists_cached,
-            "passage_inexact_passages": c.inexact_passages,
+            "passage_stopped_bins": c.stopped_bins,
         }
 
 
@@ -561,21 +526,6 @@ def _ranks(starts: I64, counts: I64) -> I64:
     return np.repeat(starts - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
 
 
-def _page_windows(reader: PrefixReader, list_prefix: bytes, page: int) -> I64:
-    """The windows of ``page`` in the list ``list_prefix``: its own keys, or the part of the
-    run that holds it (a seek to the page lands on the run when the page was packed)."""
-    page_key = u64(page)
-    values: list[bytes] = []
-    for key, value in reader.scan(list_prefix + page_key, list_prefix):
-        if key[-4:] == _RUN_SEQ:  # the page is in the run (a run deletes the keys it holds)
-            run = np.frombuffer(value, dtype=_RUN)
-            return run["rect"][run["ordinal"] == page].astype(np.int64)
-        if key[len(list_prefix) : len(list_prefix) + 8] != page_key:
-            break
-        values.append(value)
-    return _unpack_rects(values)
-
-
 def _unpack_rects(values: list[bytes]) -> I64:
     if not values:
         return np.empty((0, 4), dtype=np.int64)
@@ -590,10 +540,3 @@ def _passage_starts(n: int, length: int, stride: int) -> list[int]:
     if starts[-1] != n - length:
         starts.append(n - length)
     return starts
-
-
-def _csr(keys: I64, parts: list[I64], none: I64) -> tuple[I64, I64, I64]:
-    """Rows of ``parts[x]`` under ``keys[x]`` as (keys, offsets, rows)."""
-    off = np.zeros(len(keys) + 1, dtype=np.int64)
-    np.cumsum([len(x) for x in parts], out=off[1:])
-    return keys, off, np.concatenate(parts) if parts else none

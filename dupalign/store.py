@@ -43,7 +43,7 @@ FAMILIES = (
     # lists); bin ‖ min-hash value ‖ ordinal ‖ 0xFFFFFFFF -> a run: every entry of the list up
     # to that ordinal packed in one value (dupalign.passages: packed when read)
     "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
-    "oph_keys",  # ordinal -> sorted 32-bit fingerprints of the page's lists (bin ‖ min-hash)
+    "oph_keys",  # stores of format <= 4 only (ordinal -> fingerprints of the page's lists)
     "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
     "idf_pending",  # ordinal -> distinct token hashes, kept until the last idf freeze
     "offsets",  # topic ‖ partition -> next offset to consume

@@ -284,19 +284,21 @@ def test_same_words_in_another_order_are_not_near_duplicates(tmp_path: Path) -> 
         assert [m.match_doc_id for m in found if m.kind == "near"] == ["orig"]
 
 
-@pytest.mark.parametrize("old_format", [2, 3])
+@pytest.mark.parametrize("old_format", [2, 3, 4])
 def test_an_older_format_store_is_upgraded_and_keeps_its_pages(tmp_path: Path,
                                                               old_format: int) -> None:
-    """Formats 3 and 4 only add long-list marks and packed runs: a format 2 or 3 store
-    opens, records format 4 and still finds its pages."""
+    """Formats 3 to 5 add long-list marks, packed runs and stop lists over complete lists:
+    a format 2, 3 or 4 store (which did not record max_list: the default 256 is implied)
+    opens, records format 5 and still finds its pages."""
     import msgpack
 
     base = rfc_words("rfc2821.txt", 0, 400)
     with Engine.open(tmp_path / "s") as engine:
         engine.process(page("a", base))
-        params = engine.store.params
+        params = {k: v for k, v in engine.store.params.items() if k != "passage_max_list"}
         engine.store.put("meta", b"params", msgpack.packb({**params, "format": old_format}))
     with Engine.open(tmp_path / "s") as engine:
-        assert engine.store.params["format"] == 4
+        assert engine.store.params["format"] == 5
+        assert engine.store.params["passage_max_list"] == 256
         found = engine.process(page("b", base))
         assert [(m.kind, m.match_doc_id) for m in found] == [("exact", "a")]

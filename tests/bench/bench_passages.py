@@ -280,8 +280,10 @@ BLOCK = 500  # pages per remap block
 RESERVOIR = 2000  # earlier pages kept as sources of planted copies
 
 
-def page_stream(n: int, rng: np.random.Generator, use_docs: bool) -> Iterator[str]:
-    """``n`` page texts whose duplication rate does not drift with the store size.
+def page_stream(n: int, rng: np.random.Generator,
+                use_docs: bool) -> Iterator[tuple[str, int | None]]:
+    """``n`` page texts whose duplication rate does not drift with the store size, each
+    with the number of the earlier page it carries a planted copy of (or None).
 
     Blocks of ``BLOCK`` pages, each drawing real chunks at random (without replacement in
     the block): the first block as they are, every later one through a fresh frequency-band
@@ -294,7 +296,7 @@ def page_stream(n: int, rng: np.random.Generator, use_docs: bool) -> Iterator[st
     print(f"{len(chunks)} real chunks of 300-1000 words available; blocks of {BLOCK} pages, "
           "the first real text, the rest frequency-band remaps; 10% carry a planted copy")
     remap = Remapper(chunks)
-    reservoir: list[list[str]] = []
+    reservoir: list[tuple[int, list[str]]] = []
     mapping: dict[str, str] | None = None
     block: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
     for x in range(n):
@@ -304,18 +306,19 @@ def page_stream(n: int, rng: np.random.Generator, use_docs: bool) -> Iterator[st
             block = rng.choice(len(chunks), size=min(BLOCK, len(chunks)), replace=False)
         c = chunks[int(block[(x % BLOCK) % len(block)])]
         words = c if mapping is None else [mapping[w] for w in c]
+        source = None
         if x > 10 and rng.random() < 0.1:  # planted copy of an earlier page's passage
-            src = reservoir[int(rng.integers(0, len(reservoir)))]
+            source, src = reservoir[int(rng.integers(0, len(reservoir)))]
             ln = int(rng.integers(100, 201))
             s = int(rng.integers(0, max(1, len(src) - ln)))
             copy = edit(src[s : s + ln], remap.vocab[:5000], float(rng.uniform(0.05, 0.15)), rng)
             at = int(rng.integers(0, len(words) + 1))
             words = words[:at] + copy + words[at:]
         if len(reservoir) < RESERVOIR:
-            reservoir.append(words)
+            reservoir.append((x, words))
         elif (r := int(rng.integers(0, x + 1))) < RESERVOIR:
-            reservoir[r] = words
-        yield " ".join(words)
+            reservoir[r] = (x, words)
+        yield " ".join(words), source
 
 
 def family_bytes(eng: Engine, family: str) -> int:
@@ -333,6 +336,7 @@ class Variant:
     wall: float = 0.0  # seconds in Engine.process since the last checkpoint
     thread: float = 0.0  # CPU seconds of the calling thread in it
     matches: int = 0
+    planted_found: int = 0  # planted copies matched with their source page
 
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
@@ -343,7 +347,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     print(f"## Cost vs store size (near disabled; default passage config: "
           f"{PassageConfig()}; {cache}); ms/page (wall), fg cpu (CPU time of the calling "
           "thread), cpu ms (process CPU time per page, RocksDB compactions included) and "
-          "the counters are over the pages since the previous checkpoint")
+          "the counters are over the pages since the previous checkpoint; stop/pass: passage "
+          "bins whose list is a stop list; planted: share of the pages with a planted copy "
+          "matched with the page it was copied from")
     # (name, passage.max_list, pack lists read from the store)
     specs = [(f"ml {m}" if len(max_lists) > 1 else "runs", m, True) for m in max_lists]
     if compare_runs:
@@ -354,12 +360,15 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
               "packing lists read from the store into runs); process CPU is not split: '-'")
     print(f"{'pages':>7} {'variant':>8} {'ms/page':>8} {'fg cpu':>7} {'cpu ms':>7} "
           f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
-          f"{'runs/pg':>7} {'cand/pass':>9} {'pruned/pass':>11} {'match/pg':>8} "
+          f"{'runs/pg':>7} {'stop/pass':>9} {'cand/pass':>9} {'pruned/pass':>11} "
+          f"{'match/pg':>8} {'planted':>7} "
           f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
     dirs = [tempfile.mkdtemp(dir=store_root) for _ in specs]
     tokens = 0
     prof = cProfile.Profile() if profile_last else None
     variants: list[Variant] = []
+    first_with_text: dict[int, int] = {}  # an exact duplicate is matched to the first copy
+    canonical: list[int] = []
     try:
         for (name, max_list, packed), d in zip(specs, dirs, strict=True):
             cfg = EngineConfig(near=NearConfig(enabled=False),
@@ -372,20 +381,25 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
         for cp in checkpoints:
             c0 = [dict(vars(v.engine.passages.counters)) for v in variants]
             for v in variants:
-                v.wall = v.thread = 0.0
-                v.matches = 0
+                v.wall = v.thread = v.matches = v.planted_found = 0
+            planted = 0
             last_batch = cp == checkpoints[-1]
             if prof is not None and last_batch:
                 prof.enable()
             cpu = time.process_time()  # all threads (RocksDB compactions too)
             for x in range(done, cp):
-                text = next(texts)
+                text, source = next(texts)
                 tokens += text.count(" ") + 1  # words joined by single spaces
+                canonical.append(first_with_text.setdefault(hash(text), x))
+                want = None if source is None else f"p{canonical[source]}"
+                planted += source is not None
                 for v in variants:
                     t, th = time.perf_counter(), time.thread_time()
-                    v.matches += len(v.engine.process(Page(id=f"p{x}", body=text)))
+                    found = v.engine.process(Page(id=f"p{x}", body=text))
                     v.wall += time.perf_counter() - t
                     v.thread += time.thread_time() - th
+                    v.matches += len(found)
+                    v.planted_found += any(m.match_doc_id == want for m in found)
             dcpu = time.process_time() - cpu
             if prof is not None and last_batch:
                 prof.disable()
@@ -403,16 +417,18 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                       f"{(c1['entries_read'] - c['entries_read']) / dp:>12.1f} "
                       f"{(c1['keys_read'] - c['keys_read']) / dp:>9.1f} "
                       f"{(c1['runs_written'] - c['runs_written']) / n:>7.2f} "
+                      f"{(c1['stopped_bins'] - c['stopped_bins']) / dp:>9.2f} "
                       f"{(c1['candidates_scanned'] - c['candidates_scanned']) / dp:>9.2f} "
                       f"{(c1['candidates_pruned'] - c['candidates_pruned']) / dp:>11.2f} "
-                      f"{v.matches / n:>8.2f} {size / tokens:>8.1f} {oph / tokens:>9.1f} "
+                      f"{v.matches / n:>8.2f} {v.planted_found / max(1, planted):>7.3f} "
+                      f"{size / tokens:>8.1f} {oph / tokens:>9.1f} "
                       f"{size / 2**20:>8.1f} "
                       f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:>7.0f}",
                       flush=True)
             done = cp
         for v in variants:
             fams = {f: family_bytes(v.engine, f)
-                    for f in ("oph", "oph_empty", "oph_keys", "positions", "docs")}
+                    for f in ("oph", "oph_empty", "positions", "docs")}
             print(f"{v.name}: bytes per token by family after flush: " + ", ".join(
                 f"{f} {b / tokens:.1f}" for f, b in fams.items()) + f" ({tokens} tokens)")
     finally:
