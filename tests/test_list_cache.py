@@ -97,3 +97,43 @@ def test_lists_move_when_they_outgrow_their_run() -> None:
         ords, rects = cache.entries(slot)
         assert ords.tolist() == list(range(20))
         assert rects[0].tolist() == [x + 1] * 4 and rects[5].tolist() == [5] * 4
+
+
+def test_many_lists_grow_the_table_and_survive_trims() -> None:
+    """Thousands of lists (the hash table doubles several times; keys share bins and bins
+    share keys, keys above 2^63 too), then trims that drop the least recently used: every
+    list left is found with its entries, every dropped or unknown one is not."""
+    rng = np.random.default_rng(3)
+    n = 20_000
+    bins = rng.integers(0, 1024, size=n).astype(np.int64)
+    keys = rng.integers(0, 1 << 20, size=n).astype(np.uint64) << np.uint64(44)
+    keys[::3] = np.uint64(12345)  # one key in many bins
+    uniq = sorted(set(zip(bins.tolist(), keys.tolist(), strict=True)))
+    bins = np.array([b for b, _ in uniq], dtype=np.int64)
+    keys = np.array([k for _, k in uniq], dtype=np.uint64)
+    cache = ListCache(1 << 30, 100)
+    for lo in range(0, len(uniq), 1000):  # insert in batches, one entry per list
+        hi = min(len(uniq), lo + 1000)
+        rows = np.arange(lo, hi, dtype=np.int64)
+        cache.insert(bins[lo:hi], keys[lo:hi], np.zeros(hi - lo, dtype=np.bool_),
+                     np.arange(hi - lo + 1, dtype=np.int64), rows,
+                     np.repeat(rows[:, None], 4, axis=1))
+    assert len(cache) == len(uniq) and len(cache.table) >= 2 * len(uniq)
+
+    def check() -> int:
+        slots = cache.lookup(bins, keys)
+        for x in np.flatnonzero(slots >= 0).tolist():
+            ords, rects = cache.entries(int(slots[x]))
+            assert ords.tolist() == [x] and rects.tolist() == [[x] * 4]
+        return int(np.count_nonzero(slots >= 0))
+
+    assert check() == len(uniq)
+    recent = np.arange(len(uniq) - 500, len(uniq))
+    cache.lookup(bins[recent], keys[recent])  # used last: these survive the trims
+    cache.budget = cache.bytes_used // 5
+    cache.trim()
+    left = check()
+    assert 500 <= left < len(uniq) // 2 and len(cache) == left
+    assert (cache.lookup(bins[recent], keys[recent]) >= 0).all()
+    absent = cache.lookup(bins[:50] + 1024, keys[:50])  # bins no list uses
+    assert (absent == -1).all()
