@@ -70,10 +70,12 @@ class ListCache:
     def bytes_used(self) -> int:
         return self.end * ENTRY_BYTES + self.n_slots * SLOT_BYTES
 
-    def lookup(self, bins: I64, keys: U64) -> I64:
-        """Slot of each list (bin, key), or -1 if not cached; marks hits as recently used."""
-        self.clock += 1
-        return _lookup(self.table, self.s_used, bins, keys.view(np.int64), self.clock)
+    def lookup(self, bins: I64, keys: U64, touch: bool = True) -> I64:
+        """Slot of each list (bin, key), or -1 if not cached; with ``touch``, marks hits as
+        recently used."""
+        self.clock += touch
+        return _lookup(self.table, self.s_used, bins, keys.view(np.int64),
+                       self.clock if touch else -1)
 
     def is_long(self, slots: I64) -> Bools:
         return (slots >= 0) & (self.s_len[np.maximum(slots, 0)] == LONG)
@@ -188,7 +190,8 @@ def _lookup(table: I64, s_used: I64, bins: I64, keys: I64, clock: int) -> I64:
         s, _ = _find(table, bins[x], keys[x])
         if s >= 0:
             out[x] = s
-            s_used[s] = clock
+            if clock >= 0:
+                s_used[s] = clock
     return out
 
 

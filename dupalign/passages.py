@@ -106,6 +106,7 @@ class PassageCounters:
     long_lists: int = 0
     lists_cached: int = 0
     stopped_bins: int = 0  # passage bins whose list is a stop list (not a collision)
+    stop_entries_skipped: int = 0  # windows not written: their list is a known stop list
 
 
 @dataclass
@@ -386,10 +387,17 @@ class PassageIndex:
         r = state.rects
         prefix_ord = u64(ordinal)
         batch.put("positions", prefix_ord, state.positions)
+        # windows in lists known to be stop lists are not written: a stop list stays one
+        # (it already holds more than max_list entries), and nothing reads its entries
         nonempty = np.flatnonzero(~r.empty)
+        known_stop = self.cache.is_long(self.cache.lookup(r.bin[nonempty], r.key[nonempty],
+                                                          touch=False))
+        self.counters.stop_entries_skipped += int(np.count_nonzero(known_stop))
+        seq = np.flatnonzero(~known_stop)  # window numbers stay those of all the windows
+        nonempty = nonempty[seq]
         keys = np.empty(len(nonempty), dtype=_LIST_KEY)
         keys["bin"], keys["key"] = r.bin[nonempty], r.key[nonempty]
-        keys["ordinal"], keys["seq"] = ordinal, np.arange(len(nonempty))
+        keys["ordinal"], keys["seq"] = ordinal, seq
         packed = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[nonempty].astype(_RECT)
         ks, vs = keys.tobytes(), packed.tobytes()
         kw, vw = _LIST_KEY.itemsize, packed.itemsize * 4
@@ -441,6 +449,7 @@ class PassageIndex:
             "passage_long_lists": c.long_lists,
             "passage_lists_cached": c.lists_cached,
             "passage_stopped_bins": c.stopped_bins,
+            "passage_stop_entries_skipped": c.stop_entries_skipped,
         }
 
 

@@ -264,7 +264,8 @@ def test_pruning_and_hits_are_exercised(mode: str, tmp_path: Path) -> None:
 
 def test_stop_lists_are_exercised(tmp_path: Path) -> None:
     """A fixed scenario where lists turn long (a phrase shared by every page, max_list 6):
-    the query names stop lists, and its hits still equal pairwise alignment without them."""
+    the query names stop lists, and its hits still equal pairwise alignment without them.
+    Windows in lists already known to be stop lists are not written."""
     rng = np.random.default_rng(11)
     common = [1000, 1001, 1002, 1003]
     pages = [common + rng.integers(0, 5000, size=50).tolist() for _ in range(8)]
@@ -279,6 +280,11 @@ def test_stop_lists_are_exercised(tmp_path: Path) -> None:
         c = eng.passages.counters
         assert c.long_lists > 0
         assert c.stopped_bins > 0
+        # the pages indexed after the common phrase's lists turned long did not write
+        # their windows in them: the stored lists stop at max_list + 1 entries
+        common_lists = Counter(k[:10] for k, _ in eng.store.prefix("oph", b"")
+                               if len(k) > 10)
+        assert max(common_lists.values()) == 7
     assert n_ranges > 0
 
 
