@@ -1,7 +1,7 @@
 """Passage alignment benchmark: accuracy against exact Jaccard, index size, cost vs store size.
 
 Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|scale]
-     [--scale 1000,10000] [--lists-mb 256] [--max-list 256,1024] [--compare-runs]
+     [--scale 1000,10000] [--lists-mb 256,1024] [--max-list 256,1024] [--compare-runs]
 
 1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
    subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
@@ -340,24 +340,26 @@ class Variant:
 
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
-          cache: CacheConfig, compare_runs: bool = False,
+          lists_mbs: tuple[int, ...] = (CacheConfig.lists_mb,), compare_runs: bool = False,
           max_lists: tuple[int, ...] = (PassageConfig.max_list,)) -> None:
     rng = np.random.default_rng(5)
     texts = page_stream(checkpoints[-1], rng, use_docs)
     print(f"## Cost vs store size (near disabled; default passage config: "
-          f"{PassageConfig()}; {cache}); ms/page (wall), fg cpu (CPU time of the calling "
+          f"{PassageConfig()}; {CacheConfig()}); ms/page (wall), fg cpu (CPU time of the calling "
           "thread), cpu ms (process CPU time per page, RocksDB compactions included) and "
           "the counters are over the pages since the previous checkpoint; stop/pass: passage "
           "bins whose list is a stop list; planted: share of the pages with a planted copy "
           "matched with the page it was copied from")
-    # (name, passage.max_list, pack lists read from the store)
-    specs = [(f"ml {m}" if len(max_lists) > 1 else "runs", m, True) for m in max_lists]
+    # (name, passage.max_list, cache.lists_mb, pack lists read from the store)
+    specs = [(" ".join([f"ml {m}"] * (len(max_lists) > 1) + [f"mb {mb}"] * (len(lists_mbs) > 1))
+              or "runs", m, mb, True) for m in max_lists for mb in lists_mbs]
     if compare_runs:
-        specs.append(("no runs", max_lists[0], False))
+        specs.append(("no runs", max_lists[0], lists_mbs[0], False))
     if len(specs) > 1:
-        print(f"Engines fed the same pages in turn: {', '.join(n for n, _, _ in specs)} "
-              "('ml N': passage.max_list = N; 'no runs' keeps one key per list entry, never "
-              "packing lists read from the store into runs); process CPU is not split: '-'")
+        print(f"Engines fed the same pages in turn: {', '.join(s[0] for s in specs)} "
+              "('ml N': passage.max_list = N; 'mb N': cache.lists_mb = N; 'no runs' keeps one "
+              "key per list entry, never packing lists read from the store into runs); "
+              "process CPU is not split: '-'")
     print(f"{'pages':>7} {'variant':>8} {'ms/page':>8} {'fg cpu':>7} {'cpu ms':>7} "
           f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
           f"{'runs/pg':>7} {'stop/pass':>9} {'cand/pass':>9} {'pruned/pass':>11} "
@@ -370,9 +372,10 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     first_with_text: dict[int, int] = {}  # an exact duplicate is matched to the first copy
     canonical: list[int] = []
     try:
-        for (name, max_list, packed), d in zip(specs, dirs, strict=True):
+        for (name, max_list, lists_mb, packed), d in zip(specs, dirs, strict=True):
             cfg = EngineConfig(near=NearConfig(enabled=False),
-                               passage=PassageConfig(max_list=max_list), cache=cache)
+                               passage=PassageConfig(max_list=max_list),
+                               cache=CacheConfig(lists_mb=lists_mb))
             eng = Engine.open(d, cfg)
             if not packed:
                 eng.passages.pack_min = 1 << 62
@@ -473,8 +476,9 @@ def main() -> None:
     ap.add_argument("--no-docs", action="store_true", help="do not use the llvm docs")
     ap.add_argument("--profile", action="store_true", help="cProfile the last scale batch")
     ap.add_argument("--store-root", help="directory for the scale store (default: tmp)")
-    ap.add_argument("--lists-mb", type=int, default=CacheConfig.lists_mb,
-                    help="memory for inverted lists (engine.cache.lists_mb)")
+    ap.add_argument("--lists-mb", default=str(CacheConfig.lists_mb),
+                    help="scale: comma-separated memory budgets for inverted lists "
+                    "(engine.cache.lists_mb), one engine each")
     ap.add_argument("--max-list", default=str(PassageConfig.max_list),
                     help="scale: comma-separated passage.max_list values, one engine each")
     ap.add_argument("--compare-runs", action="store_true",
@@ -492,7 +496,7 @@ def main() -> None:
         cps = [int(x) for x in (args.scale or default).split(",")]
         timed("scale", lambda: scale(cps, not args.no_docs and bool(corpora.llvm_doc_files(1)),
                                      args.profile, args.store_root,
-                                     CacheConfig(lists_mb=args.lists_mb),
+                                     tuple(int(x) for x in args.lists_mb.split(",")),
                                      args.compare_runs,
                                      tuple(int(x) for x in args.max_list.split(","))))
 
