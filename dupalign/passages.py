@@ -10,9 +10,9 @@ earlier pages whose windows collide with its sketch:
    stop list, only flagged: a unit that common (navigation, licence text, stop phrases)
    says nothing about copying, so its bin counts as neither a collision nor an empty bin,
    as search engines and plagiarism detectors (MOSS) drop their most frequent
-   fingerprints. This is what keeps a page's cost flat as the store grows: without it the
-   common lists grow with the store, and so do the pages that collide with a passage in
-   them. ``max_list`` is frozen with the store, since results depend on it;
+   fingerprints. Without it the common lists grow with the store, and so do the pages
+   that collide with a passage in them and must be checked. ``max_list`` is frozen with
+   the store, since results depend on it;
 2. count distinct collided bins per earlier page and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
@@ -64,7 +64,6 @@ _RUN_SEQ = b"\xff\xff\xff\xff"
 _RUN = np.dtype([("ordinal", "<i8"), ("rect", "<i4", (4,))])
 PACK_MIN = 8
 _SHINGLE_SALT = 0x5348494E
-_NO_RECTS = np.empty((0, 4), dtype=np.int64)
 
 
 @dataclass
@@ -103,7 +102,7 @@ class PassageCounters:
     runs_written: int = 0
     candidates_pruned: int = 0
     candidates_scanned: int = 0
-    long_lists: int = 0
+    long_lists: int = 0  # lists found to be stop lists (read from the store, or grown so)
     lists_cached: int = 0
     stopped_bins: int = 0  # passage bins whose list is a stop list (not a collision)
     stop_entries_skipped: int = 0  # windows not written: their list is a known stop list
