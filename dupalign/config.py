@@ -8,7 +8,7 @@ between runs.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from fractions import Fraction
 from typing import Any
 
@@ -164,24 +164,30 @@ class EngineConfig:
 
     def frozen_params(self) -> dict[str, Any]:
         """What the store's contents depend on; recorded in ``meta`` and checked at open."""
-        return {
-            # 2: near verification sketches are 3-shingle min-hashes (1: ICWS);
-            # 3: long inverted lists carry a marker (format 2 readers cannot parse it)
-            # 4: inverted lists may start with a packed run (format 3 readers cannot parse it)
-            # 5: lists longer than max_list are stop lists; no list fingerprints of pages
-            "format": 5,
-            "seed": self.seed,
-            "main_content": self.text.main_content,
-            "tf_mode": self.near.tf_mode,
-            "cws_samples": self.near.cws_samples,
-            "near_shingle": self.near.shingle,
-            "idf_freeze_at": list(self.near.idf_freeze_at),
-            "passage_mode": self.passage.mode,
-            "passage_k": self.passage.k,
-            "passage_shingle": self.passage.shingle,
-            "passage_tf_mode": self.passage.tf_mode,
-            "passage_max_list": self.passage.max_list,
-        }
+        out: dict[str, Any] = {"format": STORE_FORMAT}
+        for name, (section, key) in FROZEN_FIELDS.items():
+            value = getattr(self if section is None else getattr(self, section), key)
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def with_frozen(self, params: dict[str, Any]) -> EngineConfig:
+        """This configuration with the frozen parameters a store recorded (what a reader of
+        the store must use: its lists, sketches and stop lists were made with them)."""
+        sections: dict[str, Any] = {}
+        top: dict[str, Any] = {}
+        for name, (section, key) in FROZEN_FIELDS.items():
+            if name not in params:
+                continue
+            value = params[name]
+            if isinstance(getattr(self if section is None else getattr(self, section), key),
+                          tuple):
+                value = tuple(value)  # recorded as a list
+            if section is None:
+                top[key] = value
+            else:
+                sections.setdefault(section, {})[key] = value
+        return replace(self, **top, **{
+            sec: replace(getattr(self, sec), **kw) for sec, kw in sections.items()}).validate()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -203,6 +209,26 @@ class EngineConfig:
                 raise ConfigError(key, "unknown key")
         return cls(**kwargs).validate()
 
+
+# 2: near verification sketches are 3-shingle min-hashes (1: ICWS);
+# 3: long inverted lists carry a marker (format 2 readers cannot parse it)
+# 4: inverted lists may start with a packed run (format 3 readers cannot parse it)
+# 5: lists longer than max_list are stop lists; no list fingerprints of pages
+STORE_FORMAT = 5
+# frozen parameter (as recorded in the store) -> (config section or None, field)
+FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
+    "seed": (None, "seed"),
+    "main_content": ("text", "main_content"),
+    "tf_mode": ("near", "tf_mode"),
+    "cws_samples": ("near", "cws_samples"),
+    "near_shingle": ("near", "shingle"),
+    "idf_freeze_at": ("near", "idf_freeze_at"),
+    "passage_mode": ("passage", "mode"),
+    "passage_k": ("passage", "k"),
+    "passage_shingle": ("passage", "shingle"),
+    "passage_tf_mode": ("passage", "tf_mode"),
+    "passage_max_list": ("passage", "max_list"),
+}
 
 # the tables of an engine configuration (a TOML file's [engine.<name>])
 SECTIONS: dict[str, type] = {"text": TextConfig, "near": NearConfig, "passage": PassageConfig,

@@ -78,6 +78,8 @@ class Engine:
                       implied=IMPLIED_PARAMS, upgrades=PARAM_UPGRADES,
                       block_cache_bytes=config.cache.blocks_mb << 20)
         try:
+            if read_only:  # a reader takes the store's frozen parameters, whatever it asked
+                config = config.with_frozen(store.params)
             return cls(store, config, read_only)
         except BaseException:
             store.close()

@@ -553,3 +553,30 @@ def test_passage_sketches_equal_oph_sketch_per_slice(words: list[int], k: int,
         want_mins, want_empty = oph_sketch(hvals[s:e], k)
         assert (empty[p] == want_empty).all()
         assert (mins[p] == want_mins).all()
+
+
+def test_a_reader_uses_the_stores_frozen_parameters(tmp_path: Path) -> None:
+    """A read-only open (``dupalign query``, ``stats``) takes k, max_list and the other
+    frozen parameters from the store, whatever its config says: with the default ones it
+    finds what the writer's config finds (under max_list 256 the lists cut at 7 entries
+    would be read as complete, and k 64 would not even match the stored windows)."""
+    rng = np.random.default_rng(11)
+    common = [1000, 1001, 1002, 1003]
+    pages = [common + rng.integers(0, 5000, size=50).tolist() for _ in range(9)]
+    query = " ".join(f"w{x}" for x in pages[3][:40] + pages[5][:30])
+    cfg = _config("oph", k=16, theta=Fraction(1, 2), shingle=1, query_len=24, stride=8,
+                  min_len=8, max_list=6)
+    with Engine.open(tmp_path, cfg) as eng:
+        for n, p in enumerate(pages):
+            eng.process(Page(id=f"p{n}", body=" ".join(f"w{x}" for x in p)))
+        want = [(m.match_doc_id, m.spans) for m in eng.query_text(query)]
+        assert eng.passages.counters.stop_entries_skipped > 0
+    # the reader's own query settings, frozen parameters left at their defaults
+    reader = EngineConfig(passage=PassageConfig(theta="1/2", query_len=24, stride=8,
+                                                min_len=8))
+    assert (reader.passage.k, reader.passage.shingle, reader.passage.max_list) == (64, 2, 256)
+    with Engine.open(tmp_path, reader, read_only=True) as eng:
+        p = eng.config.passage
+        assert (p.k, p.shingle, p.max_list, p.theta) == (16, 1, 6, "1/2")
+        got = [(m.match_doc_id, m.spans) for m in eng.query_text(query)]
+    assert got == want and {d for d, _ in want} >= {"p3", "p5"}
