@@ -315,16 +315,3 @@ class PrefixReader:
             step()
             left -= 1
         return keys, values
-
-    def scan(self, start: bytes, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Entries from the first key >= ``start`` on, while they begin with ``prefix`` (the
-        caller stops when it has what it wants; the next read moves the iterator)."""
-        it = self._it
-        it.seek(start)
-        n = len(prefix)
-        while it.valid():
-            key = it.key()
-            if key[:n] != prefix:
-                return
-            yield key, it.value()
-            it.next()

@@ -288,6 +288,21 @@ def test_stop_lists_are_exercised(tmp_path: Path) -> None:
     assert n_ranges > 0
 
 
+def _common_phrase_stream() -> tuple[list[str], str, Any]:
+    """Nine pages that share one phrase (its lists turn long under max_list 6), a query
+    copying parts of pages 3 and 5, and the config for a given max_list."""
+    rng = np.random.default_rng(11)
+    common = [1000, 1001, 1002, 1003]
+    pages = [common + rng.integers(0, 5000, size=50).tolist() for _ in range(9)]
+    query = " ".join(f"w{x}" for x in pages[3][:40] + pages[5][:30])
+
+    def config(max_list: int) -> EngineConfig:
+        return _config("oph", k=16, theta=Fraction(1, 2), shingle=1, query_len=24, stride=8,
+                       min_len=8, max_list=max_list)
+
+    return [" ".join(f"w{x}" for x in p) for p in pages], query, config
+
+
 def test_long_list_markers(tmp_path: Path) -> None:
     """A list read from the store and found long is marked with the next page, so that a
     later read (after the list left memory) takes one entry instead of max_list + 1. The
@@ -295,15 +310,7 @@ def test_long_list_markers(tmp_path: Path) -> None:
     under a smaller max_list is read past."""
     import msgpack
 
-    rng = np.random.default_rng(11)
-    common = [1000, 1001, 1002, 1003]
-    pages = [common + rng.integers(0, 5000, size=50).tolist() for _ in range(9)]
-    query = " ".join(f"w{x}" for x in pages[3][:40] + pages[5][:30])
-    texts = [" ".join(f"w{x}" for x in p) for p in pages]
-
-    def config(max_list: int) -> EngineConfig:
-        return _config("oph", k=16, theta=Fraction(1, 2), shingle=1, query_len=24, stride=8,
-                       min_len=8, max_list=max_list)
+    texts, query, config = _common_phrase_stream()
 
     def build(path: Path, evict: bool) -> list[tuple[bytes, bytes]]:
         with Engine.open(path, config(6)) as eng:
@@ -560,15 +567,10 @@ def test_a_reader_uses_the_stores_frozen_parameters(tmp_path: Path) -> None:
     frozen parameters from the store, whatever its config says: with the default ones it
     finds what the writer's config finds (under max_list 256 the lists cut at 7 entries
     would be read as complete, and k 64 would not even match the stored windows)."""
-    rng = np.random.default_rng(11)
-    common = [1000, 1001, 1002, 1003]
-    pages = [common + rng.integers(0, 5000, size=50).tolist() for _ in range(9)]
-    query = " ".join(f"w{x}" for x in pages[3][:40] + pages[5][:30])
-    cfg = _config("oph", k=16, theta=Fraction(1, 2), shingle=1, query_len=24, stride=8,
-                  min_len=8, max_list=6)
-    with Engine.open(tmp_path, cfg) as eng:
-        for n, p in enumerate(pages):
-            eng.process(Page(id=f"p{n}", body=" ".join(f"w{x}" for x in p)))
+    texts, query, config = _common_phrase_stream()
+    with Engine.open(tmp_path, config(6)) as eng:
+        for n, text in enumerate(texts):
+            eng.process(Page(id=f"p{n}", body=text))
         want = [(m.match_doc_id, m.spans) for m in eng.query_text(query)]
         assert eng.passages.counters.stop_entries_skipped > 0
     # the reader's own query settings, frozen parameters left at their defaults
