@@ -23,3 +23,16 @@ class ConfigError(ValueError):
 
 class StoreMismatch(RuntimeError):
     """The store was created with engine parameters that differ from the requested ones."""
+
+
+class StoreError(RuntimeError):
+    """RocksDB failed (disk full, I/O error, read-only file system, corruption, lock): a
+    failure of the machine, not of the page being processed. rocksdict raises plain
+    ``Exception`` for these; the store turns every one into this type so that callers can
+    stop instead of blaming the page."""
+
+    def __init__(self, operation: str, path: object, cause: str) -> None:
+        super().__init__(f"store {operation} failed: {cause} at {path}")
+        self.operation = operation
+        self.path = path
+        self.cause = cause

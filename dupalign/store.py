@@ -4,6 +4,12 @@ Keys are big-endian so that byte order is numeric order. rocksdict has no merge 
 so everything that grows (inverted lists, offsets) is written as append-style keys and
 read back by prefix scans. Everything one page writes goes into one WriteBatch, which
 RocksDB applies atomically (also across a crash).
+
+Every call into RocksDB that can fail raises :class:`StoreError` (operation, directory,
+cause), never rocksdict's plain ``Exception``: a full disk, an I/O error, a read-only file
+system, corruption or a held lock is a failure of the store, which callers must not mistake
+for a problem with the page being processed. Only in-memory WriteBatch building is not
+wrapped (it fails on programming errors alone).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from rocksdict import (
     WriteBatch,
 )
 
-from dupalign.errors import StoreMismatch
+from dupalign.errors import StoreError, StoreMismatch
 
 FAMILIES = (
     "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables
@@ -152,13 +158,17 @@ class Store:
             access = AccessType.read_write()
         cache = Cache(block_cache_bytes)
         families = {name: _options(name, cache) for name in FAMILIES}
-        if (self.path / "CURRENT").exists():
-            existing = set(Rdict.list_cf(str(self.path), opts))
-            if read_only:
-                families = {n: o for n, o in families.items() if n in existing}
-        self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
-        self._handles = {name: self._db.get_column_family_handle(name) for name in families}
-        self._cfs = {name: self._db.get_column_family(name) for name in families}
+        try:
+            if (self.path / "CURRENT").exists():
+                existing = set(Rdict.list_cf(str(self.path), opts))
+                if read_only:
+                    families = {n: o for n, o in families.items() if n in existing}
+            self._db = Rdict(str(self.path), opts, column_families=families,
+                             access_type=access)
+            self._handles = {name: self._db.get_column_family_handle(name) for name in families}
+            self._cfs = {name: self._db.get_column_family(name) for name in families}
+        except Exception as exc:
+            raise store_error("open", self.path, exc) from exc
         self._same_prefix = ReadOptions()
         self._same_prefix.set_prefix_same_as_start(True)
         self._check_params(params, read_only, implied or {}, upgrades or {})
@@ -169,7 +179,7 @@ class Store:
         if stored is None:
             if read_only:
                 raise StoreMismatch(f"{self.path} has no engine parameters: not a dupalign store")
-            self._cfs["meta"][b"params"] = msgpack.packb(params)
+            self.put("meta", b"params", msgpack.packb(params))
             self.params = dict(params)
             return
         self.params = {**implied, **msgpack.unpackb(stored)}
@@ -182,7 +192,7 @@ class Store:
         }
         if diff and all(a in upgrades.get(k, ()) for k, (a, _) in diff.items()):
             self.params.update({k: b for k, (_, b) in diff.items()})
-            self._cfs["meta"][b"params"] = msgpack.packb(self.params)
+            self.put("meta", b"params", msgpack.packb(self.params))
             return
         if diff:
             detail = ", ".join(f"{k}: store has {a!r}, asked for {b!r}" for k, (a, b) in
@@ -191,17 +201,29 @@ class Store:
                                 "use the same config or a new store")
 
     def get(self, family: str, key: bytes) -> bytes | None:
-        value = self._cfs[family].get(key)
+        cf = self._cfs[family]
+        try:
+            value = cf.get(key)
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
         return None if value is None else bytes(value)
 
     def multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:
         if not keys:
             return []
-        found: list[bytes | None] = self._cfs[family].get(keys)  # type: ignore[arg-type,assignment]
+        cf = self._cfs[family]
+        try:
+            found: list[bytes | None] = cf.get(keys)  # type: ignore[arg-type,assignment]
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
         return found
 
     def put(self, family: str, key: bytes, value: bytes) -> None:
-        self._cfs[family][key] = value
+        cf = self._cfs[family]
+        try:
+            cf[key] = value
+        except Exception as exc:
+            raise store_error("write", self.path, exc) from exc
 
     def prefix(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """All entries whose key starts with ``prefix``, in key order."""
@@ -209,11 +231,16 @@ class Store:
         upper = _prefix_upper_bound(prefix)
         if upper is not None:
             ropts.set_iterate_upper_bound(upper)
-        it = self._cfs[family].iter(ropts)
-        it.seek(prefix)
-        while it.valid():
-            yield it.key(), it.value()
-            it.next()
+        cf = self._cfs[family]
+        try:
+            it = cf.iter(ropts)
+            it.seek(prefix)
+            while it.valid():
+                yield it.key(), it.value()
+                it.next()
+            it.status()  # an iterator stops on a read error: tell it from the end of data
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
 
     def prefix_items(
         self, family: str, prefix: bytes, limit: int | None = None
@@ -231,48 +258,98 @@ class Store:
             upper = _prefix_upper_bound(prefix)
             if upper is not None:
                 ropts.set_iterate_upper_bound(upper)
-        items = cast(Iterator[tuple[bytes, bytes]],
-                     self._cfs[family].items(from_key=prefix, read_opt=ropts))
-        return list(items if limit is None else islice(items, limit))
+        cf = self._cfs[family]
+        try:
+            items = cast(Iterator[tuple[bytes, bytes]], cf.items(from_key=prefix, read_opt=ropts))
+            return list(items if limit is None else islice(items, limit))
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
 
     def prefix_reader(self, family: str) -> PrefixReader:
         """Many prefix reads through one iterator (see :class:`PrefixReader`)."""
         return PrefixReader(self._cfs[family], self._same_prefix
-                            if family in PREFIX_LENGTHS else ReadOptions())
+                            if family in PREFIX_LENGTHS else ReadOptions(), self.path)
 
     def items(self, family: str) -> Iterator[tuple[bytes, bytes]]:
-        it = self._cfs[family].iter(ReadOptions())
-        it.seek_to_first()
-        while it.valid():
-            yield it.key(), it.value()
-            it.next()
+        cf = self._cfs[family]
+        try:
+            it = cf.iter(ReadOptions())
+            it.seek_to_first()
+            while it.valid():
+                yield it.key(), it.value()
+                it.next()
+            it.status()
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
 
     def last_key(self, family: str) -> bytes | None:
-        it = self._cfs[family].iter(ReadOptions())
-        it.seek_to_last()
-        return it.key() if it.valid() else None
+        cf = self._cfs[family]
+        try:
+            it = cf.iter(ReadOptions())
+            it.seek_to_last()
+            if it.valid():
+                return bytes(it.key())
+            it.status()
+            return None
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
 
     def batch(self) -> Batch:
         return Batch(self)
 
     def write(self, batch: Batch) -> None:
-        self._db.write(batch._wb)
+        try:
+            self._db.write(batch._wb)
+        except Exception as exc:
+            raise store_error("write", self.path, exc) from exc
 
     def size_bytes(self) -> int:
         total = 0
-        for cf in self._cfs.values():
-            total += int(cf.property_int_value("rocksdb.total-sst-files-size") or 0)
-            total += int(cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
+        try:
+            for cf in self._cfs.values():
+                total += int(cf.property_int_value("rocksdb.total-sst-files-size") or 0)
+                total += int(cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
         return total
 
     def flush(self) -> None:
-        for cf in self._cfs.values():
-            cf.flush()
+        try:
+            for cf in self._cfs.values():
+                cf.flush()
+        except Exception as exc:
+            raise store_error("flush", self.path, exc) from exc
 
     def close(self) -> None:
         self._cfs.clear()
         self._handles.clear()
-        self._db.close()
+        try:
+            self._db.close()
+        except Exception as exc:
+            raise store_error("close", self.path, exc) from exc
+
+
+# What RocksDB's messages say, in the words an operator searches for (the message itself,
+# e.g. "IO error: No space left on device: While appending to file: .../000004.log: No
+# space left on device", stays chained to the StoreError).
+_CAUSES = (
+    ("no space left on device", "no space left on device"),
+    ("read-only file system", "read-only file system"),
+    ("input/output error", "input/output error"),
+    ("while lock file", "locked by another process"),
+    ("lock hold by current process", "already open in this process"),
+    ("permission denied", "permission denied"),
+)
+
+
+def store_error(operation: str, path: Path, exc: BaseException) -> StoreError:
+    """The StoreError for rocksdict's exception ``exc`` during ``operation``."""
+    if isinstance(exc, StoreError):
+        return exc
+    text = str(exc).strip() or type(exc).__name__
+    lowered = text.lower()
+    cause = next((short for needle, short in _CAUSES if needle in lowered), text)
+    return StoreError(operation, path, cause)
 
 
 def _prefix_upper_bound(prefix: bytes) -> bytes | None:
@@ -289,8 +366,12 @@ class PrefixReader:
     the store as it was when the reader was made, so make one per query, after the writes
     it must see."""
 
-    def __init__(self, cf: Rdict, ropts: ReadOptions) -> None:
-        self._it = cf.iter(ropts)
+    def __init__(self, cf: Rdict, ropts: ReadOptions, path: Path) -> None:
+        self._path = path
+        try:
+            self._it = cf.iter(ropts)
+        except Exception as exc:
+            raise store_error("read", path, exc) from exc
 
     def items(self, prefix: bytes, limit: int | None = None, header: bool = False
               ) -> tuple[list[bytes], list[bytes]]:
@@ -301,17 +382,22 @@ class PrefixReader:
         valid, key_of, value_of, step = it.valid, it.key, it.value, it.next  # hot loop
         keys: list[bytes] = []
         values: list[bytes] = []
-        it.seek(prefix)
-        n = len(prefix)
-        left = -1 if limit is None else limit
-        while left and valid():
-            key = key_of()
-            if key[:n] != prefix:
-                break
-            if header and key == prefix:  # only the first key can equal the prefix
-                return [key], [value_of()]
-            keys.append(key)
-            values.append(value_of())
-            step()
-            left -= 1
+        try:
+            it.seek(prefix)
+            n = len(prefix)
+            left = -1 if limit is None else limit
+            while left and valid():
+                key = key_of()
+                if key[:n] != prefix:
+                    break
+                if header and key == prefix:  # only the first key can equal the prefix
+                    return [key], [value_of()]
+                keys.append(key)
+                values.append(value_of())
+                step()
+                left -= 1
+            if not valid():
+                it.status()  # invalid after a read error, not only at the end of the data
+        except Exception as exc:
+            raise store_error("read", self._path, exc) from exc
         return keys, values

@@ -147,6 +147,9 @@ class WorkerConfig:
     shutdown_timeout_s: float = field(default=30.0, metadata=_rng(1, 3600))
     lag_interval_s: float = field(default=5.0, metadata=_rng(0.1, 3600))
     store_size_interval_s: float = field(default=30.0, metadata=_rng(0.1, 86_400))
+    # refuse to start with less free space on the store's filesystem (RocksDB needs room to
+    # flush and compact; a full disk stops the worker mid-stream)
+    min_free_mb: int = field(default=100, metadata=_rng(0, 1 << 30))
     log_level: str = field(default="INFO", metadata=_one_of("DEBUG", "INFO", "WARNING", "ERROR"))
     log_format: str = field(default="json", metadata=_one_of("json", "text"))
 

@@ -71,6 +71,13 @@ class WorkerMetrics:
         self.store_bytes = Gauge(
             "dupalign_store_bytes", "Size of the RocksDB store directory", registry=r
         )
+        self.store_free_bytes = Gauge(
+            "dupalign_store_free_bytes",
+            "Bytes available to the worker on the filesystem of the store", registry=r
+        )
+        self.store_filesystem_bytes = Gauge(
+            "dupalign_store_filesystem_bytes", "Size of the filesystem of the store", registry=r
+        )
         self.assigned_partitions = Gauge(
             "dupalign_assigned_partitions", "Input partitions assigned to this worker",
             registry=r,

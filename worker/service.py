@@ -25,9 +25,38 @@ nothing is lost and the output is the same.
   every duplicate is byte-identical except ``detected_at`` and carries the same
   ``dupalign-source`` header (topic:partition:offset), so consumers can drop it.
 
-On start and on every assignment the worker resumes from the group's committed offset. If the
-store is behind it (e.g. restored from an older backup), the worker first re-reads
-[store offset, committed offset) to rebuild its index without republishing anything.
+Failures. Only what is wrong with one record (undecodable, schema, size, no text: a
+``MessageRejected`` or the engine's ``PageRejected``) becomes a dead letter. A store failure
+(``StoreError``: disk full, I/O error, read-only file system, corruption, lock), a Kafka or
+producer failure, or any other unexpected exception stops the worker: the batch in hand is
+not committed (its transaction is aborted), ``/healthz`` answers 503, and the process exits
+with code 1 after one log line naming the cause and the offsets it committed last. Dead-
+lettering instead would commit past pages that were never stored, whose matches would then
+never be published. (An exception inside ``Engine.process`` that is not a store failure is
+a defect the page triggers and would recur on every restart: ``worker.on_engine_error``
+chooses between a dead letter, the default, and stopping.)
+
+Resuming. On start and on every assignment the worker resumes from the group's committed
+offset C, compared with the store's next offset S for that partition:
+
+* S >= C: seek C. Pages in [C, S) are in the store but their batch was not committed; the
+  engine replays their stored matches, which are published now (once, in a transaction).
+* S < C: the store lacks pages that the group has committed: a store restored from a
+  backup, a power loss that dropped unsynced RocksDB writes (the WAL is not fsynced per
+  page), a store that did not own the partition, or a commit made by something other than
+  this worker (an offset reset; older versions of this worker committed past pages they
+  dead-lettered when the store failed). The worker re-reads [S, C) to rebuild its index, and
+  must know whether the matches of that range were published. The store cannot know: what
+  it records about a batch (its pages, S) and anything it could record about the batch's
+  publication travel in the same stream of RocksDB writes, so whatever lost the pages of
+  [S, C) lost that record too, and a record the store holds only ever covers offsets below
+  S. The commit can: every commit of this worker carries the metadata ``PUBLISHED``, and is
+  made in the transaction that publishes the batch's output (transactional mode) or after
+  every send of the batch was acknowledged (otherwise), so a commit carrying it proves that
+  everything below C was published. With the mark, [S, C) is rebuilt silently; without it
+  (not known published) its output is published while it is rebuilt. While rebuilding
+  silently the worker commits nothing below C, so a crash during the rebuild resumes it,
+  again silently.
 """
 
 from __future__ import annotations
@@ -54,7 +83,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from dupalign.engine import Engine
-from dupalign.errors import ConfigError, PageRejected
+from dupalign.errors import ConfigError, PageRejected, StoreError
 from worker import messages
 from worker.config import Config, load_config
 from worker.http import HttpServer
@@ -65,6 +94,8 @@ log = logging.getLogger("dupalign.worker")
 
 SOURCE_HEADER = "dupalign-source"
 ENGINE_STAGES = ("text", "exact", "near", "passage", "store")
+# Metadata of every offset commit: the batch's output was published (see the docstring).
+PUBLISHED = "dupalign:published"
 
 
 @dataclass
@@ -100,6 +131,10 @@ class FatalError(RuntimeError):
     """Stop the worker without committing more (e.g. the store cannot be written)."""
 
 
+# Failures of the machine, never of one page: they stop the worker (see the docstring).
+SYSTEM_FAILURES = (StoreError, OSError, MemoryError, FatalError)
+
+
 class Worker:
     """One worker process: a consumer-group member with its own engine and store."""
 
@@ -119,6 +154,8 @@ class Worker:
         self.epochs: dict[TopicPartition, int] = {}
         self._epoch_counter = 0
         self.suppress_below: dict[TopicPartition, int] = {}
+        # the group's committed offset per assigned partition, for the failure log line
+        self.committed: dict[TopicPartition, int] = {}
         self.inflight: TopicPartition | None = None
         self.revoking: set[TopicPartition] = set()
         self._idle = asyncio.Event()
@@ -141,6 +178,7 @@ class Worker:
             port = await self.http.start(self.config.metrics.host, self.config.metrics.port)
             log.info("http listening", extra={"host": self.config.metrics.host, "port": port})
         try:
+            self._check_free_space()
             self.engine = await loop.run_in_executor(
                 self.executor, Engine.open, self.store_dir, self.config.engine
             )
@@ -179,9 +217,36 @@ class Worker:
         finally:
             await self._shutdown()
         if self.failure is not None and not isinstance(self.failure, asyncio.CancelledError):
-            log.error("worker failed: %s", self.failure, exc_info=self.failure)
+            self._log_failure(self.failure)
             return 1
         return 0
+
+    def _log_failure(self, exc: BaseException) -> None:
+        """One line: the cause, and where the group's offsets stand (the next start resumes
+        there). A traceback only for what is not a known failure of the store or Kafka."""
+        if self.committed:
+            tail = "nothing committed past " + ", ".join(
+                f"offset {offset} of {tp.topic}:{tp.partition}"
+                for tp, offset in sorted(self.committed.items()))
+        else:
+            tail = "nothing committed"
+        if isinstance(exc, StoreError | FatalError):
+            cause = str(exc)
+        elif isinstance(exc, KafkaError):
+            cause = f"Kafka failed: {exc!r}"
+        else:
+            cause = f"unexpected {type(exc).__name__}: {exc}"
+        known = isinstance(exc, StoreError | FatalError | KafkaError)
+        log.error("worker stopped: %s; %s", cause, tail, exc_info=None if known else exc)
+
+    def _check_free_space(self) -> None:
+        free, total = filesystem_space(self.store_dir)
+        self.metrics.store_free_bytes.set(free)
+        self.metrics.store_filesystem_bytes.set(total)
+        if free < self.wc.min_free_mb << 20:
+            raise FatalError(
+                f"refusing to start: {free / (1 << 20):.1f} MB free on the filesystem of the "
+                f"store {self.store_dir}, below worker.min_free_mb ({self.wc.min_free_mb})")
 
     def stop(self) -> None:
         """Graceful stop (SIGTERM): finish the current batch, publish, commit, close."""
@@ -224,7 +289,11 @@ class Worker:
                 await self.producer.stop()  # flushes pending sends
         if self.engine is not None:
             engine, self.engine = self.engine, None
-            await asyncio.get_running_loop().run_in_executor(self.executor, engine.close)
+            try:
+                await asyncio.get_running_loop().run_in_executor(self.executor, engine.close)
+            except StoreError as exc:  # after a store failure, closing fails the same way
+                if self.failure is None:
+                    self.failure = exc
         self.executor.shutdown(wait=True)
         if self.http is not None:
             await self.http.stop()
@@ -303,6 +372,7 @@ class Worker:
         for tp in revoked:
             self.epochs.pop(tp, None)
             self.suppress_below.pop(tp, None)
+            self.committed.pop(tp, None)
             self._paused.discard(tp)
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
@@ -328,8 +398,12 @@ class Worker:
                 producer = self._new_producer(self.transactional_id(tp))
                 await producer.start()  # InitProducerId fences a previous owner of this id
                 self.txn_producers[tp] = producer
-            committed = await self.consumer.committed(tp)
+        group = await self._group_offsets(assigned)  # after the fencing: no pending commit
+        for tp in sorted(assigned):
+            committed, published = group.get(tp, (None, False))
             in_store = stored.get((tp.topic, tp.partition))
+            if committed is not None:
+                self.committed[tp] = committed
             if committed is None and in_store is None:
                 continue  # new partition: auto_offset_reset applies
             if committed is None:
@@ -338,9 +412,15 @@ class Worker:
                             tp, in_store)
                 self.consumer.seek(tp, in_store)
             elif in_store is not None and in_store < committed:
-                log.warning("%s: store is behind the group (%d < %d); re-indexing that range "
-                            "without publishing", tp, in_store, committed)
-                self.suppress_below[tp] = committed
+                if published:
+                    log.warning("%s: store is behind the group (%d < %d), whose commit says "
+                                "that range was published; re-indexing it without publishing",
+                                tp, in_store, committed)
+                    self.suppress_below[tp] = committed
+                else:
+                    log.warning("%s: store is behind the group (%d < %d), whose commit does "
+                                "not say that range was published; re-indexing and publishing "
+                                "it", tp, in_store, committed)
                 self.consumer.seek(tp, in_store)
             else:
                 if in_store is None:
@@ -354,6 +434,19 @@ class Worker:
         self.consumer.resume(*assigned)
         self.metrics.assigned_partitions.set(len(self.epochs))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
+
+    async def _group_offsets(self, tps: Iterable[TopicPartition]
+                             ) -> dict[TopicPartition, tuple[int, bool]]:
+        """The group's committed offset per partition, and whether it carries PUBLISHED."""
+        admin = AIOKafkaAdminClient(**self.kc.client_kwargs())
+        await admin.start()
+        try:
+            found = await admin.list_consumer_group_offsets(self.kc.group_id,
+                                                            partitions=list(tps))
+        finally:
+            await admin.close()
+        return {tp: (om.offset, om.metadata == PUBLISHED) for tp, om in found.items()
+                if om.offset >= 0}
 
     # -- the pipeline ---------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
@@ -451,7 +544,7 @@ class Worker:
                 found = engine.process(page, source=source)
             except PageRejected as exc:
                 raise MessageRejected(exc.reason, exc.detail, doc_id) from None
-            except (OSError, MemoryError, FatalError):
+            except SYSTEM_FAILURES:
                 raise
             except Exception as exc:
                 if self.wc.on_engine_error == "fail":
@@ -493,7 +586,12 @@ class Worker:
         if self.epochs.get(tp) is None:
             log.warning("%s was revoked while its batch ran; not committing", tp)
             return
-        offsets = {tp: result.next_offset}
+        if not result.outgoing and result.next_offset <= self.suppress_below.get(tp, -1):
+            # rebuilding a range the group has committed as published: committing this
+            # lower offset would lose the mark; the store alone has advanced
+            self._count(result)
+            return
+        offsets = {tp: (result.next_offset, PUBLISHED)}
         t0 = time.perf_counter()
         try:
             if self.kc.transactions:
@@ -511,16 +609,24 @@ class Worker:
                 t1 = time.perf_counter()
                 await self.consumer.commit(offsets)
         except KafkaError as exc:
-            if self.epochs.get(tp) is None or getattr(exc, "retriable", False):
-                # Lost the partition (rebalance, fenced): the new owner redoes the batch.
+            if self.epochs.get(tp) is None or tp in self.revoking:
+                # Lost the partition (rebalance): the new owner redoes the batch.
                 log.warning("%s: batch not committed (%r); it will be consumed again", tp, exc)
                 return
+            # Still ours: the next batch would commit past this one, whose output is lost.
             raise
         done = time.perf_counter()
         m = self.metrics
         m.stage_seconds.labels("publish").observe(t1 - t0)
         m.stage_seconds.labels("commit").observe(done - t1)
         m.last_commit.set(time.time())
+        self.committed[tp] = result.next_offset
+        self._count(result)
+
+    def _count(self, result: BatchResult) -> None:
+        """Metrics of a batch that is done (committed, or below a published commit)."""
+        m = self.metrics
+        tp = result.tp
         for outcome, n in result.outcomes.items():
             m.pages.labels(outcome).inc(n)
         for kind, n in result.matches.items():
@@ -564,6 +670,9 @@ class Worker:
         while not self.stopping.is_set():
             size = await loop.run_in_executor(None, _dir_size, self.store_dir)
             self.metrics.store_bytes.set(size)
+            free, total = filesystem_space(self.store_dir)
+            self.metrics.store_free_bytes.set(free)
+            self.metrics.store_filesystem_bytes.set(total)
             await asyncio.sleep(self.wc.store_size_interval_s)
 
 
@@ -588,6 +697,15 @@ def _names(tps: Iterable[TopicPartition]) -> list[str]:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def filesystem_space(path: Path) -> tuple[int, int]:
+    """Bytes available to the worker and total bytes of the filesystem holding ``path`` (or
+    its nearest existing parent, before the store is created)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
 def _dir_size(path: Path) -> int:
