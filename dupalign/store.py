@@ -323,10 +323,18 @@ class Store:
     def close(self) -> None:
         self._cfs.clear()
         self._handles.clear()
+        db = self._db
+        del self._db
         try:
-            self._db.close()
+            db.close()
+            return
         except Exception as exc:
-            raise store_error("close", self.path, exc) from exc
+            error = store_error("close", self.path, exc)
+            error.__cause__ = exc
+        # After a failed close (a full or read-only disk), dropping the last reference still
+        # releases RocksDB's files; the traceback must not keep it.
+        del db
+        raise error
 
 
 # What RocksDB's messages say, in the words an operator searches for (the message itself,

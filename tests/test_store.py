@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from dupalign.errors import StoreMismatch
+from dupalign.errors import StoreError, StoreMismatch
 from dupalign.store import Store, read_u64, u64
 
 
@@ -116,3 +118,23 @@ def test_upgradable_parameters_are_upgraded_in_place(tmp_path: Path) -> None:
 def test_read_only_needs_an_existing_store(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         Store(tmp_path / "missing", {}, read_only=True)
+
+
+def test_a_store_locked_by_another_process_raises_store_error(tmp_path: Path) -> None:
+    """rocksdict raises plain Exception; the store names the operation, cause and directory."""
+    path = tmp_path / "db"
+    Store(path, {"p": 1}).close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from dupalign.store import Store; "
+         f"s = Store({str(path)!r}, {{'p': 1}}); print('open', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        with pytest.raises(StoreError) as info:
+            Store(path, {"p": 1})
+    finally:
+        holder.kill()
+        holder.wait()
+    assert str(info.value) == f"store open failed: locked by another process at {path}"
+    assert info.value.operation == "open" and "LOCK" in str(info.value.__cause__)
