@@ -35,7 +35,7 @@ from tests.test_worker_kafka import (
     wait_for,
 )
 from worker import messages
-from worker.config import Config, load_config
+from worker.config import Config, load_config, with_kafka
 from worker.service import Worker
 
 
@@ -248,14 +248,16 @@ async def _committed(topics: Topics, n: int) -> bool:
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize("transactions", [True, False])
 async def test_store_behind_a_published_commit_is_rebuilt_without_republishing(
-    kafka_bootstrap: str, tmp_path: Path
+    kafka_bootstrap: str, tmp_path: Path, transactions: bool
 ) -> None:
-    """A store restored from a backup: the group committed (and published) further."""
+    """A store restored from a backup: the group committed (and published) further. Both
+    modes mark their commits (without transactions, after the sends are acknowledged)."""
     pages = clough_pages(40)
     half = len(pages) // 2
     topics = await Topics(kafka_bootstrap, partitions=1).create()
-    config, _ = topics.config(tmp_path)
+    config = with_kafka(topics.config(tmp_path)[0], transactions=transactions)
     store, backup = tmp_path / "store", tmp_path / "backup"
     await topics.send(pages[:half])
     await run_worker_until(config, store, lambda w: _committed(topics, half), "first half")

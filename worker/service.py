@@ -437,14 +437,11 @@ class Worker:
 
     async def _group_offsets(self, tps: Iterable[TopicPartition]
                              ) -> dict[TopicPartition, tuple[int, bool]]:
-        """The group's committed offset per partition, and whether it carries PUBLISHED."""
-        admin = AIOKafkaAdminClient(**self.kc.client_kwargs())
-        await admin.start()
-        try:
-            found = await admin.list_consumer_group_offsets(self.kc.group_id,
-                                                            partitions=list(tps))
-        finally:
-            await admin.close()
+        """The group's committed offset per partition, and whether it carries PUBLISHED.
+        ``AIOKafkaConsumer.committed`` drops the metadata; the group coordinator's fetch,
+        which it calls, keeps it (and retries retriable errors the same way)."""
+        assert self.consumer is not None
+        found = await self.consumer._coordinator.fetch_committed_offsets(list(tps))
         return {tp: (om.offset, om.metadata == PUBLISHED) for tp, om in found.items()
                 if om.offset >= 0}
 
@@ -680,11 +677,13 @@ class _Listener(ConsumerRebalanceListener):
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
+    # aiokafka only logs what a listener raises: a failure here must stop the worker like
+    # one in the pipeline, not leave it in the group with partitions it never consumes
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.worker.on_revoked(revoked)
+        await self.worker._guard(self.worker.on_revoked(revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.worker.on_assigned(assigned)
+        await self.worker._guard(self.worker.on_assigned(assigned))
 
 
 def _headers(source: tuple[str, int, int]) -> list[tuple[str, bytes]]:
