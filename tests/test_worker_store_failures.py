@@ -141,6 +141,10 @@ async def run_worker_until(config: Config, store: Path, done: Callable[[Worker],
     return worker
 
 
+async def _committed(topics: Topics, n: int) -> bool:
+    return await topics.committed_total() == n
+
+
 def stored_offset(store: Path, topic: str) -> int:
     with Engine.open(store, EngineConfig(), read_only=True) as engine:
         return engine.stored_offsets()[(topic, 0)]
@@ -241,10 +245,6 @@ async def test_store_turned_read_only_stops_the_worker_and_loses_nothing(
                            "all pages after the repair")
     expected = embedded_matches(pages, tmp_path / "scan")
     assert await published_matches(topics) == collections.Counter(expected)
-
-
-async def _committed(topics: Topics, n: int) -> bool:
-    return await topics.committed_total() == n
 
 
 @pytest.mark.kafka

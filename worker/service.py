@@ -29,12 +29,12 @@ Failures. Only what is wrong with one record (undecodable, schema, size, no text
 ``MessageRejected`` or the engine's ``PageRejected``) becomes a dead letter. A store failure
 (``StoreError``: disk full, I/O error, read-only file system, corruption, lock), a Kafka or
 producer failure, or any other unexpected exception stops the worker: the batch in hand is
-not committed (its transaction is aborted), ``/healthz`` answers 503, and the process exits
-with code 1 after one log line naming the cause and the offsets it committed last. Dead-
-lettering instead would commit past pages that were never stored, whose matches would then
-never be published. (An exception inside ``Engine.process`` that is not a store failure is
-a defect the page triggers and would recur on every restart: ``worker.on_engine_error``
-chooses between a dead letter, the default, and stopping.)
+not committed (a transaction already open is aborted), ``/healthz`` answers 503, and the
+process exits with code 1 after one log line naming the cause and the offsets it committed
+last. Dead-lettering instead would commit past pages that were never stored, whose matches
+would then never be published. (An exception inside ``Engine.process`` that is not a
+store failure is a defect the page triggers and would recur on every restart:
+``worker.on_engine_error`` chooses between a dead letter, the default, and stopping.)
 
 Resuming. On start and on every assignment the worker resumes from the group's committed
 offset C, compared with the store's next offset S for that partition:
