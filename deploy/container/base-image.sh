@@ -33,12 +33,21 @@ fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# The host's locally added CA certificates (Debian's place for them) go into the image too,
+# so that a build behind a TLS-intercepting proxy the host trusts can reach PyPI; the
+# Dockerfile's `apt-get install ca-certificates` adds them to the system bundle. On most
+# machines there are none.
+hooks=()
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+    hooks+=(--customize-hook='copy-in /usr/local/share/ca-certificates /usr/local/share')
+fi
 # minbase = essential packages + apt: what debian:<suite>-slim holds, so that the
 # Dockerfile's apt-get works. Security updates as on the host.
 if ! mmdebstrap --variant=minbase --mode=root --format=tar \
         --aptopt='Acquire::Retries "3"' \
         --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
         --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+        "${hooks[@]}" \
         "$suite" "$work/rootfs.tar" \
         "deb $mirror $suite main" "deb $mirror $suite-updates main" \
         "deb ${mirror%/debian}/debian-security $suite-security main" \
@@ -47,7 +56,7 @@ if ! mmdebstrap --variant=minbase --mode=root --format=tar \
     tail -n 30 "$work/mmdebstrap.log" >&2
     exit 3
 fi
-if ! podman import --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' \
+if ! podman import -q --change 'CMD ["/bin/bash"]' --change 'ENV LANG=C.UTF-8' \
         --message "mmdebstrap minbase $suite" "$work/rootfs.tar" "$image" >/dev/null; then
     echo "base-image.sh: podman import failed" >&2
     exit 4
