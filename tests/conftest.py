@@ -72,8 +72,8 @@ def prometheus_bin() -> Path:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.environ.get("DUPALIGN_CONTAINER_TESTS") == "1":
         return
-    skip = pytest.mark.skip(reason="container build and run take minutes: set "
-                                   "DUPALIGN_CONTAINER_TESTS=1 (needs podman, see deploy/README.md)")
+    skip = pytest.mark.skip(reason="container build and run take minutes: set DUPALIGN_"
+                                   "CONTAINER_TESTS=1 (needs podman, see deploy/README.md)")
     for item in items:
         if "container" in item.keywords:
             item.add_marker(skip)

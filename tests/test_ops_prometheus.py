@@ -143,7 +143,8 @@ def prometheus_config(target: str) -> str:
     """deploy/prometheus/prometheus.yml with the compose target replaced by the loopback
     worker and 1 s intervals (the test cannot wait for 10 s scrapes)."""
     text = (PROM_DIR / "prometheus.yml").read_text()
-    for old, new in (('"worker:9464"', f'"{target}"'), ("scrape_interval: 10s", "scrape_interval: 1s"),
+    for old, new in (('"worker:9464"', f'"{target}"'),
+                     ("scrape_interval: 10s", "scrape_interval: 1s"),
                      ("evaluation_interval: 10s", "evaluation_interval: 1s")):
         assert old in text, f"prometheus.yml changed: {old!r} not found, update this test"
         text = text.replace(old, new)
