@@ -5,7 +5,8 @@
 # Two host limits are recognised (both found in sandboxed VMs):
 # * root without CAP_SYS_RESOURCE: podman asks for RLIMIT_NOFILE=1048576 and a large
 #   RLIMIT_NPROC in every container, and the runtime fails with
-#   "setrlimit `RLIMIT_NPROC`: Operation not permitted". podman itself lowers its own
+#   "setrlimit `RLIMIT_NOFILE`: Operation not permitted" (then the same for RLIMIT_NPROC
+#   once nofile matches the host's hard limit). podman itself lowers its own
 #   RLIMIT_NPROC to 32768 at start, so the container gets that and the host's open-files limit.
 # * a hybrid cgroup v1/v2 hierarchy, which crun refuses ("cgroups in hybrid mode not
 #   supported, drop all controllers from cgroupv2"): use runc when it is installed.
