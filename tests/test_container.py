@@ -1,7 +1,9 @@
 """deploy/Dockerfile built with podman from a Debian base image made of Debian packages
 (deploy/container/base-image.sh, no registry needed) and run on the host network against the
-test broker: it consumes pages, publishes the same matches as the embedded engine, sends
-malformed input to the DLQ, answers its health check and stops cleanly on SIGTERM.
+test broker, with compose's configuration (deploy/dupalign.toml mounted, the Kafka address
+and topics from the environment): it consumes pages, publishes the same matches as the
+embedded engine with that configuration, sends malformed input to the DLQ, answers its
+health check and stops cleanly on SIGTERM.
 
 Minutes of work (base image ~1 min once, image build ~3 min when the sources changed), so
 marked ``container``: runs only with DUPALIGN_CONTAINER_TESTS=1 (see conftest.py)."""
@@ -16,15 +18,18 @@ from pathlib import Path
 
 import pytest
 
+from dupalign.engine import Engine
 from tests.test_ops_prometheus import free_port, http_get, pages_for_round
-from tests.test_worker_kafka import Topics, embedded_matches, match_key, wait_for
+from tests.test_worker_kafka import Topics, match_key, wait_for
 from worker import messages
+from worker.config import load_config
 
 pytestmark = [pytest.mark.container, pytest.mark.kafka]
 
 REPO = Path(__file__).resolve().parent.parent
 CONTAINER_DIR = REPO / "deploy" / "container"
 IMAGE = "localhost/dupalign:test"
+COMPOSE_CONFIG = REPO / "deploy" / "dupalign.toml"
 
 
 def run(cmd: list[str], timeout: float, what: str) -> str:
@@ -57,13 +62,15 @@ async def test_image_consumes_pages_and_publishes_matches(
 ) -> None:
     tag, args = image
     topics = await Topics(kafka_bootstrap, partitions=1).create()
-    _, config = topics.config(tmp_path)
-    config.chmod(0o644)  # read by the image's unprivileged user
     port = free_port()
+    env = {"DUPALIGN_KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+           "DUPALIGN_KAFKA_INPUT_TOPIC": topics.pages,
+           "DUPALIGN_KAFKA_OUTPUT_TOPIC": topics.matches, "DUPALIGN_KAFKA_DLQ_TOPIC": topics.dlq,
+           "DUPALIGN_KAFKA_GROUP_ID": topics.group, "DUPALIGN_METRICS_PORT": str(port)}
     name = f"dupalign-test-{uuid.uuid4().hex[:8]}"
     run(["podman", "run", "-d", "--name", name, *args, "--network", "host",
-         "-e", f"DUPALIGN_METRICS_PORT={port}",
-         "-v", f"{config}:/etc/dupalign/dupalign.toml:ro", tag], 120, "podman run")
+         *[f"--env={k}={v}" for k, v in env.items()],
+         "-v", f"{COMPOSE_CONFIG}:/etc/dupalign/dupalign.toml:ro", tag], 120, "podman run")
     pages = pages_for_round(0) + pages_for_round(1)
     try:
         await topics.send(pages)
@@ -86,7 +93,9 @@ async def test_image_consumes_pages_and_publishes_matches(
                        check=False)
     published = [match_key(messages.decode_match(r.value))
                  for r in await topics.read(topics.matches)]
-    expected = embedded_matches(pages, tmp_path / "embedded")
+    engine_config = load_config(COMPOSE_CONFIG, env={}).engine
+    with Engine.open(tmp_path / "embedded", engine_config) as engine:
+        expected = [match_key(m.to_dict(0)) for page in pages for m in engine.process(page)]
     assert {k[1] for k in expected} == {"exact", "near", "passage"}
     assert collections.Counter(published) == collections.Counter(expected)
     dead = [messages.decode_dead_letter(r.value) for r in await topics.read(topics.dlq)]
