@@ -200,9 +200,9 @@ def live(prometheus_bin: Path, kafka_bootstrap: str,
             asyncio.run(topics.send(pages_for_round(r)))
             asyncio.run(topics.send_raw([(b"bad", b"\xc1 not msgpack")]))
             handled = MESSAGES_PER_ROUND * (r + 1)
-            stack.wait(lambda n=handled: stack.value("sum(dupalign_pages_total)") == n,  # type: ignore[misc]
+            stack.wait(lambda n=handled: stack.value("sum(dupalign_pages_total)") == n,
                        f"{handled} messages handled and scraped")
-            time.sleep(2.5)  # a few scrapes and rule evaluations with the counters still
+            time.sleep(2.5)  # a few more scrapes and rule evaluations at this level
         yield stack
     finally:
         stop(worker)
