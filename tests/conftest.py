@@ -6,6 +6,11 @@ the session ends. No mocks of Kafka.
   where they fail (CI must never pass without having run them).
 * Any other broker failure fails the tests that need it, with the script's output.
 * DUPALIGN_TEST_BOOTSTRAP=HOST:PORT uses an already running broker instead.
+
+``prometheus_bin`` is the directory holding Prometheus and promtool from Debian's package
+(deploy/prometheus/install.sh fetches and caches them): skipped where the package is not
+available, failed under CI=true. Tests marked ``container`` build and run the image with
+podman; they take minutes, so they run only with DUPALIGN_CONTAINER_TESTS=1.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SH = REPO / "deploy" / "kafka" / "broker.sh"
-TOOLS_MISSING = 2  # broker.sh exit code: java/mvn absent
+PROMETHEUS_SH = REPO / "deploy" / "prometheus" / "install.sh"
+TOOLS_MISSING = 2  # broker.sh and install.sh exit code: the tools are not available here
 
 
 def _in_ci() -> bool:
@@ -49,3 +55,25 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         subprocess.run(["bash", str(BROKER_SH), "stop", str(broker_dir)], check=False,
                        capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def prometheus_bin() -> Path:
+    proc = subprocess.run(["bash", str(PROMETHEUS_SH)], capture_output=True, text=True,
+                          timeout=600, check=False)
+    if proc.returncode != 0:
+        message = f"Prometheus not available (install.sh exit {proc.returncode}): {proc.stderr}"
+        if proc.returncode == TOOLS_MISSING and not _in_ci():
+            pytest.skip(message.strip())
+        pytest.fail(message, pytrace=False)
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("DUPALIGN_CONTAINER_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="container build and run take minutes: set DUPALIGN_"
+                                   "CONTAINER_TESTS=1 (needs podman, see deploy/README.md)")
+    for item in items:
+        if "container" in item.keywords:
+            item.add_marker(skip)

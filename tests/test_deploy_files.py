@@ -1,0 +1,89 @@
+"""What compose and the Kubernetes manifests assume about the image, the worker and each
+other, checked where no cluster or registry is at hand: the configurations load with the
+worker's own loader, and ports, paths, users and mounts agree across the files. (The image
+itself is run by test_container.py, Prometheus and the dashboard by test_ops_prometheus.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from worker.config import load_config
+
+DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+
+
+def load_yaml(name: str) -> Any:
+    return yaml.safe_load((DEPLOY / name).read_text())
+
+
+def dockerfile_cmd() -> list[str]:
+    lines = re.findall(r"^CMD (\[.*\])$", (DEPLOY / "Dockerfile").read_text(), re.M)
+    return list(json.loads(lines[-1]))
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_shipped_configurations_load(tmp_path: Path) -> None:
+    compose = load_config(DEPLOY / "dupalign.toml", env={})
+    configmap = tmp_path / "configmap.toml"
+    configmap.write_text(load_yaml("k8s/configmap.yaml")["data"]["dupalign.toml"])
+    k8s = load_config(configmap, env={})
+    for config in (compose, k8s):
+        assert config.metrics.port == 9464 and config.metrics.host == "0.0.0.0"
+
+
+def test_kubernetes_agrees_with_the_image_and_itself() -> None:
+    sts = load_yaml("k8s/statefulset.yaml")
+    pod = sts["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["args"] == dockerfile_cmd()
+    uid = re.search(r"useradd --uid (\d+)", (DEPLOY / "Dockerfile").read_text())
+    assert uid and pod["spec"]["securityContext"]["runAsUser"] == int(uid.group(1))
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    args = container["args"]
+    assert PurePosixPath(flag(args, "--store")).parent == PurePosixPath(mounts["store"])
+    assert PurePosixPath(flag(args, "--config")).parent == PurePosixPath(mounts["config"])
+    assert {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]} == {"store"}
+    (port,) = container["ports"]
+    service = load_yaml("k8s/service.yaml")
+    assert port["containerPort"] == 9464 == service["spec"]["ports"][0]["port"]
+    assert service["spec"]["ports"][0]["targetPort"] == port["name"]
+    for notes in (pod["metadata"]["annotations"], service["metadata"]["annotations"]):
+        assert notes["prometheus.io/port"] == str(port["containerPort"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == port["name"]
+    resources = set(load_yaml("k8s/kustomization.yaml")["resources"])
+    shipped = {p.name for p in (DEPLOY / "k8s").glob("*.yaml")}
+    assert resources == shipped - {"kustomization.yaml", "secret.example.yaml"}
+
+
+def test_compose_mounts_what_the_services_read() -> None:
+    services = load_yaml("docker-compose.yml")["services"]
+    worker = services["worker"]
+    config_mount = {v.split(":")[1]: v.split(":")[0] for v in worker["volumes"]}
+    assert config_mount[flag(dockerfile_cmd(), "--config")] == "./dupalign.toml"
+    assert worker["build"]["dockerfile"] == "deploy/Dockerfile"
+    # Prometheus: the config and the rules it names (relative paths) in one directory, and
+    # the scrape target is the worker service on its metrics port.
+    prom = {v.split(":")[0]: v.split(":")[1] for v in services["prometheus"]["volumes"]}
+    config_in = PurePosixPath(prom["./prometheus/prometheus.yml"])
+    prom_config = load_yaml("prometheus/prometheus.yml")
+    for rule_file in prom_config["rule_files"]:
+        assert str(config_in.parent / rule_file) in prom.values(), rule_file
+    (job,) = prom_config["scrape_configs"]
+    port = load_config(DEPLOY / "dupalign.toml", env={}).metrics.port
+    assert job["static_configs"][0]["targets"] == [f"worker:{port}"]
+    # Grafana: the provisioned dashboard folder is where the dashboards are mounted, and the
+    # datasource is the prometheus service.
+    grafana = {v.split(":")[0]: v.split(":")[1] for v in services["grafana"]["volumes"]}
+    (provider,) = load_yaml("grafana/provisioning/dashboards/dupalign.yml")["providers"]
+    assert grafana["./grafana/dashboards"] == provider["options"]["path"]
+    (source,) = load_yaml("grafana/provisioning/datasources/prometheus.yml")["datasources"]
+    assert source["url"] == "http://prometheus:9090" and "prometheus" in services
