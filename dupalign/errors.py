@@ -23,3 +23,8 @@ class ConfigError(ValueError):
 
 class StoreMismatch(RuntimeError):
     """The store was created with engine parameters that differ from the requested ones."""
+
+
+class StoreUnavailable(RuntimeError):
+    """The store directory cannot be opened: missing (for a reader), not a directory, not
+    writable, or locked by another process. The message says which, in one line."""

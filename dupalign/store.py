@@ -27,7 +27,7 @@ from rocksdict import (
     WriteBatch,
 )
 
-from dupalign.errors import StoreMismatch
+from dupalign.errors import StoreMismatch, StoreUnavailable
 
 FAMILIES = (
     "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables
@@ -145,18 +145,29 @@ class Store:
         opts = _options()
         if read_only:
             if not (self.path / "CURRENT").exists():
-                raise FileNotFoundError(f"no store at {self.path}")
+                raise StoreUnavailable(f"no store at {self.path}" + (
+                    " (the directory exists but holds no dupalign store)"
+                    if self.path.is_dir() else ""))
             access = AccessType.read_only()
         else:
-            self.path.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and not self.path.is_dir():
+                raise StoreUnavailable(f"store path {self.path} is a file, not a directory")
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot create the store directory {self.path}: "
+                                       f"{exc.strerror}") from None
             access = AccessType.read_write()
         cache = Cache(block_cache_bytes)
         families = {name: _options(name, cache) for name in FAMILIES}
-        if (self.path / "CURRENT").exists():
-            existing = set(Rdict.list_cf(str(self.path), opts))
-            if read_only:
-                families = {n: o for n, o in families.items() if n in existing}
-        self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
+        try:
+            if (self.path / "CURRENT").exists():
+                existing = set(Rdict.list_cf(str(self.path), opts))
+                if read_only:
+                    families = {n: o for n, o in families.items() if n in existing}
+            self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
+        except Exception as exc:  # rocksdict raises plain Exception("IO error: ...")
+            raise StoreUnavailable(_open_failure(self.path, str(exc))) from None
         self._handles = {name: self._db.get_column_family_handle(name) for name in families}
         self._cfs = {name: self._db.get_column_family(name) for name in families}
         self._same_prefix = ReadOptions()
@@ -273,6 +284,42 @@ class Store:
         self._cfs.clear()
         self._handles.clear()
         self._db.close()
+
+
+def _open_failure(path: Path, error: str) -> str:
+    """One line saying why RocksDB could not open ``path`` (and who holds its lock)."""
+    if "lock" in error.lower():
+        holder = lock_holder(path / "LOCK")
+        who = f" by {holder}" if holder else " by another process"
+        if "current process" in error:
+            who = " by this process (it is already open)"
+        return (f"store {path} is locked{who}: one process at a time can write a store "
+                "(stop it, or use another --store)")
+    if "Permission denied" in error or "Read-only file system" in error:
+        return f"store {path} is not writable: {error}"
+    return f"cannot open store {path}: {error}"
+
+
+def lock_holder(lock_file: Path) -> str | None:
+    """'pid N (command)' of the process holding a POSIX lock on ``lock_file``, from
+    /proc/locks (Linux); None if unknown."""
+    try:
+        inode = lock_file.stat().st_ino
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+        fields = line.split()
+        if len(fields) > 5 and fields[5].rsplit(":", 1)[-1] == str(inode):
+            pid = fields[4]
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                cmd = ""
+            return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "")
+    return None
 
 
 def _prefix_upper_bound(prefix: bytes) -> bytes | None:

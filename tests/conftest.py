@@ -6,6 +6,10 @@ the session ends. No mocks of Kafka.
   where they fail (CI must never pass without having run them).
 * Any other broker failure fails the tests that need it, with the script's output.
 * DUPALIGN_TEST_BOOTSTRAP=HOST:PORT uses an already running broker instead.
+
+Tests marked ``testdata`` read the shared corpora in ``$DUPALIGN_SHARED/testdata`` (default
+``../shared/testdata``): without them they are skipped with that reason, except under CI=true,
+where they fail.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.corpora import TESTDATA
+
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SH = REPO / "deploy" / "kafka" / "broker.sh"
 TOOLS_MISSING = 2  # broker.sh exit code: java/mvn absent
@@ -24,6 +30,15 @@ TOOLS_MISSING = 2  # broker.sh exit code: java/mvn absent
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("testdata") is not None and not TESTDATA.is_dir():
+        message = (f"needs the shared test corpora: {TESTDATA} not found "
+                   "(set DUPALIGN_SHARED to the folder holding testdata/)")
+        if _in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
 
 
 @pytest.fixture(scope="session")

@@ -349,7 +349,7 @@ def test_long_list_markers(tmp_path: Path) -> None:
 
 # -- real text: Clough & Stevenson ------------------------------------------------------------
 
-needs_testdata = pytest.mark.skipif(not corpora.CLOUGH.exists(), reason="testdata not available")
+needs_testdata = pytest.mark.testdata
 
 # Measured criterion for "copied": the share of an answer's distinct word 3-grams found in its
 # task's original. The corpus labels are noisy (g2pE_taskc and g4pD_taskb are `cut` with

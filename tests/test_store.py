@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from dupalign.errors import StoreMismatch
+from dupalign.errors import StoreMismatch, StoreUnavailable
 from dupalign.store import Store, read_u64, u64
 
 
@@ -114,5 +114,5 @@ def test_upgradable_parameters_are_upgraded_in_place(tmp_path: Path) -> None:
         Store(tmp_path / "b", {"format": 3, "k": 64}, upgrades=upgrades)
 
 def test_read_only_needs_an_existing_store(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(StoreUnavailable, match="no store at"):
         Store(tmp_path / "missing", {}, read_only=True)
