@@ -315,7 +315,7 @@ def lock_holder(lock_file: Path) -> str | None:
             pid = fields[4]
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                    cmd = " ".join(fh.read().decode(errors="replace").replace("\0", " ").split())
             except OSError:
                 cmd = ""
             return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "")
