@@ -8,7 +8,8 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,17 +166,24 @@ def test_an_error_is_one_line_and_an_exit_code(case: Case, tmp_path: Path) -> No
         assert not (tmp_path / "s").exists(), "nothing may be created before the checks pass"
 
 
-def test_a_locked_store_names_the_process_that_holds_it(tmp_path: Path) -> None:
+@contextmanager
+def store_held_open(path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process with the store at ``path`` open for writing (it holds the lock)."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom dupalign.store import Store\n"
-         f"s = Store({str(tmp_path / 's')!r}, {{'format': 5}})\nprint('open', flush=True)\n"
+        [sys.executable, "-c", "import sys\nfrom dupalign.store import Store\n"
+         f"s = Store({str(path)!r}, {{'format': 5}})\nprint('open', flush=True)\n"
          "sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
-        run = dupalign("scan", RFC2821, "--store", "s", cwd=tmp_path)
+        yield holder
     finally:
         holder.communicate("", timeout=30)
+
+
+def test_a_locked_store_names_the_process_that_holds_it(tmp_path: Path) -> None:
+    with store_held_open(tmp_path / "s") as holder:
+        run = dupalign("scan", RFC2821, "--store", "s", cwd=tmp_path)
     assert run.returncode == Exit.STORE and "Traceback" not in run.stderr
     [line] = run.stderr.strip().splitlines()
     assert line.startswith(f"dupalign scan: store s is locked by pid {holder.pid} ("), line
@@ -228,18 +236,8 @@ def test_a_failed_start_leaves_the_previous_output_alone(problem: str, tmp_path:
         (tmp_path / store).write_text("a file")
     elif problem == "missing input":
         inputs.append("nothere.txt")
-    holder = None
-    if problem == "locked store":
-        holder = subprocess.Popen(
-            [sys.executable, "-c", "import sys\nfrom dupalign.store import Store\n"
-             f"s = Store({str(tmp_path / store)!r}, {{'format': 5}})\nprint('open', flush=True)"
-             "\nsys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
-    try:
+    with store_held_open(tmp_path / store) if problem == "locked store" else nullcontext():
         run = dupalign("scan", *inputs, "--store", store, "--out", out, cwd=tmp_path)
-    finally:
-        if holder is not None:
-            holder.communicate("", timeout=30)
     assert out.read_text() == '{"kept": true}\n'
     assert run.returncode in (Exit.INPUT, Exit.STORE), run.stderr
     assert "Traceback" not in run.stderr
