@@ -12,12 +12,14 @@ rm -rf "$work/store"; mkdir -p "$work"
 "$here/.venv/bin/python" - "$work/matches.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-print(f"{'page':<30} {'kind':<8} {'matches':<30} {'est':>5}  spans (tokens in page ~ tokens in match)")
+def short(doc_id: str, width: int = 36) -> str:
+    return doc_id if len(doc_id) <= width else "…" + doc_id[-(width - 1):]
+print(f"{'page':<36} {'kind':<8} {'matches':<36} {'est':>5}  spans (tokens in page ~ tokens in match)")
 for m in rows:
     spans = m.get("spans") or []
     shown = ", ".join(f"{s['tokens'][0]}-{s['tokens'][1]}~{s['match_tokens'][0]}-{s['match_tokens'][1]}"
                       for s in spans[:3]) + (f" (+{len(spans) - 3})" if len(spans) > 3 else "")
-    print(f"{m['doc_id'][-30:]:<30} {m['kind']:<8} {m['match_doc_id'][-30:]:<30} "
+    print(f"{short(m['doc_id']):<36} {m['kind']:<8} {short(m['match_doc_id']):<36} "
           f"{m.get('est_jaccard', 0):5.2f}  {shown}")
 kinds = {}
 for m in rows:

@@ -56,7 +56,7 @@ class Progress:
 
     def _line(self, status: str) -> None:
         extra = f", {status}" if status else ""
-        print(f"{self.count} {self.unit}, {self.rate():.0f} {self.unit}/s{extra}",
+        print(f"{self.count} {self.unit}, {self.rate():.1f} {self.unit}/s{extra}",
               file=self.stream, flush=True)
 
 
