@@ -115,7 +115,8 @@ async def produce_files(
 
 def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="FILE",
-                        help="JSON Lines (.jsonl[.gz]) or WARC (.warc[.gz]) files")
+                        help="JSON Lines (.jsonl[.gz]), WARC (.warc[.gz]), a directory of "
+                        ".txt/.html files, or one document (page ids as for `scan`)")
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
                         help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
     parser.add_argument("--topic", help="target topic (default: kafka.input_topic, 'pages')")
