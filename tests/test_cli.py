@@ -13,7 +13,9 @@ from tests.corpora import DEMO, WARC
 from worker.cli import main
 from worker.inputs import InputError, iter_input
 
-WARCS = sorted(WARC.glob("*.warc.gz"))
+# without the shared corpora, one placeholder item that the `testdata` marker skips (or fails
+# under CI) with the reason, rather than an empty parameter set
+WARCS = sorted(WARC.glob("*.warc.gz")) or [WARC / "*.warc.gz"]
 
 
 def test_the_demo_warc_parses() -> None:
@@ -93,3 +95,37 @@ def test_query_reads_a_store(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["query", "--file", str(rewrite), "--store", str(tmp_path / "s")]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert rows and rows[0]["match_doc_id"] == orig.as_posix() and rows[0]["spans"]
+
+
+def test_progress_off_a_terminal_is_whole_lines() -> None:
+    """Not a TTY: with --progress, complete lines (a log never gets "\\r"-joined text);
+    without it, nothing but the messages."""
+    import io
+
+    from worker.progress import Progress
+
+    for lines in (True, False):
+        stream = io.StringIO()
+        progress = Progress(stream, enabled=True, lines=lines, every_s=0)
+        for _ in range(3):
+            progress.update(1, "2 matches")
+        progress.write("skipped x.jsonl:3: bad")
+        progress.close()
+        text = stream.getvalue()
+        assert "\r" not in text and text.endswith("\n")
+        shown = [line.split(",")[0] for line in text.splitlines()]
+        assert shown == (["1 pages", "2 pages", "3 pages"] if lines else []) + [
+            "skipped x.jsonl:3: bad"]
+
+
+def test_stats_is_a_table_or_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = str(tmp_path / "s")
+    assert main(["scan", str(DEMO / "rfc"), "--store", store, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["stats", "--store", store]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == f"store {store}"
+    assert table[1].split() == ["pages", "4"] and "frozen parameters" in table
+    assert main(["stats", "--store", store, "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["pages"] == 4 and stats["params"]["seed"] == 24301

@@ -381,7 +381,6 @@ def _inside(tokens: Tokens, char_ranges: list[tuple[int, int]]) -> np.ndarray:
     return m
 
 
-@needs_testdata
 def _stored_lists(store_dir: Path, cfg: EngineConfig) -> tuple[dict[bytes, list[Any]], int]:
     """Every inverted list in the store as (ordinal, rectangle) entries in key order, read
     key by key (runs unpacked here, independently of the engine), and the number of runs."""
@@ -445,6 +444,7 @@ def test_packed_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert packed_c.keys_read < plain_c.keys_read
 
 
+@needs_testdata
 def test_clough_default_config(tmp_path: Path) -> None:
     found, texts = _clough_store(tmp_path)
     answers = corpora.clough_answers()
