@@ -184,7 +184,12 @@ class Store:
             self.params = dict(params)
             return
         self.params = {**implied, **msgpack.unpackb(stored)}
-        if read_only:
+        if read_only:  # a reader takes the store's parameters, if it can read its format
+            has, reads = self.params.get("format"), params.get("format")
+            if "format" in params and has != reads and has not in upgrades.get("format", ()):
+                raise StoreMismatch(f"store {self.path} has format {has!r}, which this version "
+                                    f"of dupalign does not read (it reads format {reads!r} and "
+                                    "the ones it upgrades); rebuild the store")
             return
         diff = {
             k: (self.params.get(k), params.get(k))

@@ -90,6 +90,11 @@ def _store_other_version(tmp: Path) -> list[str]:
     return ["scan", str(RFC2821), "--store", "s"]
 
 
+def _stats_other_version(tmp: Path) -> list[str]:
+    Store(tmp / "s", {"format": 1}).close()
+    return ["stats", "--store", "s"]
+
+
 def _query_missing_store(tmp: Path) -> list[str]:
     return ["query", "some text", "--store", "nostore"]
 
@@ -137,6 +142,8 @@ CASES = [
          "seed: store has 1, asked for 24301"),
     Case("store of another version", _store_other_version, Exit.STORE,
          "format: store has 1, asked for 5"),
+    Case("stats on a store of another version", _stats_other_version, Exit.STORE,
+         "store s has format 1, which this version of dupalign does not read"),
     Case("query without a store", _query_missing_store, Exit.STORE, "no store at nostore"),
     Case("stats without a store", _stats_missing_store, Exit.STORE, "no store at nostore"),
     Case("every page rejected", _every_page_rejected, Exit.NOTHING_DONE,
