@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -132,6 +133,9 @@ def run_produce(args: argparse.Namespace) -> int:
     check_inputs(args.inputs)
     check_broker_reachable(config.kafka.bootstrap_servers)
     topic = args.topic or config.kafka.input_topic
+    # every failure reaches us as an exception, reported below in one line: aiokafka's own
+    # log lines about it would only say it again, in another format
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
         stats = asyncio.run(produce_files(args.inputs, config.kafka, topic, args.limit, progress))
