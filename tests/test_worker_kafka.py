@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -325,3 +327,20 @@ async def test_malformed_messages_go_to_dlq_while_pages_flow(
     assert sum(sample(worker, "dupalign_dead_letters_total", reason=r)
                for r in {b[2] for b in bad}) == len(bad)
     assert await topics.committed_total() == len(values)
+
+
+async def test_a_stop_before_the_loops_ran_leaves_no_coroutine_unawaited(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Issue 14: a worker stopped before its loops had run printed "RuntimeWarning: coroutine
+    'Worker._fetch_loop' was never awaited" (the tasks wrapped coroutines made in advance)."""
+    topics = await Topics(kafka_bootstrap, partitions=1).create()
+    config, _ = topics.config(tmp_path)
+    worker = Worker(config, tmp_path / "store")
+    worker.stop()  # already stopping: the loops' tasks are cancelled before their first step
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert await worker.run() == 0
+        del worker  # its finished tasks hold what they ran: collect it all
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
