@@ -129,3 +129,16 @@ def test_stats_is_a_table_or_json(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["stats", "--store", store, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["pages"] == 4 and stats["params"]["seed"] == 24301
+
+
+def test_help_imports_neither_the_engine_nor_kafka() -> None:
+    """`dupalign --help` stays fast (README: about 0.1 s) because it imports no heavy module;
+    timed by hand, not here: this checks the cause."""
+    code = ("import sys\nfrom worker.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "heavy = {'dupalign.engine', 'numba', 'numpy', 'rocksdict', 'aiokafka', 'fastwarc'}\n"
+            "print(sorted(heavy & set(sys.modules)))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout
