@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The real thing, locally: start a single-node Kafka broker (official Maven Central jars),
-# publish a real corpus (Clough & Stevenson originals + answers, a WARC crawl) to `pages`,
-# run the worker, print matches from `matches` as they arrive, then stop everything cleanly.
+# create the topics, publish the demo corpus shipped in demo/ (LLVM documentation pages of two
+# releases, RFCs that rewrite earlier ones, a small WARC crawl) to `pages`, run the worker,
+# print matches from `matches` as they arrive, then stop everything cleanly.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-shared=${DUPALIGN_SHARED:-$here/../shared}
 work=${DUPALIGN_DEMO_DIR:-$here/var/demo}
 bin=$here/.venv/bin
+demo=$here/demo
 rm -rf "$work/store" "$work/kafka"; mkdir -p "$work"
 
 worker_pid=""
@@ -21,13 +22,35 @@ trap cleanup EXIT
 bootstrap=$(bash "$here/deploy/kafka/broker.sh" start "$work/kafka")
 echo "demo: broker at $bootstrap"
 
+# Topics exist and the group coordinator answers before any client uses them: otherwise the
+# worker's first metadata and group requests log errors while the broker creates them.
+"$bin/python" - "$bootstrap" <<'PY'
+import asyncio, logging, sys
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # the coordinator is expected late
+
+async def main(bootstrap: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(t, 1, 1) for t in ("pages", "matches", "pages.dlq")])
+    finally:
+        await admin.close()
+    probe = AIOKafkaConsumer("matches", bootstrap_servers=bootstrap, group_id="demo-warm-up")
+    await probe.start()  # waits until the group coordinator is available
+    await probe.stop()
+
+asyncio.run(main(sys.argv[1]))
+PY
+
 "$bin/dupalign" worker --bootstrap "$bootstrap" --store "$work/store" --metrics-port 0 \
   --log-level WARNING &
 worker_pid=$!
 
-clough=$shared/testdata/clough
-"$bin/dupalign" produce --bootstrap "$bootstrap" --topic pages \
-  "$clough"/orig_task*.txt "$clough"/g*.txt "$shared/testdata/warc/sample-0000.warc.gz"
+"$bin/dupalign" produce --bootstrap "$bootstrap" --topic pages --quiet \
+  "$demo/llvm-docs" "$demo/rfc" "$demo/web/creativecommons.org.warc.gz"
 
 # Print matches as they arrive; stop after 20 s without a new one (or 5 minutes in all).
 "$bin/python" - "$bootstrap" <<'PY'

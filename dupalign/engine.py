@@ -73,6 +73,18 @@ class Engine:
     def open(
         cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False
     ) -> Engine:
+        """Open (or create) the store in directory ``store_dir`` and load its in-memory
+        indexes (the simhash table, idf counts) from it.
+
+        ``config``: defaults if None. A new store records the config's frozen parameters;
+        an existing one must have been made with the same (older store formats are
+        upgraded in place when opened for writing), else StoreMismatch. ``read_only``: no
+        write, no lock, the store must exist, and the engine takes the store's frozen
+        parameters whatever ``config`` says (``process`` then raises). Raises
+        StoreUnavailable if the directory cannot be used (missing for a reader, a file,
+        not writable, locked by another process). Close the engine (or use ``with``).
+        Library users may prefer the facade ``dupalign.open`` (dupalign/api.py).
+        """
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
                       implied=IMPLIED_PARAMS, upgrades=PARAM_UPGRADES,

@@ -36,3 +36,12 @@ class StoreError(RuntimeError):
         self.operation = operation
         self.path = path
         self.cause = cause
+
+
+class StoreUnavailable(StoreError):
+    """The store directory cannot be opened: missing (for a reader), not a directory, not
+    writable, or locked by another process. The message says which, in one line."""
+
+    def __init__(self, message: str) -> None:
+        RuntimeError.__init__(self, message)
+        self.operation, self.path, self.cause = "open", None, message

@@ -33,7 +33,7 @@ from rocksdict import (
     WriteBatch,
 )
 
-from dupalign.errors import StoreError, StoreMismatch
+from dupalign.errors import StoreError, StoreMismatch, StoreUnavailable
 
 FAMILIES = (
     "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables
@@ -151,10 +151,18 @@ class Store:
         opts = _options()
         if read_only:
             if not (self.path / "CURRENT").exists():
-                raise FileNotFoundError(f"no store at {self.path}")
+                raise StoreUnavailable(f"no store at {self.path}" + (
+                    " (the directory exists but holds no dupalign store)"
+                    if self.path.is_dir() else ""))
             access = AccessType.read_only()
         else:
-            self.path.mkdir(parents=True, exist_ok=True)
+            if self.path.exists() and not self.path.is_dir():
+                raise StoreUnavailable(f"store path {self.path} is a file, not a directory")
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot create the store directory {self.path}: "
+                                       f"{exc.strerror}") from None
             access = AccessType.read_write()
         cache = Cache(block_cache_bytes)
         families = {name: _options(name, cache) for name in FAMILIES}
@@ -163,12 +171,11 @@ class Store:
                 existing = set(Rdict.list_cf(str(self.path), opts))
                 if read_only:
                     families = {n: o for n, o in families.items() if n in existing}
-            self._db = Rdict(str(self.path), opts, column_families=families,
-                             access_type=access)
-            self._handles = {name: self._db.get_column_family_handle(name) for name in families}
-            self._cfs = {name: self._db.get_column_family(name) for name in families}
-        except Exception as exc:
-            raise store_error("open", self.path, exc) from exc
+            self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
+        except Exception as exc:  # rocksdict raises plain Exception("IO error: ...")
+            raise StoreUnavailable(_open_failure(self.path, str(exc))) from None
+        self._handles = {name: self._db.get_column_family_handle(name) for name in families}
+        self._cfs = {name: self._db.get_column_family(name) for name in families}
         self._same_prefix = ReadOptions()
         self._same_prefix.set_prefix_same_as_start(True)
         self._check_params(params, read_only, implied or {}, upgrades or {})
@@ -183,7 +190,12 @@ class Store:
             self.params = dict(params)
             return
         self.params = {**implied, **msgpack.unpackb(stored)}
-        if read_only:
+        if read_only:  # a reader takes the store's parameters, if it can read its format
+            has, reads = self.params.get("format"), params.get("format")
+            if "format" in params and has != reads and has not in upgrades.get("format", ()):
+                raise StoreMismatch(f"store {self.path} has format {has!r}, which this version "
+                                    f"of dupalign does not read (it reads format {reads!r} and "
+                                    "the ones it upgrades); rebuild the store")
             return
         diff = {
             k: (self.params.get(k), params.get(k))
@@ -358,6 +370,42 @@ def store_error(operation: str, path: Path, exc: BaseException) -> StoreError:
     lowered = text.lower()
     cause = next((short for needle, short in _CAUSES if needle in lowered), text)
     return StoreError(operation, path, cause)
+
+
+def _open_failure(path: Path, error: str) -> str:
+    """One line saying why RocksDB could not open ``path`` (and who holds its lock)."""
+    if "lock" in error.lower():
+        holder = lock_holder(path / "LOCK")
+        who = f" by {holder}" if holder else " by another process"
+        if "current process" in error:
+            who = " by this process (it is already open)"
+        return (f"store {path} is locked{who}: one process at a time can write a store "
+                "(stop it, or use another --store)")
+    if "Permission denied" in error or "Read-only file system" in error:
+        return f"store {path} is not writable: {error}"
+    return f"cannot open store {path}: {error}"
+
+
+def lock_holder(lock_file: Path) -> str | None:
+    """'pid N (command)' of the process holding a POSIX lock on ``lock_file``, from
+    /proc/locks (Linux); None if unknown."""
+    try:
+        inode = lock_file.stat().st_ino
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+        fields = line.split()
+        if len(fields) > 5 and fields[5].rsplit(":", 1)[-1] == str(inode):
+            pid = fields[4]
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    cmd = " ".join(fh.read().decode(errors="replace").replace("\0", " ").split())
+            except OSError:
+                cmd = ""
+            return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "")
+    return None
 
 
 def _prefix_upper_bound(prefix: bytes) -> bytes | None:

@@ -11,6 +11,10 @@ the session ends. No mocks of Kafka.
 (deploy/prometheus/install.sh fetches and caches them): skipped where the package is not
 available, failed under CI=true. Tests marked ``container`` build and run the image with
 podman; they take minutes, so they run only with DUPALIGN_CONTAINER_TESTS=1.
+
+Tests marked ``testdata`` read the shared corpora in ``$DUPALIGN_SHARED/testdata`` (default
+``../shared/testdata``): without them they are skipped with that reason, except under CI=true,
+where they fail.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.corpora import TESTDATA
+
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SH = REPO / "deploy" / "kafka" / "broker.sh"
 PROMETHEUS_SH = REPO / "deploy" / "prometheus" / "install.sh"
@@ -30,6 +36,15 @@ TOOLS_MISSING = 2  # broker.sh and install.sh exit code: the tools are not avail
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("testdata") is not None and not TESTDATA.is_dir():
+        message = (f"needs the shared test corpora: {TESTDATA} not found "
+                   "(set DUPALIGN_SHARED to the folder holding testdata/)")
+        if _in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,9 @@
-"""Real text for tests and benchmarks: ../shared/testdata (Clough, RFCs) and the llvm docs.
+"""Real text for tests and benchmarks: the demo corpus shipped in ``demo/``, the larger
+corpora of the shared test data (Clough, RFCs, WARC crawls) and the llvm docs.
+
+The shared test data lives in ``$DUPALIGN_SHARED/testdata``, by default ``../shared`` beside
+the repository. Tests that need it carry ``@pytest.mark.testdata``: without it they are
+skipped with the reason, except under ``CI=true``, where they fail (tests/conftest.py).
 
 Text comes back exactly as the engine sees it (``dupalign.text.page_text``), so character
 ranges in a Match's spans index into the strings returned here.
@@ -7,6 +12,7 @@ ranges in a Match's spans index into the strings returned here.
 from __future__ import annotations
 
 import csv
+import os
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -15,11 +21,13 @@ from pathlib import Path
 from dupalign.page import Page
 from dupalign.text import page_text
 
-TESTDATA = Path(__file__).resolve().parents[2] / "shared" / "testdata"
-if not TESTDATA.exists():
-    TESTDATA = Path("/work/shared/testdata")
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "demo"  # shipped with the repository: always there
+SHARED = Path(os.environ.get("DUPALIGN_SHARED") or REPO.parent / "shared")
+TESTDATA = SHARED / "testdata"
 CLOUGH = TESTDATA / "clough"
 RFC = TESTDATA / "rfc"
+WARC = TESTDATA / "warc"
 LLVM_DOCS = Path.home() / ".cache" / "dupalign-docs"
 
 _WORD = re.compile(r"\w+")
@@ -92,3 +100,14 @@ def containment(part: list[str], whole: list[str], n: int) -> float:
     """Share of ``part``'s distinct word n-grams that also occur in ``whole`` (0 if none)."""
     a = ngrams(part, n)
     return len(a & ngrams(whole, n)) / len(a) if a else 0.0
+
+
+def demo_pages() -> list[Page]:
+    """The demo corpus as `make demo` sends it: LLVM doc pages of two releases, the RFCs, the
+    WARC crawl (32 pages with exact, near and passage matches; demo/README.md)."""
+    from worker.inputs import InputError, iter_input
+
+    pages = []
+    for source in (DEMO / "llvm-docs", DEMO / "rfc", DEMO / "web" / "creativecommons.org.warc.gz"):
+        pages += [item for _, item in iter_input(source) if not isinstance(item, InputError)]
+    return pages

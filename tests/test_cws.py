@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,6 +26,7 @@ from dupalign.cws import (
 )
 from dupalign.hashing import mix64, shingle_hashes, to_unit, token_hashes
 from dupalign.idf import IdfBuilder, tf_idf_weights
+from tests.corpora import RFC
 from tests.oracles.cws import (
     binom_cdf_twin,
     bounds_twin,
@@ -343,10 +343,7 @@ def test_icws_and_filter_end_to_end() -> None:
     assert far.decided_by == "lower" and far.samples_used < 128
 
 
-RFC = Path("/work/shared/testdata/rfc")
-
-
-@pytest.mark.skipif(not RFC.exists(), reason="shared test data not present")
+@pytest.mark.testdata
 def test_real_text_estimates_with_tf_idf_weights() -> None:
     # RFC rewrites (2821→5321 ...) and unrelated RFCs, weighted by log-tf × idf over the folder
     def tokens(name: str) -> np.ndarray:

@@ -18,14 +18,16 @@ from dupalign.idf import IdfTable, tf_idf_weights
 from dupalign.page import Page
 from dupalign.simhash import hamming, weighted_simhash
 from dupalign.text import decode_body, tokenize
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "testdata"
-RFC = SHARED / "rfc"
-CLOUGH = SHARED / "clough"
+from tests.corpora import CLOUGH, DEMO, RFC
 
 
 def rfc_words(name: str, start: int = 0, count: int = 600) -> list[str]:
-    words = (RFC / name).read_text(encoding="utf-8", errors="replace").split()
+    """Words of an RFC: from the demo corpus if it ships it, else from the shared test data
+    (tests reading one of those carry @pytest.mark.testdata)."""
+    path = DEMO / "rfc" / name
+    if not path.exists():
+        path = RFC / name
+    words = path.read_text(encoding="utf-8", errors="replace").split()
     return words[start:start + count]
 
 
@@ -42,6 +44,7 @@ def page(doc_id: str, words: list[str]) -> Page:
     return Page(id=doc_id, body=" ".join(words))
 
 
+@pytest.mark.testdata
 def test_exact_near_and_unrelated(tmp_path: Path) -> None:
     base = rfc_words("rfc2821.txt", 2000)
     with Engine.open(tmp_path / "s") as engine:
@@ -93,6 +96,7 @@ def test_replay_returns_the_same_matches_and_writes_nothing(tmp_path: Path) -> N
         assert engine.stored_offsets() == {("pages", 0): 42}
 
 
+@pytest.mark.testdata
 def test_reopen_continues_identically(tmp_path: Path) -> None:
     """A run interrupted by close/reopen yields the same matches as one uninterrupted run,
     including across idf freezes and volatility-model updates."""
@@ -192,6 +196,7 @@ def _clough() -> tuple[dict[str, tuple[str, str]], dict[str, list[str]]]:
     return info, toks
 
 
+@pytest.mark.testdata
 def test_clough_near_duplicates_match_the_oracle(tmp_path: Path) -> None:
     """Whole-document near duplicates on Clough: no `non` answer matches its original; every
     answer within the simhash radius (Hamming ≤ h under the same weights, computed here by

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +21,8 @@ from dupalign.oph import (
     oph_sketch_binned,
     oph_values,
 )
+from tests.corpora import CLOUGH
 from tests.oracles.oph import divide_conquer_windows, subsequence_sketch, windows_as_set
-
-CLOUGH = Path("/work/shared/testdata/clough")
 
 # ---------------------------------------------------------------- the paper's Figure 2
 
@@ -276,7 +274,7 @@ def clough_pairs() -> list[tuple[list[str], list[str]]]:
     return pairs
 
 
-@pytest.mark.skipif(not CLOUGH.exists(), reason="testdata not available")
+@pytest.mark.testdata
 def test_estimator_is_unbiased_on_clough() -> None:
     k, n_salts = 64, 200
     for a, b in clough_pairs():

@@ -349,7 +349,7 @@ def test_long_list_markers(tmp_path: Path) -> None:
 
 # -- real text: Clough & Stevenson ------------------------------------------------------------
 
-needs_testdata = pytest.mark.skipif(not corpora.CLOUGH.exists(), reason="testdata not available")
+needs_testdata = pytest.mark.testdata
 
 # Measured criterion for "copied": the share of an answer's distinct word 3-grams found in its
 # task's original. The corpus labels are noisy (g2pE_taskc and g4pD_taskb are `cut` with
@@ -381,7 +381,6 @@ def _inside(tokens: Tokens, char_ranges: list[tuple[int, int]]) -> np.ndarray:
     return m
 
 
-@needs_testdata
 def _stored_lists(store_dir: Path, cfg: EngineConfig) -> tuple[dict[bytes, list[Any]], int]:
     """Every inverted list in the store as (ordinal, rectangle) entries in key order, read
     key by key (runs unpacked here, independently of the engine), and the number of runs."""
@@ -445,6 +444,7 @@ def test_packed_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert packed_c.keys_read < plain_c.keys_read
 
 
+@needs_testdata
 def test_clough_default_config(tmp_path: Path) -> None:
     found, texts = _clough_store(tmp_path)
     answers = corpora.clough_answers()

@@ -19,8 +19,7 @@ from dupalign.simhash import (
     weighted_simhash,
     weighted_simhash_batch,
 )
-
-RFC = Path("/work/shared/testdata/rfc")
+from tests.corpora import RFC
 
 
 def simhash_twin(hashes: list[int], weights: list[float]) -> tuple[int, list[float]]:
@@ -150,7 +149,7 @@ def _light_edit(tokens: list[str], rate: float, seed: int) -> list[str]:
     return out
 
 
-@pytest.mark.skipif(not RFC.exists(), reason="shared test data not present")
+@pytest.mark.testdata
 def test_light_edits_stay_close_unrelated_documents_do_not() -> None:
     names = ["rfc2821", "rfc8446", "rfc1034", "rfc7231"]
     docs = {n: _tokens(RFC / f"{n}.txt") for n in names}

@@ -1,114 +1,191 @@
-"""The ``dupalign`` command: scan, query, stats (embedded engine) and worker, produce (Kafka)."""
+"""The ``dupalign`` command: scan, query, stats (embedded engine) and worker, produce (Kafka).
+
+Start-up stays cheap (``dupalign --help`` imports neither the engine nor aiokafka): each
+command imports what it needs when it runs. Every failure the user can fix is one line on
+stderr and an exit code of ``worker.exits.Exit`` (README, "Exit codes").
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from dupalign.config import EngineConfig
-from dupalign.errors import ConfigError, PageRejected, StoreMismatch
-from worker.inputs import InputError, iter_input
-from worker.progress import Progress
+from worker.exits import CliError, Exit
+
+if TYPE_CHECKING:
+    from dupalign.config import EngineConfig
+    from dupalign.engine import Engine
 
 
 def load_engine_config(path: str | None) -> EngineConfig:
     """The ``[engine]`` table of a TOML config file (or the whole file if it has none)."""
+    import tomllib
+
+    from dupalign.config import EngineConfig
+    from dupalign.errors import ConfigError
+
     if path is None:
         return EngineConfig().validate()
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError("<file>", f"cannot read {path}: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError("<file>", f"cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("<file>", f"{path} is not valid TOML: {exc}") from exc
     section = data.get("engine", {}) if any(k in data for k in ("engine", "kafka")) else data
     return EngineConfig.from_dict(section)
 
 
-def _scan_line(progress: Progress, pages: int, matches: int, errors: int) -> str:
-    return (f"{pages} pages, {matches} matches, {errors} rejected, "
-            f"{progress.rate(pages):.0f} pages/s")
+def _open_engine(store: str, config: EngineConfig, read_only: bool = False) -> Engine:
+    from dupalign.engine import Engine
+
+    return Engine.open(store, config, read_only=read_only)
+
+
+def _check_out_path(out: str) -> None:
+    """--out must be creatable; checked before the store is created or opened."""
+    path = Path(out)
+    if path.is_dir():
+        raise CliError(f"--out {out} is a directory", Exit.USAGE)
+    parent = path.parent
+    if not parent.is_dir():
+        raise CliError(f"--out {out}: directory {parent} does not exist", Exit.USAGE)
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise CliError(f"--out {out} is not writable", Exit.USAGE)
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
-    from dupalign.engine import Engine
+    from dupalign.errors import PageRejected
+    from worker.inputs import InputError, check_inputs, iter_input
+    from worker.progress import Progress
 
+    # Nothing is created or truncated before the config, every input, --out and the store
+    # have been checked or opened: a typo must not cost the previous run's output.
     config = load_engine_config(args.config)
-    out: IO[str] = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
-    pages = matches = errors = 0
-    progress = Progress(sys.stderr, (not args.quiet and sys.stderr.isatty()) or args.progress)
-    with Engine.open(args.store, config) as engine:
-        for path in args.inputs:
-            for number, item in iter_input(path):
-                if isinstance(item, InputError):
-                    errors += 1
-                    print(f"skipped {item.where}: {item.reason}", file=sys.stderr)
-                    continue
-                try:
-                    found = engine.process(item)
-                except PageRejected as exc:
-                    errors += 1
-                    print(f"rejected {path}:{number} ({item.id}): {exc}", file=sys.stderr)
-                    continue
-                pages += 1
-                now_ms = int(time.time() * 1000)
-                for match in found:
-                    out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
-                matches += len(found)
-                progress.tick(_scan_line(progress, pages, matches, errors))
-    progress.tick(_scan_line(progress, pages, matches, errors), force=True)
-    progress.done()
-    if out is not sys.stdout:
-        out.close()
-    print(f"scan: {pages} pages, {matches} matches, {errors} rejected or skipped",
-          file=sys.stderr)
+    check_inputs(args.inputs)
+    if args.out:
+        _check_out_path(args.out)
+    pages = new = matches = errors = 0
+    progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages")
+    with _open_engine(args.store, config) as engine:
+        out: IO[str] = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+        try:
+            for path in args.inputs:
+                for number, item in iter_input(path):
+                    if isinstance(item, InputError):
+                        errors += 1
+                        progress.write(f"skipped {item.where}: {item.reason}")
+                        continue
+                    try:
+                        found = engine.process(item)
+                    except PageRejected as exc:
+                        errors += 1
+                        progress.write(f"rejected {path}:{number} ({item.id}): {exc}")
+                        continue
+                    pages += 1
+                    new += not engine.last_report.replayed
+                    now_ms = int(time.time() * 1000)
+                    for match in found:
+                        out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
+                    matches += len(found)
+                    progress.update(1, f"{matches} matches, {errors} rejected")
+        finally:
+            progress.close()
+            if out is not sys.stdout:
+                out.close()
+    replayed = pages - new
+    print(f"scan: {pages} pages ({new} new, {replayed} already in the store), {matches} "
+          f"matches, {errors} rejected or skipped", file=sys.stderr)
+    if pages == 0:
+        why = "every page was rejected or skipped (see above)" if errors else "no page found"
+        raise CliError(f"nothing was processed: {why}", Exit.NOTHING_DONE)
     return 0
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from dupalign.engine import Engine
-
     config = load_engine_config(args.config)
     if args.file:
-        text = Path(args.file).read_text(encoding="utf-8", errors="replace")
+        try:
+            text = Path(args.file).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise CliError(f"cannot read input {args.file}: {exc.strerror}", Exit.INPUT) from None
     elif args.text is not None:
         text = args.text
     else:
         text = sys.stdin.read()
-    with Engine.open(args.store, config, read_only=True) as engine:
+    with _open_engine(args.store, config, read_only=True) as engine:
         for match in engine.query_text(text):
             print(json.dumps(match.to_dict(), ensure_ascii=False))
     return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from dupalign.engine import Engine
-
     config = load_engine_config(args.config)
-    with Engine.open(args.store, config, read_only=True) as engine:
-        print(json.dumps(engine.stats(), indent=2, sort_keys=True))
+    with _open_engine(args.store, config, read_only=True) as engine:
+        stats = engine.stats()
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+    else:
+        print(stats_table(args.store, stats))
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# What `dupalign stats` shows as a table; the other figures are this process's counters
+# (zero for a store just opened), in --json only.
+_STORE_ROWS = (
+    ("pages", "pages"),
+    ("store_bytes", "store size"),
+    ("near_table_size", "simhash table entries"),
+    ("near_table_bytes", "simhash table in memory"),
+    ("idf_version", "idf version in force"),
+)
+
+
+def stats_table(store: str, stats: dict[str, Any]) -> str:
+    def human(key: str, value: Any) -> str:
+        if key.endswith("_bytes") and isinstance(value, int):
+            return f"{value / 2**20:,.1f} MiB" if value >= 2**20 else f"{value:,} B"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}"
+        return str(value)
+
+    store_rows = [(label, human(key, stats[key])) for key, label in _STORE_ROWS if key in stats]
+    param_rows = [(key, str(value)) for key, value in sorted(stats["params"].items())]
+    width = max(len(label) for label, _ in store_rows + param_rows)
+    lines = [f"store {store}"] + [f"  {label:<{width}}  {v}" for label, v in store_rows]
+    lines += ["frozen parameters"] + [f"  {label:<{width}}  {v}" for label, v in param_rows]
+    return "\n".join(lines)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dupalign",
         description="Streaming near-duplicate and copied-passage detection for web crawls.",
+        epilog="Exit codes: 0 ok, 1 internal error, 2 usage or configuration, 3 input, "
+        "4 store, 5 Kafka unreachable, 6 nothing processed, 130 interrupted.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    scan = sub.add_parser("scan", help="embedded mode: pages from JSONL/WARC in, matches out")
-    scan.add_argument("inputs", nargs="+", metavar="INPUT", help="JSON Lines or WARC files")
+    scan = sub.add_parser("scan", help="embedded mode: pages from files in, matches out",
+                          description="Pages from files through the engine; matches as JSON "
+                          "Lines. Page ids: JSON Lines and WARC carry theirs; a document file "
+                          "is named by its path as given, a file found in a directory by its "
+                          "path relative to that directory.")
+    scan.add_argument("inputs", nargs="+", metavar="INPUT",
+                      help="JSON Lines, WARC, a directory of .txt/.html files, or one document")
     scan.add_argument("--store", required=True, help="RocksDB store directory")
     scan.add_argument("--config", help="TOML config file ([engine] table)")
     scan.add_argument("--out", help="write matches (JSON Lines) here instead of stdout")
-    scan.add_argument("--progress", action="store_true", help="progress on stderr")
-    scan.add_argument("--quiet", action="store_true", help="no progress line")
+    scan.add_argument("--progress", action="store_true",
+                      help="progress lines on stderr even when it is not a terminal")
+    scan.add_argument("--quiet", action="store_true", help="no progress bar")
     scan.set_defaults(func=cmd_scan)
 
     query = sub.add_parser("query", help="align one text against a store")
@@ -121,36 +198,75 @@ def build_parser() -> argparse.ArgumentParser:
     stats = sub.add_parser("stats", help="what a store holds")
     stats.add_argument("--store", required=True)
     stats.add_argument("--config")
+    stats.add_argument("--json", action="store_true", help="every figure, as JSON")
     stats.set_defaults(func=cmd_stats)
 
-    _add_optional(sub, "worker", "worker.service", "add_worker_arguments", "run_worker",
-                  "run the Kafka worker service")
-    _add_optional(sub, "produce", "worker.produce", "add_produce_arguments", "run_produce",
-                  "publish JSONL/WARC pages to a Kafka topic")
+    # The Kafka commands import aiokafka: only when one of them is asked for.
+    chosen = _command_in(argv)
+    _add_kafka_command(sub, chosen, "worker", "worker.service", "add_worker_arguments",
+                       "run_worker", "run the Kafka worker service")
+    _add_kafka_command(sub, chosen, "produce", "worker.produce", "add_produce_arguments",
+                       "run_produce", "publish pages from files to a Kafka topic")
     return parser
 
 
-def _add_optional(sub: Any, name: str, module: str, add: str, run: str, help_: str) -> None:
+def _command_in(argv: Sequence[str] | None) -> str | None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    return next((a for a in args if not a.startswith("-")), None)
+
+
+def _add_kafka_command(sub: Any, chosen: str | None, name: str, module: str, add: str,
+                       run: str, help_: str) -> None:
+    p = sub.add_parser(name, help=help_)
+    if chosen != name:  # listed in --help, never parsed: its module is not imported
+        return
     import importlib
 
     mod = importlib.import_module(module)
-    p = sub.add_parser(name, help=help_)
     getattr(mod, add)(p)
-    p.set_defaults(func=getattr(mod, run))
+    if name == "worker":
+        p.set_defaults(func=lambda args: _run_worker(mod, args))
+    else:
+        p.set_defaults(func=getattr(mod, run))
+
+
+def _run_worker(service: Any, args: argparse.Namespace) -> int:
+    from worker.exits import check_broker_reachable
+
+    check_broker_reachable(service.config_from_args(args).kafka.bootstrap_servers)
+    return int(service.run_worker(args))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args.func(args))
-    except ConfigError as exc:
-        print(f"dupalign: invalid configuration: {exc}", file=sys.stderr)
-        return 2
-    except StoreMismatch as exc:
-        print(f"dupalign: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
+    except Exception as exc:
+        code, message = classify(exc)
+        if code == Exit.INTERNAL and os.environ.get("DUPALIGN_DEBUG"):
+            raise
+        print(f"dupalign {args.command}: {message}", file=sys.stderr)
+        return code
+
+
+def classify(exc: BaseException) -> tuple[Exit, str]:
+    """Exit code and one-line message for an exception that ends a command."""
+    from dupalign.errors import ConfigError, StoreError, StoreMismatch
+    from worker.inputs import InputsUnusable
+
+    if isinstance(exc, CliError):
+        return exc.code, str(exc)
+    if isinstance(exc, ConfigError):
+        return Exit.USAGE, f"invalid configuration: {exc}"
+    if isinstance(exc, InputsUnusable):
+        return Exit.INPUT, str(exc)
+    if isinstance(exc, StoreMismatch | StoreError):  # StoreUnavailable is a StoreError
+        return Exit.STORE, str(exc)
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return Exit.INTERNAL, (f"internal error: {type(exc).__name__}: {first_line} "
+                           "(DUPALIGN_DEBUG=1 shows the traceback)")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,18 @@
-"""Reading pages from files: JSON Lines (one page per line) and WARC (response records).
+"""Reading pages from files: JSON Lines (one page per line), WARC (response records),
+directories of documents and single documents.
 
 Every item comes with its line or record number, so a bad one can be reported precisely
-and skipped without stopping the run.
+and skipped without stopping the run. Page ids of documents read from files are their path
+as given (``docs/a.txt``; pathlib's spelling: ``./a.txt`` is ``a.txt``), or for files found
+in a directory argument their path relative to it; ``check_inputs`` refuses, before anything
+is read, inputs that are missing or unreadable and two different files with one id.
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -37,29 +41,74 @@ def is_jsonl(path: str | Path) -> bool:
     return str(path).lower().endswith((".jsonl", ".jsonl.gz", ".ndjson", ".json"))
 
 
+class InputsUnusable(Exception):
+    """The inputs cannot be used as given (missing, unreadable, no pages, ids that clash);
+    raised before anything is read or written. The message is one line."""
+
+
 def iter_input(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
     """Pages of one input, numbered from 1: by line (JSON Lines), by record (WARC), by file
-    (a directory: every .txt/.html/.htm file below it in path order; id = relative path);
-    any other file is one page (HTML for .html/.htm, else plain text)."""
+    (a directory: every .txt/.html/.htm/.xhtml file below it in path order; id = path
+    relative to the directory); any other file is one page (id = its path as given; HTML for
+    .html/.htm/.xhtml, else plain text)."""
     p = Path(path)
     if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in _DOC_SUFFIXES)
-        for number, f in enumerate(files, start=1):
+        for number, f in enumerate(doc_files(p), start=1):
             yield number, _file_page(f, f.relative_to(p).as_posix())
     elif is_warc(p):
         yield from iter_warc(p)
     elif is_jsonl(p):
         yield from iter_jsonl(p)
     else:
-        yield 1, _file_page(p, p.name)
+        yield 1, _file_page(p, p.as_posix())
 
 
-_DOC_SUFFIXES = (".txt", ".html", ".htm", ".xhtml")
+DOC_SUFFIXES = (".txt", ".html", ".htm", ".xhtml")
 
 
-def _file_page(path: Path, doc_id: str) -> Page:
+def doc_files(directory: Path) -> list[Path]:
+    """The documents a directory input holds, in path order."""
+    return sorted(f for f in directory.rglob("*")
+                  if f.is_file() and f.suffix.lower() in DOC_SUFFIXES)
+
+
+def check_inputs(paths: Sequence[str | Path]) -> None:
+    """Raise InputsUnusable unless every input exists and opens, every directory holds at
+    least one document, and no two different files would get the same page id (they would
+    be taken for one page: the second a replay or a new version of the first)."""
+    owners: dict[str, Path] = {}
+    for arg in paths:
+        p = Path(arg)
+        if p.is_dir():
+            files = doc_files(p)
+            if not files:
+                raise InputsUnusable(
+                    f"{arg}: no {'/'.join(DOC_SUFFIXES)} file in this directory (a directory "
+                    "is read for those only; give other files one by one)")
+            named = [(f.relative_to(p).as_posix(), f) for f in files]
+        else:
+            try:
+                with open(p, "rb"):
+                    pass
+            except OSError as exc:
+                raise InputsUnusable(f"cannot read input {arg}: {exc.strerror}") from None
+            named = [] if is_warc(p) or is_jsonl(p) else [(p.as_posix(), p)]
+        for doc_id, file in named:
+            first = owners.setdefault(doc_id, file)
+            if first != file and first.resolve() != file.resolve():
+                raise InputsUnusable(
+                    f"page id {doc_id!r} names two different files, {first} and {file}: "
+                    "give them as paths that differ (ids of files in a directory argument "
+                    "are relative to it)")
+
+
+def _file_page(path: Path, doc_id: str) -> Page | InputError:
     html = path.suffix.lower() in (".html", ".htm", ".xhtml")
-    return Page(id=doc_id, url=None, body=path.read_bytes(),
+    try:
+        body = path.read_bytes()
+    except OSError as exc:
+        return InputError(str(path), f"cannot read: {exc.strerror}")
+    return Page(id=doc_id, url=None, body=body,
                 content_type="text/html" if html else "text/plain")
 
 

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import IO
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from dupalign.errors import ConfigError
 from dupalign.page import Page
 from worker import messages
 from worker.config import KafkaConfig, load_config
-from worker.inputs import InputError, iter_input
+from worker.exits import KAFKA_HINT, CliError, Exit, check_broker_reachable
+from worker.inputs import InputError, check_inputs, iter_input
 from worker.progress import Progress
 
 
@@ -31,11 +32,6 @@ class ProduceStats:
     sent: int = 0
     skipped: int = 0
     bytes: int = 0
-
-
-def _progress_line(stats: ProduceStats, progress: Progress) -> str:
-    return (f"produced {stats.sent} pages ({stats.bytes / 1e6:.1f} MB, "
-            f"{progress.rate(stats.sent):.0f}/s), skipped {stats.skipped}")
 
 
 def new_producer(kafka: KafkaConfig) -> AIOKafkaProducer:
@@ -65,7 +61,7 @@ async def send_pages(
             await asyncio.gather(*pending)
             pending.clear()
         if progress is not None:
-            progress.tick(_progress_line(stats, progress))
+            progress.update(1, f"{stats.bytes / 1e6:.1f} MB, skipped {stats.skipped}")
 
     if isinstance(pages, AsyncIterator):
         async for page in pages:
@@ -83,6 +79,12 @@ async def produce_files(
 ) -> ProduceStats:
     stats = ProduceStats()
 
+    def report(message: str) -> None:
+        if progress is not None:
+            progress.write(message)
+        else:
+            print(message, file=err)
+
     async def pages() -> AsyncIterator[Page]:
         for path in paths:
             for number, item in iter_input(path):
@@ -90,32 +92,32 @@ async def produce_files(
                     return
                 if isinstance(item, InputError):
                     stats.skipped += 1
-                    print(f"\nskipped {item.where}: {item.reason}", file=err)
+                    report(f"skipped {item.where}: {item.reason}")
                     continue
                 try:
                     messages.validate("page", messages.page_to_wire(item))
                 except messages.MessageRejected as exc:
                     stats.skipped += 1
-                    print(f"\nskipped {path}:{number} ({item.id}): {exc}", file=err)
+                    report(f"skipped {path}:{number} ({item.id}): {exc}")
                     continue
                 yield item
                 await asyncio.sleep(0)  # let the producer's sender run
 
     producer = new_producer(kafka)
-    await producer.start()
     try:
+        await producer.start()
         await send_pages(producer, topic, pages(), stats, progress)
     finally:
         await producer.stop()
-    if progress is not None:
-        progress.tick(_progress_line(stats, progress), force=True)
-        progress.done()
+        if progress is not None:
+            progress.close()
     return stats
 
 
 def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", metavar="FILE",
-                        help="JSON Lines (.jsonl[.gz]) or WARC (.warc[.gz]) files")
+                        help="JSON Lines (.jsonl[.gz]), WARC (.warc[.gz]), a directory of "
+                        ".txt/.html files, or one document (page ids as for `scan`)")
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
                         help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
     parser.add_argument("--topic", help="target topic (default: kafka.input_topic, 'pages')")
@@ -125,31 +127,30 @@ def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_produce(args: argparse.Namespace) -> int:
+    """Raises ConfigError, InputsUnusable or CliError (one-line errors, see worker.exits)."""
     overrides = {"kafka": {"bootstrap_servers": args.bootstrap}} if args.bootstrap else {}
-    try:
-        config = load_config(args.config, overrides=overrides)
-    except ConfigError as exc:
-        print(f"dupalign produce: invalid configuration: {exc}", file=sys.stderr)
-        return 2
+    config = load_config(args.config, overrides=overrides)
+    check_inputs(args.inputs)
+    check_broker_reachable(config.kafka.bootstrap_servers)
     topic = args.topic or config.kafka.input_topic
+    # every failure reaches us as an exception, reported below in one line: aiokafka's own
+    # log lines about it would only say it again, in another format
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
         stats = asyncio.run(produce_files(args.inputs, config.kafka, topic, args.limit, progress))
+    except KafkaConnectionError as exc:
+        raise CliError(f"cannot reach the Kafka broker at {config.kafka.bootstrap_servers} "
+                       f"({exc}): {KAFKA_HINT}", Exit.KAFKA) from None
     except KafkaError as exc:
-        print(f"\ndupalign produce: Kafka error: {exc!r}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"\ndupalign produce: {exc}", file=sys.stderr)
-        return 1
+        raise CliError(f"Kafka error: {exc!r}", Exit.KAFKA) from None
     print(f"produced {stats.sent} pages to {topic}, skipped {stats.skipped}", file=sys.stderr)
+    if stats.sent == 0:
+        raise CliError("nothing was produced: no usable page in the inputs", Exit.NOTHING_DONE)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dupalign-produce")
-    add_produce_arguments(parser)
-    return run_produce(parser.parse_args(argv))
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from worker.cli import main
+
+    sys.exit(main(["produce", *sys.argv[1:]]))

@@ -72,7 +72,7 @@ import socket
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,10 +205,10 @@ class Worker:
             self.started = True
             log.info("worker started", extra={"config": self.config.redacted()})
             self.tasks = [
-                asyncio.create_task(self._guard(self._fetch_loop()), name="fetch"),
-                asyncio.create_task(self._guard(self._process_loop()), name="process"),
-                asyncio.create_task(self._guard(self._lag_loop()), name="lag"),
-                asyncio.create_task(self._guard(self._store_size_loop()), name="store-size"),
+                asyncio.create_task(self._guard(self._fetch_loop), name="fetch"),
+                asyncio.create_task(self._guard(self._process_loop), name="process"),
+                asyncio.create_task(self._guard(self._lag_loop), name="lag"),
+                asyncio.create_task(self._guard(self._store_size_loop), name="store-size"),
             ]
             await self.stopping.wait()
         except BaseException as exc:  # start-up failure: report and clean up
@@ -252,9 +252,11 @@ class Worker:
         """Graceful stop (SIGTERM): finish the current batch, publish, commit, close."""
         self.stopping.set()
 
-    async def _guard(self, coro: Any) -> None:
+    async def _guard(self, loop_fn: Callable[[], Awaitable[None]]) -> None:
+        # Takes the function, not a coroutine: a task cancelled before its first step never
+        # runs this body, and a coroutine made in advance would be left never awaited.
         try:
-            await coro
+            await loop_fn()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

@@ -2,7 +2,7 @@
 
 Run from the repo root:  .venv/bin/python -m tests.bench.bench_monoactive [--quick]
 
-Text: lower-cased word tokens (\\w+) of the IETF RFCs in /work/shared/testdata/rfc (read in
+Text: lower-cased word tokens (\\w+) of the IETF RFCs in $DUPALIGN_SHARED/testdata/rfc (read in
 file-name order, truncated to n tokens, as the paper truncates texts), plus a synthetic text
 of n tokens drawn uniformly from 10 symbols (maximum frequency f ≈ n/10).
 """
@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dupalign import monoactive as M
 from dupalign.hashing import token_hashes
+from tests.corpora import RFC
 from tests.oracles import monoactive as O
 
-RFC = Path("/work/shared/testdata/rfc")
 MODES: list[tuple[M.Mode, M.TfMode]] = [
     ("multiset", "raw"),
     ("weighted", "binary"),

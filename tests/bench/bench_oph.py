@@ -2,8 +2,9 @@
 
 Run: .venv/bin/python -m tests.bench.bench_oph [--quick]
 
-Tokens are real text: the IETF RFCs in /work/shared/testdata/rfc (word tokens, case folded),
-concatenated in file order and cut to the first n tokens, as in the paper's Exp-1.
+Tokens are real text: the IETF RFCs in $DUPALIGN_SHARED/testdata/rfc (tests/corpora.py; word
+tokens, case folded), concatenated in file order and cut to the first n tokens, as in the
+paper's Exp-1.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import statistics
 import time
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 
@@ -28,8 +28,7 @@ from dupalign.oph import (
     oph_sketch,
     oph_values,
 )
-
-RFC = Path("/work/shared/testdata/rfc")
+from tests.corpora import RFC
 
 
 def rfc_tokens(n: int) -> list[str]:

@@ -35,12 +35,10 @@ from dupalign.config import EngineConfig
 from dupalign.engine import Engine
 from dupalign.errors import PageRejected
 from dupalign.page import Page
+from tests.corpora import TESTDATA
 from worker import messages
 
 REPO = Path(__file__).resolve().parents[2]
-TESTDATA = REPO.parent / "shared" / "testdata"
-if not TESTDATA.is_dir():
-    TESTDATA = Path("/work/shared/testdata")
 
 
 def corpus(n: int) -> list[Page]:

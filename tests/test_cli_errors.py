@@ -1,0 +1,250 @@
+"""What a user sees when something is wrong: the installed ``dupalign`` console script, run
+as a subprocess, says what in one line and exits with the documented code (README, "Exit
+codes"), never with a traceback; and no run loses or merges pages silently."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dupalign.store import Store
+from tests.corpora import DEMO
+from worker.exits import Exit
+
+DUPALIGN = Path(sys.executable).with_name("dupalign")
+RFC2821 = DEMO / "rfc" / "rfc2821.txt"
+
+
+def dupalign(*args: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(DUPALIGN), *map(str, args)], cwd=cwd, capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Case:
+    name: str
+    setup: Callable[[Path], list[str]]  # prepares tmp files, returns the command's arguments
+    code: Exit
+    message: str
+
+
+def _jsonl(tmp: Path, *pages: dict[str, str]) -> Path:
+    path = tmp / "in.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in pages))
+    return path
+
+
+def _missing_input(tmp: Path) -> list[str]:
+    return ["scan", "nothere.txt", "--store", "s"]
+
+
+def _unreadable_input(tmp: Path) -> list[str]:
+    (tmp / "plain.txt").write_text("a file, not a directory")
+    return ["scan", "plain.txt/page.txt", "--store", "s"]  # ENOTDIR, even for root
+
+
+def _directory_without_documents(tmp: Path) -> list[str]:
+    (tmp / "docs").mkdir()
+    (tmp / "docs" / "README").write_text("no suffix: not read from a directory")
+    return ["scan", "docs", "--store", "s"]
+
+
+def _clashing_ids(tmp: Path) -> list[str]:
+    for name, text in (("a", "first text of the page"), ("b", "another text entirely")):
+        (tmp / name).mkdir()
+        (tmp / name / "index.txt").write_text(text)
+    return ["scan", "a", "b", "--store", "s"]  # both name their page "index.txt"
+
+
+def _store_is_a_file(tmp: Path) -> list[str]:
+    (tmp / "store").write_text("not a store")
+    return ["scan", str(RFC2821), "--store", "store"]
+
+
+def _store_not_writable(tmp: Path) -> list[str]:
+    (tmp / "plain").write_text("x")
+    return ["scan", str(RFC2821), "--store", "plain/store"]
+
+
+def _store_other_params(tmp: Path) -> list[str]:
+    Store(tmp / "s", {"format": 5, "seed": 1}).close()
+    return ["scan", str(RFC2821), "--store", "s"]
+
+
+def _store_other_version(tmp: Path) -> list[str]:
+    Store(tmp / "s", {"format": 1}).close()  # a format no longer read
+    return ["scan", str(RFC2821), "--store", "s"]
+
+
+def _stats_other_version(tmp: Path) -> list[str]:
+    Store(tmp / "s", {"format": 1}).close()
+    return ["stats", "--store", "s"]
+
+
+def _query_missing_store(tmp: Path) -> list[str]:
+    return ["query", "some text", "--store", "nostore"]
+
+
+def _stats_missing_store(tmp: Path) -> list[str]:
+    return ["stats", "--store", "nostore"]
+
+
+def _every_page_rejected(tmp: Path) -> list[str]:
+    src = _jsonl(tmp, {"id": "a", "body": "\u0000\u0001" * 300}, {"id": "b", "body": "!!! ..."})
+    return ["scan", src.name, "--store", "s"]
+
+
+def _invalid_config(tmp: Path) -> list[str]:
+    (tmp / "bad.toml").write_text("[engine.near]\nhamming = 99\n")
+    return ["scan", str(RFC2821), "--store", "s", "--config", "bad.toml"]
+
+
+def _out_in_missing_directory(tmp: Path) -> list[str]:
+    return ["scan", str(RFC2821), "--store", "s", "--out", "no/such/dir/m.jsonl"]
+
+
+def _produce_unreachable(tmp: Path) -> list[str]:
+    return ["produce", str(RFC2821), "--bootstrap", f"127.0.0.1:{closed_port()}"]
+
+
+def _worker_unreachable(tmp: Path) -> list[str]:
+    return ["worker", "--store", "s", "--bootstrap", f"127.0.0.1:{closed_port()}"]
+
+
+CASES = [
+    Case("missing input", _missing_input, Exit.INPUT,
+         "cannot read input nothere.txt: No such file or directory"),
+    Case("unreadable input", _unreadable_input, Exit.INPUT,
+         "cannot read input plain.txt/page.txt: Not a directory"),
+    Case("directory without documents", _directory_without_documents, Exit.INPUT,
+         "docs: no .txt/.html/.htm/.xhtml file in this directory"),
+    Case("two files, one id", _clashing_ids, Exit.INPUT,
+         "page id 'index.txt' names two different files, a/index.txt and b/index.txt"),
+    Case("store is a file", _store_is_a_file, Exit.STORE,
+         "store path store is a file, not a directory"),
+    Case("store not writable", _store_not_writable, Exit.STORE,
+         "cannot create the store directory plain/store: Not a directory"),
+    Case("store with other parameters", _store_other_params, Exit.STORE,
+         "seed: store has 1, asked for 24301"),
+    Case("store of another version", _store_other_version, Exit.STORE,
+         "format: store has 1, asked for 5"),
+    Case("stats on a store of another version", _stats_other_version, Exit.STORE,
+         "store s has format 1, which this version of dupalign does not read"),
+    Case("query without a store", _query_missing_store, Exit.STORE, "no store at nostore"),
+    Case("stats without a store", _stats_missing_store, Exit.STORE, "no store at nostore"),
+    Case("every page rejected", _every_page_rejected, Exit.NOTHING_DONE,
+         "nothing was processed: every page was rejected or skipped"),
+    Case("invalid config", _invalid_config, Exit.USAGE, "near.hamming"),
+    Case("--out in a missing directory", _out_in_missing_directory, Exit.USAGE,
+         "directory no/such/dir does not exist"),
+    Case("produce, broker unreachable", _produce_unreachable, Exit.KAFKA,
+         "cannot reach the Kafka broker (127.0.0.1:"),
+    Case("worker, broker unreachable", _worker_unreachable, Exit.KAFKA,
+         "is the broker running and is the address right? (--bootstrap HOST:PORT"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_an_error_is_one_line_and_an_exit_code(case: Case, tmp_path: Path) -> None:
+    run = dupalign(*case.setup(tmp_path), cwd=tmp_path)
+    assert run.returncode == case.code, run.stderr
+    assert "Traceback" not in run.stderr and "Error:" not in run.stderr.split(": ", 1)[0]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("dupalign ")]
+    assert len(errors) == 1, run.stderr
+    assert case.message in errors[0], errors[0]
+    # the few lines besides it are the per-page reasons and the run's summary, nothing else
+    assert all(line.startswith(("dupalign ", "skipped ", "rejected ", "scan: "))
+               for line in run.stderr.splitlines()), run.stderr
+    if case.code in (Exit.INPUT, Exit.USAGE) and case.setup is not _invalid_config:
+        assert not (tmp_path / "s").exists(), "nothing may be created before the checks pass"
+
+
+@contextmanager
+def store_held_open(path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process with the store at ``path`` open for writing (it holds the lock)."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom dupalign.store import Store\n"
+         f"s = Store({str(path)!r}, {{'format': 5}})\nprint('open', flush=True)\n"
+         "sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "open"
+        yield holder
+    finally:
+        holder.communicate("", timeout=30)
+
+
+def test_a_locked_store_names_the_process_that_holds_it(tmp_path: Path) -> None:
+    with store_held_open(tmp_path / "s") as holder:
+        run = dupalign("scan", RFC2821, "--store", "s", cwd=tmp_path)
+    assert run.returncode == Exit.STORE and "Traceback" not in run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith(f"dupalign scan: store s is locked by pid {holder.pid} ("), line
+    assert line.endswith("one process at a time can write a store (stop it, or use another "
+                         "--store)"), line
+
+
+# -- no silent loss -----------------------------------------------------------------------
+
+
+def test_files_with_one_name_in_different_folders_stay_different_pages(tmp_path: Path) -> None:
+    """Issue 14: `scan a/copyright b/copyright ...` named every page `copyright`, so
+    byte-identical files were taken for replays and disappeared."""
+    text = RFC2821.read_text()
+    for folder in ("a", "b", "c"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "copyright").write_text(text if folder != "c" else text[:20000])
+    run = dupalign("scan", "a/copyright", "b/copyright", "c/copyright", "--store", "s",
+                   "--out", "m.jsonl", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    matches = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    pairs = {(m["doc_id"], m["kind"], m["match_doc_id"]) for m in matches}
+    assert ("b/copyright", "exact", "a/copyright") in pairs
+    assert any(m["doc_id"] == "c/copyright" and m["match_doc_id"] == "a/copyright"
+               for m in matches)
+    stats = json.loads(dupalign("stats", "--store", "s", "--json", cwd=tmp_path).stdout)
+    assert stats["pages"] == 3
+    assert "scan: 3 pages (3 new, 0 already in the store)" in run.stderr
+
+
+def test_two_directories_with_one_relative_name_are_refused_not_merged(tmp_path: Path) -> None:
+    for folder, text in (("v1", "the first version of the text"), ("v2", "quite other words")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "page.txt").write_text(text)
+    run = dupalign("scan", "v1", "v2", "--store", "s", cwd=tmp_path)
+    assert run.returncode == Exit.INPUT
+    assert "page id 'page.txt' names two different files, v1/page.txt and v2/page.txt" in \
+        run.stderr
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("problem", ["store is a file", "missing input", "locked store"])
+def test_a_failed_start_leaves_the_previous_output_alone(problem: str, tmp_path: Path) -> None:
+    """Issue 14: `--store FILE` truncated an existing --out file to 0 bytes, then died."""
+    out = tmp_path / "matches.jsonl"
+    out.write_text('{"kept": true}\n')
+    store, inputs = "s", [str(RFC2821)]
+    if problem == "store is a file":
+        store = "store.txt"
+        (tmp_path / store).write_text("a file")
+    elif problem == "missing input":
+        inputs.append("nothere.txt")
+    with store_held_open(tmp_path / store) if problem == "locked store" else nullcontext():
+        run = dupalign("scan", *inputs, "--store", store, "--out", out, cwd=tmp_path)
+    assert out.read_text() == '{"kept": true}\n'
+    assert run.returncode in (Exit.INPUT, Exit.STORE), run.stderr
+    assert "Traceback" not in run.stderr
