@@ -682,10 +682,10 @@ class _Listener(ConsumerRebalanceListener):
     # aiokafka only logs what a listener raises: a failure here must stop the worker like
     # one in the pipeline, not leave it in the group with partitions it never consumes
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.worker._guard(self.worker.on_revoked(revoked))
+        await self.worker._guard(lambda: self.worker.on_revoked(revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.worker._guard(self.worker.on_assigned(assigned))
+        await self.worker._guard(lambda: self.worker.on_assigned(assigned))
 
 
 def _headers(source: tuple[str, int, int]) -> list[tuple[str, bytes]]:
