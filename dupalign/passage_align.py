@@ -178,19 +178,12 @@ def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) 
 
 
 @njit(cache=True)
-def _gather(
+def _gather_matched(
     buf: I64, p: int, o: int, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
-    q_empty: Bools, empty_keys: I64, empty_off: I64, empty_lr: I64, w_match: int,
-    w_empty: int,
+    w_match: int,
 ) -> int:  # fmt: skip
-    """Rectangles of page ``o`` against passage ``p`` into ``buf``; returns their count.
-
-    Its windows in the passage's lists (rows of ``rects``, ordinals in ``ords``) and, when
-    ``w_empty``, its empty windows in the passage's empty bins (CSR keyed by
-    ``page << 16 | bin``, rows (l, r) covering i, j ∈ [l, r]). Empty windows get weight
-    ``-w_empty``: the sign marks them. Each row of the inputs is used at most once, so
-    ``buf`` needs no more rows than they hold together.
-    """
+    """Rectangles of page ``o``'s windows in passage ``p``'s lists (rows of ``rects``,
+    ordinals in ``ords``) into ``buf``, weight ``w_match``; returns their count."""
     m = 0
     for b in range(lid.shape[1]):
         x = lid[p, b]
@@ -199,11 +192,56 @@ def _gather(
             for r in range(start[x] + np.searchsorted(seg, o),
                            start[x] + np.searchsorted(seg, o, side="right")):
                 m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3], w_match)
-        elif w_empty and q_empty[p, b]:
-            a, z = _csr_range(empty_keys, empty_off, (o << EMPTY_KEY_SHIFT) | b)
-            for r in range(a, z):
-                lo, hi = empty_lr[r, 0], empty_lr[r, 1]
-                m = _push(buf, m, lo, hi, lo, hi, -w_empty)
+    return m
+
+
+@njit(cache=True)
+def _check_empty_rows(empty_off: I64, empty_lr: I64) -> None:
+    """The empty windows of one (page, bin) are the gaps between the bin's tokens: rows
+    (l, r) with l ≤ r, sorted and disjoint. ``_gather_empty`` relies on it."""
+    for x in range(empty_off.shape[0] - 1):
+        for r in range(empty_off[x], empty_off[x + 1]):
+            if empty_lr[r, 0] > empty_lr[r, 1] or (r > empty_off[x]
+                                                    and empty_lr[r, 0] <= empty_lr[r - 1, 1]):
+                raise ValueError("empty windows of a (page, bin) must be sorted disjoint rows")
+
+
+@njit(cache=True)
+def _first_ending_at(empty_lr: I64, a: int, z: int, pos: int) -> int:
+    """First row in ``[a, z)`` whose window ends at or after ``pos`` (rows sorted by end)."""
+    while a < z:
+        mid = (a + z) // 2
+        if empty_lr[mid, 1] < pos:
+            a = mid + 1
+        else:
+            z = mid
+    return a
+
+
+@njit(cache=True)
+def _gather_empty(
+    buf: I64, m: int, p: int, o: int, q_empty: Bools, empty_keys: I64, empty_off: I64,
+    empty_lr: I64, w_empty: int, i_s: I64, i_e: I64, j_s: I64, j_e: I64,
+) -> int:  # fmt: skip
+    """Append to ``buf`` (after its ``m`` rows) page ``o``'s empty windows in passage ``p``'s
+    empty bins (CSR keyed by ``page << 16 | bin``, rows (l, r) covering i, j ∈ [l, r]) that
+    meet the reachable spans on both axes (``_keep_reachable``: the others cover no
+    similar cell), with weight ``-w_empty`` (the sign marks them); returns the new count.
+
+    A bin's rows are sorted and disjoint, so those meeting an i-span are one run found by
+    binary search: a long page's thousands of empty windows are not visited one by one.
+    """
+    for b in range(q_empty.shape[1]):
+        if not q_empty[p, b]:
+            continue
+        a, z = _csr_range(empty_keys, empty_off, (o << EMPTY_KEY_SHIFT) | b)
+        for s in range(i_s.shape[0]):  # spans in order: a row meeting two is taken once
+            a = _first_ending_at(empty_lr, a, z, i_s[s])
+            while a < z and empty_lr[a, 0] < i_e[s]:
+                lo, hi = empty_lr[a, 0], empty_lr[a, 1]
+                if _meets(j_s, j_e, lo, hi):
+                    m = _push(buf, m, lo, hi, lo, hi, -w_empty)
+                a += 1
     return m
 
 
@@ -219,44 +257,78 @@ def _empty_bins(q_empty: Bools) -> I64:
 
 
 @njit(cache=True)
-def _reachable(buf: I64, m: int, lo_col: int, m_min: int, size: int) -> I64:
-    """Prefix counts of the positions covered by ≥ ``m_min`` matched (weight > 0) intervals
-    ``[buf[:, lo_col], buf[:, lo_col + 1]]``."""
-    cov = np.zeros(size + 1, dtype=np.int64)
+def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int) -> tuple[I64, I64]:
+    """The positions covered by ≥ ``m_min`` matched (weight > 0) intervals
+    ``[buf[:, lo_col], buf[:, lo_col + 1]]``, as sorted disjoint half-open spans
+    ``[starts[s], ends[s])``.
+
+    A sweep over the sorted interval ends: O(m log m) whatever the page length (a prefix
+    count over every position cost O(page length) per task, which dominated on long pages).
+    """
+    n = 0
     for r in range(m):
         if buf[r, 4] > 0:
-            cov[buf[r, lo_col]] += 1
-            cov[buf[r, lo_col + 1] + 1] -= 1
-    out = np.zeros(size + 1, dtype=np.int64)
+            n += 1
+    opens = np.empty(n, dtype=np.int64)
+    closes = np.empty(n, dtype=np.int64)  # first position after the interval
+    n = 0
+    for r in range(m):
+        if buf[r, 4] > 0:
+            opens[n] = buf[r, lo_col]
+            closes[n] = buf[r, lo_col + 1] + 1
+            n += 1
+    opens.sort()
+    closes.sort()
+    starts = np.empty(n, dtype=np.int64)
+    ends = np.empty(n, dtype=np.int64)
+    n_s = 0
     run = 0
-    for x in range(size):
-        run += cov[x]
-        out[x + 1] = out[x] + (1 if run >= m_min else 0)
-    return out
+    a = 0
+    z = 0
+    while z < n:  # at each endpoint x, in order: the coverage on [x, next endpoint)
+        x = closes[z] if a == n else min(opens[a], closes[z])
+        was = run >= m_min
+        while a < n and opens[a] == x:
+            run += 1
+            a += 1
+        while z < n and closes[z] == x:
+            run -= 1
+            z += 1
+        if run >= m_min and not was:
+            starts[n_s] = x
+        elif was and run < m_min:
+            ends[n_s] = x
+            n_s += 1
+    return starts[:n_s], ends[:n_s]
 
 
 @njit(cache=True)
-def _drop_unreachable(buf: I64, m: int, m_min: int) -> int:
-    """Keep (compacted to the front) only the rectangles that can be part of a similar cell.
+def _meets(starts: I64, ends: I64, lo: int, hi: int) -> bool:
+    """Whether ``[lo, hi]`` (inclusive) meets one of the sorted disjoint spans."""
+    s = np.searchsorted(ends, lo, side="right")  # first span ending after lo
+    return s < starts.shape[0] and starts[s] <= hi
+
+
+@njit(cache=True)
+def _keep_reachable(buf: I64, m: int, m_min: int) -> tuple[int, I64, I64, I64, I64]:
+    """Keep (compacted to the front) only the matched rectangles (rows of ``buf``) that can
+    be part of a similar cell; return their count and the reachable spans on each axis.
 
     A similar cell is covered by at least ``m_min`` matched windows (the rest of the
     threshold is all the empty windows could add), and then so are its start i
     and its end j in the projections on each axis. A rectangle whose start interval, or
     end interval, holds no such position covers no similar cell: dropping it changes no
-    result (a necessary condition only; the scan decides). Returns the new count.
+    result (a necessary condition only; the scan decides). Returns ``(count, i_starts,
+    i_ends, j_starts, j_ends)``, the spans as in ``_reachable_spans``.
     """
-    size = 0
-    for r in range(m):
-        size = max(size, buf[r, 1] + 2, buf[r, 3] + 2)
-    ok_i = _reachable(buf, m, 0, m_min, size)
-    ok_j = _reachable(buf, m, 2, m_min, size)
+    i_s, i_e = _reachable_spans(buf, m, 0, m_min)
+    j_s, j_e = _reachable_spans(buf, m, 2, m_min)
     kept = 0
     for r in range(m):
-        # prefix counts: any reachable position in [lo, hi]
-        if (ok_i[buf[r, 1] + 1] > ok_i[buf[r, 0]] and ok_j[buf[r, 3] + 1] > ok_j[buf[r, 2]]):
+        if _meets(i_s, i_e, buf[r, 0], buf[r, 1]) and _meets(j_s, j_e, buf[r, 2], buf[r, 3]):
             buf[kept] = buf[r]
             kept += 1
-    return kept
+    return kept, i_s, i_e, j_s, j_e
 
 
 @njit(cache=True)
@@ -268,8 +340,6 @@ def viable_tasks(
     (before their empty windows are read): some start position and some end position must
     each be covered by enough matched windows that the empty bins could make up the rest."""
     n_empty = _empty_bins(q_empty)
-    none = np.empty(0, dtype=np.int64)
-    none2 = np.empty((0, 2), dtype=np.int64)
     buf = np.empty((max(1, n_before.sum()), 5), dtype=np.int64)
     out = np.zeros(task_p.shape[0], dtype=np.bool_)
     for t in range(task_p.shape[0]):
@@ -278,9 +348,8 @@ def viable_tasks(
         if rest <= 0:
             out[t] = True  # nothing to judge by
             continue
-        m = _gather(buf, p, task_o[t], lid, n_before, start, ords, rects, q_empty, none, none,
-                    none2, w_match, 0)
-        out[t] = _drop_unreachable(buf, m, -(-rest // w_match)) > 0
+        m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match)
+        out[t] = _keep_reachable(buf, m, -(-rest // w_match))[0] > 0
     return out
 
 
@@ -290,12 +359,14 @@ def scan_tasks(
     q_empty: Bools, empty_keys: I64, empty_off: I64, empty_lr: I64,
     w_match: int, w_empty: int, need: int, min_len: int, k: int,
 ) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:  # fmt: skip
-    """Interval scan of every (passage, candidate page) task over the rectangles that
-    ``_gather`` collects.
+    """Interval scan of every (passage, candidate page) task over the rectangles of its
+    matched windows and collided empty windows that can be part of a similar cell.
 
     Returns ``(hit_task, start, end, estimate)``: every longest near-duplicate range of the
     page (half-open units) per task, with ``N_mat / (k − N_emp)`` at the range's cell.
     """
+    if w_empty:
+        _check_empty_rows(empty_off, empty_lr)
     n_empty = _empty_bins(q_empty)
     rows = n_before.sum() + empty_lr.shape[0]
     buf = np.empty((max(1, rows), 5), dtype=np.int64)
@@ -306,10 +377,12 @@ def scan_tasks(
     n_h = 0
     for t in range(task_p.shape[0]):
         p = task_p[t]
-        m = _gather(buf, p, task_o[t], lid, n_before, start, ords, rects, q_empty, empty_keys,
-                    empty_off, empty_lr, w_match, w_empty)
+        m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match)
         rest = need - w_empty * n_empty[p]
-        m = _drop_unreachable(buf, m, max(1, -(-rest // w_match)))
+        m, i_s, i_e, j_s, j_e = _keep_reachable(buf, m, max(1, -(-rest // w_match)))
+        if w_empty:
+            m = _gather_empty(buf, m, p, task_o[t], q_empty, empty_keys, empty_off, empty_lr,
+                              w_empty, i_s, i_e, j_s, j_e)
         w = np.abs(buf[:m, 4])
         if m == 0 or w.sum() < need:
             continue
