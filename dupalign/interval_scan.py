@@ -10,7 +10,8 @@ weigh q, collided empty windows weigh p, and the threshold is k·p, which is exa
 
 The scan (Algorithm 3 with the paper's three optimizations): sweep the distinct left
 endpoints u in increasing order; keep the right intervals of the rectangles whose left
-interval covers u in a dynamic segment tree (range add); when the running left count
+interval covers u in a segment tree (range add; the paper's tree is dynamic, over the
+text's positions, ours is over the ≤ 2m distinct end bounds); when the running left count
 reaches the threshold, ask the tree for the rightmost end j with covering weight ≥ the
 threshold (tree updates are deferred to those moments, so that rectangles that open and
 close while the count is below the threshold cost nothing); report T[u..j] only if
@@ -26,21 +27,28 @@ import numpy.typing as npt
 from numba import njit
 
 from dupalign.oph import U64, Bools, OPHWindows, oph_sketch
-from dupalign.segtree import seg_add, seg_capacity, seg_new, seg_rightmost
+from dupalign.segtree import seg_add, seg_new, seg_rightmost
 
 I64 = npt.NDArray[np.int64]
 ArrayLike = npt.ArrayLike
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _scan(
     ep_pos: I64, ep_rect: I64, ep_sign: I64,
     j_lo: I64, j_hi: I64, w: I64, threshold: int, min_len: int,
 ) -> tuple[I64, I64]:  # fmt: skip
     n_ep = ep_pos.shape[0]
-    jmin = j_lo.min()
-    size = j_hi.max() - jmin + 1
-    nd, meta, st = seg_new(size, seg_capacity(size, n_ep))  # never needs to grow
+    # End positions compressed to cells: between consecutive distinct bounds (j_lo, and
+    # j_hi + 1) every position is covered by the same rectangles, so cell c stands for
+    # positions [bounds[c], bounds[c + 1]) and the rightmost qualifying position is the
+    # last one of the rightmost qualifying cell. The tree then has ≤ 2m leaves, whatever
+    # the length of the text.
+    bounds = np.unique(np.concatenate((j_lo, j_hi + 1)))
+    size = bounds.shape[0] - 1
+    c_lo = np.searchsorted(bounds, j_lo)
+    c_hi = np.searchsorted(bounds, j_hi + 1) - 1
+    nd, st = seg_new(size)
     out_s = np.empty(n_ep, dtype=np.int64)
     out_e = np.empty(n_ep, dtype=np.int64)
     n_out = 0
@@ -51,7 +59,7 @@ def _scan(
     pending = np.empty(w.shape[0], dtype=np.int64)
     n_pend = 0
     cnt = 0
-    z = jmin - 1  # largest end reported so far
+    z = bounds[0] - 1  # largest end reported so far
     e = 0
     while e < n_ep:
         u = ep_pos[e]
@@ -64,22 +72,24 @@ def _scan(
                 n_pend += 1
             else:
                 if state[x] == 2:
-                    seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, -w[x])
+                    seg_add(nd, size, c_lo[x], c_hi[x], -w[x])
                 state[x] = 3
             e += 1
         # every start in [u, next endpoint) has the same covering set: u is the longest
         if cnt >= threshold:
-            q_lo = u + min_len - 1 - jmin  # length j − u + 1 ≥ min_len (also j ≥ u)
-            if q_lo < size:
+            q_lo = u + min_len - 1  # length j − u + 1 ≥ min_len (also j ≥ u)
+            if q_lo < bounds[size]:
                 for y in range(n_pend):
                     x = pending[y]
                     if state[x] == 1:
-                        seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, w[x])
+                        seg_add(nd, size, c_lo[x], c_hi[x], w[x])
                         state[x] = 2
                 n_pend = 0
-                j = seg_rightmost(nd, meta, st, q_lo, size - 1, threshold)
-                if j >= 0:
-                    j += jmin
+                # the cell holding q_lo (cell 0 if q_lo comes before every bound)
+                c = np.searchsorted(bounds, q_lo, side="right") - 1
+                c = seg_rightmost(nd, st, size, max(c, 0), size - 1, threshold)
+                if c >= 0:
+                    j = bounds[c + 1] - 1
                     if j > z:
                         out_s[n_out] = u
                         out_e[n_out] = j + 1
@@ -135,7 +145,7 @@ def scan_rectangles(
     return list(zip(s.tolist(), e.tolist(), strict=True))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scan_kernel(
     il: I64, ih: I64, jl: I64, jh: I64, w: I64, threshold: int, min_len: int
 ) -> tuple[I64, I64]:

@@ -41,7 +41,7 @@ Ints = npt.NDArray[np.integer[Any]]  # int64, or int32 for the in-memory lists' 
 EMPTY_KEY_SHIFT = 16  # empty-window keys: ordinal << 16 | bin (k ≤ 2^16)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def passage_sketches(hvals: U64, bins: I64, starts: I64, ends: I64, k: int) -> tuple[U64, Bools]:
     """OPH sketch of every passage ``[starts[p], ends[p])``: ``(mins[P, k], empty[P, k])``,
     each row equal to ``oph.oph_sketch`` of the slice (``mins`` is 0 in empty bins)."""
@@ -54,7 +54,7 @@ def passage_sketches(hvals: U64, bins: I64, starts: I64, ends: I64, k: int) -> t
     return mins, empty
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def entries_before(start: I64, length: I64, ords: I64, before: int) -> I64:
     """Per list (rows ``start[x]:start[x] + length[x]`` of ``ords``, sorted by ordinal; a
     negative length marks a long list), the number of entries whose page is < ``before``."""
@@ -65,13 +65,13 @@ def entries_before(start: I64, length: I64, ords: I64, before: int) -> I64:
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _is_in(sorted_values: I64, v: int) -> bool:
     i = np.searchsorted(sorted_values, v)
     return i < sorted_values.shape[0] and sorted_values[i] == v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def select_candidates(
     lid: I64, n_before: I64, start: I64, ords: I64, q_empty: Bools, exclude: I64,
     w_match: int, w_empty: int, need: int, max_candidates: int,
@@ -151,14 +151,14 @@ def select_candidates(
     return t_p[:n_t].copy(), t_o[:n_t].copy(), pruned
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _grow(a: I64, size: int) -> I64:
     out = np.empty(size, dtype=np.int64)
     out[: a.shape[0]] = a
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _csr_range(keys: I64, off: I64, key: int) -> tuple[int, int]:
     """Rows ``[a, b)`` of ``key`` in a CSR array with sorted distinct ``keys`` (empty if absent)."""
     i = np.searchsorted(keys, key)
@@ -167,7 +167,7 @@ def _csr_range(keys: I64, off: I64, key: int) -> tuple[int, int]:
     return 0, 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) -> int:
     """Append a rectangle (rows of ``buf``: i_lo, i_hi, j_lo, j_hi, weight) unless it covers
     no subsequence; returns the new count."""
@@ -177,7 +177,7 @@ def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) 
     return m + 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _gather_matched(
     buf: I64, p: int, o: int, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
     w_match: int,
@@ -195,7 +195,7 @@ def _gather_matched(
     return m
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _check_empty_rows(empty_off: I64, empty_lr: I64) -> None:
     """The empty windows of one (page, bin) are the gaps between the bin's tokens: rows
     (l, r) with l ≤ r, sorted and disjoint. ``_gather_empty`` relies on it."""
@@ -206,7 +206,7 @@ def _check_empty_rows(empty_off: I64, empty_lr: I64) -> None:
                 raise ValueError("empty windows of a (page, bin) must be sorted disjoint rows")
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _first_ending_at(empty_lr: I64, a: int, z: int, pos: int) -> int:
     """First row in ``[a, z)`` whose window ends at or after ``pos`` (rows sorted by end)."""
     while a < z:
@@ -218,7 +218,7 @@ def _first_ending_at(empty_lr: I64, a: int, z: int, pos: int) -> int:
     return a
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _gather_empty(
     buf: I64, m: int, p: int, o: int, q_empty: Bools, empty_keys: I64, empty_off: I64,
     empty_lr: I64, w_empty: int, i_s: I64, i_e: I64, j_s: I64, j_e: I64,
@@ -245,7 +245,7 @@ def _gather_empty(
     return m
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _empty_bins(q_empty: Bools) -> I64:
     n_p, k = q_empty.shape
     out = np.zeros(n_p, dtype=np.int64)
@@ -256,7 +256,7 @@ def _empty_bins(q_empty: Bools) -> I64:
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int) -> tuple[I64, I64]:
     """The positions covered by ≥ ``m_min`` matched (weight > 0) intervals
     ``[buf[:, lo_col], buf[:, lo_col + 1]]``, as sorted disjoint half-open spans
@@ -302,14 +302,14 @@ def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int) -> tuple[I64, I6
     return starts[:n_s], ends[:n_s]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _meets(starts: I64, ends: I64, lo: int, hi: int) -> bool:
     """Whether ``[lo, hi]`` (inclusive) meets one of the sorted disjoint spans."""
     s = np.searchsorted(ends, lo, side="right")  # first span ending after lo
     return s < starts.shape[0] and starts[s] <= hi
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _keep_reachable(buf: I64, m: int, m_min: int) -> tuple[int, I64, I64, I64, I64]:
     """Keep (compacted to the front) only the matched rectangles (rows of ``buf``) that can
     be part of a similar cell; return their count and the reachable spans on each axis.
@@ -331,7 +331,7 @@ def _keep_reachable(buf: I64, m: int, m_min: int) -> tuple[int, I64, I64, I64, I
     return kept, i_s, i_e, j_s, j_e
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def viable_tasks(
     task_p: I64, task_o: I64, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
     q_empty: Bools, w_match: int, w_empty: int, need: int,
@@ -353,7 +353,7 @@ def viable_tasks(
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scan_tasks(
     task_p: I64, task_o: I64, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
     q_empty: Bools, empty_keys: I64, empty_off: I64, empty_lr: I64,
