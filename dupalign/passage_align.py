@@ -257,10 +257,12 @@ def _empty_bins(q_empty: Bools) -> I64:
 
 
 @njit(cache=True, nogil=True)
-def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int) -> tuple[I64, I64]:
-    """The positions covered by ≥ ``m_min`` matched (weight > 0) intervals
+def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int, opens: I64, closes: I64,
+                     starts: I64, ends: I64) -> int:
+    """The positions covered by ≥ ``m_min`` (≥ 1) matched (weight > 0) intervals
     ``[buf[:, lo_col], buf[:, lo_col + 1]]``, as sorted disjoint half-open spans
-    ``[starts[s], ends[s])``.
+    ``[starts[s], ends[s])``; returns their number. ``opens`` and ``closes`` are scratch
+    space; every array holds at least ``m`` values.
 
     A sweep over the sorted interval ends: O(m log m) whatever the page length (a prefix
     count over every position cost O(page length) per task, which dominated on long pages).
@@ -268,19 +270,11 @@ def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int) -> tuple[I64, I6
     n = 0
     for r in range(m):
         if buf[r, 4] > 0:
-            n += 1
-    opens = np.empty(n, dtype=np.int64)
-    closes = np.empty(n, dtype=np.int64)  # first position after the interval
-    n = 0
-    for r in range(m):
-        if buf[r, 4] > 0:
             opens[n] = buf[r, lo_col]
-            closes[n] = buf[r, lo_col + 1] + 1
+            closes[n] = buf[r, lo_col + 1] + 1  # first position after the interval
             n += 1
-    opens.sort()
-    closes.sort()
-    starts = np.empty(n, dtype=np.int64)
-    ends = np.empty(n, dtype=np.int64)
+    opens[:n].sort()
+    closes[:n].sort()
     n_s = 0
     run = 0
     a = 0
@@ -299,7 +293,7 @@ def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int) -> tuple[I64, I6
         elif was and run < m_min:
             ends[n_s] = x
             n_s += 1
-    return starts[:n_s], ends[:n_s]
+    return n_s
 
 
 @njit(cache=True, nogil=True)
@@ -310,7 +304,8 @@ def _meets(starts: I64, ends: I64, lo: int, hi: int) -> bool:
 
 
 @njit(cache=True, nogil=True)
-def _keep_reachable(buf: I64, m: int, m_min: int) -> tuple[int, I64, I64, I64, I64]:
+def _keep_reachable(buf: I64, m: int, m_min: int,
+                    scratch: I64) -> tuple[int, I64, I64, I64, I64]:
     """Keep (compacted to the front) only the matched rectangles (rows of ``buf``) that can
     be part of a similar cell; return their count and the reachable spans on each axis.
 
@@ -319,15 +314,20 @@ def _keep_reachable(buf: I64, m: int, m_min: int) -> tuple[int, I64, I64, I64, I
     and its end j in the projections on each axis. A rectangle whose start interval, or
     end interval, holds no such position covers no similar cell: dropping it changes no
     result (a necessary condition only; the scan decides). Returns ``(count, i_starts,
-    i_ends, j_starts, j_ends)``, the spans as in ``_reachable_spans``.
+    i_ends, j_starts, j_ends)``, the spans as in ``_reachable_spans``, views of
+    ``scratch`` (6 rows of ≥ m values, reused across tasks: no allocation per task).
     """
-    i_s, i_e = _reachable_spans(buf, m, 0, m_min)
-    j_s, j_e = _reachable_spans(buf, m, 2, m_min)
+    n_i = _reachable_spans(buf, m, 0, m_min, scratch[0], scratch[1], scratch[2], scratch[3])
+    n_j = _reachable_spans(buf, m, 2, m_min, scratch[0], scratch[1], scratch[4], scratch[5])
+    i_s, i_e = scratch[2, :n_i], scratch[3, :n_i]
+    j_s, j_e = scratch[4, :n_j], scratch[5, :n_j]
     kept = 0
-    for r in range(m):
-        if _meets(i_s, i_e, buf[r, 0], buf[r, 1]) and _meets(j_s, j_e, buf[r, 2], buf[r, 3]):
-            buf[kept] = buf[r]
-            kept += 1
+    if n_i and n_j:
+        for r in range(m):
+            if (_meets(i_s, i_e, buf[r, 0], buf[r, 1])
+                    and _meets(j_s, j_e, buf[r, 2], buf[r, 3])):
+                buf[kept] = buf[r]
+                kept += 1
     return kept, i_s, i_e, j_s, j_e
 
 
@@ -341,6 +341,7 @@ def viable_tasks(
     each be covered by enough matched windows that the empty bins could make up the rest."""
     n_empty = _empty_bins(q_empty)
     buf = np.empty((max(1, n_before.sum()), 5), dtype=np.int64)
+    scratch = np.empty((6, buf.shape[0]), dtype=np.int64)
     out = np.zeros(task_p.shape[0], dtype=np.bool_)
     for t in range(task_p.shape[0]):
         p = task_p[t]
@@ -349,7 +350,7 @@ def viable_tasks(
             out[t] = True  # nothing to judge by
             continue
         m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match)
-        out[t] = _keep_reachable(buf, m, -(-rest // w_match))[0] > 0
+        out[t] = _keep_reachable(buf, m, -(-rest // w_match), scratch)[0] > 0
     return out
 
 
@@ -370,6 +371,7 @@ def scan_tasks(
     n_empty = _empty_bins(q_empty)
     rows = n_before.sum() + empty_lr.shape[0]
     buf = np.empty((max(1, rows), 5), dtype=np.int64)
+    scratch = np.empty((6, buf.shape[0]), dtype=np.int64)
     h_t = np.empty(16, dtype=np.int64)
     h_s = np.empty(16, dtype=np.int64)
     h_e = np.empty(16, dtype=np.int64)
@@ -379,7 +381,7 @@ def scan_tasks(
         p = task_p[t]
         m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match)
         rest = need - w_empty * n_empty[p]
-        m, i_s, i_e, j_s, j_e = _keep_reachable(buf, m, max(1, -(-rest // w_match)))
+        m, i_s, i_e, j_s, j_e = _keep_reachable(buf, m, max(1, -(-rest // w_match)), scratch)
         if w_empty:
             m = _gather_empty(buf, m, p, task_o[t], q_empty, empty_keys, empty_off, empty_lr,
                               w_empty, i_s, i_e, j_s, j_e)

@@ -21,7 +21,6 @@ from dupalign.interval_scan import align_sketch
 from dupalign.oph import OPHWindows, compact_windows, oph_sketch, oph_values
 
 
-
 def _hvals(words: list[int]) -> np.ndarray:
     return oph_values(np.array([1000 + w for w in words], dtype=np.uint64))
 
@@ -158,7 +157,8 @@ def test_keep_reachable_equals_brute_force(
     ok_i = _brute_reachable(rects, 0, m_min)
     ok_j = _brute_reachable(rects, 2, m_min)
     buf = rects.copy()
-    kept, i_s, i_e, j_s, j_e = pa._keep_reachable(buf, len(rects), m_min)
+    kept, i_s, i_e, j_s, j_e = pa._keep_reachable(buf, len(rects), m_min,
+                                                  np.empty((6, len(rects)), dtype=np.int64))
     for s, e, ok in ((i_s, i_e, ok_i), (j_s, j_e, ok_j)):
         assert {x for a, z in zip(s.tolist(), e.tolist(), strict=True) for x in range(a, z)} == ok
         assert (s[1:] > e[:-1]).all()  # disjoint, not even touching: maximal spans
