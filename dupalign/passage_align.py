@@ -264,15 +264,22 @@ def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int, opens: I64, clos
     ``[starts[s], ends[s])``; returns their number. ``opens`` and ``closes`` are scratch
     space; every array holds at least ``m`` values.
 
-    A sweep over the sorted interval ends: O(m log m) whatever the page length (a prefix
-    count over every position cost O(page length) per task, which dominated on long pages).
+    A sweep over the interval ends in order: O(m log m) whatever the page length (a prefix
+    count over every position of the page cost O(page length) per task, which dominated on
+    long pages), or O(m + spread) by counting when the intervals spread over few positions.
     """
     n = 0
+    first = 1 << 62
+    last = -first
     for r in range(m):
         if buf[r, 4] > 0:
             opens[n] = buf[r, lo_col]
             closes[n] = buf[r, lo_col + 1] + 1  # first position after the interval
+            first = min(first, opens[n])
+            last = max(last, closes[n])
             n += 1
+    if n and last - first <= 16 * n:
+        return _spans_by_count(opens, closes, n, first, last, m_min, starts, ends)
     opens[:n].sort()
     closes[:n].sort()
     n_s = 0
@@ -292,6 +299,27 @@ def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int, opens: I64, clos
             starts[n_s] = x
         elif was and run < m_min:
             ends[n_s] = x
+            n_s += 1
+    return n_s
+
+
+@njit(cache=True, nogil=True)
+def _spans_by_count(opens: I64, closes: I64, n: int, first: int, last: int, m_min: int,
+                    starts: I64, ends: I64) -> int:
+    """``_reachable_spans`` by a difference array over positions ``[first, last]``."""
+    delta = np.zeros(last - first + 1, dtype=np.int64)
+    for r in range(n):
+        delta[opens[r] - first] += 1
+        delta[closes[r] - first] -= 1
+    n_s = 0
+    run = 0
+    for x in range(last - first + 1):
+        was = run >= m_min
+        run += delta[x]
+        if run >= m_min and not was:
+            starts[n_s] = first + x
+        elif was and run < m_min:
+            ends[n_s] = first + x
             n_s += 1
     return n_s
 

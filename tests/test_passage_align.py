@@ -148,12 +148,14 @@ intervals = st.tuples(st.integers(0, 40), st.integers(0, 12))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(intervals, intervals), max_size=25), st.integers(1, 5))
+@given(st.lists(st.tuples(intervals, intervals), max_size=25), st.integers(1, 5),
+       st.sampled_from([1, 3, 50]))
 def test_keep_reachable_equals_brute_force(
-    spans: list[tuple[tuple[int, int], tuple[int, int]]], m_min: int
+    spans: list[tuple[tuple[int, int], tuple[int, int]]], m_min: int, spread: int
 ) -> None:
-    rects = np.array([[a, a + la, b, b + lb, 1] for (a, la), (b, lb) in spans],
-                     dtype=np.int64).reshape(-1, 5)
+    # spread: intervals over few positions (spans found by counting) or many (by sorting)
+    rects = np.array([[a * spread, a * spread + la, b * spread, b * spread + lb, 1]
+                      for (a, la), (b, lb) in spans], dtype=np.int64).reshape(-1, 5)
     ok_i = _brute_reachable(rects, 0, m_min)
     ok_j = _brute_reachable(rects, 2, m_min)
     buf = rects.copy()
@@ -207,3 +209,10 @@ def test_unsorted_empty_windows_are_refused() -> None:
     with pytest.raises(ValueError, match="sorted disjoint"):
         pa._check_empty_rows(np.array([0, 2], dtype=np.int64), lr)
     pa._check_empty_rows(np.array([0, 1, 2], dtype=np.int64), lr)  # two keys: fine
+
+
+@pytest.mark.parametrize("kernel", ["passage_sketches", "entries_before", "select_candidates",
+                                    "viable_tasks", "scan_tasks"])
+def test_kernels_release_the_gil(kernel: str) -> None:
+    """A thread pool runs the align stage in parallel only if these release the GIL."""
+    assert getattr(pa, kernel).targetoptions.get("nogil") is True
