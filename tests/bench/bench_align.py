@@ -198,23 +198,21 @@ def thread_scaling(calls: Calls) -> dict[str, float]:
     t = time.perf_counter()
     run(work, [])
     out = {"1 thread": time.perf_counter() - t}
+    def in_parallel(workers: list[Any]) -> float:
+        t = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return time.perf_counter() - t
+
     cpu: list[float] = []
-    threads = [threading.Thread(target=run, args=(work[x::2], cpu)) for x in range(2)]
-    t = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    out["2 threads"] = time.perf_counter() - t
+    out["2 threads"] = in_parallel(
+        [threading.Thread(target=run, args=(work[x::2], cpu)) for x in range(2)])
     out["thread cpu/wall"] = sum(cpu) / out["2 threads"]
     fork = multiprocessing.get_context("fork")
-    procs = [fork.Process(target=run, args=(work[x::2], [])) for x in range(2)]
-    t = time.perf_counter()
-    for pr in procs:
-        pr.start()
-    for pr in procs:
-        pr.join()
-    out["2 processes"] = time.perf_counter() - t
+    out["2 processes"] = in_parallel(
+        [fork.Process(target=run, args=(work[x::2], [])) for x in range(2)])
     return out
 
 
