@@ -39,6 +39,7 @@ Bools = npt.NDArray[np.bool_]
 Ints = npt.NDArray[np.integer[Any]]  # int64, or int32 for the in-memory lists' rectangles
 
 EMPTY_KEY_SHIFT = 16  # empty-window keys: ordinal << 16 | bin (k ≤ 2^16)
+_ANY_LENGTH = -(1 << 62)  # a min_len that keeps every window
 
 
 @njit(cache=True, nogil=True)
@@ -168,10 +169,13 @@ def _csr_range(keys: I64, off: I64, key: int) -> tuple[int, int]:
 
 
 @njit(cache=True, nogil=True)
-def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) -> int:
+def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int,
+          min_len: int) -> int:
     """Append a rectangle (rows of ``buf``: i_lo, i_hi, j_lo, j_hi, weight) unless it covers
-    no subsequence; returns the new count."""
-    if i_lo > i_hi or j_lo > j_hi:
+    no subsequence of ``min_len`` or more (the longest it covers is [i_lo, j_hi]: a shorter
+    window can be part of no reported range, nor count in its estimate); returns the new
+    count."""
+    if i_lo > i_hi or j_lo > j_hi or j_hi - i_lo + 1 < min_len:
         return m
     buf[m, 0], buf[m, 1], buf[m, 2], buf[m, 3], buf[m, 4] = i_lo, i_hi, j_lo, j_hi, w
     return m + 1
@@ -180,10 +184,11 @@ def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) 
 @njit(cache=True, nogil=True)
 def _gather_matched(
     buf: I64, p: int, o: int, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
-    w_match: int,
+    w_match: int, min_len: int,
 ) -> int:  # fmt: skip
     """Rectangles of page ``o``'s windows in passage ``p``'s lists (rows of ``rects``,
-    ordinals in ``ords``) into ``buf``, weight ``w_match``; returns their count."""
+    ordinals in ``ords``) into ``buf``, weight ``w_match``, those covering a subsequence of
+    ``min_len`` or more (``_push``); returns their count."""
     m = 0
     for b in range(lid.shape[1]):
         x = lid[p, b]
@@ -191,7 +196,8 @@ def _gather_matched(
             seg = ords[start[x]:start[x] + n_before[x]]
             for r in range(start[x] + np.searchsorted(seg, o),
                            start[x] + np.searchsorted(seg, o, side="right")):
-                m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3], w_match)
+                m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3], w_match,
+                          min_len)
     return m
 
 
@@ -221,12 +227,13 @@ def _first_ending_at(empty_lr: I64, a: int, z: int, pos: int) -> int:
 @njit(cache=True, nogil=True)
 def _gather_empty(
     buf: I64, m: int, p: int, o: int, q_empty: Bools, empty_keys: I64, empty_off: I64,
-    empty_lr: I64, w_empty: int, i_s: I64, i_e: I64, j_s: I64, j_e: I64,
+    empty_lr: I64, w_empty: int, i_s: I64, i_e: I64, j_s: I64, j_e: I64, min_len: int,
 ) -> int:  # fmt: skip
     """Append to ``buf`` (after its ``m`` rows) page ``o``'s empty windows in passage ``p``'s
     empty bins (CSR keyed by ``page << 16 | bin``, rows (l, r) covering i, j ∈ [l, r]) that
     meet the reachable spans on both axes (``_keep_reachable``: the others cover no
-    similar cell), with weight ``-w_empty`` (the sign marks them); returns the new count.
+    similar cell) and cover a subsequence of ``min_len`` or more, with weight ``-w_empty``
+    (the sign marks them); returns the new count.
 
     A bin's rows are sorted and disjoint, so those meeting an i-span are one run found by
     binary search: a long page's thousands of empty windows are not visited one by one.
@@ -240,7 +247,7 @@ def _gather_empty(
             while a < z and empty_lr[a, 0] < i_e[s]:
                 lo, hi = empty_lr[a, 0], empty_lr[a, 1]
                 if _meets(j_s, j_e, lo, hi):
-                    m = _push(buf, m, lo, hi, lo, hi, -w_empty)
+                    m = _push(buf, m, lo, hi, lo, hi, -w_empty, min_len)
                 a += 1
     return m
 
@@ -377,7 +384,9 @@ def viable_tasks(
         if rest <= 0:
             out[t] = True  # nothing to judge by
             continue
-        m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match)
+        # every window, whatever its length: the decision stays the one documented above
+        m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match,
+                            _ANY_LENGTH)
         out[t] = _keep_reachable(buf, m, -(-rest // w_match), scratch)[0] > 0
     return out
 
@@ -407,12 +416,13 @@ def scan_tasks(
     n_h = 0
     for t in range(task_p.shape[0]):
         p = task_p[t]
-        m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match)
+        m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match,
+                            min_len)
         rest = need - w_empty * n_empty[p]
         m, i_s, i_e, j_s, j_e = _keep_reachable(buf, m, max(1, -(-rest // w_match)), scratch)
         if w_empty:
             m = _gather_empty(buf, m, p, task_o[t], q_empty, empty_keys, empty_off, empty_lr,
-                              w_empty, i_s, i_e, j_s, j_e)
+                              w_empty, i_s, i_e, j_s, j_e, min_len)
         w = np.abs(buf[:m, 4])
         if m == 0 or w.sum() < need:
             continue

@@ -105,7 +105,7 @@ word_lists = st.lists(st.integers(0, 5), min_size=1, max_size=70)
 @given(pages=st.lists(word_lists, min_size=1, max_size=4),
        data=st.data(), k=st.integers(2, 16), theta=st.sampled_from(
            [Fraction(1, 10), Fraction(3, 10), Fraction(1, 2), Fraction(4, 5), Fraction(1)]),
-       min_len=st.integers(1, 8))
+       min_len=st.integers(1, 16))
 def test_scan_tasks_equal_pairwise_alignment(
     pages: list[list[int]], data: st.DataObject, k: int, theta: Fraction, min_len: int
 ) -> None:
@@ -171,11 +171,11 @@ def test_keep_reachable_equals_brute_force(
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(1, 6), max_size=15), st.lists(st.integers(0, 50), max_size=6),
-       st.lists(st.integers(0, 50), max_size=6))
+       st.lists(st.integers(0, 50), max_size=6), st.integers(1, 4))
 def test_gather_empty_equals_linear_filter(gaps: list[int], i_cuts: list[int],
-                                           j_cuts: list[int]) -> None:
-    """Empty windows found by binary search per reachable span = every row that meets
-    both span sets, each once."""
+                                           j_cuts: list[int], min_len: int) -> None:
+    """Empty windows found by binary search per reachable span = every row of ``min_len``
+    or more positions that meets both span sets, each once."""
     rows, x = [], 0
     for g in gaps:  # sorted disjoint rows (l, r), as the gaps between a bin's tokens
         rows.append((x, x + g - 1))
@@ -194,13 +194,14 @@ def test_gather_empty_equals_linear_filter(gaps: list[int], i_cuts: list[int],
     q_empty[0, 3] = True
     buf = np.zeros((len(rows) + 1, 5), dtype=np.int64)
     m = pa._gather_empty(buf, 0, 0, 7, q_empty, np.array([key], dtype=np.int64),
-                         np.array([0, len(rows)], dtype=np.int64), lr, 2, i_s, i_e, j_s, j_e)
+                         np.array([0, len(rows)], dtype=np.int64), lr, 2, i_s, i_e, j_s, j_e,
+                         min_len)
 
     def meets(s: np.ndarray, e: np.ndarray, lo: int, hi: int) -> bool:
         return any(a <= hi and lo < z for a, z in zip(s.tolist(), e.tolist(), strict=True))
 
-    want = [[lo, hi, lo, hi, -2] for lo, hi in rows
-            if meets(i_s, i_e, lo, hi) and meets(j_s, j_e, lo, hi)]
+    want = [[lo, hi, lo, hi, -2] for lo, hi in rows if hi - lo + 1 >= min_len
+            and meets(i_s, i_e, lo, hi) and meets(j_s, j_e, lo, hi)]
     assert buf[:m].tolist() == want
 
 
