@@ -213,6 +213,24 @@ def thread_scaling(calls: Calls) -> dict[str, float]:
     fork = multiprocessing.get_context("fork")
     out["2 processes"] = in_parallel(
         [fork.Process(target=run, args=(work[x::2], [])) for x in range(2)])
+    # GIL probe, whatever the machine's load: a pure-Python thread counts while the kernels
+    # run on another; if they held the GIL it would get CPU only between calls
+    stop = threading.Event()
+    probe: list[float] = []
+
+    def count() -> None:
+        t = time.thread_time()
+        while not stop.is_set():
+            pass
+        probe.append(time.thread_time() - t)
+
+    th = threading.Thread(target=count)
+    th.start()
+    kernel_cpu: list[float] = []
+    run(work, kernel_cpu)
+    stop.set()
+    th.join()
+    out["kernel cpu"], out["python cpu"] = kernel_cpu[0], probe[0]
     return out
 
 
@@ -309,7 +327,9 @@ def main() -> int:
               f"1 thread {ts['1 thread']:.2f}, 2 threads {ts['2 threads']:.2f} "
               f"({ts['1 thread'] / ts['2 threads']:.2f}x; they used "
               f"{ts['thread cpu/wall']:.2f} CPU s per wall s), 2 processes (control) "
-              f"{ts['2 processes']:.2f} ({ts['1 thread'] / ts['2 processes']:.2f}x)")
+              f"{ts['2 processes']:.2f} ({ts['1 thread'] / ts['2 processes']:.2f}x); GIL "
+              f"probe: a pure-Python thread got {ts['python cpu']:.2f} CPU s while the kernels "
+              f"used {ts['kernel cpu']:.2f} on another thread")
         if args.e2e:
             end_to_end(baseline, args.docs, args.pairs)
     finally:
