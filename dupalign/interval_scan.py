@@ -166,8 +166,9 @@ def scan_rectangles(
     strictly contained in another near-duplicate, as HALF-OPEN 0-based ranges ``(i, j + 1)``
     (so ``end − start ≥ min_len``), sorted by start (and then also by end).
 
-    O(m log m) for m rectangles: one sort, two tree updates per rectangle and at most one
-    tree query per distinct left endpoint.
+    O(m log m) for m rectangles, O(m) memory, whatever the positions: two sorts (left
+    endpoints, right bounds), two tree updates per rectangle and at most one tree query per
+    distinct left endpoint.
     """
     il = np.asarray(i_lo, dtype=np.int64).ravel()
     ih = np.asarray(i_hi, dtype=np.int64).ravel()
