@@ -10,7 +10,8 @@ weigh q, collided empty windows weigh p, and the threshold is k·p, which is exa
 
 The scan (Algorithm 3 with the paper's three optimizations): sweep the distinct left
 endpoints u in increasing order; keep the right intervals of the rectangles whose left
-interval covers u in a dynamic segment tree (range add); when the running left count
+interval covers u in a segment tree (range add; the paper's tree is dynamic, over the
+text's positions, ours is over the ≤ 2m distinct end bounds); when the running left count
 reaches the threshold, ask the tree for the rightmost end j with covering weight ≥ the
 threshold (tree updates are deferred to those moments, so that rectangles that open and
 close while the count is below the threshold cost nothing); report T[u..j] only if
@@ -26,60 +27,115 @@ import numpy.typing as npt
 from numba import njit
 
 from dupalign.oph import U64, Bools, OPHWindows, oph_sketch
-from dupalign.segtree import seg_add, seg_capacity, seg_new, seg_rightmost
+from dupalign.segtree import seg_add, seg_new, seg_rightmost
 
 I64 = npt.NDArray[np.int64]
 ArrayLike = npt.ArrayLike
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
+def _sorted_ends(lo: I64, hi: I64) -> tuple[I64, I64]:
+    """The 2m interval ends ``lo[x]`` (event x) and ``hi[x] + 1`` (event m + x) sorted by
+    position: ``(positions, events)`` (order within a position is unspecified).
+
+    Sorted as packed int64 keys (position − min ‖ event): in numba that is several times
+    faster than an argsort and gathers; argsort only if the positions span too far."""
+    m = lo.shape[0]
+    n = 2 * m
+    base = lo.min()
+    bits = 1
+    while (1 << bits) < n:
+        bits += 1
+    pos = np.empty(n, dtype=np.int64)
+    ev = np.empty(n, dtype=np.int64)
+    if hi.max() + 1 - base >= (1 << (62 - bits)):
+        for x in range(m):
+            pos[x], pos[m + x] = lo[x], hi[x] + 1
+        order = np.argsort(pos)
+        return pos[order], order
+    keys = np.empty(n, dtype=np.int64)
+    for x in range(m):
+        keys[x] = ((lo[x] - base) << bits) | x
+        keys[m + x] = ((hi[x] + 1 - base) << bits) | (m + x)
+    keys.sort()
+    mask = (1 << bits) - 1
+    for e in range(n):
+        pos[e] = (keys[e] >> bits) + base
+        ev[e] = keys[e] & mask
+    return pos, ev
+
+
+@njit(cache=True, nogil=True)
 def _scan(
-    ep_pos: I64, ep_rect: I64, ep_sign: I64,
-    j_lo: I64, j_hi: I64, w: I64, threshold: int, min_len: int,
+    il: I64, ih: I64, j_lo: I64, j_hi: I64, w: I64, threshold: int, min_len: int
 ) -> tuple[I64, I64]:  # fmt: skip
-    n_ep = ep_pos.shape[0]
-    jmin = j_lo.min()
-    size = j_hi.max() - jmin + 1
-    nd, meta, st = seg_new(size, seg_capacity(size, n_ep))  # never needs to grow
+    m = w.shape[0]
+    # left endpoints: event x < m opens rectangle x at il[x], event m + x closes it
+    ep_pos, ep_ev = _sorted_ends(il, ih)
+    # End positions compressed to cells: between consecutive distinct bounds (j_lo, and
+    # j_hi + 1) every position is covered by the same rectangles, so cell c stands for
+    # positions [bounds[c], bounds[c + 1]) and the rightmost qualifying position is the
+    # last one of the rightmost qualifying cell. The tree then has ≤ 2m leaves, whatever
+    # the length of the text.
+    j_pos, j_ev = _sorted_ends(j_lo, j_hi)
+    bounds = np.empty(2 * m, dtype=np.int64)
+    c_lo = np.empty(m, dtype=np.int64)
+    c_hi = np.empty(m, dtype=np.int64)
+    size = -1
+    for e in range(2 * m):
+        if size < 0 or j_pos[e] != bounds[size]:
+            size += 1
+            bounds[size] = j_pos[e]
+        x = j_ev[e]
+        if x < m:
+            c_lo[x] = size
+        else:
+            c_hi[x - m] = size - 1
+    nd, st = seg_new(size)
+    n_ep = 2 * m
     out_s = np.empty(n_ep, dtype=np.int64)
     out_e = np.empty(n_ep, dtype=np.int64)
     n_out = 0
     # Tree updates are deferred until a query needs them: a rectangle whose left interval
     # opens and closes while the running count stays below the threshold never touches
     # the tree (most of a text, usually). state: 0 unseen, 1 pending, 2 in tree, 3 done.
-    state = np.zeros(w.shape[0], dtype=np.int8)
-    pending = np.empty(w.shape[0], dtype=np.int64)
+    state = np.zeros(m, dtype=np.int8)
+    pending = np.empty(m, dtype=np.int64)
     n_pend = 0
     cnt = 0
-    z = jmin - 1  # largest end reported so far
+    z = bounds[0] - 1  # largest end reported so far
     e = 0
     while e < n_ep:
         u = ep_pos[e]
         while e < n_ep and ep_pos[e] == u:
-            x = ep_rect[e]
-            cnt += ep_sign[e] * w[x]
-            if ep_sign[e] > 0:
+            x = ep_ev[e]
+            if x < m:
+                cnt += w[x]
                 state[x] = 1
                 pending[n_pend] = x
                 n_pend += 1
             else:
+                x -= m
+                cnt -= w[x]
                 if state[x] == 2:
-                    seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, -w[x])
+                    seg_add(nd, size, c_lo[x], c_hi[x], -w[x])
                 state[x] = 3
             e += 1
         # every start in [u, next endpoint) has the same covering set: u is the longest
         if cnt >= threshold:
-            q_lo = u + min_len - 1 - jmin  # length j − u + 1 ≥ min_len (also j ≥ u)
-            if q_lo < size:
+            q_lo = u + min_len - 1  # length j − u + 1 ≥ min_len (also j ≥ u)
+            if q_lo < bounds[size]:
                 for y in range(n_pend):
                     x = pending[y]
                     if state[x] == 1:
-                        seg_add(nd, meta, st, j_lo[x] - jmin, j_hi[x] - jmin, w[x])
+                        seg_add(nd, size, c_lo[x], c_hi[x], w[x])
                         state[x] = 2
                 n_pend = 0
-                j = seg_rightmost(nd, meta, st, q_lo, size - 1, threshold)
-                if j >= 0:
-                    j += jmin
+                # the cell holding q_lo (cell 0 if q_lo comes before every bound)
+                c = np.searchsorted(bounds[: size + 1], q_lo, side="right") - 1
+                c = seg_rightmost(nd, st, size, max(c, 0), size - 1, threshold)
+                if c >= 0:
+                    j = bounds[c + 1] - 1
                     if j > z:
                         out_s[n_out] = u
                         out_e[n_out] = j + 1
@@ -110,8 +166,9 @@ def scan_rectangles(
     strictly contained in another near-duplicate, as HALF-OPEN 0-based ranges ``(i, j + 1)``
     (so ``end − start ≥ min_len``), sorted by start (and then also by end).
 
-    O(m log m) for m rectangles: one sort, two tree updates per rectangle and at most one
-    tree query per distinct left endpoint.
+    O(m log m) for m rectangles, O(m) memory, whatever the positions: two sorts (left
+    endpoints, right bounds), two tree updates per rectangle and at most one tree query per
+    distinct left endpoint.
     """
     il = np.asarray(i_lo, dtype=np.int64).ravel()
     ih = np.asarray(i_hi, dtype=np.int64).ravel()
@@ -135,21 +192,13 @@ def scan_rectangles(
     return list(zip(s.tolist(), e.tolist(), strict=True))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scan_kernel(
     il: I64, ih: I64, jl: I64, jh: I64, w: I64, threshold: int, min_len: int
 ) -> tuple[I64, I64]:
     """``scan_rectangles`` for numba callers: valid rectangles (``il ≤ ih``, ``jl ≤ jh``),
     positive weights, at least one rectangle. Returns (starts, ends), half-open."""
-    m = il.shape[0]
-    pos = np.empty(2 * m, dtype=np.int64)
-    rect = np.empty(2 * m, dtype=np.int64)
-    sign = np.empty(2 * m, dtype=np.int64)
-    for x in range(m):
-        pos[x], rect[x], sign[x] = il[x], x, 1
-        pos[m + x], rect[m + x], sign[m + x] = ih[x] + 1, x, -1
-    order = np.argsort(pos)  # order within one position does not matter
-    return _scan(pos[order], rect[order], sign[order], jl, jh, w, threshold, min_len)
+    return _scan(il, ih, jl, jh, w, threshold, min_len)
 
 
 def collisions(windows: OPHWindows, query_mins: U64, query_empty: Bools) -> Bools:

@@ -193,7 +193,7 @@ class EntryHashes:
     visit: I64
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _active_prefix_min(values: U64, off: I64) -> B:
     """Entries whose value is strictly below every earlier value of the same token."""
     out = np.zeros(values.shape[0], dtype=np.bool_)
@@ -264,7 +264,7 @@ def count_active_keys(lay: Layout, eh: EntryHashes) -> int:
     return int(np.sum(f - lay.ent_x[e] + 1))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _emit_keys(pos: I64, off: I64, ent_tok: I64, ent_x: I64, visit: I64, total: int) -> I64:
     out = np.empty((total, 3), dtype=np.int64)
     m = 0
@@ -295,7 +295,7 @@ def active_keys(lay: Layout, eh: EntryHashes) -> tuple[I64, I64, I64]:
 # monotonic partitioning
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fen_add(tree: I64, i: int, delta: int) -> None:
     i += 1
     while i < tree.shape[0]:
@@ -303,7 +303,7 @@ def _fen_add(tree: I64, i: int, delta: int) -> None:
         i += i & (-i)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fen_prefix(tree: I64, i: int) -> int:
     """Number of present coordinates in [0, i]."""
     s = 0
@@ -314,7 +314,7 @@ def _fen_prefix(tree: I64, i: int) -> int:
     return s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fen_kth(tree: I64, k: int, top: int) -> int:
     """Coordinate of the k-th (1-based) present coordinate."""
     p = 0
@@ -328,7 +328,7 @@ def _fen_kth(tree: I64, k: int, top: int) -> int:
     return p  # tree index p + 1 holds it, i.e. coordinate p
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _partition_kernel(
     n: int, pos: I64, off: I64, ent_tok: I64, ent_x: I64, visit: I64, cap: int
 ) -> tuple[I64, int]:

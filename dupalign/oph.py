@@ -56,7 +56,7 @@ def oph_bins(hvals: U64, k: int) -> I64:
     return ((hi * kk + ((lo * kk) >> s32)) >> s32).astype(np.int64)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def oph_sketch_kernel(hvals: U64, bins: I64, k: int) -> tuple[U64, Bools]:
     """``oph_sketch_binned`` for numba callers (bins already checked)."""
     mins = np.zeros(k, dtype=np.uint64)
@@ -137,7 +137,7 @@ class OPHWindows:
         return int(self.bin.shape[0])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _windows(hvals: U64, bins: I64, k: int) -> tuple[I64, U64, Bools, I64, I64, I64]:
     n = hvals.shape[0]
     # group positions by bin, in increasing position order (counting sort: O(n + k))

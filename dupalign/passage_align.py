@@ -39,9 +39,10 @@ Bools = npt.NDArray[np.bool_]
 Ints = npt.NDArray[np.integer[Any]]  # int64, or int32 for the in-memory lists' rectangles
 
 EMPTY_KEY_SHIFT = 16  # empty-window keys: ordinal << 16 | bin (k ≤ 2^16)
+_ANY_LENGTH = -(1 << 62)  # a min_len that keeps every window
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def passage_sketches(hvals: U64, bins: I64, starts: I64, ends: I64, k: int) -> tuple[U64, Bools]:
     """OPH sketch of every passage ``[starts[p], ends[p])``: ``(mins[P, k], empty[P, k])``,
     each row equal to ``oph.oph_sketch`` of the slice (``mins`` is 0 in empty bins)."""
@@ -54,7 +55,7 @@ def passage_sketches(hvals: U64, bins: I64, starts: I64, ends: I64, k: int) -> t
     return mins, empty
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def entries_before(start: I64, length: I64, ords: I64, before: int) -> I64:
     """Per list (rows ``start[x]:start[x] + length[x]`` of ``ords``, sorted by ordinal; a
     negative length marks a long list), the number of entries whose page is < ``before``."""
@@ -65,13 +66,13 @@ def entries_before(start: I64, length: I64, ords: I64, before: int) -> I64:
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _is_in(sorted_values: I64, v: int) -> bool:
     i = np.searchsorted(sorted_values, v)
     return i < sorted_values.shape[0] and sorted_values[i] == v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def select_candidates(
     lid: I64, n_before: I64, start: I64, ords: I64, q_empty: Bools, exclude: I64,
     w_match: int, w_empty: int, need: int, max_candidates: int,
@@ -151,14 +152,14 @@ def select_candidates(
     return t_p[:n_t].copy(), t_o[:n_t].copy(), pruned
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _grow(a: I64, size: int) -> I64:
     out = np.empty(size, dtype=np.int64)
     out[: a.shape[0]] = a
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _csr_range(keys: I64, off: I64, key: int) -> tuple[int, int]:
     """Rows ``[a, b)`` of ``key`` in a CSR array with sorted distinct ``keys`` (empty if absent)."""
     i = np.searchsorted(keys, key)
@@ -167,30 +168,27 @@ def _csr_range(keys: I64, off: I64, key: int) -> tuple[int, int]:
     return 0, 0
 
 
-@njit(cache=True)
-def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int) -> int:
+@njit(cache=True, nogil=True)
+def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int,
+          min_len: int) -> int:
     """Append a rectangle (rows of ``buf``: i_lo, i_hi, j_lo, j_hi, weight) unless it covers
-    no subsequence; returns the new count."""
-    if i_lo > i_hi or j_lo > j_hi:
+    no subsequence of ``min_len`` or more (the longest it covers is [i_lo, j_hi]: a shorter
+    window can be part of no reported range, nor count in its estimate); returns the new
+    count."""
+    if i_lo > i_hi or j_lo > j_hi or j_hi - i_lo + 1 < min_len:
         return m
     buf[m, 0], buf[m, 1], buf[m, 2], buf[m, 3], buf[m, 4] = i_lo, i_hi, j_lo, j_hi, w
     return m + 1
 
 
-@njit(cache=True)
-def _gather(
+@njit(cache=True, nogil=True)
+def _gather_matched(
     buf: I64, p: int, o: int, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
-    q_empty: Bools, empty_keys: I64, empty_off: I64, empty_lr: I64, w_match: int,
-    w_empty: int,
+    w_match: int, min_len: int,
 ) -> int:  # fmt: skip
-    """Rectangles of page ``o`` against passage ``p`` into ``buf``; returns their count.
-
-    Its windows in the passage's lists (rows of ``rects``, ordinals in ``ords``) and, when
-    ``w_empty``, its empty windows in the passage's empty bins (CSR keyed by
-    ``page << 16 | bin``, rows (l, r) covering i, j ∈ [l, r]). Empty windows get weight
-    ``-w_empty``: the sign marks them. Each row of the inputs is used at most once, so
-    ``buf`` needs no more rows than they hold together.
-    """
+    """Rectangles of page ``o``'s windows in passage ``p``'s lists (rows of ``rects``,
+    ordinals in ``ords``) into ``buf``, weight ``w_match``, those covering a subsequence of
+    ``min_len`` or more (``_push``); returns their count."""
     m = 0
     for b in range(lid.shape[1]):
         x = lid[p, b]
@@ -198,16 +196,63 @@ def _gather(
             seg = ords[start[x]:start[x] + n_before[x]]
             for r in range(start[x] + np.searchsorted(seg, o),
                            start[x] + np.searchsorted(seg, o, side="right")):
-                m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3], w_match)
-        elif w_empty and q_empty[p, b]:
-            a, z = _csr_range(empty_keys, empty_off, (o << EMPTY_KEY_SHIFT) | b)
-            for r in range(a, z):
-                lo, hi = empty_lr[r, 0], empty_lr[r, 1]
-                m = _push(buf, m, lo, hi, lo, hi, -w_empty)
+                m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3], w_match,
+                          min_len)
     return m
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
+def _check_empty_rows(empty_off: I64, empty_lr: I64) -> None:
+    """The empty windows of one (page, bin) are the gaps between the bin's tokens: rows
+    (l, r) with l ≤ r, sorted and disjoint. ``_gather_empty`` relies on it."""
+    for x in range(empty_off.shape[0] - 1):
+        for r in range(empty_off[x], empty_off[x + 1]):
+            if empty_lr[r, 0] > empty_lr[r, 1] or (r > empty_off[x]
+                                                    and empty_lr[r, 0] <= empty_lr[r - 1, 1]):
+                raise ValueError("empty windows of a (page, bin) must be sorted disjoint rows")
+
+
+@njit(cache=True, nogil=True)
+def _first_ending_at(empty_lr: I64, a: int, z: int, pos: int) -> int:
+    """First row in ``[a, z)`` whose window ends at or after ``pos`` (rows sorted by end)."""
+    while a < z:
+        mid = (a + z) // 2
+        if empty_lr[mid, 1] < pos:
+            a = mid + 1
+        else:
+            z = mid
+    return a
+
+
+@njit(cache=True, nogil=True)
+def _gather_empty(
+    buf: I64, m: int, p: int, o: int, q_empty: Bools, empty_keys: I64, empty_off: I64,
+    empty_lr: I64, w_empty: int, i_s: I64, i_e: I64, j_s: I64, j_e: I64, min_len: int,
+) -> int:  # fmt: skip
+    """Append to ``buf`` (after its ``m`` rows) page ``o``'s empty windows in passage ``p``'s
+    empty bins (CSR keyed by ``page << 16 | bin``, rows (l, r) covering i, j ∈ [l, r]) that
+    meet the reachable spans on both axes (``_keep_reachable``: the others cover no
+    similar cell) and cover a subsequence of ``min_len`` or more, with weight ``-w_empty``
+    (the sign marks them); returns the new count.
+
+    A bin's rows are sorted and disjoint, so those meeting an i-span are one run found by
+    binary search: a long page's thousands of empty windows are not visited one by one.
+    """
+    for b in range(q_empty.shape[1]):
+        if not q_empty[p, b]:
+            continue
+        a, z = _csr_range(empty_keys, empty_off, (o << EMPTY_KEY_SHIFT) | b)
+        for s in range(i_s.shape[0]):  # spans in order: a row meeting two is taken once
+            a = _first_ending_at(empty_lr, a, z, i_s[s])
+            while a < z and empty_lr[a, 0] < i_e[s]:
+                lo, hi = empty_lr[a, 0], empty_lr[a, 1]
+                if _meets(j_s, j_e, lo, hi):
+                    m = _push(buf, m, lo, hi, lo, hi, -w_empty, min_len)
+                a += 1
+    return m
+
+
+@njit(cache=True, nogil=True)
 def _empty_bins(q_empty: Bools) -> I64:
     n_p, k = q_empty.shape
     out = np.zeros(n_p, dtype=np.int64)
@@ -218,48 +263,110 @@ def _empty_bins(q_empty: Bools) -> I64:
     return out
 
 
-@njit(cache=True)
-def _reachable(buf: I64, m: int, lo_col: int, m_min: int, size: int) -> I64:
-    """Prefix counts of the positions covered by ≥ ``m_min`` matched (weight > 0) intervals
-    ``[buf[:, lo_col], buf[:, lo_col + 1]]``."""
-    cov = np.zeros(size + 1, dtype=np.int64)
+@njit(cache=True, nogil=True)
+def _reachable_spans(buf: I64, m: int, lo_col: int, m_min: int, opens: I64, closes: I64,
+                     starts: I64, ends: I64) -> int:
+    """The positions covered by ≥ ``m_min`` (≥ 1) matched (weight > 0) intervals
+    ``[buf[:, lo_col], buf[:, lo_col + 1]]``, as sorted disjoint half-open spans
+    ``[starts[s], ends[s])``; returns their number. ``opens`` and ``closes`` are scratch
+    space; every array holds at least ``m`` values.
+
+    A sweep over the interval ends in order: O(m log m) whatever the page length (a prefix
+    count over every position of the page cost O(page length) per task, which dominated on
+    long pages), or O(m + spread) by counting when the intervals spread over few positions.
+    """
+    n = 0
+    first = 1 << 62
+    last = -first
     for r in range(m):
         if buf[r, 4] > 0:
-            cov[buf[r, lo_col]] += 1
-            cov[buf[r, lo_col + 1] + 1] -= 1
-    out = np.zeros(size + 1, dtype=np.int64)
+            opens[n] = buf[r, lo_col]
+            closes[n] = buf[r, lo_col + 1] + 1  # first position after the interval
+            first = min(first, opens[n])
+            last = max(last, closes[n])
+            n += 1
+    if n and last - first <= 64 * n:  # counting costs about as much as sorting then
+        return _spans_by_count(opens, closes, n, first, last, m_min, starts, ends)
+    opens[:n].sort()
+    closes[:n].sort()
+    n_s = 0
     run = 0
-    for x in range(size):
-        run += cov[x]
-        out[x + 1] = out[x] + (1 if run >= m_min else 0)
-    return out
+    a = 0
+    z = 0
+    while z < n:  # at each endpoint x, in order: the coverage on [x, next endpoint)
+        x = closes[z] if a == n else min(opens[a], closes[z])
+        was = run >= m_min
+        while a < n and opens[a] == x:
+            run += 1
+            a += 1
+        while z < n and closes[z] == x:
+            run -= 1
+            z += 1
+        if run >= m_min and not was:
+            starts[n_s] = x
+        elif was and run < m_min:
+            ends[n_s] = x
+            n_s += 1
+    return n_s
 
 
-@njit(cache=True)
-def _drop_unreachable(buf: I64, m: int, m_min: int) -> int:
-    """Keep (compacted to the front) only the rectangles that can be part of a similar cell.
+@njit(cache=True, nogil=True)
+def _spans_by_count(opens: I64, closes: I64, n: int, first: int, last: int, m_min: int,
+                    starts: I64, ends: I64) -> int:
+    """``_reachable_spans`` by a difference array over positions ``[first, last]``."""
+    delta = np.zeros(last - first + 1, dtype=np.int64)
+    for r in range(n):
+        delta[opens[r] - first] += 1
+        delta[closes[r] - first] -= 1
+    n_s = 0
+    run = 0
+    for x in range(last - first + 1):
+        was = run >= m_min
+        run += delta[x]
+        if run >= m_min and not was:
+            starts[n_s] = first + x
+        elif was and run < m_min:
+            ends[n_s] = first + x
+            n_s += 1
+    return n_s
+
+
+@njit(cache=True, nogil=True)
+def _meets(starts: I64, ends: I64, lo: int, hi: int) -> bool:
+    """Whether ``[lo, hi]`` (inclusive) meets one of the sorted disjoint spans."""
+    s = np.searchsorted(ends, lo, side="right")  # first span ending after lo
+    return s < starts.shape[0] and starts[s] <= hi
+
+
+@njit(cache=True, nogil=True)
+def _keep_reachable(buf: I64, m: int, m_min: int,
+                    scratch: I64) -> tuple[int, I64, I64, I64, I64]:
+    """Keep (compacted to the front) only the matched rectangles (rows of ``buf``) that can
+    be part of a similar cell; return their count and the reachable spans on each axis.
 
     A similar cell is covered by at least ``m_min`` matched windows (the rest of the
     threshold is all the empty windows could add), and then so are its start i
     and its end j in the projections on each axis. A rectangle whose start interval, or
     end interval, holds no such position covers no similar cell: dropping it changes no
-    result (a necessary condition only; the scan decides). Returns the new count.
+    result (a necessary condition only; the scan decides). Returns ``(count, i_starts,
+    i_ends, j_starts, j_ends)``, the spans as in ``_reachable_spans``, views of
+    ``scratch`` (6 rows of ≥ m values, reused across tasks: no allocation per task).
     """
-    size = 0
-    for r in range(m):
-        size = max(size, buf[r, 1] + 2, buf[r, 3] + 2)
-    ok_i = _reachable(buf, m, 0, m_min, size)
-    ok_j = _reachable(buf, m, 2, m_min, size)
+    n_i = _reachable_spans(buf, m, 0, m_min, scratch[0], scratch[1], scratch[2], scratch[3])
+    n_j = _reachable_spans(buf, m, 2, m_min, scratch[0], scratch[1], scratch[4], scratch[5])
+    i_s, i_e = scratch[2, :n_i], scratch[3, :n_i]
+    j_s, j_e = scratch[4, :n_j], scratch[5, :n_j]
     kept = 0
-    for r in range(m):
-        # prefix counts: any reachable position in [lo, hi]
-        if (ok_i[buf[r, 1] + 1] > ok_i[buf[r, 0]] and ok_j[buf[r, 3] + 1] > ok_j[buf[r, 2]]):
-            buf[kept] = buf[r]
-            kept += 1
-    return kept
+    if n_i and n_j:
+        for r in range(m):
+            if (_meets(i_s, i_e, buf[r, 0], buf[r, 1])
+                    and _meets(j_s, j_e, buf[r, 2], buf[r, 3])):
+                buf[kept] = buf[r]
+                kept += 1
+    return kept, i_s, i_e, j_s, j_e
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def viable_tasks(
     task_p: I64, task_o: I64, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
     q_empty: Bools, w_match: int, w_empty: int, need: int,
@@ -268,9 +375,8 @@ def viable_tasks(
     (before their empty windows are read): some start position and some end position must
     each be covered by enough matched windows that the empty bins could make up the rest."""
     n_empty = _empty_bins(q_empty)
-    none = np.empty(0, dtype=np.int64)
-    none2 = np.empty((0, 2), dtype=np.int64)
     buf = np.empty((max(1, n_before.sum()), 5), dtype=np.int64)
+    scratch = np.empty((6, buf.shape[0]), dtype=np.int64)
     out = np.zeros(task_p.shape[0], dtype=np.bool_)
     for t in range(task_p.shape[0]):
         p = task_p[t]
@@ -278,27 +384,31 @@ def viable_tasks(
         if rest <= 0:
             out[t] = True  # nothing to judge by
             continue
-        m = _gather(buf, p, task_o[t], lid, n_before, start, ords, rects, q_empty, none, none,
-                    none2, w_match, 0)
-        out[t] = _drop_unreachable(buf, m, -(-rest // w_match)) > 0
+        # every window, whatever its length: the decision stays the one documented above
+        m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match,
+                            _ANY_LENGTH)
+        out[t] = _keep_reachable(buf, m, -(-rest // w_match), scratch)[0] > 0
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scan_tasks(
     task_p: I64, task_o: I64, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
     q_empty: Bools, empty_keys: I64, empty_off: I64, empty_lr: I64,
     w_match: int, w_empty: int, need: int, min_len: int, k: int,
 ) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:  # fmt: skip
-    """Interval scan of every (passage, candidate page) task over the rectangles that
-    ``_gather`` collects.
+    """Interval scan of every (passage, candidate page) task over the rectangles of its
+    matched windows and collided empty windows that can be part of a similar cell.
 
     Returns ``(hit_task, start, end, estimate)``: every longest near-duplicate range of the
     page (half-open units) per task, with ``N_mat / (k − N_emp)`` at the range's cell.
     """
+    if w_empty:
+        _check_empty_rows(empty_off, empty_lr)
     n_empty = _empty_bins(q_empty)
     rows = n_before.sum() + empty_lr.shape[0]
     buf = np.empty((max(1, rows), 5), dtype=np.int64)
+    scratch = np.empty((6, buf.shape[0]), dtype=np.int64)
     h_t = np.empty(16, dtype=np.int64)
     h_s = np.empty(16, dtype=np.int64)
     h_e = np.empty(16, dtype=np.int64)
@@ -306,10 +416,13 @@ def scan_tasks(
     n_h = 0
     for t in range(task_p.shape[0]):
         p = task_p[t]
-        m = _gather(buf, p, task_o[t], lid, n_before, start, ords, rects, q_empty, empty_keys,
-                    empty_off, empty_lr, w_match, w_empty)
+        m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match,
+                            min_len)
         rest = need - w_empty * n_empty[p]
-        m = _drop_unreachable(buf, m, max(1, -(-rest // w_match)))
+        m, i_s, i_e, j_s, j_e = _keep_reachable(buf, m, max(1, -(-rest // w_match)), scratch)
+        if w_empty:
+            m = _gather_empty(buf, m, p, task_o[t], q_empty, empty_keys, empty_off, empty_lr,
+                              w_empty, i_s, i_e, j_s, j_e, min_len)
         w = np.abs(buf[:m, 4])
         if m == 0 or w.sum() < need:
             continue

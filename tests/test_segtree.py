@@ -1,13 +1,12 @@
-"""Dynamic segment tree vs a plain array (dupalign.segtree)."""
+"""Segment tree vs a plain array (dupalign.segtree)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dupalign.segtree import DynamicSegmentTree, seg_add, seg_capacity, seg_new, seg_rightmost
+from dupalign.segtree import SegmentTree
 from tests.oracles.oph import NaiveRangeArray
 
 
@@ -30,7 +29,7 @@ def programs(draw: st.DrawFn) -> tuple[int, list[tuple[str, int, int, int]]]:
 @given(programs())
 def test_tree_matches_naive_array(prog: tuple[int, list[tuple[str, int, int, int]]]) -> None:
     size, ops = prog
-    tree = DynamicSegmentTree(size, capacity=1)  # forces growth
+    tree = SegmentTree(size)
     naive = NaiveRangeArray(size)
     for op, a, b, v in ops:
         lo, hi = min(a, b), max(a, b)
@@ -45,14 +44,14 @@ def test_tree_matches_naive_array(prog: tuple[int, list[tuple[str, int, int, int
 
 
 def test_reversed_ranges_are_empty() -> None:
-    tree = DynamicSegmentTree(8)
+    tree = SegmentTree(8)
     tree.add(5, 2, 7)  # lo > hi: no-op
     assert tree.range_max(0, 7) == 0
     assert tree.rightmost_at_least(5, 2, -10) == -1
 
 
 def test_rightmost_example() -> None:
-    tree = DynamicSegmentTree(10)
+    tree = SegmentTree(10)
     tree.add(2, 5, 3)
     tree.add(4, 9, 1)
     assert [tree.value_at(x) for x in range(10)] == [0, 0, 3, 3, 4, 4, 1, 1, 1, 1]
@@ -65,41 +64,6 @@ def test_rightmost_example() -> None:
     assert tree.rightmost_at_least(0, 9, 3) == 5
 
 
-def test_memory_is_independent_of_size() -> None:
-    tree = DynamicSegmentTree(1 << 40)
-    for x in range(100):
-        tree.add(x * 1000, x * 1000 + 10**9, 1)
-    # each add splits at most 2 nodes per level (2 children each), 41 levels
-    assert tree.node_count <= 1 + 100 * 4 * 41
-    assert tree.value_at(99_000) == 100
-    assert tree.value_at(98_999) == 99
-    assert tree.rightmost_at_least(0, (1 << 40) - 1, 100) == 10**9
-
-
 def test_bad_size() -> None:
     with pytest.raises(ValueError):
-        DynamicSegmentTree(0)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.integers(1, 300),
-    st.lists(st.tuples(st.integers(0, 299), st.integers(0, 299), st.integers(1, 3)), max_size=40),
-)
-def test_capacity_bound_suffices(size: int, adds: list[tuple[int, int, int]]) -> None:
-    nd, meta, scratch = seg_new(size, seg_capacity(size, len(adds)))
-    naive = NaiveRangeArray(size)
-    for a, b, v in adds:
-        seg_add(nd, meta, scratch, min(a, b), max(a, b), v)  # must not run out of rows
-        naive.add(min(a, b), max(a, b), v)
-    assert meta[0] <= min(2 * size - 1, nd.shape[0])
-    top = int(naive.a.max())
-    assert seg_rightmost(nd, meta, scratch, 0, size - 1, top) == int(
-        np.flatnonzero(naive.a == top)[-1]
-    )
-
-
-def test_full_tree_raises_instead_of_overflowing() -> None:
-    nd, meta, scratch = seg_new(1000, 3)
-    with pytest.raises(IndexError):
-        seg_add(nd, meta, scratch, 10, 20, 1)
+        SegmentTree(0)

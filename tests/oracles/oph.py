@@ -175,7 +175,7 @@ def exact_jaccard_alignment(
 
 
 class NaiveRangeArray:
-    """Twin of segtree.DynamicSegmentTree: a plain array."""
+    """Twin of segtree.SegmentTree: a plain array."""
 
     def __init__(self, size: int) -> None:
         self.a = np.zeros(size, dtype=np.int64)
