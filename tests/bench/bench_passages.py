@@ -425,8 +425,8 @@ def pan_accuracy(sets: dict[str, tuple[dict[str, str], list[PanDoc]]]) -> None:
         span_refine.refine = real_refine  # type: ignore[assignment]
     print("found: texts with a detection against their own source. ms: CPU ms per text "
           "(this thread), query_text with raw / refined spans; refine: of that, "
-          "span_refine.refine (seeds and chains; the estimates and exact similarity of the spans are computed both "
-          "ways). Planted edit rates: " + ", ".join(
+          "span_refine.refine (seeds and chains; the estimates and exact similarity of "
+          "the spans are computed both ways). Planted edit rates: " + ", ".join(
               f"{k} {lo:.0%}-{hi:.0%}" for k, (lo, hi) in EDIT_LEVELS.items()) + ".")
     print()
 
