@@ -537,6 +537,48 @@ def test_clough_store_equals_pairwise_with_pruning(mode: str, tmp_path: Path) ->
     assert pruned > 0
 
 
+# -- tight spans: verbatim copies -----------------------------------------------------------
+
+@needs_testdata
+def test_verbatim_copies_get_tight_spans(tmp_path: Path) -> None:
+    """A verbatim copy of 50-200 words of an RFC window, put into another RFC's text or a
+    Clough answer, is reported as one span within 5 words of the copy's boundaries on both
+    sides, with exact Jaccard >= 0.95 (the scan alone extends such a span into the text
+    around it until the estimate falls to θ)."""
+    rng = np.random.default_rng(15)
+    rfcs = corpora.rfc_numbers()
+    answers = [tokenize(corpora.plain_text(a.body)).tokens for a in corpora.clough_answers()]
+    cases = []
+    with Engine.open(tmp_path, EngineConfig(near=NearConfig(enabled=False))) as eng:
+        for x in range(12):
+            words = tokenize(corpora.rfc_text(int(rng.choice(rfcs)))).tokens
+            w0 = int(rng.integers(0, len(words) - 800))
+            source = words[w0 : w0 + 800]
+            n = int(rng.integers(50, 201))
+            s = int(rng.integers(0, len(source) - n))
+            if x % 2:
+                host = answers[int(rng.integers(len(answers)))]
+            else:
+                other = tokenize(corpora.rfc_text(int(rng.choice(rfcs)))).tokens
+                h = int(rng.integers(0, len(other) - 600))
+                host = other[h : h + 600]
+            at = int(rng.integers(0, len(host) + 1))
+            eng.process(Page(id=f"src{x}", body=" ".join(source)))
+            cases.append((f"src{x}", host[:at] + source[s : s + n] + host[at:], at, s, n))
+        for src, text, at, s, n in cases:
+            own = [m for m in eng.query_text(" ".join(text)) if m.match_doc_id == src]
+            assert len(own) == 1 and own[0].spans, src
+            spans = [sp for sp in own[0].spans
+                     if sp.tokens[0] < at + n and sp.tokens[1] > at]  # on the copy
+            assert len(spans) == 1, (src, own[0].spans)
+            sp = spans[0]
+            assert abs(sp.tokens[0] - at) <= 5 and abs(sp.tokens[1] - (at + n)) <= 5, (src, sp)
+            assert abs(sp.match_tokens[0] - s) <= 5, (src, sp)
+            assert abs(sp.match_tokens[1] - (s + n)) <= 5, (src, sp)
+            assert sp.jaccard is not None and sp.jaccard >= 0.95, (src, sp)
+            assert own[0].jaccard == sp.jaccard  # the copy is the best span
+
+
 # -- real text: RFC chains ---------------------------------------------------------------------
 
 def _rfc_coverage(path: Path, older: int, newer: int) -> tuple[float, float]:
