@@ -43,7 +43,7 @@ from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
-from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
+from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_sketch_kernel, oph_values
 from dupalign.store import Batch, PrefixReader, Store, read_u64, u64
 from dupalign.text import Tokens
 
@@ -365,7 +365,7 @@ class PassageIndex:
                 q_units, t_units, np.array([(h.q_start, h.q_end, h.t_start, h.t_end)
                                             for h in hits], dtype=np.int64), self.chain_params)
             boxes = [(p.q_start, p.q_end, p.t_start, p.t_end) for p in pieces]
-            ests = [self._estimate(q_units[a:b], t_units[c:d]) for a, b, c, d in boxes]
+            ests = self._estimates(q_units, t_units, boxes)
         else:  # (pages indexed before units were kept have the scan's spans only)
             merged = _merge_hits(hits)
             boxes = [(h.q_start, h.q_end, h.t_start, h.t_end) for h in merged]
@@ -388,13 +388,24 @@ class PassageIndex:
         spans.sort(key=lambda s: s.tokens)
         return spans
 
-    def _estimate(self, a: U64, b: U64) -> float:
-        """The sketch estimate of two unit sequences (as the scan's, without stop lists):
-        OPH N_mat / (k - N_emp), MonoActive matched hash functions / k."""
-        (ka, ea), (kb, eb) = self.sketch(a), self.sketch(b)
-        both_empty = int(np.count_nonzero(ea & eb))
-        matched = int(np.count_nonzero(~ea & ~eb & (ka == kb)))
-        return matched / (self.k - both_empty) if self.k > both_empty else 0.0
+    def _estimates(self, a: U64, b: U64, boxes: list[tuple[int, int, int, int]]) -> list[float]:
+        """The sketch estimate of each box's two unit ranges ``a[q0:q1]``, ``b[t0:t1]`` (as
+        the scan's, without stop lists): OPH N_mat / (k - N_emp), MonoActive matched hash
+        functions / k."""
+        out = []
+        if self.cfg.mode == "oph":  # hash and bin each side once, then sketch the slices
+            ha, hb = oph_values(a), oph_values(b)
+            ba, bb = oph_bins(ha, self.k), oph_bins(hb, self.k)
+        for q0, q1, t0, t1 in boxes:
+            if self.cfg.mode == "oph":
+                ka, ea = oph_sketch_kernel(ha[q0:q1], ba[q0:q1], self.k)
+                kb, eb = oph_sketch_kernel(hb[t0:t1], bb[t0:t1], self.k)
+            else:
+                (ka, ea), (kb, eb) = self.sketch(a[q0:q1]), self.sketch(b[t0:t1])
+            both_empty = int(np.count_nonzero(ea & eb))
+            matched = int(np.count_nonzero(~ea & ~eb & (ka == kb)))
+            out.append(matched / (self.k - both_empty) if self.k > both_empty else 0.0)
+        return out
 
     # -- writes -----------------------------------------------------------------------------
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:

@@ -158,7 +158,10 @@ def seeds(a: U64, b: U64, boxes: I64, max_occ: int = DEFAULT.max_occ) -> tuple[I
     boxes = _union_same_rows(np.ascontiguousarray(
         boxes[np.lexsort((boxes[:, 2], boxes[:, 1], boxes[:, 0]))]))
     boxes = np.ascontiguousarray(boxes[np.argsort(boxes[:, 2], kind="stable")])
-    order = np.argsort(b, kind="stable")  # equal hashes keep their positions in order
+    if not len(boxes):
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    lo, hi = int(boxes[:, 2].min()), int(boxes[:, 3].max())  # only this part of b is seen
+    order = lo + np.argsort(b[lo:hi], kind="stable")  # equal hashes keep positions in order
     return _seeds(np.ascontiguousarray(a, dtype=np.uint64), b[order].astype(np.uint64),
                   order.astype(np.int64), boxes, max_occ)
 
@@ -215,24 +218,49 @@ def best_chain(si: I64, sj: I64, alive: npt.NDArray[np.bool_],
     return chain[::-1], int(score[end])
 
 
+@njit(cache=True)
+def _chains(si: I64, sj: I64, match: int, gap: int, max_gap: int, min_score: int) -> I64:
+    """``chains`` in one kernel: rows (q_start, q_end, t_start, t_end, seeds, score)."""
+    n = si.shape[0]
+    out = np.empty((n, 6), dtype=np.int64)
+    if n == 0:
+        return out
+    alive = np.ones(n, dtype=np.bool_)
+    top = si.max() + 2
+    taken = np.zeros(top, dtype=np.int64)
+    blocked = np.zeros(top + 1, dtype=np.int64)
+    m = 0
+    while True:
+        for x in range(top):
+            blocked[x + 1] = blocked[x] + taken[x]
+        score, pred = _chain_scores(si, sj, alive, blocked, match, gap, max_gap)
+        end = np.argmax(score)
+        if score[end] < 0 or (m > 0 and score[end] < min_score):
+            return out[:m]
+        first = end
+        length = 1
+        while pred[first] >= 0:
+            first = pred[first]
+            length += 1
+        q0, q1 = si[first], si[end]
+        out[m, 0], out[m, 1], out[m, 2], out[m, 3] = q0, q1 + 1, sj[first], sj[end] + 1
+        out[m, 4], out[m, 5] = length, score[end]
+        m += 1
+        for s in range(n):
+            if q0 <= si[s] <= q1:
+                alive[s] = False
+        taken[q0 : q1 + 1] = 1
+
+
 def chains(si: I64, sj: I64, params: ChainParams = DEFAULT) -> list[Piece]:
     """Greedy one-detection-per-region chaining: the best chain, then the best chain of the
     seeds outside its query range that does not span it, and so on while the score reaches
     ``params.min_score`` (the first chain is always taken). In the order taken; their query
     ranges are disjoint."""
-    alive = np.ones(len(si), dtype=np.bool_)
-    taken = np.zeros(int(si.max()) + 2 if len(si) else 1, dtype=np.int64)
-    out: list[Piece] = []
-    while True:
-        blocked = np.concatenate(([0], np.cumsum(taken)))
-        chain, score = best_chain(si, sj, alive, params, blocked)
-        if not chain or (out and score < params.min_score):
-            return out
-        q0, q1 = int(si[chain[0]]), int(si[chain[-1]])
-        t0, t1 = int(sj[chain[0]]), int(sj[chain[-1]])
-        out.append(Piece(q0, q1 + 1, t0, t1 + 1, len(chain), score))
-        alive &= (si < q0) | (si > q1)
-        taken[q0 : q1 + 1] = 1
+    rows = _chains(np.ascontiguousarray(si, dtype=np.int64),
+                   np.ascontiguousarray(sj, dtype=np.int64), params.match, params.gap,
+                   params.max_gap, params.min_score)
+    return [Piece(*r) for r in rows.tolist()]
 
 
 def refine(a: U64, b: U64, boxes: I64, params: ChainParams = DEFAULT) -> list[Piece]:

@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|pan|scale]
      [--scale 1000,10000] [--lists-mb 256,1024] [--max-list 256,1024] [--compare-runs]
+     [--compare-refine]
 
 1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
    subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
@@ -535,7 +536,8 @@ class Variant:
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
           lists_mbs: tuple[int, ...] = (CacheConfig.lists_mb,), compare_runs: bool = False,
-          max_lists: tuple[int, ...] = (PassageConfig.max_list,)) -> None:
+          max_lists: tuple[int, ...] = (PassageConfig.max_list,),
+          compare_refine: bool = False) -> None:
     rng = np.random.default_rng(5)
     texts = page_stream(checkpoints[-1], rng, use_docs)
     print(f"## Cost vs store size (near disabled; default passage config: "
@@ -544,15 +546,18 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           "the counters are over the pages since the previous checkpoint; stop/pass: passage "
           "bins whose list is a stop list; planted: share of the pages with a planted copy "
           "matched with the page it was copied from")
-    # (name, passage.max_list, cache.lists_mb, pack lists read from the store)
+    # (name, passage.max_list, cache.lists_mb, pack lists read from the store, refine spans)
     specs = [(" ".join([f"ml {m}"] * (len(max_lists) > 1) + [f"mb {mb}"] * (len(lists_mbs) > 1))
-              or "runs", m, mb, True) for m in max_lists for mb in lists_mbs]
+              or "runs", m, mb, True, True) for m in max_lists for mb in lists_mbs]
     if compare_runs:
-        specs.append(("no runs", max_lists[0], lists_mbs[0], False))
+        specs.append(("no runs", max_lists[0], lists_mbs[0], False, True))
+    if compare_refine:
+        specs.append(("raw", max_lists[0], lists_mbs[0], True, False))
     if len(specs) > 1:
         print(f"Engines fed the same pages in turn: {', '.join(s[0] for s in specs)} "
               "('ml N': passage.max_list = N; 'mb N': cache.lists_mb = N; 'no runs' keeps one "
-              "key per list entry, never packing lists read from the store into runs); "
+              "key per list entry, never packing lists read from the store into runs; 'raw' "
+              "reports the scan's merged spans, passage.refine = false); "
               "process CPU is not split: '-'")
     print(f"{'pages':>7} {'variant':>8} {'ms/page':>8} {'fg cpu':>7} {'cpu ms':>7} "
           f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
@@ -566,9 +571,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     first_with_text: dict[int, int] = {}  # an exact duplicate is matched to the first copy
     canonical: list[int] = []
     try:
-        for (name, max_list, lists_mb, packed), d in zip(specs, dirs, strict=True):
+        for (name, max_list, lists_mb, packed, refine), d in zip(specs, dirs, strict=True):
             cfg = EngineConfig(near=NearConfig(enabled=False),
-                               passage=PassageConfig(max_list=max_list),
+                               passage=PassageConfig(max_list=max_list, refine=refine),
                                cache=CacheConfig(lists_mb=lists_mb))
             eng = Engine.open(d, cfg)
             if not packed:
@@ -678,6 +683,8 @@ def main() -> None:
                     help="scale: comma-separated passage.max_list values, one engine each")
     ap.add_argument("--compare-runs", action="store_true",
                     help="scale: also run an engine that never packs lists, pages in turn")
+    ap.add_argument("--compare-refine", action="store_true",
+                    help="scale: also run an engine reporting the scan's raw spans, pages in turn")
     args = ap.parse_args()
     print(f"# dupalign at {_git_state()}\n")
     rng = np.random.default_rng(1)
@@ -697,7 +704,8 @@ def main() -> None:
                                      args.profile, args.store_root,
                                      tuple(int(x) for x in args.lists_mb.split(",")),
                                      args.compare_runs,
-                                     tuple(int(x) for x in args.max_list.split(","))))
+                                     tuple(int(x) for x in args.max_list.split(",")),
+                                     args.compare_refine))
 
 
 if __name__ == "__main__":
