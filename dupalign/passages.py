@@ -360,7 +360,8 @@ class PassageIndex:
         # both sides' units as stored: their hashes' low 32 bits
         q_units = units & np.uint64(0xFFFFFFFF)
         t_units = None if o_units is None else o_units.astype(np.uint64)
-        if self.cfg.refine and t_units is not None:
+        refined = self.cfg.refine and t_units is not None
+        if refined:
             pieces = span_refine.refine(
                 q_units, t_units, np.array([(h.q_start, h.q_end, h.t_start, h.t_end)
                                             for h in hits], dtype=np.int64), self.chain_params)
@@ -371,9 +372,11 @@ class PassageIndex:
             boxes = [(h.q_start, h.q_end, h.t_start, h.t_end) for h in merged]
             ests = [h.est for h in merged]
         spans = []
-        for (q0, q1, t0, t1), est in zip(boxes, ests, strict=True):
+        for x, ((q0, q1, t0, t1), est) in enumerate(zip(boxes, ests, strict=True)):
             qs, qe = self._word_range(q0, q1)
             ts, te = self._word_range(t0, t1)
+            if refined and x + 1 < len(boxes):  # pieces are disjoint in units, and in
+                qe = min(qe, boxes[x + 1][0])  # words too: a last shingle's tail is cut
             sim = (None if t_units is None
                    else span_refine.similarity(q_units[q0:q1], t_units[t0:t1]))
             spans.append(Span(

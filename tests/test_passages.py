@@ -10,6 +10,7 @@ passage and that page: nothing lost, nothing added.
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from collections import Counter, defaultdict
@@ -208,6 +209,8 @@ def check_store_against_pairwise(
         for m in refined:
             o = ids[m.match_doc_id]
             assert m.spans and m.jaccard == best_span(m.spans).jaccard
+            # one detection per region: spans are disjoint in the query
+            assert all(a.tokens[1] <= b.tokens[0] for a, b in itertools.pairwise(m.spans))
             for sp in m.spans:
                 assert near(sp.tokens, got_q[o]) and near(sp.match_tokens, got_t[o])
                 assert sp.jaccard is not None and 0 < sp.jaccard <= 1

@@ -548,7 +548,8 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           "matched with the page it was copied from")
     # (name, passage.max_list, cache.lists_mb, pack lists read from the store, refine spans)
     specs = [(" ".join([f"ml {m}"] * (len(max_lists) > 1) + [f"mb {mb}"] * (len(lists_mbs) > 1))
-              or "runs", m, mb, True, True) for m in max_lists for mb in lists_mbs]
+              or ("refined" if compare_refine else "runs"), m, mb, True, True)
+             for m in max_lists for mb in lists_mbs]
     if compare_runs:
         specs.append(("no runs", max_lists[0], lists_mbs[0], False, True))
     if compare_refine:
