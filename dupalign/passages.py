@@ -361,7 +361,7 @@ class PassageIndex:
         q_units = units & np.uint64(0xFFFFFFFF)
         t_units = None if o_units is None else o_units.astype(np.uint64)
         refined = self.cfg.refine and t_units is not None
-        if refined:
+        if self.cfg.refine and t_units is not None:
             pieces = span_refine.refine(
                 q_units, t_units, np.array([(h.q_start, h.q_end, h.t_start, h.t_end)
                                             for h in hits], dtype=np.int64), self.chain_params)
