@@ -396,13 +396,15 @@ class PassageIndex:
         the scan's, without stop lists): OPH N_mat / (k - N_emp), MonoActive matched hash
         functions / k."""
         out = []
-        if self.cfg.mode == "oph":  # hash and bin each side once, then sketch the slices
-            ha, hb = oph_values(a), oph_values(b)
+        if self.cfg.mode == "oph" and boxes:  # hash and bin the part of each side in boxes
+            qa, ta = min(x[0] for x in boxes), min(x[2] for x in boxes)
+            ha = oph_values(a[qa : max(x[1] for x in boxes)])
+            hb = oph_values(b[ta : max(x[3] for x in boxes)])
             ba, bb = oph_bins(ha, self.k), oph_bins(hb, self.k)
         for q0, q1, t0, t1 in boxes:
             if self.cfg.mode == "oph":
-                ka, ea = oph_sketch_kernel(ha[q0:q1], ba[q0:q1], self.k)
-                kb, eb = oph_sketch_kernel(hb[t0:t1], bb[t0:t1], self.k)
+                ka, ea = oph_sketch_kernel(ha[q0 - qa : q1 - qa], ba[q0 - qa : q1 - qa], self.k)
+                kb, eb = oph_sketch_kernel(hb[t0 - ta : t1 - ta], bb[t0 - ta : t1 - ta], self.k)
             else:
                 (ka, ea), (kb, eb) = self.sketch(a[q0:q1]), self.sketch(b[t0:t1])
             both_empty = int(np.count_nonzero(ea & eb))

@@ -656,3 +656,23 @@ def test_a_reader_uses_the_stores_frozen_parameters(tmp_path: Path) -> None:
         assert (p.k, p.shingle, p.max_list, p.theta) == (16, 1, 6, "1/2")
         got = [(m.match_doc_id, m.spans) for m in eng.query_text(query)]
     assert got == want and {d for d, _ in want} >= {"p3", "p5"}
+
+
+@pytest.mark.parametrize("mode", ["oph", "weighted"])
+def test_span_estimates_equal_sketches_of_the_spans(mode: str, tmp_path: Path) -> None:
+    """The estimate a refined span carries is that of the sketches of its two unit ranges
+    (OPH: N_mat / (k - N_emp); MonoActive: matched hash functions / k)."""
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 60, size=300).astype(np.uint64)  # repeats: sets smaller than runs
+    b = np.concatenate((a[40:200], rng.integers(100, 160, size=100).astype(np.uint64)))
+    boxes = [(40, 200, 0, 160), (10, 90, 100, 250), (150, 151, 7, 8)]
+    with Engine.open(tmp_path, _config(mode, k=16, theta=Fraction(3, 10), shingle=2,
+                                       query_len=48, stride=24, min_len=24)) as eng:
+        idx = eng.passages
+        got = idx._estimates(a, b, boxes)
+        for (q0, q1, t0, t1), est in zip(boxes, got, strict=True):
+            (ka, ea), (kb, eb) = idx.sketch(a[q0:q1]), idx.sketch(b[t0:t1])
+            n_emp = sum(bool(x and y) for x, y in zip(ea, eb, strict=True))
+            n_mat = sum(1 for f in range(16) if not ea[f] and not eb[f] and ka[f] == kb[f])
+            assert est == pytest.approx(n_mat / (16 - n_emp))
+        assert got[0] == 1.0 and 0 < got[1] < 1
