@@ -43,7 +43,7 @@ from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
-from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_sketch_kernel, oph_values
+from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
 from dupalign.store import Batch, PrefixReader, Store, read_u64, u64
 from dupalign.text import Tokens
 
@@ -362,6 +362,7 @@ class PassageIndex:
         t_units = None if o_units is None else o_units.astype(np.uint64)
         refined = self.cfg.refine and t_units is not None
         if self.cfg.refine and t_units is not None:
+            # never empty: a hit's estimate reaches θ only through a unit both sides share
             pieces = span_refine.refine(
                 q_units, t_units, np.array([(h.q_start, h.q_end, h.t_start, h.t_end)
                                             for h in hits], dtype=np.int64), self.chain_params)
@@ -395,21 +396,12 @@ class PassageIndex:
         """The sketch estimate of each box's two unit ranges ``a[q0:q1]``, ``b[t0:t1]`` (as
         the scan's, without stop lists): OPH N_mat / (k - N_emp), MonoActive matched hash
         functions / k."""
+        if self.cfg.mode == "oph":
+            return span_refine.oph_estimates(a, b, np.array(boxes, dtype=np.int64), self.k)
         out = []
-        if self.cfg.mode == "oph" and boxes:  # hash and bin the part of each side in boxes
-            qa, ta = min(x[0] for x in boxes), min(x[2] for x in boxes)
-            ha = oph_values(a[qa : max(x[1] for x in boxes)])
-            hb = oph_values(b[ta : max(x[3] for x in boxes)])
-            ba, bb = oph_bins(ha, self.k), oph_bins(hb, self.k)
         for q0, q1, t0, t1 in boxes:
-            if self.cfg.mode == "oph":
-                ka, ea = oph_sketch_kernel(ha[q0 - qa : q1 - qa], ba[q0 - qa : q1 - qa], self.k)
-                kb, eb = oph_sketch_kernel(hb[t0 - ta : t1 - ta], bb[t0 - ta : t1 - ta], self.k)
-            else:
-                (ka, ea), (kb, eb) = self.sketch(a[q0:q1]), self.sketch(b[t0:t1])
-            both_empty = int(np.count_nonzero(ea & eb))
-            matched = int(np.count_nonzero(~ea & ~eb & (ka == kb)))
-            out.append(matched / (self.k - both_empty) if self.k > both_empty else 0.0)
+            ka, kb = self.sketch(a[q0:q1])[0], self.sketch(b[t0:t1])[0]
+            out.append(int(np.count_nonzero(ka == kb)) / self.k)
         return out
 
     # -- writes -----------------------------------------------------------------------------

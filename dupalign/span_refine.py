@@ -49,8 +49,11 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from dupalign.oph import oph_bins, oph_sketch_kernel, oph_values
+
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
+F64 = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,36 @@ def refine(a: U64, b: U64, boxes: I64, params: ChainParams = DEFAULT) -> list[Pi
 
 
 # -- similarity of the reported units ------------------------------------------------------
+
+@njit(cache=True)
+def _oph_estimates(ha: U64, ba: I64, hb: U64, bb: I64, boxes: I64, k: int) -> F64:
+    out = np.empty(boxes.shape[0], dtype=np.float64)
+    for x in range(boxes.shape[0]):
+        ka, ea = oph_sketch_kernel(ha[boxes[x, 0] : boxes[x, 1]], ba[boxes[x, 0] : boxes[x, 1]], k)
+        kb, eb = oph_sketch_kernel(hb[boxes[x, 2] : boxes[x, 3]], bb[boxes[x, 2] : boxes[x, 3]], k)
+        n_emp = 0
+        n_mat = 0
+        for f in range(k):
+            if ea[f] and eb[f]:
+                n_emp += 1
+            elif not ea[f] and not eb[f] and ka[f] == kb[f]:
+                n_mat += 1
+        out[x] = n_mat / (k - n_emp) if k > n_emp else 0.0
+    return out
+
+
+def oph_estimates(a: U64, b: U64, boxes: I64, k: int) -> list[float]:
+    """The OPH estimate N_mat / (k - N_emp) of each box's unit ranges ``a[q0:q1]`` and
+    ``b[t0:t1]`` (each side hashed and binned once, over the part the boxes cover)."""
+    boxes = np.asarray(boxes, dtype=np.int64).reshape(-1, 4)
+    if not len(boxes):
+        return []
+    qa, ta = int(boxes[:, 0].min()), int(boxes[:, 2].min())
+    ha = oph_values(a[qa : int(boxes[:, 1].max())])
+    hb = oph_values(b[ta : int(boxes[:, 3].max())])
+    shifted = boxes - np.array([qa, qa, ta, ta], dtype=np.int64)
+    return _oph_estimates(ha, oph_bins(ha, k), hb, oph_bins(hb, k), shifted, k).tolist()
+
 
 @dataclass(frozen=True)
 class Similarity:

@@ -19,7 +19,17 @@ Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|p
    * rfc-chain: a 128-word passage of RFC 5321 (5322) against the 1500-word window of 2821
      (2822) around its best verbatim 8-gram matches.
    Units: words (as the paper), and word bigrams (the engine's default shingle = 2).
-2. Index size and cost as the store grows: Engine.process on pages of 300-1000 words with
+2. PAN text alignment (``pan_accuracy``, also run by ``--only pan``): character-level
+   precision, recall, granularity and plagdet in both documents (tests/bench/pan.py), for
+   the scan's merged spans (``passage.refine = false``) and the refined ones side by side:
+   * planted: per edit level (none, light 5-15 %, heavy 25-35 % word edits), copies of a
+     50-200-word passage of an RFC window (the source page, 600-1000 words) put into a
+     1000-word window of an RFC of another family or a Clough answer;
+   * clough: the cut/light/heavy answers against their originals; the true cases are the
+     verbatim cores of the copies (word 5-gram tiles merged across gaps of <= 8 words).
+   Every text is queried (``Engine.query_text``) against one store of all the sources; only
+   its detections against its own source count, as in PAN's pairwise task.
+3. Index size and cost as the store grows: Engine.process on pages of 300-1000 words with
    ``near.enabled = False`` (passage cost only), default passage config. Pages: real text
    (RFCs, Clough answers, llvm docs under ~/.cache/dupalign-docs if present) cut into chunks;
    when the real chunks run out, the same chunks with every word replaced by a random word of
