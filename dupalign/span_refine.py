@@ -10,9 +10,9 @@ decides *where* the copy is, from the units themselves:
 1. **Seeds** (``seeds``): the unit pairs (i, j) with equal hashes, a[i] == b[j], inside the
    scan's boxes (query range × page range of each raw hit), grown by ``margin`` units on
    every side: a copied sentence too short to lift its query passage to θ, next to a
-   detected copy, is found with it. Units repeated more than
-   ``max_occ`` times in a box's page range give no seeds there (on templated text they
-   would make quadratically many, and they locate nothing).
+   detected copy, is found with it. A unit repeated more than ``max_occ`` times in the page
+   range a query unit is seeded against gives no seeds there (on templated text it would
+   make quadratically many, and it locates nothing).
 2. **Chains** (``best_chain``): a chain is a sequence of seeds strictly increasing on both
    sides, each step skipping at most ``max_gap`` units (the larger skip of the two sides);
    its score is ``match`` per seed minus ``gap`` per skipped unit. The best chain is a local
@@ -21,14 +21,14 @@ decides *where* the copy is, from the units themselves:
    units by default), so it starts and ends where the local similarity drops, runs across
    small edits (a substituted word breaks two word bigrams: a skip of 2 units), and breaks
    at gaps longer than ``max_gap``.
-3. **One detection per region** (``chains``): the best chain is taken, and the next best
-   chain is taken among those whose query range is disjoint from it, and so on while the
-   score reaches ``min_score``. So a query region is reported
-   once, against the page region it matches best, and overlapping detections of one copy
-   collapse into one (the overlap filtering of PAN's best text-alignment systems, e.g.
-   Sanchez-Perez et al. 2014, done here by construction). Page ranges may overlap: a
-   query that uses one source passage twice, or reorders sentences whose matches end in
-   shared stock phrases ("is the", "of the"), is still reported where it is.
+3. **One detection per region** (``chains``): the best chain is taken, then the best of
+   the chains whose query range is disjoint from it, and so on while the score reaches
+   ``min_score``. So a query region is reported once, against the page region it matches
+   best, and overlapping detections of one copy collapse into one (the overlap filtering
+   of PAN's best text-alignment systems, e.g. Sanchez-Perez et al. 2014, done here by
+   construction). Page ranges may overlap: a query that uses one source passage twice, or
+   reorders sentences whose matches end in shared stock phrases ("is the", "of the"), is
+   still reported where it is.
 
 Why this design: PAN's strongest systems seed with exact matches, extend seeds into
 passages while the local similarity stays high, merge across small gaps, and filter
@@ -37,6 +37,14 @@ restricted to its boxes, which keeps this step cheap and never adds a page the s
 not find. The first chain of a pair is always reported, so the set of matched pages is the
 scan's (no recall is lost at the page level); only the spans change. Scores are integers,
 so the fast chaining and the brute-force oracle (tests/test_span_refine.py) agree exactly.
+On planted copies (tests/bench/bench_passages.py, PAN measures) character precision goes
+from about 0.5 to 1.0, recall from 1.0 / 1.0 / 0.87 to 1.0 / 0.99 / 0.83 (no, light,
+heavy edits: a heavily edited copy's sparse edges are cut), for about a tenth more CPU
+per page.
+
+The reported spans then get their similarity here too: the OPH estimate of the two ranges
+(``oph_estimates``) and the exact Jaccard and containments of their unit sets
+(``similarity``).
 
 Positions are unit indices, 0-based; boxes and returned ranges are half-open.
 """

@@ -175,3 +175,14 @@ def test_similarity() -> None:
     b = np.array([3, 4, 5, 6, 7, 7], dtype=np.uint64)
     s = similarity(a, b)
     assert (s.shared, s.jaccard, s.containment, s.match_containment) == (2, 2 / 7, 2 / 4, 2 / 5)
+
+
+@given(st.lists(st.integers(0, 12), max_size=25), st.lists(st.integers(0, 12), max_size=25))
+@settings(max_examples=300, deadline=None)
+def test_similarity_equals_python_sets(a: list[int], b: list[int]) -> None:
+    s = similarity(np.array(a, dtype=np.uint64), np.array(b, dtype=np.uint64))
+    sa, sb = set(a), set(b)
+    assert s.shared == len(sa & sb)
+    assert s.jaccard == (len(sa & sb) / len(sa | sb) if sa | sb else 0.0)
+    assert s.containment == (len(sa & sb) / len(sa) if sa else 0.0)
+    assert s.match_containment == (len(sa & sb) / len(sb) if sb else 0.0)
