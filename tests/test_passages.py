@@ -33,7 +33,7 @@ from dupalign.match import Match, best_span
 from dupalign.oph import OPHWindows, compact_windows, oph_sketch, oph_values
 from dupalign.page import Page
 from dupalign.passages import PassageIndex, _passage_starts
-from dupalign.store import read_u64
+from dupalign.store import read_u64, u64
 from dupalign.text import Tokens, tokenize
 from tests import corpora
 
@@ -676,3 +676,35 @@ def test_span_estimates_equal_sketches_of_the_spans(mode: str, tmp_path: Path) -
             n_mat = sum(1 for f in range(16) if not ea[f] and not eb[f] and ka[f] == kb[f])
             assert est == pytest.approx(n_mat / (16 - n_emp))
         assert got[0] == 1.0 and 0 < got[1] < 1
+
+
+def test_positions_record_keeps_units_and_reads_old_records() -> None:
+    """A page's positions record holds its token offsets and its units' low 32 bits; a
+    record written before units were kept (offsets only) still reads, without units (its
+    spans are then the scan's, without exact similarity)."""
+    tokens = tokenize("one two three four five")
+    units = np.array([1, 2 + (7 << 32), 3, 4], dtype=np.uint64)
+    starts, ends, got = passages._unpack_positions(passages._pack_positions(tokens, units))
+    assert starts.tolist() == tokens.starts.tolist() and ends.tolist() == tokens.ends.tolist()
+    assert got is not None and got.tolist() == [1, 2, 3, 4]
+    old = np.stack((tokens.starts, tokens.ends), axis=1).astype("<i4").tobytes()
+    starts, ends, got = passages._unpack_positions(old)
+    assert starts.tolist() == tokens.starts.tolist() and ends.tolist() == tokens.ends.tolist()
+    assert got is None
+
+
+def test_pages_indexed_before_units_were_kept_get_the_scans_spans(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    words = [f"w{x}" for x in rng.integers(0, 5000, size=300)]
+    query = " ".join(words[100:200])
+    with Engine.open(tmp_path, EngineConfig(near=NearConfig(enabled=False))) as eng:
+        eng.process(Page(id="src", body=" ".join(words)))
+        (new,) = eng.query_text(query)
+        assert new.spans and all(s.jaccard is not None for s in new.spans)
+        starts, ends, _ = passages._unpack_positions(eng.store.get("positions", u64(0)) or b"")
+        eng.store.put("positions", u64(0),
+                      np.stack((starts, ends), axis=1).astype("<i4").tobytes())
+        (old,) = eng.query_text(query)
+    assert old.spans and all(s.jaccard is None for s in old.spans) and old.jaccard is None
+    assert old.spans[0].tokens[0] <= new.spans[0].tokens[0]  # padded: the scan's ranges
+    assert old.spans[-1].tokens[1] >= new.spans[-1].tokens[1]
