@@ -114,38 +114,56 @@ def _union_same_rows(boxes: I64) -> I64:
 
 @njit(cache=True)
 def _seeds(a: U64, b_sorted: U64, b_pos: I64, boxes: I64, max_occ: int) -> tuple[I64, I64]:
-    """Seeds in the boxes, sorted by (i, j) and made once each: for every query unit, the
-    page ranges of the boxes holding it are merged first. ``boxes`` are sorted by page
-    range start; ``b_sorted``/``b_pos`` are b's hashes and positions in (hash, position)
+    """Seeds in the boxes, sorted by (i, j) and made once each: a sweep over the query
+    units keeps the boxes holding the current one, in page range order, and merges their
+    page ranges. ``b_sorted``/``b_pos`` are b's hashes and positions in (hash, position)
     order."""
     cap = 1024
     si = np.empty(cap, dtype=np.int64)
     sj = np.empty(cap, dtype=np.int64)
     n = 0
-    if boxes.shape[0] == 0:
+    n_box = boxes.shape[0]
+    if n_box == 0:
         return si[:0], sj[:0]
-    for i in range(boxes[:, 0].min(), boxes[:, 1].max()):
+    by_start = np.argsort(boxes[:, 0], kind="mergesort")
+    active = np.empty(n_box, dtype=np.int64)  # boxes holding unit i, by page range start
+    n_act = 0
+    nxt = 0
+    for i in range(boxes[by_start[0], 0], boxes[:, 1].max()):
+        while nxt < n_box and boxes[by_start[nxt], 0] <= i:
+            x = by_start[nxt]
+            nxt += 1
+            y = n_act  # insertion in page range order
+            while y > 0 and boxes[active[y - 1], 2] > boxes[x, 2]:
+                active[y] = active[y - 1]
+                y -= 1
+            active[y] = x
+            n_act += 1
+        kept = 0
+        for y in range(n_act):
+            if boxes[active[y], 1] > i:
+                active[kept] = active[y]
+                kept += 1
+        n_act = kept
+        if n_act == 0:
+            continue
         h0 = np.searchsorted(b_sorted, a[i], side="left")
         h1 = np.searchsorted(b_sorted, a[i], side="right")
         if h0 == h1:
             continue
-        x = 0
-        while x < boxes.shape[0]:
-            if not boxes[x, 0] <= i < boxes[x, 1]:
-                x += 1
-                continue
-            t0, t1 = boxes[x, 2], boxes[x, 3]
-            x += 1
-            while x < boxes.shape[0] and boxes[x, 2] <= t1:
-                if boxes[x, 0] <= i < boxes[x, 1]:
-                    t1 = max(t1, boxes[x, 3])
-                x += 1
+        y = 0
+        while y < n_act:
+            t0, t1 = boxes[active[y], 2], boxes[active[y], 3]
+            y += 1
+            while y < n_act and boxes[active[y], 2] <= t1:
+                t1 = max(t1, boxes[active[y], 3])
+                y += 1
             # within one hash, positions ascend: the range is a sub-run
             first = h0 + np.searchsorted(b_pos[h0:h1], t0, side="left")
             last = h0 + np.searchsorted(b_pos[h0:h1], t1, side="left")
             if last - first > max_occ:
                 continue
-            for y in range(first, last):
+            for z in range(first, last):
                 if n == cap:
                     cap *= 2
                     si2 = np.empty(cap, dtype=np.int64)
@@ -154,7 +172,7 @@ def _seeds(a: U64, b_sorted: U64, b_pos: I64, boxes: I64, max_occ: int) -> tuple
                     sj2[:n] = sj[:n]
                     si, sj = si2, sj2
                 si[n] = i
-                sj[n] = b_pos[y]
+                sj[n] = b_pos[z]
                 n += 1
     return si[:n], sj[:n]
 
@@ -168,7 +186,6 @@ def seeds(a: U64, b: U64, boxes: I64, max_occ: int = DEFAULT.max_occ) -> tuple[I
     # the scan reports many overlapping page ranges per query passage: one union each
     boxes = _union_same_rows(np.ascontiguousarray(
         boxes[np.lexsort((boxes[:, 2], boxes[:, 1], boxes[:, 0]))]))
-    boxes = np.ascontiguousarray(boxes[np.argsort(boxes[:, 2], kind="stable")])
     if not len(boxes):
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     lo, hi = int(boxes[:, 2].min()), int(boxes[:, 3].max())  # only this part of b is seen
@@ -180,16 +197,16 @@ def seeds(a: U64, b: U64, boxes: I64, max_occ: int = DEFAULT.max_occ) -> tuple[I
 # -- chains -----------------------------------------------------------------------------------
 
 @njit(cache=True)
-def _chain_scores(si: I64, sj: I64, alive: npt.NDArray[np.bool_], blocked: I64, match: int,
-                  gap: int, max_gap: int) -> tuple[I64, I64]:
-    """For seeds sorted by (i, j): the best score of a chain of alive seeds ending at each
-    seed, and its predecessor (-1: the chain starts there). Ties keep the shorter chain.
-    ``blocked[x]``: the number of blocked query units before x; no step crosses one."""
-    n = si.shape[0]
-    score = np.full(n, -1, dtype=np.int64)
-    pred = np.full(n, -1, dtype=np.int64)
+def _fill_scores(si: I64, sj: I64, alive: npt.NDArray[np.bool_], blocked: I64, match: int,
+                 gap: int, max_gap: int, score: I64, pred: I64, start: int) -> None:
+    """For seeds sorted by (i, j), from seed ``start`` on: the best score of a chain of
+    alive seeds ending at each seed (-1 for dead ones), and its predecessor (-1: the chain
+    starts there); ties keep the shorter chain. ``blocked[x]``: the number of blocked
+    query units before x; no step crosses one. Scores before ``start`` are kept."""
     lo = 0
-    for s in range(n):
+    for s in range(start, si.shape[0]):
+        score[s] = -1
+        pred[s] = -1
         if not alive[s]:
             continue
         while si[lo] < si[s] - max_gap - 1:
@@ -208,6 +225,15 @@ def _chain_scores(si: I64, sj: I64, alive: npt.NDArray[np.bool_], blocked: I64, 
                 arg = p
         score[s] = match + best
         pred[s] = arg
+
+
+@njit(cache=True)
+def _chain_scores(si: I64, sj: I64, alive: npt.NDArray[np.bool_], blocked: I64, match: int,
+                  gap: int, max_gap: int) -> tuple[I64, I64]:
+    """``_fill_scores`` for every seed."""
+    score = np.empty(si.shape[0], dtype=np.int64)
+    pred = np.empty(si.shape[0], dtype=np.int64)
+    _fill_scores(si, sj, alive, blocked, match, gap, max_gap, score, pred, 0)
     return score, pred
 
 
@@ -231,20 +257,22 @@ def best_chain(si: I64, sj: I64, alive: npt.NDArray[np.bool_],
 
 @njit(cache=True)
 def _chains(si: I64, sj: I64, match: int, gap: int, max_gap: int, min_score: int) -> I64:
-    """``chains`` in one kernel: rows (q_start, q_end, t_start, t_end, seeds, score)."""
+    """``chains`` in one kernel: rows (q_start, q_end, t_start, t_end, seeds, score). After
+    a chain over query units [q0, q1] is taken, only the seeds from q0 on are scored again:
+    a chain ending before q0 neither uses a seed in it nor steps across it."""
     n = si.shape[0]
     out = np.empty((n, 6), dtype=np.int64)
     if n == 0:
         return out
     alive = np.ones(n, dtype=np.bool_)
     top = si.max() + 2
-    taken = np.zeros(top, dtype=np.int64)
     blocked = np.zeros(top + 1, dtype=np.int64)
+    score = np.empty(n, dtype=np.int64)
+    pred = np.empty(n, dtype=np.int64)
+    start = 0
     m = 0
     while True:
-        for x in range(top):
-            blocked[x + 1] = blocked[x] + taken[x]
-        score, pred = _chain_scores(si, sj, alive, blocked, match, gap, max_gap)
+        _fill_scores(si, sj, alive, blocked, match, gap, max_gap, score, pred, start)
         end = np.argmax(score)
         if score[end] < 0 or (m > 0 and score[end] < min_score):
             return out[:m]
@@ -257,10 +285,15 @@ def _chains(si: I64, sj: I64, match: int, gap: int, max_gap: int, min_score: int
         out[m, 0], out[m, 1], out[m, 2], out[m, 3] = q0, q1 + 1, sj[first], sj[end] + 1
         out[m, 4], out[m, 5] = length, score[end]
         m += 1
-        for s in range(n):
-            if q0 <= si[s] <= q1:
-                alive[s] = False
-        taken[q0 : q1 + 1] = 1
+        start = first  # seeds are sorted by (i, j): those on units q0..q1 are contiguous
+        while start > 0 and si[start - 1] == q0:
+            start -= 1
+        s = start
+        while s < n and si[s] <= q1:
+            alive[s] = False
+            s += 1
+        for x in range(q0 + 1, top + 1):  # units q0..q1 are blocked from now on
+            blocked[x] += min(x, q1 + 1) - q0
 
 
 def chains(si: I64, sj: I64, params: ChainParams = DEFAULT) -> list[Piece]:
