@@ -285,7 +285,7 @@ def _chains(si: I64, sj: I64, match: int, gap: int, max_gap: int, min_score: int
         out[m, 0], out[m, 1], out[m, 2], out[m, 3] = q0, q1 + 1, sj[first], sj[end] + 1
         out[m, 4], out[m, 5] = length, score[end]
         m += 1
-        start = first  # seeds are sorted by (i, j): those on units q0..q1 are contiguous
+        start = int(first)  # seeds are sorted by (i, j): those on units q0..q1 are contiguous
         while start > 0 and si[start - 1] == q0:
             start -= 1
         s = start
