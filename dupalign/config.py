@@ -102,6 +102,9 @@ class PassageConfig:
     # nor an empty bin (dupalign.passages). Frozen: results depend on it.
     max_list: int = 256
     tf_mode: str = "log"  # weighted mode only
+    # Report the tight alignment inside the scan's padded detections (dupalign.span_refine);
+    # false: the scan's merged spans. Reporting only: matched pages are the same either way.
+    refine: bool = True
 
     def validate(self) -> None:
         _check_choice("passage.mode", self.mode, ("oph", "weighted"))

@@ -21,7 +21,7 @@ import msgpack
 from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES, EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.hashing import content_hash, token_hashes
-from dupalign.match import Match
+from dupalign.match import Match, best_span
 from dupalign.near import NearIndex
 from dupalign.page import Page
 from dupalign.passages import PassageIndex
@@ -176,9 +176,10 @@ class Engine:
             passage_found, passage_state = self.passages.search(hashes, tokens, ordinal,
                                                                 frozenset(matched))
             for other, spans in passage_found:
-                best = max(s.est_jaccard for s in spans)
-                matches.append(self._match(page.id, "passage", other, est_jaccard=best,
-                                           spans=tuple(spans)))
+                best = best_span(spans)
+                matches.append(self._match(page.id, "passage", other,
+                                           est_jaccard=best.est_jaccard,
+                                           jaccard=best.jaccard, spans=tuple(spans)))
             times.passage = time.perf_counter() - t3
             self.near.stage(batch, ordinal, near_state)
             self.passages.stage(batch, ordinal, passage_state)
@@ -214,8 +215,8 @@ class Engine:
         hashes = token_hashes(tokens.tokens, self.config.seed)
         found, _ = self.passages.search(hashes, tokens, self.next_ordinal)
         return [
-            self._match("<query>", "passage", other,
-                        est_jaccard=max(s.est_jaccard for s in spans), spans=tuple(spans))
+            self._match("<query>", "passage", other, est_jaccard=best_span(spans).est_jaccard,
+                        jaccard=best_span(spans).jaccard, spans=tuple(spans))
             for other, spans in found
         ]
 

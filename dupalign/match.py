@@ -10,22 +10,32 @@ MatchKind = Literal["exact", "near", "passage"]
 
 @dataclass(frozen=True)
 class Span:
-    """One aligned passage: half-open token and character ranges in both pages."""
+    """One aligned passage: half-open token and character ranges in both pages, the sketch
+    estimate of their similarity and, computed from the two spans' alignment units (word
+    shingles), the exact Jaccard and the containment of each span's units in the other's.
+    The exact values are None only against a page indexed before they were kept."""
 
     tokens: tuple[int, int]
     chars: tuple[int, int]
     match_tokens: tuple[int, int]
     match_chars: tuple[int, int]
     est_jaccard: float
+    jaccard: float | None = None
+    containment: float | None = None  # share of this span's units found in match_tokens
+    match_containment: float | None = None  # share of match_tokens' units found in this span
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "tokens": list(self.tokens),
             "chars": list(self.chars),
             "match_tokens": list(self.match_tokens),
             "match_chars": list(self.match_chars),
             "est_jaccard": self.est_jaccard,
         }
+        for name in ("jaccard", "containment", "match_containment"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Span:
@@ -35,7 +45,25 @@ class Span:
             match_tokens=(int(d["match_tokens"][0]), int(d["match_tokens"][1])),
             match_chars=(int(d["match_chars"][0]), int(d["match_chars"][1])),
             est_jaccard=float(d["est_jaccard"]),
+            jaccard=_float_or_none(d.get("jaccard")),
+            containment=_float_or_none(d.get("containment")),
+            match_containment=_float_or_none(d.get("match_containment")),
         )
+
+
+def best_span(spans: tuple[Span, ...] | list[Span]) -> Span:
+    """The span a passage match is summarized by: the one with the most copied units (its
+    containment × its length; the estimate × length for spans without exact values), so a
+    long copy is not outranked by a short stray piece that happens to be verbatim."""
+    def weight(s: Span) -> tuple[float, float]:
+        if s.jaccard is None or s.containment is None:
+            return (s.est_jaccard * (s.tokens[1] - s.tokens[0]), s.est_jaccard)
+        return (s.containment * (s.tokens[1] - s.tokens[0]), s.jaccard)
+    return max(spans, key=weight)
+
+
+def _float_or_none(x: Any) -> float | None:
+    return None if x is None else float(x)
 
 
 @dataclass(frozen=True)
@@ -44,7 +72,8 @@ class Match:
     kind: MatchKind
     match_doc_id: str
     hamming: int | None = None
-    est_jaccard: float | None = None
+    est_jaccard: float | None = None  # near: CWS-verified; passage: the best span's
+    jaccard: float | None = None  # passage: the best span's exact Jaccard
     spans: tuple[Span, ...] | None = None
     engine: dict[str, Any] = field(default_factory=dict, compare=False)
 
@@ -59,6 +88,8 @@ class Match:
             out["hamming"] = self.hamming
         if self.est_jaccard is not None:
             out["est_jaccard"] = self.est_jaccard
+        if self.jaccard is not None:
+            out["jaccard"] = self.jaccard
         if self.spans is not None:
             out["spans"] = [s.to_dict() for s in self.spans]
         if detected_at_ms is not None:
@@ -75,6 +106,7 @@ class Match:
             match_doc_id=d["match_doc_id"],
             hamming=d.get("hamming"),
             est_jaccard=d.get("est_jaccard"),
+            jaccard=d.get("jaccard"),
             spans=None if spans is None else tuple(Span.from_dict(s) for s in spans),
             engine=dict(d.get("engine", {})),
         )

@@ -20,7 +20,9 @@ earlier pages whose windows collide with its sketch:
    over the colliding rectangles: the longest subsequences whose estimate is ≥ θ.
 The numba kernels of steps 2-3 are in dupalign.passage_align.
 
-Hits on one earlier page are merged into maximal spans. Thresholds are exact integers:
+Hits on one earlier page are merged into maximal spans; with ``refine`` (the default) the
+spans reported are the tight alignments inside them (dupalign.span_refine), and every span
+carries the exact Jaccard and containments of its units. Thresholds are exact integers:
 θ = p/q, a matched non-empty window weighs q, a jointly empty bin weighs p, and a
 subsequence is similar when its weight reaches k·p (OPH: N_mat / (k − N_emp) ≥ θ).
 MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshold ⌈kθ⌉.
@@ -36,7 +38,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from dupalign import monoactive, passage_align
+from dupalign import monoactive, passage_align, span_refine
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
@@ -141,6 +143,7 @@ class PassageIndex:
         # prefix -> (run key, run, keys it replaces)
         self._new_runs: dict[bytes, tuple[bytes, bytes, list[bytes]]] = {}
         self.pack_min = PACK_MIN  # runtime only: packing changes the layout, not the lists
+        self.chain_params = span_refine.DEFAULT  # how spans are refined (reporting only)
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -185,7 +188,7 @@ class PassageIndex:
         if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
             return [], PassageState(None, n)
         rects = self.windows(units)
-        state = PassageState(rects, n, _pack_positions(tokens))
+        state = PassageState(rects, n, _pack_positions(tokens, units))
         starts = np.asarray(_passage_starts(n, self.cfg.query_len, self.cfg.stride),
                             dtype=np.int64)
         ends = np.minimum(n, starts + self.cfg.query_len)
@@ -195,7 +198,7 @@ class PassageIndex:
             hits[other].append(_Hit(int(starts[p]), int(ends[p]), t_start, t_end, est))
         out = []
         for other in sorted(hits):
-            spans = self._spans(other, hits[other], tokens)
+            spans = self._spans(other, hits[other], tokens, units)
             if spans:
                 out.append((other, spans))
         return out, state
@@ -346,25 +349,60 @@ class PassageIndex:
         return want, off, rows
 
     # -- spans ------------------------------------------------------------------------------
-    def _spans(self, other: int, hits: list[_Hit], tokens: Tokens) -> list[Span]:
-        """Merge hits on one page into maximal spans (overlapping or touching on both sides)."""
+    def _spans(self, other: int, hits: list[_Hit], tokens: Tokens, units: U64) -> list[Span]:
+        """The spans reported against one earlier page: the scan's hits merged into maximal
+        spans or, with ``refine``, the tight alignments inside them (dupalign.span_refine);
+        each with its estimate and the exact similarity of its units."""
         raw = self.store.get("positions", u64(other))
         if raw is None:
             return []
-        o_starts, o_ends = _unpack_positions(raw)
-        merged = _merge_hits(hits)
+        o_starts, o_ends, o_units = _unpack_positions(raw)
+        # both sides' units as stored: their hashes' low 32 bits
+        q_units = units & np.uint64(0xFFFFFFFF)
+        t_units = None if o_units is None else o_units.astype(np.uint64)
+        refined = self.cfg.refine and t_units is not None
+        if self.cfg.refine and t_units is not None:
+            # never empty: a hit's estimate reaches θ only through a unit both sides share
+            pieces = span_refine.refine(
+                q_units, t_units, np.array([(h.q_start, h.q_end, h.t_start, h.t_end)
+                                            for h in hits], dtype=np.int64), self.chain_params)
+            boxes = [(p.q_start, p.q_end, p.t_start, p.t_end) for p in pieces]
+            ests = self._estimates(q_units, t_units, boxes)
+        else:  # (pages indexed before units were kept have the scan's spans only)
+            merged = _merge_hits(hits)
+            boxes = [(h.q_start, h.q_end, h.t_start, h.t_end) for h in merged]
+            ests = [h.est for h in merged]
         spans = []
-        for h in merged:
-            qs, qe = self._word_range(h.q_start, h.q_end)
-            ts, te = self._word_range(h.t_start, h.t_end)
+        for x, ((q0, q1, t0, t1), est) in enumerate(zip(boxes, ests, strict=True)):
+            qs, qe = self._word_range(q0, q1)
+            ts, te = self._word_range(t0, t1)
+            if refined and x + 1 < len(boxes):  # pieces are disjoint in units, and in
+                qe = min(qe, boxes[x + 1][0])  # words too: a last shingle's tail is cut
+            sim = (None if t_units is None
+                   else span_refine.similarity(q_units[q0:q1], t_units[t0:t1]))
             spans.append(Span(
                 tokens=(qs, qe), chars=tokens.char_range(qs, qe),
                 match_tokens=(ts, te),
                 match_chars=(int(o_starts[ts]), int(o_ends[te - 1])) if te > ts else (0, 0),
-                est_jaccard=round(h.est, 4),
+                est_jaccard=round(est, 4),
+                jaccard=None if sim is None else round(sim.jaccard, 4),
+                containment=None if sim is None else round(sim.containment, 4),
+                match_containment=None if sim is None else round(sim.match_containment, 4),
             ))
         spans.sort(key=lambda s: s.tokens)
         return spans
+
+    def _estimates(self, a: U64, b: U64, boxes: list[tuple[int, int, int, int]]) -> list[float]:
+        """The sketch estimate of each box's two unit ranges ``a[q0:q1]``, ``b[t0:t1]`` (as
+        the scan's, without stop lists): OPH N_mat / (k - N_emp), MonoActive matched hash
+        functions / k."""
+        if self.cfg.mode == "oph":
+            return span_refine.oph_estimates(a, b, np.array(boxes, dtype=np.int64), self.k)
+        out = []
+        for q0, q1, t0, t1 in boxes:
+            ka, kb = self.sketch(a[q0:q1])[0], self.sketch(b[t0:t1])[0]
+            out.append(int(np.count_nonzero(ka == kb)) / self.k)
+        return out
 
     # -- writes -----------------------------------------------------------------------------
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:
@@ -495,16 +533,32 @@ def _merge_hits(hits: list[_Hit]) -> list[_Hit]:
         spans = merged
 
 
-def _pack_positions(tokens: Tokens) -> bytes:
+# The positions record of a page: its tokens' (start, end) character offsets as int32
+# pairs, then the low 32 bits of its unit hashes (for span refinement and exact similarity),
+# their number and this marker; records written before units were kept end with an offset
+# (never -1).
+_UNITS_MARK = b"\xff\xff\xff\xff"
+
+
+def _pack_positions(tokens: Tokens, units: U64) -> bytes:
     both = np.empty(2 * len(tokens), dtype="<i4")
     both[0::2] = tokens.starts
     both[1::2] = tokens.ends
-    return both.tobytes()
+    low = (units & np.uint64(0xFFFFFFFF)).astype("<u4")
+    return both.tobytes() + low.tobytes() + struct.pack("<i", len(low)) + _UNITS_MARK
 
 
-def _unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+def _unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32],
+                                            npt.NDArray[np.uint32] | None]:
+    """Token starts, ends and unit hashes (None in records without them)."""
+    units = None
+    if data.endswith(_UNITS_MARK):
+        (n_units,) = struct.unpack_from("<i", data, len(data) - 8)
+        at = len(data) - 8 - 4 * n_units
+        units = np.frombuffer(data, dtype="<u4", offset=at, count=n_units)
+        data = data[:at]
     both = np.frombuffer(data, dtype="<i4")
-    return both[0::2], both[1::2]
+    return both[0::2], both[1::2], units
 
 
 def _assemble_lists(n_run: I64, runs: list[npt.NDArray[Any]], n_single: I64,

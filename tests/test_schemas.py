@@ -95,15 +95,21 @@ def test_schema_detail_names_the_field() -> None:
 
 def test_match_messages_validate() -> None:
     span = Span(tokens=(0, 40), chars=(0, 200), match_tokens=(3, 43), match_chars=(9, 230),
-                est_jaccard=0.9)
+                est_jaccard=0.9, jaccard=0.85, containment=0.9, match_containment=0.95)
+    old = Span(tokens=(0, 40), chars=(0, 200), match_tokens=(3, 43), match_chars=(9, 230),
+               est_jaccard=0.9)  # against a page indexed before word hashes were kept
     for m in (
         Match("a", "exact", "b", engine={"seed": 1}),
         Match("a", "near", "b", hamming=2, est_jaccard=0.85),
-        Match("a", "passage", "b", est_jaccard=0.9, spans=(span,)),
+        Match("a", "passage", "b", est_jaccard=0.9, jaccard=0.85, spans=(span, old)),
     ):
         wire = messages.decode_match(messages.encode_match(m, 1234))
         assert wire["v"] == 1 and wire["detected_at"] == 1234
         assert Match.from_dict(wire) == m
+
+
+_SPAN = {"tokens": [0, 1], "chars": [0, 1], "match_tokens": [0, 1], "match_chars": [0, 1],
+         "est_jaccard": 0.5}
 
 
 def test_match_schema_rejects_inconsistent_kinds() -> None:
@@ -113,6 +119,8 @@ def test_match_schema_rejects_inconsistent_kinds() -> None:
         {"kind": "passage", "spans": []},
         {"kind": "near", "hamming": 65},
         {"kind": "exact", "est_jaccard": 1.5},
+        {"kind": "passage", "jaccard": 1.5, "spans": [_SPAN]},
+        {"kind": "passage", "spans": [{**_SPAN, "containment": -0.1}]},
         {"kind": "sort of"},
     ]
     for extra in bad:

@@ -48,12 +48,13 @@ def clough_pages(limit: int | None = None) -> list[Page]:
 def match_key(d: dict[str, Any]) -> tuple[Any, ...]:
     spans = tuple(
         (tuple(s["tokens"]), tuple(s["chars"]), tuple(s["match_tokens"]),
-         tuple(s["match_chars"]), round(s["est_jaccard"], 6))
+         tuple(s["match_chars"]), round(s["est_jaccard"], 6), s.get("jaccard"),
+         s.get("containment"), s.get("match_containment"))
         for s in d.get("spans") or ()
     )
     est = d.get("est_jaccard")
     return (d["doc_id"], d["kind"], d["match_doc_id"], d.get("hamming"),
-            None if est is None else round(est, 6), spans)
+            None if est is None else round(est, 6), d.get("jaccard"), spans)
 
 
 def embedded_matches(pages: Iterable[Page], store: Path) -> list[tuple[Any, ...]]:

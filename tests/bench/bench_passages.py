@@ -1,7 +1,8 @@
 """Passage alignment benchmark: accuracy against exact Jaccard, index size, cost vs store size.
 
-Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|scale]
+Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|pan|scale]
      [--scale 1000,10000] [--lists-mb 256,1024] [--max-list 256,1024] [--compare-runs]
+     [--compare-refine]
 
 1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
    subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
@@ -18,7 +19,17 @@ Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|s
    * rfc-chain: a 128-word passage of RFC 5321 (5322) against the 1500-word window of 2821
      (2822) around its best verbatim 8-gram matches.
    Units: words (as the paper), and word bigrams (the engine's default shingle = 2).
-2. Index size and cost as the store grows: Engine.process on pages of 300-1000 words with
+2. PAN text alignment (``pan_accuracy``, also run by ``--only pan``): character-level
+   precision, recall, granularity and plagdet in both documents (tests/bench/pan.py), for
+   the scan's merged spans (``passage.refine = false``) and the refined ones side by side:
+   * planted: per edit level (none, light 5-15 %, heavy 25-35 % word edits), copies of a
+     50-200-word passage of an RFC window (the source page, 600-1000 words) put into a
+     1000-word window of an RFC of another family or a Clough answer;
+   * clough: the cut/light/heavy answers against their originals; the true cases are the
+     verbatim cores of the copies (word 5-gram tiles merged across gaps of <= 8 words).
+   Every text is queried (``Engine.query_text``) against one store of all the sources; only
+   its detections against its own source count, as in PAN's pairwise task.
+3. Index size and cost as the store grows: Engine.process on pages of 300-1000 words with
    ``near.enabled = False`` (passage cost only), default passage config. Pages: real text
    (RFCs, Clough answers, llvm docs under ~/.cache/dupalign-docs if present) cut into chunks;
    when the real chunks run out, the same chunks with every word replaced by a random word of
@@ -41,7 +52,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +67,7 @@ from dupalign.oph import compact_windows, oph_values
 from dupalign.page import Page
 from dupalign.text import html_to_text, tokenize
 from tests import corpora
+from tests.bench.pan import Alignment, pan_scores
 
 I64 = npt.NDArray[np.int64]
 FAMILIES = [{821, 2821, 5321}, {822, 2822, 5322}, {2246, 4346, 5246, 8446},
@@ -135,6 +147,19 @@ def rfc_words(number: int) -> list[str]:
     return tokenize(corpora.rfc_text(number)).tokens
 
 
+def host_words(x: int, source_rfc: int, answers: list[list[str]],
+               rng: np.random.Generator) -> list[str]:
+    """The text a planted copy goes into: for even ``x`` a 1000-word window of an RFC of
+    another family than the source's, for odd ``x`` a Clough answer."""
+    if x % 2:
+        return answers[int(rng.integers(len(answers)))]
+    rfcs = corpora.rfc_numbers()
+    fam = next(f for f in FAMILIES if source_rfc in f)
+    words = rfc_words(int(rng.choice([r for r in rfcs if r not in fam])))
+    h = int(rng.integers(0, len(words) - 1000))
+    return words[h : h + 1000]
+
+
 def planted_pairs(n: int, rng: np.random.Generator) -> list[Pair]:
     rfcs = corpora.rfc_numbers()
     answers = [tokenize(corpora.plain_text(a.body)).tokens for a in corpora.clough_answers()]
@@ -145,13 +170,7 @@ def planted_pairs(n: int, rng: np.random.Generator) -> list[Pair]:
         s = int(rng.integers(0, len(src) - 128))
         query = src[s : s + 128]
         copy = edit(query, src, float(rng.uniform(0.05, 0.15)), rng)
-        if x % 2 == 0:
-            fam = next(f for f in FAMILIES if a in f)
-            host_words = rfc_words(int(rng.choice([r for r in rfcs if r not in fam])))
-            h = int(rng.integers(0, len(host_words) - 1000))
-            host = host_words[h : h + 1000]
-        else:
-            host = answers[int(rng.integers(len(answers)))]
+        host = host_words(x, a, answers, rng)
         at = int(rng.integers(0, len(host) + 1))
         pairs.append(Pair(f"rfc{a}@{s}", query, host[:at] + copy + host[at:]))
     return pairs
@@ -234,6 +253,192 @@ def accuracy(sets: dict[str, list[Pair]], shingles: tuple[int, ...]) -> None:
                           f"{1e3 * statistics.mean(t_bf):>8.3f} {n_t:>5.0f}")
     print("noS / noR: pairs with no true / no reported position (left out of R / P). "
           "brute = numba O(n²) incremental exact Jaccard.")
+    print()
+
+
+# -- PAN text-alignment measures: the scan's spans and the refined ones ---------------------
+
+# word edit rate ranges of the planted copies (substitute / insert / delete, see ``edit``)
+EDIT_LEVELS = {"none": (0.0, 0.0), "light": (0.05, 0.15), "heavy": (0.25, 0.35)}
+Range = tuple[int, int]
+
+
+@dataclass
+class PanDoc:
+    """A suspicious text, the name of its source, and the true cases (char ranges)."""
+
+    name: str
+    group: str
+    text: str
+    src: str
+    cases: list[tuple[Range, Range]]
+
+
+def _char_starts(words: list[str]) -> list[int]:
+    """Character offset of each word in ``" ".join(words)``."""
+    out, at = [], 0
+    for w in words:
+        out.append(at)
+        at += len(w) + 1
+    return out
+
+
+def _chars(words: list[str], starts: list[int], a: int, b: int) -> Range:
+    return starts[a], starts[b - 1] + len(words[b - 1])
+
+
+def planted_pan_docs(n: int, rng: np.random.Generator) -> tuple[dict[str, str], list[PanDoc]]:
+    """Per edit level, ``n`` copies of a 50-200-word passage of an RFC window (600-1000
+    words, the source page) inserted into a host text (a 1000-word window of an RFC of
+    another family, or a Clough answer). Sources and suspicious texts."""
+    rfcs = corpora.rfc_numbers()
+    answers = [tokenize(corpora.plain_text(a.body)).tokens for a in corpora.clough_answers()]
+    sources: dict[str, str] = {}
+    docs = []
+    for level, (lo, hi) in EDIT_LEVELS.items():
+        for x in range(n):
+            a = int(rng.choice(rfcs))
+            words = rfc_words(a)
+            w0 = int(rng.integers(0, len(words) - 1000))
+            window = words[w0 : w0 + int(rng.integers(600, 1001))]
+            ln = int(rng.integers(50, 201))
+            s = int(rng.integers(0, len(window) - ln))
+            copy = edit(window[s : s + ln], words, float(rng.uniform(lo, hi)), rng)
+            host = host_words(x, a, answers, rng)
+            at = int(rng.integers(0, len(host) + 1))
+            susp = host[:at] + copy + host[at:]
+            src_name = f"{level}-{x}-rfc{a}@{w0}"
+            sources[src_name] = " ".join(window)
+            case = (_chars(susp, _char_starts(susp), at, at + len(copy)),
+                    _chars(window, _char_starts(window), s, s + ln))
+            docs.append(PanDoc(f"{level}-{x}", level, " ".join(susp), src_name, [case]))
+    return sources, docs
+
+
+def verbatim_tiles(a: list[str], b: list[str], min_len: int = 5) -> list[tuple[int, int, int]]:
+    """Greedy string tiling on words: maximal common word runs of ``min_len`` or more, the
+    longest first, none sharing a word with an earlier one on either side: (i, j, length)."""
+    where: dict[tuple[str, ...], list[int]] = {}
+    for j in range(len(b) - min_len + 1):
+        where.setdefault(tuple(b[j : j + min_len]), []).append(j)
+    runs = []
+    for i in range(len(a) - min_len + 1):
+        for j in where.get(tuple(a[i : i + min_len]), []):
+            if i and j and a[i - 1] == b[j - 1]:
+                continue  # not maximal on the left
+            n = min_len
+            while i + n < len(a) and j + n < len(b) and a[i + n] == b[j + n]:
+                n += 1
+            runs.append((n, i, j))
+    used_a, used_b = np.zeros(len(a), dtype=bool), np.zeros(len(b), dtype=bool)
+    tiles = []
+    for n, i, j in sorted(runs, key=lambda r: (-r[0], r[1], r[2])):
+        if not used_a[i : i + n].any() and not used_b[j : j + n].any():
+            used_a[i : i + n] = used_b[j : j + n] = True
+            tiles.append((i, j, n))
+    return sorted(tiles)
+
+
+def clough_pan_docs(max_gap: int = 8) -> tuple[dict[str, str], list[PanDoc]]:
+    """The 57 cut/light/heavy answers against their originals. The corpus marks no
+    character ranges, so the true cases are taken to be the verbatim cores of the copied
+    regions: word 5-gram tiles (greedy string tiling), merged while consecutive in both
+    texts with gaps of at most ``max_gap`` words. That is a reader's marking for cut and
+    light answers; for heavy ones (paraphrase) it keeps only the verbatim fragments."""
+    sources = {f"orig_task{t}": corpora.plain_text(corpora.clough_original(t)) for t in "abcde"}
+    docs = []
+    for a in corpora.clough_answers():
+        if a.category not in ("cut", "light", "heavy"):
+            continue
+        text, src = corpora.plain_text(a.body), f"orig_task{a.task}"
+        at, ot = tokenize(text), tokenize(sources[src])
+        groups: list[list[int]] = []  # [i0, i1, j0, j1] word ranges
+        for i, j, n in verbatim_tiles(at.tokens, ot.tokens):
+            g = groups[-1] if groups else None
+            if g and 0 <= i - g[1] <= max_gap and 0 <= j - g[3] <= max_gap:
+                g[1], g[3] = i + n, j + n
+            else:
+                groups.append([i, i + n, j, j + n])
+        cases = [((int(at.starts[i0]), int(at.ends[i1 - 1])),
+                  (int(ot.starts[j0]), int(ot.ends[j1 - 1]))) for i0, i1, j0, j1 in groups]
+        docs.append(PanDoc(a.file, a.category, text, src, cases))
+    return sources, docs
+
+
+def pan_accuracy(sets: dict[str, tuple[dict[str, str], list[PanDoc]]]) -> None:
+    """Every suspicious text queried against a store of the sources (default engine, near
+    off), its detections against its own source scored with the PAN measures, for the
+    scan's merged spans (``passage.refine = false``) and the refined ones."""
+    from dupalign import span_refine
+
+    print("## PAN text alignment, character level in both documents (default engine): "
+          "the scan's spans (raw) vs refined spans")
+    print(f"{'set':<14} {'docs':>4} {'cases':>5} | {'raw P':>6} {'R':>6} {'gran':>5} "
+          f"{'plagdet':>7} {'found':>5} | {'ref P':>6} {'R':>6} {'gran':>5} {'plagdet':>7} "
+          f"{'found':>5} | {'raw ms':>6} {'ref ms':>6} {'refine':>6}")
+    refine_time = [0.0]
+    real_refine = span_refine.refine
+
+    def timed_refine(*args: object, **kw: object) -> list[span_refine.Piece]:
+        t = time.thread_time()
+        out = real_refine(*args, **kw)  # type: ignore[arg-type]
+        refine_time[0] += time.thread_time() - t
+        return out
+
+    span_refine.refine = timed_refine  # type: ignore[assignment]
+    try:
+        for set_name, (sources, docs) in sets.items():
+            with tempfile.TemporaryDirectory() as d, Engine.open(
+                    d, EngineConfig(near=NearConfig(enabled=False))) as eng:
+                for name, text in sources.items():
+                    eng.process(Page(id=name, body=text))
+                eng.query_text(docs[0].text)  # warm up the kernels before timing
+                groups = sorted({doc.group for doc in docs}, key=list(EDIT_LEVELS).index) \
+                    if set_name == "planted" else ["cut", "light", "heavy"]
+                rows: dict[str, dict[bool, list[Alignment]]] = {}
+                all_cases: dict[str, list[Alignment]] = {}
+                found: dict[str, dict[bool, int]] = {}
+                wall = {False: 0.0, True: 0.0}
+                refine_time[0] = 0.0
+                for doc in docs:
+                    cases = [Alignment(doc.name, doc.src, a, b) for a, b in doc.cases]
+                    for key in (doc.group, "all"):
+                        all_cases.setdefault(key, []).extend(cases)
+                    for refine in (False, True):
+                        eng.passages.cfg = replace(eng.passages.cfg, refine=refine)
+                        t = time.thread_time()
+                        matches = [m for m in eng.query_text(doc.text)
+                                   if m.match_doc_id == doc.src]
+                        wall[refine] += time.thread_time() - t
+                        dets = [Alignment(doc.name, doc.src, sp.chars, sp.match_chars)
+                                for m in matches for sp in m.spans or ()]
+                        for key in (doc.group, "all"):
+                            rows.setdefault(key, {False: [], True: []})[refine].extend(dets)
+                            f = found.setdefault(key, {False: 0, True: 0})
+                            f[refine] += bool(matches)
+                n_docs = Counter(doc.group for doc in docs)
+                n_docs["all"] = len(docs)
+                for key in [*groups, "all"]:
+                    cells = []
+                    for refine in (False, True):
+                        sc = pan_scores(all_cases[key], rows[key][refine])
+                        cells.append(f"{sc.precision:>6.3f} {sc.recall:>6.3f} "
+                                     f"{sc.granularity:>5.2f} {sc.plagdet:>7.3f} "
+                                     f"{found[key][refine]:>5}")
+                    timing = ""
+                    if key == "all":
+                        timing = (f"{1e3 * wall[False] / len(docs):>6.2f} "
+                                  f"{1e3 * wall[True] / len(docs):>6.2f} "
+                                  f"{1e3 * refine_time[0] / len(docs):>6.2f}")
+                    print(f"{set_name + '/' + key:<14} {n_docs[key]:>4} "
+                          f"{len(all_cases[key]):>5} | {cells[0]} | {cells[1]} | {timing}")
+    finally:
+        span_refine.refine = real_refine  # type: ignore[assignment]
+    print("found: texts with a detection against their own source. ms: CPU ms per text "
+          "(this thread), query_text with raw / refined spans; refine: of that, "
+          "span_refine.refine (seeds and chains; the estimates and exact similarity of "
+          "the spans are computed both ways). Planted edit rates: " + ", ".join(
+              f"{k} {lo:.0%}-{hi:.0%}" for k, (lo, hi) in EDIT_LEVELS.items()) + ".")
     print()
 
 
@@ -341,7 +546,8 @@ class Variant:
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
           lists_mbs: tuple[int, ...] = (CacheConfig.lists_mb,), compare_runs: bool = False,
-          max_lists: tuple[int, ...] = (PassageConfig.max_list,)) -> None:
+          max_lists: tuple[int, ...] = (PassageConfig.max_list,),
+          compare_refine: bool = False) -> None:
     rng = np.random.default_rng(5)
     texts = page_stream(checkpoints[-1], rng, use_docs)
     print(f"## Cost vs store size (near disabled; default passage config: "
@@ -350,15 +556,19 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           "the counters are over the pages since the previous checkpoint; stop/pass: passage "
           "bins whose list is a stop list; planted: share of the pages with a planted copy "
           "matched with the page it was copied from")
-    # (name, passage.max_list, cache.lists_mb, pack lists read from the store)
+    # (name, passage.max_list, cache.lists_mb, pack lists read from the store, refine spans)
     specs = [(" ".join([f"ml {m}"] * (len(max_lists) > 1) + [f"mb {mb}"] * (len(lists_mbs) > 1))
-              or "runs", m, mb, True) for m in max_lists for mb in lists_mbs]
+              or ("refined" if compare_refine else "runs"), m, mb, True, True)
+             for m in max_lists for mb in lists_mbs]
     if compare_runs:
-        specs.append(("no runs", max_lists[0], lists_mbs[0], False))
+        specs.append(("no runs", max_lists[0], lists_mbs[0], False, True))
+    if compare_refine:
+        specs.append(("raw", max_lists[0], lists_mbs[0], True, False))
     if len(specs) > 1:
         print(f"Engines fed the same pages in turn: {', '.join(s[0] for s in specs)} "
               "('ml N': passage.max_list = N; 'mb N': cache.lists_mb = N; 'no runs' keeps one "
-              "key per list entry, never packing lists read from the store into runs); "
+              "key per list entry, never packing lists read from the store into runs; 'raw' "
+              "reports the scan's merged spans, passage.refine = false); "
               "process CPU is not split: '-'")
     print(f"{'pages':>7} {'variant':>8} {'ms/page':>8} {'fg cpu':>7} {'cpu ms':>7} "
           f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
@@ -372,9 +582,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     first_with_text: dict[int, int] = {}  # an exact duplicate is matched to the first copy
     canonical: list[int] = []
     try:
-        for (name, max_list, lists_mb, packed), d in zip(specs, dirs, strict=True):
+        for (name, max_list, lists_mb, packed, refine), d in zip(specs, dirs, strict=True):
             cfg = EngineConfig(near=NearConfig(enabled=False),
-                               passage=PassageConfig(max_list=max_list),
+                               passage=PassageConfig(max_list=max_list, refine=refine),
                                cache=CacheConfig(lists_mb=lists_mb))
             eng = Engine.open(d, cfg)
             if not packed:
@@ -471,7 +681,8 @@ def timed(label: str, fn: Callable[[], None]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("accuracy", "scale"))
+    ap.add_argument("--only", choices=("accuracy", "pan", "scale"),
+                    help="accuracy: exact-Jaccard truth and PAN measures; pan: PAN only")
     ap.add_argument("--scale", help="comma-separated store sizes (pages) to report at")
     ap.add_argument("--no-docs", action="store_true", help="do not use the llvm docs")
     ap.add_argument("--profile", action="store_true", help="cProfile the last scale batch")
@@ -483,6 +694,8 @@ def main() -> None:
                     help="scale: comma-separated passage.max_list values, one engine each")
     ap.add_argument("--compare-runs", action="store_true",
                     help="scale: also run an engine that never packs lists, pages in turn")
+    ap.add_argument("--compare-refine", action="store_true",
+                    help="scale: also run an engine reporting the scan's raw spans, pages in turn")
     args = ap.parse_args()
     print(f"# dupalign at {_git_state()}\n")
     rng = np.random.default_rng(1)
@@ -491,6 +704,10 @@ def main() -> None:
         sets = {"planted": planted_pairs(n, rng), "clough": clough_pairs(),
                 "rfc-chain": chain_pairs(n // 2, rng)}
         timed("accuracy", lambda: accuracy(sets, (1,) if args.quick else (1, 2)))
+    if args.only in (None, "accuracy", "pan"):
+        pan_sets = {"planted": planted_pan_docs(30 if args.quick else 100, rng),
+                    "clough": clough_pan_docs()}
+        timed("PAN", lambda: pan_accuracy(pan_sets))
     if args.only in (None, "scale"):
         default = "200,500" if args.quick else "500,1000,2000,3000"
         cps = [int(x) for x in (args.scale or default).split(",")]
@@ -498,7 +715,8 @@ def main() -> None:
                                      args.profile, args.store_root,
                                      tuple(int(x) for x in args.lists_mb.split(",")),
                                      args.compare_runs,
-                                     tuple(int(x) for x in args.max_list.split(","))))
+                                     tuple(int(x) for x in args.max_list.split(",")),
+                                     args.compare_refine))
 
 
 if __name__ == "__main__":
