@@ -29,14 +29,13 @@ MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshol
 from __future__ import annotations
 
 import struct
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from dupalign import monoactive, passage_align
+from dupalign import monoactive, passage_align, task_scan
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
@@ -86,11 +85,36 @@ class Rects:
 
 @dataclass
 class PassageState:
-    """What one page adds to the index, computed by ``search`` and written by ``stage``."""
+    """The page's passage sketch (``PassageIndex.sketch_page``: pure) and what it adds to the
+    index (written by ``stage``): its windows, its query passages ``[starts, ends)`` (units)
+    with their sketches ``keys[P, k]`` / ``empty[P, k]``, its token character offsets."""
 
     rects: Rects | None
     n_units: int
     positions: bytes = b""  # the page's token character offsets, for spans that cite it
+    starts: I64 | None = None
+    ends: I64 | None = None
+    keys: U64 | None = None
+    empty: npt.NDArray[np.bool_] | None = None
+
+
+@dataclass
+class Gathered:
+    """Alignment tasks found by ``PassageIndex.find_tasks``: (passage ``t_p``, earlier page
+    ``t_o``) sorted by passage then page, each with its rectangles ``rows[off[t]:off[t+1]]``
+    (i_lo, i_hi, j_lo, j_hi, weight; a negative weight marks an empty window) and ``rest``:
+    what the matched windows must add up to beyond the jointly empty bins."""
+
+    t_p: I64
+    t_o: I64
+    off: I64
+    rows: I64
+    rest: I64
+
+    @classmethod
+    def none(cls) -> Gathered:
+        z = np.empty(0, dtype=np.int64)
+        return cls(z, z, np.zeros(1, dtype=np.int64), np.empty((0, 5), dtype=np.int64), z)
 
 
 @dataclass
@@ -175,30 +199,38 @@ class PassageIndex:
         return keys, np.zeros(self.k, dtype=np.bool_)
 
     # -- the query --------------------------------------------------------------------------
+    def sketch_page(self, hashes: U64, tokens: Tokens) -> PassageState:
+        """Everything the passage index needs from the page alone (no store access)."""
+        units = self.units(hashes)
+        n = len(units)
+        if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
+            return PassageState(None, n)
+        starts = np.asarray(_passage_starts(n, self.cfg.query_len, self.cfg.stride),
+                            dtype=np.int64)
+        ends = np.minimum(n, starts + self.cfg.query_len)
+        keys, empty = self._sketches(units, starts, ends)
+        return PassageState(self.windows(units), n, _pack_positions(tokens), starts, ends,
+                            keys, empty)
+
     def search(
         self, hashes: U64, tokens: Tokens, ordinal: int, exclude: frozenset[int] = frozenset()
     ) -> tuple[list[tuple[int, list[Span]]], PassageState]:
         """Spans of this page copied from pages before ``ordinal``, per earlier page; pages
         in ``exclude`` (already matched as near duplicates) are not aligned."""
-        units = self.units(hashes)
-        n = len(units)
-        if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
-            return [], PassageState(None, n)
-        rects = self.windows(units)
-        state = PassageState(rects, n, _pack_positions(tokens))
-        starts = np.asarray(_passage_starts(n, self.cfg.query_len, self.cfg.stride),
-                            dtype=np.int64)
-        ends = np.minimum(n, starts + self.cfg.query_len)
-        hits: dict[int, list[_Hit]] = defaultdict(list)
-        for p, other, t_start, t_end, est in self.align_passages(units, starts, ends, ordinal,
-                                                                 exclude):
-            hits[other].append(_Hit(int(starts[p]), int(ends[p]), t_start, t_end, est))
-        out = []
-        for other in sorted(hits):
-            spans = self._spans(other, hits[other], tokens)
-            if spans:
-                out.append((other, spans))
-        return out, state
+        from dupalign.align import spans_of_hits  # align builds on this module
+
+        state = self.sketch_page(hashes, tokens)
+        hits = self.align_state(state, ordinal, exclude)
+        return spans_of_hits(self, hits, state.starts, state.ends, tokens), state
+
+    def align_state(
+        self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
+    ) -> list[tuple[int, int, int, int, float]]:
+        """``(passage, page, start, end, estimate)`` of ``state``'s passages (see
+        ``align_passages``)."""
+        if state.rects is None:
+            return []
+        return self._align(state, self.find_tasks(state, before, exclude))
 
     def align_passages(
         self, units: U64, starts: I64, ends: I64, before: int,
@@ -208,8 +240,26 @@ class PassageIndex:
         ``before``: ``(passage, page, start, end, estimate)`` for every longest range
         ``[start, end)`` of the page's units whose estimate is ≥ θ (dupalign.passage_align
         has the steps)."""
-        self.counters.passages += len(starts)
         keys, empty = self._sketches(units, starts, ends)
+        state = PassageState(None, len(units), b"", starts, ends, keys, empty)
+        return self._align(state, self.find_tasks(state, before, exclude))
+
+    def _align(self, state: PassageState, g: Gathered) -> list[tuple[int, int, int, int, float]]:
+        h_t, h_s, h_e, h_x = task_scan.scan_gathered(
+            g.off, g.rows, g.rest, self.w_match, self.need, self.cfg.min_len, self.k)
+        return list(zip(g.t_p[h_t].tolist(), g.t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
+                        h_x.tolist(), strict=True))
+
+    def find_tasks(
+        self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
+    ) -> Gathered:
+        """The index's part of the passage query: the inverted lists named by the passages'
+        sketches, candidate pages per passage, the viability filter, the candidates' empty
+        windows, and each task's rectangles gathered (dupalign.passage_align has the
+        steps)."""
+        assert state.keys is not None and state.empty is not None
+        keys, empty = state.keys, state.empty
+        self.counters.passages += len(keys)
         n_p, k = keys.shape
         # the distinct inverted lists named by the sketches, in key order
         rows, bins = np.nonzero(~empty)
@@ -237,13 +287,13 @@ class PassageIndex:
         self.counters.candidates_pruned += pruned
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
-            return []
+            return Gathered.none()
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
-        h_t, h_s, h_e, h_x = passage_align.scan_tasks(
+        off, buf = task_scan.gather_tasks(
             t_p, t_o, lid, n_before, start, ords, rects, empty, empty_keys, empty_off, empty_lr,
-            self.w_match, self.w_empty, self.need, self.cfg.min_len, self.k)
-        return list(zip(t_p[h_t].tolist(), t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
-                        h_x.tolist(), strict=True))
+            self.w_match, self.w_empty)
+        rest = self.need - self.w_empty * np.count_nonzero(empty, axis=1)[t_p]
+        return Gathered(t_p, t_o, off, buf, rest.astype(np.int64))
 
     def _sketches(self, units: U64, starts: I64, ends: I64) -> tuple[U64, npt.NDArray[np.bool_]]:
         """The sketch of every passage: ``(mins[P, k], empty[P, k])``."""

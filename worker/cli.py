@@ -7,12 +7,14 @@ import json
 import sys
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from dupalign.config import EngineConfig
 from dupalign.errors import ConfigError, PageRejected, StoreMismatch
+from dupalign.page import Page
+from dupalign.pipeline import default_jobs
 from worker.inputs import InputError, iter_input
 from worker.progress import Progress
 
@@ -42,25 +44,34 @@ def cmd_scan(args: argparse.Namespace) -> int:
     out: IO[str] = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
     pages = matches = errors = 0
     progress = Progress(sys.stderr, (not args.quiet and sys.stderr.isatty()) or args.progress)
-    with Engine.open(args.store, config) as engine:
+    where: dict[int, str] = {}  # id(page) -> "path:line", for the rejection messages
+
+    def pages_in() -> Iterator[tuple[Page, None]]:
+        nonlocal errors
         for path in args.inputs:
             for number, item in iter_input(path):
                 if isinstance(item, InputError):
                     errors += 1
                     print(f"skipped {item.where}: {item.reason}", file=sys.stderr)
                     continue
-                try:
-                    found = engine.process(item)
-                except PageRejected as exc:
-                    errors += 1
-                    print(f"rejected {path}:{number} ({item.id}): {exc}", file=sys.stderr)
-                    continue
-                pages += 1
-                now_ms = int(time.time() * 1000)
-                for match in found:
-                    out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
-                matches += len(found)
-                progress.tick(_scan_line(progress, pages, matches, errors))
+                where[id(item)] = f"{path}:{number}"
+                yield item, None
+
+    with Engine.open(args.store, config) as engine:
+        for page, found in engine.process_many(pages_in(), jobs=args.jobs or default_jobs()):
+            at = where.pop(id(page))
+            if isinstance(found, PageRejected):
+                errors += 1
+                print(f"rejected {at} ({page.id}): {found}", file=sys.stderr)
+                continue
+            if isinstance(found, BaseException):
+                raise found
+            pages += 1
+            now_ms = int(time.time() * 1000)
+            for match in found:
+                out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
+            matches += len(found)
+            progress.tick(_scan_line(progress, pages, matches, errors))
     progress.tick(_scan_line(progress, pages, matches, errors), force=True)
     progress.done()
     if out is not sys.stdout:
@@ -109,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--out", help="write matches (JSON Lines) here instead of stdout")
     scan.add_argument("--progress", action="store_true", help="progress on stderr")
     scan.add_argument("--quiet", action="store_true", help="no progress line")
+    scan.add_argument("--jobs", type=int, default=0,
+                      help="cores for the sketch and align stages (default: all)")
     scan.set_defaults(func=cmd_scan)
 
     query = sub.add_parser("query", help="align one text against a store")

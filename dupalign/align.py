@@ -1,0 +1,96 @@
+"""The align stage: a page's alignment tasks → its passage matches, with no index state.
+
+Input: an ``AlignRequest`` (dupalign.index), the tasks of one page against each earlier
+candidate page, each carrying its gathered rectangles and the candidate's token character
+offsets (its forward record's share). Steps: the viability cut and the interval scan
+(``task_scan.scan_gathered``), then the hits on one page merged into maximal spans with
+token and character ranges (``PassageIndex._spans``, the same code as the one-thread
+query). Runs anywhere: other threads, other processes, later other machines.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from dupalign import task_scan
+from dupalign.config import EngineConfig
+from dupalign.match import Span
+from dupalign.passages import PassageIndex, _Hit, _unpack_positions
+from dupalign.store import read_u64
+from dupalign.text import Tokens
+
+Hit = tuple[int, int, int, int, float]  # passage, earlier page, start, end, estimate
+
+
+def spans_of_hits(index: PassageIndex, hits: list[Hit], starts: Any, ends: Any,
+                  tokens: Tokens) -> list[tuple[int, list[Span]]]:
+    """Hits grouped by earlier page (ascending) and merged into spans; pages whose spans
+    come out empty are left out."""
+    per_page: dict[int, list[_Hit]] = defaultdict(list)
+    for p, other, t_start, t_end, est in hits:
+        per_page[other].append(_Hit(int(starts[p]), int(ends[p]), t_start, t_end, est))
+    out = []
+    for other in sorted(per_page):
+        spans = index._spans(other, per_page[other], tokens)
+        if spans:
+            out.append((other, spans))
+    return out
+
+
+class _ForwardRecords:
+    """What ``PassageIndex._spans`` reads from the store, served from the tasks instead:
+    the candidate pages' token character offsets."""
+
+    def __init__(self) -> None:
+        self.positions: dict[int, bytes] = {}
+
+    def get(self, family: str, key: bytes) -> bytes | None:
+        if family != "positions":
+            raise KeyError(f"the align stage has no {family!r} records")
+        return self.positions.get(read_u64(key))
+
+
+class Aligner:
+    """The align stage for one engine configuration (cheap; one per process or thread)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.forward = _ForwardRecords()
+        # a passage index over the forward records only: its span code, no lists, no store
+        self.spans = PassageIndex(self.forward, config)  # type: ignore[arg-type]
+        self.cfg = config.passage
+
+    def align(self, request: Any) -> list[tuple[str, list[Span]]]:
+        """Passage matches of ``request`` (an ``index.AlignRequest``): (earlier page id,
+        spans) per earlier page, in ordinal order."""
+        tasks = request.tasks
+        if not tasks:
+            return []
+        idx = self.spans
+        off = np.zeros(1 + sum(len(t.passages) for t in tasks), dtype=np.int64)
+        t_p, t_o, rest, rows = [], [], [], []
+        n = 0
+        for t in tasks:
+            t_p.append(t.passages)
+            t_o.append(np.full(len(t.passages), t.other, dtype=np.int64))
+            rest.append(t.rest)
+            rows.append(t.rows)
+            off[n + 1 : n + 1 + len(t.passages)] = off[n] + t.off[1:]
+            n += len(t.passages)
+        all_p, all_o = np.concatenate(t_p), np.concatenate(t_o)
+        h_t, h_s, h_e, h_x = task_scan.scan_gathered(
+            off, np.concatenate(rows).astype(np.int64), np.concatenate(rest), idx.w_match,
+            idx.need, self.cfg.min_len, idx.k)
+        hits = list(zip(all_p[h_t].tolist(), all_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
+                        h_x.tolist(), strict=True))
+        self.forward.positions = {t.other: t.other_positions for t in tasks}
+        q_starts, q_ends = _unpack_positions(request.positions)
+        tokens = Tokens("", [], q_starts.astype(np.int64), q_ends.astype(np.int64))
+        ids = {t.other: t.other_id for t in tasks}
+        try:
+            found = spans_of_hits(idx, hits, request.starts, request.ends, tokens)
+        finally:
+            self.forward.positions = {}
+        return [(ids[other], spans) for other, spans in found]

@@ -1,0 +1,359 @@
+"""The index stage: the only one that reads and writes shared index state, page by page in
+ordinal order. ``PageSketch`` in, ``IndexResult`` out.
+
+For one page: the replay check, the exact lookup, the PSM probes and CWS verification
+(dupalign.near), the inverted-list lookups that turn the page's passages into alignment
+tasks with their rectangles gathered (dupalign.passages ``find_tasks``), then everything
+the page adds to the store in one WriteBatch, then the in-memory indexes. The tasks go to
+the align stage (dupalign.align), possibly on other cores; ``finish`` stores the page's
+matches once they are known, in ordinal order.
+
+Crash safety. A page with alignment tasks (or one behind such a page) is written in two
+batches: its index entries with its ``IndexResult`` under ``unfinished``, then, after
+align, its matches and offset (deleting the ``unfinished`` record). A page whose first
+batch is in the store is found by the replay check like any stored page; the engine
+finishes every ``unfinished`` page when it opens (its tasks are in the record), so a
+replay always finds the matches the page produced. Other pages write one batch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
+from dupalign.match import Match, Span
+from dupalign.near import NearIndex
+from dupalign.passages import Gathered, PassageIndex
+from dupalign.sketch import PageSketch
+from dupalign.store import Store, offsets_key, read_u64, u64
+
+I64 = npt.NDArray[np.int64]
+ENGINE_NAME = "dupalign"
+WIRE_VERSION = 1
+
+
+@dataclass
+class AlignTask:
+    """The passages of one page to align against one earlier page (``other``): per passage
+    (its number in the page) the rectangles gathered from the lists and the earlier page's
+    empty windows (``rows[off[x]:off[x + 1]]``: i_lo, i_hi, j_lo, j_hi, weight; negative
+    for an empty window), ``rest`` (see ``passages.Gathered``), and the earlier page's
+    token character offsets (its forward record's share that spans cite)."""
+
+    other: int
+    other_id: str
+    passages: I64
+    rest: I64
+    off: I64
+    rows: I64
+    other_positions: bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"other": self.other, "other_id": self.other_id,
+                "passages": _b(self.passages, "<u4"), "rest": _b(self.rest, "<i4"),
+                "off": _b(self.off, "<u4"), "rows": _b(self.rows, "<i4"),
+                "other_positions": self.other_positions}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AlignTask:
+        return cls(d["other"], d["other_id"], _a(d["passages"], "<u4"), _a(d["rest"], "<i4"),
+                   _a(d["off"], "<u4"), _a(d["rows"], "<i4").reshape(-1, 5),
+                   d["other_positions"])
+
+
+@dataclass
+class AlignRequest:
+    """A page's alignment tasks and what align needs of the page itself: its query passages
+    (units ``[starts[p], ends[p])``) and its token character offsets."""
+
+    ordinal: int
+    starts: I64
+    ends: I64
+    positions: bytes
+    tasks: list[AlignTask]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ordinal": self.ordinal, "starts": _b(self.starts, "<i4"),
+                "ends": _b(self.ends, "<i4"), "positions": self.positions,
+                "tasks": [t.to_dict() for t in self.tasks]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AlignRequest:
+        return cls(d["ordinal"], _a(d["starts"], "<i4"), _a(d["ends"], "<i4"), d["positions"],
+                   [AlignTask.from_dict(t) for t in d["tasks"]])
+
+    def to_bytes(self) -> bytes:
+        return bytes(msgpack.packb({"v": WIRE_VERSION, **self.to_dict()}, use_bin_type=True))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> AlignRequest:
+        return cls.from_dict(_versioned(raw))
+
+
+@dataclass
+class IndexResult:
+    """What the index stage made of one page. ``ordinal`` is None for a page that was
+    rejected or replayed (``replay_of``: the stored page it repeats); ``matches`` are the
+    exact and near ones; ``align`` the passage tasks, if any; ``done``: the page's matches
+    and offset are already stored (nothing left for ``finish`` to write)."""
+
+    doc_id: str
+    source: tuple[str, int, int] | None = None
+    ordinal: int | None = None
+    rejected: tuple[str, str] | None = None
+    replay_of: int | None = None
+    matches: list[Match] = field(default_factory=list)
+    align: AlignRequest | None = None
+    done: bool = False
+
+    def to_bytes(self) -> bytes:
+        d = {"v": WIRE_VERSION, "doc_id": self.doc_id,
+             "source": None if self.source is None else list(self.source),
+             "ordinal": self.ordinal,
+             "rejected": None if self.rejected is None else list(self.rejected),
+             "replay_of": self.replay_of, "matches": [m.to_dict() for m in self.matches],
+             "align": None if self.align is None else self.align.to_dict(), "done": self.done}
+        return bytes(msgpack.packb(d, use_bin_type=True))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> IndexResult:
+        d = _versioned(raw)
+        src, rej = d["source"], d["rejected"]
+        return cls(d["doc_id"], None if src is None else (src[0], src[1], src[2]), d["ordinal"],
+                   None if rej is None else (rej[0], rej[1]), d["replay_of"],
+                   [Match.from_dict(m) for m in d["matches"]],
+                   None if d["align"] is None else AlignRequest.from_dict(d["align"]), d["done"])
+
+
+@dataclass
+class IndexTimes:
+    """Seconds spent by the last ``index`` call, per part, and its near counters."""
+
+    exact: float = 0.0
+    near: float = 0.0
+    passage: float = 0.0
+    store: float = 0.0
+    psm_probes: int = 0
+    near_candidates: int = 0
+    cws_pairs: int = 0
+    cws_samples_saved: int = 0
+
+
+class Indexer:
+    """The index stage over one store. Not thread-safe: one thread calls ``index`` and
+    ``finish``, each in ordinal order."""
+
+    def __init__(self, store: Store, config: EngineConfig) -> None:
+        self.config = config
+        self.store = store
+        last = store.last_key("docs")
+        self.next_ordinal = 0 if last is None else read_u64(last) + 1
+        self.near = NearIndex(store, config, self.next_ordinal)
+        self.passages = PassageIndex(store, config)
+        self.unfinished = 0  # pages indexed whose matches are not stored yet
+        self.times = IndexTimes()
+        self.engine_info = {
+            "name": ENGINE_NAME,
+            "h": config.near.hamming,
+            "cws_K": config.near.cws_samples,
+            "cws_threshold": config.near.cws_threshold,
+            "passage_mode": config.passage.mode,
+            "k": config.passage.k,
+            "theta": config.passage.theta,
+        }
+
+    def index(self, sk: PageSketch, source: tuple[str, int, int] | None = None) -> IndexResult:
+        """Index the page (next ordinal) and find its exact and near matches and passage
+        tasks. A rejected or replayed page gets no ordinal and writes nothing here."""
+        times = self.times = IndexTimes()
+        result = IndexResult(sk.id, source)
+        if sk.replay_key is not None:
+            seen = self.store.get("replay", sk.replay_key)
+            if seen is not None:
+                result.replay_of = read_u64(seen)
+                return self._maybe_done(result)
+        if sk.rejected is not None:
+            result.rejected = sk.rejected
+            return self._maybe_done(result)
+        assert sk.replay_key is not None
+        t0 = time.perf_counter()
+        ordinal = result.ordinal = self.next_ordinal
+        batch = self.store.batch()
+        original = self._exact_original(sk.content_hash)
+        t1 = time.perf_counter()
+        times.exact = t1 - t0
+        near_state = passage_state = None
+        fingerprint = None
+        if original is not None:
+            result.matches.append(self._match(sk.id, "exact", original, est_jaccard=1.0))
+            t2 = t3 = t1
+        else:
+            assert sk.near is not None and sk.passage is not None
+            near_state, passage_state = sk.near, sk.passage
+            c = self.near.counters
+            before = (c.probes, c.candidates, c.filter.pairs, c.filter.samples_saved)
+            near_found = self.near.search(near_state, ordinal)
+            fingerprint = near_state.fingerprint
+            times.psm_probes = c.probes - before[0]
+            times.near_candidates = c.candidates - before[1]
+            times.cws_pairs = c.filter.pairs - before[2]
+            times.cws_samples_saved = c.filter.samples_saved - before[3]
+            matched = set()
+            for other, hamming, est in near_found:
+                matched.add(other)
+                result.matches.append(self._match(sk.id, "near", other, hamming=hamming,
+                                                  est_jaccard=est))
+            t2 = time.perf_counter()
+            # one message per matched pair: near duplicates are not aligned again as passages
+            if passage_state.rects is not None:
+                gathered = self.passages.find_tasks(passage_state, ordinal, frozenset(matched))
+                if len(gathered.t_p):
+                    assert passage_state.starts is not None and passage_state.ends is not None
+                    result.align = AlignRequest(ordinal, passage_state.starts,
+                                                passage_state.ends, passage_state.positions,
+                                                self._tasks(gathered))
+            t3 = time.perf_counter()
+            self.near.stage(batch, ordinal, near_state)
+            self.passages.stage(batch, ordinal, passage_state)
+        times.near, times.passage = t2 - t1, t3 - t2
+        record = {
+            "id": sk.id,
+            "url": sk.url,
+            "n_tokens": sk.n_tokens,
+            "content_hash": sk.content_hash,
+            "simhash": fingerprint,
+            "fetched_at": sk.fetched_at,
+            "source": list(source) if source is not None else None,
+        }
+        batch.put("docs", u64(ordinal), msgpack.packb(record))
+        batch.put("ids", sk.id.encode("utf-8"), u64(ordinal))
+        batch.put("replay", sk.replay_key, u64(ordinal))
+        batch.put("exact", sk.content_hash + u64(ordinal), b"")
+        if result.align is None and not self.unfinished:  # complete in one batch
+            result.done = True
+            self._put_matches(batch, ordinal, result.matches, source)
+        else:
+            self.unfinished += 1
+            batch.put("unfinished", u64(ordinal), result.to_bytes())
+        self.store.write(batch)
+        self.next_ordinal = ordinal + 1
+        self.near.commit(ordinal, near_state)
+        self.passages.commit(ordinal, passage_state)
+        times.store = time.perf_counter() - t3
+        return result
+
+    def finish(self, result: IndexResult, passages: list[tuple[str, list[Span]]]) -> list[Match]:
+        """Store the page's matches (``passages``: what align found) and return them, in
+        ordinal order; a rejected page raises PageRejected (its offset is stored)."""
+        if result.replay_of is not None:
+            raw = self.store.get("matches", u64(result.replay_of))
+            matches = [] if raw is None else [Match.from_dict(d) for d in msgpack.unpackb(raw)]
+        else:
+            matches = list(result.matches)
+        for other_id, spans in passages:
+            best = max(s.est_jaccard for s in spans)
+            matches.append(Match(doc_id=result.doc_id, kind="passage", match_doc_id=other_id,
+                                 est_jaccard=best, spans=tuple(spans), engine=self.engine_info))
+        if not result.done:
+            batch = self.store.batch()
+            if result.ordinal is not None:
+                self._put_matches(batch, result.ordinal, matches, result.source)
+                batch.delete("unfinished", u64(result.ordinal))
+                self.unfinished -= 1
+            elif result.source is not None:
+                _put_offset(batch, result.source)
+            if len(batch):
+                self.store.write(batch)
+        if result.rejected is not None:
+            raise PageRejected(*result.rejected)
+        return matches
+
+    def unfinished_results(self) -> list[IndexResult]:
+        """Pages whose first batch was written but not their matches (a crash came
+        between); ``self.unfinished`` counts them until they are finished."""
+        if "unfinished" not in self.store._cfs:  # a store opened read-only, made before it
+            return []
+        out = [IndexResult.from_bytes(v) for _, v in self.store.items("unfinished")]
+        self.unfinished = len(out)
+        return out
+
+    def skip(self, doc_id: str, source: tuple[str, int, int] | None) -> IndexResult:
+        """A page that failed before the index: only its offset advances, in order."""
+        return self._maybe_done(IndexResult(doc_id, source))
+
+    # -- helpers --------------------------------------------------------------------------
+    def _maybe_done(self, result: IndexResult) -> IndexResult:
+        """A page that adds nothing to the index: done at once unless an earlier page is
+        still unfinished (its offset must not be stored before theirs)."""
+        if not self.unfinished:
+            result.done = True
+            if result.source is not None:
+                batch = self.store.batch()
+                _put_offset(batch, result.source)
+                self.store.write(batch)
+        return result
+
+    def _tasks(self, g: Gathered) -> list[AlignTask]:
+        """Split the page's gathered tasks by earlier page (ascending; passages in order)."""
+        order = np.lexsort((g.t_p, g.t_o))
+        pages, first = np.unique(g.t_o[order], return_index=True)
+        bounds = [*first.tolist(), len(order)]
+        counts = np.diff(g.off)
+        raw = self.store.multi_get("positions", [u64(int(o)) for o in pages])
+        tasks = []
+        for y, other in enumerate(pages.tolist()):
+            sel = order[bounds[y] : bounds[y + 1]]
+            off = np.zeros(len(sel) + 1, dtype=np.int64)
+            np.cumsum(counts[sel], out=off[1:])
+            rows = np.concatenate([g.rows[g.off[t] : g.off[t + 1]] for t in sel.tolist()])
+            tasks.append(AlignTask(other, self.doc_id(other), g.t_p[sel], g.rest[sel], off, rows,
+                                   raw[y] or b""))
+        return tasks
+
+    def _put_matches(self, batch: Any, ordinal: int, matches: list[Match],
+                     source: tuple[str, int, int] | None) -> None:
+        batch.put("matches", u64(ordinal), msgpack.packb([m.to_dict() for m in matches]))
+        if source is not None:
+            _put_offset(batch, source)
+
+    def _match(self, doc_id: str, kind: Any, other: int, **fields: Any) -> Match:
+        return Match(doc_id=doc_id, kind=kind, match_doc_id=self.doc_id(other),
+                     engine=self.engine_info, **fields)
+
+    def doc_id(self, ordinal: int) -> str:
+        raw = self.store.get("docs", u64(ordinal))
+        if raw is None:
+            raise KeyError(f"no document with ordinal {ordinal}")
+        return str(msgpack.unpackb(raw)["id"])
+
+    def _exact_original(self, chash: bytes) -> int | None:
+        for key, _ in self.store.prefix("exact", chash):
+            return read_u64(key, len(chash))
+        return None
+
+
+def _put_offset(batch: Any, source: tuple[str, int, int]) -> None:
+    topic, partition, offset = source
+    batch.put("offsets", offsets_key(topic, partition), u64(offset + 1))
+
+
+def _versioned(raw: bytes) -> dict[str, Any]:
+    d: dict[str, Any] = msgpack.unpackb(raw, raw=False)
+    if d.get("v") != WIRE_VERSION:
+        raise ValueError(f"message version {d.get('v')!r}, expected {WIRE_VERSION}")
+    return d
+
+
+def _b(a: npt.NDArray[Any], dtype: str) -> bytes:
+    return np.ascontiguousarray(a, dtype=dtype).tobytes()
+
+
+def _a(raw: bytes, dtype: str) -> I64:
+    return np.frombuffer(raw, dtype=dtype).astype(np.int64)
