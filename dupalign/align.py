@@ -1,9 +1,10 @@
 """The align stage: a page's alignment tasks → its passage matches, with no index state.
 
-Input: an ``AlignRequest`` (dupalign.index), the tasks of one page against each earlier
-candidate page, each carrying its gathered rectangles and the candidate's token character
-offsets (its forward record's share). Steps: the viability cut and the interval scan
-(``task_scan.scan_gathered``), then the hits on one page merged into maximal spans with
+Input: an ``AlignRequest`` (dupalign.index), the tasks of one page against its earlier
+candidate pages with those pages' windows as the index gathered them, and their token
+character offsets (the share of their forward records that spans cite). Steps: per task,
+the rectangles gathered, the viability cut and the interval scan
+(``passage_align.scan_tasks``), then the hits on one page merged into maximal spans with
 token and character ranges (``PassageIndex._spans``, the same code as the one-thread
 query). Runs anywhere: other threads, other processes, later other machines.
 """
@@ -15,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from dupalign import task_scan
 from dupalign.config import EngineConfig
 from dupalign.match import Span
 from dupalign.passages import PassageIndex, _Hit, _unpack_positions
@@ -65,30 +65,16 @@ class Aligner:
     def align(self, request: Any) -> list[tuple[str, list[Span]]]:
         """Passage matches of ``request`` (an ``index.AlignRequest``): (earlier page id,
         spans) per earlier page, in ordinal order."""
-        tasks = request.tasks
-        if not tasks:
-            return []
         idx = self.spans
-        off = np.zeros(1 + sum(len(t.passages) for t in tasks), dtype=np.int64)
-        t_p, t_o, rest, rows = [], [], [], []
-        n = 0
-        for t in tasks:
-            t_p.append(t.passages)
-            t_o.append(np.full(len(t.passages), t.other, dtype=np.int64))
-            rest.append(t.rest)
-            rows.append(t.rows)
-            off[n + 1 : n + 1 + len(t.passages)] = off[n] + t.off[1:]
-            n += len(t.passages)
-        all_p, all_o = np.concatenate(t_p), np.concatenate(t_o)
-        h_t, h_s, h_e, h_x = task_scan.scan_gathered(
-            off, np.concatenate(rows).astype(np.int64), np.concatenate(rest), idx.w_match,
-            idx.need, self.cfg.min_len, idx.k)
-        hits = list(zip(all_p[h_t].tolist(), all_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
+        t = request.tasks
+        h_t, h_s, h_e, h_x = idx.scan(t)
+        hits = list(zip(t.t_p[h_t].tolist(), t.t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
                         h_x.tolist(), strict=True))
-        self.forward.positions = {t.other: t.other_positions for t in tasks}
+        others = request.others.tolist()
+        self.forward.positions = dict(zip(others, request.other_positions, strict=True))
         q_starts, q_ends = _unpack_positions(request.positions)
         tokens = Tokens("", [], q_starts.astype(np.int64), q_ends.astype(np.int64))
-        ids = {t.other: t.other_id for t in tasks}
+        ids = dict(zip(others, request.other_ids, strict=True))
         try:
             found = spans_of_hits(idx, hits, request.starts, request.ends, tokens)
         finally:

@@ -40,6 +40,11 @@ class PageReport(IndexTimes):
 
     replayed: bool = False  # answered from the store (page seen before)
     text: float = 0.0
+    # CPU seconds of this thread per stage (finish, which stores the matches, counts in
+    # index: both run on the one thread that owns the store)
+    cpu_sketch: float = 0.0
+    cpu_index: float = 0.0
+    cpu_align: float = 0.0
 
 
 Source = tuple[str, int, int]
@@ -105,17 +110,20 @@ class Engine:
         """Matches of ``page`` against every earlier page; stores the page. Raises
         PageRejected for pages that cannot be processed (nothing is written then, except
         that ``source``'s offset still advances so the caller can move on)."""
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         sk = self.sketch(page, source)
-        t1 = time.perf_counter()
-        result = self.index(sk, source)
-        t2 = time.perf_counter()
+        c1, t1 = time.thread_time(), time.perf_counter()
+        result = self.indexer.index(sk, source, defer=True)
+        c2, t2 = time.thread_time(), time.perf_counter()
         found = self.align(result)
-        t3 = time.perf_counter()
+        c3, t3 = time.thread_time(), time.perf_counter()
         try:
             return self.indexer.finish(result, found)
         finally:
             self._report(result, t1 - t0, t3 - t2, time.perf_counter() - t3)
+            r = self.last_report
+            r.cpu_sketch, r.cpu_align = c1 - c0, c3 - c2
+            r.cpu_index = c2 - c1 + time.thread_time() - c3
 
     def sketch(self, page: Page, source: Source | None = None) -> PageSketch:
         """The sketch stage in this thread; an unexpected error still advances ``source``'s

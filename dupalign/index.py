@@ -8,7 +8,9 @@ the page adds to the store in one WriteBatch, then the in-memory indexes. The ta
 the align stage (dupalign.align), possibly on other cores; ``finish`` stores the page's
 matches once they are known, in ordinal order.
 
-Crash safety. A page with alignment tasks (or one behind such a page) is written in two
+Crash safety. When the caller aligns the page before indexing the next one
+(``Engine.process``: ``defer``), the page is written in one batch with its matches. In a
+pipeline, a page with alignment tasks (or one behind such a page) is written in two
 batches: its index entries with its ``IndexResult`` under ``unfinished``, then, after
 align, its matches and offset (deleting the ``unfinished`` record). A page whose first
 batch is in the store is found by the replay check like any stored page; the engine
@@ -19,7 +21,9 @@ replay always finds the matches the page produced. Other pages write one batch.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -29,8 +33,8 @@ import numpy.typing as npt
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.match import Match, Span
-from dupalign.near import NearIndex
-from dupalign.passages import Gathered, PassageIndex
+from dupalign.near import NearIndex, NearState
+from dupalign.passages import PassageIndex, PassageState, Tasks
 from dupalign.sketch import PageSketch
 from dupalign.store import Store, offsets_key, read_u64, u64
 
@@ -40,57 +44,65 @@ WIRE_VERSION = 1
 
 
 @dataclass
-class AlignTask:
-    """The passages of one page to align against one earlier page (``other``): per passage
-    (its number in the page) the rectangles gathered from the lists and the earlier page's
-    empty windows (``rows[off[x]:off[x + 1]]``: i_lo, i_hi, j_lo, j_hi, weight; negative
-    for an empty window), ``rest`` (see ``passages.Gathered``), and the earlier page's
-    token character offsets (its forward record's share that spans cite)."""
-
-    other: int
-    other_id: str
-    passages: I64
-    rest: I64
-    off: I64
-    rows: I64
-    other_positions: bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"other": self.other, "other_id": self.other_id,
-                "passages": _b(self.passages, "<u4"), "rest": _b(self.rest, "<i4"),
-                "off": _b(self.off, "<u4"), "rows": _b(self.rows, "<i4"),
-                "other_positions": self.other_positions}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AlignTask:
-        return cls(d["other"], d["other_id"], _a(d["passages"], "<u4"), _a(d["rest"], "<i4"),
-                   _a(d["off"], "<u4"), _a(d["rows"], "<i4").reshape(-1, 5),
-                   d["other_positions"])
-
-
-@dataclass
 class AlignRequest:
-    """A page's alignment tasks and what align needs of the page itself: its query passages
-    (units ``[starts[p], ends[p])``) and its token character offsets."""
+    """A page's alignment tasks (``passages.Tasks``: the candidate pages' windows in the
+    page's lists and their empty windows, gathered by the index) and what align needs
+    besides: the page's query passages (units ``[starts[p], ends[p])``) and token character
+    offsets, and per candidate page (``others``, ascending) its id and token character
+    offsets (the share of its forward record that spans cite). Everything about a candidate
+    is keyed by its ordinal, so a request splits into one ``AlignTask`` per candidate for
+    align shards keyed by page (the wire form is one message per page)."""
 
     ordinal: int
     starts: I64
     ends: I64
     positions: bytes
-    tasks: list[AlignTask]
+    tasks: Tasks
+    others: I64
+    other_ids: list[str]
+    other_positions: list[bytes]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ordinal": self.ordinal, "starts": _b(self.starts, "<i4"),
-                "ends": _b(self.ends, "<i4"), "positions": self.positions,
-                "tasks": [t.to_dict() for t in self.tasks]}
+    def to_dict(self, forward: bool = True) -> dict[str, Any]:
+        """``forward=False`` leaves out what the store holds of the candidate pages (their
+        empty windows, ids and token offsets): ``Indexer.refetch`` reads it back."""
+        t = self.tasks
+        lid_type = "<i2" if t.start.shape[0] < (1 << 15) else "<i4"
+        return {
+            "ordinal": self.ordinal, "starts": _b(self.starts, "<i4"),
+            "ends": _b(self.ends, "<i4"), "positions": self.positions,
+            "k": int(t.lid.shape[1]), "lid_type": lid_type, "lid": _b(t.lid, lid_type),
+            "q_empty": np.packbits(t.q_empty).tobytes(),
+            "t_p": _b(t.t_p, "<u4"), "t_o": _b(t.t_o, "<u8"), "count": _b(t.count, "<u4"),
+            "ords": _b(t.ords, "<u8"), "rects": _b(t.rects, "<i4"),
+            "empty_keys": _b(t.empty_keys, "<u8"), "others": _b(self.others, "<u8"),
+            **({"empty_off": _b(t.empty_off, "<u4"), "empty_lr": _b(t.empty_lr, "<i4"),
+                "other_ids": self.other_ids, "other_positions": self.other_positions}
+               if forward else {}),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AlignRequest:
+        k = d["k"]
+        lid = _a(d["lid"], d["lid_type"]).reshape(-1, k)
+        q_empty = np.unpackbits(np.frombuffer(d["q_empty"], dtype=np.uint8),
+                                count=lid.size).astype(np.bool_).reshape(-1, k)
+        count = _a(d["count"], "<u4")
+        forward = "empty_lr" in d
+        empty_keys = _a(d["empty_keys"], "<u8")
+        tasks = Tasks(_a(d["t_p"], "<u4"), _a(d["t_o"], "<u8"), lid, q_empty,
+                      np.cumsum(count) - count, count, _a(d["ords"], "<u8"),
+                      np.frombuffer(d["rects"], dtype="<i4").astype(np.int32).reshape(-1, 4),
+                      empty_keys,
+                      _a(d["empty_off"], "<u4") if forward else np.zeros(1, dtype=np.int64),
+                      _a(d["empty_lr"], "<i4").reshape(-1, 2) if forward else
+                      np.empty((0, 2), dtype=np.int64))
         return cls(d["ordinal"], _a(d["starts"], "<i4"), _a(d["ends"], "<i4"), d["positions"],
-                   [AlignTask.from_dict(t) for t in d["tasks"]])
+                   tasks, _a(d["others"], "<u8"), list(d.get("other_ids", [])),
+                   list(d.get("other_positions", [])))
 
-    def to_bytes(self) -> bytes:
-        return bytes(msgpack.packb({"v": WIRE_VERSION, **self.to_dict()}, use_bin_type=True))
+    def to_bytes(self, forward: bool = True) -> bytes:
+        return bytes(msgpack.packb({"v": WIRE_VERSION, **self.to_dict(forward)},
+                                   use_bin_type=True))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> AlignRequest:
@@ -112,6 +124,9 @@ class IndexResult:
     matches: list[Match] = field(default_factory=list)
     align: AlignRequest | None = None
     done: bool = False
+    # index(defer=True): writes the page with its matches (not on the wire)
+    deferred: Callable[[list[Match]], None] | None = field(default=None, repr=False,
+                                                            compare=False)
 
     def to_bytes(self) -> bytes:
         d = {"v": WIRE_VERSION, "doc_id": self.doc_id,
@@ -119,7 +134,8 @@ class IndexResult:
              "ordinal": self.ordinal,
              "rejected": None if self.rejected is None else list(self.rejected),
              "replay_of": self.replay_of, "matches": [m.to_dict() for m in self.matches],
-             "align": None if self.align is None else self.align.to_dict(), "done": self.done}
+             "align": None if self.align is None else self.align.to_dict(forward=False),
+             "done": self.done}
         return bytes(msgpack.packb(d, use_bin_type=True))
 
     @classmethod
@@ -169,9 +185,12 @@ class Indexer:
             "theta": config.passage.theta,
         }
 
-    def index(self, sk: PageSketch, source: tuple[str, int, int] | None = None) -> IndexResult:
+    def index(self, sk: PageSketch, source: tuple[str, int, int] | None = None,
+              defer: bool = False) -> IndexResult:
         """Index the page (next ordinal) and find its exact and near matches and passage
-        tasks. A rejected or replayed page gets no ordinal and writes nothing here."""
+        tasks. A rejected or replayed page gets no ordinal and writes nothing here.
+        ``defer``: the caller aligns the page and calls ``finish`` before indexing another,
+        so a page with tasks can be written in one batch with its matches, by ``finish``."""
         times = self.times = IndexTimes()
         result = IndexResult(sk.id, source)
         if sk.replay_key is not None:
@@ -185,12 +204,11 @@ class Indexer:
         assert sk.replay_key is not None
         t0 = time.perf_counter()
         ordinal = result.ordinal = self.next_ordinal
-        batch = self.store.batch()
         original = self._exact_original(sk.content_hash)
         t1 = time.perf_counter()
         times.exact = t1 - t0
-        near_state = passage_state = None
-        fingerprint = None
+        near_state: NearState | None = None
+        passage_state: PassageState | None = None
         if original is not None:
             result.matches.append(self._match(sk.id, "exact", original, est_jaccard=1.0))
             t2 = t3 = t1
@@ -200,7 +218,6 @@ class Indexer:
             c = self.near.counters
             before = (c.probes, c.candidates, c.filter.pairs, c.filter.samples_saved)
             near_found = self.near.search(near_state, ordinal)
-            fingerprint = near_state.fingerprint
             times.psm_probes = c.probes - before[0]
             times.near_candidates = c.candidates - before[1]
             times.cws_pairs = c.filter.pairs - before[2]
@@ -213,41 +230,58 @@ class Indexer:
             t2 = time.perf_counter()
             # one message per matched pair: near duplicates are not aligned again as passages
             if passage_state.rects is not None:
-                gathered = self.passages.find_tasks(passage_state, ordinal, frozenset(matched))
-                if len(gathered.t_p):
+                tasks = self.passages.find_tasks(passage_state, ordinal, frozenset(matched))
+                if tasks is not None:
                     assert passage_state.starts is not None and passage_state.ends is not None
-                    result.align = AlignRequest(ordinal, passage_state.starts,
-                                                passage_state.ends, passage_state.positions,
-                                                self._tasks(gathered))
+                    result.align = AlignRequest(
+                        ordinal, passage_state.starts, passage_state.ends,
+                        passage_state.positions, tasks, np.unique(tasks.t_o), [], [])
+                    self._candidates(result.align)
             t3 = time.perf_counter()
-            self.near.stage(batch, ordinal, near_state)
-            self.passages.stage(batch, ordinal, passage_state)
         times.near, times.passage = t2 - t1, t3 - t2
+        write = partial(self._write, result, sk, near_state, passage_state)
+        if result.align is None and not self.unfinished:  # complete in one batch
+            result.done = True
+            write(result.matches)
+        elif defer and not self.unfinished:  # finish writes it all, after align
+            result.deferred = write
+        else:
+            self.unfinished += 1
+            write(None)
+        times.store = time.perf_counter() - t3
+        return result
+
+    def _write(self, result: IndexResult, sk: PageSketch, near_state: NearState | None,
+               passage_state: PassageState | None, matches: list[Match] | None) -> None:
+        """One WriteBatch: everything the page adds to the index, then its matches and
+        offset (or, when they are not known yet, its ``unfinished`` record); then the
+        in-memory indexes."""
+        assert result.ordinal is not None and sk.replay_key is not None
+        ordinal = result.ordinal
+        batch = self.store.batch()
+        self.near.stage(batch, ordinal, near_state)
+        self.passages.stage(batch, ordinal, passage_state)
         record = {
             "id": sk.id,
             "url": sk.url,
             "n_tokens": sk.n_tokens,
             "content_hash": sk.content_hash,
-            "simhash": fingerprint,
+            "simhash": None if near_state is None else near_state.fingerprint,
             "fetched_at": sk.fetched_at,
-            "source": list(source) if source is not None else None,
+            "source": list(result.source) if result.source is not None else None,
         }
         batch.put("docs", u64(ordinal), msgpack.packb(record))
         batch.put("ids", sk.id.encode("utf-8"), u64(ordinal))
         batch.put("replay", sk.replay_key, u64(ordinal))
         batch.put("exact", sk.content_hash + u64(ordinal), b"")
-        if result.align is None and not self.unfinished:  # complete in one batch
-            result.done = True
-            self._put_matches(batch, ordinal, result.matches, source)
+        if matches is not None:
+            self._put_matches(batch, ordinal, matches, result.source)
         else:
-            self.unfinished += 1
             batch.put("unfinished", u64(ordinal), result.to_bytes())
         self.store.write(batch)
         self.next_ordinal = ordinal + 1
         self.near.commit(ordinal, near_state)
         self.passages.commit(ordinal, passage_state)
-        times.store = time.perf_counter() - t3
-        return result
 
     def finish(self, result: IndexResult, passages: list[tuple[str, list[Span]]]) -> list[Match]:
         """Store the page's matches (``passages``: what align found) and return them, in
@@ -261,7 +295,9 @@ class Indexer:
             best = max(s.est_jaccard for s in spans)
             matches.append(Match(doc_id=result.doc_id, kind="passage", match_doc_id=other_id,
                                  est_jaccard=best, spans=tuple(spans), engine=self.engine_info))
-        if not result.done:
+        if result.deferred is not None:
+            result.deferred(matches)
+        elif not result.done:
             batch = self.store.batch()
             if result.ordinal is not None:
                 self._put_matches(batch, result.ordinal, matches, result.source)
@@ -281,8 +317,25 @@ class Indexer:
         if "unfinished" not in self.store._cfs:  # a store opened read-only, made before it
             return []
         out = [IndexResult.from_bytes(v) for _, v in self.store.items("unfinished")]
+        for result in out:
+            if result.align is not None:
+                self.refetch(result.align)
         self.unfinished = len(out)
         return out
+
+    def refetch(self, request: AlignRequest) -> None:
+        """Read back what the store holds of the request's candidate pages (left out of
+        the ``unfinished`` record): ids, token offsets, empty windows."""
+        self._candidates(request)
+        t = request.tasks
+        t.empty_off, t.empty_lr = self.passages.read_empty_windows(t.empty_keys)
+
+    def _candidates(self, request: AlignRequest) -> None:
+        """The candidate pages' ids and token character offsets."""
+        others = request.others.tolist()
+        request.other_ids = [self.doc_id(o) for o in others]
+        request.other_positions = [v or b"" for v in self.store.multi_get(
+            "positions", [u64(o) for o in others])]
 
     def skip(self, doc_id: str, source: tuple[str, int, int] | None) -> IndexResult:
         """A page that failed before the index: only its offset advances, in order."""
@@ -299,23 +352,6 @@ class Indexer:
                 _put_offset(batch, result.source)
                 self.store.write(batch)
         return result
-
-    def _tasks(self, g: Gathered) -> list[AlignTask]:
-        """Split the page's gathered tasks by earlier page (ascending; passages in order)."""
-        order = np.lexsort((g.t_p, g.t_o))
-        pages, first = np.unique(g.t_o[order], return_index=True)
-        bounds = [*first.tolist(), len(order)]
-        counts = np.diff(g.off)
-        raw = self.store.multi_get("positions", [u64(int(o)) for o in pages])
-        tasks = []
-        for y, other in enumerate(pages.tolist()):
-            sel = order[bounds[y] : bounds[y + 1]]
-            off = np.zeros(len(sel) + 1, dtype=np.int64)
-            np.cumsum(counts[sel], out=off[1:])
-            rows = np.concatenate([g.rows[g.off[t] : g.off[t + 1]] for t in sel.tolist()])
-            tasks.append(AlignTask(other, self.doc_id(other), g.t_p[sel], g.rest[sel], off, rows,
-                                   raw[y] or b""))
-        return tasks
 
     def _put_matches(self, batch: Any, ordinal: int, matches: list[Match],
                      source: tuple[str, int, int] | None) -> None:

@@ -35,7 +35,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from dupalign import monoactive, passage_align, task_scan
+from dupalign import monoactive, passage_align
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
@@ -99,22 +99,31 @@ class PassageState:
 
 
 @dataclass
-class Gathered:
-    """Alignment tasks found by ``PassageIndex.find_tasks``: (passage ``t_p``, earlier page
-    ``t_o``) sorted by passage then page, each with its rectangles ``rows[off[t]:off[t+1]]``
-    (i_lo, i_hi, j_lo, j_hi, weight; a negative weight marks an empty window) and ``rest``:
-    what the matched windows must add up to beyond the jointly empty bins."""
+class Tasks:
+    """A page's alignment tasks with everything ``passage_align.scan_tasks`` reads and
+    nothing from the store: pairs (passage ``t_p``, earlier page ``t_o``) sorted by passage
+    then page; ``lid[p, b]``, the list named by passage p's min-hash in bin b (-1: none),
+    and ``q_empty[p, b]``, its empty bins; the lists restricted to the entries of the task
+    pages (CSR ``start``/``count`` into ``ords``/``rects``, sorted by ordinal); and those
+    pages' empty windows in the passages' empty bins (CSR keyed by ``ordinal << 16 | bin``
+    with (l, r) rows). Lists left without entries are merged into one empty list, which
+    holds as much information (a list, not an empty bin). Every entry and empty window is
+    keyed by its page, so the tasks split by earlier page for shards of align."""
 
     t_p: I64
     t_o: I64
-    off: I64
-    rows: I64
-    rest: I64
+    lid: I64
+    q_empty: npt.NDArray[np.bool_]
+    start: I64
+    count: I64
+    ords: I64
+    rects: npt.NDArray[np.int32]
+    empty_keys: I64
+    empty_off: I64
+    empty_lr: I64
 
-    @classmethod
-    def none(cls) -> Gathered:
-        z = np.empty(0, dtype=np.int64)
-        return cls(z, z, np.zeros(1, dtype=np.int64), np.empty((0, 5), dtype=np.int64), z)
+    def __len__(self) -> int:
+        return int(self.t_p.shape[0])
 
 
 @dataclass
@@ -244,19 +253,27 @@ class PassageIndex:
         state = PassageState(None, len(units), b"", starts, ends, keys, empty)
         return self._align(state, self.find_tasks(state, before, exclude))
 
-    def _align(self, state: PassageState, g: Gathered) -> list[tuple[int, int, int, int, float]]:
-        h_t, h_s, h_e, h_x = task_scan.scan_gathered(
-            g.off, g.rows, g.rest, self.w_match, self.need, self.cfg.min_len, self.k)
-        return list(zip(g.t_p[h_t].tolist(), g.t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
+    def _align(self, state: PassageState, t: Tasks | None
+               ) -> list[tuple[int, int, int, int, float]]:
+        if t is None:
+            return []
+        h_t, h_s, h_e, h_x = self.scan(t)
+        return list(zip(t.t_p[h_t].tolist(), t.t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
                         h_x.tolist(), strict=True))
+
+    def scan(self, t: Tasks) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:
+        """The interval scan of every task (the align stage's kernel)."""
+        return passage_align.scan_tasks(
+            t.t_p, t.t_o, t.lid, t.count, t.start, t.ords, t.rects, t.q_empty, t.empty_keys,
+            t.empty_off, t.empty_lr, self.w_match, self.w_empty, self.need, self.cfg.min_len,
+            self.k)
 
     def find_tasks(
         self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
-    ) -> Gathered:
+    ) -> Tasks | None:
         """The index's part of the passage query: the inverted lists named by the passages'
         sketches, candidate pages per passage, the viability filter, the candidates' empty
-        windows, and each task's rectangles gathered (dupalign.passage_align has the
-        steps)."""
+        windows (dupalign.passage_align has the steps). None if no task is left."""
         assert state.keys is not None and state.empty is not None
         keys, empty = state.keys, state.empty
         self.counters.passages += len(keys)
@@ -287,13 +304,20 @@ class PassageIndex:
         self.counters.candidates_pruned += pruned
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
-            return Gathered.none()
+            return None
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
-        off, buf = task_scan.gather_tasks(
-            t_p, t_o, lid, n_before, start, ords, rects, empty, empty_keys, empty_off, empty_lr,
-            self.w_match, self.w_empty)
-        rest = self.need - self.w_empty * np.count_nonzero(empty, axis=1)[t_p]
-        return Gathered(t_p, t_o, off, buf, rest.astype(np.int64))
+        # the lists cut down to the task pages' entries: all that align reads of them
+        entries = _ranks(start, n_before)
+        list_of = np.repeat(np.arange(len(start)), n_before)
+        keep = np.isin(ords[entries], t_o)
+        entries, list_of = entries[keep], list_of[keep]
+        used, list_of = np.unique(list_of, return_inverse=True)
+        remap = np.zeros(len(start), dtype=np.int64)  # lists left empty share list 0
+        remap[used] = np.arange(1, len(used) + 1)
+        count = np.concatenate(([0], np.bincount(list_of, minlength=len(used))))
+        lid = np.where(lid >= 0, remap[np.maximum(lid, 0)], -1)
+        return Tasks(t_p, t_o, lid, empty, np.cumsum(count) - count, count, ords[entries],
+                     rects[entries].astype(np.int32), empty_keys, empty_off, empty_lr)
 
     def _sketches(self, units: U64, starts: I64, ends: I64) -> tuple[U64, npt.NDArray[np.bool_]]:
         """The sketch of every passage: ``(mins[P, k], empty[P, k])``."""
@@ -382,6 +406,11 @@ class PassageIndex:
             return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), none
         task, b = np.nonzero(empty[t_p])
         want = np.unique((t_o[task] << passage_align.EMPTY_KEY_SHIFT) | b)
+        return (want, *self.read_empty_windows(want))
+
+    def read_empty_windows(self, want: I64) -> tuple[I64, I64]:
+        """The empty windows under the keys ``page << 16 | bin`` (ascending), as CSR
+        ``(off, rows)``: one multi-get."""
         ids = np.empty(len(want), dtype=[("ordinal", ">u8"), ("bin", ">u2")])
         ids["ordinal"] = want >> passage_align.EMPTY_KEY_SHIFT
         ids["bin"] = want & ((1 << passage_align.EMPTY_KEY_SHIFT) - 1)
@@ -393,7 +422,7 @@ class PassageIndex:
         off = np.zeros(len(values) + 1, dtype=np.int64)
         np.cumsum([len(v) // (2 * _RECT.itemsize) for v in values], out=off[1:])
         rows = np.frombuffer(b"".join(values), dtype=_RECT).reshape(-1, 2).astype(np.int64)
-        return want, off, rows
+        return off, rows
 
     # -- spans ------------------------------------------------------------------------------
     def _spans(self, other: int, hits: list[_Hit], tokens: Tokens) -> list[Span]:

@@ -2,10 +2,11 @@
 
 ``sketch`` and ``align`` need no shared state, so they run in a pool of ``jobs`` worker
 processes (or threads: ``executor="thread"``; CPython holds the GIL in most of their
-Python and numba code, so processes are what spreads them over cores, see
-tests/bench/bench_scan.py); their messages cross as bytes (``PageSketch`` and
-``AlignRequest`` in msgpack). ``index`` runs here, on the calling thread, one page at a
-time in input (ordinal) order, and so does ``finish``, which stores each page's matches.
+Python and numba code, so processes are what spreads them over cores). Their messages
+(``PageSketch``, ``AlignRequest``) cross the process boundary pickled, which copies the
+numpy arrays once (their msgpack forms, ``to_bytes``, cost more and are for other
+transports: Kafka). ``index`` runs here, on the calling thread, one page at a time in
+input (ordinal) order, and so does ``finish``, which stores each page's matches.
 Both queues are bounded (``depth`` pages each), so memory stays flat whatever the input.
 
 Results never depend on ``jobs``: the index sees the pages in the same order as
@@ -59,17 +60,16 @@ def _stage(name: str) -> Any:
     return getattr(_local, name)
 
 
-def sketch_bytes(page: Page) -> bytes:
-    """The sketch stage in a worker: a page in, a ``PageSketch`` out as bytes."""
+def sketch_in_worker(page: Page) -> PageSketch:
+    """The sketch stage in a worker."""
     sketcher: Sketcher = _stage("sketcher")
-    return sketcher.sketch(page, _local.idf).to_bytes()
+    return sketcher.sketch(page, _local.idf)
 
 
-def align_bytes(request: bytes) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The align stage in a worker: an ``AlignRequest`` in, passage matches out."""
+def align_in_worker(request: AlignRequest) -> list[tuple[str, list[Span]]]:
+    """The align stage in a worker."""
     aligner: Aligner = _stage("aligner")
-    found = aligner.align(AlignRequest.from_bytes(request))
-    return [(other, [s.to_dict() for s in spans]) for other, spans in found]
+    return aligner.align(request)
 
 
 # -- the calling side ----------------------------------------------------------------------
@@ -102,7 +102,7 @@ def run_pipeline(
     indexer = engine.indexer
     pool = _Pool(executor, jobs, engine.config, engine.near.idf)
     old: list[_Pool] = []
-    sketches: deque[tuple[Page, Source | None, Future[bytes]]] = deque()
+    sketches: deque[tuple[Page, Source | None, Future[PageSketch]]] = deque()
     aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
     pending = iter(items)
     more = True
@@ -112,8 +112,7 @@ def run_pipeline(
         if isinstance(result, BaseException):
             return page, result
         try:
-            found = [] if future is None else [
-                (other, [Span.from_dict(s) for s in spans]) for other, spans in future.result()]
+            found = [] if future is None else future.result()
             return page, indexer.finish(result, found)
         except Exception as exc:
             return page, exc
@@ -126,7 +125,7 @@ def run_pipeline(
                 except StopIteration:
                     more = False
                     break
-                sketches.append((page, source, pool.executor.submit(sketch_bytes, page)))
+                sketches.append((page, source, pool.executor.submit(sketch_in_worker, page)))
             while aligns and (aligns[0][2] is None or aligns[0][2].done()):
                 yield finish()
             if not sketches:
@@ -139,15 +138,14 @@ def run_pipeline(
                 continue
             page, source, sketched = sketches.popleft()
             try:
-                result: IndexResult | BaseException = engine.index(
-                    PageSketch.from_bytes(sketched.result()), source)
+                result: IndexResult | BaseException = engine.index(sketched.result(), source)
             except Exception as exc:
                 # an unexpected sketch or index error: the page's offset still advances
                 result = exc
                 indexer.finish(indexer.skip(page.id, source), [])
             future = None
             if isinstance(result, IndexResult) and result.align is not None:
-                future = pool.executor.submit(align_bytes, result.align.to_bytes())
+                future = pool.executor.submit(align_in_worker, result.align)
             aligns.append((page, result, future))
             if engine.near.idf.version != pool.version:  # an idf freeze: new workers
                 old.append(pool)

@@ -3,6 +3,7 @@ wire, and a page interrupted between its index batch and its matches is finished
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
 
@@ -91,10 +92,8 @@ def test_messages_round_trip(tmp_path: Path) -> None:
                 requests += 1
                 wire = AlignRequest.from_bytes(result.align.to_bytes())
                 assert engine.aligner.align(wire) == engine.aligner.align(result.align)
-            try:
+            with contextlib.suppress(PageRejected):
                 engine.indexer.finish(result, engine.align(result))
-            except PageRejected:
-                pass
         assert requests
 
 
@@ -115,10 +114,8 @@ def test_a_crash_between_index_and_matches_is_finished_at_open(tmp_path: Path) -
             if result.align is not None and n > 5:
                 cut = n
                 break
-            try:
+            with contextlib.suppress(PageRejected):
                 engine.indexer.finish(result, engine.align(result))
-            except PageRejected:
-                pass
     assert cut is not None
     with Engine.open(tmp_path / "b") as engine:  # finishes the page at open
         assert engine.indexer.unfinished == 0
