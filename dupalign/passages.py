@@ -210,6 +210,8 @@ class PassageIndex:
     # -- the query --------------------------------------------------------------------------
     def sketch_page(self, hashes: U64, tokens: Tokens) -> PassageState:
         """Everything the passage index needs from the page alone (no store access)."""
+        if not self.cfg.enabled:
+            return PassageState(None, 0)
         units = self.units(hashes)
         n = len(units)
         if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:

@@ -7,6 +7,7 @@ import contextlib
 import random
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from dupalign.config import EngineConfig, NearConfig
@@ -17,6 +18,7 @@ from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.sketch import PageSketch
 from tests.test_engine import edit, rfc_words
+from worker import messages
 
 
 def random_pages(seed: int, n: int) -> list[Page]:
@@ -78,18 +80,26 @@ def test_matches_do_not_depend_on_the_number_of_workers(tmp_path: Path, seed: in
     assert any(r[1] == "rejected" for r in one)
 
 
-def test_messages_round_trip(tmp_path: Path) -> None:
+def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
     pages = random_pages(3, 12)
     with Engine.open(tmp_path / "s") as engine:
         requests = 0
         for page in pages:
             sk = engine.sketch(page)
+            messages.validate("page_sketch", msgpack.unpackb(sk.to_bytes(), raw=False))
             back = PageSketch.from_bytes(sk.to_bytes())
             assert back.to_bytes() == sk.to_bytes()
             result = engine.index(back)
             assert IndexResult.from_bytes(result.to_bytes()).to_bytes() == result.to_bytes()
             if result.align is not None:
                 requests += 1
+                for forward in (True, False):
+                    messages.validate("align_request", msgpack.unpackb(
+                        result.align.to_bytes(forward), raw=False))
+                broken = result.align.to_dict()
+                del broken["t_p"]
+                with pytest.raises(messages.MessageRejected):
+                    messages.validate("align_request", {"v": 1, **broken})
                 wire = AlignRequest.from_bytes(result.align.to_bytes())
                 assert engine.aligner.align(wire) == engine.aligner.align(result.align)
             with contextlib.suppress(PageRejected):

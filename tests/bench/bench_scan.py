@@ -40,11 +40,13 @@ import argparse
 import contextlib
 import json
 import pickle
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,6 +70,7 @@ class Run:
     label: str
     seconds: float
     pairs: Pairs
+    cpu: float = float("nan")  # CPU seconds of the run, worker processes included
     kinds: dict[str, int] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # CPU seconds per stage
     wire: dict[str, int] = field(default_factory=dict)  # bytes per message kind, tokens
@@ -99,6 +102,21 @@ def jaccard(a: set[tuple[str, ...]], b: set[tuple[str, ...]]) -> float:
 def page_shingles(page: Page) -> list[bytes]:
     """Our extraction and tokens, then word 5-shingles: what both MinHash baselines index."""
     return [" ".join(s).encode() for s in shingles(tokenize(page_text(page)).tokens)]
+
+
+def cpu_now() -> float:
+    """CPU seconds of this process and of its children that have ended."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(run: Callable[[], Run]) -> Run:
+    c0 = cpu_now()
+    out = run()
+    if out.cpu != out.cpu:  # nan: not measured by the run itself
+        out.cpu = cpu_now() - c0
+    return out
 
 
 def run_datasketch(pages: list[Page]) -> Run:
@@ -148,8 +166,9 @@ def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, sto
     cpu = dict.fromkeys(("sketch", "index", "align"), 0.0)
     wire = dict.fromkeys(("page_sketch", "align_task", "forward", "tokens"), 0)
     warm_up(pages, config, store)
+    serialize = serialize_cpu = 0.0
     with Engine.open(store, config) as engine:
-        t0 = time.perf_counter()
+        t0, p0 = time.perf_counter(), time.process_time()
         for page in pages:
             c0 = time.thread_time()
             sk = engine.sketch(page)
@@ -164,13 +183,18 @@ def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, sto
             cpu["sketch"] += c1 - c0
             cpu["index"] += c2 - c1 + c4 - c3
             cpu["align"] += c3 - c2
+            # the wire sizes, left out of the run's time
+            t_wire, p_wire = time.perf_counter(), time.process_time()
             wire["page_sketch"] += len(sk.to_bytes())
             wire["tokens"] += sk.n_tokens
             if result.align is not None:
                 task = len(result.align.to_bytes(forward=False))
                 wire["align_task"] += task
                 wire["forward"] += len(result.align.to_bytes()) - task
-        run.seconds = time.perf_counter() - t0
+            serialize += time.perf_counter() - t_wire
+            serialize_cpu += time.process_time() - p_wire
+        run.seconds = time.perf_counter() - t0 - serialize
+        run.cpu = time.process_time() - p0 - serialize_cpu
     run.stages, run.wire = cpu, wire
     return run
 
@@ -215,7 +239,7 @@ with Engine.open(sys.argv[2] + "-warm", cfg) as engine:  # start-up left out, as
             pass
 pairs, kinds = [], {}
 with Engine.open(sys.argv[2], cfg) as engine:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for page in pages:
         try:
             found = engine.process(page)
@@ -226,7 +250,8 @@ with Engine.open(sys.argv[2], cfg) as engine:
             if m.kind in ("exact", "near"):
                 pairs.append((m.doc_id, m.match_doc_id))
     seconds = time.perf_counter() - t0
-print(json.dumps({"seconds": seconds, "pairs": pairs, "kinds": kinds}))
+    cpu = time.process_time() - c0
+print(json.dumps({"seconds": seconds, "cpu": cpu, "pairs": pairs, "kinds": kinds}))
 """
 
 
@@ -236,7 +261,7 @@ def run_main(label: str, ref: Path, pages_file: Path, store: Path, passages: boo
                           "1" if passages else "0", str(WARM_UP)], cwd=ref, check=True,
                          capture_output=True, text=True)
     d = json.loads(out.stdout.strip().splitlines()[-1])
-    return Run(label, d["seconds"], {(a, b) for a, b in d["pairs"]}, d["kinds"])
+    return Run(label, d["seconds"], {(a, b) for a, b in d["pairs"]}, d["cpu"], d["kinds"])
 
 
 def checkout(ref: str, where: Path) -> Path:
@@ -297,8 +322,8 @@ def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path
         runs.append(run)
         print(f"  {form}: {run.label} done in {run.seconds:.1f} s", flush=True)
 
-    done(run_datasketch(pages))
-    done(run_rensa(pages))
+    done(timed(lambda: run_datasketch(pages)))
+    done(timed(lambda: run_rensa(pages)))
     full = EngineConfig(text=TextConfig(main_content=True)).validate()
     near = EngineConfig(text=TextConfig(main_content=True),
                         passage=PassageConfig(enabled=False)).validate()
@@ -309,15 +334,15 @@ def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path
         for j in jobs:
             label, store = f"dupalign {name} --jobs {j}", tmp / f"{form}-{name}-{j}"
             done(run_staged_one_core(label, pages, cfg, store) if j == 1 else
-                 run_staged(label, pages, cfg, store, j))
+                 timed(lambda lb=label, c=cfg, s=store, jj=j: run_staged(lb, pages, c, s, jj)))
     return runs
 
 
 def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
            sh: dict[str, set[tuple[str, ...]]], old_ids: set[str]) -> None:
     print(f"\n## from {'the HTML' if form == 'html' else 'the extracted text (text/plain)'}")
-    header = (f"{'method':<40} {'seconds':>8} {'pages/s':>8} {'reported':>9} {'recall':>7} "
-              f"{'precision':>9}  matches by kind")
+    header = (f"{'method':<40} {'seconds':>8} {'pages/s':>8} {'CPU ms/page':>11} "
+              f"{'reported':>9} {'recall':>7} {'precision':>9}  matches by kind")
     print(header)
     print("-" * len(header))
     rate = {}
@@ -327,7 +352,8 @@ def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
         recall = len(truth & {a for a, _ in good}) / len(truth) if truth else float("nan")
         precision = len(good) / len(pairs) if pairs else float("nan")
         rate[r.label] = n_pages / r.seconds
-        print(f"{r.label:<40} {r.seconds:8.2f} {rate[r.label]:8.1f} {len(pairs):9d} "
+        print(f"{r.label:<40} {r.seconds:8.2f} {rate[r.label]:8.1f} "
+              f"{r.cpu / n_pages * 1e3:11.2f} {len(pairs):9d} "
               f"{recall:7.3f} {precision:9.3f}  {r.kinds or ''}")
 
     def ratio(a: str, b: str) -> None:
