@@ -27,6 +27,7 @@ from dupalign.match import Match
 from dupalign.near import NearIndex
 from dupalign.page import Page
 from dupalign.passages import PassageIndex
+from dupalign.pipeline import ExecutorKind, WorkerPool, run_pipeline
 from dupalign.sketch import PageSketch, Sketcher
 from dupalign.store import Store, parse_offsets_key, read_u64
 from dupalign.text import tokenize
@@ -61,6 +62,7 @@ class Engine:
         self.sketcher = Sketcher(config)
         self.aligner = Aligner(config)
         self.last_report = PageReport()
+        self._pool: WorkerPool | None = None
         if not read_only:
             for result in self.indexer.unfinished_results():  # a crash came before their end
                 self.indexer.finish(result, self.align(result))
@@ -103,7 +105,20 @@ class Engine:
         self.close()
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         self.store.close()
+
+    def worker_pool(self, kind: ExecutorKind, jobs: int) -> WorkerPool:
+        """The pool of sketch and align workers, made again when the idf table in force
+        or the asked shape changed (the old one finishes its work in the background)."""
+        p = self._pool
+        if p is None or (p.kind, p.jobs, p.version) != (kind, jobs, self.near.idf.version):
+            if p is not None:
+                p.close(wait=False)
+            p = self._pool = WorkerPool(kind, jobs, self.config, self.near.idf)
+        return p
 
     # -- the pipeline ---------------------------------------------------------------------
     def process(self, page: Page, source: Source | None = None) -> list[Match]:
@@ -143,14 +158,13 @@ class Engine:
         return [] if result.align is None else self.aligner.align(result.align)
 
     def process_many(
-        self, items: Iterable[tuple[Page, Source | None]], jobs: int = 1
+        self, items: Iterable[tuple[Page, Source | None]], jobs: int = 1,
+        executor: ExecutorKind = "process",
     ) -> Iterator[tuple[Page, list[Match] | BaseException]]:
-        """``process`` over a stream, in order, sketch and align on ``jobs`` cores: each
+        """``process`` over a stream, in order, sketch and align on ``jobs`` workers: each
         page with its matches or the exception its processing raised (PageRejected...).
         Same matches whatever ``jobs`` (dupalign.pipeline)."""
-        from dupalign.pipeline import run_pipeline
-
-        return run_pipeline(self, items, jobs)
+        return run_pipeline(self, items, jobs, executor)
 
     def _report(self, result: IndexResult, sketch_s: float, align_s: float,
                 finish_s: float) -> None:
@@ -160,6 +174,12 @@ class Engine:
             passage=t.passage + align_s, store=t.store + finish_s, psm_probes=t.psm_probes,
             near_candidates=t.near_candidates, cws_pairs=t.cws_pairs,
             cws_samples_saved=t.cws_samples_saved)
+
+    def report_pipelined(self, result: IndexResult) -> None:
+        """``last_report`` of a page of ``process_many`` with workers: the index stage's
+        times only (sketch and align ran in other processes, not timed here)."""
+        t = result.times or IndexTimes()
+        self.last_report = PageReport(**vars(t), replayed=result.replay_of is not None)
 
     def query_text(self, text: str) -> list[Match]:
         """Passages of ``text`` aligned against the store (nothing is written)."""

@@ -110,6 +110,20 @@ class AlignRequest:
 
 
 @dataclass
+class IndexTimes:
+    """Seconds spent by the last ``index`` call, per part, and its near counters."""
+
+    exact: float = 0.0
+    near: float = 0.0
+    passage: float = 0.0
+    store: float = 0.0
+    psm_probes: int = 0
+    near_candidates: int = 0
+    cws_pairs: int = 0
+    cws_samples_saved: int = 0
+
+
+@dataclass
 class IndexResult:
     """What the index stage made of one page. ``ordinal`` is None for a page that was
     rejected or replayed (``replay_of``: the stored page it repeats); ``matches`` are the
@@ -124,6 +138,7 @@ class IndexResult:
     matches: list[Match] = field(default_factory=list)
     align: AlignRequest | None = None
     done: bool = False
+    times: IndexTimes | None = field(default=None, repr=False, compare=False)  # not on the wire
     # index(defer=True): writes the page with its matches (not on the wire)
     deferred: Callable[[list[Match]], None] | None = field(default=None, repr=False,
                                                             compare=False)
@@ -146,20 +161,6 @@ class IndexResult:
                    None if rej is None else (rej[0], rej[1]), d["replay_of"],
                    [Match.from_dict(m) for m in d["matches"]],
                    None if d["align"] is None else AlignRequest.from_dict(d["align"]), d["done"])
-
-
-@dataclass
-class IndexTimes:
-    """Seconds spent by the last ``index`` call, per part, and its near counters."""
-
-    exact: float = 0.0
-    near: float = 0.0
-    passage: float = 0.0
-    store: float = 0.0
-    psm_probes: int = 0
-    near_candidates: int = 0
-    cws_pairs: int = 0
-    cws_samples_saved: int = 0
 
 
 class Indexer:
@@ -192,7 +193,7 @@ class Indexer:
         ``defer``: the caller aligns the page and calls ``finish`` before indexing another,
         so a page with tasks can be written in one batch with its matches, by ``finish``."""
         times = self.times = IndexTimes()
-        result = IndexResult(sk.id, source)
+        result = IndexResult(sk.id, source, times=times)
         if sk.replay_key is not None:
             seen = self.store.get("replay", sk.replay_key)
             if seen is not None:

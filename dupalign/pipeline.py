@@ -73,16 +73,20 @@ def align_in_worker(request: AlignRequest) -> list[tuple[str, list[Span]]]:
 
 
 # -- the calling side ----------------------------------------------------------------------
-class _Pool:
-    """A worker pool whose workers hold the idf table in force when it was made."""
+class WorkerPool:
+    """Worker processes (or threads) whose workers hold the idf table in force when it was
+    made; kept by the engine across ``process_many`` calls."""
 
     def __init__(self, kind: ExecutorKind, jobs: int, config: EngineConfig, idf: IdfTable):
-        self.version = idf.version
+        self.kind, self.jobs, self.version = kind, jobs, idf.version
         args = (config, idf)
         self.executor: Executor = (
             ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=args)
             if kind == "process" else
             ThreadPoolExecutor(jobs, initializer=_init_worker, initargs=args))
+
+    def close(self, wait: bool = True) -> None:
+        self.executor.shutdown(wait=wait, cancel_futures=True)
 
 
 def run_pipeline(
@@ -100,8 +104,7 @@ def run_pipeline(
         return
     depth = depth or 4 * jobs
     indexer = engine.indexer
-    pool = _Pool(executor, jobs, engine.config, engine.near.idf)
-    old: list[_Pool] = []
+    pool = engine.worker_pool(executor, jobs)
     sketches: deque[tuple[Page, Source | None, Future[PageSketch]]] = deque()
     aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
     pending = iter(items)
@@ -111,6 +114,7 @@ def run_pipeline(
         page, result, future = aligns.popleft()
         if isinstance(result, BaseException):
             return page, result
+        engine.report_pipelined(result)
         try:
             found = [] if future is None else future.result()
             return page, indexer.finish(result, found)
@@ -148,9 +152,10 @@ def run_pipeline(
                 future = pool.executor.submit(align_in_worker, result.align)
             aligns.append((page, result, future))
             if engine.near.idf.version != pool.version:  # an idf freeze: new workers
-                old.append(pool)
-                pool.executor.shutdown(wait=False)
-                pool = _Pool(executor, jobs, engine.config, engine.near.idf)
-    finally:
-        for p in [*old, pool]:
-            p.executor.shutdown(wait=True, cancel_futures=True)
+                pool = engine.worker_pool(executor, jobs)
+    finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
+        # indexed are finished (their matches stored, for a replay to find)
+        for _, _, sketched in sketches:
+            sketched.cancel()
+        while aligns:
+            finish()
