@@ -28,7 +28,7 @@ Hit = tuple[int, int, int, int, float]  # passage, earlier page, start, end, est
 def spans_of_hits(index: PassageIndex, hits: list[Hit], starts: Any, ends: Any,
                   tokens: Tokens) -> list[tuple[int, list[Span]]]:
     """Hits grouped by earlier page (ascending) and merged into spans; pages whose spans
-    come out empty are left out."""
+    come out empty are left out, and only the best ``passage.max_matches`` pages kept."""
     per_page: dict[int, list[_Hit]] = defaultdict(list)
     for p, other, t_start, t_end, est in hits:
         per_page[other].append(_Hit(int(starts[p]), int(ends[p]), t_start, t_end, est))
@@ -37,7 +37,21 @@ def spans_of_hits(index: PassageIndex, hits: list[Hit], starts: Any, ends: Any,
         spans = index._spans(other, per_page[other], tokens)
         if spans:
             out.append((other, spans))
-    return out
+    return _best(out, index.cfg.max_matches)
+
+
+def _best(found: list[tuple[int, list[Span]]], cap: int) -> list[tuple[int, list[Span]]]:
+    """The ``cap`` best pages (most tokens of this page covered, then highest estimate,
+    then earliest page), still in page order."""
+    if len(found) <= cap:
+        return found
+
+    def rank(item: tuple[int, list[Span]]) -> tuple[int, float, int]:
+        other, spans = item
+        covered = sum(s.tokens[1] - s.tokens[0] for s in spans)
+        return -covered, -max(s.est_jaccard for s in spans), other
+
+    return sorted(sorted(found, key=rank)[:cap])
 
 
 class _ForwardRecords:

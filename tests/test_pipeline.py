@@ -10,9 +10,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from dupalign.config import EngineConfig, NearConfig
+from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
-from dupalign.errors import PageRejected
+from dupalign.errors import ConfigError, PageRejected
 from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match
 from dupalign.page import Page
@@ -131,3 +131,34 @@ def test_a_crash_between_index_and_matches_is_finished_at_open(tmp_path: Path) -
         assert engine.indexer.unfinished == 0
         again = [engine.process(p) for p in pages[cut:cut + 1]]  # a replay now
         assert again == straight[cut:cut + 1] and again[0]
+
+
+def test_passage_matches_per_page_are_capped_keeping_the_best(tmp_path: Path) -> None:
+    words = rfc_words("rfc2821.txt", 0, 900)
+    # eight earlier pages copy more and more of the text, each with words of its own
+    earlier = [Page(id=f"e{i}", body=" ".join(
+        edit(words[: 120 + 90 * i], 0.03, i) + [f"own{i}x{j}" for j in range(80)]))
+        for i in range(8)]
+    query = Page(id="q", body=" ".join(edit(words, 0.02, 99)))
+
+    def passages(cap: int, store: Path) -> list[Match]:
+        cfg = EngineConfig(near=NearConfig(enabled=False),
+                           passage=PassageConfig(max_matches=cap)).validate()
+        with Engine.open(store, cfg) as engine:
+            for p in earlier:
+                engine.process(p)
+            return [m for m in engine.process(query) if m.kind == "passage"]
+
+    every = passages(1000, tmp_path / "all")
+    capped = passages(3, tmp_path / "capped")
+    assert len(every) == 8 and len(capped) == 3
+
+    def covered(m: Match) -> int:
+        assert m.spans
+        return sum(s.tokens[1] - s.tokens[0] for s in m.spans)
+
+    best = sorted(every, key=lambda m: (-covered(m), -(m.est_jaccard or 0), m.match_doc_id))
+    assert [m.match_doc_id for m in capped] == sorted(m.match_doc_id for m in best[:3])
+    assert capped == [m for m in every if m in best[:3]]
+    with pytest.raises(ConfigError, match=r"passage\.max_matches"):
+        EngineConfig(passage=PassageConfig(max_matches=0)).validate()
