@@ -86,7 +86,9 @@ class WorkerPool:
             ThreadPoolExecutor(jobs, initializer=_init_worker, initargs=args))
 
     def close(self, wait: bool = True) -> None:
-        self.executor.shutdown(wait=wait, cancel_futures=True)
+        """``wait=False``: the work already submitted still runs (the pipeline waits for
+        it), then the workers exit."""
+        self.executor.shutdown(wait=wait)
 
 
 def run_pipeline(

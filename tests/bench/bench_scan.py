@@ -101,7 +101,13 @@ def jaccard(a: set[tuple[str, ...]], b: set[tuple[str, ...]]) -> float:
 
 def page_shingles(page: Page) -> list[bytes]:
     """Our extraction and tokens, then word 5-shingles: what both MinHash baselines index."""
-    return [" ".join(s).encode() for s in shingles(tokenize(page_text(page)).tokens)]
+    return [" ".join(s).encode() for s in shingles(tokenize(main_text(page)).tokens)]
+
+
+def main_text(page: Page) -> str:
+    """The page's main content (``text.main_content = true``, the engine's default): what
+    every method and the truth see."""
+    return page_text(page, main_content=True)
 
 
 def cpu_now() -> float:
@@ -284,7 +290,7 @@ def main() -> int:
                         str(args.docs), "llvm-13-doc", "llvm-14-doc"], check=True)
     old, new = load_pages(args.docs, args.limit)
     html = old + new
-    text = [Page(id=p.id, body=page_text(p), content_type="text/plain") for p in html]
+    text = [Page(id=p.id, body=main_text(p), content_type="text/plain") for p in html]
     print(f"corpus: {len(old)} llvm-13 + {len(new)} llvm-14 HTML pages")
     sh = {p.id: shingles(tokenize(str(p.body)).tokens) for p in text}
     old_ids = {p.id for p in old}
