@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|scale]
      [--scale 1000,10000] [--lists-mb 256,1024] [--max-list 256,1024] [--compare-runs]
-     [--stream steady|dense]
+     [--stream steady|dense] [--max-candidates N] [--max-matches N]
 
 1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
    subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
@@ -366,12 +366,14 @@ class Variant:
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
           lists_mbs: tuple[int, ...] = (CacheConfig.lists_mb,), compare_runs: bool = False,
-          max_lists: tuple[int, ...] = (PassageConfig.max_list,), dense: bool = False) -> None:
+          max_lists: tuple[int, ...] = (PassageConfig.max_list,), dense: bool = False,
+          caps: tuple[int, int] = (PassageConfig.max_candidates, PassageConfig.max_matches),
+          ) -> None:
     rng = np.random.default_rng(5)
     texts = (dense_stream(checkpoints[-1], rng) if dense else
              page_stream(checkpoints[-1], rng, use_docs))
-    print(f"## Cost vs store size (near disabled; default passage config: "
-          f"{PassageConfig()}; {CacheConfig()}); ms/page (wall), fg cpu (CPU time of the calling "
+    print(f"## Cost vs store size (near disabled; passage config: "
+          f"{PassageConfig(max_candidates=caps[0], max_matches=caps[1])}; {CacheConfig()}); ms/page (wall), fg cpu (CPU time of the calling "
           "thread), cpu ms (process CPU time per page, RocksDB compactions included) and "
           "the counters are over the pages since the previous checkpoint; stop/pass: passage "
           "bins whose list is a stop list; planted: share of the pages with a planted copy "
@@ -400,7 +402,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     try:
         for (name, max_list, lists_mb, packed), d in zip(specs, dirs, strict=True):
             cfg = EngineConfig(near=NearConfig(enabled=False),
-                               passage=PassageConfig(max_list=max_list),
+                               passage=PassageConfig(max_list=max_list,
+                                                     max_candidates=caps[0],
+                                                     max_matches=caps[1]),
                                cache=CacheConfig(lists_mb=lists_mb))
             eng = Engine.open(d, cfg)
             if not packed:
@@ -510,6 +514,10 @@ def main() -> None:
     ap.add_argument("--stream", choices=("steady", "dense"), default="steady",
                     help="scale: the steady stream (remapped real text, planted copies) or "
                     "dense duplication (random chunks of the RFCs, each copied many times)")
+    ap.add_argument("--max-candidates", type=int, default=PassageConfig.max_candidates,
+                    help="scale: passage.max_candidates of every engine")
+    ap.add_argument("--max-matches", type=int, default=PassageConfig.max_matches,
+                    help="scale: passage.max_matches of every engine")
     ap.add_argument("--compare-runs", action="store_true",
                     help="scale: also run an engine that never packs lists, pages in turn")
     args = ap.parse_args()
@@ -528,7 +536,8 @@ def main() -> None:
                                      tuple(int(x) for x in args.lists_mb.split(",")),
                                      args.compare_runs,
                                      tuple(int(x) for x in args.max_list.split(",")),
-                                     args.stream == "dense"))
+                                     args.stream == "dense",
+                                     (args.max_candidates, args.max_matches)))
 
 
 if __name__ == "__main__":
