@@ -373,7 +373,8 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     texts = (dense_stream(checkpoints[-1], rng) if dense else
              page_stream(checkpoints[-1], rng, use_docs))
     print(f"## Cost vs store size (near disabled; passage config: "
-          f"{PassageConfig(max_candidates=caps[0], max_matches=caps[1])}; {CacheConfig()}); ms/page (wall), fg cpu (CPU time of the calling "
+          f"{PassageConfig(max_candidates=caps[0], max_matches=caps[1])}; {CacheConfig()}); "
+          "ms/page (wall), fg cpu (CPU time of the calling "
           "thread), cpu ms (process CPU time per page, RocksDB compactions included) and "
           "the counters are over the pages since the previous checkpoint; stop/pass: passage "
           "bins whose list is a stop list; planted: share of the pages with a planted copy "
