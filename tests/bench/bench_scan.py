@@ -32,6 +32,7 @@ that ``AlignRequest`` also carries in one process (their empty windows and token
 which align shards keyed by page would hold themselves).
 
 Run: .venv/bin/python -m tests.bench.bench_scan [--limit N] [--only html|text] [--no-main]
+     [--jobs 1,2] [--threads]
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from dupalign.engine import Engine
 from dupalign.errors import PageRejected
 from dupalign.match import Match
 from dupalign.page import Page
+from dupalign.pipeline import ExecutorKind
 from dupalign.text import page_text, tokenize
 from tests.corpora import LLVM_DOCS
 
@@ -206,12 +208,13 @@ def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, sto
 
 
 def run_staged(label: str, pages: list[Page], config: EngineConfig, store: Path,
-               jobs: int) -> Run:
+               jobs: int, executor: ExecutorKind = "process") -> Run:
     run = Run(label, 0.0, set())
     warm_up(pages, config, store)
     with Engine.open(store, config) as engine:
         t0 = time.perf_counter()
-        for _, found in engine.process_many(((p, None) for p in pages), jobs=jobs):
+        for _, found in engine.process_many(((p, None) for p in pages), jobs=jobs,
+                                            executor=executor):
             if isinstance(found, list):
                 _collect(run.pairs, run.kinds, found)
             elif not isinstance(found, PageRejected):
@@ -284,6 +287,8 @@ def main() -> int:
     ap.add_argument("--main-ref", default="main", help="revision of the old path (git ref)")
     ap.add_argument("--no-main", action="store_true", help="skip the old path")
     ap.add_argument("--jobs", default="1,2", help="worker counts of the staged runs")
+    ap.add_argument("--threads", action="store_true",
+                    help="also run the stages with jobs > 1 on worker threads")
     args = ap.parse_args()
     if not (args.docs / "llvm-14-doc").is_dir():
         subprocess.run(["bash", str(HERE.parent / "shared/scripts/fetch-debian-docs.sh"),
@@ -309,7 +314,7 @@ def main() -> int:
                 continue
             pages_file = tmp / f"{form}.pickle"
             pages_file.write_bytes(pickle.dumps(pages))
-            runs = run_all(form, pages, pages_file, tmp, ref, args.main_ref, jobs)
+            runs = run_all(form, pages, pages_file, tmp, ref, args.main_ref, jobs, args.threads)
             report(form, len(pages), runs, truth, sh, old_ids)
     finally:
         if ref is not None:
@@ -320,7 +325,7 @@ def main() -> int:
 
 
 def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path | None,
-            ref_name: str, jobs: list[int]) -> list[Run]:
+            ref_name: str, jobs: list[int], threads: bool = False) -> list[Run]:
     """Every method on the same pages, one after the other."""
     runs: list[Run] = []
 
@@ -341,6 +346,9 @@ def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path
             label, store = f"dupalign {name} --jobs {j}", tmp / f"{form}-{name}-{j}"
             done(run_staged_one_core(label, pages, cfg, store) if j == 1 else
                  timed(lambda lb=label, c=cfg, s=store, jj=j: run_staged(lb, pages, c, s, jj)))
+            if threads and j > 1:  # the same stages on worker threads instead of processes
+                done(timed(lambda lb=f"{label} threads", c=cfg, s=tmp / f"{form}-{name}-{j}t",
+                           jj=j: run_staged(lb, pages, c, s, jj, "thread")))
     return runs
 
 
