@@ -97,6 +97,10 @@ class PassageConfig:
     stride: int = 24
     min_len: int = 24  # shortest aligned subsequence reported, in units
     max_candidates: int = 16  # earlier pages aligned per query passage (most collided first)
+    # passage matches (earlier pages) reported per page: popular text copied everywhere
+    # would otherwise make a page's output grow with the crawl; the best are kept (most
+    # tokens of the page covered, then the highest estimate, then the earliest page)
+    max_matches: int = 64
     # Inverted lists longer than this are stop lists: they hold common units (boilerplate,
     # stock phrases), and a passage's bin whose list is one counts as neither a collision
     # nor an empty bin (dupalign.passages). Frozen: results depend on it.
@@ -115,6 +119,7 @@ class PassageConfig:
         _check_range("passage.stride", self.stride, 1, self.query_len)
         _check_range("passage.min_len", self.min_len, 1, 100_000)
         _check_range("passage.max_candidates", self.max_candidates, 1, 100_000)
+        _check_range("passage.max_matches", self.max_matches, 1, 100_000)
         _check_range("passage.max_list", self.max_list, 1, 100_000_000)
         _check_choice("passage.tf_mode", self.tf_mode, PASSAGE_TF_MODES)
 

@@ -53,15 +53,40 @@ def _idf_key(version: int) -> bytes:
 
 @dataclass
 class NearState:
-    """What one page contributes, computed by ``search`` and written by ``stage``."""
+    """The page's whole-document sketch (``near_sketch``: pure) and what it adds to the index,
+    written by ``stage``. ``idf_version`` names the idf table the fingerprint was computed
+    with; the index recomputes it if another table is in force by the page's turn."""
 
-    hashes: U64
     indexed: bool
+    unique: U64 | None = None  # distinct token hashes (ascending) and their counts
+    counts: npt.NDArray[np.int64] | None = None
+    idf_version: int = 0
     fingerprint: int | None = None
     W: npt.NDArray[np.float64] | None = None
     sketch: U64 | None = None
-    unique: U64 | None = None
     frozen: IdfTable | None = None
+
+
+def near_sketch(hashes: U64, idf: IdfTable, config: EngineConfig) -> NearState:
+    """Everything the near index needs from the page alone: simhash + W under ``idf``, the
+    verification sketch, the distinct tokens (idf counts)."""
+    cfg = config.near
+    state = NearState(indexed=cfg.enabled and len(hashes) >= cfg.min_tokens)
+    if not state.indexed:
+        return state
+    uniq, counts = np.unique(hashes, return_counts=True)
+    state.unique, state.counts = uniq, counts.astype(np.int64)
+    _fingerprint(state, idf, cfg.tf_mode)
+    state.sketch = verification_sketch(hashes, cfg.cws_samples, config.seed, cfg.shingle)
+    return state
+
+
+def _fingerprint(state: NearState, idf: IdfTable, tf_mode: str) -> None:
+    assert state.unique is not None and state.counts is not None
+    _, weights = tf_idf_weights(np.repeat(state.unique, state.counts), idf,
+                                cast(TfMode, tf_mode))  # validated by NearConfig
+    fp, W = weighted_simhash(state.unique, weights)
+    state.fingerprint, state.W, state.idf_version = fp, W, idf.version
 
 
 @dataclass
@@ -101,26 +126,18 @@ class NearIndex:
     def idf(self) -> IdfTable:
         return self.tables[-1]
 
-    def _weights(self, hashes: U64, version: int) -> tuple[U64, npt.NDArray[np.float64]]:
-        mode = cast(TfMode, self.cfg.tf_mode)  # validated by NearConfig
-        return tf_idf_weights(hashes, self.tables[version], mode)
-
-    def search(
-        self, hashes: U64, ordinal: int
-    ) -> tuple[list[tuple[int, int, float]], NearState]:
+    def search(self, state: NearState, ordinal: int) -> list[tuple[int, int, float]]:
         """Verified near duplicates among pages before ``ordinal``: (ordinal, hamming, est)."""
-        state = NearState(hashes=hashes, indexed=len(hashes) >= self.cfg.min_tokens)
-        if not self.cfg.enabled or not state.indexed:
-            return [], state
-        version = len(self.tables) - 1
-        uniq, weights = self._weights(hashes, version)
-        fp, W = weighted_simhash(uniq, weights)
-        state.fingerprint, state.W, state.unique = fp, W, uniq
-        state.sketch = verification_sketch(hashes, self.cfg.cws_samples, self.seed,
-                                           self.cfg.shingle)
+        if not state.indexed:
+            return []
+        if state.idf_version != self.idf.version:  # sketched before the last idf freeze
+            _fingerprint(state, self.idf, self.cfg.tf_mode)
+        assert state.fingerprint is not None and state.W is not None
+        assert state.sketch is not None
         self.counters.lookups += 1
-        psm = psm_search_batch(self.table, [fp], W[None, :], self.cfg.hamming,
-                               self.cfg.probe_budget, self.cfg.mode,  # type: ignore[arg-type]
+        psm = psm_search_batch(self.table, [state.fingerprint], state.W[None, :],
+                               self.cfg.hamming, self.cfg.probe_budget,
+                               self.cfg.mode,  # type: ignore[arg-type]
                                self.model, before=ordinal)
         candidates = psm.get(0)
         self.counters.probes += int(psm.probes[0])
@@ -137,7 +154,7 @@ class NearIndex:
             self.counters.filter.add(result)
             if result.decision == "similar":
                 found.append((other, hamming, round(result.est_jaccard, 4)))
-        return found, state
+        return found
 
     def stage(self, batch: Batch, ordinal: int, state: NearState | None) -> None:
         """Put the page's entries into ``batch`` (the in-memory side waits for ``commit``)."""

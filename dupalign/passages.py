@@ -31,7 +31,6 @@ MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshol
 from __future__ import annotations
 
 import struct
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -88,11 +87,45 @@ class Rects:
 
 @dataclass
 class PassageState:
-    """What one page adds to the index, computed by ``search`` and written by ``stage``."""
+    """The page's passage sketch (``PassageIndex.sketch_page``: pure) and what it adds to the
+    index (written by ``stage``): its windows, its query passages ``[starts, ends)`` (units)
+    with their sketches ``keys[P, k]`` / ``empty[P, k]``, its token character offsets."""
 
     rects: Rects | None
     n_units: int
     positions: bytes = b""  # the page's token character offsets, for spans that cite it
+    starts: I64 | None = None
+    ends: I64 | None = None
+    keys: U64 | None = None
+    empty: npt.NDArray[np.bool_] | None = None
+
+
+@dataclass
+class Tasks:
+    """A page's alignment tasks with everything ``passage_align.scan_tasks`` reads and
+    nothing from the store: pairs (passage ``t_p``, earlier page ``t_o``) sorted by passage
+    then page; ``lid[p, b]``, the list named by passage p's min-hash in bin b (-1: none),
+    and ``q_empty[p, b]``, its empty bins; the lists restricted to the entries of the task
+    pages (CSR ``start``/``count`` into ``ords``/``rects``, sorted by ordinal); and those
+    pages' empty windows in the passages' empty bins (CSR keyed by ``ordinal << 16 | bin``
+    with (l, r) rows). Lists left without entries are merged into one empty list, which
+    holds as much information (a list, not an empty bin). Every entry and empty window is
+    keyed by its page, so the tasks split by earlier page for shards of align."""
+
+    t_p: I64
+    t_o: I64
+    lid: I64
+    q_empty: npt.NDArray[np.bool_]
+    start: I64
+    count: I64
+    ords: I64
+    rects: npt.NDArray[np.int32]
+    empty_keys: I64
+    empty_off: I64
+    empty_lr: I64
+
+    def __len__(self) -> int:
+        return int(self.t_p.shape[0])
 
 
 @dataclass
@@ -178,30 +211,41 @@ class PassageIndex:
         return keys, np.zeros(self.k, dtype=np.bool_)
 
     # -- the query --------------------------------------------------------------------------
+    def sketch_page(self, hashes: U64, tokens: Tokens) -> PassageState:
+        """Everything the passage index needs from the page alone (no store access)."""
+        if not self.cfg.enabled:
+            return PassageState(None, 0)
+        units = self.units(hashes)
+        n = len(units)
+        if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
+            return PassageState(None, n)
+        starts = np.asarray(_passage_starts(n, self.cfg.query_len, self.cfg.stride),
+                            dtype=np.int64)
+        ends = np.minimum(n, starts + self.cfg.query_len)
+        keys, empty = self._sketches(units, starts, ends)
+        return PassageState(self.windows(units), n, _pack_positions(tokens, units), starts, ends,
+                            keys, empty)
+
     def search(
         self, hashes: U64, tokens: Tokens, ordinal: int, exclude: frozenset[int] = frozenset()
     ) -> tuple[list[tuple[int, list[Span]]], PassageState]:
         """Spans of this page copied from pages before ``ordinal``, per earlier page; pages
         in ``exclude`` (already matched as near duplicates) are not aligned."""
-        units = self.units(hashes)
-        n = len(units)
-        if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
-            return [], PassageState(None, n)
-        rects = self.windows(units)
-        state = PassageState(rects, n, _pack_positions(tokens, units))
-        starts = np.asarray(_passage_starts(n, self.cfg.query_len, self.cfg.stride),
-                            dtype=np.int64)
-        ends = np.minimum(n, starts + self.cfg.query_len)
-        hits: dict[int, list[_Hit]] = defaultdict(list)
-        for p, other, t_start, t_end, est in self.align_passages(units, starts, ends, ordinal,
-                                                                 exclude):
-            hits[other].append(_Hit(int(starts[p]), int(ends[p]), t_start, t_end, est))
-        out = []
-        for other in sorted(hits):
-            spans = self._spans(other, hits[other], tokens, units)
-            if spans:
-                out.append((other, spans))
-        return out, state
+        from dupalign.align import spans_of_hits  # align builds on this module
+
+        state = self.sketch_page(hashes, tokens)
+        hits = self.align_state(state, ordinal, exclude)
+        units = None if state.positions is None else _unpack_positions(state.positions)[2]
+        return spans_of_hits(self, hits, state.starts, state.ends, tokens, units), state
+
+    def align_state(
+        self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
+    ) -> list[tuple[int, int, int, int, float]]:
+        """``(passage, page, start, end, estimate)`` of ``state``'s passages (see
+        ``align_passages``)."""
+        if state.rects is None:
+            return []
+        return self._align(state, self.find_tasks(state, before, exclude))
 
     def align_passages(
         self, units: U64, starts: I64, ends: I64, before: int,
@@ -211,8 +255,40 @@ class PassageIndex:
         ``before``: ``(passage, page, start, end, estimate)`` for every longest range
         ``[start, end)`` of the page's units whose estimate is ≥ θ (dupalign.passage_align
         has the steps)."""
-        self.counters.passages += len(starts)
         keys, empty = self._sketches(units, starts, ends)
+        state = PassageState(None, len(units), b"", starts, ends, keys, empty)
+        return self._align(state, self.find_tasks(state, before, exclude))
+
+    def _align(self, state: PassageState, t: Tasks | None
+               ) -> list[tuple[int, int, int, int, float]]:
+        if t is None:
+            return []
+        h_t, h_s, h_e, h_x = self.scan(t)
+        return list(zip(t.t_p[h_t].tolist(), t.t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
+                        h_x.tolist(), strict=True))
+
+    def scan(self, t: Tasks) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:
+        """The align stage's kernels: the viability filter (from the matched windows alone:
+        on llvm-13/14 it drops 62 % of the tasks before their empty windows are gathered),
+        then the interval scan of the tasks left; hits name tasks of ``t``."""
+        keep = np.flatnonzero(passage_align.viable_tasks(
+            t.t_p, t.t_o, t.lid, t.count, t.start, t.ords, t.rects, t.q_empty, self.w_match,
+            self.w_empty, self.need))
+        h_t, h_s, h_e, h_x = passage_align.scan_tasks(
+            t.t_p[keep], t.t_o[keep], t.lid, t.count, t.start, t.ords, t.rects, t.q_empty,
+            t.empty_keys, t.empty_off, t.empty_lr, self.w_match, self.w_empty, self.need,
+            self.cfg.min_len, self.k)
+        return keep[h_t], h_s, h_e, h_x
+
+    def find_tasks(
+        self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
+    ) -> Tasks | None:
+        """The index's part of the passage query: the inverted lists named by the passages'
+        sketches, candidate pages per passage, the candidates' empty windows
+        (dupalign.passage_align has the steps). None if no task is left."""
+        assert state.keys is not None and state.empty is not None
+        keys, empty = state.keys, state.empty
+        self.counters.passages += len(keys)
         n_p, k = keys.shape
         # the distinct inverted lists named by the sketches, in key order
         rows, bins = np.nonzero(~empty)
@@ -232,21 +308,25 @@ class PassageIndex:
         t_p, t_o, pruned = passage_align.select_candidates(
             lid, n_before, start, ords, empty, excl, self.w_match, self.w_empty, self.need,
             self.cfg.max_candidates)
-        if len(t_p):
-            keep = passage_align.viable_tasks(t_p, t_o, lid, n_before, start, ords, rects,
-                                              empty, self.w_match, self.w_empty, self.need)
-            pruned += int(np.count_nonzero(~keep))
-            t_p, t_o = t_p[keep], t_o[keep]
+        # the viability filter runs in align (``scan``), off this thread: the index reads
+        # the empty windows of every candidate left here, which costs less than the filter
         self.counters.candidates_pruned += pruned
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
-            return []
+            return None
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
-        h_t, h_s, h_e, h_x = passage_align.scan_tasks(
-            t_p, t_o, lid, n_before, start, ords, rects, empty, empty_keys, empty_off, empty_lr,
-            self.w_match, self.w_empty, self.need, self.cfg.min_len, self.k)
-        return list(zip(t_p[h_t].tolist(), t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
-                        h_x.tolist(), strict=True))
+        # the lists cut down to the task pages' entries: all that align reads of them
+        entries = _ranks(start, n_before)
+        list_of = np.repeat(np.arange(len(start)), n_before)
+        keep = np.isin(ords[entries], t_o)
+        entries, list_of = entries[keep], list_of[keep]
+        used, list_of = np.unique(list_of, return_inverse=True)
+        remap = np.zeros(len(start), dtype=np.int64)  # lists left empty share list 0
+        remap[used] = np.arange(1, len(used) + 1)
+        count = np.concatenate(([0], np.bincount(list_of, minlength=len(used))))
+        lid = np.where(lid >= 0, remap[np.maximum(lid, 0)], -1)
+        return Tasks(t_p, t_o, lid, empty, np.cumsum(count) - count, count, ords[entries],
+                     rects[entries].astype(np.int32), empty_keys, empty_off, empty_lr)
 
     def _sketches(self, units: U64, starts: I64, ends: I64) -> tuple[U64, npt.NDArray[np.bool_]]:
         """The sketch of every passage: ``(mins[P, k], empty[P, k])``."""
@@ -335,6 +415,11 @@ class PassageIndex:
             return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), none
         task, b = np.nonzero(empty[t_p])
         want = np.unique((t_o[task] << passage_align.EMPTY_KEY_SHIFT) | b)
+        return (want, *self.read_empty_windows(want))
+
+    def read_empty_windows(self, want: I64) -> tuple[I64, I64]:
+        """The empty windows under the keys ``page << 16 | bin`` (ascending), as CSR
+        ``(off, rows)``: one multi-get."""
         ids = np.empty(len(want), dtype=[("ordinal", ">u8"), ("bin", ">u2")])
         ids["ordinal"] = want >> passage_align.EMPTY_KEY_SHIFT
         ids["bin"] = want & ((1 << passage_align.EMPTY_KEY_SHIFT) - 1)
@@ -346,7 +431,7 @@ class PassageIndex:
         off = np.zeros(len(values) + 1, dtype=np.int64)
         np.cumsum([len(v) // (2 * _RECT.itemsize) for v in values], out=off[1:])
         rows = np.frombuffer(b"".join(values), dtype=_RECT).reshape(-1, 2).astype(np.int64)
-        return want, off, rows
+        return off, rows
 
     # -- spans ------------------------------------------------------------------------------
     def _spans(self, other: int, hits: list[_Hit], tokens: Tokens, units: U64) -> list[Span]:

@@ -53,6 +53,9 @@ FAMILIES = (
     "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
     "idf_pending",  # ordinal -> distinct token hashes, kept until the last idf freeze
     "offsets",  # topic ‖ partition -> next offset to consume
+    "unfinished",  # ordinal -> the page's index result (dupalign.index), until its matches
+    # are stored: written with the page's index entries, finished (aligned) at open if a
+    # crash came first
 )
 
 _U64 = struct.Struct(">Q")

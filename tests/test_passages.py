@@ -136,7 +136,8 @@ def check_store_against_pairwise(
     with Engine.open(store_dir, cfg) as eng:
         idx = eng.passages
         if margin is not None:  # the seeding margin of span refinement
-            idx.chain_params = replace(idx.chain_params, margin=margin)
+            for x in (idx, eng.aligner.spans):  # the query's index and the align stage's
+                x.chain_params = replace(x.chain_params, margin=margin)
         indexed: dict[int, np.ndarray] = {}
         for n, text in enumerate(texts):
             ordinal = eng.next_ordinal
@@ -180,9 +181,9 @@ def check_store_against_pairwise(
         refined = eng.query_text(query)
         # end to end: the scan's merged spans cover exactly the union of the pairwise hits,
         # per page
-        idx.cfg = replace(idx.cfg, refine=False)
+        eng.aligner.spans.cfg = replace(eng.aligner.spans.cfg, refine=False)  # process aligns there
         matches = eng.process(Page(id="query", body=query))
-        idx.cfg = replace(idx.cfg, refine=True)
+        eng.aligner.spans.cfg = replace(eng.aligner.spans.cfg, refine=True)
         if any(m.kind == "exact" for m in matches):
             return n_ranges, pruned
         ids = {f"p{n}": n for n in range(len(texts))}

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -63,6 +63,8 @@ def _check_out_path(out: str) -> None:
 
 def cmd_scan(args: argparse.Namespace) -> int:
     from dupalign.errors import PageRejected
+    from dupalign.page import Page
+    from dupalign.pipeline import default_jobs
     from worker.inputs import InputError, check_inputs, iter_input
     from worker.progress import Progress
 
@@ -74,28 +76,38 @@ def cmd_scan(args: argparse.Namespace) -> int:
         _check_out_path(args.out)
     pages = new = matches = errors = 0
     progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages")
+    where: dict[int, str] = {}  # id(page) -> "path:line", for the rejection messages
+
+    def pages_in() -> Iterator[tuple[Page, None]]:
+        nonlocal errors
+        for path in args.inputs:
+            for number, item in iter_input(path):
+                if isinstance(item, InputError):
+                    errors += 1
+                    progress.write(f"skipped {item.where}: {item.reason}")
+                    continue
+                where[id(item)] = f"{path}:{number}"
+                yield item, None
+
     with _open_engine(args.store, config) as engine:
         out: IO[str] = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
         try:
-            for path in args.inputs:
-                for number, item in iter_input(path):
-                    if isinstance(item, InputError):
-                        errors += 1
-                        progress.write(f"skipped {item.where}: {item.reason}")
-                        continue
-                    try:
-                        found = engine.process(item)
-                    except PageRejected as exc:
-                        errors += 1
-                        progress.write(f"rejected {path}:{number} ({item.id}): {exc}")
-                        continue
-                    pages += 1
-                    new += not engine.last_report.replayed
-                    now_ms = int(time.time() * 1000)
-                    for match in found:
-                        out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
-                    matches += len(found)
-                    progress.update(1, f"{matches} matches, {errors} rejected")
+            jobs = args.jobs or default_jobs()
+            for page, found in engine.process_many(pages_in(), jobs=jobs):
+                at = where.pop(id(page))
+                if isinstance(found, PageRejected):
+                    errors += 1
+                    progress.write(f"rejected {at} ({page.id}): {found}")
+                    continue
+                if isinstance(found, BaseException):
+                    raise found
+                pages += 1
+                new += not engine.last_report.replayed
+                now_ms = int(time.time() * 1000)
+                for match in found:
+                    out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
+                matches += len(found)
+                progress.update(1, f"{matches} matches, {errors} rejected")
         finally:
             progress.close()
             if out is not sys.stdout:
@@ -186,6 +198,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     scan.add_argument("--progress", action="store_true",
                       help="progress lines on stderr even when it is not a terminal")
     scan.add_argument("--quiet", action="store_true", help="no progress bar")
+    scan.add_argument("--jobs", type=int, default=0,
+                      help="cores for the sketch and align stages (default: all)")
     scan.set_defaults(func=cmd_scan)
 
     query = sub.add_parser("query", help="align one text against a store")

@@ -140,6 +140,9 @@ class KafkaConfig:
 @dataclass(frozen=True)
 class WorkerConfig:
     batch_size: int = field(default=64, metadata=_rng(1, 100_000))  # records per engine call
+    # processes for the engine's sketch and align stages (0: one per core); the index
+    # stage stays on the engine thread, so the matches do not depend on it
+    jobs: int = field(default=0, metadata=_rng(0, 1024))
     queue_batches: int = field(default=4, metadata=_rng(1, 1_000))  # fetched, not yet processed
     max_message_bytes: int = field(default=8 << 20, metadata=_rng(1024, 1 << 30))
     dlq_raw_max_bytes: int = field(default=512 << 10, metadata=_rng(0, 1 << 30))

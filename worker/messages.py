@@ -23,7 +23,7 @@ import msgpack
 from dupalign.match import Match
 from dupalign.page import Page
 
-SCHEMA_NAMES = ("page", "match", "dead_letter")
+SCHEMA_NAMES = ("page", "match", "dead_letter", "page_sketch", "align_request")
 VERSION = 1
 
 

@@ -82,8 +82,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from dupalign.engine import Engine
+from dupalign.engine import Engine, PageReport
 from dupalign.errors import ConfigError, PageRejected, StoreError
+from dupalign.match import Match
+from dupalign.pipeline import default_jobs
 from worker import messages
 from worker.config import Config, load_config
 from worker.http import HttpServer
@@ -515,8 +517,9 @@ class Worker:
         m = self.metrics
         result = BatchResult(tp, next_offset=records[-1].offset + 1)
         m.batch_records.observe(len(records))
+        engine_out = self._run_engine(engine, tp, records)
         for rec in records:
-            out = self._process_record(engine, tp, rec, result)
+            out = self._process_record(engine, tp, rec, result, engine_out)
             if rec.offset < suppress_below:
                 result.suppressed += len(out)
                 continue
@@ -524,8 +527,28 @@ class Worker:
             result.timestamps_ms.append(rec.timestamp)
         return result
 
+    def _run_engine(self, engine: Engine, tp: TopicPartition, records: list[Any]
+                    ) -> dict[int, tuple[list[Match] | BaseException, PageReport]]:
+        """The batch's pages through the engine, sketch and align on ``worker.jobs``
+        processes: per offset, the matches or the exception, and the page's report.
+        Records that fail before the engine are left to ``_process_record``."""
+        items = []
+        for rec in records:
+            value: bytes = rec.value if rec.value is not None else b""
+            if len(value) > self.wc.max_message_bytes:
+                continue
+            try:
+                items.append((messages.decode_page(value), (tp.topic, tp.partition, rec.offset)))
+            except MessageRejected:
+                continue
+        jobs = self.wc.jobs or default_jobs()
+        return {source[2]: (found, engine.last_report) for (_, found), (_, source) in
+                zip(engine.process_many(items, jobs=jobs), items, strict=True)}
+
     def _process_record(self, engine: Engine, tp: TopicPartition, rec: Any,
-                        result: BatchResult) -> list[Outgoing]:
+                        result: BatchResult,
+                        engine_out: dict[int, tuple[list[Match] | BaseException, PageReport]]
+                        ) -> list[Outgoing]:
         m = self.metrics
         source = (tp.topic, tp.partition, rec.offset)
         value: bytes = rec.value if rec.value is not None else b""
@@ -539,8 +562,11 @@ class Worker:
             page = messages.decode_page(value)
             doc_id = page.id
             m.stage_seconds.labels("decode").observe(time.perf_counter() - t0)
+            found_or_error, report = engine_out[rec.offset]
             try:
-                found = engine.process(page, source=source)
+                if isinstance(found_or_error, BaseException):
+                    raise found_or_error
+                found = found_or_error
             except PageRejected as exc:
                 raise MessageRejected(exc.reason, exc.detail, doc_id) from None
             except SYSTEM_FAILURES:
@@ -560,7 +586,6 @@ class Worker:
                 doc_id=exc.doc_id or doc_id, raw_max_bytes=self.wc.dlq_raw_max_bytes,
             )
             return [Outgoing(self.kc.dlq_topic, rec.key, messages.pack(dl), _headers(source))]
-        report = engine.last_report
         if report.replayed:
             result.outcomes["replayed"] += 1  # answered from the store
         else:

@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|pan|scale]
      [--scale 1000,10000] [--lists-mb 256,1024] [--max-list 256,1024] [--compare-runs]
-     [--compare-refine]
+     [--compare-refine] [--stream steady|dense] [--max-candidates N] [--max-matches N]
 
 1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
    subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
@@ -35,7 +35,10 @@ Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|p
    when the real chunks run out, the same chunks with every word replaced by a random word of
    similar corpus frequency (a per-round permutation within frequency-rank bands), so list
    lengths grow as with natural text without pages copying each other; 10% of pages also get
-   a planted, edited 100-200-word copy of an earlier page's passage.
+   a planted, edited 100-200-word copy of an earlier page's passage. ``--stream dense``:
+   dense duplication instead (``dense_stream``: random chunks of the RFCs, each region
+   copied many times, 10% near copies), where the cost per page must stay flat thanks to
+   the caps ``passage.max_candidates`` and ``passage.max_matches``.
 """
 
 from __future__ import annotations
@@ -526,6 +529,27 @@ def page_stream(n: int, rng: np.random.Generator,
         yield " ".join(words), source
 
 
+def dense_stream(n: int, rng: np.random.Generator) -> Iterator[tuple[str, int | None]]:
+    """Dense duplication: every page is a random 300-800-word chunk (random start) of one
+    of the RFCs in ../shared/testdata (19), so each region of them is copied again and
+    again as the stream grows; 10% of the pages get 5-15% word edits (near copies). What a
+    crawl of licences, syndicated articles and mirrored docs looks like: a page's work
+    must stay bounded (``passage.max_candidates``, ``passage.max_matches``) however many
+    earlier copies there are."""
+    texts = [rfc_words(r) for r in corpora.rfc_numbers()]
+    vocab = sorted({w for t in texts for w in t})
+    print(f"dense duplication: chunks of {len(texts)} RFCs ({sum(map(len, texts))} words), "
+          "10% edited")
+    for _ in range(n):
+        src = texts[int(rng.integers(0, len(texts)))]
+        ln = int(rng.integers(300, 801))
+        s = int(rng.integers(0, max(1, len(src) - ln)))
+        words = src[s : s + ln]
+        if rng.random() < 0.1:
+            words = edit(words, vocab, float(rng.uniform(0.05, 0.15)), rng)
+        yield " ".join(words), None
+
+
 def family_bytes(eng: Engine, family: str) -> int:
     cf = eng.store._cfs[family]
     return int(cf.property_int_value("rocksdb.total-sst-files-size") or 0) + int(
@@ -547,11 +571,15 @@ class Variant:
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
           lists_mbs: tuple[int, ...] = (CacheConfig.lists_mb,), compare_runs: bool = False,
           max_lists: tuple[int, ...] = (PassageConfig.max_list,),
-          compare_refine: bool = False) -> None:
+          compare_refine: bool = False, dense: bool = False,
+          caps: tuple[int, int] = (PassageConfig.max_candidates, PassageConfig.max_matches),
+          ) -> None:
     rng = np.random.default_rng(5)
-    texts = page_stream(checkpoints[-1], rng, use_docs)
-    print(f"## Cost vs store size (near disabled; default passage config: "
-          f"{PassageConfig()}; {CacheConfig()}); ms/page (wall), fg cpu (CPU time of the calling "
+    texts = (dense_stream(checkpoints[-1], rng) if dense else
+             page_stream(checkpoints[-1], rng, use_docs))
+    print(f"## Cost vs store size (near disabled; passage config: "
+          f"{PassageConfig(max_candidates=caps[0], max_matches=caps[1])}; {CacheConfig()}); "
+          "ms/page (wall), fg cpu (CPU time of the calling "
           "thread), cpu ms (process CPU time per page, RocksDB compactions included) and "
           "the counters are over the pages since the previous checkpoint; stop/pass: passage "
           "bins whose list is a stop list; planted: share of the pages with a planted copy "
@@ -584,7 +612,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     try:
         for (name, max_list, lists_mb, packed, refine), d in zip(specs, dirs, strict=True):
             cfg = EngineConfig(near=NearConfig(enabled=False),
-                               passage=PassageConfig(max_list=max_list, refine=refine),
+                               passage=PassageConfig(max_list=max_list, refine=refine,
+                                                     max_candidates=caps[0],
+                                                     max_matches=caps[1]),
                                cache=CacheConfig(lists_mb=lists_mb))
             eng = Engine.open(d, cfg)
             if not packed:
@@ -692,6 +722,13 @@ def main() -> None:
                     "(engine.cache.lists_mb), one engine each")
     ap.add_argument("--max-list", default=str(PassageConfig.max_list),
                     help="scale: comma-separated passage.max_list values, one engine each")
+    ap.add_argument("--stream", choices=("steady", "dense"), default="steady",
+                    help="scale: the steady stream (remapped real text, planted copies) or "
+                    "dense duplication (random chunks of the RFCs, each copied many times)")
+    ap.add_argument("--max-candidates", type=int, default=PassageConfig.max_candidates,
+                    help="scale: passage.max_candidates of every engine")
+    ap.add_argument("--max-matches", type=int, default=PassageConfig.max_matches,
+                    help="scale: passage.max_matches of every engine")
     ap.add_argument("--compare-runs", action="store_true",
                     help="scale: also run an engine that never packs lists, pages in turn")
     ap.add_argument("--compare-refine", action="store_true",
@@ -716,7 +753,9 @@ def main() -> None:
                                      tuple(int(x) for x in args.lists_mb.split(",")),
                                      args.compare_runs,
                                      tuple(int(x) for x in args.max_list.split(",")),
-                                     args.compare_refine))
+                                     args.compare_refine,
+                                     args.stream == "dense",
+                                     (args.max_candidates, args.max_matches)))
 
 
 if __name__ == "__main__":

@@ -1,47 +1,81 @@
-"""`dupalign scan` next to datasketch MinHashLSH on llvm-13-doc vs llvm-14-doc.
+"""The staged engine on llvm-13-doc vs llvm-14-doc, next to datasketch, rensa and main.
 
 The same HTML documentation in two releases (Debian packages, unpacked by
-../shared/scripts/fetch-debian-docs.sh). llvm-13 pages are processed first, then llvm-14
-pages. Ground truth: the llvm-14 pages whose same-path llvm-13 page has word 5-shingle
-Jaccard ≥ 0.85 with them, computed exactly on the same extracted text every method sees.
-Recall: the fraction of those pages a method flags as a duplicate of some earlier page
-with true Jaccard ≥ 0.85 (its same-path page, or an identical copy of it: an exact match
-names the first copy only). Precision: the fraction of reported pairs (llvm-14 page,
-earlier page) whose true Jaccard is ≥ 0.85.
+../shared/scripts/fetch-debian-docs.sh into tests.corpora.LLVM_DOCS). llvm-13 pages go
+first, then llvm-14 pages, twice: from the HTML, and from the same extracted text given to
+every engine as text/plain (engine against engine, the shared extraction left out).
 
-Both sides start from the raw HTML bytes: datasketch gets our text extraction and word
-tokens (it has none of its own), then 5-shingles, MinHash(128) and MinHashLSH(0.8).
-Text is the pages' main content (boilerplate removal, `text.main_content = true`) for the
-truth and for every method, since site navigation repeated on every page is not what a
-passage detector should report; `--full-text` uses the whole page text instead.
+Methods (pages/s over the whole stream, start-up excluded except the worker pool's):
+- dupalign default (near + passages) and near-only, ``--jobs 1`` (the three stages one
+  after the other on this thread) and ``--jobs 2`` (sketch and align on two processes);
+- ``main``: the single-threaded engine of a checkout of another revision (``--main-ref``,
+  default ``main``, checked out with ``git worktree add --detach``) run as a subprocess on
+  the same pages, so that the ratio to the old path is measured in the same run;
+- datasketch MinHashLSH and rensa RMinHashLSH: threshold 0.8, 128 permutations, word
+  5-shingles of our tokens (neither has a tokenizer of its own). datasketch reports its
+  LSH candidates as they are; rensa's LSH takes a band count dividing 128 (16 bands of 8
+  rows, a curve centred below 0.8), so its candidates are kept when their MinHash
+  estimate reaches 0.8, as rensa's own deduplicator does.
 
-"docs/s after text" leaves out the time of text extraction + tokenization, which both sides
-share (the same functions); the last line gives the ceiling of the end-to-end ratio, (E + D) / E
-with E the shared per-page text time and D datasketch's own per-page time: what scan would
-reach if its own work cost nothing.
+Truth: pairs (llvm-14 page, earlier page) with word 5-shingle Jaccard ≥ 0.85 on the
+extracted text. Recall: the fraction of llvm-14 pages whose same-path llvm-13 page is such
+a pair that a method pairs with some earlier page of Jaccard ≥ 0.85 (so an exact copy of
+another member of the page's exact-duplicate cluster counts as found); precision: the
+fraction of reported pairs with Jaccard ≥ 0.85. Only exact and near matches count.
 
-Run: .venv/bin/python -m tests.bench.bench_scan [--docs DIR] [--limit N] [--near-only]
+Then, from the ``--jobs 1`` runs: CPU per page of each stage (sketch, index with the
+storing of matches, align), the index stage's share (the part that cannot run in
+parallel), and the wire size of ``PageSketch`` and of the align tasks per page and per
+token (per token of all pages): the tasks alone (the query page's passages, the list
+entries of the candidates, the candidates' ordinals), and the candidate pages' forward data
+that ``AlignRequest`` also carries in one process (their empty windows and token offsets,
+which align shards keyed by page would hold themselves).
+
+Run: .venv/bin/python -m tests.bench.bench_scan [--limit N] [--only html|text] [--no-main]
+     [--jobs 1,2] [--threads]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import pickle
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from dupalign.config import EngineConfig, PassageConfig, TextConfig
 from dupalign.engine import Engine
 from dupalign.errors import PageRejected
+from dupalign.match import Match
 from dupalign.page import Page
+from dupalign.pipeline import ExecutorKind
 from dupalign.text import page_text, tokenize
+from tests.corpora import LLVM_DOCS
 
 HERE = Path(__file__).resolve().parents[2]
 SHINGLE = 5
 TRUTH_J = 0.85
+WARM_UP = 30  # pages processed into a throwaway store before each timed run
+Pairs = set[tuple[str, str]]
+
+
+@dataclass
+class Run:
+    label: str
+    seconds: float
+    pairs: Pairs
+    cpu: float = float("nan")  # CPU seconds of the run, worker processes included
+    kinds: dict[str, int] = field(default_factory=dict)
+    stages: dict[str, float] = field(default_factory=dict)  # CPU seconds per stage
+    wire: dict[str, int] = field(default_factory=dict)  # bytes per message kind, tokens
 
 
 def load_pages(docs: Path, limit: int | None) -> tuple[list[Page], list[Page]]:
@@ -67,117 +101,303 @@ def jaccard(a: set[tuple[str, ...]], b: set[tuple[str, ...]]) -> float:
     return len(a & b) / len(a | b)
 
 
-def run_datasketch(pages: list[Page], main: bool) -> tuple[float, float, set[tuple[str, str]]]:
-    """Seconds in all, seconds of it in text extraction + tokenization, pairs found."""
+def page_shingles(page: Page) -> list[bytes]:
+    """Our extraction and tokens, then word 5-shingles: what both MinHash baselines index."""
+    return [" ".join(s).encode() for s in shingles(tokenize(main_text(page)).tokens)]
+
+
+def main_text(page: Page) -> str:
+    """The page's main content (``text.main_content = true``, the engine's default): what
+    every method and the truth see."""
+    return page_text(page, main_content=True)
+
+
+def cpu_now() -> float:
+    """CPU seconds of this process and of its children that have ended."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def timed(run: Callable[[], Run]) -> Run:
+    c0 = cpu_now()
+    out = run()
+    if out.cpu != out.cpu:  # nan: not measured by the run itself
+        out.cpu = cpu_now() - c0
+    return out
+
+
+def run_datasketch(pages: list[Page]) -> Run:
     from datasketch import MinHash, MinHashLSH
 
     lsh = MinHashLSH(threshold=0.8, num_perm=128)
-    found: set[tuple[str, str]] = set()
+    found: Pairs = set()
     t0 = time.perf_counter()
-    t_text = 0.0
     for page in pages:
-        t1 = time.perf_counter()
-        toks = tokenize(page_text(page, main_content=main)).tokens
-        t_text += time.perf_counter() - t1
         mh = MinHash(num_perm=128)
-        mh.update_batch([" ".join(s).encode() for s in shingles(toks)])
+        mh.update_batch(page_shingles(page))
         for other in lsh.query(mh):
             found.add((page.id, other))
         lsh.insert(page.id, mh)
-    return time.perf_counter() - t0, t_text, found
+    return Run("datasketch MinHashLSH", time.perf_counter() - t0, found)
 
 
-def run_scan(
-    pages: list[Page], config: EngineConfig, store: Path
-) -> tuple[float, float, set[tuple[str, str]], dict[str, int]]:
-    found: set[tuple[str, str]] = set()
-    kinds: dict[str, int] = {}
-    t_text = 0.0
+def run_rensa(pages: list[Page]) -> Run:
+    from rensa import RMinHash, RMinHashLSH
+
+    lsh = RMinHashLSH(threshold=0.8, num_perm=128, num_bands=16)
+    sketches: list[RMinHash] = []
+    found: Pairs = set()
     t0 = time.perf_counter()
+    for n, page in enumerate(pages):
+        mh = RMinHash(num_perm=128, seed=42)
+        mh.update([s.decode() for s in page_shingles(page)])
+        for other in lsh.query(mh):
+            if mh.jaccard(sketches[other]) >= 0.8:
+                found.add((page.id, pages[other].id))
+        lsh.insert(n, mh)
+        sketches.append(mh)
+    return Run("rensa RMinHashLSH", time.perf_counter() - t0, found)
+
+
+def _collect(found: Pairs, kinds: dict[str, int], matches: list[Match]) -> None:
+    for m in matches:
+        kinds[m.kind] = kinds.get(m.kind, 0) + 1
+        if m.kind in ("exact", "near"):
+            found.add((m.doc_id, m.match_doc_id))
+
+
+def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, store: Path) -> Run:
+    """``--jobs 1``: the three stages in turn on this thread, each timed (CPU), with the wire
+    size of the messages between them (serialized aside, not timed)."""
+    run = Run(label, 0.0, set())
+    cpu = dict.fromkeys(("sketch", "index", "align"), 0.0)
+    wire = dict.fromkeys(("page_sketch", "align_task", "forward", "tokens"), 0)
+    warm_up(pages, config, store)
+    serialize = serialize_cpu = 0.0
     with Engine.open(store, config) as engine:
+        t0, p0 = time.perf_counter(), time.process_time()
         for page in pages:
-            try:
-                page_matches = engine.process(page)
-            except PageRejected:
-                continue
-            t_text += engine.last_report.text
-            for m in page_matches:
-                kinds[m.kind] = kinds.get(m.kind, 0) + 1
-                if m.kind in ("exact", "near"):
-                    found.add((m.doc_id, m.match_doc_id))
-    return time.perf_counter() - t0, t_text, found, kinds
+            c0 = time.thread_time()
+            sk = engine.sketch(page)
+            c1 = time.thread_time()
+            result = engine.indexer.index(sk, defer=True)
+            c2 = time.thread_time()
+            found = engine.align(result)
+            c3 = time.thread_time()
+            with contextlib.suppress(PageRejected):
+                _collect(run.pairs, run.kinds, engine.indexer.finish(result, found))
+            c4 = time.thread_time()
+            cpu["sketch"] += c1 - c0
+            cpu["index"] += c2 - c1 + c4 - c3
+            cpu["align"] += c3 - c2
+            # the wire sizes, left out of the run's time
+            t_wire, p_wire = time.perf_counter(), time.process_time()
+            wire["page_sketch"] += len(sk.to_bytes())
+            wire["tokens"] += sk.n_tokens
+            if result.align is not None:
+                task = len(result.align.to_bytes(forward=False))
+                wire["align_task"] += task
+                wire["forward"] += len(result.align.to_bytes()) - task
+            serialize += time.perf_counter() - t_wire
+            serialize_cpu += time.process_time() - p_wire
+        run.seconds = time.perf_counter() - t0 - serialize
+        run.cpu = time.process_time() - p0 - serialize_cpu
+    run.stages, run.wire = cpu, wire
+    return run
+
+
+def run_staged(label: str, pages: list[Page], config: EngineConfig, store: Path,
+               jobs: int, executor: ExecutorKind = "process") -> Run:
+    run = Run(label, 0.0, set())
+    warm_up(pages, config, store)
+    with Engine.open(store, config) as engine:
+        t0 = time.perf_counter()
+        for _, found in engine.process_many(((p, None) for p in pages), jobs=jobs,
+                                            executor=executor):
+            if isinstance(found, list):
+                _collect(run.pairs, run.kinds, found)
+            elif not isinstance(found, PageRejected):
+                raise found
+        run.seconds = time.perf_counter() - t0
+    return run
+
+
+def warm_up(pages: list[Page], config: EngineConfig, store: Path) -> None:
+    """A few pages into a throwaway store first: numba's cached kernels load, so that the
+    timed run leaves start-up out (the worker processes fork from this one)."""
+    with Engine.open(store.with_name(store.name + "-warm"), config) as engine:
+        for page in pages[:WARM_UP]:
+            with contextlib.suppress(PageRejected):
+                engine.process(page)
+
+
+_MAIN_SCRIPT = """
+import json, pickle, sys, time
+from dupalign.config import EngineConfig, PassageConfig, TextConfig
+from dupalign.engine import Engine
+from dupalign.errors import PageRejected
+pages = pickle.load(open(sys.argv[1], "rb"))
+cfg = EngineConfig(text=TextConfig(main_content=True),
+                   passage=PassageConfig(enabled=sys.argv[3] == "1")).validate()
+with Engine.open(sys.argv[2] + "-warm", cfg) as engine:  # start-up left out, as above
+    for page in pages[:int(sys.argv[4])]:
+        try:
+            engine.process(page)
+        except PageRejected:
+            pass
+pairs, kinds = [], {}
+with Engine.open(sys.argv[2], cfg) as engine:
+    t0, c0 = time.perf_counter(), time.process_time()
+    for page in pages:
+        try:
+            found = engine.process(page)
+        except PageRejected:
+            continue
+        for m in found:
+            kinds[m.kind] = kinds.get(m.kind, 0) + 1
+            if m.kind in ("exact", "near"):
+                pairs.append((m.doc_id, m.match_doc_id))
+    seconds = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+print(json.dumps({"seconds": seconds, "cpu": cpu, "pairs": pairs, "kinds": kinds}))
+"""
+
+
+def run_main(label: str, ref: Path, pages_file: Path, store: Path, passages: bool) -> Run:
+    """The old single-threaded engine: a checkout of ``ref`` imported first in a subprocess."""
+    out = subprocess.run([sys.executable, "-c", _MAIN_SCRIPT, str(pages_file), str(store),
+                          "1" if passages else "0", str(WARM_UP)], cwd=ref, check=True,
+                         capture_output=True, text=True)
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    return Run(label, d["seconds"], {(a, b) for a, b in d["pairs"]}, d["cpu"], d["kinds"])
+
+
+def checkout(ref: str, where: Path) -> Path:
+    subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", str(where), ref],
+                   check=True, capture_output=True)
+    return where
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--docs", type=Path, default=Path.home() / ".cache/dupalign-docs")
+    ap.add_argument("--docs", type=Path, default=LLVM_DOCS)
     ap.add_argument("--limit", type=int, default=None, help="pages per release (default all)")
-    ap.add_argument("--full-text", action="store_true", help="whole page text, not main content")
-    ap.add_argument("--near-only", action="store_true", help="skip the near + passages run")
+    ap.add_argument("--only", choices=["html", "text"], help="one input form only")
+    ap.add_argument("--main-ref", default="main", help="revision of the old path (git ref)")
+    ap.add_argument("--no-main", action="store_true", help="skip the old path")
+    ap.add_argument("--jobs", default="1,2", help="worker counts of the staged runs")
+    ap.add_argument("--threads", action="store_true",
+                    help="also run the stages with jobs > 1 on worker threads")
     args = ap.parse_args()
     if not (args.docs / "llvm-14-doc").is_dir():
         subprocess.run(["bash", str(HERE.parent / "shared/scripts/fetch-debian-docs.sh"),
                         str(args.docs), "llvm-13-doc", "llvm-14-doc"], check=True)
     old, new = load_pages(args.docs, args.limit)
-    pages = old + new
+    html = old + new
+    text = [Page(id=p.id, body=main_text(p), content_type="text/plain") for p in html]
     print(f"corpus: {len(old)} llvm-13 + {len(new)} llvm-14 HTML pages")
-
-    main = not args.full_text
-    sh = {p.id: shingles(tokenize(page_text(p, main_content=main)).tokens) for p in pages}
-    print("truth shingles computed", flush=True)
+    sh = {p.id: shingles(tokenize(str(p.body)).tokens) for p in text}
     old_ids = {p.id for p in old}
-
-    def cross(pairs: set[tuple[str, str]]) -> set[tuple[str, str]]:
-        """Pairs (llvm-14 page, earlier page): what the truth is about."""
-        return {(a, b) for a, b in pairs if a not in old_ids}
-
-    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
-    try:
-        runs = []
-        t_ds, text_ds, ds_pairs = run_datasketch(pages, main)
-        runs.append(("datasketch MinHashLSH(0.8,128) 5-shingles", t_ds, text_ds, cross(ds_pairs),
-                     {}))
-        print(f"datasketch done in {t_ds:.1f} s", flush=True)
-        text = TextConfig(main_content=main)
-        full = EngineConfig(text=text).validate()
-        near_only = EngineConfig(text=text, passage=PassageConfig(enabled=False)).validate()
-        configs = [("dupalign scan (near only)", near_only, tmp / "a"),
-                   ("dupalign scan (near + passages)", full, tmp / "b")]
-        for label, cfg, store in configs[: 1 if args.near_only else 2]:
-            t, t_text, pairs, kinds = run_scan(pages, cfg, store)
-            runs.append((label, t, t_text, cross(pairs), kinds))
-            print(f"{label} done in {t:.1f} s", flush=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
     same_path = {(f"llvm-14/{p.id[8:]}", f"llvm-13/{p.id[8:]}") for p in new}
-    same_path = {pair for pair in same_path if pair[1] in sh}
-    truth = {a for a, b in same_path if jaccard(sh[a], sh[b]) >= TRUTH_J}
+    truth = {a for a, b in same_path if b in sh and jaccard(sh[a], sh[b]) >= TRUTH_J}
     print(f"truth: {len(truth)} of {len(same_path)} llvm-14 pages have word 5-shingle Jaccard "
-          f">= {TRUTH_J} with their same-path llvm-13 page\n")
-    header = (f"{'method':<44} {'seconds':>8} {'docs/s':>8} {'docs/s after text':>17} "
-              f"{'reported':>9} {'recall':>7} {'precision':>9}")
+          f">= {TRUTH_J} with their same-path llvm-13 page", flush=True)
+    jobs = [int(j) for j in args.jobs.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
+    ref = None
+    try:
+        if not args.no_main:
+            ref = checkout(args.main_ref, tmp / "ref")
+        for form, pages in (("html", html), ("text", text)):
+            if args.only and form != args.only:
+                continue
+            pages_file = tmp / f"{form}.pickle"
+            pages_file.write_bytes(pickle.dumps(pages))
+            runs = run_all(form, pages, pages_file, tmp, ref, args.main_ref, jobs, args.threads)
+            report(form, len(pages), runs, truth, sh, old_ids)
+    finally:
+        if ref is not None:
+            subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force", str(ref)],
+                           check=False, capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path | None,
+            ref_name: str, jobs: list[int], threads: bool = False) -> list[Run]:
+    """Every method on the same pages, one after the other."""
+    runs: list[Run] = []
+
+    def done(run: Run) -> None:
+        runs.append(run)
+        print(f"  {form}: {run.label} done in {run.seconds:.1f} s", flush=True)
+
+    done(timed(lambda: run_datasketch(pages)))
+    done(timed(lambda: run_rensa(pages)))
+    full = EngineConfig(text=TextConfig(main_content=True)).validate()
+    near = EngineConfig(text=TextConfig(main_content=True),
+                        passage=PassageConfig(enabled=False)).validate()
+    for name, cfg, passages in (("default", full, True), ("near-only", near, False)):
+        if ref is not None:
+            done(run_main(f"{ref_name} {name} (one thread)", ref, pages_file,
+                          tmp / f"m-{form}-{name}", passages))
+        for j in jobs:
+            label, store = f"dupalign {name} --jobs {j}", tmp / f"{form}-{name}-{j}"
+            done(run_staged_one_core(label, pages, cfg, store) if j == 1 else
+                 timed(lambda lb=label, c=cfg, s=store, jj=j: run_staged(lb, pages, c, s, jj)))
+            if threads and j > 1:  # the same stages on worker threads instead of processes
+                done(timed(lambda lb=f"{label} threads", c=cfg, s=tmp / f"{form}-{name}-{j}t",
+                           jj=j: run_staged(lb, pages, c, s, jj, "thread")))
+    return runs
+
+
+def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
+           sh: dict[str, set[tuple[str, ...]]], old_ids: set[str]) -> None:
+    print(f"\n## from {'the HTML' if form == 'html' else 'the extracted text (text/plain)'}")
+    header = (f"{'method':<40} {'seconds':>8} {'pages/s':>8} {'CPU ms/page':>11} "
+              f"{'reported':>9} {'recall':>7} {'precision':>9}  matches by kind")
     print(header)
     print("-" * len(header))
-    rates, rates_after = {}, {}
-    for label, t, t_text, pairs, kinds in runs:
+    rate = {}
+    for r in runs:
+        pairs = {(a, b) for a, b in r.pairs if a not in old_ids}
         good = {(a, b) for a, b in pairs if jaccard(sh[a], sh[b]) >= TRUTH_J}
         recall = len(truth & {a for a, _ in good}) / len(truth) if truth else float("nan")
         precision = len(good) / len(pairs) if pairs else float("nan")
-        rates[label] = len(pages) / t
-        rates_after[label] = len(pages) / max(t - t_text, 1e-9)
-        print(f"{label:<44} {t:8.2f} {rates[label]:8.1f} {rates_after[label]:17.1f} "
-              f"{len(pairs):9d} {recall:7.3f} {precision:9.3f}" + (f"  {kinds}" if kinds else ""))
-    base, base_after = rates[runs[0][0]], rates_after[runs[0][0]]
-    for label, *_ in runs[1:]:
-        print(f"speed ratio {label} / datasketch: {rates[label] / base:.2f}x end to end, "
-              f"{rates_after[label] / base_after:.2f}x after text extraction")
-    e_text = runs[0][2] / len(pages)
-    d_ds = (runs[0][1] - runs[0][2]) / len(pages)
-    print(f"shared text extraction + tokenization E = {e_text * 1e3:.2f} ms/page, datasketch's "
-          f"own work D = {d_ds * 1e3:.2f} ms/page: end-to-end ratio ceiling (E + D) / E = "
-          f"{(e_text + d_ds) / e_text:.2f}x")
-    return 0
+        rate[r.label] = n_pages / r.seconds
+        print(f"{r.label:<40} {r.seconds:8.2f} {rate[r.label]:8.1f} "
+              f"{r.cpu / n_pages * 1e3:11.2f} {len(pairs):9d} "
+              f"{recall:7.3f} {precision:9.3f}  {r.kinds or ''}")
+
+    def ratio(a: str, b: str) -> None:
+        if a in rate and b in rate:
+            print(f"  {a} / {b}: {rate[a] / rate[b]:.2f}x")
+
+    print("ratios (pages/s):")
+    for name in ("default", "near-only"):
+        ratio(f"dupalign {name} --jobs 2", f"dupalign {name} --jobs 1")
+        for r in runs:
+            if r.label.endswith(f"{name} (one thread)"):
+                ratio(f"dupalign {name} --jobs 1", r.label)
+                ratio(f"dupalign {name} --jobs 2", r.label)
+    ratio("dupalign near-only --jobs 1", "rensa RMinHashLSH")
+    ratio("dupalign near-only --jobs 1", "datasketch MinHashLSH")
+    print("\nstages of the --jobs 1 runs (CPU ms per page; index includes storing the matches),"
+          " wire bytes per page and per token:")
+    for r in runs:
+        if not r.stages:
+            continue
+        total = sum(r.stages.values())
+        per = {k: v / n_pages * 1e3 for k, v in r.stages.items()}
+        tok = max(1, r.wire["tokens"])
+        print(f"  {r.label:<30} sketch {per['sketch']:6.2f}  index {per['index']:6.2f}  "
+              f"align {per['align']:6.2f}  index share {r.stages['index'] / total:6.1%}  |  "
+              f"PageSketch {r.wire['page_sketch'] / n_pages:8.0f} B/page "
+              f"{r.wire['page_sketch'] / tok:5.1f} B/token; AlignTasks "
+              f"{r.wire['align_task'] / n_pages:8.0f} B/page "
+              f"{r.wire['align_task'] / tok:5.1f} B/token, + candidates' forward data "
+              f"{r.wire['forward'] / tok:5.1f} B/token")
 
 
 if __name__ == "__main__":

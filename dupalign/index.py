@@ -1,0 +1,397 @@
+"""The index stage: the only one that reads and writes shared index state, page by page in
+ordinal order. ``PageSketch`` in, ``IndexResult`` out.
+
+For one page: the replay check, the exact lookup, the PSM probes and CWS verification
+(dupalign.near), the inverted-list lookups that turn the page's passages into alignment
+tasks with their rectangles gathered (dupalign.passages ``find_tasks``), then everything
+the page adds to the store in one WriteBatch, then the in-memory indexes. The tasks go to
+the align stage (dupalign.align), possibly on other cores; ``finish`` stores the page's
+matches once they are known, in ordinal order.
+
+Crash safety. When the caller aligns the page before indexing the next one
+(``Engine.process``: ``defer``), the page is written in one batch with its matches. In a
+pipeline, a page with alignment tasks (or one behind such a page) is written in two
+batches: its index entries with its ``IndexResult`` under ``unfinished``, then, after
+align, its matches and offset (deleting the ``unfinished`` record). A page whose first
+batch is in the store is found by the replay check like any stored page; the engine
+finishes every ``unfinished`` page when it opens (its tasks are in the record), so a
+replay always finds the matches the page produced. Other pages write one batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
+from dupalign.match import Match, Span, best_span
+from dupalign.near import NearIndex, NearState
+from dupalign.passages import PassageIndex, PassageState, Tasks
+from dupalign.sketch import PageSketch
+from dupalign.store import Store, offsets_key, read_u64, u64
+
+I64 = npt.NDArray[np.int64]
+ENGINE_NAME = "dupalign"
+WIRE_VERSION = 1
+
+
+@dataclass
+class AlignRequest:
+    """A page's alignment tasks (``passages.Tasks``: the candidate pages' windows in the
+    page's lists and their empty windows, gathered by the index) and what align needs
+    besides: the page's query passages (units ``[starts[p], ends[p])``) and token character
+    offsets, and per candidate page (``others``, ascending) its id and token character
+    offsets (the share of its forward record that spans cite). Everything about a candidate
+    is keyed by its ordinal, so a request splits into one ``AlignTask`` per candidate for
+    align shards keyed by page (the wire form is one message per page)."""
+
+    ordinal: int
+    starts: I64
+    ends: I64
+    positions: bytes
+    tasks: Tasks
+    others: I64
+    other_ids: list[str]
+    other_positions: list[bytes]
+
+    def to_dict(self, forward: bool = True) -> dict[str, Any]:
+        """``forward=False`` leaves out what the store holds of the candidate pages (their
+        empty windows, ids and token offsets): ``Indexer.refetch`` reads it back."""
+        t = self.tasks
+        lid_type = "<i2" if t.start.shape[0] < (1 << 15) else "<i4"
+        return {
+            "ordinal": self.ordinal, "starts": _b(self.starts, "<i4"),
+            "ends": _b(self.ends, "<i4"), "positions": self.positions,
+            "k": int(t.lid.shape[1]), "lid_type": lid_type, "lid": _b(t.lid, lid_type),
+            "q_empty": np.packbits(t.q_empty).tobytes(),
+            "t_p": _b(t.t_p, "<u4"), "t_o": _b(t.t_o, "<u8"), "count": _b(t.count, "<u4"),
+            "ords": _b(t.ords, "<u8"), "rects": _b(t.rects, "<i4"),
+            "empty_keys": _b(t.empty_keys, "<u8"), "others": _b(self.others, "<u8"),
+            **({"empty_off": _b(t.empty_off, "<u4"), "empty_lr": _b(t.empty_lr, "<i4"),
+                "other_ids": self.other_ids, "other_positions": self.other_positions}
+               if forward else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AlignRequest:
+        k = d["k"]
+        lid = _a(d["lid"], d["lid_type"]).reshape(-1, k)
+        q_empty = np.unpackbits(np.frombuffer(d["q_empty"], dtype=np.uint8),
+                                count=lid.size).astype(np.bool_).reshape(-1, k)
+        count = _a(d["count"], "<u4")
+        forward = "empty_lr" in d
+        empty_keys = _a(d["empty_keys"], "<u8")
+        tasks = Tasks(_a(d["t_p"], "<u4"), _a(d["t_o"], "<u8"), lid, q_empty,
+                      np.cumsum(count) - count, count, _a(d["ords"], "<u8"),
+                      np.frombuffer(d["rects"], dtype="<i4").astype(np.int32).reshape(-1, 4),
+                      empty_keys,
+                      _a(d["empty_off"], "<u4") if forward else np.zeros(1, dtype=np.int64),
+                      _a(d["empty_lr"], "<i4").reshape(-1, 2) if forward else
+                      np.empty((0, 2), dtype=np.int64))
+        return cls(d["ordinal"], _a(d["starts"], "<i4"), _a(d["ends"], "<i4"), d["positions"],
+                   tasks, _a(d["others"], "<u8"), list(d.get("other_ids", [])),
+                   list(d.get("other_positions", [])))
+
+    def to_bytes(self, forward: bool = True) -> bytes:
+        return bytes(msgpack.packb({"v": WIRE_VERSION, **self.to_dict(forward)},
+                                   use_bin_type=True))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> AlignRequest:
+        return cls.from_dict(_versioned(raw))
+
+
+@dataclass
+class IndexTimes:
+    """Seconds spent by the last ``index`` call, per part, and its near counters."""
+
+    exact: float = 0.0
+    near: float = 0.0
+    passage: float = 0.0
+    store: float = 0.0
+    psm_probes: int = 0
+    near_candidates: int = 0
+    cws_pairs: int = 0
+    cws_samples_saved: int = 0
+
+
+@dataclass
+class IndexResult:
+    """What the index stage made of one page. ``ordinal`` is None for a page that was
+    rejected or replayed (``replay_of``: the stored page it repeats); ``matches`` are the
+    exact and near ones; ``align`` the passage tasks, if any; ``done``: the page's matches
+    and offset are already stored (nothing left for ``finish`` to write)."""
+
+    doc_id: str
+    source: tuple[str, int, int] | None = None
+    ordinal: int | None = None
+    rejected: tuple[str, str] | None = None
+    replay_of: int | None = None
+    matches: list[Match] = field(default_factory=list)
+    align: AlignRequest | None = None
+    done: bool = False
+    times: IndexTimes | None = field(default=None, repr=False, compare=False)  # not on the wire
+    # index(defer=True): writes the page with its matches (not on the wire)
+    deferred: Callable[[list[Match]], None] | None = field(default=None, repr=False,
+                                                            compare=False)
+
+    def to_bytes(self) -> bytes:
+        d = {"v": WIRE_VERSION, "doc_id": self.doc_id,
+             "source": None if self.source is None else list(self.source),
+             "ordinal": self.ordinal,
+             "rejected": None if self.rejected is None else list(self.rejected),
+             "replay_of": self.replay_of, "matches": [m.to_dict() for m in self.matches],
+             "align": None if self.align is None else self.align.to_dict(forward=False),
+             "done": self.done}
+        return bytes(msgpack.packb(d, use_bin_type=True))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> IndexResult:
+        d = _versioned(raw)
+        src, rej = d["source"], d["rejected"]
+        return cls(d["doc_id"], None if src is None else (src[0], src[1], src[2]), d["ordinal"],
+                   None if rej is None else (rej[0], rej[1]), d["replay_of"],
+                   [Match.from_dict(m) for m in d["matches"]],
+                   None if d["align"] is None else AlignRequest.from_dict(d["align"]), d["done"])
+
+
+class Indexer:
+    """The index stage over one store. Not thread-safe: one thread calls ``index`` and
+    ``finish``, each in ordinal order."""
+
+    def __init__(self, store: Store, config: EngineConfig) -> None:
+        self.config = config
+        self.store = store
+        last = store.last_key("docs")
+        self.next_ordinal = 0 if last is None else read_u64(last) + 1
+        self.near = NearIndex(store, config, self.next_ordinal)
+        self.passages = PassageIndex(store, config)
+        self.unfinished = 0  # pages indexed whose matches are not stored yet
+        self.times = IndexTimes()
+        self.engine_info = {
+            "name": ENGINE_NAME,
+            "h": config.near.hamming,
+            "cws_K": config.near.cws_samples,
+            "cws_threshold": config.near.cws_threshold,
+            "passage_mode": config.passage.mode,
+            "k": config.passage.k,
+            "theta": config.passage.theta,
+        }
+
+    def index(self, sk: PageSketch, source: tuple[str, int, int] | None = None,
+              defer: bool = False) -> IndexResult:
+        """Index the page (next ordinal) and find its exact and near matches and passage
+        tasks. A rejected or replayed page gets no ordinal and writes nothing here.
+        ``defer``: the caller aligns the page and calls ``finish`` before indexing another,
+        so a page with tasks can be written in one batch with its matches, by ``finish``."""
+        times = self.times = IndexTimes()
+        result = IndexResult(sk.id, source, times=times)
+        if sk.replay_key is not None:
+            seen = self.store.get("replay", sk.replay_key)
+            if seen is not None:
+                result.replay_of = read_u64(seen)
+                return self._maybe_done(result)
+        if sk.rejected is not None:
+            result.rejected = sk.rejected
+            return self._maybe_done(result)
+        assert sk.replay_key is not None
+        t0 = time.perf_counter()
+        ordinal = result.ordinal = self.next_ordinal
+        original = self._exact_original(sk.content_hash)
+        t1 = time.perf_counter()
+        times.exact = t1 - t0
+        near_state: NearState | None = None
+        passage_state: PassageState | None = None
+        if original is not None:
+            result.matches.append(self._match(sk.id, "exact", original, est_jaccard=1.0))
+            t2 = t3 = t1
+        else:
+            assert sk.near is not None and sk.passage is not None
+            near_state, passage_state = sk.near, sk.passage
+            c = self.near.counters
+            before = (c.probes, c.candidates, c.filter.pairs, c.filter.samples_saved)
+            near_found = self.near.search(near_state, ordinal)
+            times.psm_probes = c.probes - before[0]
+            times.near_candidates = c.candidates - before[1]
+            times.cws_pairs = c.filter.pairs - before[2]
+            times.cws_samples_saved = c.filter.samples_saved - before[3]
+            matched = set()
+            for other, hamming, est in near_found:
+                matched.add(other)
+                result.matches.append(self._match(sk.id, "near", other, hamming=hamming,
+                                                  est_jaccard=est))
+            t2 = time.perf_counter()
+            # one message per matched pair: near duplicates are not aligned again as passages
+            if passage_state.rects is not None:
+                tasks = self.passages.find_tasks(passage_state, ordinal, frozenset(matched))
+                if tasks is not None:
+                    assert passage_state.starts is not None and passage_state.ends is not None
+                    result.align = AlignRequest(
+                        ordinal, passage_state.starts, passage_state.ends,
+                        passage_state.positions, tasks, np.unique(tasks.t_o), [], [])
+                    self._candidates(result.align)
+            t3 = time.perf_counter()
+        times.near, times.passage = t2 - t1, t3 - t2
+        write = partial(self._write, result, sk, near_state, passage_state)
+        if result.align is None and not self.unfinished:  # complete in one batch
+            result.done = True
+            write(result.matches)
+        elif defer and not self.unfinished:  # finish writes it all, after align
+            result.deferred = write
+        else:
+            self.unfinished += 1
+            write(None)
+        times.store = time.perf_counter() - t3
+        return result
+
+    def _write(self, result: IndexResult, sk: PageSketch, near_state: NearState | None,
+               passage_state: PassageState | None, matches: list[Match] | None) -> None:
+        """One WriteBatch: everything the page adds to the index, then its matches and
+        offset (or, when they are not known yet, its ``unfinished`` record); then the
+        in-memory indexes."""
+        assert result.ordinal is not None and sk.replay_key is not None
+        ordinal = result.ordinal
+        batch = self.store.batch()
+        self.near.stage(batch, ordinal, near_state)
+        self.passages.stage(batch, ordinal, passage_state)
+        record = {
+            "id": sk.id,
+            "url": sk.url,
+            "n_tokens": sk.n_tokens,
+            "content_hash": sk.content_hash,
+            "simhash": None if near_state is None else near_state.fingerprint,
+            "fetched_at": sk.fetched_at,
+            "source": list(result.source) if result.source is not None else None,
+        }
+        batch.put("docs", u64(ordinal), msgpack.packb(record))
+        batch.put("ids", sk.id.encode("utf-8"), u64(ordinal))
+        batch.put("replay", sk.replay_key, u64(ordinal))
+        batch.put("exact", sk.content_hash + u64(ordinal), b"")
+        if matches is not None:
+            self._put_matches(batch, ordinal, matches, result.source)
+        else:
+            batch.put("unfinished", u64(ordinal), result.to_bytes())
+        self.store.write(batch)
+        self.next_ordinal = ordinal + 1
+        self.near.commit(ordinal, near_state)
+        self.passages.commit(ordinal, passage_state)
+
+    def finish(self, result: IndexResult, passages: list[tuple[str, list[Span]]]) -> list[Match]:
+        """Store the page's matches (``passages``: what align found) and return them, in
+        ordinal order; a rejected page raises PageRejected (its offset is stored)."""
+        if result.replay_of is not None:
+            raw = self.store.get("matches", u64(result.replay_of))
+            matches = [] if raw is None else [Match.from_dict(d) for d in msgpack.unpackb(raw)]
+        else:
+            matches = list(result.matches)
+        for other_id, spans in passages:
+            best = best_span(spans)
+            matches.append(Match(doc_id=result.doc_id, kind="passage", match_doc_id=other_id,
+                                 est_jaccard=best.est_jaccard, jaccard=best.jaccard,
+                                 spans=tuple(spans), engine=self.engine_info))
+        if result.deferred is not None:
+            result.deferred(matches)
+        elif not result.done:
+            batch = self.store.batch()
+            if result.ordinal is not None:
+                self._put_matches(batch, result.ordinal, matches, result.source)
+                batch.delete("unfinished", u64(result.ordinal))
+                self.unfinished -= 1
+            elif result.source is not None:
+                _put_offset(batch, result.source)
+            if len(batch):
+                self.store.write(batch)
+        if result.rejected is not None:
+            raise PageRejected(*result.rejected)
+        return matches
+
+    def unfinished_results(self) -> list[IndexResult]:
+        """Pages whose first batch was written but not their matches (a crash came
+        between); ``self.unfinished`` counts them until they are finished."""
+        if "unfinished" not in self.store._cfs:  # a store opened read-only, made before it
+            return []
+        out = [IndexResult.from_bytes(v) for _, v in self.store.items("unfinished")]
+        for result in out:
+            if result.align is not None:
+                self.refetch(result.align)
+        self.unfinished = len(out)
+        return out
+
+    def refetch(self, request: AlignRequest) -> None:
+        """Read back what the store holds of the request's candidate pages (left out of
+        the ``unfinished`` record): ids, token offsets, empty windows."""
+        self._candidates(request)
+        t = request.tasks
+        t.empty_off, t.empty_lr = self.passages.read_empty_windows(t.empty_keys)
+
+    def _candidates(self, request: AlignRequest) -> None:
+        """The candidate pages' ids and token character offsets."""
+        others = request.others.tolist()
+        request.other_ids = [self.doc_id(o) for o in others]
+        request.other_positions = [v or b"" for v in self.store.multi_get(
+            "positions", [u64(o) for o in others])]
+
+    def skip(self, doc_id: str, source: tuple[str, int, int] | None) -> IndexResult:
+        """A page that failed before the index: only its offset advances, in order."""
+        return self._maybe_done(IndexResult(doc_id, source))
+
+    # -- helpers --------------------------------------------------------------------------
+    def _maybe_done(self, result: IndexResult) -> IndexResult:
+        """A page that adds nothing to the index: done at once unless an earlier page is
+        still unfinished (its offset must not be stored before theirs)."""
+        if not self.unfinished:
+            result.done = True
+            if result.source is not None:
+                batch = self.store.batch()
+                _put_offset(batch, result.source)
+                self.store.write(batch)
+        return result
+
+    def _put_matches(self, batch: Any, ordinal: int, matches: list[Match],
+                     source: tuple[str, int, int] | None) -> None:
+        batch.put("matches", u64(ordinal), msgpack.packb([m.to_dict() for m in matches]))
+        if source is not None:
+            _put_offset(batch, source)
+
+    def _match(self, doc_id: str, kind: Any, other: int, **fields: Any) -> Match:
+        return Match(doc_id=doc_id, kind=kind, match_doc_id=self.doc_id(other),
+                     engine=self.engine_info, **fields)
+
+    def doc_id(self, ordinal: int) -> str:
+        raw = self.store.get("docs", u64(ordinal))
+        if raw is None:
+            raise KeyError(f"no document with ordinal {ordinal}")
+        return str(msgpack.unpackb(raw)["id"])
+
+    def _exact_original(self, chash: bytes) -> int | None:
+        for key, _ in self.store.prefix("exact", chash):
+            return read_u64(key, len(chash))
+        return None
+
+
+def _put_offset(batch: Any, source: tuple[str, int, int]) -> None:
+    topic, partition, offset = source
+    batch.put("offsets", offsets_key(topic, partition), u64(offset + 1))
+
+
+def _versioned(raw: bytes) -> dict[str, Any]:
+    d: dict[str, Any] = msgpack.unpackb(raw, raw=False)
+    if d.get("v") != WIRE_VERSION:
+        raise ValueError(f"message version {d.get('v')!r}, expected {WIRE_VERSION}")
+    return d
+
+
+def _b(a: npt.NDArray[Any], dtype: str) -> bytes:
+    return np.ascontiguousarray(a, dtype=dtype).tobytes()
+
+
+def _a(raw: bytes, dtype: str) -> I64:
+    return np.frombuffer(raw, dtype=dtype).astype(np.int64)

@@ -1,0 +1,171 @@
+"""The three stages over a stream of pages on several cores: sketch ∥ index ∥ align.
+
+``sketch`` and ``align`` need no shared state, so they run in a pool of ``jobs`` worker
+processes (or threads: ``executor="thread"``; CPython holds the GIL in most of their
+Python and numba code, so processes are what spreads them over cores). Their messages
+(``PageSketch``, ``AlignRequest``) cross the process boundary pickled, which copies the
+numpy arrays once (their msgpack forms, ``to_bytes``, cost more and are for other
+transports: Kafka). ``index`` runs here, on the calling thread, one page at a time in
+input (ordinal) order, and so does ``finish``, which stores each page's matches.
+Both queues are bounded (``depth`` pages each), so memory stays flat whatever the input.
+
+Results never depend on ``jobs``: the index sees the pages in the same order as
+``Engine.process`` one by one, every page's tasks are found against the same index state,
+and align is a pure function of its tasks. The only state the sketch stage reads, the idf
+table, may change while sketches are in flight (an idf freeze): the index recomputes the
+fingerprint of a page sketched under an older table (dupalign.near), and the pool is
+restarted with the new table so that this stays rare.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Literal
+
+from dupalign.align import Aligner
+from dupalign.config import EngineConfig
+from dupalign.errors import StoreError
+from dupalign.idf import IdfTable
+from dupalign.index import AlignRequest, IndexResult
+from dupalign.match import Match, Span
+from dupalign.page import Page
+from dupalign.sketch import PageSketch, Sketcher
+
+if TYPE_CHECKING:
+    from dupalign.engine import Engine, Source
+
+ExecutorKind = Literal["process", "thread"]
+
+
+def default_jobs() -> int:
+    """All the cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+# -- the worker side: one Sketcher and Aligner per worker (per thread with threads) ----------
+_local = threading.local()
+
+
+def _init_worker(config: EngineConfig, idf: IdfTable) -> None:
+    _local.config, _local.idf = config, idf
+
+
+def _stage(name: str) -> Any:
+    if not hasattr(_local, name):
+        setattr(_local, name, (Sketcher if name == "sketcher" else Aligner)(_local.config))
+    return getattr(_local, name)
+
+
+def sketch_in_worker(page: Page) -> PageSketch:
+    """The sketch stage in a worker."""
+    sketcher: Sketcher = _stage("sketcher")
+    return sketcher.sketch(page, _local.idf)
+
+
+def align_in_worker(request: AlignRequest) -> list[tuple[str, list[Span]]]:
+    """The align stage in a worker."""
+    aligner: Aligner = _stage("aligner")
+    return aligner.align(request)
+
+
+# -- the calling side ----------------------------------------------------------------------
+class WorkerPool:
+    """Worker processes (or threads) whose workers hold the idf table in force when it was
+    made; kept by the engine across ``process_many`` calls."""
+
+    def __init__(self, kind: ExecutorKind, jobs: int, config: EngineConfig, idf: IdfTable):
+        self.kind, self.jobs, self.version = kind, jobs, idf.version
+        args = (config, idf)
+        self.executor: Executor = (
+            ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=args)
+            if kind == "process" else
+            ThreadPoolExecutor(jobs, initializer=_init_worker, initargs=args))
+
+    def close(self, wait: bool = True) -> None:
+        """``wait=False``: the work already submitted still runs (the pipeline waits for
+        it), then the workers exit."""
+        self.executor.shutdown(wait=wait)
+
+
+def run_pipeline(
+    engine: Engine, items: Iterable[tuple[Page, Source | None]], jobs: int,
+    executor: ExecutorKind = "process", depth: int | None = None,
+) -> Iterator[tuple[Page, list[Match] | BaseException]]:
+    """``engine.process`` over ``items`` with sketch and align on ``jobs`` workers; yields
+    each page with its matches or its exception, in input order. A ``StoreError`` is
+    raised instead: it is no fault of the page, and no later page may be indexed past it."""
+    if jobs <= 1:
+        for page, source in items:
+            try:
+                yield page, engine.process(page, source)
+            except StoreError:
+                raise
+            except Exception as exc:
+                yield page, exc
+        return
+    depth = depth or 4 * jobs
+    indexer = engine.indexer
+    pool = engine.worker_pool(executor, jobs)
+    sketches: deque[tuple[Page, Source | None, Future[PageSketch]]] = deque()
+    aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
+    pending = iter(items)
+    more = True
+
+    def finish() -> tuple[Page, list[Match] | BaseException]:
+        page, result, future = aligns.popleft()
+        if isinstance(result, BaseException):
+            return page, result
+        engine.report_pipelined(result)
+        try:
+            found = [] if future is None else future.result()
+            return page, indexer.finish(result, found)
+        except StoreError:
+            raise
+        except Exception as exc:
+            return page, exc
+
+    try:
+        while True:
+            while more and len(sketches) < depth:
+                try:
+                    page, source = next(pending)
+                except StopIteration:
+                    more = False
+                    break
+                sketches.append((page, source, pool.executor.submit(sketch_in_worker, page)))
+            while aligns and (aligns[0][2] is None or aligns[0][2].done()):
+                yield finish()
+            if not sketches:
+                if not aligns:
+                    return
+                yield finish()
+                continue
+            if len(aligns) >= depth:
+                yield finish()
+                continue
+            page, source, sketched = sketches.popleft()
+            try:
+                result: IndexResult | BaseException = engine.index(sketched.result(), source)
+            except StoreError:
+                raise
+            except Exception as exc:
+                # an unexpected sketch or index error: the page's offset still advances
+                result = exc
+                indexer.finish(indexer.skip(page.id, source), [])
+            future = None
+            if isinstance(result, IndexResult) and result.align is not None:
+                future = pool.executor.submit(align_in_worker, result.align)
+            aligns.append((page, result, future))
+            if engine.near.idf.version != pool.version:  # an idf freeze: new workers
+                pool = engine.worker_pool(executor, jobs)
+    finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
+        # indexed are finished (their matches stored, for a replay to find)
+        for _, _, sketched in sketches:
+            sketched.cancel()
+        while aligns:
+            finish()

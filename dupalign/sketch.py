@@ -1,0 +1,188 @@
+"""The sketch stage: a page → everything computable from the page alone (``PageSketch``).
+
+Pure: no store, no index state, only the frozen parameters and the idf table in force, so
+any number of copies run in parallel (threads, processes, later machines). Steps: decode
+and extract text, tokenize (with character offsets), content hash, token hashes, the
+whole-document sketch (weighted simhash + W, verification min-hashes: dupalign.near) and
+the passage sketch (compact windows, query passages and their OPH/MonoActive sketches:
+dupalign.passages). A page that cannot be processed gives a sketch with ``rejected`` set,
+so that the index stage still sees it in order (its offset advances, nothing else).
+
+``PageSketch.to_bytes`` is the wire form (msgpack, schemas/page_sketch.json).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mmh3
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
+from dupalign.hashing import content_hash, token_hashes
+from dupalign.idf import IdfTable
+from dupalign.near import NearState, near_sketch
+from dupalign.page import Page
+from dupalign.passages import PassageIndex, PassageState, Rects
+from dupalign.text import page_text, tokenize
+
+WIRE_VERSION = 1
+
+
+@dataclass
+class PageSketch:
+    id: str
+    url: str | None
+    fetched_at: int | None
+    replay_key: bytes | None  # None when the page is rejected before it is hashed
+    rejected: tuple[str, str] | None = None  # (reason, detail)
+    n_tokens: int = 0
+    content_hash: bytes = b""
+    near: NearState | None = None
+    passage: PassageState | None = None
+
+    # -- wire form ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"v": WIRE_VERSION, "id": self.id, "url": self.url,
+                               "fetched_at": self.fetched_at, "replay_key": self.replay_key}
+        if self.rejected is not None:
+            out["rejected"] = list(self.rejected)
+            return out
+        out["n_tokens"] = self.n_tokens
+        out["content_hash"] = self.content_hash
+        if self.near is not None:
+            out["near"] = _near_dict(self.near)
+        if self.passage is not None:
+            out["passage"] = _passage_dict(self.passage)
+        return out
+
+    def to_bytes(self) -> bytes:
+        return bytes(msgpack.packb(self.to_dict(), use_bin_type=True))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> PageSketch:
+        d = msgpack.unpackb(raw, raw=False)
+        if d.get("v") != WIRE_VERSION:
+            raise ValueError(f"page sketch version {d.get('v')!r}, expected {WIRE_VERSION}")
+        sk = cls(d["id"], d["url"], d["fetched_at"], d["replay_key"])
+        if "rejected" in d:
+            sk.rejected = (d["rejected"][0], d["rejected"][1])
+            return sk
+        sk.n_tokens, sk.content_hash = d["n_tokens"], d["content_hash"]
+        if "near" in d:
+            sk.near = _near_from(d["near"])
+        if "passage" in d:
+            sk.passage = _passage_from(d["passage"])
+        return sk
+
+
+class Sketcher:
+    """The sketch stage for one engine configuration (one per process or thread)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        # the passage index's sketch code only: it is given no store and reads none
+        self.passages = PassageIndex(None, config)  # type: ignore[arg-type]
+
+    def sketch(self, page: Page, idf: IdfTable) -> PageSketch:
+        """The page's sketch under ``idf``; a page that cannot be processed comes back with
+        ``rejected`` set (other exceptions propagate)."""
+        cfg = self.config
+        try:
+            _check_unicode(page)
+        except PageRejected as exc:
+            return PageSketch(page.id, None, page.fetched_at, None, (exc.reason, exc.detail))
+        sk = PageSketch(page.id, page.url, page.fetched_at, replay_key(page))
+        try:
+            text = page_text(page, cfg.text.main_content, cfg.text.max_page_bytes)
+            tokens = tokenize(text, cfg.text.max_tokens)
+            if not len(tokens):
+                raise PageRejected("empty", "no words in the page text")
+        except PageRejected as exc:
+            sk.rejected = (exc.reason, exc.detail)
+            return sk
+        sk.n_tokens = len(tokens)
+        sk.content_hash = content_hash(tokens.tokens, cfg.seed)
+        hashes = token_hashes(tokens.tokens, cfg.seed)
+        sk.near = near_sketch(hashes, idf, cfg)
+        sk.passage = self.passages.sketch_page(hashes, tokens)
+        return sk
+
+
+def _check_unicode(page: Page) -> None:
+    """The page's strings are stored as UTF-8, which cannot hold a lone surrogate (JSON's
+    escapes can): reject such a page before anything is computed."""
+    for name in ("id", "url", "body", "content_type", "encoding", "lang"):
+        value = getattr(page, name)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise PageRejected("bad_unicode", f"page {name} is not valid Unicode "
+                                   f"({exc.reason} at character {exc.start})") from None
+
+
+def replay_key(page: Page) -> bytes:
+    """Hash of (id, body): the same page seen again is answered from the store."""
+    body = page.body.encode("utf-8") if isinstance(page.body, str) else page.body
+    return bytes(mmh3.hash_bytes(page.id.encode("utf-8") + b"\x00" + body))
+
+
+# -- numpy arrays on the wire: little-endian bytes of a fixed dtype --------------------------
+def _b(a: npt.NDArray[Any] | None, dtype: str) -> bytes | None:
+    return None if a is None else np.ascontiguousarray(a, dtype=dtype).tobytes()
+
+
+def _a(raw: bytes | None, dtype: str, out: str | None = None) -> Any:
+    if raw is None:
+        return None
+    a = np.frombuffer(raw, dtype=dtype)
+    return a.astype(out) if out is not None else a.astype(a.dtype.newbyteorder("="))
+
+
+def _near_dict(s: NearState) -> dict[str, Any]:
+    return {"indexed": s.indexed, "unique": _b(s.unique, "<u8"), "counts": _b(s.counts, "<u4"),
+            "idf_version": s.idf_version, "fingerprint": s.fingerprint,
+            "W": _b(s.W, "<f8"), "sketch": _b(s.sketch, "<u8")}
+
+
+def _near_from(d: dict[str, Any]) -> NearState:
+    return NearState(indexed=d["indexed"], unique=_a(d["unique"], "<u8"),
+                     counts=_a(d["counts"], "<u4", "int64"), idf_version=d["idf_version"],
+                     fingerprint=d["fingerprint"], W=_a(d["W"], "<f8"),
+                     sketch=_a(d["sketch"], "<u8"))
+
+
+def _passage_dict(s: PassageState) -> dict[str, Any]:
+    out: dict[str, Any] = {"n_units": s.n_units}
+    if s.rects is None:
+        return out
+    r = s.rects
+    assert s.keys is not None
+    out.update({
+        "windows": {"bin": _b(r.bin, "<u2"), "key": _b(r.key, "<u8"),
+                    "rect": _b(np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1), "<i4"),
+                    "empty": _b(r.empty, "u1")},
+        "positions": s.positions,
+        "starts": _b(s.starts, "<i4"), "ends": _b(s.ends, "<i4"),
+        "k": int(s.keys.shape[1]), "keys": _b(s.keys, "<u8"), "empty": _b(s.empty, "u1"),
+    })
+    return out
+
+
+def _passage_from(d: dict[str, Any]) -> PassageState:
+    if "windows" not in d:
+        return PassageState(None, d["n_units"])
+    w = d["windows"]
+    rect = _a(w["rect"], "<i4", "int64").reshape(-1, 4)
+    rects = Rects(_a(w["bin"], "<u2", "int64"), _a(w["key"], "<u8"), rect[:, 0].copy(),
+                  rect[:, 1].copy(), rect[:, 2].copy(), rect[:, 3].copy(),
+                  _a(w["empty"], "u1", "bool"))
+    k = d["k"]
+    return PassageState(rects, d["n_units"], d["positions"], _a(d["starts"], "<i4", "int64"),
+                        _a(d["ends"], "<i4", "int64"), _a(d["keys"], "<u8").reshape(-1, k),
+                        _a(d["empty"], "u1", "bool").reshape(-1, k))

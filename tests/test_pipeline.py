@@ -1,0 +1,164 @@
+"""The staged engine: matches never depend on the number of workers, messages survive the
+wire, and a page interrupted between its index batch and its matches is finished at open."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from pathlib import Path
+
+import msgpack
+import pytest
+
+from dupalign.config import EngineConfig, NearConfig, PassageConfig
+from dupalign.engine import Engine
+from dupalign.errors import ConfigError, PageRejected
+from dupalign.index import AlignRequest, IndexResult
+from dupalign.match import Match
+from dupalign.page import Page
+from dupalign.sketch import PageSketch
+from tests.test_engine import edit, rfc_words
+from worker import messages
+
+
+def random_pages(seed: int, n: int) -> list[Page]:
+    """Pages cut from RFC text, many of them copying (with edits) regions of earlier ones,
+    some exact repeats, some replays (same id and body), some rejected."""
+    rng = random.Random(seed)
+    sources = [rfc_words(name, 0, 6000) for name in ("rfc2821.txt", "rfc5321.txt", "rfc2616.txt")]
+    pages: list[Page] = []
+    for i in range(n):
+        roll = rng.random()
+        if pages and roll < 0.08:
+            pages.append(rng.choice(pages))  # a replay
+            continue
+        if roll < 0.12:
+            pages.append(Page(id=f"bad{i}", body=bytes(range(256)) * 20))  # undecodable
+            continue
+        texts = [p for p in pages if isinstance(p.body, str)]
+        if texts and roll < 0.3:  # an exact or near copy of an earlier page under a new id
+            body = str(rng.choice(texts).body).split()
+            pages.append(Page(id=f"c{i}", body=" ".join(
+                edit(body, rng.choice([0.0, 0.01]), rng.randrange(10**6)))))
+            continue
+        words: list[str] = []
+        for _ in range(rng.randint(1, 3)):
+            src = rng.choice(sources)
+            a = rng.randrange(len(src) - 400)
+            words += edit(src[a:a + rng.randint(60, 400)], rng.choice([0.0, 0.03, 0.1]),
+                          rng.randrange(10**6))
+        pages.append(Page(id=f"p{i}", body=" ".join(words)))
+    pages.insert(n // 2, Page(id="blank", body="<p> </p>", content_type="text/html"))
+    return pages
+
+
+def run(store: Path, pages: list[Page], jobs: int, cfg: EngineConfig) -> list[object]:
+    out: list[object] = []
+    with Engine.open(store, cfg) as engine:
+        items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
+        for page, found in engine.process_many(items, jobs=jobs):
+            if isinstance(found, PageRejected):
+                out.append((page.id, "rejected", found.reason))
+            else:
+                assert not isinstance(found, BaseException), found
+                out.append((page.id, [m.to_dict() for m in found]))
+        assert engine.stored_offsets() == {("pages", 0): len(pages)}
+    return out
+
+
+@pytest.mark.parametrize("seed", [4, 6])
+def test_matches_do_not_depend_on_the_number_of_workers(tmp_path: Path, seed: int) -> None:
+    # idf freezes inside the run: pages sketched under an older table are re-fingerprinted
+    cfg = EngineConfig(near=NearConfig(idf_freeze_at=(10, 30))).validate()
+    pages = random_pages(seed, 60)
+    one = run(tmp_path / "one", pages, 1, cfg)
+    four = run(tmp_path / "four", pages, 4, cfg)
+    assert four == one
+    kinds = {m["kind"] for _, *rest in one if rest and isinstance(rest[0], list)
+             for m in rest[0]}
+    assert {"exact", "near", "passage"} <= kinds, "the stream must exercise every kind"
+    assert any(r[1] == "rejected" for r in one)
+
+
+def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
+    pages = random_pages(3, 12)
+    with Engine.open(tmp_path / "s") as engine:
+        requests = 0
+        for page in pages:
+            sk = engine.sketch(page)
+            messages.validate("page_sketch", msgpack.unpackb(sk.to_bytes(), raw=False))
+            back = PageSketch.from_bytes(sk.to_bytes())
+            assert back.to_bytes() == sk.to_bytes()
+            result = engine.index(back)
+            assert IndexResult.from_bytes(result.to_bytes()).to_bytes() == result.to_bytes()
+            if result.align is not None:
+                requests += 1
+                for forward in (True, False):
+                    messages.validate("align_request", msgpack.unpackb(
+                        result.align.to_bytes(forward), raw=False))
+                broken = result.align.to_dict()
+                del broken["t_p"]
+                with pytest.raises(messages.MessageRejected):
+                    messages.validate("align_request", {"v": 1, **broken})
+                wire = AlignRequest.from_bytes(result.align.to_bytes())
+                assert engine.aligner.align(wire) == engine.aligner.align(result.align)
+            with contextlib.suppress(PageRejected):
+                engine.indexer.finish(result, engine.align(result))
+        assert requests
+
+
+def test_a_crash_between_index_and_matches_is_finished_at_open(tmp_path: Path) -> None:
+    pages = random_pages(4, 20)
+    straight: list[list[Match]] = []
+    with Engine.open(tmp_path / "a") as engine:
+        for p in pages:
+            try:
+                straight.append(engine.process(p))
+            except PageRejected:
+                straight.append([])
+    # the same stream, but the process "dies" after the index batch of a page with tasks
+    cut = None
+    with Engine.open(tmp_path / "b") as engine:
+        for n, p in enumerate(pages):
+            result = engine.index(engine.sketch(p))
+            if result.align is not None and n > 5:
+                cut = n
+                break
+            with contextlib.suppress(PageRejected):
+                engine.indexer.finish(result, engine.align(result))
+    assert cut is not None
+    with Engine.open(tmp_path / "b") as engine:  # finishes the page at open
+        assert engine.indexer.unfinished == 0
+        again = [engine.process(p) for p in pages[cut:cut + 1]]  # a replay now
+        assert again == straight[cut:cut + 1] and again[0]
+
+
+def test_passage_matches_per_page_are_capped_keeping_the_best(tmp_path: Path) -> None:
+    words = rfc_words("rfc2821.txt", 0, 900)
+    # eight earlier pages copy more and more of the text, each with words of its own
+    earlier = [Page(id=f"e{i}", body=" ".join(
+        edit(words[: 120 + 90 * i], 0.03, i) + [f"own{i}x{j}" for j in range(80)]))
+        for i in range(8)]
+    query = Page(id="q", body=" ".join(edit(words, 0.02, 99)))
+
+    def passages(cap: int, store: Path) -> list[Match]:
+        cfg = EngineConfig(near=NearConfig(enabled=False),
+                           passage=PassageConfig(max_matches=cap)).validate()
+        with Engine.open(store, cfg) as engine:
+            for p in earlier:
+                engine.process(p)
+            return [m for m in engine.process(query) if m.kind == "passage"]
+
+    every = passages(1000, tmp_path / "all")
+    capped = passages(3, tmp_path / "capped")
+    assert len(every) == 8 and len(capped) == 3
+
+    def covered(m: Match) -> int:
+        assert m.spans
+        return sum(s.tokens[1] - s.tokens[0] for s in m.spans)
+
+    best = sorted(every, key=lambda m: (-covered(m), -(m.est_jaccard or 0), m.match_doc_id))
+    assert [m.match_doc_id for m in capped] == sorted(m.match_doc_id for m in best[:3])
+    assert capped == [m for m in every if m in best[:3]]
+    with pytest.raises(ConfigError, match=r"passage\.max_matches"):
+        EngineConfig(passage=PassageConfig(max_matches=0)).validate()
