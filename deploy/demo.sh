@@ -52,19 +52,29 @@ worker_pid=$!
 "$bin/dupalign" produce --bootstrap "$bootstrap" --topic pages --quiet \
   "$demo/llvm-docs" "$demo/rfc" "$demo/web/creativecommons.org.warc.gz"
 
-# Print matches as they arrive; stop after 20 s without a new one (or 5 minutes in all).
-"$bin/python" - "$bootstrap" <<'PY'
-import asyncio, sys, time
+# Print matches as they arrive; stop 20 s after the last one (or after 5 minutes, or when the
+# worker dies). The first match can take a minute: a fresh clone compiles the numba kernels.
+echo "demo: waiting for matches (the first run compiles the kernels: about a minute)"
+"$bin/python" - "$bootstrap" "$worker_pid" <<'PY'
+import asyncio, os, sys, time
 import msgpack
 from aiokafka import AIOKafkaConsumer
 
-async def main(bootstrap: str) -> None:
+def worker_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+async def main(bootstrap: str, worker_pid: int) -> None:
     consumer = AIOKafkaConsumer("matches", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 isolation_level="read_committed", group_id=None)
     await consumer.start()
     n, last, start = 0, time.monotonic(), time.monotonic()
     try:
-        while time.monotonic() - last < 20 and time.monotonic() - start < 300:
+        while ((n == 0 or time.monotonic() - last < 20) and time.monotonic() - start < 300
+               and worker_alive(worker_pid)):
             batch = await consumer.getmany(timeout_ms=1000)
             for records in batch.values():
                 for rec in records:
@@ -78,6 +88,9 @@ async def main(bootstrap: str) -> None:
     finally:
         await consumer.stop()
     print(f"demo: {n} matches received")
+    if n == 0:
+        sys.exit("demo: no match arrived" + ("" if worker_alive(worker_pid) else
+                                            " (the worker stopped: see its log above)"))
 
-asyncio.run(main(sys.argv[1]))
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 PY

@@ -25,7 +25,7 @@ def random_pages(seed: int, n: int) -> list[Page]:
     """Pages cut from RFC text, many of them copying (with edits) regions of earlier ones,
     some exact repeats, some replays (same id and body), some rejected."""
     rng = random.Random(seed)
-    sources = [rfc_words(name, 0, 6000) for name in ("rfc2821.txt", "rfc5321.txt", "rfc2616.txt")]
+    sources = [rfc_words(name, 0, 6000) for name in ("rfc2821.txt", "rfc5321.txt", "rfc5322.txt")]
     pages: list[Page] = []
     for i in range(n):
         roll = rng.random()

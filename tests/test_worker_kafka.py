@@ -41,6 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 def clough_pages(limit: int | None = None) -> list[Page]:
     """Real short answers and their Wikipedia originals: cut/light/heavy copies and non-copies."""
     files = sorted(CLOUGH.glob("*.txt"))
+    if not files:  # never run a test on no pages: its callers carry @pytest.mark.testdata
+        raise FileNotFoundError(f"no Clough answers in {CLOUGH}")
     files = sorted(files, key=lambda p: (not p.name.startswith("orig"), p.name))[:limit]
     return [Page(id=p.name, body=p.read_bytes(), content_type="text/plain") for p in files]
 

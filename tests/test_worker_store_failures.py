@@ -150,6 +150,7 @@ def stored_offset(store: Path, topic: str) -> int:
         return engine.stored_offsets()[(topic, 0)]
 
 
+@pytest.mark.testdata
 @pytest.mark.kafka
 async def test_disk_full_stops_the_worker_without_committing_and_loses_nothing(
     kafka_bootstrap: str, tmp_path: Path, small_fs: Path
@@ -208,6 +209,7 @@ async def test_disk_full_stops_the_worker_without_committing_and_loses_nothing(
     assert not await topics.read(topics.dlq)
 
 
+@pytest.mark.testdata
 @pytest.mark.kafka
 async def test_store_turned_read_only_stops_the_worker_and_loses_nothing(
     kafka_bootstrap: str, tmp_path: Path, ext4: Ext4Image
@@ -247,6 +249,7 @@ async def test_store_turned_read_only_stops_the_worker_and_loses_nothing(
     assert await published_matches(topics) == collections.Counter(expected)
 
 
+@pytest.mark.testdata
 @pytest.mark.kafka
 @pytest.mark.parametrize("transactions", [True, False])
 async def test_store_behind_a_published_commit_is_rebuilt_without_republishing(
@@ -275,6 +278,7 @@ async def test_store_behind_a_published_commit_is_rebuilt_without_republishing(
     assert await published_matches(topics) == collections.Counter(expected)  # each once
 
 
+@pytest.mark.testdata
 @pytest.mark.kafka
 async def test_store_behind_a_commit_without_the_published_mark_publishes_the_range(
     kafka_bootstrap: str, tmp_path: Path
