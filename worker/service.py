@@ -85,6 +85,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 from dupalign.engine import Engine, PageReport
 from dupalign.errors import ConfigError, PageRejected, StoreError
 from dupalign.match import Match
+from dupalign.page import Page
 from dupalign.pipeline import default_jobs
 from worker import messages
 from worker.config import Config, load_config
@@ -98,6 +99,11 @@ SOURCE_HEADER = "dupalign-source"
 ENGINE_STAGES = ("text", "exact", "near", "passage", "store")
 # Metadata of every offset commit: the batch's output was published (see the docstring).
 PUBLISHED = "dupalign:published"
+
+
+# per input offset: (page, its matches or the exception it raised, its report), or why the
+# record never became a page
+EngineOut = dict[int, "tuple[Page, list[Match] | BaseException, PageReport] | MessageRejected"]
 
 
 @dataclass
@@ -527,42 +533,46 @@ class Worker:
             result.timestamps_ms.append(rec.timestamp)
         return result
 
-    def _run_engine(self, engine: Engine, tp: TopicPartition, records: list[Any]
-                    ) -> dict[int, tuple[list[Match] | BaseException, PageReport]]:
-        """The batch's pages through the engine, sketch and align on ``worker.jobs``
-        processes: per offset, the matches or the exception, and the page's report.
-        Records that fail before the engine are left to ``_process_record``."""
+    def _run_engine(self, engine: Engine, tp: TopicPartition, records: list[Any]) -> EngineOut:
+        """The batch's pages decoded once and run through the engine, sketch and align on
+        ``worker.jobs`` processes: per offset, the page with its matches or exception and its
+        report, or the MessageRejected of a record that never became a page."""
+        out: EngineOut = {}
         items = []
         for rec in records:
             value: bytes = rec.value if rec.value is not None else b""
             if len(value) > self.wc.max_message_bytes:
+                out[rec.offset] = MessageRejected(
+                    "too_large", f"{len(value)} bytes > worker.max_message_bytes "
+                    f"({self.wc.max_message_bytes})")
                 continue
+            t0 = time.perf_counter()
             try:
-                items.append((messages.decode_page(value), (tp.topic, tp.partition, rec.offset)))
-            except MessageRejected:
+                page = messages.decode_page(value)
+            except MessageRejected as exc:
+                out[rec.offset] = exc
                 continue
+            self.metrics.stage_seconds.labels("decode").observe(time.perf_counter() - t0)
+            items.append((page, (tp.topic, tp.partition, rec.offset)))
         jobs = self.wc.jobs or default_jobs()
-        return {source[2]: (found, engine.last_report) for (_, found), (_, source) in
-                zip(engine.process_many(items, jobs=jobs), items, strict=True)}
+        for (page, found), (_, source) in zip(engine.process_many(items, jobs=jobs), items,
+                                              strict=True):
+            out[source[2]] = (page, found, engine.last_report)
+        return out
 
     def _process_record(self, engine: Engine, tp: TopicPartition, rec: Any,
                         result: BatchResult,
-                        engine_out: dict[int, tuple[list[Match] | BaseException, PageReport]]
-                        ) -> list[Outgoing]:
+                        engine_out: EngineOut) -> list[Outgoing]:
         m = self.metrics
         source = (tp.topic, tp.partition, rec.offset)
         value: bytes = rec.value if rec.value is not None else b""
         doc_id: str | None = None
         try:
-            if len(value) > self.wc.max_message_bytes:
-                raise MessageRejected(
-                    "too_large", f"{len(value)} bytes > worker.max_message_bytes "
-                    f"({self.wc.max_message_bytes})")
-            t0 = time.perf_counter()
-            page = messages.decode_page(value)
+            outcome = engine_out[rec.offset]
+            if isinstance(outcome, MessageRejected):
+                raise outcome
+            page, found_or_error, report = outcome
             doc_id = page.id
-            m.stage_seconds.labels("decode").observe(time.perf_counter() - t0)
-            found_or_error, report = engine_out[rec.offset]
             try:
                 if isinstance(found_or_error, BaseException):
                     raise found_or_error
