@@ -172,8 +172,11 @@ class IdfBuilder:
         self._pending: list[U64] = []
         self._pending_n = 0
 
-    def add_document(self, token_hashes: npt.ArrayLike) -> None:
-        u = np.unique(np.asarray(token_hashes, dtype=np.uint64))
+    def add_document(self, token_hashes: npt.ArrayLike, distinct: bool = False) -> None:
+        """``distinct``: the hashes are already distinct and ascending (no sort)."""
+        u = np.asarray(token_hashes, dtype=np.uint64)
+        if not distinct:
+            u = np.unique(u)
         self.n_docs += 1
         if u.size:
             self._pending.append(u)
@@ -297,7 +300,16 @@ def tf_idf_weights(
     """
     h = np.asarray(token_hashes, dtype=np.uint64).ravel()
     uniq, counts = np.unique(h, return_counts=True)
+    return uniq, counted_weights(uniq, counts, idf, tf_mode, normalize)
+
+
+def counted_weights(
+    uniq: U64, counts: npt.NDArray[np.int64], idf: IdfTable, tf_mode: TfMode = "log",
+    normalize: bool = False,
+) -> F64:
+    """``tf_idf_weights`` of a document given as its distinct token hashes (ascending) and
+    their counts, which the sketch has already (no second sort)."""
     w = _tf(counts, tf_mode) * idf.idf(uniq)
     if normalize and w.size:
         w = w / math.fsum(w.tolist())
-    return uniq, w
+    return w

@@ -29,9 +29,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dupalign.config import EngineConfig
-from dupalign.cws import CwsFilter, FilterStats, minhash_sketch
-from dupalign.hashing import shingle_hashes
-from dupalign.idf import IdfBuilder, IdfTable, TfMode, tf_idf_weights
+from dupalign.cws import CwsFilter, FilterStats, shingle_minhash_sketch
+from dupalign.idf import IdfBuilder, IdfTable, TfMode, counted_weights
 from dupalign.psm import SimhashTable, psm_search_batch
 from dupalign.simhash import weighted_simhash
 from dupalign.store import Batch, Store, read_u64, u64
@@ -44,7 +43,7 @@ _SHINGLE_SALT = 0x5A1
 
 def verification_sketch(hashes: U64, K: int, seed: int, shingle: int) -> U64:
     """The page's K-min-hash sketch of its word ``shingle``-shingles (token order kept)."""
-    return minhash_sketch(shingle_hashes(hashes, shingle, _SHINGLE_SALT), K, seed)
+    return shingle_minhash_sketch(hashes, shingle, _SHINGLE_SALT, K, seed)
 
 
 def _idf_key(version: int) -> bytes:
@@ -83,8 +82,8 @@ def near_sketch(hashes: U64, idf: IdfTable, config: EngineConfig) -> NearState:
 
 def _fingerprint(state: NearState, idf: IdfTable, tf_mode: str) -> None:
     assert state.unique is not None and state.counts is not None
-    _, weights = tf_idf_weights(np.repeat(state.unique, state.counts), idf,
-                                cast(TfMode, tf_mode))  # validated by NearConfig
+    weights = counted_weights(state.unique, state.counts, idf,
+                              cast(TfMode, tf_mode))  # validated by NearConfig
     fp, W = weighted_simhash(state.unique, weights)
     state.fingerprint, state.W, state.idf_version = fp, W, idf.version
 
@@ -170,7 +169,7 @@ class NearIndex:
             version = len(self.tables)
             if self.builder.n_docs + 1 >= self.cfg.idf_freeze_at[version - 1]:
                 builder = IdfBuilder.from_bytes(self.builder.to_bytes())
-                builder.add_document(state.unique)
+                builder.add_document(state.unique, distinct=True)
                 state.frozen = builder.freeze(version)
                 batch.put("meta", _idf_key(version), state.frozen.to_bytes())
                 if version == len(self.cfg.idf_freeze_at):
@@ -182,7 +181,7 @@ class NearIndex:
         self.table.add(state.fingerprint, ordinal)
         if self.builder is not None:
             assert state.unique is not None
-            self.builder.add_document(state.unique)
+            self.builder.add_document(state.unique, distinct=True)
             if state.frozen is not None:
                 self.tables.append(state.frozen)
                 if len(self.tables) > len(self.cfg.idf_freeze_at):

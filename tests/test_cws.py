@@ -22,6 +22,7 @@ from dupalign.cws import (
     icws_sketch,
     minhash_sketch,
     observation_bounds,
+    shingle_minhash_sketch,
     weighted_jaccard,
 )
 from dupalign.hashing import mix64, shingle_hashes, to_unit, token_hashes
@@ -425,6 +426,19 @@ def test_minhash_sketch_matches_twin(f: list[int], K: int, seed: int) -> None:
     assert got.tolist() == _minhash_twin(set(f), K, seed)
     # a set: order and repeats do not matter
     assert np.array_equal(got, minhash_sketch(np.array(f[::-1] + f, dtype=np.uint64), K, seed))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(u64, max_size=14), st.integers(min_value=1, max_value=5),
+       st.integers(min_value=0, max_value=1000), st.integers(min_value=1, max_value=6),
+       st.integers(min_value=0, max_value=1000))
+def test_shingle_minhash_sketch_matches_composition(h: list[int], w: int, salt: int, K: int,
+                                                    seed: int) -> None:
+    """The fused kernel of the verification sketch against its two steps (each with a twin
+    above)."""
+    arr = np.array(h, dtype=np.uint64)
+    got = shingle_minhash_sketch(arr, w, salt, K, seed)
+    assert got.tolist() == minhash_sketch(shingle_hashes(arr, w, salt), K, seed).tolist()
 
 
 def test_minhash_sketch_estimates_jaccard() -> None:
