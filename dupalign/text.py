@@ -147,12 +147,26 @@ def normalize_token(token: str) -> str:
 
 
 # \w for the ASCII range as a lookup table; other code points are classified once per
-# distinct character by the regex itself, so the result is exactly ``\w+``.
+# distinct character by the regex itself (and remembered), so the result is exactly ``\w+``.
 _ASCII_WORD = np.array([bool(_WORD.fullmatch(chr(c))) for c in range(128)], dtype=np.bool_)
+_ASCII_WORD_OR_HIGH = np.append(_ASCII_WORD, False)  # index 128: any non-ASCII code point
+_HIGH_IS_WORD: dict[int, bool] = {}
 
 
-def _word_runs(scanned: str) -> tuple[list[str], npt.NDArray[np.bool_]]:
-    """The ``\\w+`` runs of ``scanned`` and the per-character word mask.
+def _is_word(cp: int) -> bool:
+    known = _HIGH_IS_WORD.get(cp)
+    if known is None:
+        known = _WORD.fullmatch(chr(cp)) is not None
+        if len(_HIGH_IS_WORD) < 1 << 16:  # bounded, whatever pages come
+            _HIGH_IS_WORD[cp] = known
+    return known
+
+
+def _word_runs(
+    scanned: str,
+) -> tuple[list[str], npt.NDArray[np.bool_], npt.NDArray[np.intp] | None]:
+    """The ``\\w+`` runs of ``scanned``, the per-character word mask and the positions of
+    its non-ASCII characters (None for ASCII text).
 
     Non-word characters are overwritten with spaces in a numpy copy of the code points and
     the result is split on whitespace (never a word character), all at C speed.
@@ -160,19 +174,14 @@ def _word_runs(scanned: str) -> tuple[list[str], npt.NDArray[np.bool_]]:
     if scanned.isascii():
         codes = np.frombuffer(scanned.encode("ascii"), dtype=np.uint8)
         mask = _ASCII_WORD[codes]
-        return np.where(mask, codes, np.uint8(32)).tobytes().decode("ascii").split(), mask
+        return np.where(mask, codes, np.uint8(32)).tobytes().decode("ascii").split(), mask, None
     cps = np.frombuffer(scanned.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    mask = np.zeros(cps.size, dtype=np.bool_)
-    low = cps < 128
-    mask[low] = _ASCII_WORD[cps[low]]
-    high = np.flatnonzero(~low)
-    if high.size:
-        uniq, inv = np.unique(cps[high], return_inverse=True)
-        is_word = np.array([_WORD.fullmatch(chr(c)) is not None for c in uniq.tolist()],
-                           dtype=np.bool_)
-        mask[high] = is_word[inv.ravel()]
+    mask = _ASCII_WORD_OR_HIGH[np.minimum(cps, 128)]
+    high = np.flatnonzero(cps >= 128)
+    mask[high] = np.fromiter(map(_is_word, cps[high].tolist()), dtype=np.bool_,
+                             count=high.size)
     spaced = np.where(mask, cps, np.uint32(32)).tobytes().decode("utf-32-le")
-    return spaced.split(), mask
+    return spaced.split(), mask, high
 
 
 def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
@@ -183,13 +192,9 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     lowered = len(scanned) == len(text)
     if not lowered:
         scanned = text
-    tokens, mask = _word_runs(scanned)
+    tokens, mask, high = _word_runs(scanned)
     if max_tokens is not None and len(tokens) > max_tokens:
         raise PageRejected("too_many_tokens", f"{len(tokens)} tokens, limit is {max_tokens}")
-    if not lowered:  # e.g. "İ" lower-cases to two characters: ASCII tokens need it too
-        tokens = [normalize_token(t) for t in tokens]
-    elif not scanned.isascii():
-        tokens = [t if t.isascii() else normalize_token(t) for t in tokens]
     # Offsets: the edges of the runs of word characters (what finditer would report),
     # found with numpy instead of one Match object per token.
     edges = np.diff(mask.view(np.int8), prepend=np.int8(0), append=np.int8(0))
@@ -197,4 +202,10 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     ends = np.flatnonzero(edges == -1).astype(np.int64)
     if starts.size != len(tokens):  # cannot happen while \\w is a per-character class
         raise AssertionError("word runs and regex tokens disagree")
+    if not lowered:  # e.g. "İ" lower-cases to two characters: ASCII tokens need it too
+        tokens = [normalize_token(t) for t in tokens]
+    elif high is not None and high.size:  # only the tokens holding a non-ASCII character
+        inside = high[mask[high]]  # the token holding character p ends after p
+        for x in np.unique(np.searchsorted(ends, inside, side="right")).tolist():
+            tokens[x] = normalize_token(tokens[x])
     return Tokens(text=text, tokens=tokens, starts=starts, ends=ends)

@@ -5,7 +5,9 @@ The same HTML documentation in two releases (Debian packages, unpacked by
 first, then llvm-14 pages, twice: from the HTML, and from the same extracted text given to
 every engine as text/plain (engine against engine, the shared extraction left out).
 
-Methods (pages/s over the whole stream, start-up excluded except the worker pool's):
+Methods (pages/s over the whole stream, start-up excluded except the worker pool's; and
+pages per CPU second of the run, worker processes included, which other work on a shared
+machine disturbs less than wall time):
 - dupalign default (near + passages) and near-only, ``--jobs 1`` (the three stages one
   after the other on this thread) and ``--jobs 2`` (sketch and align on two processes);
 - ``main``: the single-threaded engine of a checkout of another revision (``--main-ref``,
@@ -356,25 +358,30 @@ def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
            sh: dict[str, set[tuple[str, ...]]], old_ids: set[str]) -> None:
     print(f"\n## from {'the HTML' if form == 'html' else 'the extracted text (text/plain)'}")
     header = (f"{'method':<40} {'seconds':>8} {'pages/s':>8} {'CPU ms/page':>11} "
+              f"{'pages/CPU-s':>11} "
               f"{'reported':>9} {'recall':>7} {'precision':>9}  matches by kind")
     print(header)
     print("-" * len(header))
-    rate = {}
+    rate, cpu_rate = {}, {}
     for r in runs:
         pairs = {(a, b) for a, b in r.pairs if a not in old_ids}
         good = {(a, b) for a, b in pairs if jaccard(sh[a], sh[b]) >= TRUTH_J}
         recall = len(truth & {a for a, _ in good}) / len(truth) if truth else float("nan")
         precision = len(good) / len(pairs) if pairs else float("nan")
         rate[r.label] = n_pages / r.seconds
+        cpu_rate[r.label] = n_pages / r.cpu
         print(f"{r.label:<40} {r.seconds:8.2f} {rate[r.label]:8.1f} "
-              f"{r.cpu / n_pages * 1e3:11.2f} {len(pairs):9d} "
+              f"{r.cpu / n_pages * 1e3:11.2f} {cpu_rate[r.label]:11.1f} {len(pairs):9d} "
               f"{recall:7.3f} {precision:9.3f}  {r.kinds or ''}")
 
     def ratio(a: str, b: str) -> None:
         if a in rate and b in rate:
-            print(f"  {a} / {b}: {rate[a] / rate[b]:.2f}x")
+            per_cpu = cpu_rate[a] / cpu_rate[b]
+            print(f"  {a} / {b}: {rate[a] / rate[b]:.2f}x"
+                  + ("" if "--jobs 2" in a else f" (per CPU second: {per_cpu:.2f}x)"))
 
-    print("ratios (pages/s):")
+    print("ratios (pages/s; per CPU second too where both use one core: on a machine shared "
+          "with other work, wall time is noisy)")
     for name in ("default", "near-only"):
         ratio(f"dupalign {name} --jobs 2", f"dupalign {name} --jobs 1")
         for r in runs:
