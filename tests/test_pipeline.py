@@ -4,10 +4,13 @@ wire, and a page interrupted between its index batch and its matches is finished
 from __future__ import annotations
 
 import contextlib
+import pickle
 import random
 from pathlib import Path
+from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
@@ -89,6 +92,7 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
             messages.validate("page_sketch", msgpack.unpackb(sk.to_bytes(), raw=False))
             back = PageSketch.from_bytes(sk.to_bytes())
             assert back.to_bytes() == sk.to_bytes()
+            _assert_same(pickle.loads(pickle.dumps(sk)), sk)  # the pool's compact form
             result = engine.index(back)
             assert IndexResult.from_bytes(result.to_bytes()).to_bytes() == result.to_bytes()
             if result.align is not None:
@@ -105,6 +109,18 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
             with contextlib.suppress(PageRejected):
                 engine.indexer.finish(result, engine.align(result))
         assert requests
+
+
+def _assert_same(a: Any, b: Any) -> None:
+    """Equal values, numpy arrays of the same dtype and shape included."""
+    if isinstance(b, np.ndarray):
+        assert isinstance(a, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    elif hasattr(b, "__dataclass_fields__"):
+        assert type(a) is type(b)
+        for name in b.__dataclass_fields__:
+            _assert_same(getattr(a, name), getattr(b, name))
+    else:
+        assert a == b
 
 
 def test_a_crash_between_index_and_matches_is_finished_at_open(tmp_path: Path) -> None:
