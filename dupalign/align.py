@@ -4,7 +4,8 @@ Input: an ``AlignRequest`` (dupalign.index), the tasks of one page against its e
 candidate pages with those pages' windows as the index gathered them, and their token
 character offsets (the share of their forward records that spans cite). Steps: per task,
 the rectangles gathered, the viability cut and the interval scan
-(``passage_align.scan_tasks``), then the hits on one page merged into maximal spans with
+(``passage_align.scan_tasks``), then the earlier pages hit ranked (``rank_pages``) and
+only the best ``passage.max_matches`` kept, and their hits merged into maximal spans with
 token and character ranges (``PassageIndex._spans``, the same code as the one-thread
 query). Runs anywhere: other threads, other processes, later other machines.
 """

@@ -316,10 +316,7 @@ class PassageIndex:
             return None
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
         # the lists cut down to the task pages' entries: all that align reads of them
-        entries = _ranks(start, n_before)
-        list_of = np.repeat(np.arange(len(start)), n_before)
-        keep = np.isin(ords[entries], t_o)
-        entries, list_of = entries[keep], list_of[keep]
+        entries, list_of = passage_align.entries_of_pages(start, n_before, ords, np.unique(t_o))
         used, list_of = np.unique(list_of, return_inverse=True)
         remap = np.zeros(len(start), dtype=np.int64)  # lists left empty share list 0
         remap[used] = np.arange(1, len(used) + 1)
