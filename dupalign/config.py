@@ -103,7 +103,7 @@ class PassageConfig:
     # ranked from the scan's hits before any span is computed (dupalign.align.rank_pages:
     # most units of the page covered by the passages that hit the page, then the highest
     # estimate, then the earliest page)
-    max_matches: int = 64
+    max_matches: int = 16
     # Inverted lists longer than this are stop lists: they hold common units (boilerplate,
     # stock phrases), and a passage's bin whose list is one counts as neither a collision
     # nor an empty bin (dupalign.passages). Frozen: results depend on it.
