@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.match import Span
-from dupalign.passages import PassageIndex, _Hit, _unpack_positions
+from dupalign.passages import PassageIndex, _unpack_positions
 from dupalign.store import read_u64
 from dupalign.text import Tokens
 
@@ -78,10 +78,8 @@ def spans_of_hit_arrays(
     out = []
     for other, a, z in zip(kept.tolist(), lo, hi, strict=True):
         rows = order[a:z]
-        page_hits = [_Hit(int(starts[p]), int(ends[p]), s, e, x) for p, s, e, x in zip(
-            h_p[rows].tolist(), h_s[rows].tolist(), h_e[rows].tolist(), h_x[rows].tolist(),
-            strict=True)]
-        spans = index._spans(other, page_hits, tokens, q_units)
+        boxes = np.stack((starts[h_p[rows]], ends[h_p[rows]], h_s[rows], h_e[rows]), axis=1)
+        spans = index._spans(other, boxes, h_x[rows], tokens, q_units)
         if spans:
             out.append((other, spans))
     return out
@@ -95,8 +93,9 @@ def rank_pages(h_p: I64, h_o: I64, h_x: npt.NDArray[np.float64], starts: I64,
     on matches is applied before any span is computed."""
     if not len(h_o):
         return np.empty(0, dtype=np.int64)
-    pairs = np.unique(np.stack((h_o, h_p), axis=1), axis=0)  # by page, then passage
-    o, p = pairs[:, 0], pairs[:, 1]
+    n_p = len(starts)
+    pairs = np.unique(h_o * n_p + h_p)  # by page, then passage
+    o, p = pairs // n_p, pairs % n_p
     # passages ascend in start and in end: a passage adds what lies past the previous one
     prev_end = np.concatenate(([-1], ends[p[:-1]]))
     prev_end[np.concatenate(([True], o[1:] != o[:-1]))] = -1
