@@ -4,55 +4,107 @@ Input: an ``AlignRequest`` (dupalign.index), the tasks of one page against its e
 candidate pages with those pages' windows as the index gathered them, and their token
 character offsets (the share of their forward records that spans cite). Steps: per task,
 the rectangles gathered, the viability cut and the interval scan
-(``passage_align.scan_tasks``), then the hits on one page merged into maximal spans with
+(``passage_align.scan_tasks``), then the earlier pages hit ranked (``rank_pages``) and
+only the best ``passage.max_matches`` kept, and their hits merged into maximal spans with
 token and character ranges (``PassageIndex._spans``, the same code as the one-thread
 query). Runs anywhere: other threads, other processes, later other machines.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dupalign.config import EngineConfig
-from dupalign.match import Span, best_span
-from dupalign.passages import PassageIndex, _Hit, _unpack_positions
+from dupalign.match import Span
+from dupalign.passages import PassageIndex, _unpack_positions
 from dupalign.store import read_u64
 from dupalign.text import Tokens
 
 Hit = tuple[int, int, int, int, float]  # passage, earlier page, start, end, estimate
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass
+class AlignCounters:
+    """Work units of the align stage (summed over pages): what a page's cost is made of,
+    bounded by ``passage.max_candidates`` (tasks) and ``passage.max_matches`` (pages
+    given spans) however many earlier copies of its text there are."""
+
+    pages: int = 0
+    tasks: int = 0  # (passage, earlier page) pairs received
+    hits: int = 0  # ranges the scan reported
+    pages_hit: int = 0  # earlier pages with a hit (before the max_matches cap)
+    pages_spanned: int = 0  # earlier pages whose hits were turned into spans
 
 
 def spans_of_hits(index: PassageIndex, hits: list[Hit], starts: Any, ends: Any,
                   tokens: Tokens, units: Any) -> list[tuple[int, list[Span]]]:
-    """Hits grouped by earlier page (ascending) and turned into spans (``units``: the
-    query page's unit hashes, low 32 bits, as in its positions record); pages whose spans
-    come out empty are left out, and only the best ``passage.max_matches`` pages kept."""
-    per_page: dict[int, list[_Hit]] = defaultdict(list)
-    for p, other, t_start, t_end, est in hits:
-        per_page[other].append(_Hit(int(starts[p]), int(ends[p]), t_start, t_end, est))
+    """``spans_of_hit_arrays`` of hits given as tuples."""
+    cols = np.array(hits, dtype=np.float64).reshape(-1, 5)
+    h_p, h_o, h_s, h_e = (cols[:, c].astype(np.int64) for c in range(4))
+    return spans_of_hit_arrays(index, (h_p, h_o, h_s, h_e, cols[:, 4]), starts, ends,
+                               tokens, units)
+
+
+def spans_of_hit_arrays(
+    index: PassageIndex, hits: tuple[I64, I64, I64, I64, npt.NDArray[np.float64]],
+    starts: Any, ends: Any, tokens: Tokens, units: Any,
+    counters: AlignCounters | None = None,
+) -> list[tuple[int, list[Span]]]:
+    """Hits (passage, earlier page, start, end, estimate: one array each) turned into
+    spans per earlier page, in page order (``units``: the query page's unit hashes, low 32
+    bits, as in its positions record). Only the best ``passage.max_matches`` pages
+    (``rank_pages``) get spans: the span work of a page stays bounded however many earlier
+    pages its passages hit; pages whose spans come out empty are left out."""
+    h_p, h_o, h_s, h_e, h_x = hits
+    if not len(h_p):  # (a page too short for passages has no starts either)
+        return []
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    pages = rank_pages(h_p, h_o, h_x, starts, ends)
+    kept = np.sort(pages[: index.cfg.max_matches])
+    if counters is not None:
+        counters.hits += len(h_p)
+        counters.pages_hit += len(pages)
+        counters.pages_spanned += len(kept)
+    order = np.argsort(h_o, kind="stable")  # each page's hits in the scan's order
+    lo = np.searchsorted(h_o[order], kept, side="left").tolist()
+    hi = np.searchsorted(h_o[order], kept, side="right").tolist()
+    q_units = np.asarray(units, np.uint64)
     out = []
-    for other in sorted(per_page):
-        spans = index._spans(other, per_page[other], tokens, np.asarray(units, np.uint64))
+    for other, a, z in zip(kept.tolist(), lo, hi, strict=True):
+        rows = order[a:z]
+        boxes = np.stack((starts[h_p[rows]], ends[h_p[rows]], h_s[rows], h_e[rows]), axis=1)
+        spans = index._spans(other, boxes, h_x[rows], tokens, q_units)
         if spans:
             out.append((other, spans))
-    return _best(out, index.cfg.max_matches)
+    return out
 
 
-def _best(found: list[tuple[int, list[Span]]], cap: int) -> list[tuple[int, list[Span]]]:
-    """The ``cap`` best pages (most tokens of this page covered, then highest estimate,
-    then earliest page), still in page order."""
-    if len(found) <= cap:
-        return found
-
-    def rank(item: tuple[int, list[Span]]) -> tuple[int, float, int]:
-        other, spans = item
-        covered = sum(s.tokens[1] - s.tokens[0] for s in spans)
-        return -covered, -best_span(spans).est_jaccard, other
-
-    return sorted(sorted(found, key=rank)[:cap])
+def rank_pages(h_p: I64, h_o: I64, h_x: npt.NDArray[np.float64], starts: I64,
+               ends: I64) -> I64:
+    """The earlier pages named by the hits, best first: most units of the query page
+    covered by its passages that hit the page, then the highest estimate of a hit, then
+    the earliest page. Deterministic (a function of the hits alone), and cheap: the cap
+    on matches is applied before any span is computed."""
+    if not len(h_o):
+        return np.empty(0, dtype=np.int64)
+    n_p = len(starts)
+    pairs = np.unique(h_o * n_p + h_p)  # by page, then passage
+    o, p = pairs // n_p, pairs % n_p
+    # passages ascend in start and in end: a passage adds what lies past the previous one
+    prev_end = np.concatenate(([-1], ends[p[:-1]]))
+    prev_end[np.concatenate(([True], o[1:] != o[:-1]))] = -1
+    gain = np.maximum(0, ends[p] - np.maximum(starts[p], prev_end))
+    pages, first = np.unique(o, return_index=True)
+    covered = np.add.reduceat(gain, first)
+    best_est = np.full(len(pages), -np.inf)
+    np.maximum.at(best_est, np.searchsorted(pages, h_o), h_x)
+    return pages[np.lexsort((pages, -best_est, -covered))]
 
 
 class _ForwardRecords:
@@ -76,6 +128,7 @@ class Aligner:
         # a passage index over the forward records only: its span code, no lists, no store
         self.spans = PassageIndex(self.forward, config)  # type: ignore[arg-type]
         self.cfg = config.passage
+        self.counters = AlignCounters()
 
     def align(self, request: Any) -> list[tuple[str, list[Span]]]:
         """Passage matches of ``request`` (an ``index.AlignRequest``): (earlier page id,
@@ -83,15 +136,17 @@ class Aligner:
         idx = self.spans
         t = request.tasks
         h_t, h_s, h_e, h_x = idx.scan(t)
-        hits = list(zip(t.t_p[h_t].tolist(), t.t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
-                        h_x.tolist(), strict=True))
+        self.counters.pages += 1
+        self.counters.tasks += len(t)
         others = request.others.tolist()
         self.forward.positions = dict(zip(others, request.other_positions, strict=True))
         q_starts, q_ends, q_units = _unpack_positions(request.positions)
         tokens = Tokens("", [], q_starts.astype(np.int64), q_ends.astype(np.int64))
         ids = dict(zip(others, request.other_ids, strict=True))
         try:
-            found = spans_of_hits(idx, hits, request.starts, request.ends, tokens, q_units)
+            found = spans_of_hit_arrays(idx, (t.t_p[h_t], t.t_o[h_t], h_s, h_e, h_x),
+                                        request.starts, request.ends, tokens, q_units,
+                                        self.counters)
         finally:
             self.forward.positions = {}
         return [(ids[other], spans) for other, spans in found]

@@ -96,11 +96,14 @@ class PassageConfig:
     query_len: int = 48  # units per query passage
     stride: int = 24
     min_len: int = 24  # shortest aligned subsequence reported, in units
-    max_candidates: int = 16  # earlier pages aligned per query passage (most collided first)
+    # earlier pages aligned per query passage (most collided bins first, ties to the earliest)
+    max_candidates: int = 16
     # passage matches (earlier pages) reported per page: popular text copied everywhere
-    # would otherwise make a page's output grow with the crawl; the best are kept (most
-    # tokens of the page covered, then the highest estimate, then the earliest page)
-    max_matches: int = 64
+    # would otherwise make a page's work and output grow with the crawl; the best are kept,
+    # ranked from the scan's hits before any span is computed (dupalign.align.rank_pages:
+    # most units of the page covered by the passages that hit the page, then the highest
+    # estimate, then the earliest page)
+    max_matches: int = 16
     # Inverted lists longer than this are stop lists: they hold common units (boilerplate,
     # stock phrases), and a passage's bin whose list is one counts as neither a collision
     # nor an empty bin (dupalign.passages). Frozen: results depend on it.

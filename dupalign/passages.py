@@ -316,10 +316,7 @@ class PassageIndex:
             return None
         empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
         # the lists cut down to the task pages' entries: all that align reads of them
-        entries = _ranks(start, n_before)
-        list_of = np.repeat(np.arange(len(start)), n_before)
-        keep = np.isin(ords[entries], t_o)
-        entries, list_of = entries[keep], list_of[keep]
+        entries, list_of = passage_align.entries_of_pages(start, n_before, ords, np.unique(t_o))
         used, list_of = np.unique(list_of, return_inverse=True)
         remap = np.zeros(len(start), dtype=np.int64)  # lists left empty share list 0
         remap[used] = np.arange(1, len(used) + 1)
@@ -434,10 +431,12 @@ class PassageIndex:
         return off, rows
 
     # -- spans ------------------------------------------------------------------------------
-    def _spans(self, other: int, hits: list[_Hit], tokens: Tokens, units: U64) -> list[Span]:
-        """The spans reported against one earlier page: the scan's hits merged into maximal
-        spans or, with ``refine``, the tight alignments inside them (dupalign.span_refine);
-        each with its estimate and the exact similarity of its units."""
+    def _spans(self, other: int, hit_boxes: I64, hit_ests: npt.NDArray[np.float64],
+               tokens: Tokens, units: U64) -> list[Span]:
+        """The spans reported against one earlier page: the scan's hits (rows (q_start,
+        q_end, t_start, t_end) of ``hit_boxes``, estimates ``hit_ests``) merged into maximal spans
+        or, with ``refine``, the tight alignments inside them (dupalign.span_refine); each
+        with its estimate and the exact similarity of its units."""
         raw = self.store.get("positions", u64(other))
         if raw is None:
             return []
@@ -448,13 +447,12 @@ class PassageIndex:
         refined = self.cfg.refine and t_units is not None
         if self.cfg.refine and t_units is not None:
             # never empty: a hit's estimate reaches θ only through a unit both sides share
-            pieces = span_refine.refine(
-                q_units, t_units, np.array([(h.q_start, h.q_end, h.t_start, h.t_end)
-                                            for h in hits], dtype=np.int64), self.chain_params)
+            pieces = span_refine.refine(q_units, t_units, hit_boxes, self.chain_params)
             boxes = [(p.q_start, p.q_end, p.t_start, p.t_end) for p in pieces]
             ests = self._estimates(q_units, t_units, boxes)
         else:  # (pages indexed before units were kept have the scan's spans only)
-            merged = _merge_hits(hits)
+            merged = _merge_hits([_Hit(q0, q1, t0, t1, x) for (q0, q1, t0, t1), x in zip(
+                hit_boxes.tolist(), hit_ests.tolist(), strict=True)])
             boxes = [(h.q_start, h.q_end, h.t_start, h.t_end) for h in merged]
             ests = [h.est for h in merged]
         spans = []

@@ -489,9 +489,10 @@ RESERVOIR = 2000  # earlier pages kept as sources of planted copies
 
 
 def page_stream(n: int, rng: np.random.Generator,
-                use_docs: bool) -> Iterator[tuple[str, int | None]]:
+                use_docs: bool) -> Iterator[tuple[str, list[int] | None]]:
     """``n`` page texts whose duplication rate does not drift with the store size, each
-    with the number of the earlier page it carries a planted copy of (or None).
+    with the number of the earlier page it carries a planted copy of (a list of one, or
+    None).
 
     Blocks of ``BLOCK`` pages, each drawing real chunks at random (without replacement in
     the block): the first block as they are, every later one through a fresh frequency-band
@@ -526,34 +527,48 @@ def page_stream(n: int, rng: np.random.Generator,
             reservoir.append((x, words))
         elif (r := int(rng.integers(0, x + 1))) < RESERVOIR:
             reservoir[r] = (x, words)
-        yield " ".join(words), source
+        yield " ".join(words), None if source is None else [source]
 
 
-def dense_stream(n: int, rng: np.random.Generator) -> Iterator[tuple[str, int | None]]:
+def dense_stream(n: int, rng: np.random.Generator) -> Iterator[tuple[str, list[int] | None]]:
     """Dense duplication: every page is a random 300-800-word chunk (random start) of one
     of the RFCs in ../shared/testdata (19), so each region of them is copied again and
     again as the stream grows; 10% of the pages get 5-15% word edits (near copies). What a
     crawl of licences, syndicated articles and mirrored docs looks like: a page's work
     must stay bounded (``passage.max_candidates``, ``passage.max_matches``) however many
-    earlier copies there are."""
+    earlier copies there are. Each page comes with the earlier pages that share 100 or
+    more words of the same RFC with it (its planted copies: finding one of them counts)."""
     texts = [rfc_words(r) for r in corpora.rfc_numbers()]
     vocab = sorted({w for t in texts for w in t})
     print(f"dense duplication: chunks of {len(texts)} RFCs ({sum(map(len, texts))} words), "
-          "10% edited")
-    for _ in range(n):
-        src = texts[int(rng.integers(0, len(texts)))]
+          "10% edited; planted: pages sharing >= 100 words of their RFC with an earlier page")
+    seen: list[list[tuple[int, int, int]]] = [[] for _ in texts]  # (start, end, page) per RFC
+    for x in range(n):
+        r = int(rng.integers(0, len(texts)))
+        src = texts[r]
         ln = int(rng.integers(300, 801))
         s = int(rng.integers(0, max(1, len(src) - ln)))
         words = src[s : s + ln]
         if rng.random() < 0.1:
             words = edit(words, vocab, float(rng.uniform(0.05, 0.15)), rng)
-        yield " ".join(words), None
+        earlier = np.array(seen[r], dtype=np.int64).reshape(-1, 3)
+        shared = np.minimum(earlier[:, 1], s + ln) - np.maximum(earlier[:, 0], s)
+        sources = earlier[shared >= 100, 2].tolist()
+        seen[r].append((s, s + ln, x))
+        yield " ".join(words), sources or None
 
 
 def family_bytes(eng: Engine, family: str) -> int:
     cf = eng.store._cfs[family]
     return int(cf.property_int_value("rocksdb.total-sst-files-size") or 0) + int(
         cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
+
+
+def cache_entries_per_mb(eng: Engine) -> float:
+    """List entries held in the in-memory list cache per MB it uses."""
+    cache = eng.passages.cache
+    entries = int(np.maximum(cache.s_len[: cache.n_slots], 0).sum())
+    return entries / max(1e-9, cache.bytes_used / 2**20)
 
 
 @dataclass
@@ -566,6 +581,7 @@ class Variant:
     thread: float = 0.0  # CPU seconds of the calling thread in it
     matches: int = 0
     planted_found: int = 0  # planted copies matched with their source page
+    stage_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0)  # sketch, index, align seconds
 
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
@@ -581,7 +597,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           f"{PassageConfig(max_candidates=caps[0], max_matches=caps[1])}; {CacheConfig()}); "
           "ms/page (wall), fg cpu (CPU time of the calling "
           "thread), cpu ms (process CPU time per page, RocksDB compactions included) and "
-          "the counters are over the pages since the previous checkpoint; stop/pass: passage "
+          "the counters are over the pages since the previous checkpoint; sk/ix/al cpu: CPU ms "
+          "per page of the sketch, index (with finish) and align stages; lc ent/MB: list "
+          "entries in the list cache per MB it uses; stop/pass: passage "
           "bins whose list is a stop list; planted: share of the pages with a planted copy "
           "matched with the page it was copied from")
     # (name, passage.max_list, cache.lists_mb, pack lists read from the store, refine spans)
@@ -601,7 +619,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     print(f"{'pages':>7} {'variant':>8} {'ms/page':>8} {'fg cpu':>7} {'cpu ms':>7} "
           f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
           f"{'runs/pg':>7} {'stop/pass':>9} {'cand/pass':>9} {'pruned/pass':>11} "
-          f"{'match/pg':>8} {'planted':>7} "
+          f"{'match/pg':>8} {'planted':>7} {'sk/ix/al cpu':>14} {'lc ent/MB':>9} "
           f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
     dirs = [tempfile.mkdtemp(dir=store_root) for _ in specs]
     tokens = 0
@@ -625,24 +643,28 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
             c0 = [dict(vars(v.engine.passages.counters)) for v in variants]
             for v in variants:
                 v.wall = v.thread = v.matches = v.planted_found = 0
+                v.stage_cpu = (0.0, 0.0, 0.0)
             planted = 0
             last_batch = cp == checkpoints[-1]
             if prof is not None and last_batch:
                 prof.enable()
             cpu = time.process_time()  # all threads (RocksDB compactions too)
             for x in range(done, cp):
-                text, source = next(texts)
+                text, sources = next(texts)
                 tokens += text.count(" ") + 1  # words joined by single spaces
                 canonical.append(first_with_text.setdefault(hash(text), x))
-                want = None if source is None else f"p{canonical[source]}"
-                planted += source is not None
+                want = {f"p{canonical[s]}" for s in sources or ()}
+                planted += bool(want)
                 for v in variants:
                     t, th = time.perf_counter(), time.thread_time()
                     found = v.engine.process(Page(id=f"p{x}", body=text))
                     v.wall += time.perf_counter() - t
                     v.thread += time.thread_time() - th
                     v.matches += len(found)
-                    v.planted_found += any(m.match_doc_id == want for m in found)
+                    v.planted_found += any(m.match_doc_id in want for m in found)
+                    r = v.engine.last_report
+                    v.stage_cpu = (v.stage_cpu[0] + r.cpu_sketch, v.stage_cpu[1] + r.cpu_index,
+                                   v.stage_cpu[2] + r.cpu_align)
             dcpu = time.process_time() - cpu
             if prof is not None and last_batch:
                 prof.disable()
@@ -664,6 +686,8 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                       f"{(c1['candidates_scanned'] - c['candidates_scanned']) / dp:>9.2f} "
                       f"{(c1['candidates_pruned'] - c['candidates_pruned']) / dp:>11.2f} "
                       f"{v.matches / n:>8.2f} {v.planted_found / max(1, planted):>7.3f} "
+                      f"{'/'.join(f'{1e3 * c / n:.2f}' for c in v.stage_cpu):>14} "
+                      f"{cache_entries_per_mb(v.engine):>9.0f} "
                       f"{size / tokens:>8.1f} {oph / tokens:>9.1f} "
                       f"{size / 2**20:>8.1f} "
                       f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:>7.0f}",
