@@ -8,12 +8,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.test_worker_kafka import clough_pages, match_key
-from tests.topology_harness import Topology, progressed, rfc_pages, synthetic_pages, wait_log
+from tests.topology_harness import REPO, Topology, progressed, rfc_pages, synthetic_pages, wait_log
 from worker import messages
 
 pytestmark = pytest.mark.kafka
@@ -28,7 +31,7 @@ async def test_two_of_each_role_give_the_matches_of_scan_across_align_join_and_l
             topo.start(role)
         topo.start("index", tmp_path / "index-a")
         topo.start("index", tmp_path / "index-b")  # a standby
-        corpus = clough_pages() + rfc_pages()
+        corpus = clough_pages() + rfc_pages(max_bytes=200_000)  # 11 of 19: test time
         await topo.send(corpus[:60])
         third, third_log = topo.start("align")  # joins mid-stream
         await topo.send(corpus[60:])
@@ -37,15 +40,15 @@ async def test_two_of_each_role_give_the_matches_of_scan_across_align_join_and_l
         third.send_signal(signal.SIGTERM)  # and leaves
         assert third.wait(60) == 0
         published = await topo.published(len(corpus), timeout=300)
-        expected = await topo.scan_in_sequence_order(tmp_path / "oracle-1")
+        expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
         got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
         assert sum(1 for k in expected if k[1] == "passage") > 10
         assert got == expected
 
-        synthetic = synthetic_pages(300)
+        synthetic = synthetic_pages(200)
         await topo.send(synthetic)
         published = await topo.published(len(corpus) + len(synthetic), timeout=300)
-        expected = await topo.scan_in_sequence_order(tmp_path / "oracle-2")
+        expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
         got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
         assert {k[1] for k in expected} == {"exact", "near", "passage"}
         assert got == expected
@@ -97,3 +100,30 @@ async def test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_no
         assert got == expected
     finally:
         topo.stop_all()
+
+
+async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    topo = Topology(kafka_bootstrap, tmp_path)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topo.topic["sequence"], 2, 1)])
+    finally:
+        await admin.close()
+    proc, log = topo.start("sketch")
+    assert proc.wait(120) == 1
+    assert (f"topic {topo.topic['sequence']!r} has 2 partitions; the topology needs "
+            "exactly 1") in log.read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--roles", "sketch,fetch"], "--roles: unknown roles ['fetch']"),
+    (["--roles", "index"], "--store is required"),
+])
+def test_bad_roles_are_refused_before_anything_starts(
+        kafka_bootstrap: str, args: list[str], message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "worker.cli", "worker", "--bootstrap",
+                          kafka_bootstrap, *args], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
