@@ -35,7 +35,7 @@ BIG = 32 << 20  # a large RFC's align request carries MBs of candidates' forward
 class Topology:
     """Fresh topics and a config file for one test; role processes started from it."""
 
-    def __init__(self, bootstrap: str, tmp: Path) -> None:
+    def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4) -> None:
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
@@ -64,7 +64,7 @@ max_request_size = {BIG}
 max_partition_fetch_bytes = {BIG}
 fetch_max_bytes = {2 * BIG}
 [worker]
-batch_size = 4
+batch_size = {batch_size}
 log_format = "text"
 [metrics]
 enabled = false

@@ -3,7 +3,7 @@ of each role, bytes per page on each topic, end-to-end latency at half load; wit
 processes per role, and the single worker (all roles in one process, ``worker.jobs = 1``)
 side by side as the baseline.
 
-    python -m tests.bench.bench_topology [--pages 600] [--procs 1,2] [--bootstrap H:P]
+    python -m tests.bench.bench_topology [--pages 600] [--procs 1,2] [--batch 32] [--bootstrap H:P]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py).
 For each setup: fresh topics, the role processes started and assigned, then
@@ -78,9 +78,10 @@ async def send_paced(topo: Topology, pages: list[Page], rate: float) -> None:
         await producer.stop()
 
 
-async def setup(bootstrap: str, tmp: Path, procs: int) -> tuple[Topology, dict[str, list[int]]]:
+async def setup(bootstrap: str, tmp: Path, procs: int, batch: int
+                ) -> tuple[Topology, dict[str, list[int]]]:
     """Fresh topics and ``procs`` processes per role (0: the single worker), all assigned."""
-    topo = await Topology(bootstrap, tmp).create()
+    topo = await Topology(bootstrap, tmp, batch).create()
     pids: dict[str, list[int]] = {}
     if procs == 0:
         text = topo.config_path.read_text().replace("[worker]\n", "[worker]\njobs = 1\n")
@@ -98,9 +99,9 @@ async def setup(bootstrap: str, tmp: Path, procs: int) -> tuple[Topology, dict[s
     return topo, pids
 
 
-async def measure(bootstrap: str, tmp: Path, procs: int, pages: list[Page],
+async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list[Page],
                   later: list[Page]) -> dict[str, Any]:
-    topo, pids = await setup(bootstrap, tmp, procs)
+    topo, pids = await setup(bootstrap, tmp, procs, batch)
     try:
         cpu0 = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
         t0 = time.monotonic()
@@ -170,9 +171,10 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     setups = [0] + [int(x) for x in args.procs.split(",")]
     results = {}
     for procs in setups:
-        results[procs] = await measure(bootstrap, tmp, procs, first, later)
+        results[procs] = await measure(bootstrap, tmp, procs, args.batch, first, later)
         print(f"measured {procs or 'single worker'}: {results[procs]}", file=sys.stderr)
-    print(f"\n{len(first)} pages (+{len(later)} for latency), 2 shared cores\n")
+    print(f"\n{len(first)} pages (+{len(later)} for latency), batch {args.batch}, "
+          "2 shared cores\n")
     print(f"{'setup':<26}{'pages/s':>9}{'vs single':>10}{'sketch':>9}{'index':>9}{'align':>9}"
           f"{'p50 ms':>9}{'p99 ms':>9}   (CPU ms per page)")
     base = results[0]["rate"]
@@ -194,6 +196,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=600)
     parser.add_argument("--procs", default="1,2", help="processes per role to measure")
+    parser.add_argument("--batch", type=int, default=32, help="worker.batch_size of every "
+                        "process (records per fetch and per transaction)")
     parser.add_argument("--bootstrap", help="use a running broker")
     args = parser.parse_args()
     return run_with_broker(args.bootstrap, "bench-topology-", lambda b, tmp: run(args, b, tmp))
