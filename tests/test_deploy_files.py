@@ -87,3 +87,42 @@ def test_compose_mounts_what_the_services_read() -> None:
     assert grafana["./grafana/dashboards"] == provider["options"]["path"]
     (source,) = load_yaml("grafana/provisioning/datasources/prometheus.yml")["datasources"]
     assert source["url"] == "http://prometheus:9090" and "prometheus" in services
+
+
+def test_topology_manifests_run_each_role_with_the_topology_config() -> None:
+    """Compose and Kubernetes run 2 processes of each role, each with args the worker's
+    parser takes, a config mounted where the args say, and the index with a store."""
+    import argparse
+
+    from worker.roles import parse_roles
+    from worker.service import add_worker_arguments
+
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    config = load_config(DEPLOY / "k8s-topology" / "topology.toml", env={})
+    assert config.kafka.max_request_size >= 16 << 20  # sketches of large pages
+    roles: dict[str, int] = {}
+    services = load_yaml("docker-compose.topology.yml")["services"]
+    for name, service in services.items():
+        if "--roles" not in service.get("command", []):
+            continue
+        args = parser.parse_args(service["command"][1:])
+        (role,) = parse_roles(args.roles)
+        roles[role] = roles.get(role, 0) + 1
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+        assert mounts[args.config] == "./k8s-topology/topology.toml", name
+        assert (args.store is not None) == (role == "index"), name
+    assert roles == {"sketch": 2, "index": 2, "align": 2}
+    kinds = {}
+    for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]:
+        doc = load_yaml(f"k8s-topology/{name}")
+        container = doc["spec"]["template"]["spec"]["containers"][0]
+        args = parser.parse_args(container["args"][1:])
+        (role,) = parse_roles(args.roles)
+        kinds[role] = (doc["kind"], doc["spec"]["replicas"])
+        mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert args.config == f"{mount['config']}/topology.toml"
+        if role == "index":
+            assert args.store.startswith(mount["store"] + "/")
+    assert kinds == {"sketch": ("Deployment", 2), "index": ("StatefulSet", 2),
+                     "align": ("Deployment", 2)}

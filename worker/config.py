@@ -52,6 +52,17 @@ class KafkaConfig:
     transactional_id_prefix: str = field(default="dupalign", metadata={"nonempty": True})
     transaction_timeout_ms: int = field(default=60_000, metadata=_rng(1_000, 900_000))
     create_topics: bool = False  # create missing topics at start-up
+    # The topology (``dupalign worker --roles``, worker/roles.py): the topics between the
+    # sketch, index and align roles. ``sequence_topic`` has one partition (its offsets are
+    # the pages' ordinals); ``sketch_topic`` and ``aligned_topic`` have one partition per
+    # index shard; ``align_topic`` has ``align_partitions`` (the most align processes).
+    sequence_topic: str = field(default="pages.sequence", metadata={"nonempty": True})
+    sketch_topic: str = field(default="pages.sketches", metadata={"nonempty": True})
+    align_topic: str = field(default="pages.align", metadata={"nonempty": True})
+    aligned_topic: str = field(default="pages.aligned", metadata={"nonempty": True})
+    # index shards: fixed per deployment; only 1 (one shard holds the whole index) is built
+    index_shards: int = field(default=1, metadata=_rng(1, 1))
+    align_partitions: int = field(default=4, metadata=_rng(1, 10_000))
     topic_partitions: int = field(default=1, metadata=_rng(1, 10_000))
     replication_factor: int = field(default=1, metadata=_rng(1, 32))
     session_timeout_ms: int = field(default=10_000, metadata=_rng(1_000, 3_600_000))
@@ -91,6 +102,11 @@ class KafkaConfig:
             )
         if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
             raise ConfigError("kafka.output_topic", "input, output and DLQ topics must differ")
+        topology = (self.input_topic, self.output_topic, self.dlq_topic, self.sequence_topic,
+                    self.sketch_topic, self.align_topic, self.aligned_topic)
+        if len(set(topology)) != len(topology):
+            raise ConfigError("kafka.sequence_topic", "the topology's topics must differ from "
+                              "each other and from the input, output and DLQ topics")
         sasl = self.security_protocol.startswith("SASL_")
         if sasl and self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
             for key in ("sasl_plain_username", "sasl_plain_password"):

@@ -781,7 +781,12 @@ def setup_logging(level: str, fmt: str) -> None:
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
                         help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
-    parser.add_argument("--store", required=True, metavar="DIR", help="RocksDB store directory")
+    parser.add_argument("--store", metavar="DIR",
+                        help="RocksDB store directory (needed by the index role)")
+    parser.add_argument("--roles", default="sketch,index,align", metavar="ROLES",
+                        help="comma-separated roles of the topology to run here: sketch, "
+                        "index, align (default all three: the single worker; "
+                        "docs/topology.md)")
     parser.add_argument("--config", metavar="FILE",
                         help="TOML config ([kafka], [worker], [metrics], [engine]); "
                         "DUPALIGN_<TABLE>_<KEY> environment variables override it")
@@ -823,7 +828,20 @@ def run_worker(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"dupalign worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    from worker.roles import ROLES, parse_roles, serve_roles
+
+    try:
+        roles = parse_roles(getattr(args, "roles", None) or ",".join(ROLES))
+    except ValueError as exc:
+        print(f"dupalign worker: --roles: {exc}", file=sys.stderr)
+        return 2
+    if "index" in roles and not args.store:
+        print("dupalign worker: --store is required (the index role keeps its store there)",
+              file=sys.stderr)
+        return 2
     setup_logging(config.worker.log_level, config.worker.log_format)
+    if roles != ROLES:  # a part of the topology (worker/roles.py)
+        return asyncio.run(serve_roles(config, roles, args.store))
     return asyncio.run(serve(config, args.store))
 
 

@@ -26,7 +26,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -272,24 +274,30 @@ def main() -> int:
     parser.add_argument("--latency-seconds", type=float, default=20.0)
     parser.add_argument("--bootstrap", help="use a running broker")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmpdir:
+    return run_with_broker(args.bootstrap, "bench-worker-", lambda b, tmp: run(args, b, tmp))
+
+
+def run_with_broker(bootstrap: str | None, prefix: str,
+                    body: Callable[[str, Path], Coroutine[Any, Any, None]]) -> int:
+    """``body(bootstrap, tmp)`` against ``bootstrap``, or, when None, a broker started with
+    deploy/kafka/broker.sh in a temporary directory and stopped at the end."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmpdir:
         tmp = Path(tmpdir)
         broker = REPO / "deploy" / "kafka" / "broker.sh"
-        bootstrap = args.bootstrap
-        if bootstrap is None:
+        address = bootstrap
+        if address is None:
             out = subprocess.run(["bash", str(broker), "start", str(tmp / "broker")],
                                  capture_output=True, text=True, check=False)
             if out.returncode != 0:
                 print(out.stderr, file=sys.stderr)
                 return 1
-            bootstrap = out.stdout.strip().splitlines()[-1]
+            address = out.stdout.strip().splitlines()[-1]
         try:
-            asyncio.run(run(args, bootstrap, tmp))
+            asyncio.run(body(address, tmp))
         finally:
-            if args.bootstrap is None:
+            if bootstrap is None:
                 subprocess.run(["bash", str(broker), "stop", str(tmp / "broker")], check=False)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

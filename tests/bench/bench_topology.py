@@ -1,0 +1,206 @@
+"""The topology (``dupalign worker --roles``) against a real broker: throughput, CPU per page
+of each role, bytes per page on each topic, end-to-end latency at half load; with 1 and 2
+processes per role, and the single worker (all roles in one process, ``worker.jobs = 1``)
+side by side as the baseline.
+
+    python -m tests.bench.bench_topology [--pages 600] [--procs 1,2] [--batch 32] [--bootstrap H:P]
+
+Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py).
+For each setup: fresh topics, the role processes started and assigned, then
+
+1. throughput: ``--pages`` pages sent at once; pages/s from the first send to the index's
+   commit past the last page; CPU per page of each role = the CPU its processes used in
+   that interval (/proc/PID/stat) / pages; bytes per page = the value bytes each topic got;
+2. latency: ``--pages`` other pages sent at half that rate; per page with matches, the
+   time from the page's record timestamp to its first match's (both stamped by their
+   producers): p50 / p99.
+
+With 2 index processes one owns the shard and one stands by (one index shard is built).
+Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dupalign.page import Page
+from tests.bench.bench_worker import corpus, run_with_broker
+from tests.topology_harness import Topology, wait_log
+from worker import messages
+
+ROLES = ("sketch", "index", "align")
+TOPICS = ("pages", "sequence", "sketches", "align", "aligned", "matches")
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+async def published_past(topo: Topology, n: int, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while await topo.index_committed() < n:
+        topo.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"index did not publish {n} ordinals\n{topo.logs()}")
+        await asyncio.sleep(0.05)
+
+
+async def last_sequence_offset(topo: Topology) -> int:
+    records = await topo.read("sequence")
+    return records[-1].offset if records else -1
+
+
+async def send_paced(topo: Topology, pages: list[Page], rate: float) -> None:
+    from worker.produce import new_producer
+
+    producer = new_producer(topo.config.kafka)
+    await producer.start()
+    try:
+        start, futures = time.monotonic(), []
+        for i, page in enumerate(pages):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            futures.append(await producer.send(topo.topic["pages"], messages.encode_page(page),
+                                               key=page.id.encode()))
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def setup(bootstrap: str, tmp: Path, procs: int, batch: int
+                ) -> tuple[Topology, dict[str, list[int]]]:
+    """Fresh topics and ``procs`` processes per role (0: the single worker), all assigned."""
+    topo = await Topology(bootstrap, tmp, batch).create()
+    pids: dict[str, list[int]] = {}
+    if procs == 0:
+        text = topo.config_path.read_text().replace("[worker]\n", "[worker]\njobs = 1\n")
+        topo.config_path.write_text(text)
+        proc, log = topo.start("sketch,index,align", tmp / f"single-{topo.tag}")
+        await wait_log(log, "partitions assigned", 180)
+        return topo, {"single": [proc.pid]}
+    for role in ROLES:
+        for i in range(procs):
+            store = tmp / f"{role}-{topo.tag}-{i}" if role == "index" else None
+            proc, log = topo.start(role, store)
+            pids.setdefault(role, []).append(proc.pid)
+            await wait_log(log, "owned" if role == "index" and i == 0 else "started", 180)
+    await asyncio.sleep(8)  # group joins settle
+    return topo, pids
+
+
+async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list[Page],
+                  later: list[Page]) -> dict[str, Any]:
+    topo, pids = await setup(bootstrap, tmp, procs, batch)
+    try:
+        cpu0 = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
+        t0 = time.monotonic()
+        await topo.send(pages)
+        if procs == 0:
+            await single_done(topo, len(pages))
+        else:
+            while len(await topo.read("sequence")) < len(pages):
+                await asyncio.sleep(0.2)
+            await published_past(topo, await last_sequence_offset(topo) + 1)
+        elapsed = time.monotonic() - t0
+        cpu = {role: (sum(map(cpu_seconds, p)) - cpu0[role]) / len(pages)
+               for role, p in pids.items()}
+        n = len(pages)
+        sizes = {} if procs == 0 else {
+            t: sum(len(r.value) for r in await topo.read(t)) / n for t in TOPICS}
+        rate = n / elapsed
+        await send_paced(topo, later, rate / 2)
+        if procs == 0:
+            await single_done(topo, 2 * n)
+        else:
+            while len(await topo.read("sequence")) < 2 * n:
+                await asyncio.sleep(0.2)
+            await published_past(topo, await last_sequence_offset(topo) + 1)
+        p50, p99 = await latencies(topo, {p.id for p in later})
+        return {"rate": rate, "cpu": cpu, "sizes": sizes, "p50": p50, "p99": p99}
+    finally:
+        topo.stop_all()
+
+
+async def single_done(topo: Topology, n: int) -> None:
+    """The single worker committed ``n`` pages (its group is the configured one)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=topo.bootstrap, group_id=topo.group,
+                                enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topo.topic["pages"], p)
+               for p in range(topo.partitions[topo.topic["pages"]])]
+        while sum([await consumer.committed(tp) or 0 for tp in tps]) < n:
+            topo.check_alive()
+            await asyncio.sleep(0.05)
+    finally:
+        await consumer.stop()
+
+
+async def latencies(topo: Topology, ids: set[str]) -> tuple[float, float]:
+    sent = {(r.partition, r.offset): r.timestamp for r in await topo.read("pages")}
+    first: dict[str, int] = {}
+    for r in await topo.read("matches"):
+        doc = messages.decode_match(r.value)["doc_id"]
+        if doc in ids:
+            _, partition, offset = dict(r.headers)["dupalign-source"].decode().rsplit(":", 2)
+            lat = r.timestamp - sent[(int(partition), int(offset))]
+            first[doc] = min(first.get(doc, lat), lat)
+    values = np.array(sorted(first.values()), dtype=float)
+    if not len(values):
+        return float("nan"), float("nan")
+    return float(np.percentile(values, 50)), float(np.percentile(values, 99))
+
+
+async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
+    pages = corpus(2 * args.pages)
+    first, later = pages[:args.pages], [Page(id=f"again-{p.id}", body=p.body)
+                                        for p in pages[args.pages:2 * args.pages]]
+    setups = [0] + [int(x) for x in args.procs.split(",")]
+    results = {}
+    for procs in setups:
+        results[procs] = await measure(bootstrap, tmp, procs, args.batch, first, later)
+        print(f"measured {procs or 'single worker'}: {results[procs]}", file=sys.stderr)
+    print(f"\n{len(first)} pages (+{len(later)} for latency), batch {args.batch}, "
+          "2 shared cores\n")
+    print(f"{'setup':<26}{'pages/s':>9}{'vs single':>10}{'sketch':>9}{'index':>9}{'align':>9}"
+          f"{'p50 ms':>9}{'p99 ms':>9}   (CPU ms per page)")
+    base = results[0]["rate"]
+    for procs, r in results.items():
+        name = "single worker (jobs=1)" if procs == 0 else f"{procs} process(es) per role"
+        cpu = r["cpu"]
+        cells = ([f"{1000 * cpu['single']:>9.2f}", f"{'':>9}", f"{'':>9}"] if procs == 0 else
+                 [f"{1000 * cpu[role]:>9.2f}" for role in ROLES])
+        print(f"{name:<26}{r['rate']:>9.1f}{r['rate'] / base:>9.2f}x{''.join(cells)}"
+              f"{r['p50']:>9.0f}{r['p99']:>9.0f}")
+    print(f"\n{'bytes per page':<26}" + "".join(f"{t:>10}" for t in TOPICS))
+    for procs, r in results.items():
+        if r["sizes"]:
+            print(f"{f'{procs} per role':<26}" +
+                  "".join(f"{r['sizes'][t]:>10.0f}" for t in TOPICS))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", type=int, default=600)
+    parser.add_argument("--procs", default="1,2", help="processes per role to measure")
+    parser.add_argument("--batch", type=int, default=32, help="worker.batch_size of every "
+                        "process (records per fetch and per transaction)")
+    parser.add_argument("--bootstrap", help="use a running broker")
+    args = parser.parse_args()
+    return run_with_broker(args.bootstrap, "bench-topology-", lambda b, tmp: run(args, b, tmp))
+
+if __name__ == "__main__":
+    sys.exit(main())

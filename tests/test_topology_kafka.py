@@ -1,0 +1,129 @@
+"""The topology (``dupalign worker --roles ...``) against a real Kafka broker, each role in its
+own OS process: its matches are exactly those of one ``scan`` over the pages in ``sequence``
+order, with 2 sketch + 2 index + 2 align processes, across an align process joining and
+leaving, SIGKILLs of each role, and an index shard rebuilt in a fresh store directory."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from tests.test_worker_kafka import clough_pages, match_key
+from tests.topology_harness import REPO, Topology, progressed, rfc_pages, synthetic_pages, wait_log
+from worker import messages
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.mark.testdata
+async def test_two_of_each_role_give_the_matches_of_scan_across_align_join_and_leave(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    try:
+        for role in ("sketch", "sketch", "align", "align"):
+            topo.start(role)
+        topo.start("index", tmp_path / "index-a")
+        topo.start("index", tmp_path / "index-b")  # a standby
+        corpus = clough_pages() + rfc_pages(max_bytes=200_000)  # 11 of 19: test time
+        await topo.send(corpus[:60])
+        third, third_log = topo.start("align")  # joins mid-stream
+        await topo.send(corpus[60:])
+        await wait_log(third_log, "align role assigned ['", 120)
+        await asyncio.sleep(3)
+        third.send_signal(signal.SIGTERM)  # and leaves
+        assert third.wait(60) == 0
+        published = await topo.published(len(corpus), timeout=300)
+        expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
+        got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+        assert sum(1 for k in expected if k[1] == "passage") > 10
+        assert got == expected
+
+        synthetic = synthetic_pages(200)
+        await topo.send(synthetic)
+        published = await topo.published(len(corpus) + len(synthetic), timeout=300)
+        expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
+        got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+        assert {k[1] for k in expected} == {"exact", "near", "passage"}
+        assert got == expected
+    finally:
+        topo.stop_all()
+
+
+@pytest.mark.testdata
+async def test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_nothing(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    pages = clough_pages() + synthetic_pages(200, seed=11)
+    chunks = [pages[i::4] for i in range(4)]  # interleaved: copies span the chunks
+    try:
+        sketch, _ = topo.start("sketch")
+        topo.start("sketch")
+        align, _ = topo.start("align")
+        topo.start("align")
+        owner, owner_log = topo.start("index", tmp_path / "index-a")
+        await wait_log(owner_log, "index shard owned", 120)
+        _, standby_log = topo.start("index", tmp_path / "index-b")
+
+        await topo.send(chunks[0])
+        at = await progressed(topo, 10)
+        sketch.send_signal(signal.SIGKILL)  # mid-stream: its open transaction aborts
+        sketch.wait(30)
+        await topo.send(chunks[1])
+        topo.start("sketch")
+
+        at = await progressed(topo, at + 10)
+        align.send_signal(signal.SIGKILL)
+        align.wait(30)
+        topo.start("align")
+
+        at = await progressed(topo, at + 10)
+        owner.send_signal(signal.SIGKILL)  # the shard moves to the standby's empty store
+        owner.wait(30)
+        await topo.send(chunks[2])
+        await wait_log(standby_log, "rebuilding it from the retained sequence", 120)
+        topo.start("index", tmp_path / "index-c")  # the new standby, on another "machine"
+        await topo.send(chunks[3])
+
+        published = await topo.published(len(pages), timeout=300)
+        expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
+        got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+        assert sum(1 for k in expected if k[1] == "passage") > 10
+        twice = [k for k, n in got.items() if n > expected[k]]
+        assert not twice, f"published twice: {twice[:5]}"
+        assert got == expected
+    finally:
+        topo.stop_all()
+
+
+async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    topo = Topology(kafka_bootstrap, tmp_path)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topo.topic["sequence"], 2, 1)])
+    finally:
+        await admin.close()
+    proc, log = topo.start("sketch")
+    assert proc.wait(120) == 1
+    assert (f"topic {topo.topic['sequence']!r} has 2 partitions; the topology needs "
+            "exactly 1") in log.read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--roles", "sketch,fetch"], "--roles: unknown roles ['fetch']"),
+    (["--roles", "index"], "--store is required"),
+])
+def test_bad_roles_are_refused_before_anything_starts(
+        kafka_bootstrap: str, args: list[str], message: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "worker.cli", "worker", "--bootstrap",
+                          kafka_bootstrap, *args], capture_output=True, text=True, timeout=120,
+                         cwd=REPO)
+    assert out.returncode == 2 and message in out.stderr, out.stderr

@@ -1,0 +1,228 @@
+"""A topology on a real broker for tests and benchmarks: fresh topics, a config file, role
+processes (``dupalign worker --roles ...``), readers of its topics, and the ``scan`` oracle
+over the pages in ``sequence`` order; and a synthetic crawl-like stream of pages."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from dupalign.config import EngineConfig
+from dupalign.engine import Engine
+from dupalign.page import Page
+from tests.corpora import RFC, rfc_numbers, words
+from tests.test_worker_kafka import match_key
+from worker import messages
+from worker.config import load_config
+from worker.produce import new_producer, send_pages
+from worker.topology import decode_sequence, ensure_topics, topology_topics
+
+REPO = Path(__file__).resolve().parent.parent
+BIG = 32 << 20  # a large RFC's align request carries MBs of candidates' forward records
+
+
+class Topology:
+    """Fresh topics and a config file for one test; role processes started from it."""
+
+    def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
+        self.group = f"g-{tag}"
+        names = ("pages", "matches", "dlq", "sequence", "sketches", "align", "aligned")
+        self.topic = {n: f"{n}-{tag}" for n in names}
+        t = self.topic
+        self.config_path = tmp / f"topology-{tag}.toml"
+        self.config_path.write_text(f"""
+[kafka]
+bootstrap_servers = "{bootstrap}"
+input_topic = "{t['pages']}"
+output_topic = "{t['matches']}"
+dlq_topic = "{t['dlq']}"
+sequence_topic = "{t['sequence']}"
+sketch_topic = "{t['sketches']}"
+align_topic = "{t['align']}"
+aligned_topic = "{t['aligned']}"
+group_id = "{self.group}"
+create_topics = true
+topic_partitions = 2
+align_partitions = 4
+session_timeout_ms = 6000
+heartbeat_interval_ms = 500
+transaction_timeout_ms = 15000
+max_request_size = {BIG}
+max_partition_fetch_bytes = {BIG}
+fetch_max_bytes = {2 * BIG}
+[worker]
+batch_size = {batch_size}
+log_format = "text"
+[metrics]
+enabled = false
+""", "utf-8")
+        self.config = load_config(self.config_path, env={})
+        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.partitions: dict[str, int] = {}
+        # the oracle's matches and pages scanned, per store
+        self.scanned: dict[Path, tuple[collections.Counter[Any], int]] = {}
+
+    async def create(self) -> Topology:
+        self.partitions = await ensure_topics(self.config.kafka,
+                                              topology_topics(self.config.kafka))
+        return self
+
+    def start(self, role: str, store: Path | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+        log = self.tmp / f"{role}-{len(self.procs)}.log"
+        cmd = [sys.executable, "-m", "worker.cli", "worker", "--roles", role,
+               "--config", str(self.config_path)]
+        if store is not None:
+            cmd += ["--store", str(store)]
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                    stdout=fh, stderr=subprocess.STDOUT)
+        self.procs.append((proc, log))
+        return proc, log
+
+    def check_alive(self) -> None:
+        for proc, log in self.procs:
+            code = proc.poll()
+            if code is not None and code not in (0, -signal.SIGKILL, -signal.SIGTERM):
+                raise AssertionError(f"{log.name} exited {code}:\n{log.read_text()[-4000:]}")
+
+    def logs(self) -> str:
+        return "\n".join(f"== {log.name}\n{log.read_text()[-3000:]}" for _, log in self.procs)
+
+    def stop_all(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    async def send(self, pages: list[Page]) -> None:
+        producer = new_producer(self.config.kafka)
+        await producer.start()
+        try:
+            await send_pages(producer, self.topic["pages"], pages)
+        finally:
+            await producer.stop()
+
+    async def read(self, name: str) -> list[Any]:
+        """Every committed record of a topic, up to its last stable offset when called."""
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap, isolation_level="read_committed",
+            enable_auto_commit=False, max_partition_fetch_bytes=BIG, fetch_max_bytes=2 * BIG)
+        await consumer.start()
+        out: list[Any] = []
+        try:
+            topic = self.topic[name]
+            tps = [TopicPartition(topic, p) for p in range(self.partitions[topic])]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)
+            while any([await consumer.position(tp) < end[tp] for tp in tps]):
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    out.extend(records)
+        finally:
+            await consumer.stop()
+        return out
+
+    async def index_committed(self) -> int:
+        """The index group's committed sequence offset: every page before it is published."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap,
+                                    group_id=f"{self.group}-index", enable_auto_commit=False)
+        await consumer.start()
+        try:
+            return await consumer.committed(TopicPartition(self.topic["sequence"], 0)) or 0
+        finally:
+            await consumer.stop()
+
+    async def published(self, n_pages: int, timeout: float) -> list[Any]:
+        """Wait until ``n_pages`` are sequenced and all their matches published; the matches."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            sequence = await self.read("sequence")
+            if len(sequence) >= n_pages and await self.index_committed() > sequence[-1].offset:
+                assert len(sequence) == n_pages, "a page was sequenced twice"
+                return await self.read("matches")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{len(sequence)}/{n_pages} pages sequenced, index at "
+                                     f"{await self.index_committed()}\n{self.logs()}")
+            await asyncio.sleep(1)
+
+    async def scan_in_sequence_order(self, store: Path) -> collections.Counter[Any]:
+        """The oracle: one engine (its store at ``store``) over the pages in the sequence
+        topic's order; called again, it goes on with the pages sequenced since, and returns
+        the matches of all the pages so far."""
+        pages = {(r.partition, r.offset): messages.decode_page(r.value)
+                 for r in await self.read("pages")}
+        order = [decode_sequence(r.value)[1] for r in await self.read("sequence")]
+        done, n = self.scanned.get(store, (collections.Counter(), 0))
+        with Engine.open(store, EngineConfig()) as engine:
+            for _, partition, offset in order[n:]:  # the store has the pages before
+                done.update(match_key(m.to_dict(0))
+                            for m in engine.process(pages[(partition, offset)]))
+        self.scanned[store] = (done, len(order))
+        return collections.Counter(done)
+
+
+async def wait_log(log: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"{text!r} not in {log.name}:\n{log.read_text()}"
+        await asyncio.sleep(0.2)
+
+
+def rfc_pages(max_bytes: int = 1 << 30) -> list[Page]:
+    """The RFCs of the shared test data up to ``max_bytes`` each."""
+    files = [RFC / f"rfc{n}.txt" for n in rfc_numbers()]
+    return [Page(id=f.stem, body=f.read_bytes(), content_type="text/plain")
+            for f in files if f.stat().st_size <= max_bytes]
+
+
+def synthetic_pages(n: int, seed: int = 7) -> list[Page]:
+    """A crawl-like stream: pages of RFC sentences, some copying passages of earlier pages,
+    some near or exact duplicates of an earlier page."""
+    rng = np.random.default_rng(seed)
+    vocab = words((RFC / "rfc1945.txt").read_text("utf-8", "replace"))
+    texts: list[list[str]] = []
+    for _ in range(n):
+        start = int(rng.integers(0, len(vocab) - 400))
+        body = vocab[start:start + int(rng.integers(60, 300))]
+        if texts and rng.random() < 0.4:  # a copied passage from an earlier page
+            src = texts[int(rng.integers(0, len(texts)))]
+            a = int(rng.integers(0, max(1, len(src) - 40)))
+            body = body[:len(body) // 2] + src[a:a + int(rng.integers(30, 80))] + \
+                body[len(body) // 2:]
+        elif texts and rng.random() < 0.15:  # a near (one word changed) or exact duplicate
+            body = list(texts[int(rng.integers(0, len(texts)))])
+            if rng.random() < 0.7:
+                body[int(rng.integers(0, len(body)))] = "changed"
+        texts.append(body)
+    return [Page(id=f"syn-{i}", body=" ".join(t), content_type="text/plain")
+            for i, t in enumerate(texts)]
+
+
+async def progressed(topo: Topology, beyond: int, timeout: float = 180) -> int:
+    """Wait until the index has published past ordinal ``beyond``; where it is."""
+    deadline = time.monotonic() + timeout
+    while (at := await topo.index_committed()) <= beyond:
+        topo.check_alive()
+        assert time.monotonic() < deadline, f"index stuck at {at}\n{topo.logs()}"
+        await asyncio.sleep(0.5)
+    return at
+
+

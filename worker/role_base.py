@@ -1,0 +1,161 @@
+"""A stateless role (sketch, align): a consumer-group member of one input topic that turns
+each fetched batch of one partition into records, produced in one transaction with the
+batch's offsets (worker/topology.py ``checkpoint``). Any number of copies run at once: the
+group spreads the partitions, and a partition's transactional id fences its previous owner.
+
+A rebalance waits for the batch in hand (``busy``), then stops the producers of revoked
+partitions; a batch fetched before the assignment changed is dropped (its partitions were
+seeked to the committed offset on assignment, so it is fetched again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from worker.config import Config
+from worker.topology import (
+    committed_offsets,
+    ensure_topics,
+    new_consumer,
+    new_producer,
+    stop_quietly,
+    topology_topics,
+    transactional_id,
+)
+
+log = logging.getLogger("dupalign.roles")
+
+
+class StatelessRole:
+    """Subclasses name their input topic and implement ``prepare`` (CPU, in a thread) and
+    ``produce`` (inside the partition's transaction)."""
+
+    name = "role"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.kc = config.kafka
+        self.group_id = f"{self.kc.group_id}-{self.name}"
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self.busy = asyncio.Lock()  # a batch in hand, or a rebalance
+        self.generation = 0  # bumped by every assignment change
+        self.stopping = asyncio.Event()
+        self.batches = 0  # committed
+        self.failure: BaseException | None = None  # raised in a rebalance listener
+
+    @property
+    def input_topic(self) -> str:
+        raise NotImplementedError
+
+    def prepare(self, tp: TopicPartition, records: list[Any]) -> Any:
+        raise NotImplementedError
+
+    async def produce(self, producer: AIOKafkaProducer, prepared: Any) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def run(self) -> None:
+        await ensure_topics(self.kc, topology_topics(self.kc))
+        consumer = self.consumer = new_consumer(self.kc, self.group_id,
+                                                self.config.worker.batch_size)
+        consumer.subscribe([self.input_topic], listener=RoleListener(self))
+        await consumer.start()
+        log.info("%s role started (group %s)", self.name, self.group_id)
+        loop = asyncio.get_running_loop()
+        try:
+            async for batches in turns(self, consumer, self.config.worker.batch_size):
+                for tp, records in batches.items():
+                    if not records:
+                        continue
+                    producer = self.producers[tp]  # made on assignment, before resume
+                    prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
+                                                          records)
+                    async with producer.transaction():
+                        await self.produce(producer, prepared)
+                        await producer.send_offsets_to_transaction(
+                            {tp: records[-1].offset + 1}, self.group_id)
+                    self.batches += 1
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
+        await stop_quietly(self.consumer, *self.producers.values())
+        self.producers.clear()
+        self.executor.shutdown(wait=True)
+
+    async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        async with self.busy:
+            self.generation += 1
+            await stop_quietly(*(self.producers.pop(tp, None) for tp in revoked))
+
+    async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        assert self.consumer is not None
+        assigned = set(assigned)
+        async with self.busy:
+            self.generation += 1
+            self.consumer.pause(*assigned)
+            for tp in sorted(assigned):
+                if tp not in self.producers:
+                    producer = new_producer(self.kc, transactional_id(self.kc, self.group_id, tp))
+                    await producer.start()  # fences the previous owner, aborts its open txn
+                    self.producers[tp] = producer
+            committed = await committed_offsets(self.consumer, assigned)  # after the fencing
+            for tp in assigned:
+                if tp in committed:
+                    self.consumer.seek(tp, committed[tp])
+                else:
+                    await self.consumer.seek_to_beginning(tp)
+            self.consumer.resume(*assigned)
+        log.info("%s role assigned %s", self.name, sorted(f"{t.topic}:{t.partition}"
+                                                          for t in assigned))
+
+
+async def turns(role: Any, consumer: AIOKafkaConsumer, max_records: int
+                ) -> AsyncIterator[dict[TopicPartition, list[Any]]]:
+    """The role's fetched batches, each handed over while holding ``role.busy``, and only
+    when no rebalance came since the fetch (those records are fetched again from the
+    positions the assignment set). Raises what a rebalance listener failed with.
+
+    getmany returns records that start at the partitions' positions as they are when it
+    returns (aiokafka drops what a seek made stale), and nothing runs between its return
+    and the next line: the generation read there is the one the records belong to. (Read
+    before the call, it would make a rebalance that ran during the call drop records
+    fetched after its seek, which are then never fetched again.)"""
+    while not role.stopping.is_set():
+        if role.failure is not None:
+            raise role.failure
+        batches = await consumer.getmany(timeout_ms=200, max_records=max_records)
+        generation = role.generation
+        async with role.busy:
+            if generation == role.generation:
+                yield batches
+
+
+class RoleListener(ConsumerRebalanceListener):
+    """Hands rebalances to a role (``on_revoked``, ``on_assigned``). aiokafka only logs what
+    a listener raises: the error is kept in ``role.failure`` and the role's loop raises it."""
+
+    def __init__(self, role: Any) -> None:
+        self.role = role
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        try:
+            await self.role.on_revoked(revoked)
+        except Exception as exc:
+            self.role.failure = exc
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        try:
+            await self.role.on_assigned(assigned)
+        except Exception as exc:
+            self.role.failure = exc

@@ -1,0 +1,312 @@
+"""The index role: the one stage with state. It applies the pages' sketches in ordinal order
+to its store (dupalign.index.Indexer), sends alignment requests, takes back their results
+and publishes each page's matches, finished in ordinal order as ``Engine.process`` does.
+
+Inputs (one consumer, range assignment: partition 0 of the three topics goes to one group
+member, the shard's owner; other index processes are standbys):
+
+* ``sequence``: the order. Its read_committed records are the ordinals to apply, in order;
+  an aborted ordinal is never seen, so never waited for.
+* ``sketches``: ``PageSketch`` per ordinal, in any order (several sketch processes write
+  concurrently); buffered until the sequence reaches them.
+* ``aligned``: align results per ordinal; the first one for a page still waiting is taken.
+
+Checkpoint (one transaction per loop turn, transactional id of the sequence partition):
+the align requests and matches produced, and the offsets: ``sequence`` at the first page
+whose matches are not published yet (E), ``sketches`` at the lowest offset of a sketch of a
+page at or after E, ``aligned`` at its position. The store may run ahead of E (it is written
+first): after a crash, pages from E on are read again and the ones in the store are
+answered from it (the engine's replay check; ``Engine.open`` first finishes, aligning
+locally, any page whose align result never came), so their matches are published exactly
+once. So aligned results are never needed twice.
+
+Recovery of a shard (a standby taking over, a fresh store directory, a store restored from
+a backup): when the store's sequence offset S is below E, the role replays ``sequence`` from
+S and ``sketches`` from the beginning (both retained), indexing and aligning locally and
+publishing nothing below E, then goes on as usual. No other state exists: the store is a
+cache of the retained input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from dupalign.engine import Engine
+from dupalign.errors import PageRejected
+from dupalign.index import IndexResult
+from dupalign.match import Span
+from dupalign.sketch import PageSketch
+from worker import messages
+from worker.config import Config
+from worker.role_base import RoleListener, turns
+from worker.topology import (
+    RECORD_OVERHEAD,
+    Outgoing,
+    TopologyError,
+    checkpoint,
+    committed_offsets,
+    decode_aligned,
+    decode_sequence,
+    ensure_topics,
+    new_consumer,
+    new_producer,
+    ordinal_header,
+    record_ordinal,
+    source_header,
+    stop_quietly,
+    topology_topics,
+    transactional_id,
+)
+
+log = logging.getLogger("dupalign.roles.index")
+
+Source = tuple[str, int, int]
+
+
+@dataclass
+class Waiting:
+    """A page indexed (in the store) whose matches are not published yet."""
+
+    ordinal: int
+    source: Source  # where the page is in the input topic
+    sketch_offset: int
+    result: IndexResult
+    passages: list[tuple[str, list[Span]]] | None = None  # align's answer, once it came
+
+    @property
+    def ready(self) -> bool:
+        return self.result.align is None or self.passages is not None
+
+
+class IndexRole:
+    name = "index"
+
+    def __init__(self, config: Config, store_dir: str | Path) -> None:
+        self.config = config
+        self.kc = kc = config.kafka
+        self.store_dir = Path(store_dir)
+        self.group_id = f"{kc.group_id}-index"
+        self.seq_tp = TopicPartition(kc.sequence_topic, 0)
+        self.sketch_tp = TopicPartition(kc.sketch_topic, 0)
+        self.aligned_tp = TopicPartition(kc.aligned_topic, 0)
+        self.tps = {self.seq_tp, self.sketch_tp, self.aligned_tp}
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="index")
+        self.engine: Engine | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.consumer: Any = None
+        self.busy = asyncio.Lock()
+        self.generation = 0
+        self.stopping = asyncio.Event()
+        self.failure: BaseException | None = None
+        self.max_waiting = 4 * max(1, config.worker.batch_size) * 8
+        self.published = 0  # pages whose matches were committed, this process
+        self._reset(0, 0)
+
+    def _reset(self, start: int, silent_below: int) -> None:
+        self.expected: deque[tuple[int, Source]] = deque()  # sequence read, not applied
+        self.sketches: dict[int, tuple[int, bytes]] = {}  # ordinal -> (offset, sketch)
+        self.waiting: deque[Waiting] = deque()
+        self.by_ordinal: dict[int, Waiting] = {}
+        self.floor = start  # sketches of lower ordinals are not needed
+        self.silent_below = silent_below  # rebuilding: publish nothing below this ordinal
+        self.owner = False
+        self.last_offsets: dict[TopicPartition, int] = {}
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # -- life cycle -----------------------------------------------------------------------
+    async def run(self) -> None:
+        await ensure_topics(self.kc, topology_topics(self.kc))
+        consumer = self.consumer = new_consumer(
+            self.kc, self.group_id, self.config.worker.batch_size,
+            # co-partitioning: partition i of every input topic to the same member
+            partition_assignment_strategy=(RangePartitionAssignor,))
+        consumer.subscribe(sorted(t.topic for t in self.tps), listener=RoleListener(self))
+        await consumer.start()
+        log.info("index role started (group %s, store %s)", self.group_id, self.store_dir)
+        loop = asyncio.get_running_loop()
+        try:
+            async for batches in turns(self, consumer, self.config.worker.batch_size):
+                if not self.owner:
+                    continue
+                for tp, records in batches.items():
+                    self._route(tp, records)
+                out = await loop.run_in_executor(self.executor, self._advance)
+                self._backpressure()
+                if self.floor < self.silent_below:
+                    continue  # rebuilding: nothing to publish, nothing to commit
+                offsets = await self._offsets()
+                if out or offsets != self.last_offsets:
+                    assert self.producer is not None
+                    await checkpoint(self.producer, self.group_id, out, offsets)
+                    self.last_offsets = offsets
+                    self.published = offsets[self.seq_tp]
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
+        await stop_quietly(self.consumer)
+        await self._release()
+        self.executor.shutdown(wait=True)
+
+    async def _release(self) -> None:
+        self.owner = False
+        await stop_quietly(self.producer)
+        self.producer = None
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            await asyncio.get_running_loop().run_in_executor(self.executor, engine.close)
+
+    # -- ownership of the shard -----------------------------------------------------------
+    async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        async with self.busy:
+            self.generation += 1
+            if self.owner:
+                await self._release()
+                log.info("index shard released")
+
+    async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        assigned = set(assigned)
+        async with self.busy:
+            self.generation += 1
+            if not assigned:
+                return  # a standby
+            if assigned != self.tps:
+                raise TopologyError(f"index role assigned {sorted(map(str, assigned))}, not "
+                                    "the whole shard: do the input topics have one partition "
+                                    "per shard?")
+            consumer = self.consumer
+            consumer.pause(*assigned)
+            producer = new_producer(self.kc, transactional_id(self.kc, self.group_id,
+                                                              self.seq_tp))
+            await producer.start()  # fences a previous owner: its open transaction aborts
+            self.producer = producer
+            loop = asyncio.get_running_loop()
+            # opening finishes (aligning here) pages whose align answer never came
+            self.engine = await loop.run_in_executor(
+                self.executor, Engine.open, self.store_dir, self.config.engine)
+            stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
+                      ).get((self.seq_tp.topic, 0))
+            committed = await committed_offsets(consumer, assigned)
+            published = committed.get(self.seq_tp, 0)
+            if stored is not None and stored >= published:
+                self._reset(published, 0)
+                consumer.seek(self.seq_tp, published)
+                await self._seek(self.sketch_tp, committed.get(self.sketch_tp))
+            else:
+                start = stored or 0
+                if start < published:
+                    log.warning("index store behind the published matches (%d < %d): "
+                                "rebuilding it from the retained sequence and sketches",
+                                start, published)
+                self._reset(start, published)
+                consumer.seek(self.seq_tp, start)
+                await self._seek(self.sketch_tp, None)
+            await self._seek(self.aligned_tp, committed.get(self.aligned_tp))
+            self.owner = True
+            consumer.resume(*assigned)
+            log.info("index shard owned: published up to ordinal %d, store at %s",
+                     published, stored)
+
+    async def _seek(self, tp: TopicPartition, offset: int | None) -> None:
+        if offset is None:
+            await self.consumer.seek_to_beginning(tp)
+        else:
+            self.consumer.seek(tp, offset)
+
+    # -- the work -------------------------------------------------------------------------
+    def _route(self, tp: TopicPartition, records: list[Any]) -> None:
+        for rec in records:
+            if tp == self.seq_tp:
+                _, source = decode_sequence(rec.value)
+                self.expected.append((rec.offset, source))
+                continue
+            ordinal = record_ordinal(rec)
+            if tp == self.sketch_tp:
+                if ordinal >= self.floor:
+                    self.sketches[ordinal] = (rec.offset, rec.value)
+            else:
+                waiting = self.by_ordinal.get(ordinal)
+                if waiting is not None and waiting.passages is None:
+                    waiting.passages = decode_aligned(rec.value)[1]
+
+    def _advance(self) -> list[Outgoing]:
+        """Runs in the index thread: apply the sketches the sequence has reached, in order,
+        then publish the matches of the waiting pages that are ready, in order."""
+        engine = self.engine
+        assert engine is not None
+        indexer = engine.indexer
+        out: list[Outgoing] = []
+        while self.expected and self.expected[0][0] in self.sketches:
+            ordinal, source = self.expected.popleft()
+            sketch_offset, raw = self.sketches.pop(ordinal)
+            self.floor = ordinal + 1
+            sk = PageSketch.from_bytes(raw)
+            at = (self.seq_tp.topic, 0, ordinal)
+            if ordinal < self.silent_below:  # rebuilding what was published
+                result = indexer.index(sk, at, defer=True)
+                with contextlib.suppress(PageRejected):
+                    indexer.finish(result, engine.align(result))
+                continue
+            result = indexer.index(sk, at)
+            waiting = Waiting(ordinal, source, sketch_offset, result)
+            if result.align is not None:
+                request = result.align.to_bytes(forward=True)
+                if len(request) > self.kc.max_request_size - RECORD_OVERHEAD:
+                    # too big for one record (a huge page's candidates): aligned here
+                    waiting.passages = engine.align(result)
+                else:
+                    out.append(Outgoing(self.kc.align_topic, request,
+                                        key=struct.pack(">q", ordinal),
+                                        headers=[ordinal_header(ordinal)]))
+            self.waiting.append(waiting)
+            self.by_ordinal[ordinal] = waiting
+        now = int(time.time() * 1000)
+        while self.waiting and self.waiting[0].ready:
+            waiting = self.waiting.popleft()
+            del self.by_ordinal[waiting.ordinal]
+            try:
+                matches = indexer.finish(waiting.result, waiting.passages or [])
+            except PageRejected:  # the sketch role dead-letters these: never sequenced
+                matches = []
+            key = waiting.result.doc_id.encode("utf-8")
+            out.extend(Outgoing(self.kc.output_topic, messages.encode_match(m, now), key=key,
+                                headers=[source_header(waiting.source)]) for m in matches)
+        return out
+
+    async def _offsets(self) -> dict[TopicPartition, int]:
+        consumer = self.consumer
+        if self.waiting:
+            seq = self.waiting[0].ordinal
+        elif self.expected:
+            seq = self.expected[0][0]
+        else:
+            seq = await consumer.position(self.seq_tp)
+        sketch_offsets = [w.sketch_offset for w in self.waiting]
+        sketch_offsets += [offset for offset, _ in self.sketches.values()]
+        sketch = min(sketch_offsets, default=await consumer.position(self.sketch_tp))
+        return {self.seq_tp: seq, self.sketch_tp: sketch,
+                self.aligned_tp: await consumer.position(self.aligned_tp)}
+
+    def _backpressure(self) -> None:
+        """Stop reading new pages while too many wait for align (their results still
+        flow in: the aligned partition is never paused)."""
+        inputs = (self.seq_tp, self.sketch_tp)
+        if len(self.waiting) >= self.max_waiting:
+            self.consumer.pause(*inputs)
+        else:
+            self.consumer.resume(*inputs)

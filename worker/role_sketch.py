@@ -1,0 +1,105 @@
+"""The sketch role: pages in, their sketches out, each page given its ordinal.
+
+Per batch of one ``pages`` partition, in one transaction: every page that sketches is sent
+to the single-partition ``sequence`` topic (page id + where it is in ``pages``); the offsets
+acknowledged there are the pages' ordinals; then each page's ``PageSketch`` goes to the
+``sketches`` topic with its ordinal in a header; pages that cannot be processed go to the
+dead-letter topic (they take no ordinal, as in ``scan``); then the batch's offsets. An
+aborted transaction leaves gaps in the ordinals, which read_committed readers never see.
+
+Sketches are made under the uniform idf table (version 0): the index recomputes the
+fingerprint of a page sketched under an older table than its own (dupalign.near), so
+the matches do not depend on it (the cost is index CPU once the table is frozen).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from dupalign.idf import UNIFORM_IDF
+from dupalign.sketch import Sketcher
+from worker import messages
+from worker.config import Config
+from worker.messages import MessageRejected
+from worker.role_base import StatelessRole
+from worker.topology import (
+    RECORD_OVERHEAD,
+    Outgoing,
+    encode_sequence,
+    ordinal_header,
+    send_all,
+    source_header,
+)
+
+log = logging.getLogger("dupalign.roles.sketch")
+
+
+@dataclass
+class SketchedBatch:
+    sequence: list[Outgoing] = field(default_factory=list)
+    sketches: list[Outgoing] = field(default_factory=list)  # ordinal header added on send
+    dead_letters: list[Outgoing] = field(default_factory=list)
+
+
+class SketchRole(StatelessRole):
+    name = "sketch"
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.sketcher = Sketcher(config.engine)
+        self.pages = 0
+
+    @property
+    def input_topic(self) -> str:
+        return self.kc.input_topic
+
+    def prepare(self, tp: TopicPartition, records: list[Any]) -> SketchedBatch:
+        out = SketchedBatch()
+        for rec in records:
+            source = (tp.topic, tp.partition, rec.offset)
+            value: bytes = rec.value if rec.value is not None else b""
+            try:
+                if len(value) > self.config.worker.max_message_bytes:
+                    raise MessageRejected("too_large", f"{len(value)} bytes > "
+                                          f"worker.max_message_bytes")
+                page = messages.decode_page(value)
+                try:
+                    sk = self.sketcher.sketch(page, UNIFORM_IDF)
+                except Exception as exc:  # a defect the page triggers: recurs on replay
+                    log.exception("sketch error on %s (sent to DLQ)", source)
+                    raise MessageRejected("internal_error", f"{type(exc).__name__}: {exc}",
+                                          page.id) from None
+                if sk.rejected is not None:
+                    raise MessageRejected(sk.rejected[0], sk.rejected[1], page.id)
+                wire = sk.to_bytes()
+                if len(wire) > self.kc.max_request_size - RECORD_OVERHEAD:
+                    raise MessageRejected("too_large", f"its sketch has {len(wire)} bytes > "
+                                          "kafka.max_request_size", page.id)
+            except MessageRejected as exc:
+                dl = messages.dead_letter_to_wire(
+                    error=exc.reason, detail=exc.detail, topic=tp.topic,
+                    partition=tp.partition, offset=rec.offset, raw=value, key=rec.key,
+                    failed_at_ms=int(time.time() * 1000), doc_id=exc.doc_id,
+                    raw_max_bytes=self.config.worker.dlq_raw_max_bytes)
+                out.dead_letters.append(Outgoing(self.kc.dlq_topic, messages.pack(dl), rec.key,
+                                                 headers=[source_header(source)]))
+                continue
+            headers = [source_header(source)]
+            out.sequence.append(Outgoing(self.kc.sequence_topic, encode_sequence(page.id, source),
+                                         partition=0, headers=headers))
+            # one index shard holds the whole index (kafka.index_shards = 1)
+            out.sketches.append(Outgoing(self.kc.sketch_topic, wire, partition=0,
+                                         headers=headers))
+        return out
+
+    async def produce(self, producer: AIOKafkaProducer, prepared: SketchedBatch) -> None:
+        ordinals = await send_all(producer, prepared.sequence)  # acknowledged offsets
+        for sketch, ordinal in zip(prepared.sketches, ordinals, strict=True):
+            sketch.headers = [*sketch.headers, ordinal_header(ordinal)]
+        await send_all(producer, prepared.sketches + prepared.dead_letters)
+        self.pages += len(ordinals)

@@ -1,0 +1,239 @@
+"""Kafka plumbing shared by the roles of the topology (worker/roles.py): the topics and their
+partition counts, the records that travel between roles, transactional producers and the
+checkpoint unit (produced records + consumed offsets, one Kafka transaction).
+
+Topics (names from ``[kafka]``)::
+
+    pages ──▶ sketch ──▶ sequence (1 partition: offset = ordinal)  ──┐
+                     ──▶ sketches (1 per index shard)               ──┼─▶ index ──▶ matches
+                                                                     │        └──▶ align-requests
+    align-requests ──▶ align ──▶ aligned (1 per index shard) ────────┘
+
+Every record a role produces is sent in the transaction that also commits the input offsets
+it was made from (pre-KIP-447 aiokafka: one transactional id per input partition, so the
+next owner of a partition fences the previous one before it reads the committed offset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError, for_code
+
+from dupalign.match import Span
+from worker.config import KafkaConfig
+
+log = logging.getLogger("dupalign.topology")
+
+ORDINAL_HEADER = "dupalign-ordinal"  # the page's offset in the sequence topic
+SOURCE_HEADER = "dupalign-source"  # topic:partition:offset of the page in the input topic
+WIRE_VERSION = 1
+RECORD_OVERHEAD = 4096  # room for a record's key, headers and batch framing
+
+
+class TopologyError(RuntimeError):
+    """A topic is missing or has a partition count that breaks the sharding."""
+
+
+@dataclass
+class Outgoing:
+    topic: str
+    value: bytes
+    key: bytes | None = None
+    partition: int | None = None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+# -- topics ---------------------------------------------------------------------------------
+def topology_topics(kc: KafkaConfig) -> dict[str, int | None]:
+    """Every topic of the topology and the partition count it must have (None: any)."""
+    return {
+        kc.input_topic: None, kc.output_topic: None, kc.dlq_topic: None,
+        kc.sequence_topic: 1,  # one order: the ordinal is the offset
+        kc.sketch_topic: kc.index_shards, kc.aligned_topic: kc.index_shards,
+        kc.align_topic: None,
+    }
+
+
+async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[str, int]:
+    """Check (and with ``kafka.create_topics``, create) ``wanted`` topics; their partition
+    counts. Raises TopologyError for a missing topic (without create_topics) or one whose
+    partition count breaks the sharding."""
+    admin = AIOKafkaAdminClient(**kc.client_kwargs())
+    await admin.start()
+    try:
+        counts = await _partition_counts(admin, wanted)
+        missing = [t for t in wanted if t not in counts]
+        if missing and kc.create_topics:
+            # records between roles can be large (a big page's sketch, an align request
+            # with its candidates' forward records): the topic takes what the producer sends
+            new = [NewTopic(t, wanted[t] or _default_partitions(kc, t), kc.replication_factor,
+                            topic_configs={"max.message.bytes": str(kc.max_request_size)})
+                   for t in missing]
+            response = await admin.create_topics(new)
+            for name, code, *_ in response.topic_errors:  # the admin client does not raise
+                if code not in (0, TopicAlreadyExistsError.errno):  # raced another process
+                    raise TopologyError(f"creating topic {name!r} failed: "
+                                        f"{for_code(code).__name__}")
+            log.info("created topics %s", missing)
+            for _ in range(50):  # metadata catches up with the creation
+                counts = await _partition_counts(admin, wanted)
+                if all(t in counts for t in wanted):
+                    break
+                await asyncio.sleep(0.1)
+        missing = [t for t in wanted if t not in counts]
+        if missing:
+            raise TopologyError(f"topics {missing} do not exist (create them, or set "
+                                "kafka.create_topics = true)")
+        for topic, need in wanted.items():
+            if need is not None and counts[topic] != need:
+                raise TopologyError(
+                    f"topic {topic!r} has {counts[topic]} partitions; the topology needs "
+                    f"exactly {need} (the sequence topic 1, the sketch and aligned topics one "
+                    f"per index shard: kafka.index_shards = {kc.index_shards}). Changing the "
+                    "shard count means new topics and a rebuild by replay (docs/topology.md)")
+        return counts
+    finally:
+        await admin.close()
+
+
+def _default_partitions(kc: KafkaConfig, topic: str) -> int:
+    return kc.align_partitions if topic == kc.align_topic else kc.topic_partitions
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]
+                            ) -> dict[str, int]:
+    # describe only topics that exist: a metadata request naming a missing topic makes a
+    # broker with auto.create.topics.enable create it, with the default partition count
+    present = [t for t in topics if t in set(await admin.list_topics())]
+    out: dict[str, int] = {}
+    for t in await admin.describe_topics(present) if present else []:
+        if t["error_code"] == 0 and t["partitions"]:
+            out[t["topic"]] = len(t["partitions"])
+    return out
+
+
+# -- clients --------------------------------------------------------------------------------
+def new_producer(kc: KafkaConfig, transactional_id: str | None) -> AIOKafkaProducer:
+    kw: dict[str, Any] = {}
+    if transactional_id is not None:
+        kw["transactional_id"] = transactional_id
+        kw["transaction_timeout_ms"] = kc.transaction_timeout_ms
+    return AIOKafkaProducer(
+        **kc.client_kwargs(), enable_idempotence=True, acks="all", linger_ms=kc.linger_ms,
+        max_request_size=kc.max_request_size,
+        compression_type=None if kc.compression_type == "none" else kc.compression_type, **kw)
+
+
+def new_consumer(kc: KafkaConfig, group_id: str, max_records: int, **kw: Any
+                 ) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        **kc.client_kwargs(), group_id=group_id, enable_auto_commit=False,
+        auto_offset_reset="earliest", isolation_level="read_committed",
+        max_poll_records=max_records, session_timeout_ms=kc.session_timeout_ms,
+        heartbeat_interval_ms=kc.heartbeat_interval_ms,
+        max_poll_interval_ms=kc.max_poll_interval_ms,
+        max_partition_fetch_bytes=kc.max_partition_fetch_bytes,
+        fetch_max_bytes=kc.fetch_max_bytes, **kw)
+
+
+def transactional_id(kc: KafkaConfig, group_id: str, tp: TopicPartition) -> str:
+    """One per input partition (pre-KIP-447 fencing): the next owner of ``tp`` aborts what
+    the previous one left open before it reads the committed offset."""
+    return f"{kc.transactional_id_prefix}-{group_id}-{tp.topic}-{tp.partition}"
+
+
+async def committed_offsets(consumer: AIOKafkaConsumer, tps: Iterable[TopicPartition]
+                            ) -> dict[TopicPartition, int]:
+    """The group's committed offsets (absent: never committed)."""
+    found = await consumer._coordinator.fetch_committed_offsets(list(tps))
+    return {tp: om.offset for tp, om in found.items() if om.offset >= 0}
+
+
+async def checkpoint(producer: AIOKafkaProducer, group_id: str, outgoing: list[Outgoing],
+                     offsets: dict[TopicPartition, int]) -> None:
+    """The checkpoint unit: ``outgoing`` and the consumed ``offsets`` in one transaction.
+    A crash before it commits leaves neither visible to read_committed readers."""
+    async with producer.transaction():
+        await send_all(producer, outgoing)
+        if offsets:
+            await producer.send_offsets_to_transaction(offsets, group_id)
+
+
+async def send_all(producer: AIOKafkaProducer, outgoing: list[Outgoing]) -> list[int]:
+    """Send and wait for every acknowledgement; the offsets the records got."""
+    futures = [await producer.send(o.topic, o.value, key=o.key, partition=o.partition,
+                                   headers=o.headers) for o in outgoing]
+    return [md.offset for md in await asyncio.gather(*futures)]
+
+
+async def stop_quietly(*clients: AIOKafkaConsumer | AIOKafkaProducer | None) -> None:
+    """Stop clients on the way out (a producer flushes); their errors are not the news."""
+    for client in clients:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.stop()
+
+
+# -- records between roles ------------------------------------------------------------------
+def ordinal_header(ordinal: int) -> tuple[str, bytes]:
+    return ORDINAL_HEADER, struct.pack(">q", ordinal)
+
+
+def header(record: Any, name: str) -> bytes | None:
+    for k, v in record.headers or ():
+        if k == name:
+            return bytes(v)
+    return None
+
+
+def record_ordinal(record: Any) -> int:
+    raw = header(record, ORDINAL_HEADER)
+    if raw is None:
+        raise ValueError(f"record {record.topic}:{record.partition}:{record.offset} has no "
+                         f"{ORDINAL_HEADER} header")
+    return int(struct.unpack(">q", raw)[0])
+
+
+def encode_sequence(page_id: str, source: tuple[str, int, int]) -> bytes:
+    """A ``sequence`` record: the page id and where the page is in the input topic (enough
+    to replay the order with ``scan``)."""
+    return bytes(msgpack.packb({"v": WIRE_VERSION, "id": page_id, "source": list(source)},
+                               use_bin_type=True))
+
+
+def decode_sequence(raw: bytes) -> tuple[str, tuple[str, int, int]]:
+    d = msgpack.unpackb(raw, raw=False)
+    if d.get("v") != WIRE_VERSION:
+        raise ValueError(f"sequence record version {d.get('v')!r}, expected {WIRE_VERSION}")
+    s = d["source"]
+    return d["id"], (s[0], int(s[1]), int(s[2]))
+
+
+def encode_aligned(ordinal: int, passages: list[tuple[str, list[Span]]]) -> bytes:
+    """An ``aligned`` record: what align found for the page at ``ordinal``."""
+    return bytes(msgpack.packb({
+        "v": WIRE_VERSION, "ordinal": ordinal,
+        "passages": [[other, [s.to_dict() for s in spans]] for other, spans in passages]},
+        use_bin_type=True))
+
+
+def decode_aligned(raw: bytes) -> tuple[int, list[tuple[str, list[Span]]]]:
+    d = msgpack.unpackb(raw, raw=False)
+    if d.get("v") != WIRE_VERSION:
+        raise ValueError(f"aligned record version {d.get('v')!r}, expected {WIRE_VERSION}")
+    return int(d["ordinal"]), [(str(o), [Span.from_dict(s) for s in spans])
+                               for o, spans in d["passages"]]
+
+
+def source_header(source: tuple[str, int, int]) -> tuple[str, bytes]:
+    return SOURCE_HEADER, f"{source[0]}:{source[1]}:{source[2]}".encode()
