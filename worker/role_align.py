@@ -1,6 +1,6 @@
 """The align role: alignment requests in, passages out. Stateless: a request carries the
 candidate pages' forward records (``AlignRequest.to_bytes(forward=True)``), so no store is
-needed and any number of copies share the ``align-requests`` partitions. Its result is a pure
+needed and any number of copies share the ``pages.align`` partitions. Its result is a pure
 function of the request, so which copy aligns a page, or how often after a crash, does not
 change it; the index takes the first result per ordinal and drops the others.
 """

@@ -6,8 +6,8 @@ Topics (names from ``[kafka]``)::
 
     pages ──▶ sketch ──▶ sequence (1 partition: offset = ordinal)  ──┐
                      ──▶ sketches (1 per index shard)               ──┼─▶ index ──▶ matches
-                                                                     │        └──▶ align-requests
-    align-requests ──▶ align ──▶ aligned (1 per index shard) ────────┘
+                                                                     │        └──▶ align (requests)
+    align (requests) ──▶ align ──▶ aligned (1 per index shard) ────────┘
 
 Every record a role produces is sent in the transaction that also commits the input offsets
 it was made from (pre-KIP-447 aiokafka: one transactional id per input partition, so the

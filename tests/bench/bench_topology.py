@@ -13,7 +13,9 @@ For each setup: fresh topics, the role processes started and assigned, then
    that interval (/proc/PID/stat) / pages; bytes per page = the value bytes each topic got;
 2. latency: ``--pages`` other pages sent at half that rate; per page with matches, the
    time from the page's record timestamp to its first match's (both stamped by their
-   producers): p50 / p99.
+   producers): p50 / p99;
+3. the published matches compared with one ``scan`` over all the pages in ``sequence``
+   order (column "= scan": yes/NO and the number of matches).
 
 With 2 index processes one owns the shard and one stands by (one index shard is built).
 Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
@@ -26,6 +28,7 @@ import asyncio
 import os
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ import numpy as np
 
 from dupalign.page import Page
 from tests.bench.bench_worker import corpus, run_with_broker
+from tests.test_worker_kafka import match_key
 from tests.topology_harness import Topology, wait_log
 from worker import messages
 
@@ -127,7 +131,14 @@ async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list
                 await asyncio.sleep(0.2)
             await published_past(topo, await last_sequence_offset(topo) + 1)
         p50, p99 = await latencies(topo, {p.id for p in later})
-        return {"rate": rate, "cpu": cpu, "sizes": sizes, "p50": p50, "p99": p99}
+        same = "-"
+        if procs:  # the published matches against one scan in sequence order
+            got = Counter(match_key(messages.decode_match(r.value))
+                          for r in await topo.read("matches"))
+            expected = await topo.scan_in_sequence_order(tmp / f"oracle-{topo.tag}")
+            same = f"{'yes' if got == expected else 'NO'} ({sum(expected.values())})"
+        return {"rate": rate, "cpu": cpu, "sizes": sizes, "p50": p50, "p99": p99,
+                "same": same}
     finally:
         topo.stop_all()
 
@@ -176,7 +187,7 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     print(f"\n{len(first)} pages (+{len(later)} for latency), batch {args.batch}, "
           "2 shared cores\n")
     print(f"{'setup':<26}{'pages/s':>9}{'vs single':>10}{'sketch':>9}{'index':>9}{'align':>9}"
-          f"{'p50 ms':>9}{'p99 ms':>9}   (CPU ms per page)")
+          f"{'p50 ms':>9}{'p99 ms':>9}  {'= scan':<10} (CPU ms per page)")
     base = results[0]["rate"]
     for procs, r in results.items():
         name = "single worker (jobs=1)" if procs == 0 else f"{procs} process(es) per role"
@@ -184,7 +195,7 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
         cells = ([f"{1000 * cpu['single']:>9.2f}", f"{'':>9}", f"{'':>9}"] if procs == 0 else
                  [f"{1000 * cpu[role]:>9.2f}" for role in ROLES])
         print(f"{name:<26}{r['rate']:>9.1f}{r['rate'] / base:>9.2f}x{''.join(cells)}"
-              f"{r['p50']:>9.0f}{r['p99']:>9.0f}")
+              f"{r['p50']:>9.0f}{r['p99']:>9.0f}  {r['same']:<10}")
     print(f"\n{'bytes per page':<26}" + "".join(f"{t:>10}" for t in TOPICS))
     for procs, r in results.items():
         if r["sizes"]:
