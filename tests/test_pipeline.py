@@ -10,6 +10,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
+from dupalign.align import Aligner
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
 from dupalign.errors import ConfigError, PageRejected
@@ -93,15 +94,27 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
             assert IndexResult.from_bytes(result.to_bytes()).to_bytes() == result.to_bytes()
             if result.align is not None:
                 requests += 1
+                with pytest.raises(ValueError, match="forward data is not attached"):
+                    result.align.to_bytes(forward=True)
+                # what the index keeps (align reads the forward records from the store) and
+                # what an align stage without store access receives: the same matches
+                bare = AlignRequest.from_bytes(result.align.to_bytes(forward=False))
+                carried = engine.indexer.with_forward(
+                    AlignRequest.from_bytes(result.align.to_bytes(forward=False)))
                 for forward in (True, False):
                     messages.validate("align_request", msgpack.unpackb(
-                        result.align.to_bytes(forward), raw=False))
-                broken = result.align.to_dict()
+                        carried.to_bytes(forward), raw=False))
+                broken = carried.to_dict()
                 del broken["t_p"]
                 with pytest.raises(messages.MessageRejected):
-                    messages.validate("align_request", {"v": 1, **broken})
-                wire = AlignRequest.from_bytes(result.align.to_bytes())
-                assert engine.aligner.align(wire) == engine.aligner.align(result.align)
+                    messages.validate("align_request", {"v": 2, **broken})
+                wire = AlignRequest.from_bytes(carried.to_bytes())
+                assert wire.to_bytes() == carried.to_bytes()
+                no_store = Aligner(engine.config)  # the Kafka align role's view
+                assert (no_store.align(wire) == engine.aligner.align(bare)
+                        == engine.aligner.align(result.align))
+                with pytest.raises(KeyError, match="no store"):
+                    no_store.align(AlignRequest.from_bytes(result.align.to_bytes(False)))
             with contextlib.suppress(PageRejected):
                 engine.indexer.finish(result, engine.align(result))
         assert requests

@@ -51,11 +51,12 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -551,7 +552,10 @@ def dense_stream(n: int, rng: np.random.Generator) -> Iterator[tuple[str, int | 
 
 
 def family_bytes(eng: Engine, family: str) -> int:
-    cf = eng.store._cfs[family]
+    """Bytes of a column family after flush (0 if the store's format has no such family)."""
+    cf = eng.store._cfs.get(family)
+    if cf is None:
+        return 0
     return int(cf.property_int_value("rocksdb.total-sst-files-size") or 0) + int(
         cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
 
@@ -566,6 +570,7 @@ class Variant:
     thread: float = 0.0  # CPU seconds of the calling thread in it
     matches: int = 0
     planted_found: int = 0  # planted copies matched with their source page
+    stage_cpu: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # sketch/index/align
 
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
@@ -573,7 +578,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           max_lists: tuple[int, ...] = (PassageConfig.max_list,),
           compare_refine: bool = False, dense: bool = False,
           caps: tuple[int, int] = (PassageConfig.max_candidates, PassageConfig.max_matches),
-          ) -> None:
+          name: str | None = None) -> None:
     rng = np.random.default_rng(5)
     texts = (dense_stream(checkpoints[-1], rng) if dense else
              page_stream(checkpoints[-1], rng, use_docs))
@@ -586,7 +591,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           "matched with the page it was copied from")
     # (name, passage.max_list, cache.lists_mb, pack lists read from the store, refine spans)
     specs = [(" ".join([f"ml {m}"] * (len(max_lists) > 1) + [f"mb {mb}"] * (len(lists_mbs) > 1))
-              or ("refined" if compare_refine else "runs"), m, mb, True, True)
+              or name or ("refined" if compare_refine else "runs"), m, mb, True, True)
              for m in max_lists for mb in lists_mbs]
     if compare_runs:
         specs.append(("no runs", max_lists[0], lists_mbs[0], False, True))
@@ -602,7 +607,8 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
           f"{'runs/pg':>7} {'stop/pass':>9} {'cand/pass':>9} {'pruned/pass':>11} "
           f"{'match/pg':>8} {'planted':>7} "
-          f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
+          f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7} "
+          f"{'sketch ms':>9} {'index ms':>8} {'align ms':>8} {'entries/MB':>10}")
     dirs = [tempfile.mkdtemp(dir=store_root) for _ in specs]
     tokens = 0
     prof = cProfile.Profile() if profile_last else None
@@ -625,6 +631,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
             c0 = [dict(vars(v.engine.passages.counters)) for v in variants]
             for v in variants:
                 v.wall = v.thread = v.matches = v.planted_found = 0
+                v.stage_cpu = [0.0, 0.0, 0.0]
             planted = 0
             last_batch = cp == checkpoints[-1]
             if prof is not None and last_batch:
@@ -643,6 +650,10 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                     v.thread += time.thread_time() - th
                     v.matches += len(found)
                     v.planted_found += any(m.match_doc_id == want for m in found)
+                    r = v.engine.last_report
+                    v.stage_cpu[0] += r.cpu_sketch
+                    v.stage_cpu[1] += r.cpu_index
+                    v.stage_cpu[2] += r.cpu_align
             dcpu = time.process_time() - cpu
             if prof is not None and last_batch:
                 prof.disable()
@@ -652,7 +663,11 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                 dp = max(1, c1["passages"] - c["passages"])
                 v.engine.store.flush()
                 size = v.engine.store.size_bytes()
-                oph = family_bytes(v.engine, "oph") + family_bytes(v.engine, "oph_empty")
+                # the passage index: lists, and the windows (forward records, or empty windows
+                # beside lists that hold the rectangles in stores before format 6)
+                oph = sum(family_bytes(v.engine, f) for f in ("oph", "oph_empty", "forward"))
+                cache = v.engine.passages.cache
+                entries = int(np.clip(cache.s_len[: cache.n_slots], 0, None).sum())
                 proc = "-" if len(variants) > 1 else f"{1e3 * dcpu / n:.2f}"
                 print(f"{cp:>7} {v.name:>8} {1e3 * v.wall / n:>8.2f} {1e3 * v.thread / n:>7.2f} "
                       f"{proc:>7} {dp / n:>7.1f} "
@@ -666,12 +681,15 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                       f"{v.matches / n:>8.2f} {v.planted_found / max(1, planted):>7.3f} "
                       f"{size / tokens:>8.1f} {oph / tokens:>9.1f} "
                       f"{size / 2**20:>8.1f} "
-                      f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:>7.0f}",
+                      f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:>7.0f} "
+                      f"{1e3 * v.stage_cpu[0] / n:>9.2f} {1e3 * v.stage_cpu[1] / n:>8.2f} "
+                      f"{1e3 * v.stage_cpu[2] / n:>8.2f} "
+                      f"{entries / max(1, cache.bytes_used) * 2**20:>10.0f}",
                       flush=True)
             done = cp
         for v in variants:
             fams = {f: family_bytes(v.engine, f)
-                    for f in ("oph", "oph_empty", "positions", "docs")}
+                    for f in ("oph", "oph_empty", "forward", "positions", "docs")}
             print(f"{v.name}: bytes per token by family after flush: " + ", ".join(
                 f"{f} {b / tokens:.1f}" for f, b in fams.items()) + f" ({tokens} tokens)")
     finally:
@@ -690,7 +708,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
 
 def _git_state() -> str:
     """HEAD and whether the engine's passage code differs from it (others edit the tree)."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(str(sys.modules[Engine.__module__].__file__)).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, text=True,
                               capture_output=True, check=True).stdout.strip()
@@ -733,7 +751,14 @@ def main() -> None:
                     help="scale: also run an engine that never packs lists, pages in turn")
     ap.add_argument("--compare-refine", action="store_true",
                     help="scale: also run an engine reporting the scan's raw spans, pages in turn")
+    ap.add_argument("--baseline", type=Path,
+                    help="scale: first run the same scale command with the dupalign of this "
+                    "checkout (e.g. made by git worktree add --detach DIR REF), rows 'base'")
+    ap.add_argument("--name", help=argparse.SUPPRESS)  # the variant's name in the table
     args = ap.parse_args()
+    if args.baseline is not None:
+        run_baseline(args.baseline, [a for a in sys.argv[1:]
+                                     if a != "--baseline" and a != str(args.baseline)])
     print(f"# dupalign at {_git_state()}\n")
     rng = np.random.default_rng(1)
     if args.only in (None, "accuracy"):
@@ -755,7 +780,23 @@ def main() -> None:
                                      tuple(int(x) for x in args.max_list.split(",")),
                                      args.compare_refine,
                                      args.stream == "dense",
-                                     (args.max_candidates, args.max_matches)))
+                                     (args.max_candidates, args.max_matches),
+                                     args.name or ("ours" if args.baseline else None)))
+
+
+def run_baseline(checkout: Path, argv: list[str]) -> None:
+    """This bench's scale command with the dupalign package (and tests.corpora) of another
+    checkout: the same stream through the old engine, printed before ours."""
+    code = ("import importlib.util, sys\n"
+            f"sys.path.insert(0, {str(checkout.resolve())!r})\n"
+            f"spec = importlib.util.spec_from_file_location('bench_base', {__file__!r})\n"
+            "m = importlib.util.module_from_spec(spec)\n"
+            "sys.modules['bench_base'] = m\n"
+            "spec.loader.exec_module(m)\n"
+            f"sys.argv = ['bench_passages', *{argv!r}, '--name', 'base']\n"
+            "m.main()\n")
+    print(f"# baseline: {checkout}", flush=True)
+    subprocess.run([sys.executable, "-c", code], cwd=str(checkout), check=True)
 
 
 if __name__ == "__main__":
