@@ -45,7 +45,7 @@ def pack_windows(bins: I64, keys: U64, rects: I64, empty: npt.NDArray[np.bool_])
     full = np.flatnonzero(~empty)
     emp = np.flatnonzero(empty)
     emp = emp[np.argsort(bins[emp], kind="stable")]
-    return b"".join((
+    raw = b"".join((
         _HEAD.pack(len(full), len(emp)),
         keys[full].astype("<u8").tobytes(),
         rects[full].astype("<i4").tobytes(),
@@ -53,6 +53,7 @@ def pack_windows(bins: I64, keys: U64, rects: I64, empty: npt.NDArray[np.bool_])
         bins[full].astype("<u2").tobytes(),
         bins[emp].astype("<u2").tobytes(),
     ))
+    return raw + bytes(-len(raw) % 8)  # 8-byte multiples: records concatenate aligned
 
 
 def unpack_windows(raw: bytes) -> tuple[I64, U64, I32, I64, I32]:
@@ -73,70 +74,130 @@ def unpack_windows(raw: bytes) -> tuple[I64, U64, I32, I64, I32]:
 def gather(pages: I64, records: list[bytes | None], list_bin: I64, list_key: U64,
            empty_want: I64) -> tuple[I64, I64, I64, I32, I64, I64]:
     """What the interval scan reads of the candidate ``pages`` (ascending), from their
-    windows values ``records``: per list ``(list_bin[y], list_key[y])`` (sorted by bin,
-    then key; list 0 is the empty list) the windows of those pages in it, as CSR
-    ``(start, count)`` into ``(ords, rects)`` sorted by page then window; and their empty
-    windows under the keys ``empty_want`` (``ordinal << 16 | bin``, ascending) as CSR
-    ``(empty_off, empty_lr)``."""
-    parts = []
-    for o, raw in zip(pages.tolist(), records, strict=True):
-        if raw is None:
-            raise KeyError(f"page {o} has no forward record")
-        parts.append(unpack_windows(raw))
-    n_w = np.array([len(p[0]) for p in parts], dtype=np.int64)
-    w_off = np.zeros(len(parts) + 1, dtype=np.int64)
-    np.cumsum(n_w, out=w_off[1:])
+    windows values ``records``: per list ``(list_bin[y], list_key[y])`` (list 0 is the
+    empty list) the windows of those pages in it, as CSR ``(start, count)`` into ``(ords,
+    rects)`` sorted by page then window; and their empty windows under the keys
+    ``empty_want`` (``ordinal << 16 | bin``, ascending) as CSR ``(empty_off, empty_lr)``.
+    One kernel over the records as stored (a page's windows are looked up in a hash
+    table of the lists: most are in none)."""
+    missing = [o for o, raw in zip(pages.tolist(), records, strict=True) if raw is None]
+    if missing:
+        raise KeyError(f"pages {missing[:5]} have no forward record")
+    size = [len(r) for r in records]  # type: ignore[arg-type]
+    rec_off = np.zeros(len(size) + 1, dtype=np.int64)
+    np.cumsum(size, out=rec_off[1:])
+    buf = np.frombuffer(b"".join(records), dtype=np.uint8)  # type: ignore[arg-type]
+    return _gather(buf, rec_off, pages, list_bin, list_key.view(np.int64), empty_want)
 
-    def cat(x: int, dtype: type, shape: tuple[int, ...]) -> Any:
-        if not parts:
-            return np.empty(shape, dtype=dtype)
-        return np.ascontiguousarray(np.concatenate([p[x] for p in parts]), dtype=dtype)
 
-    start, count, ords, rects = _gather_lists(
-        list_bin, list_key, pages, w_off, cat(0, np.int64, (0,)), cat(1, np.uint64, (0,)),
-        cat(2, np.int32, (0, 4)))
-    # empty windows: every page's rows keyed ordinal << 16 | bin, ascending like the want
-    n_e = np.array([len(p[3]) for p in parts], dtype=np.int64)
-    e_keys = (np.repeat(pages, n_e) << EMPTY_KEY_SHIFT) | cat(3, np.int64, (0,))
-    e_lr = cat(4, np.int32, (0, 2))
-    lo = np.searchsorted(e_keys, empty_want, "left")
-    hi = np.searchsorted(e_keys, empty_want, "right")
-    empty_off = np.zeros(len(empty_want) + 1, dtype=np.int64)
-    np.cumsum(hi - lo, out=empty_off[1:])
-    rows = np.repeat(lo - empty_off[:-1], hi - lo) + np.arange(int(empty_off[-1]))
-    return start, count, ords, rects, empty_off, e_lr[rows].astype(np.int64)
+@njit(cache=True, inline="always")
+def _record(buf: npt.NDArray[np.uint8], at: Any) -> Any:
+    """Views of one windows value at ``buf[at]`` (8-byte aligned): keys (as int64), rects,
+    empty rows, bins, empty bins."""
+    head = buf[at : at + 8].view(np.uint32)
+    n, m = np.int64(head[0]), np.int64(head[1])
+    at += 8
+    keys = buf[at : at + 8 * n].view(np.int64)
+    at += 8 * n
+    rects = buf[at : at + 16 * n].view(np.int32)
+    at += 16 * n
+    lr = buf[at : at + 8 * m].view(np.int32)
+    at += 8 * m
+    bins = buf[at : at + 2 * n].view(np.uint16)
+    e_bins = buf[at + 2 * n : at + 2 * n + 2 * m].view(np.uint16)
+    return keys, rects, lr, bins, e_bins
+
+
+@njit(cache=True, inline="always")
+def _slot(key: Any, b: Any, mask: int) -> Any:
+    h = (np.uint64(key) ^ (np.uint64(b) * np.uint64(0x9E3779B97F4A7C15))) * np.uint64(
+        0xBF58476D1CE4E5B9)
+    return np.int64(h >> np.uint64(32)) & mask
 
 
 @njit(cache=True, nogil=True)
-def _gather_lists(
-    list_bin: I64, list_key: U64, pages: I64, w_off: I64, w_bin: I64, w_key: U64,
-    w_rect: I32,
-) -> tuple[I64, I64, I64, I32]:  # fmt: skip
+def _gather(
+    buf: npt.NDArray[np.uint8], rec_off: I64, pages: I64, list_bin: I64, list_key: I64,
+    empty_want: I64,
+) -> tuple[I64, I64, I64, I32, I64, I64]:  # fmt: skip
     n_l = list_bin.shape[0]
-    list_of = np.zeros(w_bin.shape[0], dtype=np.int64)
+    size = 1
+    while size < 2 * n_l:
+        size *= 2
+    mask = size - 1
+    t_key = np.zeros(size, dtype=np.int64)
+    t_val = np.full(size, -1, dtype=np.int64)  # bin << 32 | list, -1: free
+    for y in range(1, n_l):  # list 0 is the empty list: no window is in it
+        i = _slot(list_key[y], list_bin[y], mask)
+        while t_val[i] >= 0:
+            i = (i + 1) & mask
+        t_key[i], t_val[i] = list_key[y], (list_bin[y] << 32) | y
+    n_pages = pages.shape[0]
+    # pass 1: the list of every window (0: none) and the lists' counts
     count = np.zeros(n_l, dtype=np.int64)
-    for i in range(w_bin.shape[0]):
-        b, key = w_bin[i], w_key[i]
-        lo, hi = 1, n_l  # binary search over lists 1.. by (bin, key)
-        while lo < hi:
-            mid = (lo + hi) >> 1
-            if list_bin[mid] < b or (list_bin[mid] == b and list_key[mid] < key):
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < n_l and list_bin[lo] == b and list_key[lo] == key:
-            list_of[i] = lo
-            count[lo] += 1
+    found = np.empty(64, dtype=np.int64)  # (window, list) of the windows in a list
+    found_list = np.empty(64, dtype=np.int64)
+    found_page = np.empty(64, dtype=np.int64)
+    n_found = 0
+    for y in range(n_pages):
+        keys, _, _, bins, _ = _record(buf, rec_off[y])
+        for x in range(keys.shape[0]):
+            key, b = keys[x], np.int64(bins[x])
+            i = _slot(key, b, mask)
+            while t_val[i] >= 0:
+                if t_key[i] == key and (t_val[i] >> 32) == b:
+                    if n_found == found.shape[0]:
+                        found = np.concatenate((found, np.empty_like(found)))
+                        found_list = np.concatenate((found_list, np.empty_like(found_list)))
+                        found_page = np.concatenate((found_page, np.empty_like(found_page)))
+                    q = t_val[i] & 0xFFFFFFFF
+                    found[n_found], found_list[n_found], found_page[n_found] = x, q, y
+                    n_found += 1
+                    count[q] += 1
+                    break
+                i = (i + 1) & mask
+    # pass 2: fill in page then window order
     start = np.cumsum(count) - count
     fill = start.copy()
-    total = count.sum()
-    ords = np.empty(total, dtype=np.int64)
-    rects = np.empty((total, 4), dtype=np.int32)
-    for y in range(pages.shape[0]):
-        for i in range(w_off[y], w_off[y + 1]):
-            x = list_of[i]
-            if x:
-                ords[fill[x]] = pages[y]
-                rects[fill[x]] = w_rect[i]
-                fill[x] += 1
-    return start, count, ords, rects
+    ords = np.empty(n_found, dtype=np.int64)
+    rects = np.empty((n_found, 4), dtype=np.int32)
+    last = -1
+    for f in range(n_found):
+        y = found_page[f]
+        if y != last:
+            _, page_rects, _, _, _ = _record(buf, rec_off[y])
+            last = y
+        q, x = found_list[f], found[f]
+        ords[fill[q]] = pages[y]
+        rects[fill[q]] = page_rects[4 * x : 4 * x + 4]
+        fill[q] += 1
+    # empty windows: the wanted keys of each page (ascending bins) against its empty
+    # windows (sorted by bin)
+    n_want = empty_want.shape[0]
+    lo = np.zeros(n_want, dtype=np.int64)
+    hi = np.zeros(n_want, dtype=np.int64)
+    q = 0
+    for y in range(n_pages):
+        _, _, _, _, e_bins = _record(buf, rec_off[y])
+        e = 0
+        while q < n_want and (empty_want[q] >> EMPTY_KEY_SHIFT) == pages[y]:
+            b = empty_want[q] & ((1 << EMPTY_KEY_SHIFT) - 1)
+            e = np.searchsorted(e_bins[e:], b) + e
+            lo[q] = e
+            e = np.searchsorted(e_bins[e:], b, side="right") + e
+            hi[q] = e
+            q += 1
+    empty_off = np.zeros(n_want + 1, dtype=np.int64)
+    empty_off[1:] = np.cumsum(hi - lo)
+    empty_lr = np.empty((empty_off[-1], 2), dtype=np.int64)
+    q = 0
+    for y in range(n_pages):
+        _, _, lr, _, _ = _record(buf, rec_off[y])
+        while q < n_want and (empty_want[q] >> EMPTY_KEY_SHIFT) == pages[y]:
+            r = empty_off[q]
+            for e in range(lo[q], hi[q]):
+                empty_lr[r, 0] = lr[2 * e]
+                empty_lr[r, 1] = lr[2 * e + 1]
+                r += 1
+            q += 1
+    return start, count, ords, rects, empty_off, empty_lr
