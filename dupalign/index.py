@@ -3,7 +3,8 @@ ordinal order. ``PageSketch`` in, ``IndexResult`` out.
 
 For one page: the replay check, the exact lookup, the PSM probes and CWS verification
 (dupalign.near), the inverted-list lookups that turn the page's passages into alignment
-tasks with their rectangles gathered (dupalign.passages ``find_tasks``), then everything
+tasks naming candidate pages (dupalign.passages ``find_tasks``; align reads their windows
+from their forward records, dupalign.forward), then everything
 the page adds to the store in one WriteBatch, then the in-memory indexes. The tasks go to
 the align stage (dupalign.align), possibly on other cores; ``finish`` stores the page's
 matches once they are known, in ordinal order.

@@ -313,8 +313,8 @@ class PassageIndex:
         self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
     ) -> Tasks | None:
         """The index's part of the passage query: the inverted lists named by the passages'
-        sketches, candidate pages per passage, the candidates' empty windows
-        (dupalign.passage_align has the steps). None if no task is left."""
+        sketches and the candidate pages per passage, from the lists alone (their windows
+        are gathered by align: ``Tasks.gather``). None if no task is left."""
         assert state.keys is not None and state.empty is not None
         keys, empty = state.keys, state.empty
         self.counters.passages += len(keys)

@@ -17,6 +17,7 @@ from dupalign.errors import ConfigError, PageRejected
 from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match
 from dupalign.page import Page
+from dupalign.pipeline import ExecutorKind
 from dupalign.sketch import PageSketch
 from tests.test_engine import edit, rfc_words
 from worker import messages
@@ -53,11 +54,12 @@ def random_pages(seed: int, n: int) -> list[Page]:
     return pages
 
 
-def run(store: Path, pages: list[Page], jobs: int, cfg: EngineConfig) -> list[object]:
+def run(store: Path, pages: list[Page], jobs: int, cfg: EngineConfig,
+        executor: ExecutorKind = "process") -> list[object]:
     out: list[object] = []
     with Engine.open(store, cfg) as engine:
         items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
-        for page, found in engine.process_many(items, jobs=jobs):
+        for page, found in engine.process_many(items, jobs=jobs, executor=executor):
             if isinstance(found, PageRejected):
                 out.append((page.id, "rejected", found.reason))
             else:
@@ -79,6 +81,13 @@ def test_matches_do_not_depend_on_the_number_of_workers(tmp_path: Path, seed: in
              for m in rest[0]}
     assert {"exact", "near", "passage"} <= kinds, "the stream must exercise every kind"
     assert any(r[1] == "rejected" for r in one)
+
+
+def test_threads_read_the_forward_records_of_the_store_itself(tmp_path: Path) -> None:
+    """With threads the align workers read the store the index writes (no secondary)."""
+    pages = random_pages(5, 30)
+    assert (run(tmp_path / "t", pages, 2, EngineConfig(), "thread")
+            == run(tmp_path / "one", pages, 1, EngineConfig()))
 
 
 def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
