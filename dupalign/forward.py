@@ -9,7 +9,9 @@ records of a page's candidates (from the store, a secondary instance of it, or t
 and gathers the rectangles its interval scan needs (``gather``); the index never reads
 them.
 
-The windows value: ``<II`` (n non-empty windows, m empty windows), then the non-empty
+The windows of a page in lists that were already stop lists when it was written are left
+out (they are in no list, and a stop list stays one). The windows value: ``<II`` (n
+non-empty windows, m empty windows), then the non-empty
 windows' min-hash keys (``<u8[n]``), rectangles (``<i4[n, 4]``: i_lo, i_hi, j_lo, j_hi,
 inclusive), the empty windows' rows (``<i4[m, 2]``: l, r), the non-empty windows' bins
 (``<u2[n]``) and the empty windows' bins (``<u2[m]``, ascending; rows of one bin in

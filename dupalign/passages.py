@@ -501,19 +501,21 @@ class PassageIndex:
         self._new_runs.clear()
         r = state.rects
         prefix_ord = u64(ordinal)
-        # the forward record: every window (those in stop lists too: its list keys are all
-        # the lists that may hold the page) and the token offsets
-        batch.put("forward", prefix_ord, forward.pack_windows(
-            r.bin, r.key, np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1), r.empty))
-        batch.put("positions", prefix_ord, state.positions)
-        # the page in each list of its non-empty windows, with its number of windows there;
-        # not in lists known to be stop lists: a stop list stays one (it already holds more
-        # than max_list entries), and nothing reads its entries
+        # windows in lists known to be stop lists are written nowhere: a stop list stays one
+        # (it already holds more than max_list entries), and nothing reads its entries
         nonempty = np.flatnonzero(~r.empty)
         known_stop = self.cache.is_long(self.cache.lookup(r.bin[nonempty], r.key[nonempty],
                                                           touch=False))
         self.counters.stop_entries_skipped += int(np.count_nonzero(known_stop))
         nonempty = nonempty[~known_stop]
+        # the forward record: the other windows (their (bin, key) pairs name every list
+        # that holds the page) and the token offsets
+        kept = np.sort(np.concatenate((nonempty, np.flatnonzero(r.empty))))
+        batch.put("forward", prefix_ord, forward.pack_windows(
+            r.bin[kept], r.key[kept],
+            np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[kept], r.empty[kept]))
+        batch.put("positions", prefix_ord, state.positions)
+        # the page in each list of its non-empty windows, with its number of windows there
         l_bins, l_keys, inverse = _distinct_lists(r.bin[nonempty], r.key[nonempty])
         n_windows = np.bincount(inverse, minlength=len(l_bins)).tolist()
         keys = np.empty(len(l_bins), dtype=_LIST_KEY)
