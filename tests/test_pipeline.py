@@ -184,3 +184,18 @@ def test_passage_matches_per_page_are_capped_keeping_the_best(tmp_path: Path) ->
     assert capped == [m for m in every if m in best[:3]]
     with pytest.raises(ConfigError, match=r"passage\.max_matches"):
         EngineConfig(passage=PassageConfig(max_matches=0)).validate()
+
+
+def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers without a view of the store (as if their secondary instance failed) cannot
+    read the candidates' forward records: those pages are aligned by the calling process,
+    and the matches stay those of one process."""
+    from dupalign import pipeline
+
+    monkeypatch.setattr(pipeline, "_worker_store", lambda: None)  # forked into the workers
+    pages = random_pages(7, 30)
+    blind = run(tmp_path / "blind", pages, 2, EngineConfig())
+    assert blind == run(tmp_path / "one", pages, 1, EngineConfig())
+    assert any(m["kind"] == "passage" for _, *rest in blind if rest and isinstance(rest[0], list)
+               for m in rest[0])
