@@ -1,10 +1,10 @@
 """The align stage: a page's alignment tasks → its passage matches, with no index state.
 
 Input: an ``AlignRequest`` (dupalign.index), the tasks of one page against its earlier
-candidate pages with those pages' windows as the index gathered them, and their token
-character offsets (the share of their forward records that spans cite). Steps: per task,
-the rectangles gathered, the viability cut and the interval scan
-(``passage_align.scan_tasks``), then the earlier pages hit ranked (``rank_pages``) and
+candidate pages. Steps: the candidates' windows in the page's lists and empty bins
+gathered from their forward records (dupalign.forward: read from the store or a secondary
+instance of it, or carried by the request), per task the viability cut and the interval
+scan (``passage_align.scan_tasks``), then the earlier pages hit ranked (``rank_pages``) and
 only the best ``passage.max_matches`` kept, and their hits merged into maximal spans with
 token and character ranges (``PassageIndex._spans``, the same code as the one-thread
 query). Runs anywhere: other threads, other processes, later other machines.
@@ -15,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.match import Span
 from dupalign.passages import PassageIndex, _unpack_positions
-from dupalign.store import read_u64
+from dupalign.store import Store, read_u64, u64
 from dupalign.text import Tokens
 
 Hit = tuple[int, int, int, int, float]  # passage, earlier page, start, end, estimate
@@ -108,45 +109,76 @@ def rank_pages(h_p: I64, h_o: I64, h_x: npt.NDArray[np.float64], starts: I64,
 
 
 class _ForwardRecords:
-    """What ``PassageIndex._spans`` reads from the store, served from the tasks instead:
-    the candidate pages' token character offsets."""
+    """What ``PassageIndex._spans`` reads of the candidate pages: their positions records,
+    from the request when it carries them (``AlignRequest.to_bytes(forward=True)``), else
+    from the store."""
 
-    def __init__(self) -> None:
-        self.positions: dict[int, bytes] = {}
+    def __init__(self, store: Store | None) -> None:
+        self.store = store
+        self.positions: dict[int, bytes] | None = None
 
     def get(self, family: str, key: bytes) -> bytes | None:
-        if family != "positions":
-            raise KeyError(f"the align stage has no {family!r} records")
-        return self.positions.get(read_u64(key))
+        if self.positions is not None and family == "positions":
+            return self.positions.get(read_u64(key))
+        if self.store is None:
+            raise KeyError(f"the align stage has no store to read {family!r} records from")
+        return self.store.get(family, key)
 
 
 class Aligner:
-    """The align stage for one engine configuration (cheap; one per process or thread)."""
+    """The align stage for one engine configuration (cheap; one per process or thread).
+    ``store``: where the candidates' forward records are read (the store, or a secondary
+    instance of it that catches up with the writer when a record is not there yet);
+    without one, only requests that carry them can be aligned."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        self.forward = _ForwardRecords()
-        # a passage index over the forward records only: its span code, no lists, no store
+    def __init__(self, config: EngineConfig, store: Store | None = None) -> None:
+        self.store = store
+        self.forward = _ForwardRecords(store)
+        # a passage index over the forward records only: its span code, no lists
         self.spans = PassageIndex(self.forward, config)  # type: ignore[arg-type]
         self.cfg = config.passage
         self.counters = AlignCounters()
+
+    def read_forward(self, ordinals: list[int]) -> list[bytes | None]:
+        """The candidates' windows values; a secondary instance catches up once if some
+        are newer than what it has seen."""
+        if self.store is None:
+            raise KeyError("the request carries no forward data and the align stage has no "
+                           "store (Indexer.with_forward attaches it)")
+        keys = [u64(o) for o in ordinals]
+        found = self.store.multi_get("forward", keys)
+        if any(v is None for v in found) and self.store.catch_up():
+            found = self.store.multi_get("forward", keys)
+        return found
 
     def align(self, request: Any) -> list[tuple[str, list[Span]]]:
         """Passage matches of ``request`` (an ``index.AlignRequest``): (earlier page id,
         spans) per earlier page, in ordinal order."""
         idx = self.spans
-        t = request.tasks
+        carried = request.has_forward
+        t = request.tasks.gather(self.read_forward)
         h_t, h_s, h_e, h_x = idx.scan(t)
         self.counters.pages += 1
         self.counters.tasks += len(t)
         others = request.others.tolist()
-        self.forward.positions = dict(zip(others, request.other_positions, strict=True))
+        if carried:
+            self.forward.positions = dict(zip(others, request.other_positions, strict=True))
         q_starts, q_ends, q_units = _unpack_positions(request.positions)
         tokens = Tokens("", [], q_starts.astype(np.int64), q_ends.astype(np.int64))
-        ids = dict(zip(others, request.other_ids, strict=True))
         try:
             found = spans_of_hit_arrays(idx, (t.t_p[h_t], t.t_o[h_t], h_s, h_e, h_x),
                                         request.starts, request.ends, tokens, q_units,
                                         self.counters)
         finally:
-            self.forward.positions = {}
-        return [(ids[other], spans) for other, spans in found]
+            self.forward.positions = None
+        if carried:
+            ids = dict(zip(others, request.other_ids, strict=True))
+            return [(ids[other], spans) for other, spans in found]
+        return [(self._doc_id(other), spans) for other, spans in found]
+
+    def _doc_id(self, ordinal: int) -> str:
+        assert self.store is not None
+        raw = self.store.get("docs", u64(ordinal))
+        if raw is None:
+            raise KeyError(f"no document with ordinal {ordinal}")
+        return str(msgpack.unpackb(raw)["id"])

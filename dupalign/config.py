@@ -150,11 +150,10 @@ class CacheConfig:
 # with: a store that did not record one was built with this value.
 # (Stores before format 5 did not freeze max_list; 256 was the default.)
 IMPLIED_PARAMS = {"near_shingle": 3, "passage_max_list": 256}
-# Older values of frozen parameters that a store can be upgraded from in place: format 3
-# only adds long-list marks to format 2, format 4 packed runs of list entries to format 3,
-# format 5 stops writing list fingerprints of pages (stop lists need none); a reader of
-# the newer format does without the additions, and the older lists are complete.
-PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (2, 3, 4)}
+# Older values of frozen parameters that a store can be upgraded from in place (none
+# now: format 6 moved every window out of the inverted lists into forward records, and
+# older stores are refused with a message saying how to rebuild them).
+PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {}
 
 
 @dataclass(frozen=True)
@@ -225,7 +224,9 @@ class EngineConfig:
 # 3: long inverted lists carry a marker (format 2 readers cannot parse it)
 # 4: inverted lists may start with a packed run (format 3 readers cannot parse it)
 # 5: lists longer than max_list are stop lists; no list fingerprints of pages
-STORE_FORMAT = 5
+# 6: inverted lists of page ordinals (varint-delta runs) and per-page forward records of
+#    windows (family ``forward``), no ``oph_empty``
+STORE_FORMAT = 6
 # frozen parameter (as recorded in the store) -> (config section or None, field)
 FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
     "seed": (None, "seed"),

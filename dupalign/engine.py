@@ -60,7 +60,7 @@ class Engine:
         self.read_only = read_only
         self.indexer = Indexer(store, config)
         self.sketcher = Sketcher(config)
-        self.aligner = Aligner(config)
+        self.aligner = Aligner(config, store)  # reads forward records from the store
         self.last_report = PageReport()
         self._pool: WorkerPool | None = None
         if not read_only:
@@ -117,7 +117,7 @@ class Engine:
         if p is None or (p.kind, p.jobs, p.version) != (kind, jobs, self.near.idf.version):
             if p is not None:
                 p.close(wait=False)
-            p = self._pool = WorkerPool(kind, jobs, self.config, self.near.idf)
+            p = self._pool = WorkerPool(kind, jobs, self.config, self.near.idf, self.store)
         return p
 
     # -- the pipeline ---------------------------------------------------------------------

@@ -3,7 +3,8 @@ ordinal order. ``PageSketch`` in, ``IndexResult`` out.
 
 For one page: the replay check, the exact lookup, the PSM probes and CWS verification
 (dupalign.near), the inverted-list lookups that turn the page's passages into alignment
-tasks with their rectangles gathered (dupalign.passages ``find_tasks``), then everything
+tasks naming candidate pages (dupalign.passages ``find_tasks``; align reads their windows
+from their forward records, dupalign.forward), then everything
 the page adds to the store in one WriteBatch, then the in-memory indexes. The tasks go to
 the align stage (dupalign.align), possibly on other cores; ``finish`` stores the page's
 matches once they are known, in ordinal order.
@@ -40,45 +41,62 @@ from dupalign.store import Store, offsets_key, read_u64, u64
 
 I64 = npt.NDArray[np.int64]
 ENGINE_NAME = "dupalign"
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: lists named by (bin, key); the candidates' windows from their forward records
 
 
 @dataclass
 class AlignRequest:
-    """A page's alignment tasks (``passages.Tasks``: the candidate pages' windows in the
-    page's lists and their empty windows, gathered by the index) and what align needs
-    besides: the page's query passages (units ``[starts[p], ends[p])``) and token character
-    offsets, and per candidate page (``others``, ascending) its id and token character
-    offsets (the share of its forward record that spans cite). Everything about a candidate
-    is keyed by its ordinal, so a request splits into one ``AlignTask`` per candidate for
-    align shards keyed by page (the wire form is one message per page)."""
+    """A page's alignment tasks (``passages.Tasks``: candidate pages per passage and the
+    lists its sketches name, found by the index) and what align needs besides: the page's
+    query passages (units ``[starts[p], ends[p])``) and its positions record (token
+    character offsets and unit hashes). Align reads the candidates' forward records itself
+    (``Tasks.gather``) from the store or a secondary instance of it; for an align stage
+    without store access ``Indexer.with_forward`` attaches what it would read: the tasks
+    gathered, and per candidate page (``others``, ascending) its id and positions record.
+    Everything about a candidate is keyed by its ordinal, so a request splits into one
+    ``AlignTask`` per candidate for align shards keyed by page."""
 
     ordinal: int
     starts: I64
     ends: I64
     positions: bytes
     tasks: Tasks
-    others: I64
-    other_ids: list[str]
-    other_positions: list[bytes]
+    other_ids: list[str] = field(default_factory=list)
+    other_positions: list[bytes] = field(default_factory=list)
+
+    @property
+    def others(self) -> I64:
+        return self.tasks.pages
+
+    @property
+    def has_forward(self) -> bool:
+        """Whether the candidates' forward data is attached (``Indexer.with_forward``)."""
+        return self.tasks.gathered and len(self.other_positions) == len(self.others)
 
     def to_dict(self, forward: bool = True) -> dict[str, Any]:
-        """``forward=False`` leaves out what the store holds of the candidate pages (their
-        empty windows, ids and token offsets): ``Indexer.refetch`` reads it back."""
+        """``forward=False``: the tasks as the index found them; ``forward=True`` adds the
+        candidates' forward data (it must be attached: ``Indexer.with_forward``)."""
         t = self.tasks
-        lid_type = "<i2" if t.start.shape[0] < (1 << 15) else "<i4"
-        return {
+        lid_type = "<i2" if t.list_bin.shape[0] < (1 << 15) else "<i4"
+        d = {
             "ordinal": self.ordinal, "starts": _b(self.starts, "<i4"),
             "ends": _b(self.ends, "<i4"), "positions": self.positions,
             "k": int(t.lid.shape[1]), "lid_type": lid_type, "lid": _b(t.lid, lid_type),
             "q_empty": np.packbits(t.q_empty).tobytes(),
-            "t_p": _b(t.t_p, "<u4"), "t_o": _b(t.t_o, "<u8"), "count": _b(t.count, "<u4"),
-            "ords": _b(t.ords, "<u8"), "rects": _b(t.rects, "<i4"),
-            "empty_keys": _b(t.empty_keys, "<u8"), "others": _b(self.others, "<u8"),
-            **({"empty_off": _b(t.empty_off, "<u4"), "empty_lr": _b(t.empty_lr, "<i4"),
-                "other_ids": self.other_ids, "other_positions": self.other_positions}
-               if forward else {}),
+            "t_p": _b(t.t_p, "<u4"), "t_o": _b(t.t_o, "<u8"),
+            "list_bin": _b(t.list_bin, "<u2"), "list_key": _b(t.list_key, "<u8"),
         }
+        if forward:
+            if not self.has_forward:
+                raise ValueError("the candidates' forward data is not attached "
+                                 "(Indexer.with_forward)")
+            d.update({
+                "count": _b(t.count, "<u4"), "ords": _b(t.ords, "<u8"),
+                "rects": _b(t.rects, "<i4"), "empty_keys": _b(t.empty_keys, "<u8"),
+                "empty_off": _b(t.empty_off, "<u4"), "empty_lr": _b(t.empty_lr, "<i4"),
+                "others": _b(self.others, "<u8"), "other_ids": self.other_ids,
+                "other_positions": self.other_positions})
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AlignRequest:
@@ -86,19 +104,20 @@ class AlignRequest:
         lid = _a(d["lid"], d["lid_type"]).reshape(-1, k)
         q_empty = np.unpackbits(np.frombuffer(d["q_empty"], dtype=np.uint8),
                                 count=lid.size).astype(np.bool_).reshape(-1, k)
-        count = _a(d["count"], "<u4")
-        forward = "empty_lr" in d
-        empty_keys = _a(d["empty_keys"], "<u8")
         tasks = Tasks(_a(d["t_p"], "<u4"), _a(d["t_o"], "<u8"), lid, q_empty,
-                      np.cumsum(count) - count, count, _a(d["ords"], "<u8"),
-                      np.frombuffer(d["rects"], dtype="<i4").astype(np.int32).reshape(-1, 4),
-                      empty_keys,
-                      _a(d["empty_off"], "<u4") if forward else np.zeros(1, dtype=np.int64),
-                      _a(d["empty_lr"], "<i4").reshape(-1, 2) if forward else
-                      np.empty((0, 2), dtype=np.int64))
+                      _a(d["list_bin"], "<u2"),
+                      np.frombuffer(d["list_key"], dtype="<u8").astype(np.uint64))
+        if "rects" in d:
+            count = _a(d["count"], "<u4")
+            tasks.gathered = True
+            tasks.start, tasks.count = np.cumsum(count) - count, count
+            tasks.ords = _a(d["ords"], "<u8")
+            tasks.rects = np.frombuffer(d["rects"], "<i4").astype(np.int32).reshape(-1, 4)
+            tasks.empty_keys = _a(d["empty_keys"], "<u8")
+            tasks.empty_off = _a(d["empty_off"], "<u4")
+            tasks.empty_lr = _a(d["empty_lr"], "<i4").reshape(-1, 2)
         return cls(d["ordinal"], _a(d["starts"], "<i4"), _a(d["ends"], "<i4"), d["positions"],
-                   tasks, _a(d["others"], "<u8"), list(d.get("other_ids", [])),
-                   list(d.get("other_positions", [])))
+                   tasks, list(d.get("other_ids", [])), list(d.get("other_positions", [])))
 
     def to_bytes(self, forward: bool = True) -> bytes:
         return bytes(msgpack.packb({"v": WIRE_VERSION, **self.to_dict(forward)},
@@ -236,8 +255,7 @@ class Indexer:
                     assert passage_state.starts is not None and passage_state.ends is not None
                     result.align = AlignRequest(
                         ordinal, passage_state.starts, passage_state.ends,
-                        passage_state.positions, tasks, np.unique(tasks.t_o), [], [])
-                    self._candidates(result.align)
+                        passage_state.positions, tasks)
             t3 = time.perf_counter()
         times.near, times.passage = t2 - t1, t3 - t2
         write = partial(self._write, result, sk, near_state, passage_state)
@@ -319,25 +337,19 @@ class Indexer:
         if "unfinished" not in self.store._cfs:  # a store opened read-only, made before it
             return []
         out = [IndexResult.from_bytes(v) for _, v in self.store.items("unfinished")]
-        for result in out:
-            if result.align is not None:
-                self.refetch(result.align)
         self.unfinished = len(out)
         return out
 
-    def refetch(self, request: AlignRequest) -> None:
-        """Read back what the store holds of the request's candidate pages (left out of
-        the ``unfinished`` record): ids, token offsets, empty windows."""
-        self._candidates(request)
-        t = request.tasks
-        t.empty_off, t.empty_lr = self.passages.read_empty_windows(t.empty_keys)
-
-    def _candidates(self, request: AlignRequest) -> None:
-        """The candidate pages' ids and token character offsets."""
+    def with_forward(self, request: AlignRequest) -> AlignRequest:
+        """Attach what align would read of the candidate pages' forward records (their
+        windows in the request's lists and empty bins, ids, positions records), for an
+        align stage without store access (``AlignRequest.to_bytes(forward=True)``)."""
+        request.tasks.gather(self.passages.read_forward)
         others = request.others.tolist()
         request.other_ids = [self.doc_id(o) for o in others]
         request.other_positions = [v or b"" for v in self.store.multi_get(
             "positions", [u64(o) for o in others])]
+        return request
 
     def skip(self, doc_id: str, source: tuple[str, int, int] | None) -> IndexResult:
         """A page that failed before the index: only its offset advances, in order."""

@@ -6,9 +6,10 @@ Kept as Python objects this bookkeeping cost more than the alignment itself (~60
 several microseconds per list); here one kernel call looks up all the lists of a page, one
 inserts the lists read from the store, and one appends a page's windows.
 
-Layout: an arena of entries (ordinal, int32 rectangle) in which every cached list owns a
-contiguous run, sorted by ordinal as in the store (appends come from later pages, so the
-order holds); a list that outgrows its run moves to the arena's end with twice the room.
+Layout: an arena of entries (page ordinals, 8 bytes: the windows themselves are in the
+pages' forward records, dupalign.forward) in which every cached list owns a contiguous
+run, sorted by ordinal as in the store (appends come from later pages, so the order
+holds); a list that outgrows its run moves to the arena's end with twice the room.
 An open-addressing hash table (linear probing, one row of two int64 per entry: the key,
 and slot << 16 | bin) maps (bin, key) to the list's slot: a numba typed dict cost about
 0.5 µs per lookup at a million lists, a probe here is mostly one cache miss. Lists longer
@@ -29,10 +30,9 @@ from numba import njit
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
-I32 = npt.NDArray[np.int32]
 Bools = npt.NDArray[np.bool_]
 
-ENTRY_BYTES = 8 + 4 * 4  # ordinal + int32 rectangle
+ENTRY_BYTES = 8  # a page ordinal (one per window of the page in the list)
 SLOT_BYTES = 8 * 6 + 2 * 16  # slot arrays + hash table rows (at most half full)
 LONG = -1  # s_len of a list known to be long
 _SLOT_ARRAYS = ("s_start", "s_len", "s_cap", "s_used", "s_bin", "s_key")
@@ -60,7 +60,6 @@ class ListCache:
         self.n_slots = 0
         self.table = np.full((1 << 11, 2), _EMPTY, dtype=np.int64)
         self.ords = np.zeros(1 << 12, dtype=np.int64)
-        self.rects = np.zeros((1 << 12, 4), dtype=np.int32)
         self.end = 0  # arena rows in use (including runs of dropped or moved lists)
 
     def __len__(self) -> int:
@@ -80,36 +79,35 @@ class ListCache:
     def is_long(self, slots: I64) -> Bools:
         return (slots >= 0) & (self.s_len[np.maximum(slots, 0)] == LONG)
 
-    def insert(self, bins: I64, keys: U64, long: Bools, off: I64, ords: I64,
-               rects: I64) -> I64:
-        """Cache lists read from the store: rows ``off[x]:off[x + 1]`` of ``ords`` and
-        ``rects``, or only the flag where ``long``. Returns their slots."""
+    def insert(self, bins: I64, keys: U64, long: Bools, off: I64, ords: I64) -> I64:
+        """Cache lists read from the store: rows ``off[x]:off[x + 1]`` of ``ords``, or
+        only the flag where ``long``. Returns their slots."""
         self._reserve(len(bins), int(off[-1]) + len(bins))
         self.clock += 1
         slots, self.n_slots, self.end = _insert(
             self.table, self.s_bin, self.s_key, self.s_start, self.s_len, self.s_cap,
-            self.s_used, self.n_slots, self.ords, self.rects, self.end, bins,
-            keys.view(np.int64), long, off, ords, rects, self.clock)
+            self.s_used, self.n_slots, self.ords, self.end, bins,
+            keys.view(np.int64), long, off, ords, self.clock)
         return slots
 
-    def append_page(self, bins: I64, keys: U64, ordinal: int, rects: I64) -> int:
-        """Append a page's windows (one per row) to the cached lists they belong to; lists
+    def append_page(self, bins: I64, keys: U64, ordinal: int) -> int:
+        """Append a page's windows (one entry per window) to the cached lists they belong to; lists
         that become longer than ``max_list`` turn into long flags. Returns how many did."""
         went_long = 0
         x = 0
         while x < len(bins):
             n_long, self.end, x = _append(
-                self.table, self.s_start, self.s_len, self.s_cap, self.ords, self.rects,
-                self.end, bins, keys.view(np.int64), ordinal, rects, self.max_list, x)
+                self.table, self.s_start, self.s_len, self.s_cap, self.ords,
+                self.end, bins, keys.view(np.int64), ordinal, self.max_list, x)
             went_long += n_long
             if x < len(bins):  # a run could not move: more room, then go on from x
                 self._grow_arena(2 * len(self.ords))
         return went_long
 
-    def entries(self, slot: int) -> tuple[I64, I32]:
-        """A cached list's ordinals and rectangles (views; valid until the next ``trim``)."""
+    def entries(self, slot: int) -> I64:
+        """A cached list's ordinals (a view; valid until the next ``trim``)."""
         a, n = int(self.s_start[slot]), int(self.s_len[slot])
-        return self.ords[a : a + n], self.rects[a : a + n]
+        return self.ords[a : a + n]
 
     def trim(self) -> None:
         """Keep the bytes in use within the budget: compact, then drop the least recently
@@ -146,14 +144,12 @@ class ListCache:
     def _grow_arena(self, n: int) -> None:
         ords = np.zeros(n, dtype=np.int64)
         ords[: self.end] = self.ords[: self.end]
-        rects = np.zeros((n, 4), dtype=np.int32)
-        rects[: self.end] = self.rects[: self.end]
-        self.ords, self.rects = ords, rects
+        self.ords = ords
 
     def _compact(self, keep: Bools) -> None:
         self.n_slots, self.end = _compact(self.s_start, self.s_len, self.s_cap, self.s_used,
                                           self.s_bin, self.s_key, self.n_slots, self.ords,
-                                          self.rects, keep)
+                                          keep)
         self.table[:, 1] = _EMPTY
         _fill(self.table, self.s_bin, self.s_key, self.n_slots)
 
@@ -198,8 +194,8 @@ def _lookup(table: I64, s_used: I64, bins: I64, keys: I64, clock: int) -> I64:
 @njit(cache=True)
 def _insert(
     table: I64, s_bin: I64, s_key: I64, s_start: I64, s_len: I64, s_cap: I64, s_used: I64,
-    n_slots: int, a_ord: I64, a_rect: I32, end: int, bins: I64, keys: I64, long: Bools,
-    off: I64, ords: I64, rects: I64, clock: int,
+    n_slots: int, a_ord: I64, end: int, bins: I64, keys: I64, long: Bools,
+    off: I64, ords: I64, clock: int,
 ) -> tuple[I64, int, int]:  # fmt: skip
     out = np.empty(bins.shape[0], dtype=np.int64)
     for x in range(bins.shape[0]):
@@ -219,16 +215,14 @@ def _insert(
         s_start[s], s_len[s], s_cap[s] = end, n, n + 1  # room for one append in place
         for r in range(n):
             a_ord[end + r] = ords[off[x] + r]
-            for c in range(4):
-                a_rect[end + r, c] = rects[off[x] + r, c]
         end += n + 1
     return out, n_slots, end
 
 
 @njit(cache=True)
 def _append(
-    table: I64, s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, a_rect: I32, end: int,
-    bins: I64, keys: I64, ordinal: int, rects: I64, max_list: int, x0: int,
+    table: I64, s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, end: int,
+    bins: I64, keys: I64, ordinal: int, max_list: int, x0: int,
 ) -> tuple[int, int, int]:  # fmt: skip
     """Appends windows x0.. and returns (lists that went long, new end, next x): next x is
     below ``len(bins)`` when the arena has no room to move a run (grow it and go on)."""
@@ -248,12 +242,9 @@ def _append(
                 return went_long, end, x
             for r in range(n):
                 a_ord[end + r] = a_ord[s_start[s] + r]
-                a_rect[end + r] = a_rect[s_start[s] + r]
             s_start[s], s_cap[s] = end, cap
             end += cap
         a_ord[s_start[s] + n] = ordinal
-        for c in range(4):
-            a_rect[s_start[s] + n, c] = rects[x, c]
         s_len[s] = n + 1
     return went_long, end, bins.shape[0]
 
@@ -261,7 +252,7 @@ def _append(
 @njit(cache=True)
 def _compact(
     s_start: I64, s_len: I64, s_cap: I64, s_used: I64, s_bin: I64, s_key: I64, n_slots: int,
-    a_ord: I64, a_rect: I32, keep: Bools,
+    a_ord: I64, keep: Bools,
 ) -> tuple[int, int]:  # fmt: skip
     """Keep the slots in ``keep``: renumber them densely and move their runs to the arena's
     front in arena order (a run only moves towards the front: copying in place is safe).
@@ -278,7 +269,6 @@ def _compact(
             a = s_start[s]
             for r in range(n):
                 a_ord[end + r] = a_ord[a + r]
-                a_rect[end + r] = a_rect[a + r]
             s_start[s] = end
             s_cap[s] = n
             end += n

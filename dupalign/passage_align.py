@@ -153,37 +153,6 @@ def select_candidates(
 
 
 @njit(cache=True, nogil=True)
-def entries_of_pages(start: I64, n_before: I64, ords: I64, pages: I64) -> tuple[I64, I64]:
-    """The rows of the lists' entries (list x: rows ``start[x]:start[x] + n_before[x]`` of
-    ``ords``) whose page is one of ``pages`` (sorted), in list then row order, and the
-    list of each. One look-up per entry in a bitmap of the pages' ordinal range: long
-    lists (text copied many times) cost a few nanoseconds per entry."""
-    if pages.shape[0] == 0:
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-    lo = pages[0]
-    mark = np.zeros(pages[-1] - lo + 1, dtype=np.bool_)
-    for o in pages:
-        mark[o - lo] = True
-    n = 0
-    for x in range(start.shape[0]):
-        for e in range(start[x], start[x] + n_before[x]):
-            d = ords[e] - lo
-            if 0 <= d < mark.shape[0] and mark[d]:
-                n += 1
-    rows = np.empty(n, dtype=np.int64)
-    list_of = np.empty(n, dtype=np.int64)
-    n = 0
-    for x in range(start.shape[0]):
-        for e in range(start[x], start[x] + n_before[x]):
-            d = ords[e] - lo
-            if 0 <= d < mark.shape[0] and mark[d]:
-                rows[n] = e
-                list_of[n] = x
-                n += 1
-    return rows, list_of
-
-
-@njit(cache=True, nogil=True)
 def _grow(a: I64, size: int) -> I64:
     out = np.empty(size, dtype=np.int64)
     out[: a.shape[0]] = a

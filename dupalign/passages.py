@@ -1,7 +1,10 @@
 """Copied passages: a RocksDB index of compact windows and the streaming passage query.
 
-Every page's compact windows are indexed: non-empty windows in inverted lists keyed by
-(bin, min-hash), empty windows (OPH only) by (page, bin). A new page is cut into query
+Every page's compact windows are indexed in two parts: inverted lists keyed by (bin,
+min-hash) that hold page ordinals only (one entry per window of the page in the list: 8
+bytes in memory, a varint delta in a packed run), and the page's forward record
+(dupalign.forward: its non-empty and empty windows, token offsets, unit hashes). A new
+page is cut into query
 passages of ``query_len`` tokens with a ``stride``; each passage is aligned against the
 earlier pages whose windows collide with its sketch:
 
@@ -16,9 +19,11 @@ earlier pages whose windows collide with its sketch:
 2. count distinct collided bins per earlier page and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
-3. read those pages' empty windows in the passage's empty bins, and run the interval scan
+3. (the align stage) read those pages' forward records: their windows in the named
+   lists and their empty windows in the passage's empty bins, and run the interval scan
    over the colliding rectangles: the longest subsequences whose estimate is ≥ θ.
-The numba kernels of steps 2-3 are in dupalign.passage_align.
+Steps 1-2 are the index stage's (``find_tasks``), step 3 the align stage's (``gather``,
+``scan``). The numba kernels of steps 2-3 are in dupalign.passage_align.
 
 Hits on one earlier page are merged into maximal spans; with ``refine`` (the default) the
 spans reported are the tight alignments inside them (dupalign.span_refine), and every span
@@ -31,38 +36,39 @@ MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshol
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 
-from dupalign import monoactive, passage_align, span_refine
+from dupalign import forward, monoactive, passage_align, span_refine
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
-from dupalign.store import Batch, PrefixReader, Store, read_u64, u64
+from dupalign.store import Batch, PrefixReader, Store, u64
 from dupalign.text import Tokens
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 _BIN = struct.Struct(">H")
-_SEQ = struct.Struct(">I")
-_RECT = np.dtype("<i4")
-# key of an inverted-list entry: bin ‖ min-hash ‖ ordinal ‖ window number, big-endian
-_LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq", ">u4")])
-# A run: every entry of a list up to some ordinal packed in one value, under the key
-# bin ‖ min-hash ‖ last ordinal ‖ _RUN_SEQ (no page has 2^32 windows). Pages append their
-# windows one key each; a list read from the store with PACK_MIN or more of those (and at
+_COUNT = struct.Struct("<I")
+# key of an inverted-list entry: bin ‖ min-hash ‖ ordinal, big-endian; its value is empty
+# (one window of the page in the list) or the page's number of windows in it (<u4)
+_LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
+# A run: every entry of a list up to some ordinal packed in one value (the ordinals as
+# LEB128 varint deltas: a page with several windows in the list repeats, delta 0), under
+# the key bin ‖ min-hash ‖ last ordinal ‖ _RUN_SEQ. Pages append one key per list
+# they are in; a list read from the store with PACK_MIN or more of those (and at
 # least a quarter of its run's length, so that a list is repacked O(log n) times) is packed
 # by the next page's batch, which deletes the keys it replaces: a later read takes one key
 # instead of hundreds (reading an entry through the iterator costs about a microsecond,
 # unpacking it from a run a few nanoseconds). A list is: [long mark] [run] [entries of
 # later pages].
 _RUN_SEQ = b"\xff\xff\xff\xff"
-_RUN = np.dtype([("ordinal", "<i8"), ("rect", "<i4", (4,))])
 PACK_MIN = 8
 _SHINGLE_SALT = 0x5348494E
 
@@ -102,30 +108,53 @@ class PassageState:
 
 @dataclass
 class Tasks:
-    """A page's alignment tasks with everything ``passage_align.scan_tasks`` reads and
-    nothing from the store: pairs (passage ``t_p``, earlier page ``t_o``) sorted by passage
-    then page; ``lid[p, b]``, the list named by passage p's min-hash in bin b (-1: none),
-    and ``q_empty[p, b]``, its empty bins; the lists restricted to the entries of the task
-    pages (CSR ``start``/``count`` into ``ords``/``rects``, sorted by ordinal); and those
-    pages' empty windows in the passages' empty bins (CSR keyed by ``ordinal << 16 | bin``
-    with (l, r) rows). Lists left without entries are merged into one empty list, which
-    holds as much information (a list, not an empty bin). Every entry and empty window is
-    keyed by its page, so the tasks split by earlier page for shards of align."""
+    """A page's alignment tasks. The index stage's part (``find_tasks``, from the lists):
+    pairs (passage ``t_p``, earlier page ``t_o``) sorted by passage then page; ``lid[p,
+    b]``, the list named by passage p's min-hash in bin b (-1: an empty bin of the passage,
+    whose ``q_empty[p, b]`` is set), as an index into ``list_bin``/``list_key`` (sorted by
+    bin, then key; list 0 is the empty list that stop lists are mapped to: a stop list is
+    neither a collision nor an empty bin). The align stage's part (``gather``, from the
+    task pages' forward records): the lists restricted to the windows of the task pages
+    (CSR ``start``/``count`` into ``ords``/``rects``, sorted by ordinal, then window), and
+    those pages' empty windows in the passages' empty bins (CSR keyed by ``ordinal << 16 |
+    bin`` with (l, r) rows). Every entry and empty window is keyed by its page, so the
+    tasks split by earlier page for shards of align."""
 
     t_p: I64
     t_o: I64
     lid: I64
     q_empty: npt.NDArray[np.bool_]
-    start: I64
-    count: I64
-    ords: I64
-    rects: npt.NDArray[np.int32]
-    empty_keys: I64
-    empty_off: I64
-    empty_lr: I64
+    list_bin: I64
+    list_key: U64
+    gathered: bool = False
+    start: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    count: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    ords: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    rects: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros((0, 4), np.int32))
+    empty_keys: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    empty_off: I64 = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    empty_lr: I64 = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
 
     def __len__(self) -> int:
         return int(self.t_p.shape[0])
+
+    @property
+    def pages(self) -> I64:
+        """The task pages, ascending: whose forward records ``gather`` reads."""
+        return np.unique(self.t_o)
+
+    def gather(self, read: forward.ReadForward) -> Tasks:
+        """Fill in the align stage's part from the task pages' forward records."""
+        if not self.gathered:
+            pages = self.pages
+            task, b = np.nonzero(self.q_empty[self.t_p])
+            self.empty_keys = np.unique(
+                (self.t_o[task] << passage_align.EMPTY_KEY_SHIFT) | b)
+            (self.start, self.count, self.ords, self.rects, self.empty_off,
+             self.empty_lr) = forward.gather(pages, read(pages.tolist()), self.list_bin,
+                                             self.list_key, self.empty_keys)
+            self.gathered = True
+        return self
 
 
 @dataclass
@@ -263,7 +292,7 @@ class PassageIndex:
                ) -> list[tuple[int, int, int, int, float]]:
         if t is None:
             return []
-        h_t, h_s, h_e, h_x = self.scan(t)
+        h_t, h_s, h_e, h_x = self.scan(t.gather(self.read_forward))
         return list(zip(t.t_p[h_t].tolist(), t.t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
                         h_x.tolist(), strict=True))
 
@@ -284,8 +313,8 @@ class PassageIndex:
         self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
     ) -> Tasks | None:
         """The index's part of the passage query: the inverted lists named by the passages'
-        sketches, candidate pages per passage, the candidates' empty windows
-        (dupalign.passage_align has the steps). None if no task is left."""
+        sketches and the candidate pages per passage, from the lists alone (their windows
+        are gathered by align: ``Tasks.gather``). None if no task is left."""
         assert state.keys is not None and state.empty is not None
         keys, empty = state.keys, state.empty
         self.counters.passages += len(keys)
@@ -302,28 +331,29 @@ class PassageIndex:
         named = lid >= 0
         self.counters.stopped_bins += int(np.count_nonzero(self.cache.is_long(slots)[lid[named]]))
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]
-        ords, rects = self.cache.ords, self.cache.rects
+        ords = self.cache.ords
         n_before = passage_align.entries_before(start, length, ords, before)
         excl = np.array(sorted(exclude), dtype=np.int64)
         t_p, t_o, pruned = passage_align.select_candidates(
             lid, n_before, start, ords, empty, excl, self.w_match, self.w_empty, self.need,
             self.cfg.max_candidates)
-        # the viability filter runs in align (``scan``), off this thread: the index reads
-        # the empty windows of every candidate left here, which costs less than the filter
+        # the viability filter runs in align (``scan``), off this thread, with the
+        # candidates' windows (their forward records)
         self.counters.candidates_pruned += pruned
         self.counters.candidates_scanned += len(t_p)
         if not len(t_p):
             return None
-        empty_keys, empty_off, empty_lr = self._empty_windows(t_p, t_o, empty)
-        # the lists cut down to the task pages' entries: all that align reads of them
-        entries, list_of = passage_align.entries_of_pages(start, n_before, ords, np.unique(t_o))
-        used, list_of = np.unique(list_of, return_inverse=True)
-        remap = np.zeros(len(start), dtype=np.int64)  # lists left empty share list 0
-        remap[used] = np.arange(1, len(used) + 1)
-        count = np.concatenate(([0], np.bincount(list_of, minlength=len(used))))
+        # stop lists become the empty list 0; the others keep their (bin, key) order
+        kept = ~self.cache.is_long(slots)
+        remap = np.zeros(len(slots), dtype=np.int64)
+        remap[kept] = np.arange(1, int(np.count_nonzero(kept)) + 1)
         lid = np.where(lid >= 0, remap[np.maximum(lid, 0)], -1)
-        return Tasks(t_p, t_o, lid, empty, np.cumsum(count) - count, count, ords[entries],
-                     rects[entries].astype(np.int32), empty_keys, empty_off, empty_lr)
+        return Tasks(t_p, t_o, lid, empty, np.concatenate(([0], l_bins[kept])),
+                     np.concatenate((np.zeros(1, np.uint64), l_keys[kept])))
+
+    def read_forward(self, ordinals: list[int]) -> list[bytes | None]:
+        """The windows values of pages' forward records (dupalign.forward)."""
+        return self.store.multi_get("forward", [u64(o) for o in ordinals])
 
     def _sketches(self, units: U64, starts: I64, ends: I64) -> tuple[U64, npt.NDArray[np.bool_]]:
         """The sketch of every passage: ``(mins[P, k], empty[P, k])``."""
@@ -349,7 +379,7 @@ class PassageIndex:
         long = np.zeros(len(miss), dtype=np.bool_)
         n_run = np.zeros(len(miss), dtype=np.int64)
         n_single = np.zeros(len(miss), dtype=np.int64)
-        runs: list[npt.NDArray[Any]] = []
+        runs: list[I64] = []
         key_bytes: list[bytes] = []
         values: list[bytes] = []
         to_pack: list[tuple[int, bytes, list[bytes]]] = []
@@ -357,26 +387,22 @@ class PassageIndex:
         for y, (b, key) in enumerate(zip(bins[miss].tolist(), keys[miss].tolist(),
                                          strict=True)):
             prefix = _BIN.pack(b) + u64(key)
+            # at most max_list + 1 keys: each holds at least one entry
             ks, vs = reader.items(prefix, max_list + 1, header=True)
             self.counters.keys_read += len(ks)
             if ks and len(ks[0]) == len(prefix):  # the list's long marker
                 self.counters.entries_read += 1
-                if read_u64(vs[0]) > max_list:
-                    long[y] = True
-                    self.counters.long_lists += 1
-                    continue
-                # marked by a store of format <= 4, where max_list was not frozen and may
-                # have been smaller: read the list after all
-                ks, vs = reader.items(prefix, max_list + 2)
-                ks, vs = ks[1:], vs[1:]
-                self.counters.keys_read += len(ks)
+                long[y] = True
+                self.counters.long_lists += 1
+                continue
             replaced: list[bytes] = []
-            run = np.empty(0, dtype=_RUN)
+            run = np.empty(0, dtype=np.int64)
             if ks and ks[0][-4:] == _RUN_SEQ:
-                run = np.frombuffer(vs[0], dtype=_RUN)
+                run = _decode_run(np.frombuffer(vs[0], dtype=np.uint8))
                 replaced = ks[:1]
                 ks, vs = ks[1:], vs[1:]
-            n = len(run) + len(ks)
+            singles = sum(1 if not v else _COUNT.unpack(v)[0] for v in vs)
+            n = len(run) + singles
             self.counters.entries_read += n
             if n > max_list:
                 long[y] = True
@@ -388,47 +414,17 @@ class PassageIndex:
             if len(ks) >= max(self.pack_min, len(run) // 4):
                 to_pack.append((y, prefix, replaced + ks))
             n_run[y] = len(run)
-            n_single[y] = len(ks)
+            n_single[y] = singles
             key_bytes += ks
             values += vs
         self.counters.lists_read += len(miss)
-        off, ords, rects = _assemble_lists(n_run, runs, n_single, key_bytes, values)
+        off, ords = _assemble_lists(n_run, runs, n_single, key_bytes, values)
         for y, prefix, replaced in to_pack:
-            packed = np.empty(int(off[y + 1] - off[y]), dtype=_RUN)
-            packed["ordinal"] = ords[off[y] : off[y + 1]]
-            packed["rect"] = rects[off[y] : off[y + 1]]
-            last = int(packed["ordinal"][-1])
-            self._new_runs[prefix] = (prefix + u64(last) + _RUN_SEQ, packed.tobytes(), replaced)
-        slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords, rects)
+            packed = ords[off[y] : off[y + 1]]
+            self._new_runs[prefix] = (prefix + u64(int(packed[-1])) + _RUN_SEQ,
+                                      _encode_run(packed).tobytes(), replaced)
+        slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords)
         return slots
-
-    def _empty_windows(
-        self, t_p: I64, t_o: I64, empty: npt.NDArray[np.bool_]
-    ) -> tuple[I64, I64, I64]:
-        """The candidates' empty windows in their passages' empty bins, as a CSR array keyed
-        by ``page << 16 | bin`` with (l, r) rows: one multi-get for the whole page."""
-        none = np.empty((0, 2), dtype=np.int64)
-        if not self.w_empty:
-            return np.empty(0, dtype=np.int64), np.zeros(1, dtype=np.int64), none
-        task, b = np.nonzero(empty[t_p])
-        want = np.unique((t_o[task] << passage_align.EMPTY_KEY_SHIFT) | b)
-        return (want, *self.read_empty_windows(want))
-
-    def read_empty_windows(self, want: I64) -> tuple[I64, I64]:
-        """The empty windows under the keys ``page << 16 | bin`` (ascending), as CSR
-        ``(off, rows)``: one multi-get."""
-        ids = np.empty(len(want), dtype=[("ordinal", ">u8"), ("bin", ">u2")])
-        ids["ordinal"] = want >> passage_align.EMPTY_KEY_SHIFT
-        ids["bin"] = want & ((1 << passage_align.EMPTY_KEY_SHIFT) - 1)
-        raw = ids.tobytes()
-        size = ids.dtype.itemsize
-        found = self.store.multi_get(
-            "oph_empty", [raw[x : x + size] for x in range(0, len(raw), size)])
-        values = [v or b"" for v in found]
-        off = np.zeros(len(values) + 1, dtype=np.int64)
-        np.cumsum([len(v) // (2 * _RECT.itemsize) for v in values], out=off[1:])
-        rows = np.frombuffer(b"".join(values), dtype=_RECT).reshape(-1, 2).astype(np.int64)
-        return off, rows
 
     # -- spans ------------------------------------------------------------------------------
     def _spans(self, other: int, hit_boxes: I64, hit_ests: npt.NDArray[np.float64],
@@ -506,34 +502,28 @@ class PassageIndex:
         self._new_runs.clear()
         r = state.rects
         prefix_ord = u64(ordinal)
-        batch.put("positions", prefix_ord, state.positions)
-        # windows in lists known to be stop lists are not written: a stop list stays one
+        # windows in lists known to be stop lists are written nowhere: a stop list stays one
         # (it already holds more than max_list entries), and nothing reads its entries
         nonempty = np.flatnonzero(~r.empty)
         known_stop = self.cache.is_long(self.cache.lookup(r.bin[nonempty], r.key[nonempty],
                                                           touch=False))
         self.counters.stop_entries_skipped += int(np.count_nonzero(known_stop))
-        seq = np.flatnonzero(~known_stop)  # window numbers stay those of all the windows
-        nonempty = nonempty[seq]
-        keys = np.empty(len(nonempty), dtype=_LIST_KEY)
-        keys["bin"], keys["key"] = r.bin[nonempty], r.key[nonempty]
-        keys["ordinal"], keys["seq"] = ordinal, seq
-        packed = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[nonempty].astype(_RECT)
-        ks, vs = keys.tobytes(), packed.tobytes()
-        kw, vw = _LIST_KEY.itemsize, packed.itemsize * 4
-        batch.put_many("oph", [ks[x * kw : (x + 1) * kw] for x in range(len(nonempty))],
-                       [vs[x * vw : (x + 1) * vw] for x in range(len(nonempty))])
-        emp = np.flatnonzero(r.empty)
-        if len(emp):
-            emp = emp[np.argsort(r.bin[emp], kind="stable")]  # one value per bin, rows in order
-            bins = r.bin[emp]
-            cuts = np.flatnonzero(np.diff(bins)) + 1
-            lo = np.concatenate(([0], cuts)).tolist()
-            hi = np.concatenate((cuts, [len(emp)])).tolist()
-            data = np.stack((r.i_lo[emp], r.j_hi[emp]), axis=1).astype(_RECT).tobytes()
-            w = 2 * _RECT.itemsize
-            for a, z, b in zip(lo, hi, bins[lo].tolist(), strict=True):
-                batch.put("oph_empty", prefix_ord + _BIN.pack(b), data[a * w : z * w])
+        nonempty = nonempty[~known_stop]
+        # the forward record: the other windows (their (bin, key) pairs name every list
+        # that holds the page) and the token offsets
+        kept = np.sort(np.concatenate((nonempty, np.flatnonzero(r.empty))))
+        batch.put("forward", prefix_ord, forward.pack_windows(
+            r.bin[kept], r.key[kept],
+            np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[kept], r.empty[kept]))
+        batch.put("positions", prefix_ord, state.positions)
+        # the page in each list of its non-empty windows, with its number of windows there
+        l_bins, l_keys, inverse = _distinct_lists(r.bin[nonempty], r.key[nonempty])
+        n_windows = np.bincount(inverse, minlength=len(l_bins)).tolist()
+        keys = np.empty(len(l_bins), dtype=_LIST_KEY)
+        keys["bin"], keys["key"], keys["ordinal"] = l_bins, l_keys, ordinal
+        ks, kw = keys.tobytes(), _LIST_KEY.itemsize
+        batch.put_many("oph", [ks[x * kw : (x + 1) * kw] for x in range(len(l_bins))],
+                       [b"" if n == 1 else _COUNT.pack(n) for n in n_windows])
 
     def _forget_uncommitted(self) -> None:
         """A page staged but never committed (its processing failed after ``stage``) may or
@@ -549,10 +539,9 @@ class PassageIndex:
         if state is not None and state.rects is not None:
             r = state.rects
             nonempty = np.flatnonzero(~r.empty)
-            rects = np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[nonempty]
             self.counters.long_lists += self.cache.append_page(
                 np.ascontiguousarray(r.bin[nonempty]), np.ascontiguousarray(r.key[nonempty]),
-                ordinal, rects)
+                ordinal)
         self._staged = None
         self.cache.trim()
 
@@ -644,25 +633,22 @@ def _unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[n
     return both[0::2], both[1::2], units
 
 
-def _assemble_lists(n_run: I64, runs: list[npt.NDArray[Any]], n_single: I64,
-                    keys: list[bytes], values: list[bytes]) -> tuple[I64, I64, I64]:
-    """Lists read from the store as CSR ``(offsets, ordinals, rectangles)``: list y is its
-    run's ``n_run[y]`` entries (``runs`` holds those of the lists that have one, in order),
-    then its ``n_single[y]`` entries stored one per key (``keys``/``values``, in order)."""
+def _assemble_lists(n_run: I64, runs: list[I64], n_single: I64, keys: list[bytes],
+                    values: list[bytes]) -> tuple[I64, I64]:
+    """Lists read from the store as CSR ``(offsets, ordinals)``: list y is its run's
+    ``n_run[y]`` entries (``runs`` holds those of the lists that have one, in order), then
+    its ``n_single[y]`` entries stored one key per page (``keys``/``values``, in order; a
+    page with n windows in the list counts n times)."""
     off = np.zeros(len(n_run) + 1, dtype=np.int64)
     np.cumsum(n_run + n_single, out=off[1:])
     single_ords = np.frombuffer(b"".join(keys), dtype=_LIST_KEY)["ordinal"].astype(np.int64)
-    single_rects = _unpack_rects(values)
+    single_ords = np.repeat(single_ords, [1 if not v else _COUNT.unpack(v)[0] for v in values])
     if not runs:
-        return off, single_ords, single_rects
+        return off, single_ords
     ords = np.empty(int(off[-1]), dtype=np.int64)
-    rects = np.empty((int(off[-1]), 4), dtype=np.int64)
-    run = np.concatenate(runs)
-    at_run = _ranks(off[:-1], n_run)
-    at_single = _ranks(off[:-1] + n_run, n_single)
-    ords[at_run], rects[at_run] = run["ordinal"], run["rect"]
-    ords[at_single], rects[at_single] = single_ords, single_rects
-    return off, ords, rects
+    ords[_ranks(off[:-1], n_run)] = np.concatenate(runs)
+    ords[_ranks(off[:-1] + n_run, n_single)] = single_ords
+    return off, ords
 
 
 def _ranks(starts: I64, counts: I64) -> I64:
@@ -671,10 +657,40 @@ def _ranks(starts: I64, counts: I64) -> I64:
     return np.repeat(starts - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
 
 
-def _unpack_rects(values: list[bytes]) -> I64:
-    if not values:
-        return np.empty((0, 4), dtype=np.int64)
-    return np.frombuffer(b"".join(values), dtype=_RECT).reshape(-1, 4).astype(np.int64)
+@njit(cache=True)
+def _encode_run(ords: I64) -> npt.NDArray[np.uint8]:
+    """Ascending ordinals as LEB128 varint deltas (the first from 0)."""
+    out = np.empty(10 * ords.shape[0], dtype=np.uint8)
+    n = 0
+    prev = 0
+    for o in ords:
+        d = o - prev
+        prev = o
+        while d >= 0x80:
+            out[n] = (d & 0x7F) | 0x80
+            d >>= 7
+            n += 1
+        out[n] = d
+        n += 1
+    return out[:n]
+
+
+@njit(cache=True)
+def _decode_run(raw: npt.NDArray[np.uint8]) -> I64:
+    n = 0
+    for byte in raw:
+        n += byte < 0x80
+    out = np.empty(n, dtype=np.int64)
+    acc, shift, prev, x = np.int64(0), 0, np.int64(0), 0
+    for byte in raw:
+        acc |= np.int64(byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            prev += acc
+            out[x] = prev
+            x += 1
+            acc, shift = np.int64(0), 0
+    return out
 
 
 def _passage_starts(n: int, length: int, stride: int) -> list[int]:

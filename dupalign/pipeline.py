@@ -1,12 +1,16 @@
 """The three stages over a stream of pages on several cores: sketch ∥ index ∥ align.
 
-``sketch`` and ``align`` need no shared state, so they run in a pool of ``jobs`` worker
-processes (or threads: ``executor="thread"``; CPython holds the GIL in most of their
-Python and numba code, so processes are what spreads them over cores). Their messages
-(``PageSketch``, ``AlignRequest``) cross the process boundary pickled, which copies the
-numpy arrays once (their msgpack forms, ``to_bytes``, cost more and are for other
-transports: Kafka). ``index`` runs here, on the calling thread, one page at a time in
-input (ordinal) order, and so does ``finish``, which stores each page's matches.
+``sketch`` and ``align`` need no shared index state, so they run in a pool of ``jobs``
+worker processes (or threads: ``executor="thread"``; CPython holds the GIL in most of
+their Python and numba code, so processes are what spreads them over cores). Their
+messages (``PageSketch``, ``AlignRequest``) cross the process boundary pickled, which
+copies the numpy arrays once (their msgpack forms, ``to_bytes``, cost more and are for
+other transports: Kafka). An ``AlignRequest`` names the candidate pages only: each worker
+process reads their forward records (dupalign.forward) from its own RocksDB secondary
+instance of the store, which catches up with this process's writes when a record is
+newer than what it has seen (threads read the store itself). ``index`` runs here, on
+the calling thread, one page at a time in input (ordinal) order, and so does ``finish``,
+which stores each page's matches.
 Both queues are bounded (``depth`` pages each), so memory stays flat whatever the input.
 
 Results never depend on ``jobs``: the index sees the pages in the same order as
@@ -20,10 +24,13 @@ restarted with the new table so that this stays rare.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from multiprocessing.util import Finalize
 from typing import TYPE_CHECKING, Any, Literal
 
 from dupalign.align import Aligner
@@ -34,6 +41,7 @@ from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match, Span
 from dupalign.page import Page
 from dupalign.sketch import PageSketch, Sketcher
+from dupalign.store import Store
 
 if TYPE_CHECKING:
     from dupalign.engine import Engine, Source
@@ -51,14 +59,34 @@ def default_jobs() -> int:
 _local = threading.local()
 
 
-def _init_worker(config: EngineConfig, idf: IdfTable) -> None:
-    _local.config, _local.idf = config, idf
+def _init_worker(config: EngineConfig, idf: IdfTable, store: Store | tuple[str, dict[str, Any]]
+                 ) -> None:
+    """``store``: the store itself (threads), or its path and parameters (processes: each
+    opens a secondary instance when it first aligns)."""
+    _local.config, _local.idf, _local.store = config, idf, store
 
 
 def _stage(name: str) -> Any:
     if not hasattr(_local, name):
-        setattr(_local, name, (Sketcher if name == "sketcher" else Aligner)(_local.config))
+        if name == "sketcher":
+            _local.sketcher = Sketcher(_local.config)
+        else:
+            _local.aligner = Aligner(_local.config, _worker_store())
     return getattr(_local, name)
+
+
+def _worker_store() -> Store:
+    store = _local.store
+    if isinstance(store, Store):
+        return store
+    path, params = store
+    # the secondary's own files (its info log) live in a directory of this process,
+    # removed when it exits with the pool (multiprocessing runs Finalize, not atexit)
+    here = tempfile.mkdtemp(prefix="dupalign-align-")
+    secondary = Store(path, params, secondary=here, block_cache_bytes=64 << 20)
+    Finalize(secondary, shutil.rmtree, args=(here, True), exitpriority=1)
+    Finalize(secondary, secondary.close, exitpriority=2)
+    return secondary
 
 
 def sketch_in_worker(page: Page) -> PageSketch:
@@ -78,9 +106,10 @@ class WorkerPool:
     """Worker processes (or threads) whose workers hold the idf table in force when it was
     made; kept by the engine across ``process_many`` calls."""
 
-    def __init__(self, kind: ExecutorKind, jobs: int, config: EngineConfig, idf: IdfTable):
+    def __init__(self, kind: ExecutorKind, jobs: int, config: EngineConfig, idf: IdfTable,
+                 store: Store):
         self.kind, self.jobs, self.version = kind, jobs, idf.version
-        args = (config, idf)
+        args = (config, idf, store if kind == "thread" else (str(store.path), store.params))
         self.executor: Executor = (
             ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=args)
             if kind == "process" else
@@ -90,6 +119,17 @@ class WorkerPool:
         """``wait=False``: the work already submitted still runs (the pipeline waits for
         it), then the workers exit."""
         self.executor.shutdown(wait=wait)
+
+
+def _aligned(engine: Engine, result: IndexResult, future: Future[Any]) -> Any:
+    """The worker's passage matches; if the worker failed (its view of the store, say a
+    secondary instance that could not catch up), the page is aligned here, on the store
+    itself, so that no page's result depends on a worker: an error of the page's own
+    raises here the same way."""
+    try:
+        return future.result()
+    except Exception:
+        return engine.align(result)
 
 
 def run_pipeline(
@@ -122,7 +162,7 @@ def run_pipeline(
             return page, result
         engine.report_pipelined(result)
         try:
-            found = [] if future is None else future.result()
+            found = [] if future is None else _aligned(engine, result, future)
             return page, indexer.finish(result, found)
         except StoreError:
             raise

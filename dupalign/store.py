@@ -44,13 +44,14 @@ FAMILIES = (
     "exact",  # content hash (16 B) ‖ ordinal -> b""
     "simhash",  # fingerprint ‖ ordinal -> b""
     "cws",  # ordinal -> K uint64 min-hashes of the page's word shingles (verification)
-    "oph",  # bin ‖ min-hash value ‖ ordinal ‖ seq -> rectangle: inverted lists of non-empty
-    # windows; bin ‖ min-hash value -> u64 n: the list holds at least n entries (marks long
-    # lists); bin ‖ min-hash value ‖ ordinal ‖ 0xFFFFFFFF -> a run: every entry of the list up
-    # to that ordinal packed in one value (dupalign.passages: packed when read)
-    "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
-    "oph_keys",  # stores of format <= 4 only (ordinal -> fingerprints of the page's lists)
-    "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
+    "oph",  # bin ‖ min-hash value ‖ ordinal -> b"" or <u4 n: inverted lists of page
+    # ordinals (the page has 1 or n windows in the list); bin ‖ min-hash value -> u64 n: the
+    # list holds at least n entries (marks long lists); bin ‖ min-hash value ‖ ordinal ‖
+    # 0xFFFFFFFF -> a run: every entry of the list up to that ordinal packed in one value,
+    # varint deltas (dupalign.passages: packed when read)
+    "forward",  # ordinal -> the page's windows: non-empty (bin, key, rectangle) and empty
+    # (bin, l, r); with ``positions`` the page's forward record (dupalign.forward)
+    "positions",  # ordinal -> token character offsets (int32 starts, ends) and unit hashes
     "idf_pending",  # ordinal -> distinct token hashes, kept until the last idf freeze
     "offsets",  # topic ‖ partition -> next offset to consume
     "unfinished",  # ordinal -> the page's index result (dupalign.index), until its matches
@@ -88,6 +89,10 @@ def parse_offsets_key(key: bytes) -> tuple[str, int]:
 # (tests/bench/bench_store.py).
 PREFIX_LENGTHS = {"oph": 10}
 
+
+# How to get a store this version reads from one it does not: the pages are not kept.
+REBUILD = ("rebuild it by processing the pages again into a new store (dupalign scan --store "
+           "NEW ..., or a worker with a new store.path)")
 
 BLOCK_CACHE_BYTES = 256 << 20  # uncompressed blocks shared by all families (default)
 
@@ -144,20 +149,28 @@ class Store:
     def __init__(self, path: str | Path, params: dict[str, Any], read_only: bool = False,
                  implied: dict[str, Any] | None = None,
                  upgrades: dict[str, tuple[Any, ...]] | None = None,
-                 block_cache_bytes: int = BLOCK_CACHE_BYTES) -> None:
+                 block_cache_bytes: int = BLOCK_CACHE_BYTES,
+                 secondary: str | Path | None = None) -> None:
         """``implied``: parameters added after some stores were made, with the value those
         stores were built with (a store that lacks one was built with that value).
         ``upgrades``: per parameter, older values a store may have that the asked value
         only extends (a later store format that adds optional entries): opened for
-        writing, such a store is upgraded to the asked value, if nothing else differs."""
+        writing, such a store is upgraded to the asked value, if nothing else differs.
+        ``secondary``: open read-only as a RocksDB secondary instance (its own files in
+        that directory) that follows the process writing the store (``catch_up``)."""
         self.path = Path(path)
+        self.secondary = secondary is not None
+        read_only = read_only or self.secondary
         opts = _options()
+        if self.secondary:  # keeps every table file open: the writer may delete them
+            opts.set_max_open_files(-1)
         if read_only:
             if not (self.path / "CURRENT").exists():
                 raise StoreUnavailable(f"no store at {self.path}" + (
                     " (the directory exists but holds no dupalign store)"
                     if self.path.is_dir() else ""))
-            access = AccessType.read_only()
+            access = (AccessType.secondary(str(secondary)) if secondary is not None
+                      else AccessType.read_only())
         else:
             if self.path.exists() and not self.path.is_dir():
                 raise StoreUnavailable(f"store path {self.path} is a file, not a directory")
@@ -174,6 +187,9 @@ class Store:
                 existing = set(Rdict.list_cf(str(self.path), opts))
                 if read_only:
                     families = {n: o for n, o in families.items() if n in existing}
+                else:  # every family must be opened for writing, those of older formats too
+                    families.update({n: _options(n, cache) for n in existing
+                                     if n not in families and n != "default"})
             self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
         except Exception as exc:  # rocksdict raises plain Exception("IO error: ...")
             raise StoreUnavailable(_open_failure(self.path, str(exc))) from None
@@ -193,12 +209,12 @@ class Store:
             self.params = dict(params)
             return
         self.params = {**implied, **msgpack.unpackb(stored)}
+        has, reads = self.params.get("format"), params.get("format")
+        if "format" in params and has != reads and has not in upgrades.get("format", ()):
+            raise StoreMismatch(f"store {self.path} has format {has!r}, which this version "
+                                f"of dupalign does not read (it reads format {reads!r} and "
+                                f"the ones it upgrades): {REBUILD}")
         if read_only:  # a reader takes the store's parameters, if it can read its format
-            has, reads = self.params.get("format"), params.get("format")
-            if "format" in params and has != reads and has not in upgrades.get("format", ()):
-                raise StoreMismatch(f"store {self.path} has format {has!r}, which this version "
-                                    f"of dupalign does not read (it reads format {reads!r} and "
-                                    "the ones it upgrades); rebuild the store")
             return
         diff = {
             k: (self.params.get(k), params.get(k))
@@ -214,6 +230,17 @@ class Store:
                                sorted(diff.items()))
             raise StoreMismatch(f"store {self.path} was built with other parameters ({detail}); "
                                 "use the same config or a new store")
+
+    def catch_up(self) -> bool:
+        """A secondary instance: see what the writer wrote since (returns True); any other
+        instance sees its own writes already (returns False)."""
+        if not self.secondary:
+            return False
+        try:
+            self._db.try_catch_up_with_primary()
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
+        return True
 
     def get(self, family: str, key: bytes) -> bytes | None:
         cf = self._cfs[family]

@@ -81,7 +81,7 @@ def _store_not_writable(tmp: Path) -> list[str]:
 
 
 def _store_other_params(tmp: Path) -> list[str]:
-    Store(tmp / "s", {"format": 5, "seed": 1}).close()
+    Store(tmp / "s", {"format": 6, "seed": 1}).close()
     return ["scan", str(RFC2821), "--store", "s"]
 
 
@@ -141,7 +141,8 @@ CASES = [
     Case("store with other parameters", _store_other_params, Exit.STORE,
          "seed: store has 1, asked for 24301"),
     Case("store of another version", _store_other_version, Exit.STORE,
-         "format: store has 1, asked for 5"),
+         "store s has format 1, which this version of dupalign does not read (it reads "
+         "format 6 and the ones it upgrades): rebuild it by processing the pages again"),
     Case("stats on a store of another version", _stats_other_version, Exit.STORE,
          "store s has format 1, which this version of dupalign does not read"),
     Case("query without a store", _query_missing_store, Exit.STORE, "no store at nostore"),
@@ -178,7 +179,7 @@ def store_held_open(path: Path) -> Iterator[subprocess.Popen[str]]:
     """Another process with the store at ``path`` open for writing (it holds the lock)."""
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys\nfrom dupalign.store import Store\n"
-         f"s = Store({str(path)!r}, {{'format': 5}})\nprint('open', flush=True)\n"
+         f"s = Store({str(path)!r}, {{'format': 6}})\nprint('open', flush=True)\n"
          "sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

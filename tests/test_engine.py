@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +19,10 @@ from dupalign.hashing import token_hashes
 from dupalign.idf import IdfTable, tf_idf_weights
 from dupalign.page import Page
 from dupalign.simhash import hamming, weighted_simhash
+from dupalign.store import Store
 from dupalign.text import decode_body, tokenize
 from tests.corpora import CLOUGH, DEMO, RFC
+from worker.exits import Exit
 
 
 def rfc_words(name: str, start: int = 0, count: int = 600) -> list[str]:
@@ -289,21 +293,35 @@ def test_same_words_in_another_order_are_not_near_duplicates(tmp_path: Path) -> 
         assert [m.match_doc_id for m in found if m.kind == "near"] == ["orig"]
 
 
-@pytest.mark.parametrize("old_format", [2, 3, 4])
-def test_an_older_format_store_is_upgraded_and_keeps_its_pages(tmp_path: Path,
-                                                              old_format: int) -> None:
-    """Formats 3 to 5 add long-list marks, packed runs and stop lists over complete lists:
-    a format 2, 3 or 4 store (which did not record max_list: the default 256 is implied)
-    opens, records format 5 and still finds its pages."""
+@pytest.mark.parametrize("old_format", [2, 5])
+def test_an_older_format_store_is_refused_with_how_to_rebuild_it(tmp_path: Path,
+                                                                 old_format: int) -> None:
+    """Format 6 keeps windows in forward records, not in the inverted lists: a store of
+    an older format (its families, oph_empty among them, and its format in meta) is
+    refused for writing and for reading, with a message that says how to rebuild it, and
+    is left as it was."""
     import msgpack
+    from rocksdict import Options, Rdict
 
     base = rfc_words("rfc2821.txt", 0, 400)
     with Engine.open(tmp_path / "s") as engine:
         engine.process(page("a", base))
-        params = {k: v for k, v in engine.store.params.items() if k != "passage_max_list"}
-        engine.store.put("meta", b"params", msgpack.packb({**params, "format": old_format}))
-    with Engine.open(tmp_path / "s") as engine:
-        assert engine.store.params["format"] == 5
-        assert engine.store.params["passage_max_list"] == 256
-        found = engine.process(page("b", base))
-        assert [(m.kind, m.match_doc_id) for m in found] == [("exact", "a")]
+        engine.store.put("meta", b"params",
+                         msgpack.packb({**engine.store.params, "format": old_format}))
+    db = Rdict(str(tmp_path / "s"), Options(raw_mode=True),
+               column_families={n: Options(raw_mode=True)
+                                for n in Rdict.list_cf(str(tmp_path / "s")) if n != "default"})
+    db.create_column_family("oph_empty", Options(raw_mode=True))[b"\0"] = b"rows"
+    db.close()
+    for read_only in (False, True):
+        with pytest.raises(StoreMismatch, match=(
+                f"has format {old_format}, which this version of dupalign does not read .*"
+                "rebuild it by processing the pages again into a new store")):
+            Engine.open(tmp_path / "s", read_only=read_only)
+    run = subprocess.run([sys.executable, "-m", "worker.cli", "scan",
+                          str(DEMO / "rfc" / "rfc2821.txt"),
+                          "--store", str(tmp_path / "s")], capture_output=True, text=True)
+    assert run.returncode == Exit.STORE and "dupalign scan --store NEW" in run.stderr
+    store = Store(tmp_path / "s", {}, read_only=True)
+    assert msgpack.unpackb(store.get("meta", b"params") or b"")["format"] == old_format
+    store.close()

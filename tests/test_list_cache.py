@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from dupalign.list_cache import ListCache
 
-Entry = tuple[int, tuple[int, int, int, int]]
+Entry = int  # a page ordinal (one per window of the page in the list)
 
 
 def _cached(cache: ListCache, twin: dict[tuple[int, int], list[Entry] | None]) -> None:
@@ -27,8 +27,7 @@ def _cached(cache: ListCache, twin: dict[tuple[int, int], list[Entry] | None]) -
         if want is None:
             assert is_long, name
             continue
-        ords, rects = cache.entries(slot)
-        got = [(int(o), tuple(int(v) for v in r)) for o, r in zip(ords, rects, strict=True)]
+        got = [int(o) for o in cache.entries(slot)]
         assert got == want, name
 
 
@@ -61,25 +60,22 @@ def test_cache_equals_dict_of_lists(ops: list, max_list: int, budget: int) -> No
             kept = [[] if lg else r for r, lg in zip(rows, long.tolist(), strict=True)]
             off = np.zeros(len(miss) + 1, dtype=np.int64)
             np.cumsum([len(r) for r in kept], out=off[1:])
-            ords = np.array([o for r in kept for o, _ in r], dtype=np.int64)
-            rects = np.array([q for r in kept for _, q in r], dtype=np.int64).reshape(-1, 4)
+            ords = np.array([o for r in kept for o in r], dtype=np.int64)
             if miss:
-                cache.insert(bins[miss], keys[miss], long, off, ords, rects)
+                cache.insert(bins[miss], keys[miss], long, off, ords)
             for x, r, lg in zip(miss, rows, long.tolist(), strict=True):
                 twin[uniq[x]] = None if lg else list(r)
         else:
-            rects = np.array([[ordinal, i, i + 1, i + 2] for i in range(len(names))],
-                             dtype=np.int64)
-            for (b, k), r in zip(names, rects.tolist(), strict=True):
-                store.setdefault((b, k), []).append((ordinal, tuple(r)))
+            for b, k in names:
+                store.setdefault((b, k), []).append(ordinal)
                 if twin.get((b, k)) is not None:
                     lst = twin[(b, k)]
                     assert lst is not None
-                    lst.append((ordinal, tuple(r)))
+                    lst.append(ordinal)
                     if len(lst) > max_list:
                         twin[(b, k)] = None
             cache.append_page(np.array([b for b, _ in names], dtype=np.int64),
-                              np.array([k for _, k in names], dtype=np.uint64), ordinal, rects)
+                              np.array([k for _, k in names], dtype=np.uint64), ordinal)
             cache.trim()
             assert cache.bytes_used <= max(budget, 0) or len(cache) == 0
         _cached(cache, twin)
@@ -90,13 +86,11 @@ def test_lists_move_when_they_outgrow_their_run() -> None:
     bins = np.array([0, 1], dtype=np.int64)
     keys = np.array([7, 2**63 + 5], dtype=np.uint64)  # keys above 2^63 too
     cache.insert(bins, keys, np.zeros(2, dtype=np.bool_), np.array([0, 1, 2]),
-                 np.array([0, 0]), np.array([[1, 1, 1, 1], [2, 2, 2, 2]]))
+                 np.array([0, 0]))
     for ordinal in range(1, 20):
-        cache.append_page(bins, keys, ordinal, np.full((2, 4), ordinal, dtype=np.int64))
-    for x, slot in enumerate(cache.lookup(bins, keys).tolist()):
-        ords, rects = cache.entries(slot)
-        assert ords.tolist() == list(range(20))
-        assert rects[0].tolist() == [x + 1] * 4 and rects[5].tolist() == [5] * 4
+        cache.append_page(bins, keys, ordinal)
+    for slot in cache.lookup(bins, keys).tolist():
+        assert cache.entries(slot).tolist() == list(range(20))
 
 
 def test_many_lists_grow_the_table_and_survive_trims() -> None:
@@ -116,15 +110,13 @@ def test_many_lists_grow_the_table_and_survive_trims() -> None:
         hi = min(len(uniq), lo + 1000)
         rows = np.arange(lo, hi, dtype=np.int64)
         cache.insert(bins[lo:hi], keys[lo:hi], np.zeros(hi - lo, dtype=np.bool_),
-                     np.arange(hi - lo + 1, dtype=np.int64), rows,
-                     np.repeat(rows[:, None], 4, axis=1))
+                     np.arange(hi - lo + 1, dtype=np.int64), rows)
     assert len(cache) == len(uniq) and len(cache.table) >= 2 * len(uniq)
 
     def check() -> int:
         slots = cache.lookup(bins, keys)
         for x in np.flatnonzero(slots >= 0).tolist():
-            ords, rects = cache.entries(int(slots[x]))
-            assert ords.tolist() == [x] and rects.tolist() == [[x] * 4]
+            assert cache.entries(int(slots[x])).tolist() == [x]
         return int(np.count_nonzero(slots >= 0))
 
     assert check() == len(uniq)

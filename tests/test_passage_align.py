@@ -213,25 +213,7 @@ def test_unsorted_empty_windows_are_refused() -> None:
 
 
 @pytest.mark.parametrize("kernel", ["passage_sketches", "entries_before", "select_candidates",
-                                    "entries_of_pages",
                                     "viable_tasks", "scan_tasks"])
 def test_kernels_release_the_gil(kernel: str) -> None:
     """A thread pool runs the align stage in parallel only if these release the GIL."""
     assert getattr(pa, kernel).targetoptions.get("nogil") is True
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 30), max_size=12), max_size=8), st.data())
-def test_entries_of_pages_equals_a_filter(lists: list[list[int]], data: st.DataObject) -> None:
-    """The rows of the lists' entries (before ``n_before``) whose page is asked, in list
-    then row order, with their list."""
-    lists = [sorted(x) for x in lists]
-    n_before = np.array([data.draw(st.integers(0, len(x))) for x in lists], dtype=np.int64)
-    start = np.cumsum([0] + [len(x) for x in lists])[:-1].astype(np.int64)
-    ords = np.array([o for x in lists for o in x], dtype=np.int64)
-    pages = np.array(sorted(set(data.draw(st.lists(st.integers(0, 31), max_size=6)))),
-                     dtype=np.int64)
-    rows, list_of = pa.entries_of_pages(start, n_before, ords, pages)
-    want = [(int(start[x]) + i, x) for x in range(len(lists)) for i in range(int(n_before[x]))
-            if lists[x][i] in set(pages.tolist())]
-    assert list(zip(rows.tolist(), list_of.tolist(), strict=True)) == want

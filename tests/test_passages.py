@@ -336,10 +336,7 @@ def _common_phrase_stream() -> tuple[list[str], str, Any]:
 def test_long_list_markers(tmp_path: Path) -> None:
     """A list read from the store and found long is marked with the next page, so that a
     later read (after the list left memory) takes one entry instead of max_list + 1. The
-    marks change no result; in a store of format <= 4 (max_list not frozen) a mark left
-    under a smaller max_list is read past."""
-    import msgpack
-
+    marks change no result."""
     texts, query, config = _common_phrase_stream()
 
     def build(path: Path, evict: bool) -> list[tuple[bytes, bytes]]:
@@ -364,17 +361,6 @@ def test_long_list_markers(tmp_path: Path) -> None:
     assert marked == plain and plain
     assert marked_long == plain_long > 0
     assert marked_read < plain_read
-    # as format 4 stores, which did not record max_list, both open under the implied 256:
-    # the lists are short then, and the marks (7 entries) are read past
-    for name in ("plain", "marked"):
-        with Engine.open(tmp_path / name, config(6)) as eng:
-            old = {k: v for k, v in eng.store.params.items() if k != "passage_max_list"}
-            eng.store.put("meta", b"params", msgpack.packb({**old, "format": 4}))
-    plain256, plain256_read, _ = cold_query(tmp_path / "plain", 256)
-    marked256, marked256_read, marked256_long = cold_query(tmp_path / "marked", 256)
-    assert marked256 == plain256 and marked256_long == 0
-    assert marked256_read > plain256_read
-    assert len(marked256) >= len(plain)  # no stop lists: nothing is dropped
 
 
 # -- real text: Clough & Stevenson ------------------------------------------------------------
@@ -412,8 +398,9 @@ def _inside(tokens: Tokens, char_ranges: list[tuple[int, int]]) -> np.ndarray:
 
 
 def _stored_lists(store_dir: Path, cfg: EngineConfig) -> tuple[dict[bytes, list[Any]], int]:
-    """Every inverted list in the store as (ordinal, rectangle) entries in key order, read
-    key by key (runs unpacked here, independently of the engine), and the number of runs."""
+    """Every inverted list in the store as its entries (a page's ordinal once per window of
+    the page in the list) in key order, read key by key (runs' varint deltas decoded here,
+    independently of the engine), and the number of runs."""
     lists: dict[bytes, list[Any]] = defaultdict(list)
     n_runs = 0
     with Engine.open(store_dir, cfg, read_only=True) as eng:
@@ -422,11 +409,17 @@ def _stored_lists(store_dir: Path, cfg: EngineConfig) -> tuple[dict[bytes, list[
                 continue
             if key[18:] == b"\xff" * 4:
                 n_runs += 1
-                for x in range(0, len(value), 24):
-                    lists[key[:10]].append((int.from_bytes(value[x : x + 8], "little"),
-                                            value[x + 8 : x + 24]))
+                ordinal = delta = shift = 0
+                for byte in value:
+                    delta |= (byte & 0x7F) << shift
+                    shift += 7
+                    if byte < 0x80:
+                        ordinal += delta
+                        lists[key[:10]].append(ordinal)
+                        delta = shift = 0
             else:
-                lists[key[:10]].append((int.from_bytes(key[10:18], "big"), value))
+                n = 1 if not value else int.from_bytes(value, "little")
+                lists[key[:10]] += [int.from_bytes(key[10:18], "big")] * n
     return dict(lists), n_runs
 
 
@@ -458,7 +451,7 @@ def test_packed_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     packed, packed_runs = _stored_lists(tmp_path / "packed", cfg)
     assert plain_runs == 0 and packed_runs > 0
     assert packed == plain
-    assert all(e == sorted(e, key=lambda x: x[0]) for e in packed.values())
+    assert all(e == sorted(e) for e in packed.values())
 
     def cold_query(path: Path) -> tuple[list[object], passages.PassageCounters]:
         with Engine.open(path, cfg, read_only=True) as eng:

@@ -13,12 +13,14 @@ import msgpack
 import numpy as np
 import pytest
 
+from dupalign.align import Aligner
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
 from dupalign.errors import ConfigError, PageRejected
 from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match
 from dupalign.page import Page
+from dupalign.pipeline import ExecutorKind
 from dupalign.sketch import PageSketch
 from tests.test_engine import edit, rfc_words
 from worker import messages
@@ -55,11 +57,12 @@ def random_pages(seed: int, n: int) -> list[Page]:
     return pages
 
 
-def run(store: Path, pages: list[Page], jobs: int, cfg: EngineConfig) -> list[object]:
+def run(store: Path, pages: list[Page], jobs: int, cfg: EngineConfig,
+        executor: ExecutorKind = "process") -> list[object]:
     out: list[object] = []
     with Engine.open(store, cfg) as engine:
         items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
-        for page, found in engine.process_many(items, jobs=jobs):
+        for page, found in engine.process_many(items, jobs=jobs, executor=executor):
             if isinstance(found, PageRejected):
                 out.append((page.id, "rejected", found.reason))
             else:
@@ -83,6 +86,13 @@ def test_matches_do_not_depend_on_the_number_of_workers(tmp_path: Path, seed: in
     assert any(r[1] == "rejected" for r in one)
 
 
+def test_threads_read_the_forward_records_of_the_store_itself(tmp_path: Path) -> None:
+    """With threads the align workers read the store the index writes (no secondary)."""
+    pages = random_pages(5, 30)
+    assert (run(tmp_path / "t", pages, 2, EngineConfig(), "thread")
+            == run(tmp_path / "one", pages, 1, EngineConfig()))
+
+
 def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
     pages = random_pages(3, 12)
     with Engine.open(tmp_path / "s") as engine:
@@ -97,15 +107,27 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
             assert IndexResult.from_bytes(result.to_bytes()).to_bytes() == result.to_bytes()
             if result.align is not None:
                 requests += 1
+                with pytest.raises(ValueError, match="forward data is not attached"):
+                    result.align.to_bytes(forward=True)
+                # what the index keeps (align reads the forward records from the store) and
+                # what an align stage without store access receives: the same matches
+                bare = AlignRequest.from_bytes(result.align.to_bytes(forward=False))
+                carried = engine.indexer.with_forward(
+                    AlignRequest.from_bytes(result.align.to_bytes(forward=False)))
                 for forward in (True, False):
                     messages.validate("align_request", msgpack.unpackb(
-                        result.align.to_bytes(forward), raw=False))
-                broken = result.align.to_dict()
+                        carried.to_bytes(forward), raw=False))
+                broken = carried.to_dict()
                 del broken["t_p"]
                 with pytest.raises(messages.MessageRejected):
-                    messages.validate("align_request", {"v": 1, **broken})
-                wire = AlignRequest.from_bytes(result.align.to_bytes())
-                assert engine.aligner.align(wire) == engine.aligner.align(result.align)
+                    messages.validate("align_request", {"v": 2, **broken})
+                wire = AlignRequest.from_bytes(carried.to_bytes())
+                assert wire.to_bytes() == carried.to_bytes()
+                no_store = Aligner(engine.config)  # the Kafka align role's view
+                assert (no_store.align(wire) == engine.aligner.align(bare)
+                        == engine.aligner.align(result.align))
+                with pytest.raises(KeyError, match="no store"):
+                    no_store.align(AlignRequest.from_bytes(result.align.to_bytes(False)))
             with contextlib.suppress(PageRejected):
                 engine.indexer.finish(result, engine.align(result))
         assert requests
@@ -178,3 +200,18 @@ def test_passage_matches_per_page_are_capped_keeping_the_best(tmp_path: Path) ->
     assert capped == [m for m in every if m in best[:3]]
     with pytest.raises(ConfigError, match=r"passage\.max_matches"):
         EngineConfig(passage=PassageConfig(max_matches=0)).validate()
+
+
+def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers without a view of the store (as if their secondary instance failed) cannot
+    read the candidates' forward records: those pages are aligned by the calling process,
+    and the matches stay those of one process."""
+    from dupalign import pipeline
+
+    monkeypatch.setattr(pipeline, "_worker_store", lambda: None)  # forked into the workers
+    pages = random_pages(7, 30)
+    blind = run(tmp_path / "blind", pages, 2, EngineConfig())
+    assert blind == run(tmp_path / "one", pages, 1, EngineConfig())
+    assert any(m["kind"] == "passage" for _, *rest in blind if rest and isinstance(rest[0], list)
+               for m in rest[0])

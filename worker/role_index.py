@@ -265,7 +265,7 @@ class IndexRole:
             result = indexer.index(sk, at)
             waiting = Waiting(ordinal, source, sketch_offset, result)
             if result.align is not None:
-                request = result.align.to_bytes(forward=True)
+                request = indexer.with_forward(result.align).to_bytes(forward=True)
                 if len(request) > self.kc.max_request_size - RECORD_OVERHEAD:
                     # too big for one record (a huge page's candidates): aligned here
                     waiting.passages = engine.align(result)

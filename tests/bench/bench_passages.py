@@ -51,6 +51,7 @@ import resource
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -559,7 +560,10 @@ def dense_stream(n: int, rng: np.random.Generator) -> Iterator[tuple[str, list[i
 
 
 def family_bytes(eng: Engine, family: str) -> int:
-    cf = eng.store._cfs[family]
+    """Bytes of a column family after flush (0 if the store's format has no such family)."""
+    cf = eng.store._cfs.get(family)
+    if cf is None:
+        return 0
     return int(cf.property_int_value("rocksdb.total-sst-files-size") or 0) + int(
         cf.property_int_value("rocksdb.size-all-mem-tables") or 0)
 
@@ -589,7 +593,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           max_lists: tuple[int, ...] = (PassageConfig.max_list,),
           compare_refine: bool = False, dense: bool = False,
           caps: tuple[int, int] = (PassageConfig.max_candidates, PassageConfig.max_matches),
-          ) -> None:
+          name: str | None = None) -> None:
     rng = np.random.default_rng(5)
     texts = (dense_stream(checkpoints[-1], rng) if dense else
              page_stream(checkpoints[-1], rng, use_docs))
@@ -604,7 +608,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           "matched with the page it was copied from")
     # (name, passage.max_list, cache.lists_mb, pack lists read from the store, refine spans)
     specs = [(" ".join([f"ml {m}"] * (len(max_lists) > 1) + [f"mb {mb}"] * (len(lists_mbs) > 1))
-              or ("refined" if compare_refine else "runs"), m, mb, True, True)
+              or name or ("refined" if compare_refine else "runs"), m, mb, True, True)
              for m in max_lists for mb in lists_mbs]
     if compare_runs:
         specs.append(("no runs", max_lists[0], lists_mbs[0], False, True))
@@ -674,7 +678,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                 dp = max(1, c1["passages"] - c["passages"])
                 v.engine.store.flush()
                 size = v.engine.store.size_bytes()
-                oph = family_bytes(v.engine, "oph") + family_bytes(v.engine, "oph_empty")
+                # the passage index: lists, and the windows (forward records, or empty windows
+                # beside lists that hold the rectangles in stores before format 6)
+                oph = sum(family_bytes(v.engine, f) for f in ("oph", "oph_empty", "forward"))
                 proc = "-" if len(variants) > 1 else f"{1e3 * dcpu / n:.2f}"
                 print(f"{cp:>7} {v.name:>8} {1e3 * v.wall / n:>8.2f} {1e3 * v.thread / n:>7.2f} "
                       f"{proc:>7} {dp / n:>7.1f} "
@@ -695,7 +701,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
             done = cp
         for v in variants:
             fams = {f: family_bytes(v.engine, f)
-                    for f in ("oph", "oph_empty", "positions", "docs")}
+                    for f in ("oph", "oph_empty", "forward", "positions", "docs")}
             print(f"{v.name}: bytes per token by family after flush: " + ", ".join(
                 f"{f} {b / tokens:.1f}" for f, b in fams.items()) + f" ({tokens} tokens)")
     finally:
@@ -714,7 +720,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
 
 def _git_state() -> str:
     """HEAD and whether the engine's passage code differs from it (others edit the tree)."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(str(sys.modules[Engine.__module__].__file__)).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, text=True,
                               capture_output=True, check=True).stdout.strip()
@@ -757,7 +763,14 @@ def main() -> None:
                     help="scale: also run an engine that never packs lists, pages in turn")
     ap.add_argument("--compare-refine", action="store_true",
                     help="scale: also run an engine reporting the scan's raw spans, pages in turn")
+    ap.add_argument("--baseline", type=Path,
+                    help="scale: first run the same scale command with the dupalign of this "
+                    "checkout (e.g. made by git worktree add --detach DIR REF), rows 'base'")
+    ap.add_argument("--name", help=argparse.SUPPRESS)  # the variant's name in the table
     args = ap.parse_args()
+    if args.baseline is not None:
+        run_baseline(args.baseline, [a for a in sys.argv[1:]
+                                     if a != "--baseline" and a != str(args.baseline)])
     print(f"# dupalign at {_git_state()}\n")
     rng = np.random.default_rng(1)
     if args.only in (None, "accuracy"):
@@ -779,7 +792,23 @@ def main() -> None:
                                      tuple(int(x) for x in args.max_list.split(",")),
                                      args.compare_refine,
                                      args.stream == "dense",
-                                     (args.max_candidates, args.max_matches)))
+                                     (args.max_candidates, args.max_matches),
+                                     args.name or ("ours" if args.baseline else None)))
+
+
+def run_baseline(checkout: Path, argv: list[str]) -> None:
+    """This bench's scale command with the dupalign package (and tests.corpora) of another
+    checkout: the same stream through the old engine, printed before ours."""
+    code = ("import importlib.util, sys\n"
+            f"sys.path.insert(0, {str(checkout.resolve())!r})\n"
+            f"spec = importlib.util.spec_from_file_location('bench_base', {__file__!r})\n"
+            "m = importlib.util.module_from_spec(spec)\n"
+            "sys.modules['bench_base'] = m\n"
+            "spec.loader.exec_module(m)\n"
+            f"sys.argv = ['bench_passages', *{argv!r}, '--name', 'base']\n"
+            "m.main()\n")
+    print(f"# baseline: {checkout}", flush=True)
+    subprocess.run([sys.executable, "-c", code], cwd=str(checkout), check=True)
 
 
 if __name__ == "__main__":

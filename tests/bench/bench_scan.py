@@ -28,10 +28,11 @@ fraction of reported pairs with Jaccard ≥ 0.85. Only exact and near matches co
 Then, from the ``--jobs 1`` runs: CPU per page of each stage (sketch, index with the
 storing of matches, align), the index stage's share (the part that cannot run in
 parallel), and the wire size of ``PageSketch`` and of the align tasks per page and per
-token (per token of all pages): the tasks alone (the query page's passages, the list
-entries of the candidates, the candidates' ordinals), and the candidate pages' forward data
-that ``AlignRequest`` also carries in one process (their empty windows and token offsets,
-which align shards keyed by page would hold themselves).
+token (per token of all pages): the tasks alone (the query page's passages and sketches'
+lists, the candidates' ordinals: what the process pool receives, its workers reading the
+candidates' forward records from the store), and the share of the candidate pages' forward
+records that ``AlignRequest.to_bytes(forward=True)`` adds for an align stage without
+store access (their windows in the lists, empty windows, ids and positions records).
 
 Run: .venv/bin/python -m tests.bench.bench_scan [--limit N] [--only html|text] [--no-main]
      [--jobs 1,2] [--threads]
@@ -56,6 +57,7 @@ from pathlib import Path
 from dupalign.config import EngineConfig, PassageConfig, TextConfig
 from dupalign.engine import Engine
 from dupalign.errors import PageRejected
+from dupalign.index import AlignRequest
 from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.pipeline import ExecutorKind
@@ -198,9 +200,12 @@ def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, sto
             wire["page_sketch"] += len(sk.to_bytes())
             wire["tokens"] += sk.n_tokens
             if result.align is not None:
-                task = len(result.align.to_bytes(forward=False))
-                wire["align_task"] += task
-                wire["forward"] += len(result.align.to_bytes()) - task
+                # the request as the pool gets it (candidates named), and with the share
+                # of their forward records an align stage without store access needs
+                task = result.align.to_bytes(forward=False)
+                wire["align_task"] += len(task)
+                carried = engine.indexer.with_forward(AlignRequest.from_bytes(task))
+                wire["forward"] += len(carried.to_bytes()) - len(task)
             serialize += time.perf_counter() - t_wire
             serialize_cpu += time.process_time() - p_wire
         run.seconds = time.perf_counter() - t0 - serialize

@@ -1,0 +1,205 @@
+"""A page's forward record: its compact windows, read by the align stage.
+
+The passage index is split as search engines split theirs: inverted lists of page ordinals
+only (key → pages, dupalign.passages) to find candidate pages, and one forward record per
+page (page → windows) to align against them. The record of page ``o`` is two values keyed
+by ``u64(o)``: ``forward`` (its windows, this module) and ``positions`` (its token
+character offsets and unit hashes, dupalign.passages ``_pack_positions``). Align reads the
+records of a page's candidates (from the store, a secondary instance of it, or the wire)
+and gathers the rectangles its interval scan needs (``gather``); the index never reads
+them.
+
+The windows of a page in lists that were already stop lists when it was written are left
+out (they are in no list, and a stop list stays one). The windows value: ``<II`` (n
+non-empty windows, m empty windows), then the non-empty
+windows' min-hash keys (``<u8[n]``), rectangles (``<i4[n, 4]``: i_lo, i_hi, j_lo, j_hi,
+inclusive), the empty windows' rows (``<i4[m, 2]``: l, r), the non-empty windows' bins
+(``<u2[n]``) and the empty windows' bins (``<u2[m]``, ascending; rows of one bin in
+order). Non-empty windows are in window order, so a list's entries gathered from records
+come in the order the lists had when they held rectangles. The (bin, key) pairs of the
+non-empty windows name every inverted list that holds the page: removing a page deletes
+``bin ‖ key ‖ ordinal`` from each (and rewrites the packed runs that hold it).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from dupalign.passage_align import EMPTY_KEY_SHIFT  # empty windows: ordinal << 16 | bin
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+I32 = npt.NDArray[np.int32]
+_HEAD = struct.Struct("<II")
+
+# ordinals -> their forward (windows) values, None where a page has none
+ReadForward = Callable[[list[int]], list[bytes | None]]
+
+
+def pack_windows(bins: I64, keys: U64, rects: I64, empty: npt.NDArray[np.bool_]) -> bytes:
+    """The windows value of a page (``rects[x]``: window x's i_lo, i_hi, j_lo, j_hi)."""
+    full = np.flatnonzero(~empty)
+    emp = np.flatnonzero(empty)
+    emp = emp[np.argsort(bins[emp], kind="stable")]
+    raw = b"".join((
+        _HEAD.pack(len(full), len(emp)),
+        keys[full].astype("<u8").tobytes(),
+        rects[full].astype("<i4").tobytes(),
+        rects[emp][:, [0, 3]].astype("<i4").tobytes(),
+        bins[full].astype("<u2").tobytes(),
+        bins[emp].astype("<u2").tobytes(),
+    ))
+    return raw + bytes(-len(raw) % 8)  # 8-byte multiples: records concatenate aligned
+
+
+def unpack_windows(raw: bytes) -> tuple[I64, U64, I32, I64, I32]:
+    """``(bins, keys, rects[n, 4], empty_bins, empty_lr[m, 2])`` of a windows value."""
+    n, m = _HEAD.unpack_from(raw)
+    at = _HEAD.size
+    keys = np.frombuffer(raw, "<u8", n, at)
+    at += 8 * n
+    rects = np.frombuffer(raw, "<i4", 4 * n, at).reshape(n, 4)
+    at += 16 * n
+    lr = np.frombuffer(raw, "<i4", 2 * m, at).reshape(m, 2)
+    at += 8 * m
+    bins = np.frombuffer(raw, "<u2", n, at).astype(np.int64)
+    e_bins = np.frombuffer(raw, "<u2", m, at + 2 * n).astype(np.int64)
+    return bins, keys, rects, e_bins, lr
+
+
+def gather(pages: I64, records: list[bytes | None], list_bin: I64, list_key: U64,
+           empty_want: I64) -> tuple[I64, I64, I64, I32, I64, I64]:
+    """What the interval scan reads of the candidate ``pages`` (ascending), from their
+    windows values ``records``: per list ``(list_bin[y], list_key[y])`` (list 0 is the
+    empty list) the windows of those pages in it, as CSR ``(start, count)`` into ``(ords,
+    rects)`` sorted by page then window; and their empty windows under the keys
+    ``empty_want`` (``ordinal << 16 | bin``, ascending) as CSR ``(empty_off, empty_lr)``.
+    One kernel over the records as stored (a page's windows are looked up in a hash
+    table of the lists: most are in none)."""
+    missing = [o for o, raw in zip(pages.tolist(), records, strict=True) if raw is None]
+    if missing:
+        raise KeyError(f"pages {missing[:5]} have no forward record")
+    size = [len(r) for r in records]  # type: ignore[arg-type]
+    rec_off = np.zeros(len(size) + 1, dtype=np.int64)
+    np.cumsum(size, out=rec_off[1:])
+    buf = np.frombuffer(b"".join(records), dtype=np.uint8)  # type: ignore[arg-type]
+    return _gather(buf, rec_off, pages, list_bin, list_key.view(np.int64), empty_want)
+
+
+@njit(cache=True, inline="always")
+def _record(buf: npt.NDArray[np.uint8], at: Any) -> Any:
+    """Views of one windows value at ``buf[at]`` (8-byte aligned): keys (as int64), rects,
+    empty rows, bins, empty bins."""
+    head = buf[at : at + 8].view(np.uint32)
+    n, m = np.int64(head[0]), np.int64(head[1])
+    at += 8
+    keys = buf[at : at + 8 * n].view(np.int64)
+    at += 8 * n
+    rects = buf[at : at + 16 * n].view(np.int32)
+    at += 16 * n
+    lr = buf[at : at + 8 * m].view(np.int32)
+    at += 8 * m
+    bins = buf[at : at + 2 * n].view(np.uint16)
+    e_bins = buf[at + 2 * n : at + 2 * n + 2 * m].view(np.uint16)
+    return keys, rects, lr, bins, e_bins
+
+
+@njit(cache=True, inline="always")
+def _slot(key: Any, b: Any, mask: int) -> Any:
+    h = (np.uint64(key) ^ (np.uint64(b) * np.uint64(0x9E3779B97F4A7C15))) * np.uint64(
+        0xBF58476D1CE4E5B9)
+    return np.int64(h >> np.uint64(32)) & mask
+
+
+@njit(cache=True, nogil=True)
+def _gather(
+    buf: npt.NDArray[np.uint8], rec_off: I64, pages: I64, list_bin: I64, list_key: I64,
+    empty_want: I64,
+) -> tuple[I64, I64, I64, I32, I64, I64]:  # fmt: skip
+    n_l = list_bin.shape[0]
+    size = 1
+    while size < 2 * n_l:
+        size *= 2
+    mask = size - 1
+    t_key = np.zeros(size, dtype=np.int64)
+    t_val = np.full(size, -1, dtype=np.int64)  # bin << 32 | list, -1: free
+    for y in range(1, n_l):  # list 0 is the empty list: no window is in it
+        i = _slot(list_key[y], list_bin[y], mask)
+        while t_val[i] >= 0:
+            i = (i + 1) & mask
+        t_key[i], t_val[i] = list_key[y], (list_bin[y] << 32) | y
+    n_pages = pages.shape[0]
+    # pass 1: the list of every window (0: none) and the lists' counts
+    count = np.zeros(n_l, dtype=np.int64)
+    found = np.empty(64, dtype=np.int64)  # (window, list) of the windows in a list
+    found_list = np.empty(64, dtype=np.int64)
+    found_page = np.empty(64, dtype=np.int64)
+    n_found = 0
+    for y in range(n_pages):
+        keys, _, _, bins, _ = _record(buf, rec_off[y])
+        for x in range(keys.shape[0]):
+            key, b = keys[x], np.int64(bins[x])
+            i = _slot(key, b, mask)
+            while t_val[i] >= 0:
+                if t_key[i] == key and (t_val[i] >> 32) == b:
+                    if n_found == found.shape[0]:
+                        found = np.concatenate((found, np.empty_like(found)))
+                        found_list = np.concatenate((found_list, np.empty_like(found_list)))
+                        found_page = np.concatenate((found_page, np.empty_like(found_page)))
+                    q = t_val[i] & 0xFFFFFFFF
+                    found[n_found], found_list[n_found], found_page[n_found] = x, q, y
+                    n_found += 1
+                    count[q] += 1
+                    break
+                i = (i + 1) & mask
+    # pass 2: fill in page then window order
+    start = np.cumsum(count) - count
+    fill = start.copy()
+    ords = np.empty(n_found, dtype=np.int64)
+    rects = np.empty((n_found, 4), dtype=np.int32)
+    last = -1
+    for f in range(n_found):
+        y = found_page[f]
+        if y != last:
+            _, page_rects, _, _, _ = _record(buf, rec_off[y])
+            last = y
+        q, x = found_list[f], found[f]
+        ords[fill[q]] = pages[y]
+        rects[fill[q]] = page_rects[4 * x : 4 * x + 4]
+        fill[q] += 1
+    # empty windows: the wanted keys of each page (ascending bins) against its empty
+    # windows (sorted by bin)
+    n_want = empty_want.shape[0]
+    lo = np.zeros(n_want, dtype=np.int64)
+    hi = np.zeros(n_want, dtype=np.int64)
+    q = 0
+    for y in range(n_pages):
+        _, _, _, _, e_bins = _record(buf, rec_off[y])
+        e = 0
+        while q < n_want and (empty_want[q] >> EMPTY_KEY_SHIFT) == pages[y]:
+            b = empty_want[q] & ((1 << EMPTY_KEY_SHIFT) - 1)
+            e = np.searchsorted(e_bins[e:], b) + e
+            lo[q] = e
+            e = np.searchsorted(e_bins[e:], b, side="right") + e
+            hi[q] = e
+            q += 1
+    empty_off = np.zeros(n_want + 1, dtype=np.int64)
+    empty_off[1:] = np.cumsum(hi - lo)
+    empty_lr = np.empty((empty_off[-1], 2), dtype=np.int64)
+    q = 0
+    for y in range(n_pages):
+        _, _, lr, _, _ = _record(buf, rec_off[y])
+        while q < n_want and (empty_want[q] >> EMPTY_KEY_SHIFT) == pages[y]:
+            r = empty_off[q]
+            for e in range(lo[q], hi[q]):
+                empty_lr[r, 0] = lr[2 * e]
+                empty_lr[r, 1] = lr[2 * e + 1]
+                r += 1
+            q += 1
+    return start, count, ords, rects, empty_off, empty_lr

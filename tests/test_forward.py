@@ -1,0 +1,68 @@
+"""Forward records: the align stage's gather kernel against its obvious twin (unpack every
+record with numpy, keep the windows whose (bin, key) names a list, in page then window
+order; the empty windows of each wanted (page, bin) in order)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dupalign import forward
+
+
+@st.composite
+def records(draw: st.DrawFn) -> tuple[np.ndarray, list[bytes], np.ndarray, np.ndarray,
+                                      np.ndarray]:
+    pages = np.array(sorted(draw(st.sets(st.integers(0, 2**40), min_size=1, max_size=5))),
+                     dtype=np.int64)
+    recs = []
+    names = set()
+    for _ in pages:
+        n, m = draw(st.integers(0, 12)), draw(st.integers(0, 6))
+        bins = np.array(draw(st.lists(st.integers(0, 3), min_size=n + m, max_size=n + m)),
+                        dtype=np.int64)
+        # few distinct keys (so windows share lists), above 2^63 too
+        keys = np.array([draw(st.sampled_from([0, 5, 2**63 + 7])) for _ in range(n)] + [0] * m,
+                        dtype=np.uint64)
+        rects = np.array(draw(st.lists(st.tuples(*[st.integers(-2**31, 2**31 - 1)] * 4),
+                                       min_size=n + m, max_size=n + m)),
+                         dtype=np.int64).reshape(-1, 4)
+        empty = np.arange(n + m) >= n
+        recs.append(forward.pack_windows(bins, keys, rects, empty))
+        names |= {(int(b), int(k)) for b, k in zip(bins[:n], keys[:n], strict=True)}
+    lists = sorted(x for x in names | {(9, 1)} if draw(st.booleans()))
+    list_bin = np.array([0] + [b for b, _ in lists], dtype=np.int64)
+    list_key = np.array([0] + [k for _, k in lists], dtype=np.uint64)
+    want = np.array(sorted({(int(o) << 16) | b for o in pages for b in range(4)
+                            if draw(st.booleans())}), dtype=np.int64)
+    return pages, recs, list_bin, list_key, want
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=records())
+def test_gather_equals_unpacking_every_record(case: tuple) -> None:
+    pages, recs, list_bin, list_key, want = case
+    start, count, ords, rects, empty_off, empty_lr = forward.gather(
+        pages, list(recs), list_bin, list_key, want)
+    parts = {int(o): forward.unpack_windows(r) for o, r in zip(pages, recs, strict=True)}
+    assert count[0] == 0  # list 0 is the empty list
+    for y in range(1, len(list_bin)):
+        expect = [(o, rect.tolist()) for o, (bins, keys, rs, _, _) in parts.items()
+                  for b, k, rect in zip(bins, keys, rs, strict=True)
+                  if b == list_bin[y] and k == list_key[y]]
+        got = [(int(ords[x]), rects[x].tolist()) for x in range(start[y], start[y] + count[y])]
+        assert got == expect
+    for q, key in enumerate(want.tolist()):
+        _, _, _, e_bins, lr = parts[key >> 16]
+        expect = lr[e_bins == (key & 0xFFFF)].tolist()
+        assert empty_lr[empty_off[q] : empty_off[q + 1]].tolist() == expect
+
+
+def test_a_missing_record_is_an_error() -> None:
+    rec = forward.pack_windows(np.array([1]), np.array([5], dtype=np.uint64),
+                               np.array([[0, 1, 1, 2]]), np.array([False]))
+    with pytest.raises(KeyError, match=r"pages \[4\] have no forward record"):
+        forward.gather(np.array([3, 4]), [rec, None], np.array([0, 1]),
+                       np.array([0, 5], dtype=np.uint64), np.empty(0, dtype=np.int64))
