@@ -10,11 +10,14 @@ import collections
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.test_ops_prometheus import free_port, http_get
 from tests.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import REPO, Topology, progressed, rfc_pages, synthetic_pages, wait_log
 from worker import messages
@@ -127,3 +130,80 @@ def test_bad_roles_are_refused_before_anything_starts(
                           kafka_bootstrap, *args], capture_output=True, text=True, timeout=120,
                          cwd=REPO)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """A role process's /metrics: sample name and labels -> value."""
+    status, text = http_get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200, text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample(scraped: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+           **labels: str) -> float:
+    return scraped.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.mark.testdata
+async def test_each_role_process_serves_its_metrics_and_health(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    t = topo.topic
+    ports = {role: free_port() for role in ("sketch", "index", "align")}
+    try:
+        for role, port in ports.items():
+            topo.start(role, tmp_path / "index" if role == "index" else None, metrics_port=port)
+        deadline = time.monotonic() + 120
+        for role, port in ports.items():
+            while http_get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
+                topo.check_alive()
+                assert time.monotonic() < deadline, f"{role} never ready\n{topo.logs()}"
+                await asyncio.sleep(0.3)
+        before = {role: scrape(port) for role, port in ports.items()}
+        assert sample(before["index"], "dupalign_role_records_total", role="index",
+                      direction="in", topic=t["sequence"]) == 0
+        pages = synthetic_pages(60, seed=5)
+        await topo.send(pages)
+        published = await topo.published(len(pages), timeout=180)
+        n = len(pages)
+        while True:  # the counters move right after the commit the oracle waited for
+            m = {role: scrape(port) for role, port in ports.items()}
+            if sample(m["index"], "dupalign_role_records_total", role="index",
+                      direction="out", topic=t["matches"]) == len(published):
+                break
+            assert time.monotonic() < deadline + 120, m["index"]
+            await asyncio.sleep(0.3)
+        sk, ix, al = m["sketch"], m["index"], m["align"]
+        records = "dupalign_role_records_total"
+        assert sample(sk, records, role="sketch", direction="in", topic=t["pages"]) == n
+        for topic in ("sequence", "sketches"):
+            assert sample(sk, records, role="sketch", direction="out", topic=t[topic]) == n
+            assert sample(ix, records, role="index", direction="in", topic=t[topic]) == n
+            # what one role wrote on a topic is what the next one read, byte for byte
+            assert sample(sk, "dupalign_role_bytes_total", role="sketch", direction="out",
+                          topic=t[topic]) == sample(ix, "dupalign_role_bytes_total",
+                                                    role="index", direction="in",
+                                                    topic=t[topic]) > 0
+        requests = sample(ix, records, role="index", direction="out", topic=t["align"])
+        assert requests > 0 and requests == sample(al, records, role="align", direction="in",
+                                                   topic=t["align"])
+        assert sample(al, records, role="align", direction="out", topic=t["aligned"]) == \
+            requests == sample(ix, records, role="index", direction="in", topic=t["aligned"])
+        last = (await topo.read("sequence"))[-1].offset  # ordinals: offsets, markers between
+        assert sample(ix, "dupalign_index_ordinal_applied") == last
+        assert sample(ix, "dupalign_index_ordinal_seen") == last
+        assert sample(ix, "dupalign_index_ordinal_lag") == 0
+        assert sample(ix, "dupalign_index_align_in_flight") == 0
+        assert sample(ix, "dupalign_index_rebuild_target_ordinal") == 0
+        for role, scraped in m.items():
+            assert sample(scraped, "dupalign_role_transactions_total", role=role,
+                          outcome="commit") > 0, role
+            assert sample(scraped, "dupalign_role_transactions_total", role=role,
+                          outcome="abort") == 0, role
+            assert sample(scraped, "dupalign_role_assigned_partitions", role=role) > 0, role
+            assert http_get(f"http://127.0.0.1:{ports[role]}/healthz") == (200, "ok\n"), role
+    finally:
+        topo.stop_all()
+    for proc, log in topo.procs:
+        assert proc.returncode == 0, log.read_text()[-3000:]
