@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import signal
 import subprocess
 import sys
@@ -14,15 +15,25 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.test_ops_prometheus import free_port, http_get
+from tests.test_ops_prometheus import (
+    PROM_DIR,
+    LiveStack,
+    dashboard_targets,
+    free_port,
+    http_get,
+)
+from tests.test_ops_prometheus import start as start_process
+from tests.test_ops_prometheus import stop as stop_process
 from tests.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import REPO, Topology, progressed, rfc_pages, synthetic_pages, wait_log
 from worker import messages
 
 pytestmark = pytest.mark.kafka
+DASHBOARD_DIR = REPO / "deploy" / "grafana" / "dashboards"
 
 
 @pytest.mark.testdata
@@ -145,21 +156,28 @@ def sample(scraped: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
     return scraped.get((name, frozenset(labels.items())), 0.0)
 
 
+async def start_roles_serving_metrics(topo: Topology) -> dict[str, int]:
+    """One process of each role, each serving HTTP on its own port; once all are ready."""
+    ports = {role: free_port() for role in ("sketch", "index", "align")}
+    for role, port in ports.items():
+        topo.start(role, topo.tmp / "index" if role == "index" else None, metrics_port=port)
+    deadline = time.monotonic() + 120
+    for role, port in ports.items():
+        while http_get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
+            topo.check_alive()
+            assert time.monotonic() < deadline, f"{role} never ready\n{topo.logs()}"
+            await asyncio.sleep(0.3)
+    return ports
+
+
 @pytest.mark.testdata
 async def test_each_role_process_serves_its_metrics_and_health(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     topo = await Topology(kafka_bootstrap, tmp_path).create()
     t = topo.topic
-    ports = {role: free_port() for role in ("sketch", "index", "align")}
     try:
-        for role, port in ports.items():
-            topo.start(role, tmp_path / "index" if role == "index" else None, metrics_port=port)
+        ports = await start_roles_serving_metrics(topo)
         deadline = time.monotonic() + 120
-        for role, port in ports.items():
-            while http_get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
-                topo.check_alive()
-                assert time.monotonic() < deadline, f"{role} never ready\n{topo.logs()}"
-                await asyncio.sleep(0.3)
         before = {role: scrape(port) for role, port in ports.items()}
         assert sample(before["index"], "dupalign_role_records_total", role="index",
                       direction="in", topic=t["sequence"]) == 0
@@ -207,3 +225,50 @@ async def test_each_role_process_serves_its_metrics_and_health(
         topo.stop_all()
     for proc, log in topo.procs:
         assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.testdata
+async def test_a_prometheus_scraping_the_roles_answers_every_topology_dashboard_query(
+        kafka_bootstrap: str, tmp_path: Path, prometheus_bin: Path) -> None:
+    """deploy/prometheus/prometheus.topology.yml (targets: the role processes here, 1 s
+    scrapes) over two rounds of pages, so that rates see counters move."""
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    prom_port = free_port()
+    prom_config = yaml.safe_load((PROM_DIR / "prometheus.topology.yml").read_text())
+    prom_config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    prom_log = tmp_path / "prometheus.log"
+    stack = LiveStack(f"http://127.0.0.1:{prom_port}", "", "", {"prometheus": prom_log})
+    prometheus = None
+    try:
+        ports = await start_roles_serving_metrics(topo)
+        (job,) = prom_config["scrape_configs"]
+        job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]} for port in ports.values()]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
+        prometheus = start_process(
+            [str(prometheus_bin / "prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"], prom_log)
+        stack.wait(lambda: http_get(f"{stack.prometheus}/-/ready")[0] == 200, "Prometheus")
+        stack.wait(lambda: stack.value("sum(up)") == 3, "the first scrape of the 3 roles")
+        pages = synthetic_pages(60, seed=3)
+        for n in (30, 60):
+            await topo.send(pages[n - 30:n])
+            await topo.published(n, timeout=180)
+            stack.wait(lambda n=n: stack.value('sum(dupalign_role_records_total{role="sketch",'
+                                               'direction="in"})') == n, f"{n} pages scraped")
+            await asyncio.sleep(2.5)  # a few more scrapes at this level
+        targets = dashboard_targets([DASHBOARD_DIR / "dupalign-topology.json"])
+        assert len(targets) >= 12
+        failures = []
+        for where, raw, expr in targets:
+            values = [float(s["value"][1]) for s in stack.query(expr)]
+            if not values or not all(math.isfinite(v) for v in values):
+                failures.append(f"{where}: {raw}\n    -> {values or 'no data'}")
+        assert not failures, "dashboard queries without data:\n" + "\n".join(failures)
+        by_role = {s["metric"]["role"] for s in stack.query(
+            "sum by (role) (rate(dupalign_role_records_total[1m]))")}
+        assert by_role == {"sketch", "index", "align"}
+    finally:
+        if prometheus is not None:
+            stop_process(prometheus)
+        topo.stop_all()

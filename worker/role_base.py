@@ -44,6 +44,7 @@ class StatelessRole:
     def __init__(self, config: Config, metrics: RoleMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else RoleMetrics()
+        self.metrics.add_role(self.name)
         self.started = False  # consuming (for /readyz)
         self.kc = config.kafka
         self.group_id = f"{self.kc.group_id}-{self.name}"

@@ -99,6 +99,7 @@ class IndexRole:
                  metrics: RoleMetrics | None = None) -> None:
         self.config = config
         self.metrics = metrics if metrics is not None else RoleMetrics()
+        self.metrics.add_role(self.name)
         self.started = False  # consuming (for /readyz; a standby is ready too)
         self.kc = kc = config.kafka
         self.store_dir = Path(store_dir)

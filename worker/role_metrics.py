@@ -62,6 +62,13 @@ class RoleMetrics:
             "Rebuilding by replay: the next ordinal to apply", registry=r,
         )
 
+    def add_role(self, role: str) -> None:
+        """Series of the role at 0 from the start: rates and increases over them then have
+        data before the first event (an abort may never come)."""
+        for outcome in ("commit", "abort"):
+            self.transactions.labels(role, outcome)
+        self.assigned.labels(role).set(0)
+
     def consumed(self, role: str, topic: str, records: list[Any]) -> None:
         self.records.labels(role, "in", topic).inc(len(records))
         self.bytes.labels(role, "in", topic).inc(sum(len(r.value or b"") for r in records))
