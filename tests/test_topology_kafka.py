@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -272,3 +273,31 @@ async def test_a_prometheus_scraping_the_roles_answers_every_topology_dashboard_
         if prometheus is not None:
             stop_process(prometheus)
         topo.stop_all()
+
+
+@pytest.mark.slow
+@pytest.mark.testdata
+@pytest.mark.skipif(os.environ.get("DUPALIGN_LONG_TESTS") != "1",
+                    reason="about 9 minutes on 2 shared cores: set DUPALIGN_LONG_TESTS=1")
+async def test_two_of_each_role_over_a_5000_page_synthetic_stream_give_the_matches_of_scan(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Test (a) of issue 12 at the size it names: 5,000 crawl-like pages (copied passages,
+    near and exact duplicates), 2 processes of each role, micro-batches of 32."""
+    topo = await Topology(kafka_bootstrap, tmp_path, batch_size=32).create()
+    pages = synthetic_pages(5000, seed=12)
+    try:
+        for role in ("sketch", "sketch", "align", "align"):
+            topo.start(role)
+        topo.start("index", tmp_path / "index-a")
+        topo.start("index", tmp_path / "index-b")
+        await topo.send(pages)
+        published = await topo.published(len(pages), timeout=1200)
+    finally:
+        topo.stop_all()
+    expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
+    got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+    kinds = collections.Counter(k[1] for k in expected.elements())
+    assert min(kinds[kind] for kind in ("exact", "near", "passage")) > 50, kinds
+    twice = [k for k, n in got.items() if n > expected[k]]
+    assert not twice, f"published twice: {twice[:5]}"
+    assert got == expected
