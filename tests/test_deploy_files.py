@@ -126,3 +126,49 @@ def test_topology_manifests_run_each_role_with_the_topology_config() -> None:
             assert args.store.startswith(mount["store"] + "/")
     assert kinds == {"sketch": ("Deployment", 2), "index": ("StatefulSet", 2),
                      "align": ("Deployment", 2)}
+
+
+def topology_dashboard() -> dict[str, Any]:
+    return dict(json.loads((DEPLOY / "grafana/dashboards/dupalign-topology.json").read_text()))
+
+
+def test_every_role_pod_is_probed_and_scraped_on_the_port_the_roles_serve() -> None:
+    metrics = load_config(DEPLOY / "k8s-topology" / "topology.toml", env={}).metrics
+    assert metrics.enabled and metrics.host == "0.0.0.0"
+    for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]:
+        pod = load_yaml(f"k8s-topology/{name}")["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
+        (port,) = container["ports"]
+        assert port["containerPort"] == metrics.port, name
+        assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true",
+                                                  "prometheus.io/port": str(metrics.port)}
+        for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
+                            ("readinessProbe", "/readyz")):
+            assert container[probe]["httpGet"] == {"path": path, "port": port["name"]}, name
+    # compose: Prometheus scrapes exactly the role services, Grafana gets the dashboards
+    services = load_yaml("docker-compose.topology.yml")["services"]
+    roles = {n for n, s in services.items() if "--roles" in s.get("command", [])}
+    assert "healthcheck" not in services[sorted(roles)[0]]  # the image's HEALTHCHECK applies
+    prom = {v.split(":")[0]: v.split(":")[1] for v in services["prometheus"]["volumes"]}
+    assert prom["./prometheus/prometheus.topology.yml"] == "/etc/prometheus/prometheus.yml"
+    (job,) = load_yaml("prometheus/prometheus.topology.yml")["scrape_configs"]
+    targets = {t for group in job["static_configs"] for t in group["targets"]}
+    assert targets == {f"{n}:{metrics.port}" for n in roles}
+    grafana = {v.split(":")[0]: v.split(":")[1] for v in services["grafana"]["volumes"]}
+    (provider,) = load_yaml("grafana/provisioning/dashboards/dupalign.yml")["providers"]
+    assert grafana["./grafana/dashboards"] == provider["options"]["path"]
+
+
+def test_the_topology_dashboard_plots_every_role_metric_and_only_those() -> None:
+    from worker.role_metrics import RoleMetrics
+
+    exposed = {f.name + ("_total" if f.type == "counter" else "")
+               for f in RoleMetrics().registry.collect()}
+    dashboard = topology_dashboard()
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    used = {name for e in exprs for name in re.findall(r"\bdupalign_\w+", e)}
+    assert used - exposed == set(), "panels query metrics the roles do not expose"
+    assert exposed - used == set(), "role metrics no panel shows"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))

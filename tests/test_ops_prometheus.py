@@ -33,7 +33,10 @@ from tests.test_worker_kafka import Topics
 REPO = Path(__file__).resolve().parent.parent
 PROM_DIR = REPO / "deploy" / "prometheus"
 ALERTS_TEST = Path(__file__).resolve().parent / "prometheus" / "alerts_test.yml"
-DASHBOARDS = sorted((REPO / "deploy" / "grafana" / "dashboards").glob("*.json"))
+# The single worker's dashboards; the roles' (dupalign-topology.json) is queried against live
+# role processes in test_topology_kafka.py.
+DASHBOARDS = sorted(p for p in (REPO / "deploy" / "grafana" / "dashboards").glob("*.json")
+                    if p.name != "dupalign-topology.json")
 JOB = "dupalign-worker"  # the scrape job in prometheus.yml; the alerts select on it
 MESSAGES_PER_ROUND = 5  # pages_for_round: four pages and one malformed message
 
@@ -49,6 +52,10 @@ def promtool(prometheus_bin: Path, *args: str) -> str:
 def test_promtool_check_config(prometheus_bin: Path) -> None:
     out = promtool(prometheus_bin, "check", "config", str(PROM_DIR / "prometheus.yml"))
     assert "1 rule files found" in out  # alerts.yml is found beside it
+
+
+def test_promtool_check_topology_config(prometheus_bin: Path) -> None:
+    promtool(prometheus_bin, "check", "config", str(PROM_DIR / "prometheus.topology.yml"))
 
 
 def test_promtool_check_rules(prometheus_bin: Path) -> None:
@@ -250,9 +257,10 @@ def substitute(expr: str, values: dict[str, str]) -> str:
     return re.sub(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)", one, expr)
 
 
-def dashboard_targets() -> list[tuple[str, str, str]]:
+def dashboard_targets(paths: list[Path] = DASHBOARDS) -> list[tuple[str, str, str]]:
+    """(where, the panel's query, the query with Grafana's variables substituted)."""
     out = []
-    for path in DASHBOARDS:
+    for path in paths:
         dashboard = json.loads(path.read_text())
         values = grafana_variables(dashboard)
         panels = list(dashboard["panels"])

@@ -7,19 +7,34 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
+import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.test_ops_prometheus import (
+    PROM_DIR,
+    LiveStack,
+    dashboard_targets,
+    free_port,
+    http_get,
+)
+from tests.test_ops_prometheus import start as start_process
+from tests.test_ops_prometheus import stop as stop_process
 from tests.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import REPO, Topology, progressed, rfc_pages, synthetic_pages, wait_log
 from worker import messages
 
 pytestmark = pytest.mark.kafka
+DASHBOARD_DIR = REPO / "deploy" / "grafana" / "dashboards"
 
 
 @pytest.mark.testdata
@@ -127,3 +142,162 @@ def test_bad_roles_are_refused_before_anything_starts(
                           kafka_bootstrap, *args], capture_output=True, text=True, timeout=120,
                          cwd=REPO)
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """A role process's /metrics: sample name and labels -> value."""
+    status, text = http_get(f"http://127.0.0.1:{port}/metrics")
+    assert status == 200, text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample(scraped: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+           **labels: str) -> float:
+    return scraped.get((name, frozenset(labels.items())), 0.0)
+
+
+async def start_roles_serving_metrics(topo: Topology) -> dict[str, int]:
+    """One process of each role, each serving HTTP on its own port; once all are ready."""
+    ports = {role: free_port() for role in ("sketch", "index", "align")}
+    for role, port in ports.items():
+        topo.start(role, topo.tmp / "index" if role == "index" else None, metrics_port=port)
+    deadline = time.monotonic() + 120
+    for role, port in ports.items():
+        while http_get(f"http://127.0.0.1:{port}/readyz")[0] != 200:
+            topo.check_alive()
+            assert time.monotonic() < deadline, f"{role} never ready\n{topo.logs()}"
+            await asyncio.sleep(0.3)
+    return ports
+
+
+@pytest.mark.testdata
+async def test_each_role_process_serves_its_metrics_and_health(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    t = topo.topic
+    try:
+        ports = await start_roles_serving_metrics(topo)
+        deadline = time.monotonic() + 120
+        before = {role: scrape(port) for role, port in ports.items()}
+        assert sample(before["index"], "dupalign_role_records_total", role="index",
+                      direction="in", topic=t["sequence"]) == 0
+        pages = synthetic_pages(60, seed=5)
+        await topo.send(pages)
+        published = await topo.published(len(pages), timeout=180)
+        n = len(pages)
+        while True:  # the counters move right after the commit the oracle waited for
+            m = {role: scrape(port) for role, port in ports.items()}
+            if sample(m["index"], "dupalign_role_records_total", role="index",
+                      direction="out", topic=t["matches"]) == len(published):
+                break
+            assert time.monotonic() < deadline + 120, m["index"]
+            await asyncio.sleep(0.3)
+        sk, ix, al = m["sketch"], m["index"], m["align"]
+        records = "dupalign_role_records_total"
+        assert sample(sk, records, role="sketch", direction="in", topic=t["pages"]) == n
+        for topic in ("sequence", "sketches"):
+            assert sample(sk, records, role="sketch", direction="out", topic=t[topic]) == n
+            assert sample(ix, records, role="index", direction="in", topic=t[topic]) == n
+            # what one role wrote on a topic is what the next one read, byte for byte
+            assert sample(sk, "dupalign_role_bytes_total", role="sketch", direction="out",
+                          topic=t[topic]) == sample(ix, "dupalign_role_bytes_total",
+                                                    role="index", direction="in",
+                                                    topic=t[topic]) > 0
+        requests = sample(ix, records, role="index", direction="out", topic=t["align"])
+        assert requests > 0 and requests == sample(al, records, role="align", direction="in",
+                                                   topic=t["align"])
+        assert sample(al, records, role="align", direction="out", topic=t["aligned"]) == \
+            requests == sample(ix, records, role="index", direction="in", topic=t["aligned"])
+        last = (await topo.read("sequence"))[-1].offset  # ordinals: offsets, markers between
+        assert sample(ix, "dupalign_index_ordinal_applied") == last
+        assert sample(ix, "dupalign_index_ordinal_seen") == last
+        assert sample(ix, "dupalign_index_ordinal_lag") == 0
+        assert sample(ix, "dupalign_index_align_in_flight") == 0
+        assert sample(ix, "dupalign_index_rebuild_target_ordinal") == 0
+        for role, scraped in m.items():
+            assert sample(scraped, "dupalign_role_transactions_total", role=role,
+                          outcome="commit") > 0, role
+            assert sample(scraped, "dupalign_role_transactions_total", role=role,
+                          outcome="abort") == 0, role
+            assert sample(scraped, "dupalign_role_assigned_partitions", role=role) > 0, role
+            assert http_get(f"http://127.0.0.1:{ports[role]}/healthz") == (200, "ok\n"), role
+    finally:
+        topo.stop_all()
+    for proc, log in topo.procs:
+        assert proc.returncode == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.testdata
+async def test_a_prometheus_scraping_the_roles_answers_every_topology_dashboard_query(
+        kafka_bootstrap: str, tmp_path: Path, prometheus_bin: Path) -> None:
+    """deploy/prometheus/prometheus.topology.yml (targets: the role processes here, 1 s
+    scrapes) over two rounds of pages, so that rates see counters move."""
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    prom_port = free_port()
+    prom_config = yaml.safe_load((PROM_DIR / "prometheus.topology.yml").read_text())
+    prom_config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
+    prom_log = tmp_path / "prometheus.log"
+    stack = LiveStack(f"http://127.0.0.1:{prom_port}", "", "", {"prometheus": prom_log})
+    prometheus = None
+    try:
+        ports = await start_roles_serving_metrics(topo)
+        (job,) = prom_config["scrape_configs"]
+        job["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]} for port in ports.values()]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(prom_config))
+        prometheus = start_process(
+            [str(prometheus_bin / "prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp_path / 'prom-data'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"], prom_log)
+        stack.wait(lambda: http_get(f"{stack.prometheus}/-/ready")[0] == 200, "Prometheus")
+        stack.wait(lambda: stack.value("sum(up)") == 3, "the first scrape of the 3 roles")
+        pages = synthetic_pages(60, seed=3)
+        for n in (30, 60):
+            await topo.send(pages[n - 30:n])
+            await topo.published(n, timeout=180)
+            stack.wait(lambda n=n: stack.value('sum(dupalign_role_records_total{role="sketch",'
+                                               'direction="in"})') == n, f"{n} pages scraped")
+            await asyncio.sleep(2.5)  # a few more scrapes at this level
+        targets = dashboard_targets([DASHBOARD_DIR / "dupalign-topology.json"])
+        assert len(targets) >= 12
+        failures = []
+        for where, raw, expr in targets:
+            values = [float(s["value"][1]) for s in stack.query(expr)]
+            if not values or not all(math.isfinite(v) for v in values):
+                failures.append(f"{where}: {raw}\n    -> {values or 'no data'}")
+        assert not failures, "dashboard queries without data:\n" + "\n".join(failures)
+        by_role = {s["metric"]["role"] for s in stack.query(
+            "sum by (role) (rate(dupalign_role_records_total[1m]))")}
+        assert by_role == {"sketch", "index", "align"}
+    finally:
+        if prometheus is not None:
+            stop_process(prometheus)
+        topo.stop_all()
+
+
+@pytest.mark.slow
+@pytest.mark.testdata
+@pytest.mark.skipif(os.environ.get("DUPALIGN_LONG_TESTS") != "1",
+                    reason="about 9 minutes on 2 shared cores: set DUPALIGN_LONG_TESTS=1")
+async def test_two_of_each_role_over_a_5000_page_synthetic_stream_give_the_matches_of_scan(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Test (a) of issue 12 at the size it names: 5,000 crawl-like pages (copied passages,
+    near and exact duplicates), 2 processes of each role, micro-batches of 32."""
+    topo = await Topology(kafka_bootstrap, tmp_path, batch_size=32).create()
+    pages = synthetic_pages(5000, seed=12)
+    try:
+        for role in ("sketch", "sketch", "align", "align"):
+            topo.start(role)
+        topo.start("index", tmp_path / "index-a")
+        topo.start("index", tmp_path / "index-b")
+        await topo.send(pages)
+        published = await topo.published(len(pages), timeout=1200)
+    finally:
+        topo.stop_all()
+    expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
+    got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+    kinds = collections.Counter(k[1] for k in expected.elements())
+    assert min(kinds[kind] for kind in ("exact", "near", "passage")) > 50, kinds
+    twice = [k for k, n in got.items() if n > expected[k]]
+    assert not twice, f"published twice: {twice[:5]}"
+    assert got == expected

@@ -80,15 +80,20 @@ enabled = false
                                               topology_topics(self.config.kafka))
         return self
 
-    def start(self, role: str, store: Path | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+    def start(self, role: str, store: Path | None = None, metrics_port: int | None = None
+              ) -> tuple[subprocess.Popen[bytes], Path]:
+        """A role process; with ``metrics_port``, serving /metrics, /healthz and /readyz."""
         log = self.tmp / f"{role}-{len(self.procs)}.log"
         cmd = [sys.executable, "-m", "worker.cli", "worker", "--roles", role,
                "--config", str(self.config_path)]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
         if store is not None:
             cmd += ["--store", str(store)]
+        if metrics_port is not None:
+            cmd += ["--metrics-port", str(metrics_port)]
+            env["DUPALIGN_METRICS_ENABLED"] = "true"
         with open(log, "ab") as fh:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                    stdout=fh, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
         self.procs.append((proc, log))
         return proc, log
 

@@ -15,6 +15,7 @@ from dupalign.align import Aligner
 from dupalign.index import AlignRequest
 from worker.config import Config
 from worker.role_base import StatelessRole
+from worker.role_metrics import RoleMetrics
 from worker.topology import (
     Outgoing,
     encode_aligned,
@@ -27,8 +28,8 @@ from worker.topology import (
 class AlignRole(StatelessRole):
     name = "align"
 
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
+    def __init__(self, config: Config, metrics: RoleMetrics | None = None) -> None:
+        super().__init__(config, metrics)
         self.aligner = Aligner(config.engine)
         self.requests = 0
 
@@ -49,3 +50,6 @@ class AlignRole(StatelessRole):
     async def produce(self, producer: AIOKafkaProducer, prepared: list[Outgoing]) -> None:
         await send_all(producer, prepared)
         self.requests += len(prepared)
+
+    def outgoing(self, prepared: list[Outgoing]) -> list[Outgoing]:
+        return prepared

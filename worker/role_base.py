@@ -19,7 +19,9 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 
 from worker.config import Config
+from worker.role_metrics import RoleMetrics
 from worker.topology import (
+    Outgoing,
     committed_offsets,
     ensure_topics,
     new_consumer,
@@ -34,12 +36,16 @@ log = logging.getLogger("dupalign.roles")
 
 class StatelessRole:
     """Subclasses name their input topic and implement ``prepare`` (CPU, in a thread) and
-    ``produce`` (inside the partition's transaction)."""
+    ``produce`` (inside the partition's transaction); ``outgoing`` lists what ``produce``
+    sends (counted once committed)."""
 
     name = "role"
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, metrics: RoleMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else RoleMetrics()
+        self.metrics.add_role(self.name)
+        self.started = False  # consuming (for /readyz)
         self.kc = config.kafka
         self.group_id = f"{self.kc.group_id}-{self.name}"
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
@@ -61,6 +67,9 @@ class StatelessRole:
     async def produce(self, producer: AIOKafkaProducer, prepared: Any) -> None:
         raise NotImplementedError
 
+    def outgoing(self, prepared: Any) -> list[Outgoing]:
+        raise NotImplementedError
+
     def stop(self) -> None:
         self.stopping.set()
 
@@ -70,6 +79,7 @@ class StatelessRole:
                                                 self.config.worker.batch_size)
         consumer.subscribe([self.input_topic], listener=RoleListener(self))
         await consumer.start()
+        self.started = True
         log.info("%s role started (group %s)", self.name, self.group_id)
         loop = asyncio.get_running_loop()
         try:
@@ -78,12 +88,14 @@ class StatelessRole:
                     if not records:
                         continue
                     producer = self.producers[tp]  # made on assignment, before resume
+                    self.metrics.consumed(self.name, tp.topic, records)
                     prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
                                                           records)
-                    async with producer.transaction():
+                    async with self.metrics.transaction(self.name), producer.transaction():
                         await self.produce(producer, prepared)
                         await producer.send_offsets_to_transaction(
                             {tp: records[-1].offset + 1}, self.group_id)
+                    self.metrics.produced(self.name, self.outgoing(prepared))
                     self.batches += 1
         finally:
             await self._close()
@@ -97,6 +109,7 @@ class StatelessRole:
         async with self.busy:
             self.generation += 1
             await stop_quietly(*(self.producers.pop(tp, None) for tp in revoked))
+            self.metrics.assigned.labels(self.name).set(len(self.producers))
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         assert self.consumer is not None
@@ -116,6 +129,7 @@ class StatelessRole:
                 else:
                     await self.consumer.seek_to_beginning(tp)
             self.consumer.resume(*assigned)
+            self.metrics.assigned.labels(self.name).set(len(self.producers))
         log.info("%s role assigned %s", self.name, sorted(f"{t.topic}:{t.partition}"
                                                           for t in assigned))
 

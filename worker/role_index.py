@@ -52,6 +52,7 @@ from dupalign.sketch import PageSketch
 from worker import messages
 from worker.config import Config
 from worker.role_base import RoleListener, turns
+from worker.role_metrics import RoleMetrics
 from worker.topology import (
     RECORD_OVERHEAD,
     Outgoing,
@@ -94,8 +95,12 @@ class Waiting:
 class IndexRole:
     name = "index"
 
-    def __init__(self, config: Config, store_dir: str | Path) -> None:
+    def __init__(self, config: Config, store_dir: str | Path,
+                 metrics: RoleMetrics | None = None) -> None:
         self.config = config
+        self.metrics = metrics if metrics is not None else RoleMetrics()
+        self.metrics.add_role(self.name)
+        self.started = False  # consuming (for /readyz; a standby is ready too)
         self.kc = kc = config.kafka
         self.store_dir = Path(store_dir)
         self.group_id = f"{kc.group_id}-index"
@@ -137,6 +142,7 @@ class IndexRole:
             partition_assignment_strategy=(RangePartitionAssignor,))
         consumer.subscribe(sorted(t.topic for t in self.tps), listener=RoleListener(self))
         await consumer.start()
+        self.started = True
         log.info("index role started (group %s, store %s)", self.group_id, self.store_dir)
         loop = asyncio.get_running_loop()
         try:
@@ -144,15 +150,19 @@ class IndexRole:
                 if not self.owner:
                     continue
                 for tp, records in batches.items():
+                    self.metrics.consumed(self.name, tp.topic, records)
                     self._route(tp, records)
                 out = await loop.run_in_executor(self.executor, self._advance)
                 self._backpressure()
+                self._gauges()
                 if self.floor < self.silent_below:
                     continue  # rebuilding: nothing to publish, nothing to commit
                 offsets = await self._offsets()
                 if out or offsets != self.last_offsets:
                     assert self.producer is not None
-                    await checkpoint(self.producer, self.group_id, out, offsets)
+                    async with self.metrics.transaction(self.name):
+                        await checkpoint(self.producer, self.group_id, out, offsets)
+                    self.metrics.produced(self.name, out)
                     self.last_offsets = offsets
                     self.published = offsets[self.seq_tp]
         finally:
@@ -175,6 +185,7 @@ class IndexRole:
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         async with self.busy:
             self.generation += 1
+            self.metrics.assigned.labels(self.name).set(0)
             if self.owner:
                 await self._release()
                 log.info("index shard released")
@@ -218,6 +229,7 @@ class IndexRole:
                 await self._seek(self.sketch_tp, None)
             await self._seek(self.aligned_tp, committed.get(self.aligned_tp))
             self.owner = True
+            self.metrics.assigned.labels(self.name).set(len(assigned))
             consumer.resume(*assigned)
             log.info("index shard owned: published up to ordinal %d, store at %s",
                      published, stored)
@@ -301,6 +313,19 @@ class IndexRole:
         sketch = min(sketch_offsets, default=await consumer.position(self.sketch_tp))
         return {self.seq_tp: seq, self.sketch_tp: sketch,
                 self.aligned_tp: await consumer.position(self.aligned_tp)}
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        applied = self.floor - 1
+        seen = self.expected[-1][0] if self.expected else applied
+        m.ordinal_seen.set(seen)
+        m.ordinal_applied.set(applied)
+        m.ordinal_lag.set(seen - applied)
+        m.align_in_flight.set(sum(1 for w in self.waiting
+                                  if w.result.align is not None and w.passages is None))
+        rebuilding = self.floor < self.silent_below
+        m.rebuild_target.set(self.silent_below if rebuilding else 0)
+        m.rebuild_ordinal.set(self.floor if rebuilding else 0)
 
     def _backpressure(self) -> None:
         """Stop reading new pages while too many wait for align (their results still

@@ -27,6 +27,7 @@ from worker import messages
 from worker.config import Config
 from worker.messages import MessageRejected
 from worker.role_base import StatelessRole
+from worker.role_metrics import RoleMetrics
 from worker.topology import (
     RECORD_OVERHEAD,
     Outgoing,
@@ -49,8 +50,8 @@ class SketchedBatch:
 class SketchRole(StatelessRole):
     name = "sketch"
 
-    def __init__(self, config: Config) -> None:
-        super().__init__(config)
+    def __init__(self, config: Config, metrics: RoleMetrics | None = None) -> None:
+        super().__init__(config, metrics)
         self.sketcher = Sketcher(config.engine)
         self.pages = 0
 
@@ -103,3 +104,6 @@ class SketchRole(StatelessRole):
             sketch.headers = [*sketch.headers, ordinal_header(ordinal)]
         await send_all(producer, prepared.sketches + prepared.dead_letters)
         self.pages += len(ordinals)
+
+    def outgoing(self, prepared: SketchedBatch) -> list[Outgoing]:
+        return prepared.sequence + prepared.sketches + prepared.dead_letters

@@ -1,0 +1,89 @@
+"""Prometheus metrics of the topology's roles (``dupalign worker --roles ...``), one registry
+per process shared by the roles it runs, labelled by role. Served by worker/http.py like the
+single worker's (worker/metrics.py); the Grafana dashboard's "Topology" row plots them.
+
+Names are prefixed ``dupalign_role_`` (every role) or ``dupalign_index_`` (the index shard).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from worker.topology import Outgoing
+
+
+class RoleMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.records = Counter(
+            "dupalign_role_records", "Records a role consumed (in) or produced in a committed "
+            "transaction (out), per topic", ["role", "direction", "topic"], registry=r,
+        )
+        self.bytes = Counter(
+            "dupalign_role_bytes", "Value bytes of those records, per topic",
+            ["role", "direction", "topic"], registry=r,
+        )
+        self.transactions = Counter(
+            "dupalign_role_transactions", "Kafka transactions of a role, by outcome (commit, "
+            "abort: a failure or a stop inside it; the input is read again)",
+            ["role", "outcome"], registry=r,
+        )
+        self.assigned = Gauge(
+            "dupalign_role_assigned_partitions", "Input partitions assigned to the role",
+            ["role"], registry=r,
+        )
+        self.ordinal_seen = Gauge(
+            "dupalign_index_ordinal_seen", "Last ordinal read from the sequence topic",
+            registry=r,
+        )
+        self.ordinal_applied = Gauge(
+            "dupalign_index_ordinal_applied", "Last ordinal applied to the index store",
+            registry=r,
+        )
+        self.ordinal_lag = Gauge(
+            "dupalign_index_ordinal_lag", "Last ordinal seen minus last applied (pages "
+            "sequenced whose sketch has not come or not been applied)", registry=r,
+        )
+        self.align_in_flight = Gauge(
+            "dupalign_index_align_in_flight",
+            "Align requests sent whose answer has not come back yet", registry=r,
+        )
+        self.rebuild_target = Gauge(
+            "dupalign_index_rebuild_target_ordinal", "Rebuilding by replay: the ordinal up "
+            "to which the store is being rebuilt (0 when not rebuilding)", registry=r,
+        )
+        self.rebuild_ordinal = Gauge(
+            "dupalign_index_rebuild_ordinal",
+            "Rebuilding by replay: the next ordinal to apply", registry=r,
+        )
+
+    def add_role(self, role: str) -> None:
+        """Series of the role at 0 from the start: rates and increases over them then have
+        data before the first event (an abort may never come)."""
+        for outcome in ("commit", "abort"):
+            self.transactions.labels(role, outcome)
+        self.assigned.labels(role).set(0)
+
+    def consumed(self, role: str, topic: str, records: list[Any]) -> None:
+        self.records.labels(role, "in", topic).inc(len(records))
+        self.bytes.labels(role, "in", topic).inc(sum(len(r.value or b"") for r in records))
+
+    def produced(self, role: str, outgoing: Iterable[Outgoing]) -> None:
+        for o in outgoing:
+            self.records.labels(role, "out", o.topic).inc()
+            self.bytes.labels(role, "out", o.topic).inc(len(o.value))
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, role: str) -> AsyncIterator[None]:
+        """Counts how the transaction run inside the block ends."""
+        try:
+            yield
+        except BaseException:
+            self.transactions.labels(role, "abort").inc()
+            raise
+        self.transactions.labels(role, "commit").inc()
