@@ -149,9 +149,26 @@ class CacheConfig:
 IMPLIED_PARAMS = {"near_shingle": 3, "passage_max_list": 256}
 # Older values of frozen parameters that a store can be upgraded from in place: format 3
 # only adds long-list marks to format 2, format 4 packed runs of list entries to format 3,
-# format 5 stops writing list fingerprints of pages (stop lists need none); a reader of
+# format 5 stops writing list fingerprints of pages (stop lists need none), format 6 adds
+# forward records of the lists a page is in (removal); a reader of
 # the newer format does without the additions, and the older lists are complete.
-PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (2, 3, 4)}
+PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (2, 3, 4, 5)}
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    """How much history the store keeps (runtime only: removal is exact, so these decide
+    which pages are alive, never how the alive ones match). 0 turns a bound off. Applied
+    by ``Engine.compact`` (``dupalign compact``, and the worker every ``every`` seconds)."""
+
+    max_age: int = 0  # seconds: pages whose version was fetched (fetched_at) earlier leave
+    max_pages: int = 0  # at most this many pages stay: the oldest (lowest ordinals) leave
+    every: int = 300  # seconds between the worker's retention sweeps
+
+    def validate(self) -> None:
+        _check_range("retention.max_age", self.max_age, 0, 1 << 40)
+        _check_range("retention.max_pages", self.max_pages, 0, 1 << 40)
+        _check_range("retention.every", self.every, 1, 1 << 30)
 
 
 @dataclass(frozen=True)
@@ -161,6 +178,7 @@ class EngineConfig:
     near: NearConfig = field(default_factory=NearConfig)
     passage: PassageConfig = field(default_factory=PassageConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     def validate(self) -> EngineConfig:
         _check_range("seed", self.seed, 0, (1 << 32) - 1)
@@ -168,6 +186,7 @@ class EngineConfig:
         self.near.validate()
         self.passage.validate()
         self.cache.validate()
+        self.retention.validate()
         return self
 
     def frozen_params(self) -> dict[str, Any]:
@@ -222,7 +241,10 @@ class EngineConfig:
 # 3: long inverted lists carry a marker (format 2 readers cannot parse it)
 # 4: inverted lists may start with a packed run (format 3 readers cannot parse it)
 # 5: lists longer than max_list are stop lists; no list fingerprints of pages
-STORE_FORMAT = 5
+# 6: every page records the lists it is in (``lists_of``) and its replay key, so that it
+#    can be removed (revisits, deletes, retention); pages of older formats are removed by
+#    a scan of the lists
+STORE_FORMAT = 6
 # frozen parameter (as recorded in the store) -> (config section or None, field)
 FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
     "seed": (None, "seed"),
@@ -240,7 +262,7 @@ FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
 
 # the tables of an engine configuration (a TOML file's [engine.<name>])
 SECTIONS: dict[str, type] = {"text": TextConfig, "near": NearConfig, "passage": PassageConfig,
-                             "cache": CacheConfig}
+                             "cache": CacheConfig, "retention": RetentionConfig}
 
 
 def _build_section(name: str, cls: type, data: dict[str, Any]) -> Any:

@@ -43,7 +43,15 @@ from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
-from dupalign.store import Batch, PrefixReader, Store, read_u64, u64
+from dupalign.store import (
+    Batch,
+    PrefixReader,
+    Store,
+    delete_ordinals,
+    ordinal_ranges,
+    read_u64,
+    u64,
+)
 from dupalign.text import Tokens
 
 I64 = npt.NDArray[np.int64]
@@ -63,6 +71,8 @@ _LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8"), ("seq"
 # later pages].
 _RUN_SEQ = b"\xff\xff\xff\xff"
 _RUN = np.dtype([("ordinal", "<i8"), ("rect", "<i4", (4,))])
+# a list's name, the prefix of its keys: bin ‖ min-hash (a page's ``lists_of`` record)
+_LIST_ID = np.dtype([("bin", ">u2"), ("key", ">u8")])
 PACK_MIN = 8
 _SHINGLE_SALT = 0x5348494E
 
@@ -126,6 +136,16 @@ class Tasks:
 
     def __len__(self) -> int:
         return int(self.t_p.shape[0])
+
+
+@dataclass
+class Removal:
+    """Pages removed from the passage index (``ordinals``, ascending) and the lists that
+    held their windows, for ``PassageIndex.commit_removal``."""
+
+    ordinals: I64
+    bins: I64
+    keys: U64
 
 
 @dataclass
@@ -525,6 +545,11 @@ class PassageIndex:
         kw, vw = _LIST_KEY.itemsize, packed.itemsize * 4
         batch.put_many("oph", [ks[x * kw : (x + 1) * kw] for x in range(len(nonempty))],
                        [vs[x * vw : (x + 1) * vw] for x in range(len(nonempty))])
+        # the forward record: the lists the page's windows went into, for its removal
+        l_bins, l_keys, _ = _distinct_lists(r.bin[nonempty], r.key[nonempty])
+        fwd = np.empty(len(l_bins), dtype=_LIST_ID)
+        fwd["bin"], fwd["key"] = l_bins, l_keys
+        batch.put("lists_of", prefix_ord, fwd.tobytes())
         emp = np.flatnonzero(r.empty)
         if len(emp):
             emp = emp[np.argsort(r.bin[emp], kind="stable")]  # one value per bin, rows in order
@@ -557,6 +582,68 @@ class PassageIndex:
                 ordinal, rects)
         self._staged = None
         self.cache.trim()
+
+    # -- removal (revisits, deletes, retention) --------------------------------------------
+    def stage_removal(self, batch: Batch, ordinals: list[int]) -> Removal:
+        """Delete every entry of the pages ``ordinals`` from ``batch``: their windows in the
+        inverted lists (entries of their own and inside packed runs, which are rewritten
+        without them), their empty windows, token offsets and forward records. The lists
+        come from the pages' ``lists_of`` records; a page indexed before them (store
+        format <= 5) is found by a scan of every list. ``commit_removal`` then updates the
+        lists in memory. THE one place that knows how a page sits in the passage layout.
+
+        Exact except for stop lists: a list that once grew past ``max_list`` stays a stop
+        list (its later windows were never written), whatever is removed from it."""
+        dead = np.unique(np.asarray(ordinals, dtype=np.int64))
+        keys = [u64(int(o)) for o in dead]
+        records = self.store.multi_get("lists_of", keys)
+        positions = self.store.multi_get("positions", keys)
+        w = _LIST_ID.itemsize
+        prefixes = {r[i : i + w] for r in records if r for i in range(0, len(r), w)}
+        if any(r is None and p is not None for r, p in zip(records, positions, strict=True)):
+            prefixes |= self._lists_holding(dead)  # pages of an older format
+        reader = self.store.prefix_reader("oph")
+        gone = set(dead.tolist())
+        for prefix in sorted(prefixes):
+            self._new_runs.pop(prefix, None)  # read before the removal: they hold the pages
+            list_keys, values = reader.items(prefix)
+            for key, value in zip(list_keys, values, strict=True):
+                if len(key) == len(prefix):  # the long-list mark
+                    continue
+                ordinal = read_u64(key, len(prefix))
+                if key.endswith(_RUN_SEQ):
+                    run = np.frombuffer(value, dtype=_RUN)
+                    keep = ~np.isin(run["ordinal"], dead)
+                    if keep.all():
+                        continue
+                    batch.delete("oph", key)
+                    if keep.any():  # its key names its last ordinal
+                        last = int(run["ordinal"][keep][-1])
+                        batch.put("oph", prefix + u64(last) + _RUN_SEQ, run[keep].tobytes())
+                elif ordinal in gone:
+                    batch.delete("oph", key)
+        for lo, hi in ordinal_ranges(dead):
+            delete_ordinals(batch, ("positions", "lists_of"), lo, hi)
+            batch.delete_range("oph_empty", u64(lo), u64(hi + 1))
+        named = np.frombuffer(b"".join(sorted(prefixes)), dtype=_LIST_ID)
+        return Removal(dead, named["bin"].astype(np.int64), named["key"].astype(np.uint64))
+
+    def commit_removal(self, removal: Removal) -> None:
+        """After the removal's batch is written: the cached lists without those pages."""
+        self.cache.remove_entries(removal.bins, removal.keys, removal.ordinals)
+
+    def _lists_holding(self, dead: I64) -> set[bytes]:
+        """Every list with an entry of the pages ``dead`` (a scan of the whole index: for
+        pages indexed without a forward record)."""
+        found = set()
+        for key, value in self.store.items("oph"):
+            if len(key) <= 10:
+                continue
+            ords = (np.frombuffer(value, dtype=_RUN)["ordinal"] if key.endswith(_RUN_SEQ)
+                    else np.array([read_u64(key, 10)]))
+            if np.isin(ords, dead).any():
+                found.add(bytes(key[:10]))
+        return found
 
     def stats(self) -> dict[str, Any]:
         c = self.counters

@@ -15,7 +15,7 @@ wrapped (it fails on programming errors alone).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, cast
@@ -49,6 +49,8 @@ FAMILIES = (
     # lists); bin ‖ min-hash value ‖ ordinal ‖ 0xFFFFFFFF -> a run: every entry of the list up
     # to that ordinal packed in one value (dupalign.passages: packed when read)
     "oph_empty",  # ordinal ‖ bin -> the page's empty windows in that bin
+    "lists_of",  # ordinal -> the lists (bin ‖ min-hash) holding the page's windows: what its
+    # removal deletes (format >= 6)
     "oph_keys",  # stores of format <= 4 only (ordinal -> fingerprints of the page's lists)
     "positions",  # ordinal -> token character offsets (int32 starts, ends), for spans
     "idf_pending",  # ordinal -> distinct token hashes, kept until the last idf freeze
@@ -72,6 +74,30 @@ def read_u64(data: bytes, at: int = 0) -> int:
 
 def u32(value: int) -> bytes:
     return _U32.pack(value)
+
+
+def ordinal_ranges(ordinals: Iterable[int]) -> list[tuple[int, int]]:
+    """Ascending distinct ordinals as maximal runs ``(first, last)`` of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for o in sorted(set(int(x) for x in ordinals)):
+        if out and out[-1][1] + 1 == o:
+            out[-1] = (out[-1][0], o)
+        else:
+            out.append((o, o))
+    return out
+
+
+def delete_ordinals(batch: Batch, families: Iterable[str], first: int, last: int) -> None:
+    """Delete the keys ordinal ``first``..``last`` (keys that start with a big-endian u64
+    ordinal) of each family: one point delete per key for a short run, one range delete
+    (cheap to write, compacted away) for a longer one: many small range tombstones would
+    slow reads."""
+    for family in families:
+        if last - first < 8:
+            for o in range(first, last + 1):
+                batch.delete(family, u64(o))
+        else:
+            batch.delete_range(family, u64(first), u64(last + 1))
 
 
 def offsets_key(topic: str, partition: int) -> bytes:
@@ -327,6 +353,15 @@ class Store:
         except Exception as exc:
             raise store_error("read", self.path, exc) from exc
         return total
+
+    def compact(self) -> None:
+        """Compact every family now (what removals deleted leaves the files; RocksDB would
+        do it in the background, later)."""
+        try:
+            for cf in self._cfs.values():
+                cf.compact_range(None, None)
+        except Exception as exc:
+            raise store_error("compact", self.path, exc) from exc
 
     def flush(self) -> None:
         try:

@@ -141,7 +141,7 @@ CASES = [
     Case("store with other parameters", _store_other_params, Exit.STORE,
          "seed: store has 1, asked for 24301"),
     Case("store of another version", _store_other_version, Exit.STORE,
-         "format: store has 1, asked for 5"),
+         "format: store has 1, asked for 6"),
     Case("stats on a store of another version", _stats_other_version, Exit.STORE,
          "store s has format 1, which this version of dupalign does not read"),
     Case("query without a store", _query_missing_store, Exit.STORE, "no store at nostore"),

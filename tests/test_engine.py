@@ -289,12 +289,12 @@ def test_same_words_in_another_order_are_not_near_duplicates(tmp_path: Path) -> 
         assert [m.match_doc_id for m in found if m.kind == "near"] == ["orig"]
 
 
-@pytest.mark.parametrize("old_format", [2, 3, 4])
+@pytest.mark.parametrize("old_format", [2, 3, 4, 5])
 def test_an_older_format_store_is_upgraded_and_keeps_its_pages(tmp_path: Path,
                                                               old_format: int) -> None:
-    """Formats 3 to 5 add long-list marks, packed runs and stop lists over complete lists:
+    """Formats 3 to 6 add long-list marks, packed runs, stop lists and forward records:
     a format 2, 3 or 4 store (which did not record max_list: the default 256 is implied)
-    opens, records format 5 and still finds its pages."""
+    opens, records format 6 and still finds its pages."""
     import msgpack
 
     base = rfc_words("rfc2821.txt", 0, 400)
@@ -303,7 +303,7 @@ def test_an_older_format_store_is_upgraded_and_keeps_its_pages(tmp_path: Path,
         params = {k: v for k, v in engine.store.params.items() if k != "passage_max_list"}
         engine.store.put("meta", b"params", msgpack.packb({**params, "format": old_format}))
     with Engine.open(tmp_path / "s") as engine:
-        assert engine.store.params["format"] == 5
+        assert engine.store.params["format"] == 6
         assert engine.store.params["passage_max_list"] == 256
         found = engine.process(page("b", base))
         assert [(m.kind, m.match_doc_id) for m in found] == [("exact", "a")]
