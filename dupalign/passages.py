@@ -598,19 +598,28 @@ class PassageIndex:
         keys = [u64(int(o)) for o in dead]
         records = self.store.multi_get("lists_of", keys)
         positions = self.store.multi_get("positions", keys)
+        # per list, the first and last removed page in it: the entries between are read
+        # (those of pages still stored among them are left; retention removes the oldest
+        # pages, so there are none then)
         w = _LIST_ID.itemsize
-        prefixes = {r[i : i + w] for r in records if r for i in range(0, len(r), w)}
+        span: dict[bytes, tuple[int, int]] = {}
+        for o, r in zip(dead.tolist(), records, strict=True):
+            for i in range(0, len(r or b""), w):
+                p = r[i : i + w]  # type: ignore[index]
+                lo, _ = span.get(p, (o, o))
+                span[p] = (lo, o)  # ordinals ascend
         if any(r is None and p is not None for r, p in zip(records, positions, strict=True)):
-            prefixes |= self._lists_holding(dead)  # pages of an older format
+            for p in self._lists_holding(dead):  # pages of an older format
+                span[p] = (int(dead[0]), int(dead[-1]))
         reader = self.store.prefix_reader("oph")
         gone = set(dead.tolist())
-        for prefix in sorted(prefixes):
+        for prefix, (lo, hi) in sorted(span.items()):
             self._new_runs.pop(prefix, None)  # read before the removal: they hold the pages
-            list_keys, values = reader.items(prefix)
+            # the range's own entries, and the list's run if it reaches the range
+            # (a run is keyed by its last ordinal: at most one, then later pages)
+            list_keys, values = reader.items_between(prefix, prefix + u64(lo),
+                                                     prefix + u64(hi + 1))
             for key, value in zip(list_keys, values, strict=True):
-                if len(key) == len(prefix):  # the long-list mark
-                    continue
-                ordinal = read_u64(key, len(prefix))
                 if key.endswith(_RUN_SEQ):
                     run = np.frombuffer(value, dtype=_RUN)
                     keep = ~np.isin(run["ordinal"], dead)
@@ -619,13 +628,14 @@ class PassageIndex:
                     batch.delete("oph", key)
                     if keep.any():  # its key names its last ordinal
                         last = int(run["ordinal"][keep][-1])
-                        batch.put("oph", prefix + u64(last) + _RUN_SEQ, run[keep].tobytes())
-                elif ordinal in gone:
+                        batch.put("oph", prefix + u64(last) + _RUN_SEQ,
+                                  run[keep].tobytes())
+                elif read_u64(key, len(prefix)) in gone:
                     batch.delete("oph", key)
         for lo, hi in ordinal_ranges(dead):
             delete_ordinals(batch, ("positions", "lists_of"), lo, hi)
             batch.delete_range("oph_empty", u64(lo), u64(hi + 1))
-        named = np.frombuffer(b"".join(sorted(prefixes)), dtype=_LIST_ID)
+        named = np.frombuffer(b"".join(sorted(span)), dtype=_LIST_ID)
         return Removal(dead, named["bin"].astype(np.int64), named["key"].astype(np.uint64))
 
     def commit_removal(self, removal: Removal) -> None:

@@ -467,6 +467,32 @@ class PrefixReader:
         except Exception as exc:
             raise store_error("read", path, exc) from exc
 
+    def items_between(self, prefix: bytes, start: bytes, stop: bytes
+                      ) -> tuple[list[bytes], list[bytes]]:
+        """Keys and values of the group ``prefix`` from key ``start`` on, up to and
+        including the first key >= ``stop`` (a caller that needs the entry just past a
+        range, e.g. a run keyed by its last member, gets it without another seek)."""
+        it = self._it
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        n = len(prefix)
+        try:
+            it.seek(start)
+            while it.valid():
+                key = it.key()
+                if key[:n] != prefix:
+                    break
+                keys.append(key)
+                values.append(it.value())
+                if key >= stop:
+                    break
+                it.next()
+            if not it.valid():
+                it.status()
+        except Exception as exc:
+            raise store_error("read", self._path, exc) from exc
+        return keys, values
+
     def items(self, prefix: bytes, limit: int | None = None, header: bool = False
               ) -> tuple[list[bytes], list[bytes]]:
         """Keys and values of the entries starting with ``prefix`` (at most ``limit``).

@@ -210,6 +210,19 @@ async def test_worker_matches_equal_embedded_engine(kafka_bootstrap: str, tmp_pa
         1 for k in expected if k[1] == "passage")
 
 
+async def run_until_done(topics: Topics, tmp_path: Path, n: int) -> Worker:
+    """A worker over ``topics`` until it has handled ``n`` records, then stopped cleanly."""
+    config, _ = topics.config(tmp_path)
+    worker = Worker(config, tmp_path / "store")
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_for(lambda: _done(worker, n), 120, "all records handled")
+    finally:
+        worker.stop()
+        assert await asyncio.wait_for(task, 60) == 0
+    return worker
+
+
 async def _done(worker: Worker, n: int) -> bool:
     return sum(sample(worker, "dupalign_pages_total", outcome=o)
                for o in ("processed", "replayed", "rejected", "deleted")) >= n
@@ -236,14 +249,7 @@ async def test_tombstones_deletes_and_revisits_on_the_kafka_path(kafka_bootstrap
     ]
     topics = await Topics(kafka_bootstrap, partitions=1).create()
     await topics.send_raw(records)
-    config, _ = topics.config(tmp_path)
-    worker = Worker(config, tmp_path / "store")
-    task = asyncio.create_task(worker.run())
-    try:
-        await wait_for(lambda: _done(worker, len(records)), 120, "all records processed")
-    finally:
-        worker.stop()
-        assert await asyncio.wait_for(task, 60) == 0
+    worker = await run_until_done(topics, tmp_path, len(records))
     published = [messages.decode_match(r.value) for r in await topics.read(topics.matches)]
     assert [(m["doc_id"], m["kind"], m["match_doc_id"], m.get("revisit"))
             for m in published] == [("b", "near", "a", None), ("c", "revisit", "c", "changed")]
