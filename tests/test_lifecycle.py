@@ -266,3 +266,24 @@ def test_retention_removes_the_oldest_pages_in_ordinal_order(engine: Engine) -> 
     assert engine.compact(now_ms=5 * 60_000) == 1  # p2 fetched 3 min before: too old
     assert [p.id for p in _pages(engine)] == ["p3", "p4", "p5"]
     assert engine.stats()["pages"] == 3 and engine.stats()["pages_expired"] == 3
+
+
+def test_delete_and_compact_from_the_command_line(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from worker.cli import main
+
+    lines = [json.dumps({"id": f"p{i}", "body": _words(120, 40 + i), "fetched_at": i * 1000})
+             for i in range(5)]
+    lines.append(json.dumps({"id": "p1", "deleted": True}))
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    store = str(tmp_path / "s")
+    assert main(["scan", str(tmp_path / "in.jsonl"), "--store", store, "--quiet"]) == 0
+    assert main(["delete", "p0", "nope", "--store", store]) == 0
+    assert "1 of 2 pages deleted" in capsys.readouterr().err
+    assert main(["compact", "--store", store, "--max-pages", "2"]) == 0
+    assert "1 pages removed by retention, 2 left" in capsys.readouterr().err
+    with Engine.open(store, read_only=True) as engine:
+        assert [p.id for p in _pages(engine)] == ["p3", "p4"]
+    assert main(["delete", "p3", "--store", str(tmp_path / "none")]) == 4
