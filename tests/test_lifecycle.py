@@ -287,3 +287,31 @@ def test_delete_and_compact_from_the_command_line(tmp_path: Path,
     with Engine.open(store, read_only=True) as engine:
         assert [p.id for p in _pages(engine)] == ["p3", "p4"]
     assert main(["delete", "p3", "--store", str(tmp_path / "none")]) == 4
+
+
+def test_the_worker_sweeps_retention_between_batches(tmp_path: Path) -> None:
+    """The worker's schedule (``[engine.retention]``): at most one sweep per ``every``
+    seconds, in the engine thread, counted in the lifecycle metric."""
+    pytest.importorskip("aiokafka")
+    from worker.config import load_config
+    from worker.service import Worker
+
+    path = tmp_path / "w.toml"
+    path.write_text("[engine.retention]\nmax_pages = 2\nevery = 3600\n")
+    cfg = load_config(path, env={})
+    worker = Worker(cfg, tmp_path / "s")
+    with Engine.open(tmp_path / "s", cfg.engine) as eng:
+        for i in range(4):
+            eng.process(Page(f"p{i}", _words(100, 60 + i)))
+        worker._retention(eng)  # not due yet: the first sweep comes one period after start
+        assert eng.indexer.alive == 4
+        worker._last_sweep -= 3600
+        worker._retention(eng)
+        assert eng.indexer.alive == 2
+        eng.process(Page("p9", _words(100, 69)))
+        worker._retention(eng)  # swept a moment ago
+        assert eng.indexer.alive == 3
+    labels = {"event": "expired"}
+    assert worker.metrics.registry.get_sample_value(
+        "dupalign_lifecycle_pages_total", labels) == 2
+    worker.executor.shutdown()
