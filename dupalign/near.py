@@ -34,7 +34,7 @@ from dupalign.hashing import shingle_hashes
 from dupalign.idf import IdfBuilder, IdfTable, TfMode, tf_idf_weights
 from dupalign.psm import SimhashTable, psm_search_batch
 from dupalign.simhash import weighted_simhash
-from dupalign.store import Batch, Store, read_u64, u64
+from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, read_u64, u64
 from dupalign.vosh import VolatilityModel
 
 U64 = npt.NDArray[np.uint64]
@@ -195,7 +195,8 @@ class NearIndex:
         for ordinal, fingerprint in pages:
             if fingerprint is not None:
                 batch.delete("simhash", u64(fingerprint) + u64(ordinal))
-            batch.delete("cws", u64(ordinal))
+        for lo, hi in ordinal_ranges(o for o, _ in pages):
+            delete_ordinals(batch, ("cws",), lo, hi)
 
     def commit_removal(self, ordinals: list[int]) -> None:
         """After the removal's batch is written: the PSM table without those pages."""
