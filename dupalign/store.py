@@ -15,7 +15,7 @@ wrapped (it fails on programming errors alone).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, cast
@@ -73,6 +73,30 @@ def read_u64(data: bytes, at: int = 0) -> int:
 
 def u32(value: int) -> bytes:
     return _U32.pack(value)
+
+
+def ordinal_ranges(ordinals: Iterable[int]) -> list[tuple[int, int]]:
+    """Ascending distinct ordinals as maximal runs ``(first, last)`` of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for o in sorted(set(int(x) for x in ordinals)):
+        if out and out[-1][1] + 1 == o:
+            out[-1] = (out[-1][0], o)
+        else:
+            out.append((o, o))
+    return out
+
+
+def delete_ordinals(batch: Batch, families: Iterable[str], first: int, last: int) -> None:
+    """Delete the keys ordinal ``first``..``last`` (keys that start with a big-endian u64
+    ordinal) of each family: one point delete per key for a short run, one range delete
+    (cheap to write, compacted away) for a longer one: many small range tombstones would
+    slow reads."""
+    for family in families:
+        if last - first < 8:
+            for o in range(first, last + 1):
+                batch.delete(family, u64(o))
+        else:
+            batch.delete_range(family, u64(first), u64(last + 1))
 
 
 def offsets_key(topic: str, partition: int) -> bytes:
@@ -353,6 +377,15 @@ class Store:
             raise store_error("read", self.path, exc) from exc
         return total
 
+    def compact(self) -> None:
+        """Compact every family now (what removals deleted leaves the files; RocksDB would
+        do it in the background, later)."""
+        try:
+            for cf in self._cfs.values():
+                cf.compact_range(None, None)
+        except Exception as exc:
+            raise store_error("compact", self.path, exc) from exc
+
     def flush(self) -> None:
         try:
             for cf in self._cfs.values():
@@ -456,6 +489,32 @@ class PrefixReader:
             self._it = cf.iter(ropts)
         except Exception as exc:
             raise store_error("read", path, exc) from exc
+
+    def items_between(self, prefix: bytes, start: bytes, stop: bytes
+                      ) -> tuple[list[bytes], list[bytes]]:
+        """Keys and values of the group ``prefix`` from key ``start`` on, up to and
+        including the first key >= ``stop`` (a caller that needs the entry just past a
+        range, e.g. a run keyed by its last member, gets it without another seek)."""
+        it = self._it
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        n = len(prefix)
+        try:
+            it.seek(start)
+            while it.valid():
+                key = it.key()
+                if key[:n] != prefix:
+                    break
+                keys.append(key)
+                values.append(it.value())
+                if key >= stop:
+                    break
+                it.next()
+            if not it.valid():
+                it.status()
+        except Exception as exc:
+            raise store_error("read", self._path, exc) from exc
+        return keys, values
 
     def items(self, prefix: bytes, limit: int | None = None, header: bool = False
               ) -> tuple[list[bytes], list[bytes]]:
