@@ -141,6 +141,17 @@ class WorkerPool:
         self.executor.shutdown(wait=wait)
 
 
+def _aligned(engine: Engine, result: IndexResult, future: Future[Any]) -> Any:
+    """The worker's passage matches; if the worker failed (its view of the store, say a
+    secondary instance that could not catch up), the page is aligned here, on the store
+    itself, so that no page's result depends on a worker: an error of the page's own
+    raises here the same way."""
+    try:
+        return future.result()
+    except Exception:
+        return engine.align(result)
+
+
 def run_pipeline(
     engine: Engine, items: Iterable[tuple[Page, Source | None]], jobs: int,
     executor: ExecutorKind = "process", depth: int | None = None,
@@ -171,7 +182,7 @@ def run_pipeline(
             return page, result
         engine.report_pipelined(result)
         try:
-            found = [] if future is None else future.result()
+            found = [] if future is None else _aligned(engine, result, future)
             return page, indexer.finish(result, found)
         except StoreError:
             raise

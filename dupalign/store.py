@@ -186,6 +186,8 @@ class Store:
         self.secondary = secondary is not None
         read_only = read_only or self.secondary
         opts = _options()
+        if self.secondary:  # keeps every table file open: the writer may delete them
+            opts.set_max_open_files(-1)
         if read_only:
             if not (self.path / "CURRENT").exists():
                 raise StoreUnavailable(f"no store at {self.path}" + (

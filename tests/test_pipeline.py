@@ -211,3 +211,18 @@ def test_revisits_and_deletes_in_flight_do_not_depend_on_the_workers(
     kinds = [m["kind"] for _, *rest in one if rest and isinstance(rest[0], list)
              for m in rest[0]]
     assert "revisit" in kinds and "passage" in kinds
+
+
+def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers without a view of the store (as if their secondary instance failed) cannot
+    read the candidates' forward records: those pages are aligned by the calling process,
+    and the matches stay those of one process."""
+    from dupalign import pipeline
+
+    monkeypatch.setattr(pipeline, "_worker_store", lambda: None)  # forked into the workers
+    pages = random_pages(7, 30)
+    blind = run(tmp_path / "blind", pages, 2, EngineConfig())
+    assert blind == run(tmp_path / "one", pages, 1, EngineConfig())
+    assert any(m["kind"] == "passage" for _, *rest in blind if rest and isinstance(rest[0], list)
+               for m in rest[0])
