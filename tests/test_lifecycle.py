@@ -181,7 +181,7 @@ def test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive(mode: str
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["oph", "weighted"])
 def test_matches_after_removals_equal_a_fresh_store_many_sequences(mode: str) -> None:
-    _oracle(1500)(mode)
+    _oracle(300)(mode)
 
 
 # -- versions, deletes, retention: the behaviours one by one ---------------------------------

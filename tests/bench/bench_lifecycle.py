@@ -70,19 +70,24 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=1000, help="operations between sweeps")
     ap.add_argument("--report", type=int, default=5000, help="operations between rows")
     ap.add_argument("--store", help="store directory (default: a temporary one)")
+    ap.add_argument("--lists-mb", type=int, default=0,
+                    help="cache.lists_mb (default: the config's); RSS is bounded by it")
     args = ap.parse_args()
     max_pages = args.max_pages or args.pages // 2
     tmp = Path(args.store or tempfile.mkdtemp(prefix="bench-lifecycle-"))
     stream = Stream(13)
     rng = stream.rng
     n_words = len(stream.words) - 300
-    cfg = replace(EngineConfig(), retention=RetentionConfig(max_pages=max_pages)).validate()
+    cfg = replace(EngineConfig(), retention=RetentionConfig(max_pages=max_pages))
+    if args.lists_mb:
+        cfg = replace(cfg, cache=replace(cfg.cache, lists_mb=args.lists_mb))
+    cfg = cfg.validate()
     cpu: dict[str, list[float]] = defaultdict(list)
     revisits = revisit_messages = wrong = 0
     issued: list[str] = []  # ids in the order they were first sent
     pages: dict[str, tuple[int, int]] = {}  # id -> its current (start, edit)
     print(f"{args.pages:,} operations, retention.max_pages {max_pages:,}, sweep every "
-          f"{args.every:,}; words {len(stream.words):,}")
+          f"{args.every:,}, cache.lists_mb {cfg.cache.lists_mb}; words {len(stream.words):,}")
     print(f"| {'ops':>8} | {'stored':>7} | {'store MB':>8} | {'RSS MB':>7} | {'s':>6} |")
     print("|---:|---:|---:|---:|---:|")
     t_start = time.perf_counter()
