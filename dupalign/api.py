@@ -70,7 +70,9 @@ class Detector:
 
         ``body`` is the text, or the bytes as fetched (the charset is detected);
         ``content_type="text/html"`` extracts the main text of HTML first. Adding the same
-        ``doc_id`` with the same body again stores nothing and returns the same matches.
+        ``doc_id`` with the same body again stores nothing and returns the same matches;
+        with another body it is a new version of the page: it replaces the stored one
+        (never matching it) and its matches start with one ``revisit`` match.
         Raises :class:`~dupalign.errors.PageRejected` (with ``reason``) for a page that
         cannot be processed, e.g. one without words; nothing is stored then.
         """
@@ -80,6 +82,16 @@ class Detector:
     def add_page(self, page: Page) -> list[Match]:
         """:meth:`add` for a :class:`~dupalign.page.Page` you already have."""
         return self._engine.process(page)
+
+    def delete(self, *doc_ids: str) -> int:
+        """Remove pages from every index (later pages never match them); returns how many
+        were stored."""
+        return self._engine.delete(list(doc_ids))
+
+    def compact(self, now_ms: int | None = None) -> int:
+        """Apply the configured retention (``retention.max_age``, ``retention.max_pages``);
+        returns how many pages left."""
+        return self._engine.compact(now_ms)
 
     def query(self, text: str) -> list[Match]:
         """Passages of ``text`` copied from stored pages (``kind == "passage"``, spans in
@@ -105,8 +117,8 @@ class Detector:
             "ids", doc_id.encode("utf-8")) is not None
 
     def __len__(self) -> int:
-        """How many pages the store holds."""
-        return self._engine.next_ordinal
+        """How many pages the store holds (current versions; deleted pages left)."""
+        return self._engine.indexer.alive
 
     def stats(self) -> dict[str, Any]:
         """What ``dupalign stats --json`` prints: sizes, frozen parameters, counters."""

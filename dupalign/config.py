@@ -157,12 +157,29 @@ PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {}
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """How much history the store keeps (runtime only: removal is exact, so these decide
+    which pages are alive, never how the alive ones match). 0 turns a bound off. Applied
+    by ``Engine.compact`` (``dupalign compact``, and the worker every ``every`` seconds)."""
+
+    max_age: int = 0  # seconds: pages whose version was fetched (fetched_at) earlier leave
+    max_pages: int = 0  # at most this many pages stay: the oldest (lowest ordinals) leave
+    every: int = 300  # seconds between the worker's retention sweeps
+
+    def validate(self) -> None:
+        _check_range("retention.max_age", self.max_age, 0, 1 << 40)
+        _check_range("retention.max_pages", self.max_pages, 0, 1 << 40)
+        _check_range("retention.every", self.every, 1, 1 << 30)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     seed: int = 0x5EED
     text: TextConfig = field(default_factory=TextConfig)
     near: NearConfig = field(default_factory=NearConfig)
     passage: PassageConfig = field(default_factory=PassageConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     def validate(self) -> EngineConfig:
         _check_range("seed", self.seed, 0, (1 << 32) - 1)
@@ -170,6 +187,7 @@ class EngineConfig:
         self.near.validate()
         self.passage.validate()
         self.cache.validate()
+        self.retention.validate()
         return self
 
     def frozen_params(self) -> dict[str, Any]:
@@ -225,7 +243,9 @@ class EngineConfig:
 # 4: inverted lists may start with a packed run (format 3 readers cannot parse it)
 # 5: lists longer than max_list are stop lists; no list fingerprints of pages
 # 6: inverted lists of page ordinals (varint-delta runs) and per-page forward records of
-#    windows (family ``forward``), no ``oph_empty``
+#    windows (family ``forward``), no ``oph_empty``; the forward record names every list
+#    that holds the page and its docs record keeps its replay key, so that a page can be
+#    removed (revisits, deletes, retention)
 STORE_FORMAT = 6
 # frozen parameter (as recorded in the store) -> (config section or None, field)
 FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
@@ -244,7 +264,7 @@ FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
 
 # the tables of an engine configuration (a TOML file's [engine.<name>])
 SECTIONS: dict[str, type] = {"text": TextConfig, "near": NearConfig, "passage": PassageConfig,
-                             "cache": CacheConfig}
+                             "cache": CacheConfig, "retention": RetentionConfig}
 
 
 def _build_section(name: str, cls: type, data: dict[str, Any]) -> Any:

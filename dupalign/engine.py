@@ -146,7 +146,10 @@ class Engine:
         if self.read_only:
             raise RuntimeError("engine opened read-only")
         try:
-            return self.sketcher.sketch(page, self.near.idf)
+            # an unchanged revisit is only tokenized and hashed (see Indexer.index)
+            stored = None if page.deleted else self.indexer.current(page.id)
+            return self.sketcher.sketch(page, self.near.idf,
+                                        None if stored is None else stored.content_hash)
         except Exception:
             self.indexer.finish(self.indexer.skip(page.id, source), [])
             raise
@@ -194,6 +197,29 @@ class Engine:
                                            spans=tuple(spans)))
         return out
 
+    # -- lifecycle: deletes and retention -----------------------------------------------------
+    def delete(self, doc_ids: list[str]) -> int:
+        """Remove the pages ``doc_ids`` from every index; returns how many were stored."""
+        if self.read_only:
+            raise RuntimeError("engine opened read-only")
+        n = self.indexer.delete(doc_ids)
+        self.indexer.counters.deletes += n
+        return n
+
+    def compact(self, now_ms: int | None = None, batch_pages: int = 1000) -> int:
+        """Retention (``config.retention``): remove the oldest pages, in ordinal ranges of
+        at most ``batch_pages`` per WriteBatch, while there are more than ``max_pages`` or
+        the oldest is older than ``max_age``. Returns how many left."""
+        if self.read_only:
+            raise RuntimeError("engine opened read-only")
+        r = self.config.retention
+        removed = 0
+        while expired := self.indexer.expired(r.max_pages, r.max_age, now_ms, batch_pages):
+            self.indexer.remove(expired)
+            removed += len(expired)
+        self.indexer.counters.expired += removed
+        return removed
+
     def doc_id(self, ordinal: int) -> str:
         return self.indexer.doc_id(ordinal)
 
@@ -204,8 +230,15 @@ class Engine:
         return out
 
     def stats(self) -> dict[str, Any]:
+        c = self.indexer.counters
         return {
-            "pages": self.next_ordinal,
+            "pages": self.indexer.alive,
+            "ordinals": self.next_ordinal,
+            "revisits_unchanged": c.unchanged,
+            "revisits_changed": c.changed,
+            "deletes": c.deletes,
+            "pages_expired": c.expired,
+            "pages_removed": c.removed,
             "store_bytes": self.store.size_bytes(),
             "params": self.store.params,
             **self.near.stats(),

@@ -35,9 +35,16 @@ from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.match import Match, Span, best_span
 from dupalign.near import NearIndex, NearState
-from dupalign.passages import PassageIndex, PassageState, Tasks
+from dupalign.passages import PassageIndex, PassageState, Removal, Tasks
 from dupalign.sketch import PageSketch
-from dupalign.store import Store, offsets_key, read_u64, u64
+from dupalign.store import (
+    Store,
+    delete_ordinals,
+    offsets_key,
+    ordinal_ranges,
+    read_u64,
+    u64,
+)
 
 I64 = npt.NDArray[np.int64]
 ENGINE_NAME = "dupalign"
@@ -143,6 +150,30 @@ class IndexTimes:
 
 
 @dataclass
+class StoredVersion:
+    """What the store says of the current version of a page (its ``docs`` record)."""
+
+    ordinal: int
+    doc_id: str
+    content_hash: bytes
+    simhash: int | None
+    url: str | None
+    fetched_at: int | None
+    replay_key: bytes | None  # None in pages of store format <= 5
+
+
+@dataclass
+class LifecycleCounters:
+    """Versions, deletes and removals since the process started (metrics)."""
+
+    unchanged: int = 0  # revisits with the stored content: one revisit message, no work
+    changed: int = 0  # revisits with new content: the new version replaced the old one
+    deletes: int = 0  # pages removed by a delete (tombstone or API)
+    removed: int = 0  # pages removed from every index, for any reason (retention too)
+    expired: int = 0  # pages removed by retention
+
+
+@dataclass
 class IndexResult:
     """What the index stage made of one page. ``ordinal`` is None for a page that was
     rejected or replayed (``replay_of``: the stored page it repeats); ``matches`` are the
@@ -194,6 +225,8 @@ class Indexer:
         self.near = NearIndex(store, config, self.next_ordinal)
         self.passages = PassageIndex(store, config)
         self.unfinished = 0  # pages indexed whose matches are not stored yet
+        self.alive = sum(1 for _ in store.items("ids"))  # pages stored (current versions)
+        self.counters = LifecycleCounters()
         self.times = IndexTimes()
         self.engine_info = {
             "name": ENGINE_NAME,
@@ -215,14 +248,29 @@ class Indexer:
         result = IndexResult(sk.id, source, times=times)
         if sk.replay_key is not None:
             seen = self.store.get("replay", sk.replay_key)
-            if seen is not None:
+            if seen is not None and self.store.get("docs", seen) is not None:  # not removed
                 result.replay_of = read_u64(seen)
                 return self._maybe_done(result)
+        if sk.deleted:
+            self.counters.deletes += self.delete([sk.id])
+            return self._maybe_done(result)
         if sk.rejected is not None:
             result.rejected = sk.rejected
             return self._maybe_done(result)
         assert sk.replay_key is not None
         t0 = time.perf_counter()
+        prev = self.current(sk.id)  # the version this page replaces, if any
+        if prev is not None and prev.content_hash == sk.content_hash:
+            self.counters.unchanged += 1
+            result.matches.append(self._revisit(sk, prev, "unchanged", est_jaccard=1.0))
+            return self._maybe_done(result)
+        if sk.unchanged:  # sketched against a version that is no longer the stored one
+            raise RuntimeError(f"page {sk.id!r} was sketched as an unchanged revisit of a "
+                               "version that is no longer stored")
+        skip = frozenset() if prev is None else frozenset((prev.ordinal,))
+        if prev is not None:
+            self.counters.changed += 1
+            result.matches.append(self._changed(sk, prev))
         ordinal = result.ordinal = self.next_ordinal
         original = self._exact_original(sk.content_hash)
         t1 = time.perf_counter()
@@ -237,7 +285,10 @@ class Indexer:
             near_state, passage_state = sk.near, sk.passage
             c = self.near.counters
             before = (c.probes, c.candidates, c.filter.pairs, c.filter.samples_saved)
-            near_found = self.near.search(near_state, ordinal)
+            # never against its own earlier version (removed in the page's batch); in
+            # ordinal order: the order a store without the removed pages finds them in
+            near_found = sorted(x for x in self.near.search(near_state, ordinal)
+                                if x[0] not in skip)
             times.psm_probes = c.probes - before[0]
             times.near_candidates = c.candidates - before[1]
             times.cws_pairs = c.filter.pairs - before[2]
@@ -250,7 +301,8 @@ class Indexer:
             t2 = time.perf_counter()
             # one message per matched pair: near duplicates are not aligned again as passages
             if passage_state.rects is not None:
-                tasks = self.passages.find_tasks(passage_state, ordinal, frozenset(matched))
+                tasks = self.passages.find_tasks(passage_state, ordinal,
+                                                 frozenset(matched) | skip)
                 if tasks is not None:
                     assert passage_state.starts is not None and passage_state.ends is not None
                     result.align = AlignRequest(
@@ -258,7 +310,7 @@ class Indexer:
                         passage_state.positions, tasks)
             t3 = time.perf_counter()
         times.near, times.passage = t2 - t1, t3 - t2
-        write = partial(self._write, result, sk, near_state, passage_state)
+        write = partial(self._write, result, sk, near_state, passage_state, prev)
         if result.align is None and not self.unfinished:  # complete in one batch
             result.done = True
             write(result.matches)
@@ -271,13 +323,15 @@ class Indexer:
         return result
 
     def _write(self, result: IndexResult, sk: PageSketch, near_state: NearState | None,
-               passage_state: PassageState | None, matches: list[Match] | None) -> None:
-        """One WriteBatch: everything the page adds to the index, then its matches and
-        offset (or, when they are not known yet, its ``unfinished`` record); then the
-        in-memory indexes."""
+               passage_state: PassageState | None, prev: StoredVersion | None,
+               matches: list[Match] | None) -> None:
+        """One WriteBatch: the removal of the version ``prev`` the page replaces, everything
+        the page adds to the index, then its matches and offset (or, when they are not
+        known yet, its ``unfinished`` record); then the in-memory indexes."""
         assert result.ordinal is not None and sk.replay_key is not None
         ordinal = result.ordinal
         batch = self.store.batch()
+        removal = None if prev is None else self._stage_removal(batch, [prev])
         self.near.stage(batch, ordinal, near_state)
         self.passages.stage(batch, ordinal, passage_state)
         record = {
@@ -288,6 +342,7 @@ class Indexer:
             "simhash": None if near_state is None else near_state.fingerprint,
             "fetched_at": sk.fetched_at,
             "source": list(result.source) if result.source is not None else None,
+            "replay_key": sk.replay_key,  # deleted with the page
         }
         batch.put("docs", u64(ordinal), msgpack.packb(record))
         batch.put("ids", sk.id.encode("utf-8"), u64(ordinal))
@@ -299,6 +354,9 @@ class Indexer:
             batch.put("unfinished", u64(ordinal), result.to_bytes())
         self.store.write(batch)
         self.next_ordinal = ordinal + 1
+        if removal is not None:
+            self._commit_removal(removal)
+        self.alive += 1
         self.near.commit(ordinal, near_state)
         self.passages.commit(ordinal, passage_state)
 
@@ -354,6 +412,118 @@ class Indexer:
     def skip(self, doc_id: str, source: tuple[str, int, int] | None) -> IndexResult:
         """A page that failed before the index: only its offset advances, in order."""
         return self._maybe_done(IndexResult(doc_id, source))
+
+    # -- versions and removal -------------------------------------------------------------
+    def current(self, doc_id: str) -> StoredVersion | None:
+        """The stored version of the page ``doc_id`` (None: not in the store)."""
+        raw = self.store.get("ids", doc_id.encode("utf-8"))
+        if raw is None:
+            return None
+        return self._version(read_u64(raw))
+
+    def _version(self, ordinal: int) -> StoredVersion | None:
+        rec = self.store.get("docs", u64(ordinal))
+        if rec is None:
+            return None
+        d = msgpack.unpackb(rec)
+        return StoredVersion(ordinal, str(d["id"]), bytes(d["content_hash"]), d.get("simhash"),
+                             d.get("url"), d.get("fetched_at"), d.get("replay_key"))
+
+    def _revisit(self, sk: PageSketch, prev: StoredVersion, status: str,
+                 **fields: Any) -> Match:
+        return Match(doc_id=sk.id, kind="revisit", match_doc_id=prev.doc_id,
+                     engine=self.engine_info, revisit=status, previous_url=prev.url,
+                     previous_fetched_at=prev.fetched_at, **fields)
+
+    def _changed(self, sk: PageSketch, prev: StoredVersion) -> Match:
+        """The relation of a new version to ``prev``: the resemblance of their word shingles
+        (the near index's verification sketches, without the filter's early stop) and the
+        simhash distance; both None when a version is too short to be near-indexed."""
+        est = hamming = None
+        near = sk.near
+        old = self.near.sketch_of(prev.ordinal)
+        if near is not None and near.sketch is not None and old is not None:
+            est = round(float(np.count_nonzero(near.sketch == old)) / len(old), 4)
+            if near.fingerprint is not None and prev.simhash is not None:
+                hamming = (int(near.fingerprint) ^ int(prev.simhash)).bit_count()
+        return self._revisit(sk, prev, "changed", est_jaccard=est, hamming=hamming)
+
+    def removes(self, sk: PageSketch) -> list[int]:
+        """The stored page that indexing ``sk`` removes (the version it replaces or the
+        page it deletes), if any: the pipeline finishes the alignments in flight that read
+        its forward record or docs record first (dupalign.pipeline)."""
+        if not sk.deleted and (sk.rejected is not None or sk.replay_key is None):
+            return []
+        prev = self.current(sk.id)
+        if prev is None or (not sk.deleted and prev.content_hash == sk.content_hash):
+            return []
+        return [prev.ordinal]
+
+    def delete(self, doc_ids: list[str]) -> int:
+        """Remove the pages ``doc_ids`` from every index (ids not stored are ignored);
+        returns how many were removed. Matches published before stay true."""
+        versions = [v for v in map(self.current, doc_ids) if v is not None]
+        self.remove(versions)
+        return len({v.ordinal for v in versions})
+
+    def remove(self, versions: list[StoredVersion]) -> None:
+        """Remove stored pages from every index in one WriteBatch, then from memory."""
+        if not versions:
+            return
+        versions = list({v.ordinal: v for v in versions}.values())
+        batch = self.store.batch()
+        removal = self._stage_removal(batch, versions)
+        self.store.write(batch)
+        self._commit_removal(removal)
+
+    def expired(self, max_pages: int = 0, max_age_s: int = 0, now_ms: int | None = None,
+                limit: int = 1000) -> list[StoredVersion]:
+        """Retention: the oldest pages (lowest ordinals: ordinals grow with time) that must
+        leave, at most ``limit``: while more than ``max_pages`` are stored, or while the
+        oldest was fetched (``fetched_at``) more than ``max_age_s`` ago. A page without
+        ``fetched_at`` never expires by age (and the age sweep stops at it)."""
+        if not max_pages and not max_age_s:
+            return []
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        cutoff = now_ms - max_age_s * 1000
+        out: list[StoredVersion] = []
+        for key, raw in self.store.items("docs"):
+            if len(out) >= limit:
+                break
+            d = msgpack.unpackb(raw)
+            fetched = d.get("fetched_at")
+            too_many = max_pages and self.alive - len(out) > max_pages
+            too_old = max_age_s and fetched is not None and fetched < cutoff
+            if not (too_many or too_old):
+                break
+            out.append(StoredVersion(read_u64(key), str(d["id"]), bytes(d["content_hash"]),
+                                     d.get("simhash"), d.get("url"), fetched,
+                                     d.get("replay_key")))
+        return out
+
+    def _stage_removal(self, batch: Any, versions: list[StoredVersion]) -> Removal:
+        """Everything the pages ``versions`` hold in the store, deleted in ``batch``: the
+        per-page records (by ordinal ranges), their id, replay and exact keys, then their
+        entries in the near index and the passage index (their own ``stage_removal``)."""
+        ordinals = [v.ordinal for v in versions]
+        for v in versions:
+            batch.delete("ids", v.doc_id.encode("utf-8"))  # a new version puts it after
+            batch.delete("exact", v.content_hash + u64(v.ordinal))
+            if v.replay_key is not None:  # (pages of format <= 5: see index's replay check)
+                batch.delete("replay", v.replay_key)
+        for lo, hi in ordinal_ranges(ordinals):
+            # (a page removed while still being aligned gets its matches record written
+            # by ``finish`` afterwards: an orphan that replay never reads)
+            delete_ordinals(batch, ("docs", "matches", "unfinished"), lo, hi)
+        self.near.stage_removal(batch, [(v.ordinal, v.simhash) for v in versions])
+        return self.passages.stage_removal(batch, ordinals)
+
+    def _commit_removal(self, removal: Removal) -> None:
+        ordinals = removal.ordinals.tolist()
+        self.near.commit_removal(ordinals)
+        self.passages.commit_removal(removal)
+        self.alive -= len(ordinals)
+        self.counters.removed += len(ordinals)
 
     # -- helpers --------------------------------------------------------------------------
     def _maybe_done(self, result: IndexResult) -> IndexResult:

@@ -104,6 +104,15 @@ class ListCache:
                 self._grow_arena(2 * len(self.ords))
         return went_long
 
+    def remove_entries(self, bins: I64, keys: U64, ordinals: I64) -> None:
+        """Remove the entries of pages ``ordinals`` (ascending) from the cached lists among
+        (bin, key), in place: each stays equal to the store's list after the removal. A
+        stop list stays one (its flag says it grew past ``max_list`` once)."""
+        _remove(self.table, self.s_start, self.s_len, self.ords,
+                np.ascontiguousarray(bins, dtype=np.int64),
+                np.ascontiguousarray(keys, dtype=np.uint64).view(np.int64),
+                np.ascontiguousarray(ordinals, dtype=np.int64))
+
     def entries(self, slot: int) -> I64:
         """A cached list's ordinals (a view; valid until the next ``trim``)."""
         a, n = int(self.s_start[slot]), int(self.s_len[slot])
@@ -282,3 +291,21 @@ def _compact(
             s_start[t], s_len[t], s_cap[t], s_used[t] = st[s], ln[s], cp[s], us[s]
             s_bin[t], s_key[t] = bn[s], ky[s]
     return n_new, end
+
+
+@njit(cache=True)
+def _remove(table: I64, s_start: I64, s_len: I64, a_ord: I64, bins: I64, keys: I64,
+            dead: I64) -> None:
+    for x in range(bins.shape[0]):
+        s, _ = _find(table, bins[x], keys[x])
+        if s < 0 or s_len[s] == LONG:
+            continue
+        a, n, w = s_start[s], s_len[s], 0
+        for r in range(n):
+            o = a_ord[a + r]
+            i = np.searchsorted(dead, o)
+            if i < dead.shape[0] and dead[i] == o:
+                continue
+            a_ord[a + w] = o
+            w += 1
+        s_len[s] = w

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-MatchKind = Literal["exact", "near", "passage"]
+MatchKind = Literal["exact", "near", "passage", "revisit"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,12 @@ class Match:
     jaccard: float | None = None  # passage: the best span's exact Jaccard
     spans: tuple[Span, ...] | None = None
     engine: dict[str, Any] = field(default_factory=dict, compare=False)
+    # revisit (match_doc_id == doc_id, the page's previous version): "unchanged" (same
+    # content hash) or "changed"; the capture that holds the previous version's content
+    # (for a WARC revisit record's WARC-Refers-To-Target-URI and WARC-Refers-To-Date)
+    revisit: str | None = None
+    previous_url: str | None = None
+    previous_fetched_at: int | None = None
 
     def to_dict(self, detected_at_ms: int | None = None) -> dict[str, Any]:
         """The wire fields of a ``match`` message (the caller adds the version ``v``)."""
@@ -92,6 +98,9 @@ class Match:
             out["jaccard"] = self.jaccard
         if self.spans is not None:
             out["spans"] = [s.to_dict() for s in self.spans]
+        for name in ("revisit", "previous_url", "previous_fetched_at"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
         if detected_at_ms is not None:
             out["detected_at"] = detected_at_ms
         out["engine"] = dict(self.engine)
@@ -109,4 +118,7 @@ class Match:
             jaccard=d.get("jaccard"),
             spans=None if spans is None else tuple(Span.from_dict(s) for s in spans),
             engine=dict(d.get("engine", {})),
+            revisit=d.get("revisit"),
+            previous_url=d.get("previous_url"),
+            previous_fetched_at=d.get("previous_fetched_at"),
         )

@@ -34,7 +34,7 @@ from dupalign.cws import CwsFilter, FilterStats, shingle_minhash_sketch
 from dupalign.idf import IdfBuilder, IdfTable, TfMode, counted_weights
 from dupalign.psm import SimhashTable, psm_search_batch
 from dupalign.simhash import weighted_simhash
-from dupalign.store import Batch, Store, read_u64, u64
+from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, read_u64, u64
 from dupalign.vosh import VolatilityModel
 
 U64 = npt.NDArray[np.uint64]
@@ -168,10 +168,9 @@ class NearIndex:
         for other, hamming in candidates:
             if other >= ordinal:
                 continue
-            raw = self.store.get("cws", u64(other))
-            if raw is None:
+            other_sketch = self.sketch_of(other)
+            if other_sketch is None:
                 continue
-            other_sketch = np.frombuffer(raw, dtype="<u8")
             result = self.filter.compare(state.sketch, other_sketch)
             self.counters.filter.add(result)
             if result.decision == "similar":
@@ -209,6 +208,26 @@ class NearIndex:
                 self.tables.append(state.frozen)
                 if len(self.tables) > len(self.cfg.idf_freeze_at):
                     self.builder = None
+
+    # -- removal (revisits, deletes, retention) --------------------------------------------
+    def stage_removal(self, batch: Batch, pages: list[tuple[int, int | None]]) -> None:
+        """Delete the entries of ``pages`` (ordinal, fingerprint or None) from ``batch``: the
+        fingerprint row and the verification sketch. Not undone (documented in the README):
+        the volatility model, which only orders probes, and the idf document counts."""
+        for ordinal, fingerprint in pages:
+            if fingerprint is not None:
+                batch.delete("simhash", u64(fingerprint) + u64(ordinal))
+        for lo, hi in ordinal_ranges(o for o, _ in pages):
+            delete_ordinals(batch, ("cws",), lo, hi)
+
+    def commit_removal(self, ordinals: list[int]) -> None:
+        """After the removal's batch is written: the PSM table without those pages."""
+        self.table.remove_ordinals(ordinals)
+
+    def sketch_of(self, ordinal: int) -> U64 | None:
+        """A stored page's verification sketch (None: the page is not near-indexed)."""
+        raw = self.store.get("cws", u64(ordinal))
+        return None if raw is None else np.frombuffer(raw, dtype="<u8")
 
     def stats(self) -> dict[str, Any]:
         f = self.counters.filter

@@ -8,7 +8,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Page:
-    """A crawled page. ``id`` is the crawler's document id (often the canonical URL)."""
+    """A crawled page. ``id`` is the crawler's document id (often the canonical URL); a page
+    whose id is stored with other content is its new version (it replaces the old one)."""
 
     id: str
     body: bytes | str
@@ -18,3 +19,5 @@ class Page:
     encoding: str | None = None
     lang: str | None = None
     meta: dict[str, Any] | None = field(default=None, compare=False)
+    # a delete (a tombstone): the page ``id`` leaves every index; ``body`` is ignored
+    deleted: bool = False

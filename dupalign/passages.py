@@ -49,7 +49,15 @@ from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
-from dupalign.store import Batch, PrefixReader, Store, u64
+from dupalign.store import (
+    Batch,
+    PrefixReader,
+    Store,
+    delete_ordinals,
+    ordinal_ranges,
+    read_u64,
+    u64,
+)
 from dupalign.text import Tokens
 
 I64 = npt.NDArray[np.int64]
@@ -59,6 +67,7 @@ _COUNT = struct.Struct("<I")
 # key of an inverted-list entry: bin ‖ min-hash ‖ ordinal, big-endian; its value is empty
 # (one window of the page in the list) or the page's number of windows in it (<u4)
 _LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
+_LIST_ID = np.dtype([("bin", ">u2"), ("key", ">u8")])  # a list's name: its keys' prefix
 # A run: every entry of a list up to some ordinal packed in one value (the ordinals as
 # LEB128 varint deltas: a page with several windows in the list repeats, delta 0), under
 # the key bin ‖ min-hash ‖ last ordinal ‖ _RUN_SEQ. Pages append one key per list
@@ -155,6 +164,16 @@ class Tasks:
                                              self.list_key, self.empty_keys)
             self.gathered = True
         return self
+
+
+@dataclass
+class Removal:
+    """Pages removed from the passage index (``ordinals``, ascending) and the lists that
+    held their windows, for ``PassageIndex.commit_removal``."""
+
+    ordinals: I64
+    bins: I64
+    keys: U64
 
 
 @dataclass
@@ -544,6 +563,62 @@ class PassageIndex:
                 ordinal)
         self._staged = None
         self.cache.trim()
+
+    # -- removal (revisits, deletes, retention) --------------------------------------------
+    def stage_removal(self, batch: Batch, ordinals: list[int]) -> Removal:
+        """Delete every entry of the pages ``ordinals`` from ``batch``: the page in each
+        inverted list its forward record names (its own key ``bin ‖ min-hash ‖ ordinal``,
+        and inside a packed run, which is rewritten without it), then its forward record
+        (windows and ``positions``). A page with no forward record is in no list (it had
+        no passages). ``commit_removal`` then updates the lists in memory. THE one place
+        that knows how a page sits in the passage layout.
+
+        Exact except for stop lists: a list that once grew past ``max_list`` stays a stop
+        list (the windows of pages written since are in no list and no forward record),
+        whatever is removed from it."""
+        dead = np.unique(np.asarray(ordinals, dtype=np.int64))
+        records = self.read_forward(dead.tolist())
+        # per list, the first and last removed page in it: the entries between are read
+        # (those of pages still stored among them are left; retention removes the oldest
+        # pages, so there are none then)
+        span: dict[bytes, tuple[int, int]] = {}
+        for o, raw in zip(dead.tolist(), records, strict=True):
+            if raw is None:
+                continue
+            bins, keys, _, _, _ = forward.unpack_windows(raw)
+            l_bins, l_keys, _ = _distinct_lists(bins, keys.astype(np.uint64))
+            for b, key in zip(l_bins.tolist(), l_keys.tolist(), strict=True):
+                prefix = _BIN.pack(b) + u64(key)
+                lo, _ = span.get(prefix, (o, o))
+                span[prefix] = (lo, o)  # ordinals ascend
+        reader = self.store.prefix_reader("oph")
+        gone = set(dead.tolist())
+        for prefix, (lo, hi) in sorted(span.items()):
+            self._new_runs.pop(prefix, None)  # read before the removal: they hold the pages
+            # the range's own entries, and the list's run if it reaches the range
+            # (a run is keyed by its last ordinal: at most one, then later pages)
+            list_keys, values = reader.items_between(prefix, prefix + u64(lo),
+                                                     prefix + u64(hi + 1))
+            for key, value in zip(list_keys, values, strict=True):
+                if key.endswith(_RUN_SEQ):
+                    run = _decode_run(np.frombuffer(value, dtype=np.uint8))
+                    kept = run[~np.isin(run, dead)]
+                    if len(kept) == len(run):
+                        continue
+                    batch.delete("oph", key)
+                    if len(kept):  # its key names its last ordinal
+                        batch.put("oph", prefix + u64(int(kept[-1])) + _RUN_SEQ,
+                                  _encode_run(kept).tobytes())
+                elif len(key) == _LIST_KEY.itemsize and read_u64(key, len(prefix)) in gone:
+                    batch.delete("oph", key)
+        for lo, hi in ordinal_ranges(dead):
+            delete_ordinals(batch, ("forward", "positions"), lo, hi)
+        named = np.frombuffer(b"".join(sorted(span)), dtype=_LIST_ID)
+        return Removal(dead, named["bin"].astype(np.int64), named["key"].astype(np.uint64))
+
+    def commit_removal(self, removal: Removal) -> None:
+        """After the removal's batch is written: the cached lists without those pages."""
+        self.cache.remove_entries(removal.bins, removal.keys, removal.ordinals)
 
     def stats(self) -> dict[str, Any]:
         c = self.counters

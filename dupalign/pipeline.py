@@ -33,6 +33,8 @@ from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPool
 from multiprocessing.util import Finalize
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from dupalign.align import Aligner
 from dupalign.config import EngineConfig
 from dupalign.errors import StoreError
@@ -99,6 +101,24 @@ def align_in_worker(request: AlignRequest) -> list[tuple[str, list[Span]]]:
     """The align stage in a worker."""
     aligner: Aligner = _stage("aligner")
     return aligner.align(request)
+
+
+def _in_flight_reading(aligns: deque[tuple[Page, IndexResult | BaseException, Any]],
+                       removed: list[int]) -> int:
+    """How many of the pages in flight (``aligns``, in order) must finish before the pages
+    ``removed`` leave the store: up to the last one that is one of them or aligns against
+    one of them (align reads the candidates' forward and docs records)."""
+    if not removed:
+        return 0
+    dead = np.asarray(removed, dtype=np.int64)
+    n = 0
+    for x, (_, result, _) in enumerate(aligns):
+        if not isinstance(result, IndexResult):
+            continue
+        if result.ordinal in removed or (
+                result.align is not None and np.isin(result.align.others, dead).any()):
+            n = x + 1
+    return n
 
 
 # -- the calling side ----------------------------------------------------------------------
@@ -190,7 +210,12 @@ def run_pipeline(
                 continue
             page, source, sketched = sketches.popleft()
             try:
-                result: IndexResult | BaseException = engine.index(sketched.result(), source)
+                sk = sketched.result()
+                # a page that removes a stored one (a new version, a delete) waits for the
+                # alignments in flight that read the removed page's records
+                for _ in range(_in_flight_reading(aligns, indexer.removes(sk))):
+                    yield finish()
+                result: IndexResult | BaseException = engine.index(sk, source)
             except StoreError:
                 raise
             except Exception as exc:

@@ -137,6 +137,17 @@ class SimhashTable:
             self._nbuf += take
             i += take
 
+    def remove_ordinals(self, ordinals: npt.ArrayLike) -> None:
+        """Drop the rows of these pages (removed from the store): the table is then the one
+        built from the pages left (same rows, same order, same header bits)."""
+        dead = np.asarray(ordinals, dtype=np.int64).ravel()
+        self.flush()
+        keep = ~np.isin(self.ordinals, dead)
+        if not keep.all():
+            self.fps = np.ascontiguousarray(self.fps[keep])
+            self.ordinals = np.ascontiguousarray(self.ordinals[keep])
+            self.flush()
+
     def flush(self) -> None:
         """Merge the buffer into the sorted arrays and re-derive t and the directory."""
         if self._nbuf:

@@ -44,6 +44,9 @@ class PageSketch:
     content_hash: bytes = b""
     near: NearState | None = None
     passage: PassageState | None = None
+    deleted: bool = False  # a tombstone: remove the page ``id``
+    # the content hash equals the stored version's: near and passage were not sketched
+    unchanged: bool = False
 
     # -- between the pipeline's processes ---------------------------------------------------
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -59,11 +62,16 @@ class PageSketch:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": WIRE_VERSION, "id": self.id, "url": self.url,
                                "fetched_at": self.fetched_at, "replay_key": self.replay_key}
+        if self.deleted:
+            out["deleted"] = True
+            return out
         if self.rejected is not None:
             out["rejected"] = list(self.rejected)
             return out
         out["n_tokens"] = self.n_tokens
         out["content_hash"] = self.content_hash
+        if self.unchanged:
+            out["unchanged"] = True
         if self.near is not None:
             out["near"] = _near_dict(self.near)
         if self.passage is not None:
@@ -79,6 +87,11 @@ class PageSketch:
         if d.get("v") != WIRE_VERSION:
             raise ValueError(f"page sketch version {d.get('v')!r}, expected {WIRE_VERSION}")
         sk = cls(d["id"], d["url"], d["fetched_at"], d["replay_key"])
+        if d.get("deleted"):
+            sk.deleted = True
+            return sk
+        if d.get("unchanged"):
+            sk.unchanged = True
         if "rejected" in d:
             sk.rejected = (d["rejected"][0], d["rejected"][1])
             return sk
@@ -124,14 +137,18 @@ class Sketcher:
         # the passage index's sketch code only: it is given no store and reads none
         self.passages = PassageIndex(None, config)  # type: ignore[arg-type]
 
-    def sketch(self, page: Page, idf: IdfTable) -> PageSketch:
+    def sketch(self, page: Page, idf: IdfTable, stored_hash: bytes | None = None) -> PageSketch:
         """The page's sketch under ``idf``; a page that cannot be processed comes back with
-        ``rejected`` set (other exceptions propagate)."""
+        ``rejected`` set (other exceptions propagate). ``stored_hash``: the content hash of
+        the version of ``page.id`` in the store, if the caller knows it: a page with that
+        content (an unchanged revisit) is only tokenized and hashed, not sketched."""
         cfg = self.config
         try:
             _check_unicode(page)
         except PageRejected as exc:
             return PageSketch(page.id, None, page.fetched_at, None, (exc.reason, exc.detail))
+        if page.deleted:
+            return PageSketch(page.id, page.url, page.fetched_at, None, deleted=True)
         sk = PageSketch(page.id, page.url, page.fetched_at, replay_key(page))
         try:
             text = page_text(page, cfg.text.main_content, cfg.text.max_page_bytes)
@@ -143,6 +160,9 @@ class Sketcher:
             return sk
         sk.n_tokens = len(tokens)
         sk.content_hash = content_hash(tokens.tokens, cfg.seed)
+        if sk.content_hash == stored_hash:
+            sk.unchanged = True
+            return sk
         hashes = token_hashes(tokens.tokens, cfg.seed)
         sk.near = near_sketch(hashes, idf, cfg)
         sk.passage = self.passages.sketch_page(hashes, tokens)

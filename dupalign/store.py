@@ -15,7 +15,7 @@ wrapped (it fails on programming errors alone).
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any, cast
@@ -75,6 +75,30 @@ def u32(value: int) -> bytes:
     return _U32.pack(value)
 
 
+def ordinal_ranges(ordinals: Iterable[int]) -> list[tuple[int, int]]:
+    """Ascending distinct ordinals as maximal runs ``(first, last)`` of consecutive ones."""
+    out: list[tuple[int, int]] = []
+    for o in sorted(set(int(x) for x in ordinals)):
+        if out and out[-1][1] + 1 == o:
+            out[-1] = (out[-1][0], o)
+        else:
+            out.append((o, o))
+    return out
+
+
+def delete_ordinals(batch: Batch, families: Iterable[str], first: int, last: int) -> None:
+    """Delete the keys ordinal ``first``..``last`` (keys that start with a big-endian u64
+    ordinal) of each family: one point delete per key for a short run, one range delete
+    (cheap to write, compacted away) for a longer one: many small range tombstones would
+    slow reads."""
+    for family in families:
+        if last - first < 8:
+            for o in range(first, last + 1):
+                batch.delete(family, u64(o))
+        else:
+            batch.delete_range(family, u64(first), u64(last + 1))
+
+
 def offsets_key(topic: str, partition: int) -> bytes:
     return topic.encode("utf-8") + b"\x00" + u32(partition)
 
@@ -95,6 +119,7 @@ REBUILD = ("rebuild it by processing the pages again into a new store (dupalign 
            "NEW ..., or a worker with a new store.path)")
 
 BLOCK_CACHE_BYTES = 256 << 20  # uncompressed blocks shared by all families (default)
+WAL_BYTES = 128 << 20  # write-ahead log kept at most (about): see _options
 
 
 def _options(family: str | None = None, cache: Cache | None = None) -> Options:
@@ -110,6 +135,11 @@ def _options(family: str | None = None, cache: Cache | None = None) -> Options:
         table.set_block_cache(cache)
     opts.set_block_based_table_factory(table)
     opts.increase_parallelism(2)
+    # A write-ahead log file is deleted only when every family with data in it has been
+    # flushed; small families (ids, offsets, meta) seldom fill a memtable, so without a
+    # bound the logs pile up (tests/bench/bench_lifecycle.py saw 650 MB of them under a
+    # 150 MB store): past this size RocksDB flushes the families that hold the oldest.
+    opts.set_max_total_wal_size(WAL_BYTES)
     if family in PREFIX_LENGTHS:
         opts.set_prefix_extractor(SliceTransform.create_fixed_prefix(PREFIX_LENGTHS[family]))
         opts.set_memtable_prefix_bloom_ratio(0.1)
@@ -355,6 +385,15 @@ class Store:
             raise store_error("read", self.path, exc) from exc
         return total
 
+    def compact(self) -> None:
+        """Compact every family now (what removals deleted leaves the files; RocksDB would
+        do it in the background, later)."""
+        try:
+            for cf in self._cfs.values():
+                cf.compact_range(None, None)
+        except Exception as exc:
+            raise store_error("compact", self.path, exc) from exc
+
     def flush(self) -> None:
         try:
             for cf in self._cfs.values():
@@ -458,6 +497,32 @@ class PrefixReader:
             self._it = cf.iter(ropts)
         except Exception as exc:
             raise store_error("read", path, exc) from exc
+
+    def items_between(self, prefix: bytes, start: bytes, stop: bytes
+                      ) -> tuple[list[bytes], list[bytes]]:
+        """Keys and values of the group ``prefix`` from key ``start`` on, up to and
+        including the first key >= ``stop`` (a caller that needs the entry just past a
+        range, e.g. a run keyed by its last member, gets it without another seek)."""
+        it = self._it
+        keys: list[bytes] = []
+        values: list[bytes] = []
+        n = len(prefix)
+        try:
+            it.seek(start)
+            while it.valid():
+                key = it.key()
+                if key[:n] != prefix:
+                    break
+                keys.append(key)
+                values.append(it.value())
+                if key >= stop:
+                    break
+                it.next()
+            if not it.valid():
+                it.status()
+        except Exception as exc:
+            raise store_error("read", self._path, exc) from exc
+        return keys, values
 
     def items(self, prefix: bytes, limit: int | None = None, header: bool = False
               ) -> tuple[list[bytes], list[bytes]]:

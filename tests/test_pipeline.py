@@ -202,6 +202,33 @@ def test_passage_matches_per_page_are_capped_keeping_the_best(tmp_path: Path) ->
         EngineConfig(passage=PassageConfig(max_matches=0)).validate()
 
 
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_revisits_and_deletes_in_flight_do_not_depend_on_the_workers(
+        tmp_path: Path, executor: ExecutorKind) -> None:
+    """New versions and tombstones of pages that pages still being aligned copy from: the
+    pipeline finishes those alignments before the removal deletes the forward records
+    they read, so the matches are those of one page at a time."""
+    rng = random.Random(7)
+    pages: list[Page] = []
+    for page in random_pages(8, 40):
+        pages.append(page)
+        texts = [p for p in pages if isinstance(p.body, str) and not p.deleted]
+        if len(texts) > 3 and rng.random() < 0.4:
+            target = rng.choice(texts[-6:])  # a recent page: likely a candidate in flight
+            if rng.random() < 0.5:
+                pages.append(Page(id=target.id, body="", deleted=True))
+            else:
+                body = str(rng.choice(texts).body).split()
+                pages.append(Page(id=target.id, body=" ".join(
+                    edit(body, 0.05, rng.randrange(10**6)))))
+    assert sum(p.deleted for p in pages) >= 3
+    one = run(tmp_path / "one", pages, 1, EngineConfig())
+    assert run(tmp_path / "two", pages, 2, EngineConfig(), executor) == one
+    kinds = [m["kind"] for _, *rest in one if rest and isinstance(rest[0], list)
+             for m in rest[0]]
+    assert "revisit" in kinds and "passage" in kinds
+
+
 def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers without a view of the store (as if their secondary instance failed) cannot

@@ -117,7 +117,7 @@ port = 0
         finally:
             await producer.stop()
 
-    async def send_raw(self, values: list[tuple[bytes | None, bytes]]) -> None:
+    async def send_raw(self, values: list[tuple[bytes | None, bytes | None]]) -> None:
         producer = new_producer(KafkaConfig(bootstrap_servers=self.bootstrap))
         await producer.start()
         try:
@@ -210,9 +210,53 @@ async def test_worker_matches_equal_embedded_engine(kafka_bootstrap: str, tmp_pa
         1 for k in expected if k[1] == "passage")
 
 
+async def run_until_done(topics: Topics, tmp_path: Path, n: int) -> Worker:
+    """A worker over ``topics`` until it has handled ``n`` records, then stopped cleanly."""
+    config, _ = topics.config(tmp_path)
+    worker = Worker(config, tmp_path / "store")
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_for(lambda: _done(worker, n), 120, "all records handled")
+    finally:
+        worker.stop()
+        assert await asyncio.wait_for(task, 60) == 0
+    return worker
+
+
 async def _done(worker: Worker, n: int) -> bool:
     return sum(sample(worker, "dupalign_pages_total", outcome=o)
-               for o in ("processed", "replayed", "rejected")) >= n
+               for o in ("processed", "replayed", "rejected", "deleted")) >= n
+
+
+async def test_tombstones_deletes_and_revisits_on_the_kafka_path(kafka_bootstrap: str,
+                                                                  tmp_path: Path) -> None:
+    """A tombstone (key = page id, null value) and a page with ``deleted: true`` remove the
+    page in order with the pages around them; a new version of an id gets one revisit
+    message and replaces the old one; every record is committed once."""
+    words = (REPO / "demo" / "rfc" / "rfc2821.txt").read_text().split()
+    t1, t2 = " ".join(words[:400]), " ".join(words[2000:2400])
+
+    def page(doc_id: str, body: str) -> bytes:
+        return messages.encode_page(Page(doc_id, body))
+
+    records: list[tuple[bytes | None, bytes | None]] = [
+        (b"a", page("a", t1)), (b"b", page("b", t1 + " one more line")),
+        (b"a", None),  # Kafka's delete convention
+        (b"b", messages.pack({"v": 1, "id": "b", "deleted": True})),
+        (b"c", page("c", t1)),  # nothing left to match
+        (b"c", page("c", t2)),  # a new version: one revisit message
+        (b"d", page("d", t1)),  # c's old version is gone: nothing to match
+    ]
+    topics = await Topics(kafka_bootstrap, partitions=1).create()
+    await topics.send_raw(records)
+    worker = await run_until_done(topics, tmp_path, len(records))
+    published = [messages.decode_match(r.value) for r in await topics.read(topics.matches)]
+    assert [(m["doc_id"], m["kind"], m["match_doc_id"], m.get("revisit"))
+            for m in published] == [("b", "near", "a", None), ("c", "revisit", "c", "changed")]
+    assert await topics.committed_total() == len(records)
+    assert sample(worker, "dupalign_pages_total", outcome="deleted") == 2
+    assert sample(worker, "dupalign_lifecycle_pages_total", event="revisit_changed") == 1
+    assert await topics.read(topics.dlq, idle_s=0.5) == []
 
 
 def start_worker_process(config_path: Path, store: Path, log: Path) -> subprocess.Popen[bytes]:

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -138,6 +139,38 @@ def cmd_query(args: argparse.Namespace) -> int:
     return 0
 
 
+def _existing_store(store: str) -> str:
+    if not (Path(store) / "CURRENT").exists():
+        raise CliError(f"no store at {store}", Exit.STORE)
+    return store
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    config = load_engine_config(args.config)
+    with _open_engine(_existing_store(args.store), config) as engine:
+        removed = engine.delete(list(args.ids))
+    print(f"{removed} of {len(set(args.ids))} pages deleted (the others were not stored)",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    config = load_engine_config(args.config)
+    retention = {k: v for k, v in (("max_pages", args.max_pages), ("max_age", args.max_age))
+                 if v is not None}
+    if retention:
+        config = replace(config, retention=replace(config.retention, **retention)).validate()
+    with _open_engine(_existing_store(args.store), config) as engine:
+        before = engine.store.size_bytes()
+        removed = engine.compact()
+        engine.store.compact()
+        after = engine.store.size_bytes()
+        alive = engine.indexer.alive
+    print(f"{removed} pages removed by retention, {alive} left; store {before >> 20} MB -> "
+          f"{after >> 20} MB", file=sys.stderr)
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     config = load_engine_config(args.config)
     with _open_engine(args.store, config, read_only=True) as engine:
@@ -214,6 +247,21 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     stats.add_argument("--config")
     stats.add_argument("--json", action="store_true", help="every figure, as JSON")
     stats.set_defaults(func=cmd_stats)
+
+    delete = sub.add_parser("delete", help="remove pages from every index of a store")
+    delete.add_argument("ids", nargs="+", metavar="ID", help="page ids")
+    delete.add_argument("--store", required=True)
+    delete.add_argument("--config")
+    delete.set_defaults(func=cmd_delete)
+
+    compact = sub.add_parser("compact", help="apply retention: the oldest pages leave")
+    compact.add_argument("--store", required=True)
+    compact.add_argument("--config", help="TOML config file ([engine.retention] table)")
+    compact.add_argument("--max-pages", type=int,
+                         help="keep at most this many pages (retention.max_pages)")
+    compact.add_argument("--max-age", type=int, metavar="SECONDS",
+                         help="remove pages fetched longer ago (retention.max_age)")
+    compact.set_defaults(func=cmd_compact)
 
     # The Kafka commands import aiokafka: only when one of them is asked for.
     chosen = _command_in(argv)

@@ -119,6 +119,8 @@ def page_from_mapping(obj: Any) -> Page:
     doc_id = obj.get("id")
     if not isinstance(doc_id, str) or not doc_id:
         raise ValueError("'id' must be a non-empty string")
+    if obj.get("deleted") is True:  # a delete of the page ``id``
+        return Page(id=doc_id, body="", deleted=True)
     body = obj.get("body")
     if not isinstance(body, str | bytes):
         raise ValueError("'body' must be a string")

@@ -114,7 +114,10 @@ def page_to_wire(page: Page) -> dict[str, Any]:
         value = getattr(page, key)
         if value is not None:
             out[key] = value
-    out["body"] = page.body
+    if page.deleted:
+        out["deleted"] = True
+    else:
+        out["body"] = page.body
     return out
 
 
@@ -125,7 +128,8 @@ def encode_page(page: Page) -> bytes:
 def page_from_wire(obj: dict[str, Any]) -> Page:
     return Page(
         id=obj["id"],
-        body=obj["body"],
+        body=obj.get("body", ""),
+        deleted=bool(obj.get("deleted", False)),
         content_type=obj.get("content_type", "text/plain"),
         url=obj.get("url"),
         fetched_at=obj.get("fetched_at"),
@@ -133,6 +137,20 @@ def page_from_wire(obj: dict[str, Any]) -> Page:
         lang=obj.get("lang"),
         meta=obj.get("meta"),
     )
+
+
+def decode_record(key: bytes | None, value: bytes | None) -> Page:
+    """A Page from a ``pages`` record: its value, or for a tombstone (null value, Kafka's
+    delete convention) a delete of the page whose id is the key; raises MessageRejected."""
+    if value is not None:
+        return decode_page(value)
+    if not key:
+        raise MessageRejected("schema", "a tombstone (null value) needs the page id as key")
+    try:
+        doc_id = key.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MessageRejected("undecodable", "tombstone key is not valid UTF-8") from None
+    return Page(id=doc_id, body="", deleted=True)
 
 
 def decode_page(raw: bytes) -> Page:

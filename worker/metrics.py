@@ -20,8 +20,14 @@ class WorkerMetrics:
         r = self.registry
         self.pages = Counter(
             "dupalign_pages", "Input messages handled, by outcome "
-            "(processed, replayed = seen before and answered from the store, rejected = DLQ)",
+            "(processed, replayed = seen before and answered from the store, deleted = a "
+            "tombstone or deleted page, rejected = DLQ)",
             ["outcome"], registry=r,
+        )
+        self.lifecycle = Counter(
+            "dupalign_lifecycle_pages", "Pages that replaced, kept or left the store, by "
+            "event (revisit_unchanged, revisit_changed, expired = removed by retention; "
+            "deletes are dupalign_pages{outcome=\"deleted\"})", ["event"], registry=r,
         )
         self.matches = Counter(
             "dupalign_matches", "Match messages published, by kind", ["kind"], registry=r

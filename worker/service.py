@@ -162,6 +162,7 @@ class Worker:
         self.epochs: dict[TopicPartition, int] = {}
         self._epoch_counter = 0
         self.suppress_below: dict[TopicPartition, int] = {}
+        self._last_sweep = time.monotonic()  # retention: the first sweep after one period
         # the group's committed offset per assigned partition, for the failure log line
         self.committed: dict[TopicPartition, int] = {}
         self.inflight: TopicPartition | None = None
@@ -531,7 +532,21 @@ class Worker:
                 continue
             result.outgoing.extend(out)
             result.timestamps_ms.append(rec.timestamp)
+        self._retention(engine)
         return result
+
+    def _retention(self, engine: Engine) -> None:
+        """The retention sweep (``[engine.retention]``), at most every ``every`` seconds, in
+        the engine thread between batches (no page is in flight then)."""
+        r = engine.config.retention
+        now = time.monotonic()
+        if not (r.max_pages or r.max_age) or now - self._last_sweep < r.every:
+            return
+        self._last_sweep = now
+        removed = engine.compact()
+        self.metrics.lifecycle.labels("expired").inc(removed)
+        if removed:
+            log.info("retention: %d pages left the store", removed)
 
     def _run_engine(self, engine: Engine, tp: TopicPartition, records: list[Any]) -> EngineOut:
         """The batch's pages decoded once and run through the engine, sketch and align on
@@ -547,8 +562,8 @@ class Worker:
                     f"({self.wc.max_message_bytes})")
                 continue
             t0 = time.perf_counter()
-            try:
-                page = messages.decode_page(value)
+            try:  # a null value is a tombstone: a delete, handled in order like a page
+                page = messages.decode_record(rec.key, rec.value)
             except MessageRejected as exc:
                 out[rec.offset] = exc
                 continue
@@ -596,7 +611,9 @@ class Worker:
                 doc_id=exc.doc_id or doc_id, raw_max_bytes=self.wc.dlq_raw_max_bytes,
             )
             return [Outgoing(self.kc.dlq_topic, rec.key, messages.pack(dl), _headers(source))]
-        if report.replayed:
+        if page.deleted:
+            result.outcomes["deleted"] += 1
+        elif report.replayed:
             result.outcomes["replayed"] += 1  # answered from the store
         else:
             result.outcomes["processed"] += 1
@@ -611,6 +628,8 @@ class Worker:
         out = []
         for match in found:
             result.matches[match.kind] += 1
+            if match.revisit is not None:
+                m.lifecycle.labels(f"revisit_{match.revisit}").inc()
             out.append(Outgoing(self.kc.output_topic, key, messages.encode_match(match, now),
                                 _headers(source)))
         return out

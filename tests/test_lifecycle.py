@@ -1,0 +1,318 @@
+"""Versions, deletes and retention: removal is exact.
+
+The oracle: after any sequence of adds, revisits (unchanged and changed), deletes and
+retention sweeps, the pages that come next get exactly the matches they get in a fresh store
+built only from the pages still alive, in the same order (near duplicates and passages, OPH
+and weighted). The configuration is the one under which removal is exact (README, "Lifecycle
+of indexed pages"): no stop lists (``max_list`` above any list here), idf frozen after the
+sequence (``idf_freeze_at``), and no page removed while an exact copy of it is alive (every
+version here carries a token of its own; unchanged revisits re-send the same words).
+Packed runs are exercised (``pack_min`` 2) and so is a list cache that holds almost nothing.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dupalign.config import EngineConfig, NearConfig, PassageConfig, RetentionConfig
+from dupalign.engine import Engine
+from dupalign.match import Match
+from dupalign.page import Page
+
+_RNG = random.Random(13)
+_VOCAB = [f"w{i}" for i in range(60)]
+# shared passages: pages made of them copy from each other
+_CHUNKS = [" ".join(_RNG.choice(_VOCAB) for _ in range(40)) for _ in range(8)]
+
+
+def config(mode: str) -> EngineConfig:
+    return EngineConfig(
+        near=NearConfig(idf_freeze_at=(100_000,)),
+        passage=PassageConfig(mode=mode, k=16, query_len=16, stride=8, min_len=8,
+                              max_list=100_000),
+    ).validate()
+
+
+def text_of(chunks: list[int], edits: int, tag: str) -> str:
+    """Chunks of the shared pool, ``edits`` words replaced, and a token of its own."""
+    words = " ".join(_CHUNKS[c] for c in chunks).split()
+    rng = random.Random(hash((tuple(chunks), edits, tag)))
+    for _ in range(edits):
+        words[rng.randrange(len(words))] = rng.choice(_VOCAB)
+    return f"{tag} " + " ".join(words)
+
+
+texts = st.builds(lambda chunks, edits: (chunks, edits),
+                  st.lists(st.integers(0, len(_CHUNKS) - 1), min_size=1, max_size=3),
+                  st.integers(0, 6))
+ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), texts),
+    st.tuples(st.just("changed"), st.integers(0, 50), texts),
+    st.tuples(st.just("unchanged"), st.integers(0, 50)),
+    st.tuples(st.just("delete"), st.integers(0, 50)),
+    st.tuples(st.just("max_pages"), st.integers(0, 6)),
+    st.tuples(st.just("max_age"), st.integers(0, 6)),
+), min_size=1, max_size=14)
+
+
+def wire(matches: list[Match]) -> list[dict[str, Any]]:
+    return [m.to_dict() for m in matches]
+
+
+class Model:
+    """The pages alive, in ordinal order: id -> (body of the version, fetched_at)."""
+
+    def __init__(self) -> None:
+        self.alive: dict[str, tuple[str, int]] = {}
+
+    def pick(self, n: int) -> str | None:
+        return list(self.alive)[n % len(self.alive)] if self.alive else None
+
+
+def run_sequence(engine: Engine, sequence: list[Any]) -> Model:
+    model = Model()
+    for clock, op in enumerate(sequence):
+        kind = op[0]
+        if kind == "add":
+            doc_id = f"p{clock}"
+            body = text_of(*op[1], tag=f"t{clock}")
+            engine.process(Page(doc_id, body, fetched_at=clock * 1000))
+            model.alive[doc_id] = (body, clock * 1000)
+        elif kind in ("changed", "unchanged", "delete"):
+            doc_id = model.pick(op[1])
+            if doc_id is None:
+                continue
+            if kind == "delete":
+                assert engine.delete([doc_id]) == 1
+                del model.alive[doc_id]
+                continue
+            if kind == "unchanged":  # other bytes, same words: not a replay
+                body = model.alive[doc_id][0]
+                found = engine.process(Page(doc_id, body.upper() + f" {' ' * clock}",
+                                            fetched_at=clock * 1000))
+                assert [(m.kind, m.revisit) for m in found] == [("revisit", "unchanged")]
+                continue
+            body = text_of(*op[2], tag=f"t{clock}")
+            found = engine.process(Page(doc_id, body, fetched_at=clock * 1000))
+            assert [(m.kind, m.revisit) for m in found][:1] == [("revisit", "changed")]
+            assert all(m.match_doc_id != doc_id for m in found[1:])
+            del model.alive[doc_id]  # the new version comes last
+            model.alive[doc_id] = (body, clock * 1000)
+        else:
+            bound = op[1]
+            r = (RetentionConfig(max_pages=bound) if kind == "max_pages" else
+                 RetentionConfig(max_age=bound))
+            # max_pages 0 turns the bound off: nothing leaves
+            engine.config = replace(engine.config, retention=r)
+            engine.compact(now_ms=clock * 1000)
+            if kind == "max_pages" and bound:
+                for doc_id in list(model.alive)[: max(0, len(model.alive) - bound)]:
+                    del model.alive[doc_id]
+            elif kind == "max_age" and bound:
+                cutoff = clock * 1000 - bound * 1000
+                for doc_id, (_, fetched) in list(model.alive.items()):
+                    if fetched >= cutoff:
+                        break
+                    del model.alive[doc_id]
+    return model
+
+
+def check_against_fresh(tmp: Path, cfg: EngineConfig, sequence: list[Any],
+                        probes: list[tuple[list[int], int]], pack_min: int,
+                        small_cache: bool) -> None:
+    with Engine.open(tmp / "ours", cfg) as ours:
+        ours.passages.pack_min = pack_min
+        if small_cache:  # every list is read again from the store after each page
+            ours.passages.cache.budget = 0
+        model = run_sequence(ours, sequence)
+        assert ours.indexer.alive == len(model.alive)
+        assert [p.id for p in _pages(ours)] == list(model.alive)
+        # next: a changed revisit of the oldest page alive, then new pages
+        revised = model.pick(0)
+        nexts = [Page(f"probe{i}", text_of(*t, tag=f"probe{i}")) for i, t in enumerate(probes)]
+        if revised is not None:
+            nexts.insert(0, Page(revised, text_of(*probes[0], tag="revised")))
+        got = [wire(ours.process(p)) for p in nexts]
+    if revised is not None:
+        assert got[0][0]["kind"] == "revisit"
+        got[0] = got[0][1:]
+    with Engine.open(tmp / "fresh", cfg) as fresh:
+        fresh.passages.pack_min = pack_min
+        for doc_id, (body, fetched) in model.alive.items():
+            if doc_id != revised:
+                fresh.process(Page(doc_id, body, fetched_at=fetched))
+        want = [wire(fresh.process(p)) for p in nexts]
+    assert got == want
+
+
+def _pages(engine: Engine) -> list[Page]:
+    import msgpack
+
+    return [Page(msgpack.unpackb(v)["id"], "") for _, v in engine.store.items("docs")]
+
+
+def _oracle(examples: int) -> Any:
+    @settings(max_examples=examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(sequence=ops, probes=st.lists(texts, min_size=1, max_size=2),
+           small_cache=st.booleans(), pack_min=st.sampled_from([2, 8]))
+    def check(mode: str, sequence: list[Any], probes: list[Any], small_cache: bool,
+              pack_min: int) -> None:
+        shm = Path("/dev/shm")
+        with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
+            check_against_fresh(Path(tmp), config(mode), sequence, probes, pack_min,
+                                small_cache)
+    return check
+
+
+@pytest.mark.parametrize("mode", ["oph", "weighted"])
+def test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive(mode: str) -> None:
+    _oracle(100)(mode)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["oph", "weighted"])
+def test_matches_after_removals_equal_a_fresh_store_many_sequences(mode: str) -> None:
+    _oracle(300)(mode)
+
+
+# -- versions, deletes, retention: the behaviours one by one ---------------------------------
+def _words(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_VOCAB) for _ in range(n))
+
+
+@pytest.fixture()
+def engine(tmp_path: Path) -> Any:
+    with Engine.open(tmp_path / "s", config("oph")) as eng:
+        yield eng
+
+
+def kinds(found: list[Match]) -> list[tuple[str, str]]:
+    return [(m.kind, m.match_doc_id) for m in found]
+
+
+def test_a_new_version_never_matches_its_old_one_and_replaces_it(engine: Engine) -> None:
+    base = _words(200, 1)
+    engine.process(Page("a", base, url="http://x/a", fetched_at=1000))
+    edited = base.replace("w1 ", "w2 ", 3)
+    found = engine.process(Page("a", edited, fetched_at=2000))
+    assert kinds(found) == [("revisit", "a")]
+    rv = found[0]
+    assert rv.revisit == "changed" and rv.previous_url == "http://x/a"
+    assert rv.previous_fetched_at == 1000 and rv.est_jaccard is not None
+    assert 0.5 < rv.est_jaccard < 1 and rv.hamming is not None
+    # the old version left every index: a copy of it matches the new version only
+    assert kinds(engine.process(Page("b", base))) == [("near", "a")]
+    assert engine.indexer.alive == 2 and len(engine.near.table) == 2
+
+
+def test_an_unchanged_revisit_is_only_hashed_and_reports_unchanged(engine: Engine) -> None:
+    base = _words(200, 2)
+    engine.process(Page("a", base, url="http://x/a", fetched_at=1000))
+    before = engine.next_ordinal
+    sk = engine.sketch(Page("a", base.upper()))
+    assert sk.unchanged and sk.near is None and sk.passage is None  # no sketching
+    found = engine.process(Page("a", base.upper(), fetched_at=5000))
+    assert [(m.kind, m.revisit, m.previous_fetched_at) for m in found] == [
+        ("revisit", "unchanged", 1000)]
+    assert engine.next_ordinal == before  # nothing written
+
+
+def test_the_same_id_and_body_is_still_a_replay(engine: Engine) -> None:
+    base = _words(200, 3)
+    engine.process(Page("a", base))
+    first = engine.process(Page("b", base + " w5 w6 w7"))
+    v2 = engine.process(Page("b", _words(200, 4)))
+    assert engine.process(Page("b", _words(200, 4))) == v2  # a replay of the new version
+    assert v2[0].kind == "revisit"
+    # the first body again: its version was replaced, so it is a new version, not a replay
+    again = engine.process(Page("b", base + " w5 w6 w7"))
+    assert again[0].revisit == "changed" and again[1:] == first
+
+
+def test_a_deleted_page_leaves_every_index(engine: Engine) -> None:
+    base = _words(200, 5)
+    engine.process(Page("a", base))
+    assert engine.delete(["a", "nope"]) == 1
+    assert engine.store.get("ids", b"a") is None and len(engine.near.table) == 0
+    assert all(False for _ in engine.store.items("oph"))  # no inverted-list entry is left
+    assert all(False for _ in engine.store.items("positions"))
+    assert all(False for _ in engine.store.items("forward"))  # nor forward record
+    assert engine.process(Page("b", base)) == []  # nothing to match
+    # a tombstone through the pipeline (Kafka's null value) does the same, in order
+    out = list(engine.process_many([(Page("b", "", deleted=True), ("pages", 0, 7)),
+                                    (Page("c", base), ("pages", 0, 8))]))
+    assert [found for _, found in out] == [[], []]
+    assert engine.stored_offsets() == {("pages", 0): 9}
+    # the same body under its old id again is a new page, not a replay of the deleted one
+    assert engine.process(Page("a", base)) == [Match("a", "exact", "c", est_jaccard=1.0)]
+
+
+def test_retention_removes_the_oldest_pages_in_ordinal_order(engine: Engine) -> None:
+    for i in range(6):
+        engine.process(Page(f"p{i}", _words(100, 10 + i), fetched_at=i * 60_000))
+    engine.config = replace(engine.config, retention=RetentionConfig(max_pages=4))
+    assert engine.compact() == 2
+    assert [p.id for p in _pages(engine)] == ["p2", "p3", "p4", "p5"]
+    engine.config = replace(engine.config, retention=RetentionConfig(max_age=150))
+    assert engine.compact(now_ms=5 * 60_000) == 1  # p2 fetched 3 min before: too old
+    assert [p.id for p in _pages(engine)] == ["p3", "p4", "p5"]
+    assert engine.stats()["pages"] == 3 and engine.stats()["pages_expired"] == 3
+
+
+def test_delete_and_compact_from_the_command_line(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from worker.cli import main
+
+    lines = [json.dumps({"id": f"p{i}", "body": _words(120, 40 + i), "fetched_at": i * 1000})
+             for i in range(5)]
+    lines.append(json.dumps({"id": "p1", "deleted": True}))
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    store = str(tmp_path / "s")
+    assert main(["scan", str(tmp_path / "in.jsonl"), "--store", store, "--quiet"]) == 0
+    assert main(["delete", "p0", "nope", "--store", store]) == 0
+    assert "1 of 2 pages deleted" in capsys.readouterr().err
+    assert main(["compact", "--store", store, "--max-pages", "2"]) == 0
+    assert "1 pages removed by retention, 2 left" in capsys.readouterr().err
+    with Engine.open(store, read_only=True) as engine:
+        assert [p.id for p in _pages(engine)] == ["p3", "p4"]
+    assert main(["delete", "p3", "--store", str(tmp_path / "none")]) == 4
+
+
+def test_the_worker_sweeps_retention_between_batches(tmp_path: Path) -> None:
+    """The worker's schedule (``[engine.retention]``): at most one sweep per ``every``
+    seconds, in the engine thread, counted in the lifecycle metric."""
+    pytest.importorskip("aiokafka")
+    from worker.config import load_config
+    from worker.service import Worker
+
+    path = tmp_path / "w.toml"
+    path.write_text("[engine.retention]\nmax_pages = 2\nevery = 3600\n")
+    cfg = load_config(path, env={})
+    worker = Worker(cfg, tmp_path / "s")
+    with Engine.open(tmp_path / "s", cfg.engine) as eng:
+        for i in range(4):
+            eng.process(Page(f"p{i}", _words(100, 60 + i)))
+        worker._retention(eng)  # not due yet: the first sweep comes one period after start
+        assert eng.indexer.alive == 4
+        worker._last_sweep -= 3600
+        worker._retention(eng)
+        assert eng.indexer.alive == 2
+        eng.process(Page("p9", _words(100, 69)))
+        worker._retention(eng)  # swept a moment ago
+        assert eng.indexer.alive == 3
+    labels = {"event": "expired"}
+    assert worker.metrics.registry.get_sample_value(
+        "dupalign_lifecycle_pages_total", labels) == 2
+    worker.executor.shutdown()
