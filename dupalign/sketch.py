@@ -56,7 +56,7 @@ class PageSketch:
         Unpickled, every array has its dtype again."""
         return (_unpickle, (self.id, self.url, self.fetched_at, self.replay_key, self.rejected,
                             self.n_tokens, self.content_hash, self.near,
-                            _pack_passage(self.passage)))
+                            _pack_passage(self.passage), self.deleted, self.unchanged))
 
     # -- wire form ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -115,7 +115,8 @@ def _pack_passage(s: PassageState | None) -> tuple[Any, ...] | None:
 
 def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: bytes | None,
               rejected: tuple[str, str] | None, n_tokens: int, content_hash: bytes,
-              near: NearState | None, passage: tuple[Any, ...] | None) -> PageSketch:
+              near: NearState | None, passage: tuple[Any, ...] | None, deleted: bool,
+              unchanged: bool) -> PageSketch:
     state = None
     if passage is not None and len(passage) == 1:
         state = PassageState(None, passage[0])
@@ -126,7 +127,7 @@ def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: byt
                                    rect[3], empty), n_units, positions, bounds[0], bounds[1],
                              keys, q_empty)
     return PageSketch(id_, url, fetched_at, replay_key, rejected, n_tokens, content_hash, near,
-                      state)
+                      state, deleted, unchanged)
 
 
 class Sketcher:

@@ -86,6 +86,36 @@ def test_matches_do_not_depend_on_the_number_of_workers(tmp_path: Path, seed: in
     assert any(r[1] == "rejected" for r in one)
 
 
+def lifecycle_pages(seed: int, n: int) -> list[Page]:
+    """``random_pages`` with revisits (the same words in other bytes: unchanged; edited:
+    changed) and deletes of earlier ids mixed in."""
+    rng = random.Random(seed)
+    pages: list[Page] = []
+    for page in random_pages(seed, n):
+        pages.append(page)
+        texts = [p for p in pages if isinstance(p.body, str) and not p.deleted]
+        roll = rng.random()
+        if texts and roll < 0.15:
+            old = rng.choice(texts)
+            body = str(old.body)
+            pages.append(Page(id=old.id, body=body + "  " if roll < 0.07 else " ".join(
+                edit(body.split(), 0.05, rng.randrange(10**6)))))
+        elif texts and roll < 0.22:
+            pages.append(Page(id=rng.choice(texts).id, body="", deleted=True))
+    return pages
+
+
+def test_revisits_and_deletes_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> None:
+    """Deletes and unchanged revisits cross the pool as sketches with their flags."""
+    pages = lifecycle_pages(7, 50)
+    one = run(tmp_path / "one", pages, 1, EngineConfig())
+    assert run(tmp_path / "four", pages, 4, EngineConfig()) == one
+    revisits = {m["revisit"] for _, *rest in one if rest and isinstance(rest[0], list)
+                for m in rest[0] if m["kind"] == "revisit"}
+    assert revisits == {"unchanged", "changed"}, "the stream must exercise both revisits"
+    assert any(p.deleted for p in pages)
+
+
 def test_threads_read_the_forward_records_of_the_store_itself(tmp_path: Path) -> None:
     """With threads the align workers read the store the index writes (no secondary)."""
     pages = random_pages(5, 30)
