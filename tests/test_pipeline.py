@@ -272,3 +272,47 @@ def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
     assert blind == run(tmp_path / "one", pages, 1, EngineConfig())
     assert any(m["kind"] == "passage" for _, *rest in blind if rest and isinstance(rest[0], list)
                for m in rest[0])
+
+
+_KILLED_PARENT = """
+import sys
+from dupalign.engine import Engine
+from tests.test_pipeline import random_pages
+with Engine.open(sys.argv[1]) as engine:
+    items = ((p, None) for p in random_pages(4, 40))
+    next(iter(engine.process_many(items, jobs=2)))
+    print("running", flush=True)
+    sys.stdin.read()  # until killed
+"""
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out |= {int(c) for c in (task / "children").read_text().split()}
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_pool_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the engine's process (or the OOM killer) leaves no pool process behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_PARENT, str(tmp_path / "s")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parents[1])
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "running"
+        children = _children(proc.pid)
+        assert len(children) >= 2, "the pool has its processes"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(Path(f"/proc/{c}").exists() for c in children):
+        time.sleep(0.2)
+    alive = [c for c in children if Path(f"/proc/{c}").exists()]
+    assert not alive, f"pool processes outlived their parent: {alive}"
