@@ -227,9 +227,11 @@ def run_pipeline(
             try:
                 sk = sketched.result()
                 # a page that removes a stored one (a new version, a delete) waits for the
-                # alignments in flight that read the removed page's records
-                for _ in range(_in_flight_reading(aligns, indexer.removes(sk))):
-                    yield finish()
+                # alignments in flight that read the removed page's records (the lookup
+                # costs two store reads on this serial thread: only when something is)
+                if aligns:
+                    for _ in range(_in_flight_reading(aligns, indexer.removes(sk))):
+                        yield finish()
                 result: IndexResult | BaseException = engine.index(sk, source)
             except StoreError:
                 raise
