@@ -14,12 +14,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
+from dupalign.config import EngineConfig, RetentionConfig
+from dupalign.engine import Engine
 from tests.test_ops_prometheus import (
     PROM_DIR,
     LiveStack,
@@ -30,7 +33,15 @@ from tests.test_ops_prometheus import (
 from tests.test_ops_prometheus import start as start_process
 from tests.test_ops_prometheus import stop as stop_process
 from tests.test_worker_kafka import clough_pages, match_key
-from tests.topology_harness import REPO, Topology, progressed, rfc_pages, synthetic_pages, wait_log
+from tests.topology_harness import (
+    REPO,
+    Topology,
+    lifecycle_stream,
+    progressed,
+    rfc_pages,
+    synthetic_pages,
+    wait_log,
+)
 from worker import messages
 
 pytestmark = pytest.mark.kafka
@@ -115,6 +126,70 @@ async def test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_no
         assert got == expected
     finally:
         topo.stop_all()
+
+
+def lifecycle_key(d: dict[str, Any]) -> tuple[Any, ...]:
+    """A match and, for a ``revisit``, its relation to the previous version."""
+    return (*match_key(d), d.get("revisit"), d.get("previous_url"),
+            d.get("previous_fetched_at"))
+
+
+def alive_ids(store: Path) -> list[str]:
+    with Engine.open(store, EngineConfig()) as engine:
+        return sorted(bytes(k).decode() for k, _ in engine.store.items("ids"))
+
+
+@pytest.mark.testdata
+async def test_revisits_deletes_and_retention_give_the_engine_s_matches_across_index_kills(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Issue 13 in the topology: a stream of new pages, unchanged and edited revisits,
+    tombstones, ``deleted: true`` pages, replays and deleted ids sent again, under
+    ``retention.max_pages``, gives exactly the matches (revisit messages included) of one
+    engine over the same records in ``sequence`` order with the same sweeps; through a
+    SIGKILL of the index and its restart on its store (the pages from the published
+    ordinal on are read again: no delete or sweep is done twice), then another SIGKILL
+    and a new owner with an empty store (rebuilt by replay, deletes and sweeps included),
+    whose store ends with the same pages as the engine's."""
+    engine = EngineConfig(retention=RetentionConfig(max_pages=60, every=16))
+    topo = await Topology(kafka_bootstrap, tmp_path, engine=engine, engine_toml="""
+[engine.retention]
+max_pages = 60
+every = 16
+""").create()
+    records, kinds = lifecycle_stream(150, seed=5)
+    assert min(kinds.values()) >= 3, kinds
+    third = len(records) // 3
+    try:
+        topo.start("sketch")
+        topo.start("align")
+        owner, owner_log = topo.start("index", tmp_path / "index-a")
+        await wait_log(owner_log, "index shard owned", 120)
+        await topo.send_records(records[:third])
+        at = await progressed(topo, 40)
+        owner.send_signal(signal.SIGKILL)  # mid-stream
+        owner.wait(30)
+        await topo.send_records(records[third:2 * third])
+        owner, _ = topo.start("index", tmp_path / "index-a")  # the same store, ahead of E
+        at = await progressed(topo, at + 40)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(30)
+        _, fresh_log = topo.start("index", tmp_path / "index-b")  # another "machine"
+        await topo.send_records(records[2 * third:])
+        published = await topo.published(len(records), timeout=300)
+        await wait_log(fresh_log, "rebuilding it from the retained sequence", 10)
+    finally:
+        topo.stop_all()
+    expected = await topo.scan_in_sequence_order(tmp_path / "oracle", key=lifecycle_key)
+    got = collections.Counter(lifecycle_key(messages.decode_match(r.value)) for r in published)
+    revisits = collections.Counter(k[-3] for k in expected.elements())
+    assert revisits["unchanged"] >= 3 and revisits["changed"] >= 3, revisits
+    assert sum(1 for k in expected if k[1] == "passage") > 10
+    twice = [k for k, n in got.items() if n > expected[k]]
+    assert not twice, f"published twice: {twice[:5]}"
+    assert got == expected
+    oracle_ids = alive_ids(tmp_path / "oracle")
+    assert 40 <= len(oracle_ids) <= 60 + 16, len(oracle_ids)  # bounded by retention
+    assert alive_ids(tmp_path / "index-b") == oracle_ids
 
 
 async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,10 @@ BIG = 32 << 20  # a large RFC's align request carries MBs of candidates' forward
 class Topology:
     """Fresh topics and a config file for one test; role processes started from it."""
 
-    def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4) -> None:
+    def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4,
+                 engine: EngineConfig | None = None, engine_toml: str = "") -> None:
+        """``engine_toml``: ``[engine...]`` tables for the roles, the same settings as
+        ``engine`` (the oracle's configuration)."""
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
@@ -68,7 +72,8 @@ batch_size = {batch_size}
 log_format = "text"
 [metrics]
 enabled = false
-""", "utf-8")
+{engine_toml}""", "utf-8")
+        self.engine = engine if engine is not None else EngineConfig()
         self.config = load_config(self.config_path, env={})
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
         self.partitions: dict[str, int] = {}
@@ -124,6 +129,17 @@ enabled = false
         finally:
             await producer.stop()
 
+    async def send_records(self, records: list[tuple[bytes, bytes | None]]) -> None:
+        """Raw (key, value) records on the pages topic: a None value is a tombstone."""
+        producer = new_producer(self.config.kafka)
+        await producer.start()
+        try:
+            sent = [await producer.send(self.topic["pages"], value, key=key)
+                    for key, value in records]
+            await asyncio.gather(*sent)
+        finally:
+            await producer.stop()
+
     async def read(self, name: str) -> list[Any]:
         """Every committed record of a topic, up to its last stable offset when called."""
         consumer = AIOKafkaConsumer(
@@ -168,19 +184,30 @@ enabled = false
                                      f"{await self.index_committed()}\n{self.logs()}")
             await asyncio.sleep(1)
 
-    async def scan_in_sequence_order(self, store: Path) -> collections.Counter[Any]:
+    async def scan_in_sequence_order(self, store: Path,
+                                     key: Callable[[dict[str, Any]], Any] = match_key
+                                     ) -> collections.Counter[Any]:
         """The oracle: one engine (its store at ``store``) over the pages in the sequence
-        topic's order; called again, it goes on with the pages sequenced since, and returns
-        the matches of all the pages so far."""
-        pages = {(r.partition, r.offset): messages.decode_page(r.value)
+        topic's order (tombstones: deletes), with the retention sweeps of
+        ``self.engine.retention`` before the first page at or after each multiple of
+        ``every`` ordinals, at the time of that page's sequence record; called again, it
+        goes on with the pages sequenced since, and returns the matches of all the pages
+        so far (by ``key``)."""
+        pages = {(r.partition, r.offset): messages.decode_record(r.key, r.value)
                  for r in await self.read("pages")}
-        order = [decode_sequence(r.value)[1] for r in await self.read("sequence")]
+        sequence = await self.read("sequence")
         done, n = self.scanned.get(store, (collections.Counter(), 0))
-        with Engine.open(store, EngineConfig()) as engine:
-            for _, partition, offset in order[n:]:  # the store has the pages before
-                done.update(match_key(m.to_dict(0))
+        r = self.engine.retention
+        last = sequence[n - 1].offset if n else -1
+        with Engine.open(store, self.engine) as engine:
+            for rec in sequence[n:]:  # the store has the pages before
+                if (r.max_pages or r.max_age) and rec.offset // r.every > last // r.every:
+                    engine.compact(now_ms=rec.timestamp)
+                last = rec.offset
+                _, (_, partition, offset) = decode_sequence(rec.value)
+                done.update(key(m.to_dict(0))
                             for m in engine.process(pages[(partition, offset)]))
-        self.scanned[store] = (done, len(order))
+        self.scanned[store] = (done, len(sequence))
         return collections.Counter(done)
 
 
@@ -231,3 +258,55 @@ async def progressed(topo: Topology, beyond: int, timeout: float = 180) -> int:
     return at
 
 
+
+
+def lifecycle_stream(n_pages: int, seed: int = 5) -> tuple[list[tuple[bytes, bytes | None]],
+                                                            collections.Counter[str]]:
+    """``synthetic_pages(n_pages)`` as (key, value) records with, after some pages, one of:
+    an unchanged revisit of a stored id (its body with other whitespace: the same words),
+    an edited revisit (a word changed), a tombstone, a ``deleted: true`` page, a deleted id
+    sent again (a new page), or a page sent again as it was (a replay); and the count of
+    each kind."""
+    rng = np.random.default_rng(seed)
+    alive: dict[str, str] = {}  # id -> body sent last
+    gone: list[str] = []
+    kinds: collections.Counter[str] = collections.Counter()
+    out: list[tuple[bytes, bytes | None]] = []
+
+    def send(doc_id: str, body: str, kind: str) -> None:
+        fetched_at = 1_700_000_000_000 + 1000 * len(out)
+        out.append((doc_id.encode(), messages.encode_page(
+            Page(id=doc_id, body=body, content_type="text/plain", fetched_at=fetched_at))))
+        alive[doc_id] = body
+        kinds[kind] += 1
+
+    def delete(doc_id: str, kind: str) -> None:
+        value = None if kind == "tombstone" else messages.pack(
+            {"v": 1, "id": doc_id, "deleted": True})
+        out.append((doc_id.encode(), value))
+        del alive[doc_id]
+        gone.append(doc_id)
+        kinds[kind] += 1
+
+    for i, page in enumerate(synthetic_pages(n_pages, seed)):
+        assert isinstance(page.body, str)
+        send(page.id, page.body, "new")
+        if i < 10:
+            continue
+        r = rng.random()
+        doc_id = sorted(alive)[int(rng.integers(0, len(alive)))]
+        words = alive[doc_id].split()
+        if r < 0.12:
+            send(doc_id, "\n".join(words), "unchanged")
+        elif r < 0.24:
+            words[int(rng.integers(0, len(words)))] = f"revised{i}"
+            send(doc_id, " ".join(words), "edited")
+        elif r < 0.29:
+            delete(doc_id, "tombstone")
+        elif r < 0.34:
+            delete(doc_id, "deleted")
+        elif r < 0.37 and gone:
+            send(gone.pop(0), " ".join(words[: len(words) // 2]), "again")
+        elif r < 0.40:
+            send(doc_id, alive[doc_id], "replay")
+    return out, kinds

@@ -41,13 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from dupalign.engine import Engine
 from dupalign.errors import PageRejected
 from dupalign.index import IndexResult
-from dupalign.match import Span
+from dupalign.match import Match, Span
 from dupalign.sketch import PageSketch
 from worker import messages
 from worker.config import Config
@@ -129,6 +130,7 @@ class IndexRole:
         self.silent_below = silent_below  # rebuilding: publish nothing below this ordinal
         self.owner = False
         self.last_offsets: dict[TopicPartition, int] = {}
+        self._resume_lifecycle(None)
 
     def stop(self) -> None:
         self.stopping.set()
@@ -228,6 +230,7 @@ class IndexRole:
                 consumer.seek(self.seq_tp, start)
                 await self._seek(self.sketch_tp, None)
             await self._seek(self.aligned_tp, committed.get(self.aligned_tp))
+            self._resume_lifecycle(stored)
             self.owner = True
             self.metrics.assigned.labels(self.name).set(len(assigned))
             consumer.resume(*assigned)
@@ -246,6 +249,7 @@ class IndexRole:
             if tp == self.seq_tp:
                 _, source = decode_sequence(rec.value)
                 self.expected.append((rec.offset, source))
+                self.sequenced_at[rec.offset] = rec.timestamp  # retention's clock
                 continue
             ordinal = record_ordinal(rec)
             if tp == self.sketch_tp:
@@ -264,10 +268,15 @@ class IndexRole:
         indexer = engine.indexer
         out: list[Outgoing] = []
         while self.expected and self.expected[0][0] in self.sketches:
-            ordinal, source = self.expected.popleft()
-            sketch_offset, raw = self.sketches.pop(ordinal)
+            ordinal, source = self.expected[0]
+            sk = PageSketch.from_bytes(self.sketches[ordinal][1])
+            if self._must_wait(ordinal, sk):
+                break  # until the pages it waits for are published (a later turn)
+            self.expected.popleft()
+            sketch_offset, _ = self.sketches.pop(ordinal)
             self.floor = ordinal + 1
-            sk = PageSketch.from_bytes(raw)
+            if self._lifecycle(ordinal, sk):
+                continue
             at = (self.seq_tp.topic, 0, ordinal)
             if ordinal < self.silent_below:  # rebuilding what was published
                 result = indexer.index(sk, at, defer=True)
@@ -295,6 +304,7 @@ class IndexRole:
                 matches = indexer.finish(waiting.result, waiting.passages or [])
             except PageRejected:  # the sketch role dead-letters these: never sequenced
                 matches = []
+            self._count_revisits(matches)
             key = waiting.result.doc_id.encode("utf-8")
             out.extend(Outgoing(self.kc.output_topic, messages.encode_match(m, now), key=key,
                                 headers=[source_header(waiting.source)]) for m in matches)
@@ -335,3 +345,68 @@ class IndexRole:
             self.consumer.pause(*inputs)
         else:
             self.consumer.resume(*inputs)
+
+    # -- lifecycle: deletes, new versions and retention, in ordinal order ------------------
+    # A removal must not undo what a page before it still needs: a page's matches are read
+    # again from the store after a crash (pages from the published ordinal E on), so a page
+    # that removes a stored page waits until the pages before it that read that page are
+    # published and committed, and a retention sweep until all the pages before it are.
+    # Below the store's sequence offset S (every ordinal below it is in the store), a
+    # delete or a sweep read again after a crash is not done twice: it could remove a
+    # later version of the id, or pages the other processes keep.
+
+    def _resume_lifecycle(self, stored: int | None) -> None:
+        """On taking the shard: ``stored`` is the store's sequence offset S."""
+        self.applied_below = stored or 0
+        self.last_op = self.applied_below - 1  # retention's schedule goes on from here
+        self.sequenced_at: dict[int, int] = {}  # ordinal -> sequence record timestamp (ms)
+
+    def _sweep_due(self, ordinal: int) -> bool:
+        """Retention (``[engine.retention]``) sweeps before the first page at or after each
+        multiple of ``every`` ordinals: at the same pages in every process that replays
+        the sequence, whatever its timing."""
+        r = self.config.engine.retention
+        return bool(r.max_pages or r.max_age) and ordinal // r.every > self.last_op // r.every
+
+    def _must_wait(self, ordinal: int, sk: PageSketch) -> bool:
+        """Whether the page at ``ordinal`` must wait for the pages before it (those in
+        ``waiting``) to be published: it is a sweep's turn, or it removes a stored page
+        (``Indexer.removes``: the version it replaces or deletes) that a waiting page has
+        the id of (its matches, its revisit message are read from that version after a
+        crash) or aligns against (``Engine.open`` aligns an unfinished page from the
+        store)."""
+        if ordinal < self.applied_below or not self.waiting:
+            return False
+        wait = self._sweep_due(ordinal)
+        if not wait:
+            assert self.engine is not None
+            removed = self.engine.indexer.removes(sk)  # mostly []: one store read
+            wait = bool(removed) and any(
+                w.result.doc_id == sk.id or (w.result.align is not None and bool(
+                    np.isin(removed, w.result.align.others).any())) for w in self.waiting)
+        if wait:
+            self.metrics.lifecycle_waits.inc()
+        return wait
+
+    def _lifecycle(self, ordinal: int, sk: PageSketch) -> bool:
+        """Before the page at ``ordinal`` is indexed: the sweep due there. True for a delete
+        that the store already holds (read again after a crash): nothing to do."""
+        due = self._sweep_due(ordinal)
+        self.last_op = max(self.last_op, ordinal)
+        now_ms = self.sequenced_at.pop(ordinal)  # max_age's clock: the same in any replay
+        if ordinal < self.applied_below:
+            return sk.deleted
+        if due:
+            assert self.engine is not None
+            expired = self.engine.compact(now_ms=now_ms)
+            self.metrics.lifecycle.labels("expired").inc(expired)
+            if expired:
+                log.info("retention: %d pages left the store at ordinal %d", expired, ordinal)
+        if sk.deleted:
+            self.metrics.lifecycle.labels("deleted").inc()
+        return False
+
+    def _count_revisits(self, matches: list[Match]) -> None:
+        for m in matches:
+            if m.revisit is not None:
+                self.metrics.lifecycle.labels(f"revisit_{m.revisit}").inc()

@@ -2,7 +2,8 @@
 per process shared by the roles it runs, labelled by role. Served by worker/http.py like the
 single worker's (worker/metrics.py); the Grafana dashboard's "Topology" row plots them.
 
-Names are prefixed ``dupalign_role_`` (every role) or ``dupalign_index_`` (the index shard).
+Names are prefixed ``dupalign_role_`` (every role), ``dupalign_index_`` (the index shard) or
+``dupalign_sketch_`` (the sketch role).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from worker.topology import Outgoing
+
+LIFECYCLE_EVENTS = ("deleted", "revisit_unchanged", "revisit_changed", "expired")
 
 
 class RoleMetrics:
@@ -60,6 +63,22 @@ class RoleMetrics:
         self.rebuild_ordinal = Gauge(
             "dupalign_index_rebuild_ordinal",
             "Rebuilding by replay: the next ordinal to apply", registry=r,
+        )
+        self.ordinal_sequenced = Gauge(
+            "dupalign_sketch_ordinal_sequenced", "Last ordinal this sketch process gave a "
+            "page (acknowledged by the sequence topic): its max over the sketch processes "
+            "minus the index's applied ordinal is how far the index is behind", registry=r,
+        )
+        self.lifecycle = Counter(
+            "dupalign_index_lifecycle_pages", "Pages by lifecycle event applied by the index "
+            "(deleted, revisit_unchanged, revisit_changed, expired by retention)", ["event"],
+            registry=r,
+        )
+        for event in LIFECYCLE_EVENTS:
+            self.lifecycle.labels(event)
+        self.lifecycle_waits = Counter(
+            "dupalign_index_lifecycle_waits", "Times a removal (delete, new version, "
+            "retention sweep) waited for the pages before it to be published", registry=r,
         )
 
     def add_role(self, role: str) -> None:

@@ -6,6 +6,9 @@ acknowledged there are the pages' ordinals; then each page's ``PageSketch`` goes
 ``sketches`` topic with its ordinal in a header; pages that cannot be processed go to the
 dead-letter topic (they take no ordinal, as in ``scan``); then the batch's offsets. An
 aborted transaction leaves gaps in the ordinals, which read_committed readers never see.
+A delete (a tombstone: the page id as key and a null value, or a page with ``deleted:
+true``) is sequenced like a page: its sketch says ``deleted`` and the index removes the
+page at its ordinal.
 
 Sketches are made under the uniform idf table (version 0): the index recomputes the
 fingerprint of a page sketched under an older table than its own (dupalign.near), so
@@ -68,7 +71,8 @@ class SketchRole(StatelessRole):
                 if len(value) > self.config.worker.max_message_bytes:
                     raise MessageRejected("too_large", f"{len(value)} bytes > "
                                           f"worker.max_message_bytes")
-                page = messages.decode_page(value)
+                # a null value is a tombstone: a delete, sequenced like a page
+                page = messages.decode_record(rec.key, rec.value)
                 try:
                     sk = self.sketcher.sketch(page, UNIFORM_IDF)
                 except Exception as exc:  # a defect the page triggers: recurs on replay
@@ -104,6 +108,8 @@ class SketchRole(StatelessRole):
             sketch.headers = [*sketch.headers, ordinal_header(ordinal)]
         await send_all(producer, prepared.sketches + prepared.dead_letters)
         self.pages += len(ordinals)
+        if ordinals:  # (an aborted transaction's ordinals are gaps: the end moved anyway)
+            self.metrics.ordinal_sequenced.set(max(ordinals))
 
     def outgoing(self, prepared: SketchedBatch) -> list[Outgoing]:
         return prepared.sequence + prepared.sketches + prepared.dead_letters
