@@ -9,6 +9,7 @@ import asyncio
 import collections
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,15 +162,28 @@ every = 16
     third = len(records) // 3
     try:
         topo.start("sketch")
-        topo.start("align")
+        align, _ = topo.start("align")
         owner, owner_log = topo.start("index", tmp_path / "index-a")
         await wait_log(owner_log, "index shard owned", 120)
         await topo.send_records(records[:third])
         at = await progressed(topo, 40)
-        owner.send_signal(signal.SIGKILL)  # mid-stream
-        owner.wait(30)
+        # without align, pages with passage candidates wait unpublished while the index
+        # goes on storing the pages after them (removals of pages they read wait too)
+        align.send_signal(signal.SIGKILL)
+        align.wait(30)
         await topo.send_records(records[third:2 * third])
-        owner, _ = topo.start("index", tmp_path / "index-a")  # the same store, ahead of E
+        while len(await topo.read("sequence")) < 2 * third:
+            topo.check_alive()
+            await asyncio.sleep(0.5)
+        await asyncio.sleep(3)  # the index applies what it can
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(30)
+        topo.start("align")
+        owner, owner_log = topo.start("index", tmp_path / "index-a")  # the same store
+        await wait_log(owner_log, "index shard owned", 120)
+        published_at, stored_at = map(int, re.findall(
+            r"published up to ordinal (\d+), store at (\d+)", owner_log.read_text())[-1])
+        assert stored_at > published_at + 10  # pages from E on are read again, S > E
         at = await progressed(topo, at + 40)
         owner.send_signal(signal.SIGKILL)
         owner.wait(30)

@@ -369,21 +369,28 @@ class IndexRole:
         return bool(r.max_pages or r.max_age) and ordinal // r.every > self.last_op // r.every
 
     def _must_wait(self, ordinal: int, sk: PageSketch) -> bool:
-        """Whether the page at ``ordinal`` must wait for the pages before it (those in
-        ``waiting``) to be published: it is a sweep's turn, or it removes a stored page
-        (``Indexer.removes``: the version it replaces or deletes) that a waiting page has
+        """Whether the page at ``ordinal`` must wait for pages before it (in ``waiting``)
+        to be published: it removes stored pages (a retention sweep due there, or
+        ``Indexer.removes``: the version it replaces or deletes) that a waiting page has
         the id of (its matches, its revisit message are read from that version after a
         crash) or aligns against (``Engine.open`` aligns an unfinished page from the
         store)."""
         if ordinal < self.applied_below or not self.waiting:
             return False
-        wait = self._sweep_due(ordinal)
-        if not wait:
-            assert self.engine is not None
-            removed = self.engine.indexer.removes(sk)  # mostly []: one store read
-            wait = bool(removed) and any(
-                w.result.doc_id == sk.id or (w.result.align is not None and bool(
-                    np.isin(removed, w.result.align.others).any())) for w in self.waiting)
+        assert self.engine is not None
+        indexer = self.engine.indexer
+        if self._sweep_due(ordinal):
+            r = self.config.engine.retention
+            removed = [(v.ordinal, v.doc_id) for v in indexer.expired(
+                r.max_pages, r.max_age, self.sequenced_at[ordinal], indexer.alive + 1)]
+        else:
+            removed = [(o, sk.id) for o in indexer.removes(sk)]  # mostly []: one read
+        if not removed:
+            return False
+        ids = {doc_id for _, doc_id in removed}
+        ordinals = np.array([o for o, _ in removed], dtype=np.int64)
+        wait = any(w.result.doc_id in ids or (w.result.align is not None and bool(
+            np.isin(ordinals, w.result.align.others).any())) for w in self.waiting)
         if wait:
             self.metrics.lifecycle_waits.inc()
         return wait
