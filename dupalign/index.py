@@ -444,6 +444,7 @@ class Indexer:
         old = self.near.sketch_of(prev.ordinal)
         if near is not None and near.sketch is not None and old is not None:
             est = round(float(np.count_nonzero(near.sketch == old)) / len(old), 4)
+            self.near.refresh(near)  # as Engine.process sketches it: the table in force
             if near.fingerprint is not None and prev.simhash is not None:
                 hamming = (int(near.fingerprint) ^ int(prev.simhash)).bit_count()
         return self._revisit(sk, prev, "changed", est_jaccard=est, hamming=hamming)

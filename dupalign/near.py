@@ -148,12 +148,17 @@ class NearIndex:
     def idf(self) -> IdfTable:
         return self.tables[-1]
 
+    def refresh(self, state: NearState) -> None:
+        """The fingerprint under the idf table in force, if ``state`` was sketched under an
+        older one (before the last freeze, or by the topology's sketch role)."""
+        if state.indexed and state.idf_version != self.idf.version:
+            _fingerprint(state, self.idf, self.cfg.tf_mode)
+
     def search(self, state: NearState, ordinal: int) -> list[tuple[int, int, float]]:
         """Verified near duplicates among pages before ``ordinal``: (ordinal, hamming, est)."""
         if not state.indexed:
             return []
-        if state.idf_version != self.idf.version:  # sketched before the last idf freeze
-            _fingerprint(state, self.idf, self.cfg.tf_mode)
+        self.refresh(state)
         assert state.fingerprint is not None and state.W is not None
         assert state.sketch is not None
         self.counters.lookups += 1
