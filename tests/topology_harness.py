@@ -37,9 +37,10 @@ class Topology:
     """Fresh topics and a config file for one test; role processes started from it."""
 
     def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4,
-                 engine: EngineConfig | None = None, engine_toml: str = "") -> None:
+                 engine: EngineConfig | None = None, engine_toml: str = "",
+                 transactions: bool = True) -> None:
         """``engine_toml``: ``[engine...]`` tables for the roles, the same settings as
-        ``engine`` (the oracle's configuration)."""
+        ``engine`` (the oracle's configuration); ``transactions``: ``kafka.transactions``."""
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
@@ -59,6 +60,7 @@ align_topic = "{t['align']}"
 aligned_topic = "{t['aligned']}"
 group_id = "{self.group}"
 create_topics = true
+transactions = {str(transactions).lower()}
 topic_partitions = 2
 align_partitions = 4
 session_timeout_ms = 6000

@@ -24,6 +24,7 @@ from worker.topology import (
     Outgoing,
     committed_offsets,
     ensure_topics,
+    hop,
     new_consumer,
     new_producer,
     stop_quietly,
@@ -91,10 +92,10 @@ class StatelessRole:
                     self.metrics.consumed(self.name, tp.topic, records)
                     prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
                                                           records)
-                    async with self.metrics.transaction(self.name), producer.transaction():
+                    async with self.metrics.transaction(self.name), hop(
+                            producer, self.group_id, {tp: records[-1].offset + 1},
+                            None if self.kc.transactions else consumer):
                         await self.produce(producer, prepared)
-                        await producer.send_offsets_to_transaction(
-                            {tp: records[-1].offset + 1}, self.group_id)
                     self.metrics.produced(self.name, self.outgoing(prepared))
                     self.batches += 1
         finally:

@@ -163,7 +163,8 @@ class IndexRole:
                 if out or offsets != self.last_offsets:
                     assert self.producer is not None
                     async with self.metrics.transaction(self.name):
-                        await checkpoint(self.producer, self.group_id, out, offsets)
+                        await checkpoint(self.producer, self.group_id, out, offsets,
+                                         None if self.kc.transactions else consumer)
                     self.metrics.produced(self.name, out)
                     self.last_offsets = offsets
                     self.published = offsets[self.seq_tp]

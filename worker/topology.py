@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import struct
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,9 +146,12 @@ def new_consumer(kc: KafkaConfig, group_id: str, max_records: int, **kw: Any
         fetch_max_bytes=kc.fetch_max_bytes, **kw)
 
 
-def transactional_id(kc: KafkaConfig, group_id: str, tp: TopicPartition) -> str:
+def transactional_id(kc: KafkaConfig, group_id: str, tp: TopicPartition) -> str | None:
     """One per input partition (pre-KIP-447 fencing): the next owner of ``tp`` aborts what
-    the previous one left open before it reads the committed offset."""
+    the previous one left open before it reads the committed offset. None with
+    ``kafka.transactions = false`` (at-least-once: see ``hop``)."""
+    if not kc.transactions:
+        return None
     return f"{kc.transactional_id_prefix}-{group_id}-{tp.topic}-{tp.partition}"
 
 
@@ -160,11 +163,28 @@ async def committed_offsets(consumer: AIOKafkaConsumer, tps: Iterable[TopicParti
 
 
 async def checkpoint(producer: AIOKafkaProducer, group_id: str, outgoing: list[Outgoing],
-                     offsets: dict[TopicPartition, int]) -> None:
-    """The checkpoint unit: ``outgoing`` and the consumed ``offsets`` in one transaction.
-    A crash before it commits leaves neither visible to read_committed readers."""
-    async with producer.transaction():
+                     offsets: dict[TopicPartition, int],
+                     at_least_once: AIOKafkaConsumer | None = None) -> None:
+    """The checkpoint unit: ``outgoing``, then the consumed ``offsets`` (``hop``)."""
+    async with hop(producer, group_id, offsets, at_least_once):
         await send_all(producer, outgoing)
+
+
+@contextlib.asynccontextmanager
+async def hop(producer: AIOKafkaProducer, group_id: str, offsets: dict[TopicPartition, int],
+              at_least_once: AIOKafkaConsumer | None = None) -> AsyncIterator[None]:
+    """What the block sends (and awaits: ``send_all``), then the consumed ``offsets``, in
+    one transaction: a crash before it commits leaves neither visible to read_committed
+    readers. ``at_least_once`` (``kafka.transactions = false``): the consumer whose group
+    commits ``offsets`` once the block's records are acknowledged; a crash in between
+    sends them again (duplicates: docs/topology.md, "At-least-once")."""
+    if at_least_once is not None:
+        yield
+        if offsets:
+            await at_least_once.commit(offsets)
+        return
+    async with producer.transaction():
+        yield
         if offsets:
             await producer.send_offsets_to_transaction(offsets, group_id)
 
