@@ -9,7 +9,6 @@ import asyncio
 import collections
 import math
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -45,7 +44,7 @@ from tests.topology_harness import (
     wait_log,
 )
 from worker import messages
-from worker.topology import SOURCE_HEADER, header
+from worker.topology import SOURCE_HEADER, decode_sequence, header
 
 pytestmark = pytest.mark.kafka
 DASHBOARD_DIR = REPO / "deploy" / "grafana" / "dashboards"
@@ -162,10 +161,10 @@ every = 16
     records, kinds = lifecycle_stream(150, seed=5)
     assert min(kinds.values()) >= 3, kinds
     third = len(records) // 3
-    # Read again after the kill, in this order (one key: one partition, so one order): P
-    # waits for align (passages of the two pages before it); X (words no other page has)
-    # is deleted, sent again, and copied by Q. Deleting X a second time would index X
-    # again after Q: X would get Q as an exact match it never had.
+    # The window read again after the kill, in this order (one key: one partition, one
+    # order): P waits for align (passages of two pages before it), so the published ordinal
+    # E stays at P while X (words no other page has) is deleted, sent again and copied by
+    # Q. Deleting X a second time would index X again after Q, with an exact match to Q.
     sent = [messages.decode_page(v) for _, v in records[:third] if v is not None]
     a, b = [p.body for p in sent if not p.deleted][-2:]
 
@@ -176,33 +175,33 @@ every = 16
     x_words = " ".join(f"xq{i}" for i in range(80))
     records[third:third] = [page("X", " ".join(f"xw{i}" for i in range(80)))]
     third += 1
-    records[third:third] = [page("P", a + " " + b), (b"X", None), page("X", x_words),
-                            page("Q", x_words)]
+    window = [page("P", a + " " + b), (b"X", None), page("X", x_words), page("Q", x_words)]
+    records[third:third] = window
     try:
         topo.start("sketch")
         align, _ = topo.start("align")
-        owner, owner_log = topo.start("index", tmp_path / "index-a")
+        port = free_port()
+        owner, owner_log = topo.start("index", tmp_path / "index-a", metrics_port=port)
         await wait_log(owner_log, "index shard owned", 120)
         await topo.send_records(records[:third])
-        at = await progressed(topo, 40)
-        # without align, pages with passage candidates wait unpublished while the index
-        # goes on storing the pages after them (removals of pages they read wait too)
-        align.send_signal(signal.SIGKILL)
+        await topo.published(third, timeout=300)
+        align.send_signal(signal.SIGKILL)  # P's alignment waits
         align.wait(30)
-        await topo.send_records(records[third:2 * third])
-        while len(await topo.read("sequence")) < 2 * third:
+        await topo.send_records(window)
+        while len(sequence := await topo.read("sequence")) < third + len(window):
+            await asyncio.sleep(0.3)
+        p_at, q_at = (r.offset for r in sequence if decode_sequence(r.value)[0] in ("P", "Q"))
+        while sample(scrape(port), "dupalign_index_ordinal_applied") < q_at:
             topo.check_alive()
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(3)  # the index applies what it can
+            await asyncio.sleep(0.3)
         owner.send_signal(signal.SIGKILL)
         owner.wait(30)
         topo.start("align")
         owner, owner_log = topo.start("index", tmp_path / "index-a")  # the same store
         await wait_log(owner_log, "index shard owned", 120)
-        published_at, stored_at = map(int, re.findall(
-            r"published up to ordinal (\d+), store at (\d+)", owner_log.read_text())[-1])
-        assert stored_at > published_at + 10  # pages from E on are read again, S > E
-        at = await progressed(topo, at + 40)
+        assert f"published up to ordinal {p_at}, store at {q_at + 1}" in owner_log.read_text()
+        await topo.send_records(records[third + len(window):2 * third])
+        await progressed(topo, q_at + 20)
         owner.send_signal(signal.SIGKILL)
         owner.wait(30)
         _, fresh_log = topo.start("index", tmp_path / "index-b")  # another "machine"
