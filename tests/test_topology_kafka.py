@@ -162,11 +162,13 @@ every = 16
     assert min(kinds.values()) >= 3, kinds
     third = len(records) // 3
     # The window read again after the kill, in this order (one key: one partition, one
-    # order): P waits for align (passages of two pages before it), so the published ordinal
-    # E stays at P while X (words no other page has) is deleted, sent again and copied by
-    # Q. Deleting X a second time would index X again after Q, with an exact match to Q.
+    # order): P waits for align (passages of pages A and B), so the published ordinal E
+    # stays at P while X (words no other page has) is deleted, sent again and copied by Q.
+    # Deleting X a second time would index X again after Q, with an exact match to Q. The
+    # delete of A after them waits for P (P aligns against A): applied, the restart could
+    # not finish P (A's forward record gone).
     sent = [messages.decode_page(v) for _, v in records[:third] if v is not None]
-    a, b = [p.body for p in sent if not p.deleted][-2:]
+    a, b = [p for p in sent if not p.deleted][-2:]
 
     def page(doc_id: str, body: Any) -> tuple[bytes, bytes | None]:
         return b"X", messages.encode_page(Page(id=doc_id, body=body,
@@ -175,7 +177,8 @@ every = 16
     x_words = " ".join(f"xq{i}" for i in range(80))
     records[third:third] = [page("X", " ".join(f"xw{i}" for i in range(80)))]
     third += 1
-    window = [page("P", a + " " + b), (b"X", None), page("X", x_words), page("Q", x_words)]
+    window = [page("P", f"{a.body} {b.body}"), (b"X", None), page("X", x_words),
+              page("Q", x_words), (b"X", messages.pack({"v": 1, "id": a.id, "deleted": True}))]
     records[third:third] = window
     try:
         topo.start("sketch")

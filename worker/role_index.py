@@ -350,11 +350,11 @@ class IndexRole:
     # -- lifecycle: deletes, new versions and retention, in ordinal order ------------------
     # A removal must not undo what a page before it still needs: a page's matches are read
     # again from the store after a crash (pages from the published ordinal E on), so a page
-    # that removes a stored page waits until the pages before it that read that page are
-    # published and committed, and a retention sweep until all the pages before it are.
-    # Below the store's sequence offset S (every ordinal below it is in the store), a
-    # delete or a sweep read again after a crash is not done twice: it could remove a
-    # later version of the id, or pages the other processes keep.
+    # or a retention sweep that removes stored pages waits until the pages before it that
+    # read them are published and committed (``_must_wait``). Below the store's sequence
+    # offset S (every ordinal below it is in the store), a delete or a sweep read again
+    # after a crash is not done twice: it could remove a later version of the id, or pages
+    # the other processes keep.
 
     def _resume_lifecycle(self, stored: int | None) -> None:
         """On taking the shard: ``stored`` is the store's sequence offset S."""
@@ -380,12 +380,11 @@ class IndexRole:
             return False
         assert self.engine is not None
         indexer = self.engine.indexer
-        if self._sweep_due(ordinal):
+        removed = [(o, sk.id) for o in indexer.removes(sk)]  # mostly []: one read
+        if self._sweep_due(ordinal):  # before the page: both must wait
             r = self.config.engine.retention
-            removed = [(v.ordinal, v.doc_id) for v in indexer.expired(
+            removed += [(v.ordinal, v.doc_id) for v in indexer.expired(
                 r.max_pages, r.max_age, self.sequenced_at[ordinal], indexer.alive + 1)]
-        else:
-            removed = [(o, sk.id) for o in indexer.removes(sk)]  # mostly []: one read
         if not removed:
             return False
         ids = {doc_id for _, doc_id in removed}
