@@ -33,11 +33,11 @@ _VOCAB = [f"w{i}" for i in range(60)]
 _CHUNKS = [" ".join(_RNG.choice(_VOCAB) for _ in range(40)) for _ in range(8)]
 
 
-def config(mode: str) -> EngineConfig:
+def config(mode: str, max_list: int = 100_000) -> EngineConfig:
     return EngineConfig(
         near=NearConfig(idf_freeze_at=(100_000,)),
         passage=PassageConfig(mode=mode, k=16, query_len=16, stride=8, min_len=8,
-                              max_list=100_000),
+                              max_list=max_list),
     ).validate()
 
 
@@ -77,14 +77,17 @@ class Model:
         return list(self.alive)[n % len(self.alive)] if self.alive else None
 
 
-def run_sequence(engine: Engine, sequence: list[Any]) -> Model:
+def run_sequence(engine: Engine, sequence: list[Any],
+                 out: list[Any] | None = None) -> Model:
+    """Applies ``sequence``; ``out`` gets what each operation returned."""
     model = Model()
+    out = [] if out is None else out
     for clock, op in enumerate(sequence):
         kind = op[0]
         if kind == "add":
             doc_id = f"p{clock}"
             body = text_of(*op[1], tag=f"t{clock}")
-            engine.process(Page(doc_id, body, fetched_at=clock * 1000))
+            out.append(wire(engine.process(Page(doc_id, body, fetched_at=clock * 1000))))
             model.alive[doc_id] = (body, clock * 1000)
         elif kind in ("changed", "unchanged", "delete"):
             doc_id = model.pick(op[1])
@@ -99,11 +102,13 @@ def run_sequence(engine: Engine, sequence: list[Any]) -> Model:
                 found = engine.process(Page(doc_id, body.upper() + f" {' ' * clock}",
                                             fetched_at=clock * 1000))
                 assert [(m.kind, m.revisit) for m in found] == [("revisit", "unchanged")]
+                out.append(wire(found))
                 continue
             body = text_of(*op[2], tag=f"t{clock}")
             found = engine.process(Page(doc_id, body, fetched_at=clock * 1000))
             assert [(m.kind, m.revisit) for m in found][:1] == [("revisit", "changed")]
             assert all(m.match_doc_id != doc_id for m in found[1:])
+            out.append(wire(found))
             del model.alive[doc_id]  # the new version comes last
             model.alive[doc_id] = (body, clock * 1000)
         else:
@@ -112,7 +117,7 @@ def run_sequence(engine: Engine, sequence: list[Any]) -> Model:
                  RetentionConfig(max_age=bound))
             # max_pages 0 turns the bound off: nothing leaves
             engine.config = replace(engine.config, retention=r)
-            engine.compact(now_ms=clock * 1000)
+            out.append(engine.compact(now_ms=clock * 1000))
             if kind == "max_pages" and bound:
                 for doc_id in list(model.alive)[: max(0, len(model.alive) - bound)]:
                     del model.alive[doc_id]
@@ -125,9 +130,16 @@ def run_sequence(engine: Engine, sequence: list[Any]) -> Model:
     return model
 
 
+def stop_marks(engine: Engine) -> list[tuple[bytes, bytes]]:
+    """The marks of the stop lists (``oph`` keys that are a list's name alone)."""
+    return [(k, v) for k, v in engine.store.items("oph") if len(k) == 10]
+
+
 def check_against_fresh(tmp: Path, cfg: EngineConfig, sequence: list[Any],
                         probes: list[tuple[list[int], int]], pack_min: int,
                         small_cache: bool) -> None:
+    """A fresh store of the pages alive, with the same stop lists (a list that became one
+    stays one, whatever removals take from it: dupalign.passages, step 1)."""
     with Engine.open(tmp / "ours", cfg) as ours:
         ours.passages.pack_min = pack_min
         if small_cache:  # every list is read again from the store after each page
@@ -140,12 +152,17 @@ def check_against_fresh(tmp: Path, cfg: EngineConfig, sequence: list[Any],
         nexts = [Page(f"probe{i}", text_of(*t, tag=f"probe{i}")) for i, t in enumerate(probes)]
         if revised is not None:
             nexts.insert(0, Page(revised, text_of(*probes[0], tag="revised")))
+        marks = stop_marks(ours)
         got = [wire(ours.process(p)) for p in nexts]
     if revised is not None:
         assert got[0][0]["kind"] == "revisit"
         got[0] = got[0][1:]
     with Engine.open(tmp / "fresh", cfg) as fresh:
         fresh.passages.pack_min = pack_min
+        batch = fresh.store.batch()
+        for key, value in marks:
+            batch.put("oph", key, value)
+        fresh.store.write(batch)
         for doc_id, (body, fetched) in model.alive.items():
             if doc_id != revised:
                 fresh.process(Page(doc_id, body, fetched_at=fetched))
@@ -163,13 +180,13 @@ def _oracle(examples: int) -> Any:
     @settings(max_examples=examples, deadline=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(sequence=ops, probes=st.lists(texts, min_size=1, max_size=2),
-           small_cache=st.booleans(), pack_min=st.sampled_from([2, 8]))
+           small_cache=st.booleans(), pack_min=st.sampled_from([2, 8]),
+           max_list=st.sampled_from([1, 3, 100_000]))
     def check(mode: str, sequence: list[Any], probes: list[Any], small_cache: bool,
-              pack_min: int) -> None:
-        shm = Path("/dev/shm")
-        with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
-            check_against_fresh(Path(tmp), config(mode), sequence, probes, pack_min,
-                                small_cache)
+              pack_min: int, max_list: int) -> None:
+        with tempfile.TemporaryDirectory(dir=_tmp_root()) as tmp:
+            check_against_fresh(Path(tmp), config(mode, max_list), sequence, probes,
+                                pack_min, small_cache)
     return check
 
 
@@ -182,6 +199,46 @@ def test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive(mode: str
 @pytest.mark.parametrize("mode", ["oph", "weighted"])
 def test_matches_after_removals_equal_a_fresh_store_many_sequences(mode: str) -> None:
     _oracle(300)(mode)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=ops, probes=st.lists(texts, min_size=1, max_size=2),
+       max_list=st.integers(1, 4), mode=st.sampled_from(["oph", "weighted"]))
+def test_stop_lists_do_not_depend_on_the_list_cache(sequence: list[Any], probes: list[Any],
+                                                    max_list: int, mode: str) -> None:
+    """The same operations with every list kept in memory and with none: the same matches
+    at every step, stop lists (``max_list`` small) and removals included."""
+    outs = []
+    with tempfile.TemporaryDirectory(dir=_tmp_root()) as tmp:
+        for budget in (1 << 30, 0):
+            with Engine.open(Path(tmp) / str(budget), config(mode, max_list)) as eng:
+                eng.passages.cache.budget = budget
+                out: list[Any] = []
+                run_sequence(eng, sequence, out)
+                out += [wire(eng.process(Page(f"probe{i}", text_of(*t, tag=f"probe{i}"))))
+                        for i, t in enumerate(probes)]
+                outs.append(out)
+    assert outs[0] == outs[1]
+
+
+def test_a_stop_list_that_left_memory_is_still_one_after_removals(tmp_path: Path) -> None:
+    """The gap this closes: p1's page makes a list long; it leaves memory (budget 0), p0's
+    delete brings it back to max_list entries. Every budget then agrees: a list becomes a
+    stop list when a query finds it long (p1's found 1 entry: not long), so p2 finds p1."""
+    outs = []
+    for budget in (1 << 30, 0):
+        with Engine.open(tmp_path / str(budget), config("oph", max_list=1)) as eng:
+            eng.passages.cache.budget = budget
+            eng.process(Page("p0", text_of([0, 1], 0, "t0")))
+            eng.process(Page("p1", text_of([0, 2], 0, "t1")))
+            assert eng.delete(["p0"]) == 1
+            outs.append(kinds(eng.process(Page("p2", text_of([0, 3], 0, "t2")))))
+    assert outs == [[("passage", "p1")]] * 2
+
+
+def _tmp_root() -> Path | None:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() else None
 
 
 # -- versions, deletes, retention: the behaviours one by one ---------------------------------
