@@ -12,6 +12,7 @@ Packed runs are exercised (``pack_min`` 2) and so is a list cache that holds alm
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import tempfile
@@ -247,6 +248,9 @@ def test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive(
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("DUPALIGN_LONG_TESTS") != "1",
+                    reason="about 15 minutes of CPU (make test runs slow tests too): set "
+                           "DUPALIGN_LONG_TESTS=1")
 @pytest.mark.parametrize("mode", ["oph", "weighted"])
 def test_matches_after_removals_equal_a_fresh_store_many_sequences(
         stores: Stores, mode: str) -> None:
