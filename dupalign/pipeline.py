@@ -32,6 +32,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from itertools import islice
 from multiprocessing.util import Finalize
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -51,6 +52,12 @@ if TYPE_CHECKING:
     from dupalign.engine import Engine, Source
 
 ExecutorKind = Literal["process", "thread"]
+SKETCH_CHUNK = 4  # pages per call of the sketch stage in a worker (sketch_chunk_in_worker)
+# What align reads of the store (dupalign.align: the candidates' forward records and ids;
+# meta: the parameters checked at open). A worker's secondary instance opens only these,
+# so catching up replays only their part of the log: not the ~1,600 inverted-list entries
+# a page adds, which cost it as much as they cost the writer.
+ALIGN_FAMILIES = ("meta", "docs", "forward", "positions")
 
 
 def default_jobs() -> int:
@@ -100,7 +107,8 @@ def _worker_store() -> Store:
     # the secondary's own files (its info log) live in a directory of this process,
     # removed when it exits with the pool (multiprocessing runs Finalize, not atexit)
     here = tempfile.mkdtemp(prefix="dupalign-align-")
-    secondary = Store(path, params, secondary=here, block_cache_bytes=64 << 20)
+    secondary = Store(path, params, secondary=here, block_cache_bytes=64 << 20,
+                      only=ALIGN_FAMILIES)
     Finalize(secondary, shutil.rmtree, args=(here, True), exitpriority=1)
     Finalize(secondary, secondary.close, exitpriority=2)
     return secondary
@@ -110,6 +118,20 @@ def sketch_in_worker(page: Page) -> PageSketch:
     """The sketch stage in a worker."""
     sketcher: Sketcher = _stage("sketcher")
     return sketcher.sketch(page, _local.idf)
+
+
+def sketch_chunk_in_worker(pages: list[Page]) -> list[PageSketch | Exception]:
+    """The sketch stage in a worker for a few pages at once: each call through the pool
+    costs the calling process its own work (the pool's feeder and manager threads wake
+    for it, ~0.3 ms on llvm), so pages travel in chunks. A page whose sketch fails gets
+    its exception, the others their sketches."""
+    out: list[PageSketch | Exception] = []
+    for page in pages:
+        try:
+            out.append(sketch_in_worker(page))
+        except Exception as exc:
+            out.append(exc)
+    return out
 
 
 def align_in_worker(request: AlignRequest) -> list[tuple[str, list[Span]]]:
@@ -184,9 +206,11 @@ def run_pipeline(
                 yield page, exc
         return
     depth = depth or 4 * jobs
+    chunk = max(1, min(SKETCH_CHUNK, depth // jobs))  # every worker gets a chunk
     indexer = engine.indexer
     pool = engine.worker_pool(executor, jobs)
-    sketches: deque[tuple[Page, Source | None, Future[PageSketch]]] = deque()
+    # a page, its source, and its chunk's future with its place in the chunk
+    sketches: deque[tuple[Page, Source | None, Future[list[Any]], int]] = deque()
     aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
     pending = iter(items)
     more = True
@@ -207,12 +231,13 @@ def run_pipeline(
     try:
         while True:
             while more and len(sketches) < depth:
-                try:
-                    page, source = next(pending)
-                except StopIteration:
+                batch = list(islice(pending, min(chunk, depth - len(sketches))))
+                if not batch:
                     more = False
                     break
-                sketches.append((page, source, pool.executor.submit(sketch_in_worker, page)))
+                sketched = pool.executor.submit(sketch_chunk_in_worker, [p for p, _ in batch])
+                sketches.extend((page, source, sketched, x)
+                                for x, (page, source) in enumerate(batch))
             while aligns and (aligns[0][2] is None or aligns[0][2].done()):
                 yield finish()
             if not sketches:
@@ -223,9 +248,11 @@ def run_pipeline(
             if len(aligns) >= depth:
                 yield finish()
                 continue
-            page, source, sketched = sketches.popleft()
+            page, source, sketched, at = sketches.popleft()
             try:
-                sk = sketched.result()
+                sk = sketched.result()[at]
+                if isinstance(sk, Exception):
+                    raise sk
                 # a page that removes a stored one (a new version, a delete) waits for the
                 # alignments in flight that read the removed page's records (the lookup
                 # costs two store reads on this serial thread: only when something is)
@@ -247,7 +274,7 @@ def run_pipeline(
                 pool = engine.worker_pool(executor, jobs)
     finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
         # indexed are finished (their matches stored, for a replay to find)
-        for _, _, sketched in sketches:
+        for _, _, sketched, _ in sketches:
             sketched.cancel()
         while aligns:
             finish()

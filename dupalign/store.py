@@ -26,6 +26,7 @@ from rocksdict import (
     BlockBasedOptions,
     Cache,
     DBCompressionType,
+    MemtableFactory,
     Options,
     Rdict,
     ReadOptions,
@@ -112,6 +113,12 @@ def parse_offsets_key(key: bytes) -> tuple[str, int]:
 # list that does not exist (most lists a new page asks for) reads no data block
 # (tests/bench/bench_store.py).
 PREFIX_LENGTHS = {"oph": 10}
+# Their memtables are hash tables of small skip lists, one per prefix: a page adds ~1,600
+# list entries in one batch, and inserting them into one big skip list cost ~3 µs each
+# (most of the index stage's store write on llvm); a bucket's list is short. Such a
+# memtable answers a seek within one prefix only, so reads that cross prefixes ask for
+# total order (``_total_order``) and RocksDB merges the buckets for them.
+MEMTABLE_BUCKETS = 1 << 20
 
 
 # How to get a store this version reads from one it does not: the pages are not kept.
@@ -140,10 +147,22 @@ def _options(family: str | None = None, cache: Cache | None = None) -> Options:
     # bound the logs pile up (tests/bench/bench_lifecycle.py saw 650 MB of them under a
     # 150 MB store): past this size RocksDB flushes the families that hold the oldest.
     opts.set_max_total_wal_size(WAL_BYTES)
+    # (one writer thread: concurrent memtable inserts gain nothing, and the hash memtables
+    # below do not support them)
+    opts.set_allow_concurrent_memtable_write(False)
     if family in PREFIX_LENGTHS:
         opts.set_prefix_extractor(SliceTransform.create_fixed_prefix(PREFIX_LENGTHS[family]))
-        opts.set_memtable_prefix_bloom_ratio(0.1)
+        # (bucket count, skip list height, branching factor; rocksdict's stub omits them)
+        opts.set_memtable_factory(MemtableFactory.hash_skip_list(  # type: ignore[call-arg]
+            MEMTABLE_BUCKETS, 4, 4))
     return opts
+
+
+def _total_order() -> ReadOptions:
+    """Read options of a scan that may cross prefixes (see ``MEMTABLE_BUCKETS``)."""
+    ropts = ReadOptions()
+    ropts.set_total_order_seek(True)
+    return ropts
 
 
 class Batch:
@@ -180,14 +199,17 @@ class Store:
                  implied: dict[str, Any] | None = None,
                  upgrades: dict[str, tuple[Any, ...]] | None = None,
                  block_cache_bytes: int = BLOCK_CACHE_BYTES,
-                 secondary: str | Path | None = None) -> None:
+                 secondary: str | Path | None = None,
+                 only: Iterable[str] | None = None) -> None:
         """``implied``: parameters added after some stores were made, with the value those
         stores were built with (a store that lacks one was built with that value).
         ``upgrades``: per parameter, older values a store may have that the asked value
         only extends (a later store format that adds optional entries): opened for
         writing, such a store is upgraded to the asked value, if nothing else differs.
         ``secondary``: open read-only as a RocksDB secondary instance (its own files in
-        that directory) that follows the process writing the store (``catch_up``)."""
+        that directory) that follows the process writing the store (``catch_up``).
+        ``only``: a reader that needs a few families opens only those (a secondary instance
+        then replays only their part of the writer's log when it catches up)."""
         self.path = Path(path)
         self.secondary = secondary is not None
         read_only = read_only or self.secondary
@@ -216,7 +238,8 @@ class Store:
             if (self.path / "CURRENT").exists():
                 existing = set(Rdict.list_cf(str(self.path), opts))
                 if read_only:
-                    families = {n: o for n, o in families.items() if n in existing}
+                    families = {n: o for n, o in families.items() if n in existing
+                                and (only is None or n in only)}
                 else:  # every family must be opened for writing, those of older formats too
                     families.update({n: _options(n, cache) for n in existing
                                      if n not in families and n != "default"})
@@ -299,7 +322,7 @@ class Store:
 
     def prefix(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """All entries whose key starts with ``prefix``, in key order."""
-        ropts = ReadOptions()
+        ropts = _total_order()
         upper = _prefix_upper_bound(prefix)
         if upper is not None:
             ropts.set_iterate_upper_bound(upper)
@@ -324,9 +347,11 @@ class Store:
             # prefix Bloom filters skip the files without it
             ropts = self._same_prefix
         else:
-            ropts = ReadOptions()
             if fixed is not None and len(prefix) > fixed:
+                ropts = ReadOptions()
                 ropts.set_prefix_same_as_start(True)
+            else:
+                ropts = _total_order()
             upper = _prefix_upper_bound(prefix)
             if upper is not None:
                 ropts.set_iterate_upper_bound(upper)
@@ -340,12 +365,12 @@ class Store:
     def prefix_reader(self, family: str) -> PrefixReader:
         """Many prefix reads through one iterator (see :class:`PrefixReader`)."""
         return PrefixReader(self._cfs[family], self._same_prefix
-                            if family in PREFIX_LENGTHS else ReadOptions(), self.path)
+                            if family in PREFIX_LENGTHS else _total_order(), self.path)
 
     def items(self, family: str) -> Iterator[tuple[bytes, bytes]]:
         cf = self._cfs[family]
         try:
-            it = cf.iter(ReadOptions())
+            it = cf.iter(_total_order())
             it.seek_to_first()
             while it.valid():
                 yield it.key(), it.value()
@@ -357,7 +382,7 @@ class Store:
     def last_key(self, family: str) -> bytes | None:
         cf = self._cfs[family]
         try:
-            it = cf.iter(ReadOptions())
+            it = cf.iter(_total_order())
             it.seek_to_last()
             if it.valid():
                 return bytes(it.key())

@@ -274,6 +274,39 @@ def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
                for m in rest[0])
 
 
+def test_a_page_whose_sketch_fails_fails_alone(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages go to the sketch workers in chunks: a page whose sketch raises gets its error
+    and the other pages of its chunk their matches, as in one process; offsets advance."""
+    from dupalign.sketch import Sketcher
+
+    pages = random_pages(4, 30)
+    failing = {p.id for p in pages[5:7]}  # neighbours: in one chunk
+    real = Sketcher.sketch
+
+    def sketch(self: Sketcher, page: Page, *args: Any) -> PageSketch:
+        if page.id in failing:
+            raise RuntimeError(f"no sketch for {page.id}")
+        return real(self, page, *args)
+
+    monkeypatch.setattr(Sketcher, "sketch", sketch)  # forked into the workers
+
+    def outcomes(store: Path, jobs: int) -> list[object]:
+        out: list[object] = []
+        with Engine.open(store) as engine:
+            items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
+            for page, found in engine.process_many(items, jobs=jobs):
+                out.append((page.id, repr(found) if isinstance(found, BaseException)
+                            else [m.to_dict() for m in found]))
+            assert engine.stored_offsets() == {("pages", 0): len(pages)}
+        return out
+
+    one = outcomes(tmp_path / "one", 1)
+    assert outcomes(tmp_path / "two", 2) == one
+    assert [x for x in one if "no sketch for" in str(x[1])] == [
+        (p.id, repr(RuntimeError(f"no sketch for {p.id}"))) for p in pages if p.id in failing]
+
+
 _KILLED_PARENT = """
 import sys
 from dupalign.engine import Engine
