@@ -29,7 +29,7 @@ from dupalign.page import Page
 from dupalign.passages import PassageIndex
 from dupalign.pipeline import ExecutorKind, WorkerPool, run_pipeline
 from dupalign.sketch import PageSketch, Sketcher
-from dupalign.store import Store, parse_offsets_key, read_u64
+from dupalign.store import ORDINAL_FAMILIES, Store, parse_offsets_key, read_u64
 from dupalign.text import tokenize
 
 
@@ -213,10 +213,17 @@ class Engine:
         if self.read_only:
             raise RuntimeError("engine opened read-only")
         r = self.config.retention
-        removed = 0
+        removed, first, last = 0, None, 0
         while expired := self.indexer.expired(r.max_pages, r.max_age, now_ms, batch_pages):
             self.indexer.remove(expired)
             removed += len(expired)
+            first = min(v.ordinal for v in expired) if first is None else first
+            last = max(last, max(v.ordinal for v in expired))
+        if first is not None:
+            # the oldest ordinals leave in ranges: compacting just those ranges keeps the
+            # store flat (else the ordinal-keyed families saw up and down with RocksDB's
+            # background compaction: 154-301 MB at 10,000 pages kept, bench_lifecycle)
+            self.store.compact_ordinals(ORDINAL_FAMILIES, first, last)
         self.indexer.counters.expired += removed
         return removed
 

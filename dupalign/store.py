@@ -87,6 +87,10 @@ def ordinal_ranges(ordinals: Iterable[int]) -> list[tuple[int, int]]:
     return out
 
 
+# the families keyed by ordinal, which removal empties by ordinal ranges
+ORDINAL_FAMILIES = ("docs", "matches", "unfinished", "cws", "forward", "positions")
+
+
 def delete_ordinals(batch: Batch, families: Iterable[str], first: int, last: int) -> None:
     """Delete the keys ordinal ``first``..``last`` (keys that start with a big-endian u64
     ordinal) of each family: one point delete per key for a short run, one range delete
@@ -416,6 +420,16 @@ class Store:
         try:
             for cf in self._cfs.values():
                 cf.compact_range(None, None)
+        except Exception as exc:
+            raise store_error("compact", self.path, exc) from exc
+
+    def compact_ordinals(self, families: Iterable[str], first: int, last: int) -> None:
+        """Compact the keys ordinal ``first``..``last`` of ordinal-keyed families: after a
+        retention sweep's range deletes, so the space comes back now rather than whenever
+        RocksDB's background compaction reaches those files."""
+        try:
+            for family in families:
+                self._cfs[family].compact_range(u64(first), u64(last + 1))
         except Exception as exc:
             raise store_error("compact", self.path, exc) from exc
 
