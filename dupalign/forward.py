@@ -135,11 +135,15 @@ def _gather(
             i = (i + 1) & mask
         t_key[i], t_val[i] = list_key[y], (list_bin[y] << 32) | y
     n_pages = pages.shape[0]
-    # pass 1: the list of every window (0: none) and the lists' counts
+    # pass 1: the list of every window (0: none) and the lists' counts. The found arrays
+    # are sized for every window up front: growing them inside the loop made it 3x slower
+    n_windows = 0
+    for y in range(n_pages):
+        n_windows += np.int64(buf[rec_off[y] : rec_off[y] + 4].view(np.uint32)[0])
     count = np.zeros(n_l, dtype=np.int64)
-    found = np.empty(64, dtype=np.int64)  # (window, list) of the windows in a list
-    found_list = np.empty(64, dtype=np.int64)
-    found_page = np.empty(64, dtype=np.int64)
+    found = np.empty(n_windows, dtype=np.int32)  # (window, list, page) of those in a list
+    found_list = np.empty(n_windows, dtype=np.int32)
+    found_page = np.empty(n_windows, dtype=np.int32)
     n_found = 0
     for y in range(n_pages):
         keys, _, _, bins, _ = _record(buf, rec_off[y])
@@ -148,10 +152,6 @@ def _gather(
             i = _slot(key, b, mask)
             while t_val[i] >= 0:
                 if t_key[i] == key and (t_val[i] >> 32) == b:
-                    if n_found == found.shape[0]:
-                        found = np.concatenate((found, np.empty_like(found)))
-                        found_list = np.concatenate((found_list, np.empty_like(found_list)))
-                        found_page = np.concatenate((found_page, np.empty_like(found_page)))
                     q = t_val[i] & 0xFFFFFFFF
                     found[n_found], found_list[n_found], found_page[n_found] = x, q, y
                     n_found += 1
