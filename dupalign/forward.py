@@ -139,7 +139,7 @@ def _gather(
     # are sized for every window up front: growing them inside the loop made it 3x slower
     n_windows = 0
     for y in range(n_pages):
-        n_windows += np.int64(buf[rec_off[y] : rec_off[y] + 4].view(np.uint32)[0])
+        n_windows += int(buf[rec_off[y] : rec_off[y] + 4].view(np.uint32)[0])
     count = np.zeros(n_l, dtype=np.int64)
     found = np.empty(n_windows, dtype=np.int32)  # (window, list, page) of those in a list
     found_list = np.empty(n_windows, dtype=np.int32)
