@@ -152,16 +152,24 @@ class Tasks:
         """The task pages, ascending: whose forward records ``gather`` reads."""
         return np.unique(self.t_o)
 
-    def gather(self, read: forward.ReadForward) -> Tasks:
-        """Fill in the align stage's part from the task pages' forward records."""
+    def gather(self, read: forward.ReadForward,
+               cache: forward.RecordCache | None = None) -> Tasks:
+        """Fill in the align stage's part from the task pages' forward records (through
+        ``cache`` when given)."""
         if not self.gathered:
             pages = self.pages
             task, b = np.nonzero(self.q_empty[self.t_p])
             self.empty_keys = np.unique(
                 (self.t_o[task] << passage_align.EMPTY_KEY_SHIFT) | b)
+            if cache is None:
+                found = forward.gather(pages, read(pages.tolist()), self.list_bin,
+                                       self.list_key, self.empty_keys)
+            else:
+                buf, at = cache.records(pages.tolist(), read)
+                found = forward.gather_at(buf, at, pages, self.list_bin, self.list_key,
+                                          self.empty_keys)
             (self.start, self.count, self.ords, self.rects, self.empty_off,
-             self.empty_lr) = forward.gather(pages, read(pages.tolist()), self.list_bin,
-                                             self.list_key, self.empty_keys)
+             self.empty_lr) = found
             self.gathered = True
         return self
 
