@@ -160,7 +160,7 @@ class Aligner:
         spans) per earlier page, in ordinal order."""
         idx = self.spans
         carried = request.has_forward
-        t = request.tasks.gather(self.read_forward, self.records)
+        t = request.tasks.gather(self.read_forward, self.records, empty_later=True)
         h_t, h_s, h_e, h_x = idx.scan(t)
         self.counters.pages += 1
         self.counters.tasks += len(t)

@@ -88,11 +88,33 @@ def gather(pages: I64, records: list[bytes | None], list_bin: I64, list_key: U64
     return gather_at(buf, at, pages, list_bin, list_key, empty_want)
 
 
+def joined_records(pages: list[int], read: ReadForward) -> tuple[U8, I64]:
+    """The records of ``pages`` read and joined in one buffer, and where each starts (as
+    ``RecordCache.records``, without keeping them)."""
+    records = read(pages)
+    _check_found(pages, records)
+    return _joined(cast(list[bytes], records))
+
+
 def gather_at(buf: U8, at: I64, pages: I64, list_bin: I64, list_key: U64,
               empty_want: I64) -> tuple[I64, I64, I64, I32, I64, I64]:
     """``gather`` of records already in one buffer: page ``pages[y]``'s at ``buf[at[y]:]``
     (8-byte aligned), as ``RecordCache.records`` returns them."""
-    return _gather(buf, at, pages, list_bin, list_key.view(np.int64), empty_want)
+    return (*gather_lists_at(buf, at, pages, list_bin, list_key),
+            *gather_empty_at(buf, at, pages, empty_want))
+
+
+def gather_lists_at(buf: U8, at: I64, pages: I64, list_bin: I64,
+                    list_key: U64) -> tuple[I64, I64, I64, I32]:
+    """The lists' part of ``gather_at``: ``(start, count, ords, rects)``."""
+    return _gather_lists(buf, at, pages, list_bin, list_key.view(np.int64))
+
+
+def gather_empty_at(buf: U8, at: I64, pages: I64, empty_want: I64) -> tuple[I64, I64]:
+    """The empty windows' part of ``gather_at``: ``(empty_off, empty_lr)``. Apart from
+    the lists' part, so that align reads them only for the tasks left by its viability
+    filter."""
+    return _gather_empty(buf, at, pages, empty_want)
 
 
 def _check_found(pages: list[int], records: list[bytes | None]) -> None:
@@ -191,10 +213,9 @@ def _slot(key: Any, b: Any, mask: int) -> Any:
 
 
 @njit(cache=True, nogil=True)
-def _gather(
+def _gather_lists(
     buf: U8, at: I64, pages: I64, list_bin: I64, list_key: I64,
-    empty_want: I64,
-) -> tuple[I64, I64, I64, I32, I64, I64]:  # fmt: skip
+) -> tuple[I64, I64, I64, I32]:  # fmt: skip
     n_l = list_bin.shape[0]
     size = 1
     while size < 2 * n_l:
@@ -246,6 +267,12 @@ def _gather(
         ords[fill[q]] = pages[y]
         rects[fill[q]] = page_rects[4 * x : 4 * x + 4]
         fill[q] += 1
+    return start, count, ords, rects
+
+
+@njit(cache=True, nogil=True)
+def _gather_empty(buf: U8, at: I64, pages: I64, empty_want: I64) -> tuple[I64, I64]:
+    n_pages = pages.shape[0]
     # empty windows: the wanted keys of each page (ascending bins) against its empty
     # windows (sorted by bin)
     n_want = empty_want.shape[0]
@@ -275,4 +302,4 @@ def _gather(
                 empty_lr[r, 1] = lr[2 * e + 1]
                 r += 1
             q += 1
-    return start, count, ords, rects, empty_off, empty_lr
+    return empty_off, empty_lr
