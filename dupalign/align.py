@@ -19,6 +19,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from dupalign import forward
 from dupalign.config import EngineConfig
 from dupalign.match import Span
 from dupalign.passages import PassageIndex, _unpack_positions
@@ -138,6 +139,9 @@ class Aligner:
         self.spans = PassageIndex(self.forward, config)  # type: ignore[arg-type]
         self.cfg = config.passage
         self.counters = AlignCounters()
+        # candidates' forward records kept between requests (templated pages keep naming
+        # the same candidates)
+        self.records = forward.RecordCache(config.cache.forward_mb << 20)
 
     def read_forward(self, ordinals: list[int]) -> list[bytes | None]:
         """The candidates' windows values; a secondary instance catches up once if some
@@ -156,7 +160,7 @@ class Aligner:
         spans) per earlier page, in ordinal order."""
         idx = self.spans
         carried = request.has_forward
-        t = request.tasks.gather(self.read_forward)
+        t = request.tasks.gather(self.read_forward, self.records, empty_later=True)
         h_t, h_s, h_e, h_x = idx.scan(t)
         self.counters.pages += 1
         self.counters.tasks += len(t)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,7 @@ from dupalign.passage_align import EMPTY_KEY_SHIFT  # empty windows: ordinal << 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 I32 = npt.NDArray[np.int32]
+U8 = npt.NDArray[np.uint8]
 _HEAD = struct.Struct("<II")
 
 # ordinals -> their forward (windows) values, None where a page has none
@@ -82,14 +83,108 @@ def gather(pages: I64, records: list[bytes | None], list_bin: I64, list_key: U64
     ``empty_want`` (``ordinal << 16 | bin``, ascending) as CSR ``(empty_off, empty_lr)``.
     One kernel over the records as stored (a page's windows are looked up in a hash
     table of the lists: most are in none)."""
-    missing = [o for o, raw in zip(pages.tolist(), records, strict=True) if raw is None]
+    _check_found(pages.tolist(), records)
+    buf, at = _joined(cast(list[bytes], records))
+    return gather_at(buf, at, pages, list_bin, list_key, empty_want)
+
+
+def joined_records(pages: list[int], read: ReadForward) -> tuple[U8, I64]:
+    """The records of ``pages`` read and joined in one buffer, and where each starts (as
+    ``RecordCache.records``, without keeping them)."""
+    records = read(pages)
+    _check_found(pages, records)
+    return _joined(cast(list[bytes], records))
+
+
+def gather_at(buf: U8, at: I64, pages: I64, list_bin: I64, list_key: U64,
+              empty_want: I64) -> tuple[I64, I64, I64, I32, I64, I64]:
+    """``gather`` of records already in one buffer: page ``pages[y]``'s at ``buf[at[y]:]``
+    (8-byte aligned), as ``RecordCache.records`` returns them."""
+    return (*gather_lists_at(buf, at, pages, list_bin, list_key),
+            *gather_empty_at(buf, at, pages, empty_want))
+
+
+def gather_lists_at(buf: U8, at: I64, pages: I64, list_bin: I64,
+                    list_key: U64) -> tuple[I64, I64, I64, I32]:
+    """The lists' part of ``gather_at``: ``(start, count, ords, rects)``."""
+    return _gather_lists(buf, at, pages, list_bin, list_key.view(np.int64))
+
+
+def gather_empty_at(buf: U8, at: I64, pages: I64, empty_want: I64) -> tuple[I64, I64]:
+    """The empty windows' part of ``gather_at``: ``(empty_off, empty_lr)``. Apart from
+    the lists' part, so that align reads them only for the tasks left by its viability
+    filter."""
+    return _gather_empty(buf, at, pages, empty_want)
+
+
+def _check_found(pages: list[int], records: list[bytes | None]) -> None:
+    missing = [o for o, raw in zip(pages, records, strict=True) if raw is None]
     if missing:
         raise KeyError(f"pages {missing[:5]} have no forward record")
-    size = [len(r) for r in records]  # type: ignore[arg-type]
-    rec_off = np.zeros(len(size) + 1, dtype=np.int64)
-    np.cumsum(size, out=rec_off[1:])
-    buf = np.frombuffer(b"".join(records), dtype=np.uint8)  # type: ignore[arg-type]
-    return _gather(buf, rec_off, pages, list_bin, list_key.view(np.int64), empty_want)
+
+
+def _joined(records: list[bytes]) -> tuple[U8, I64]:
+    """Records in one buffer, and where each starts."""
+    at = np.zeros(len(records), dtype=np.int64)
+    np.cumsum(np.array([len(r) for r in records[:-1]], dtype=np.int64), out=at[1:])
+    return np.frombuffer(b"".join(records), dtype=np.uint8), at
+
+
+class RecordCache:
+    """The forward records of recent candidate pages, in one preallocated buffer, so that
+    ``gather_at`` reads them where they are. A record never changes once written (it goes
+    with its page's ordinal, and removal only deletes it), so nothing is ever stale. On
+    llvm-13/14 the align stage asked for 4,059 records (2.2 GB) of 313 distinct pages
+    (39 MB): templated pages keep naming the same candidates, and reading and joining
+    those megabytes per request cost more than the kernel that uses them.
+
+    The buffer fills in order and starts over when a request's records no longer fit
+    (keeping that request's own): simpler than an LRU, and one request's records are
+    used together. A request larger than the whole budget is joined aside, uncached."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.buf = np.empty(0, dtype=np.uint8)  # allocated at the first request
+        self.used = 0
+        self.at: dict[int, int] = {}  # ordinal -> its record's offset in buf
+        self.size: dict[int, int] = {}
+        self.hits = self.misses = 0
+
+    def records(self, pages: list[int], read: ReadForward) -> tuple[U8, I64]:
+        """The buffer holding the records of ``pages`` and the offset of each; ``read``
+        fetches those not held (KeyError if a page has none)."""
+        missing = [o for o in pages if o not in self.at]
+        self.hits += len(pages) - len(missing)
+        self.misses += len(missing)
+        found = read(missing) if missing else []
+        _check_found(missing, found)
+        fetched = {o: np.frombuffer(cast(bytes, raw), dtype=np.uint8)
+                   for o, raw in zip(missing, found, strict=True)}
+        need = sum(len(raw) for raw in fetched.values())
+        if sum(self.size[o] for o in pages if o in self.at) + need > self.max_bytes:
+            # more than the whole budget: joined aside, not cached
+            return _joined([self._held(o).tobytes() if o in self.at else fetched[o].tobytes()
+                            for o in pages])
+        if not len(self.buf):
+            self.buf = np.empty(self.max_bytes, dtype=np.uint8)
+        if self.used + need > self.max_bytes:  # start over, keeping this request's records
+            keep = [(o, self._held(o).copy()) for o in pages if o in self.at]
+            self.at.clear()
+            self.size.clear()
+            self.used = 0
+            for o, raw in keep:
+                self._put(o, raw)
+        for o, raw in fetched.items():
+            self._put(o, raw)
+        return self.buf, np.array([self.at[o] for o in pages], dtype=np.int64)
+
+    def _held(self, ordinal: int) -> U8:
+        return self.buf[self.at[ordinal] : self.at[ordinal] + self.size[ordinal]]
+
+    def _put(self, ordinal: int, raw: U8) -> None:
+        self.buf[self.used : self.used + len(raw)] = raw
+        self.at[ordinal], self.size[ordinal] = self.used, len(raw)
+        self.used += len(raw)
 
 
 @njit(cache=True, inline="always")
@@ -118,10 +213,9 @@ def _slot(key: Any, b: Any, mask: int) -> Any:
 
 
 @njit(cache=True, nogil=True)
-def _gather(
-    buf: npt.NDArray[np.uint8], rec_off: I64, pages: I64, list_bin: I64, list_key: I64,
-    empty_want: I64,
-) -> tuple[I64, I64, I64, I32, I64, I64]:  # fmt: skip
+def _gather_lists(
+    buf: U8, at: I64, pages: I64, list_bin: I64, list_key: I64,
+) -> tuple[I64, I64, I64, I32]:  # fmt: skip
     n_l = list_bin.shape[0]
     size = 1
     while size < 2 * n_l:
@@ -135,23 +229,23 @@ def _gather(
             i = (i + 1) & mask
         t_key[i], t_val[i] = list_key[y], (list_bin[y] << 32) | y
     n_pages = pages.shape[0]
-    # pass 1: the list of every window (0: none) and the lists' counts
+    # pass 1: the list of every window (0: none) and the lists' counts. The found arrays
+    # are sized for every window up front: growing them inside the loop made it 3x slower
+    n_windows = 0
+    for y in range(n_pages):
+        n_windows += int(buf[at[y] : at[y] + 4].view(np.uint32)[0])
     count = np.zeros(n_l, dtype=np.int64)
-    found = np.empty(64, dtype=np.int64)  # (window, list) of the windows in a list
-    found_list = np.empty(64, dtype=np.int64)
-    found_page = np.empty(64, dtype=np.int64)
+    found = np.empty(n_windows, dtype=np.int32)  # (window, list, page) of those in a list
+    found_list = np.empty(n_windows, dtype=np.int32)
+    found_page = np.empty(n_windows, dtype=np.int32)
     n_found = 0
     for y in range(n_pages):
-        keys, _, _, bins, _ = _record(buf, rec_off[y])
+        keys, _, _, bins, _ = _record(buf, at[y])
         for x in range(keys.shape[0]):
             key, b = keys[x], np.int64(bins[x])
             i = _slot(key, b, mask)
             while t_val[i] >= 0:
                 if t_key[i] == key and (t_val[i] >> 32) == b:
-                    if n_found == found.shape[0]:
-                        found = np.concatenate((found, np.empty_like(found)))
-                        found_list = np.concatenate((found_list, np.empty_like(found_list)))
-                        found_page = np.concatenate((found_page, np.empty_like(found_page)))
                     q = t_val[i] & 0xFFFFFFFF
                     found[n_found], found_list[n_found], found_page[n_found] = x, q, y
                     n_found += 1
@@ -167,12 +261,18 @@ def _gather(
     for f in range(n_found):
         y = found_page[f]
         if y != last:
-            _, page_rects, _, _, _ = _record(buf, rec_off[y])
+            _, page_rects, _, _, _ = _record(buf, at[y])
             last = y
         q, x = found_list[f], found[f]
         ords[fill[q]] = pages[y]
         rects[fill[q]] = page_rects[4 * x : 4 * x + 4]
         fill[q] += 1
+    return start, count, ords, rects
+
+
+@njit(cache=True, nogil=True)
+def _gather_empty(buf: U8, at: I64, pages: I64, empty_want: I64) -> tuple[I64, I64]:
+    n_pages = pages.shape[0]
     # empty windows: the wanted keys of each page (ascending bins) against its empty
     # windows (sorted by bin)
     n_want = empty_want.shape[0]
@@ -180,7 +280,7 @@ def _gather(
     hi = np.zeros(n_want, dtype=np.int64)
     q = 0
     for y in range(n_pages):
-        _, _, _, _, e_bins = _record(buf, rec_off[y])
+        _, _, _, _, e_bins = _record(buf, at[y])
         e = 0
         while q < n_want and (empty_want[q] >> EMPTY_KEY_SHIFT) == pages[y]:
             b = empty_want[q] & ((1 << EMPTY_KEY_SHIFT) - 1)
@@ -194,7 +294,7 @@ def _gather(
     empty_lr = np.empty((empty_off[-1], 2), dtype=np.int64)
     q = 0
     for y in range(n_pages):
-        _, _, lr, _, _ = _record(buf, rec_off[y])
+        _, _, lr, _, _ = _record(buf, at[y])
         while q < n_want and (empty_want[q] >> EMPTY_KEY_SHIFT) == pages[y]:
             r = empty_off[q]
             for e in range(lo[q], hi[q]):
@@ -202,4 +302,4 @@ def _gather(
                 empty_lr[r, 1] = lr[2 * e + 1]
                 r += 1
             q += 1
-    return start, count, ords, rects, empty_off, empty_lr
+    return empty_off, empty_lr

@@ -149,6 +149,8 @@ class Tasks:
     empty_keys: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     empty_off: I64 = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     empty_lr: I64 = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    # the task pages' records while their empty windows are not gathered yet
+    _records: tuple[I64, forward.U8, I64] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return int(self.t_p.shape[0])
@@ -158,18 +160,36 @@ class Tasks:
         """The task pages, ascending: whose forward records ``gather`` reads."""
         return np.unique(self.t_o)
 
-    def gather(self, read: forward.ReadForward) -> Tasks:
-        """Fill in the align stage's part from the task pages' forward records."""
+    def gather(self, read: forward.ReadForward, cache: forward.RecordCache | None = None,
+               empty_later: bool = False) -> Tasks:
+        """Fill in the align stage's part from the task pages' forward records (through
+        ``cache`` when given). ``empty_later``: the empty windows are left for
+        ``gather_empty``, which reads them for some of the tasks only."""
         if not self.gathered:
             pages = self.pages
-            task, b = np.nonzero(self.q_empty[self.t_p])
-            self.empty_keys = np.unique(
-                (self.t_o[task] << passage_align.EMPTY_KEY_SHIFT) | b)
-            (self.start, self.count, self.ords, self.rects, self.empty_off,
-             self.empty_lr) = forward.gather(pages, read(pages.tolist()), self.list_bin,
-                                             self.list_key, self.empty_keys)
+            if cache is None:
+                buf, at = forward.joined_records(pages.tolist(), read)
+            else:
+                buf, at = cache.records(pages.tolist(), read)
+            (self.start, self.count, self.ords, self.rects) = forward.gather_lists_at(
+                buf, at, pages, self.list_bin, self.list_key)
+            self._records = (pages, buf, at)
             self.gathered = True
+            if not empty_later:
+                self.gather_empty(np.arange(len(self)))
         return self
+
+    def gather_empty(self, tasks: I64) -> None:
+        """The empty windows of ``tasks`` (indices, ascending), if ``gather`` left them for
+        later (otherwise nothing to do: every task's are there)."""
+        if self._records is None:
+            return
+        pages, buf, at = self._records
+        self._records = None
+        task, b = np.nonzero(self.q_empty[self.t_p[tasks]])
+        self.empty_keys = np.unique(
+            (self.t_o[tasks[task]] << passage_align.EMPTY_KEY_SHIFT) | b)
+        self.empty_off, self.empty_lr = forward.gather_empty_at(buf, at, pages, self.empty_keys)
 
 
 @dataclass
@@ -328,6 +348,7 @@ class PassageIndex:
         keep = np.flatnonzero(passage_align.viable_tasks(
             t.t_p, t.t_o, t.lid, t.count, t.start, t.ords, t.rects, t.q_empty, self.w_match,
             self.w_empty, self.need))
+        t.gather_empty(keep)  # (when gathered with empty_later)
         h_t, h_s, h_e, h_x = passage_align.scan_tasks(
             t.t_p[keep], t.t_o[keep], t.lid, t.count, t.start, t.ords, t.rects, t.q_empty,
             t.empty_keys, t.empty_off, t.empty_lr, self.w_match, self.w_empty, self.need,

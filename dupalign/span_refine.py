@@ -197,34 +197,65 @@ def seeds(a: U64, b: U64, boxes: I64, max_occ: int = DEFAULT.max_occ) -> tuple[I
 # -- chains -----------------------------------------------------------------------------------
 
 @njit(cache=True)
+def _unit_starts(si: I64, top: int) -> I64:
+    """``out[u]``: the first seed on query unit u or later (seeds sorted by i), u ≤ top."""
+    return np.searchsorted(si, np.arange(top + 1)).astype(np.int64)
+
+
+@njit(cache=True)
 def _fill_scores(si: I64, sj: I64, alive: npt.NDArray[np.bool_], blocked: I64, match: int,
-                 gap: int, max_gap: int, score: I64, pred: I64, start: int) -> None:
+                 gap: int, max_gap: int, score: I64, pred: I64, start: int,
+                 unit_start: I64, settled: int = -1) -> None:
     """For seeds sorted by (i, j), from seed ``start`` on: the best score of a chain of
     alive seeds ending at each seed (-1 for dead ones), and its predecessor (-1: the chain
     starts there); ties keep the shorter chain. ``blocked[x]``: the number of blocked
-    query units before x; no step crosses one. Scores before ``start`` are kept."""
-    lo = 0
+    query units before x; no step crosses one. Scores before ``start`` are kept.
+
+    ``settled`` ≥ 0: the scores are being refreshed after a change at query units up to
+    ``settled`` only (seeds killed, units blocked), and those after it still hold the
+    previous fill. A seed's score and predecessor depend only on the seeds of the
+    ``max_gap + 1`` units before it, so once that many units past ``settled`` and past the
+    last seed whose result changed have gone by, nothing later changes: the fill stops.
+    ``unit_start``: ``_unit_starts`` of ``si`` (through unit ``si[-1] + 1``); a seed's
+    possible predecessors are, on each of the units before it, the run of seeds whose j is
+    less than its own by at most ``max_gap + 1``, visited in seed order."""
+    changed = settled  # the last query unit with a seed whose result changed
     for s in range(start, si.shape[0]):
+        if settled >= 0 and si[s] - max_gap - 1 > changed:
+            return
+        was_score, was_pred = score[s], pred[s]
         score[s] = -1
         pred[s] = -1
         if not alive[s]:
+            if was_score != -1 or was_pred != -1:
+                changed = si[s]
             continue
-        while si[lo] < si[s] - max_gap - 1:
-            lo += 1
+        i, j = si[s], sj[s]
         best = 0
         arg = -1
-        for p in range(lo, s):
-            if not alive[p] or si[p] >= si[s] or sj[p] >= sj[s] or sj[p] < sj[s] - max_gap - 1:
+        for u in range(max(0, i - max_gap - 1), i):
+            if blocked[i] != blocked[u + 1]:  # a step from unit u would cross a blocked one
                 continue
-            if blocked[si[s]] != blocked[si[p] + 1]:
-                continue
-            skip = max(si[s] - si[p], sj[s] - sj[p]) - 1
-            v = score[p] - gap * skip
-            if v > best:
-                best = v
-                arg = p
+            a, z = unit_start[u], unit_start[u + 1]
+            while a < z:  # the first seed of unit u with j ≥ sj[s] - max_gap - 1
+                mid = (a + z) // 2
+                if sj[mid] < j - max_gap - 1:
+                    a = mid + 1
+                else:
+                    z = mid
+            for p in range(a, unit_start[u + 1]):
+                if sj[p] >= j:
+                    break
+                if not alive[p]:
+                    continue
+                v = score[p] - gap * (max(i - u, j - sj[p]) - 1)
+                if v > best:
+                    best = v
+                    arg = p
         score[s] = match + best
         pred[s] = arg
+        if score[s] != was_score or arg != was_pred:
+            changed = si[s]
 
 
 @njit(cache=True)
@@ -233,7 +264,8 @@ def _chain_scores(si: I64, sj: I64, alive: npt.NDArray[np.bool_], blocked: I64, 
     """``_fill_scores`` for every seed."""
     score = np.empty(si.shape[0], dtype=np.int64)
     pred = np.empty(si.shape[0], dtype=np.int64)
-    _fill_scores(si, sj, alive, blocked, match, gap, max_gap, score, pred, 0)
+    _fill_scores(si, sj, alive, blocked, match, gap, max_gap, score, pred, 0,
+                 _unit_starts(si, si[-1] + 1 if si.shape[0] else 0))
     return score, pred
 
 
@@ -258,8 +290,10 @@ def best_chain(si: I64, sj: I64, alive: npt.NDArray[np.bool_],
 @njit(cache=True)
 def _chains(si: I64, sj: I64, match: int, gap: int, max_gap: int, min_score: int) -> I64:
     """``chains`` in one kernel: rows (q_start, q_end, t_start, t_end, seeds, score). After
-    a chain over query units [q0, q1] is taken, only the seeds from q0 on are scored again:
-    a chain ending before q0 neither uses a seed in it nor steps across it."""
+    a chain over query units [q0, q1] is taken, only the seeds from q0 on are scored again
+    (a chain ending before q0 neither uses a seed in it nor steps across it), and only as
+    far as their results change (``_fill_scores``): on a long templated page the scoring
+    is done about once, not once per chain taken."""
     n = si.shape[0]
     out = np.empty((n, 6), dtype=np.int64)
     if n == 0:
@@ -270,9 +304,12 @@ def _chains(si: I64, sj: I64, match: int, gap: int, max_gap: int, min_score: int
     score = np.empty(n, dtype=np.int64)
     pred = np.empty(n, dtype=np.int64)
     start = 0
+    settled = -1  # the first fill scores every seed; later ones stop where nothing changes
+    unit_start = _unit_starts(si, top)
     m = 0
     while True:
-        _fill_scores(si, sj, alive, blocked, match, gap, max_gap, score, pred, start)
+        _fill_scores(si, sj, alive, blocked, match, gap, max_gap, score, pred, start,
+                     unit_start, settled)
         end = np.argmax(score)
         if score[end] < 0 or (m > 0 and score[end] < min_score):
             return out[:m]
@@ -294,6 +331,7 @@ def _chains(si: I64, sj: I64, match: int, gap: int, max_gap: int, min_score: int
             s += 1
         for x in range(q0 + 1, top + 1):  # units q0..q1 are blocked from now on
             blocked[x] += min(x, q1 + 1) - q0
+        settled = q1
 
 
 def chains(si: I64, sj: I64, params: ChainParams = DEFAULT) -> list[Piece]:

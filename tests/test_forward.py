@@ -66,3 +66,40 @@ def test_a_missing_record_is_an_error() -> None:
     with pytest.raises(KeyError, match=r"pages \[4\] have no forward record"):
         forward.gather(np.array([3, 4]), [rec, None], np.array([0, 1]),
                        np.array([0, 5], dtype=np.uint64), np.empty(0, dtype=np.int64))
+
+
+@settings(max_examples=100, deadline=None)
+@given(requests=st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=6, unique=True),
+                         min_size=1, max_size=8),
+       budget=st.sampled_from([40, 120, 400, 1 << 20]))
+def test_record_cache_gives_the_records_it_is_asked_for(requests: list[list[int]],
+                                                        budget: int) -> None:
+    """Through refills, start-overs and requests larger than the whole budget, each page's
+    record comes back as stored, and only records not held are read."""
+    store = {o: forward.pack_windows(np.arange(o % 4, dtype=np.int64),
+                                     np.full(o % 4, o, dtype=np.uint64),
+                                     np.full((o % 4, 4), o, dtype=np.int64),
+                                     np.zeros(o % 4, dtype=np.bool_)) for o in range(10)}
+    cache = forward.RecordCache(budget)
+    reads: list[int] = []
+
+    def read(ordinals: list[int]) -> list[bytes | None]:
+        reads.extend(ordinals)
+        return [store[o] for o in ordinals]
+
+    for pages in requests:
+        pages = sorted(pages)
+        held = set(cache.at)
+        reads.clear()
+        buf, at = cache.records(pages, read)
+        assert [bytes(buf[a : a + len(store[o])]) for o, a in zip(pages, at, strict=True)] \
+            == [store[o] for o in pages]
+        assert reads == [o for o in pages if o not in held]
+        assert cache.used <= budget
+
+
+def test_record_cache_reports_a_missing_record() -> None:
+    cache = forward.RecordCache(1 << 10)
+    with pytest.raises(KeyError, match=r"pages \[4\] have no forward record"):
+        cache.records([3, 4], lambda ordinals: [b"\0" * 8 if o == 3 else None
+                                                for o in ordinals])

@@ -8,7 +8,15 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dupalign.span_refine import ChainParams, best_chain, chains, refine, seeds, similarity
+from dupalign.span_refine import (
+    ChainParams,
+    Piece,
+    best_chain,
+    chains,
+    refine,
+    seeds,
+    similarity,
+)
 
 Box = tuple[int, int, int, int]
 
@@ -126,6 +134,36 @@ def test_chains_are_greedy_optimal_and_disjoint(pts: list[tuple[int, int]],
         assert brute_best(pts, p, taken) < p.min_score
     for x, y in itertools.combinations(got, 2):
         assert x.q_end <= y.q_start or y.q_end <= x.q_start
+
+
+def rescored_chains(si: np.ndarray, sj: np.ndarray, p: ChainParams) -> list[Piece]:
+    """``chains`` with every seed scored again after each chain taken (``best_chain``):
+    the twin of the kernel's refill, which stops where the scores stop changing."""
+    alive = np.ones(len(si), dtype=np.bool_)
+    blocked = np.zeros(int(si.max()) + 3 if len(si) else 1, dtype=np.int64)
+    out: list[Piece] = []
+    while True:
+        chain, score = best_chain(si, sj, alive, p, blocked)
+        if not chain or (out and score < p.min_score):
+            return out
+        q0, q1 = int(si[chain[0]]), int(si[chain[-1]])
+        out.append(Piece(q0, q1 + 1, int(sj[chain[0]]), int(sj[chain[-1]]) + 1, len(chain),
+                         score))
+        alive &= ~((si >= q0) & (si <= q1))
+        x = np.arange(len(blocked))
+        blocked += np.where(x > q0, np.minimum(x, q1 + 1) - q0, 0)
+
+
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), max_size=80, unique=True),
+       params)
+@settings(max_examples=300, deadline=None)
+def test_chains_equal_rescoring_everything(pts: list[tuple[int, int]],
+                                           p: ChainParams) -> None:
+    """Longer seed sets than the brute force can take: the same pieces, ties included."""
+    pts = sorted(pts)
+    si = np.array([x for x, _ in pts], dtype=np.int64)
+    sj = np.array([y for _, y in pts], dtype=np.int64)
+    assert chains(si, sj, p) == rescored_chains(si, sj, p)
 
 
 def test_verbatim_copy_is_trimmed_to_the_copy() -> None:

@@ -13,6 +13,9 @@ machine disturbs less than wall time):
 - ``main``: the single-threaded engine of a checkout of another revision (``--main-ref``,
   default ``main``, checked out with ``git worktree add --detach``) run as a subprocess on
   the same pages, so that the ratio to the old path is measured in the same run;
+- ``--baseline-ref REV``: the ``--jobs 1`` staged runs of a checkout of an earlier staged
+  engine (its own ``run_staged_one_core``, in a subprocess), with their stage CPU: what a
+  change to one stage gained, measured side by side;
 - datasketch MinHashLSH and rensa RMinHashLSH: threshold 0.8, 128 permutations, word
   5-shingles of our tokens (neither has a tokenizer of its own). datasketch reports its
   LSH candidates as they are; rensa's LSH takes a band count dividing 128 (16 bands of 8
@@ -35,7 +38,7 @@ records that ``AlignRequest.to_bytes(forward=True)`` adds for an align stage wit
 store access (their windows in the lists, empty windows, ids and positions records).
 
 Run: .venv/bin/python -m tests.bench.bench_scan [--limit N] [--only html|text] [--no-main]
-     [--jobs 1,2] [--threads]
+     [--jobs 1,2] [--threads] [--baseline-ref REV]
 """
 
 from __future__ import annotations
@@ -271,6 +274,31 @@ print(json.dumps({"seconds": seconds, "cpu": cpu, "pairs": pairs, "kinds": kinds
 """
 
 
+_BASELINE_SCRIPT = """
+import json, pickle, sys
+from pathlib import Path
+from dupalign.config import EngineConfig, PassageConfig, TextConfig
+from tests.bench.bench_scan import run_staged_one_core
+pages = pickle.load(open(sys.argv[1], "rb"))
+cfg = EngineConfig(text=TextConfig(main_content=True),
+                   passage=PassageConfig(enabled=sys.argv[3] == "1")).validate()
+r = run_staged_one_core(sys.argv[4], pages, cfg, Path(sys.argv[2]))
+print(json.dumps({"seconds": r.seconds, "cpu": r.cpu, "pairs": sorted(r.pairs),
+                  "kinds": r.kinds, "stages": r.stages, "wire": r.wire}))
+"""
+
+
+def run_baseline(label: str, ref: Path, pages_file: Path, store: Path, passages: bool) -> Run:
+    """``run_staged_one_core`` of a checkout of an earlier staged engine (``--baseline-ref``),
+    in a subprocess that imports it: the stage costs before and after, side by side."""
+    out = subprocess.run([sys.executable, "-c", _BASELINE_SCRIPT, str(pages_file), str(store),
+                          "1" if passages else "0", label], cwd=ref, check=True,
+                         capture_output=True, text=True)
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    return Run(label, d["seconds"], {(a, b) for a, b in d["pairs"]}, d["cpu"], d["kinds"],
+               d["stages"], d["wire"])
+
+
 def run_main(label: str, ref: Path, pages_file: Path, store: Path, passages: bool) -> Run:
     """The old single-threaded engine: a checkout of ``ref`` imported first in a subprocess."""
     out = subprocess.run([sys.executable, "-c", _MAIN_SCRIPT, str(pages_file), str(store),
@@ -293,6 +321,8 @@ def main() -> int:
     ap.add_argument("--only", choices=["html", "text"], help="one input form only")
     ap.add_argument("--main-ref", default="main", help="revision of the old path (git ref)")
     ap.add_argument("--no-main", action="store_true", help="skip the old path")
+    ap.add_argument("--baseline-ref", help="also run the --jobs 1 stages of this revision "
+                    "(a staged engine: stage CPU side by side)")
     ap.add_argument("--jobs", default="1,2", help="worker counts of the staged runs")
     ap.add_argument("--threads", action="store_true",
                     help="also run the stages with jobs > 1 on worker threads")
@@ -312,27 +342,32 @@ def main() -> int:
           f">= {TRUTH_J} with their same-path llvm-13 page", flush=True)
     jobs = [int(j) for j in args.jobs.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
-    ref = None
+    ref = base = None
     try:
         if not args.no_main:
             ref = checkout(args.main_ref, tmp / "ref")
+        if args.baseline_ref:
+            base = checkout(args.baseline_ref, tmp / "base")
         for form, pages in (("html", html), ("text", text)):
             if args.only and form != args.only:
                 continue
             pages_file = tmp / f"{form}.pickle"
             pages_file.write_bytes(pickle.dumps(pages))
-            runs = run_all(form, pages, pages_file, tmp, ref, args.main_ref, jobs, args.threads)
+            runs = run_all(form, pages, pages_file, tmp, ref, args.main_ref, jobs, args.threads,
+                           (base, args.baseline_ref) if base is not None else None)
             report(form, len(pages), runs, truth, sh, old_ids)
     finally:
-        if ref is not None:
-            subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force", str(ref)],
-                           check=False, capture_output=True)
+        for where in (ref, base):
+            if where is not None:
+                subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force",
+                                str(where)], check=False, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
 def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path | None,
-            ref_name: str, jobs: list[int], threads: bool = False) -> list[Run]:
+            ref_name: str, jobs: list[int], threads: bool = False,
+            baseline: tuple[Path, str] | None = None) -> list[Run]:
     """Every method on the same pages, one after the other."""
     runs: list[Run] = []
 
@@ -349,6 +384,9 @@ def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path
         if ref is not None:
             done(run_main(f"{ref_name} {name} (one thread)", ref, pages_file,
                           tmp / f"m-{form}-{name}", passages))
+        if baseline is not None:
+            done(run_baseline(f"{baseline[1]} {name} --jobs 1", baseline[0], pages_file,
+                              tmp / f"b-{form}-{name}", passages))
         for j in jobs:
             label, store = f"dupalign {name} --jobs {j}", tmp / f"{form}-{name}-{j}"
             done(run_staged_one_core(label, pages, cfg, store) if j == 1 else
@@ -390,7 +428,9 @@ def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
     for name in ("default", "near-only"):
         ratio(f"dupalign {name} --jobs 2", f"dupalign {name} --jobs 1")
         for r in runs:
-            if r.label.endswith(f"{name} (one thread)"):
+            if r.label.endswith(f"{name} (one thread)") or (
+                    r.stages and r.label.endswith(f" {name} --jobs 1")
+                    and not r.label.startswith("dupalign")):  # --baseline-ref
                 ratio(f"dupalign {name} --jobs 1", r.label)
                 ratio(f"dupalign {name} --jobs 2", r.label)
     ratio("dupalign near-only --jobs 1", "rensa RMinHashLSH")
