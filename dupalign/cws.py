@@ -303,6 +303,7 @@ def binom_cdf(k: int, p: Fraction | float, m: int) -> Fraction:
     return Fraction(sum(nums[: m + 1]), den)
 
 
+@functools.lru_cache(maxsize=4096)  # exact sums of fractions; every engine asks the same
 def observation_bounds(k: int, threshold: Fraction | float, e: Fraction | float) -> tuple[int, int]:
     """(m_lower, m_upper) at observation point k, see the module docstring.
 

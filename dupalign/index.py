@@ -302,7 +302,8 @@ class Indexer:
             # one message per matched pair: near duplicates are not aligned again as passages
             if passage_state.rects is not None:
                 tasks = self.passages.find_tasks(passage_state, ordinal,
-                                                 frozenset(matched) | skip)
+                                                 frozenset(matched) | skip,
+                                                 None if prev is None else prev.ordinal)
                 if tasks is not None:
                     assert passage_state.starts is not None and passage_state.ends is not None
                     result.align = AlignRequest(

@@ -12,8 +12,10 @@ run, sorted by ordinal as in the store (appends come from later pages, so the or
 holds); a list that outgrows its run moves to the arena's end with twice the room.
 An open-addressing hash table (linear probing, one row of two int64 per entry: the key,
 and slot << 16 | bin) maps (bin, key) to the list's slot: a numba typed dict cost about
-0.5 µs per lookup at a million lists, a probe here is mostly one cache miss. Lists longer
-than ``max_list`` (stop lists) are kept as a flag only.
+0.5 µs per lookup at a million lists, a probe here is mostly one cache miss. Stop lists are
+kept as a flag only; which list is one is the passage index's decision (``mark_long``), made
+when a query reads the list, never here: appends only append, so the decision does not
+depend on which lists happen to be in memory (dupalign.passages, "stop lists").
 
 Slots stay valid until ``trim``: lookups and inserts only grow the arrays, so a query can
 use the slots it got. ``trim`` (called after a page is committed) drops the least recently
@@ -43,9 +45,8 @@ _BIN_BITS = 16  # bins (OPH) and hash functions (MonoActive) number at most 1024
 class ListCache:
     """In-memory inverted lists under a byte budget (see the module docstring)."""
 
-    def __init__(self, budget_bytes: int, max_list: int) -> None:
+    def __init__(self, budget_bytes: int) -> None:
         self.budget = budget_bytes
-        self.max_list = max_list
         self.clear()
 
     def clear(self) -> None:
@@ -79,6 +80,10 @@ class ListCache:
     def is_long(self, slots: I64) -> Bools:
         return (slots >= 0) & (self.s_len[np.maximum(slots, 0)] == LONG)
 
+    def mark_long(self, slots: I64) -> None:
+        """Turn the cached lists ``slots`` into stop-list flags (their entries are dropped)."""
+        self.s_start[slots], self.s_len[slots], self.s_cap[slots] = 0, LONG, 0
+
     def insert(self, bins: I64, keys: U64, long: Bools, off: I64, ords: I64) -> I64:
         """Cache lists read from the store: rows ``off[x]:off[x + 1]`` of ``ords``, or
         only the flag where ``long``. Returns their slots."""
@@ -90,24 +95,20 @@ class ListCache:
             keys.view(np.int64), long, off, ords, self.clock)
         return slots
 
-    def append_page(self, bins: I64, keys: U64, ordinal: int) -> int:
-        """Append a page's windows (one entry per window) to the cached lists they belong to; lists
-        that become longer than ``max_list`` turn into long flags. Returns how many did."""
-        went_long = 0
+    def append_page(self, bins: I64, keys: U64, ordinal: int) -> None:
+        """Append a page's windows (one entry per window) to the cached lists they belong to
+        (not to stop-list flags)."""
         x = 0
         while x < len(bins):
-            n_long, self.end, x = _append(
-                self.table, self.s_start, self.s_len, self.s_cap, self.ords,
-                self.end, bins, keys.view(np.int64), ordinal, self.max_list, x)
-            went_long += n_long
+            self.end, x = _append(self.table, self.s_start, self.s_len, self.s_cap, self.ords,
+                                  self.end, bins, keys.view(np.int64), ordinal, x)
             if x < len(bins):  # a run could not move: more room, then go on from x
                 self._grow_arena(2 * len(self.ords))
-        return went_long
 
     def remove_entries(self, bins: I64, keys: U64, ordinals: I64) -> None:
         """Remove the entries of pages ``ordinals`` (ascending) from the cached lists among
         (bin, key), in place: each stays equal to the store's list after the removal. A
-        stop list stays one (its flag says it grew past ``max_list`` once)."""
+        stop list stays one (as its mark in the store does)."""
         _remove(self.table, self.s_start, self.s_len, self.ords,
                 np.ascontiguousarray(bins, dtype=np.int64),
                 np.ascontiguousarray(keys, dtype=np.uint64).view(np.int64),
@@ -231,31 +232,26 @@ def _insert(
 @njit(cache=True)
 def _append(
     table: I64, s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, end: int,
-    bins: I64, keys: I64, ordinal: int, max_list: int, x0: int,
-) -> tuple[int, int, int]:  # fmt: skip
-    """Appends windows x0.. and returns (lists that went long, new end, next x): next x is
-    below ``len(bins)`` when the arena has no room to move a run (grow it and go on)."""
-    went_long = 0
+    bins: I64, keys: I64, ordinal: int, x0: int,
+) -> tuple[int, int]:  # fmt: skip
+    """Appends windows x0.. and returns (new end, next x): next x is below ``len(bins)``
+    when the arena has no room to move a run (grow it and go on)."""
     for x in range(x0, bins.shape[0]):
         s, _ = _find(table, bins[x], keys[x])
         if s < 0 or s_len[s] == LONG:
             continue
         n = s_len[s]
-        if n + 1 > max_list:
-            s_start[s], s_len[s], s_cap[s] = 0, LONG, 0
-            went_long += 1
-            continue
         if n == s_cap[s]:
             cap = max(2 * n, 2)
             if end + cap > a_ord.shape[0]:
-                return went_long, end, x
+                return end, x
             for r in range(n):
                 a_ord[end + r] = a_ord[s_start[s] + r]
             s_start[s], s_cap[s] = end, cap
             end += cap
         a_ord[s_start[s] + n] = ordinal
         s_len[s] = n + 1
-    return went_long, end, bins.shape[0]
+    return end, bins.shape[0]
 
 
 @njit(cache=True)

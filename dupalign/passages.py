@@ -15,7 +15,12 @@ earlier pages whose windows collide with its sketch:
    as search engines and plagiarism detectors (MOSS) drop their most frequent
    fingerprints. Without it the common lists grow with the store, and so do the pages
    that collide with a passage in them and must be checked. ``max_list`` is frozen with
-   the store, since results depend on it;
+   the store, since results depend on it. When a list is a stop list (one definition, for
+   memory and store alike, so that results never depend on the list cache): from the
+   first query that reads it holding more than ``max_list`` entries (not counting the
+   version the page replaces), and from then on, whatever removals take from it later:
+   that query's batch writes the list's mark, and pages written afterwards keep their
+   windows out of it. The entries it held before are left (removal still deletes them);
 2. count distinct collided bins per earlier page and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
@@ -215,10 +220,10 @@ class PassageIndex:
             self.need = monoactive.threshold_count(self.k, (self.p, self.q))
         self.counters = PassageCounters()
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
-        self.cache = ListCache(config.cache.lists_mb << 20, self.cfg.max_list)
+        self.cache = ListCache(config.cache.lists_mb << 20)
         self._staged: int | None = None  # a page staged but not committed yet
-        # lists found long by reading them, marked by the next page staged, so that a later
-        # read (after the list left memory) learns it from one entry, not max_list + 1
+        # lists found long by a query, marked by the next batch (the query's page, or a
+        # removal): once marked a list stays a stop list (module docstring, step 1)
         self._new_markers: dict[bytes, int] = {}
         # lists read with many unpacked entries, packed by the next page staged:
         # prefix -> (run key, run, keys it replaces)
@@ -329,11 +334,14 @@ class PassageIndex:
         return keep[h_t], h_s, h_e, h_x
 
     def find_tasks(
-        self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
+        self, state: PassageState, before: int, exclude: frozenset[int] = frozenset(),
+        replaced: int | None = None,
     ) -> Tasks | None:
         """The index's part of the passage query: the inverted lists named by the passages'
         sketches and the candidate pages per passage, from the lists alone (their windows
-        are gathered by align: ``Tasks.gather``). None if no task is left."""
+        are gathered by align: ``Tasks.gather``). None if no task is left. ``replaced``: the
+        ordinal of the version the page replaces (its batch removes it), which does not
+        count towards making a list a stop list."""
         assert state.keys is not None and state.empty is not None
         keys, empty = state.keys, state.empty
         self.counters.passages += len(keys)
@@ -344,7 +352,7 @@ class PassageIndex:
         lid = np.full((n_p, k), -1, dtype=np.int64)
         lid[rows, bins] = inverse
         reader = self.store.prefix_reader("oph")  # made now: sees every earlier page
-        slots = self._list_slots(reader, l_bins, l_keys)
+        slots = self._list_slots(reader, l_bins, l_keys, old_version=replaced)
         # a stop list is cached as a flag with no entries (n_before 0 below): its bin is
         # neither a collision nor an empty bin
         named = lid >= 0
@@ -385,12 +393,14 @@ class PassageIndex:
         return keys, np.zeros(keys.shape, dtype=np.bool_)
 
     # -- store reads ------------------------------------------------------------------------
-    def _list_slots(self, reader: PrefixReader, bins: I64, keys: U64) -> I64:
+    def _list_slots(self, reader: PrefixReader, bins: I64, keys: U64,
+                    old_version: int | None = None) -> I64:
         """Cache slots of the inverted lists (bin, key); the lists not in memory are read
-        from the store (whole, or only flagged when longer than ``max_list``: a stop
-        list)."""
+        from the store (whole, or only flagged when a stop list: marked so, or holding
+        more than ``max_list`` entries of pages other than ``old_version``)."""
         self._forget_uncommitted()
         slots = self.cache.lookup(bins, keys)
+        self._stop_cached(slots, old_version)
         miss = np.flatnonzero(slots < 0)
         self.counters.lists_cached += len(slots) - len(miss)
         if not len(miss):
@@ -403,11 +413,14 @@ class PassageIndex:
         values: list[bytes] = []
         to_pack: list[tuple[int, bytes, list[bytes]]] = []
         max_list = self.cfg.max_list
+        # at most max_list + 1 keys of pages other than ``old_version``: each key holds at
+        # least one entry, and ``old_version`` has at most one key outside the run
+        limit = max_list + 1 + (old_version is not None)
+        own = None if old_version is None else u64(old_version)
         for y, (b, key) in enumerate(zip(bins[miss].tolist(), keys[miss].tolist(),
                                          strict=True)):
             prefix = _BIN.pack(b) + u64(key)
-            # at most max_list + 1 keys: each holds at least one entry
-            ks, vs = reader.items(prefix, max_list + 1, header=True)
+            ks, vs = reader.items(prefix, limit, header=True)
             self.counters.keys_read += len(ks)
             if ks and len(ks[0]) == len(prefix):  # the list's long marker
                 self.counters.entries_read += 1
@@ -423,7 +436,13 @@ class PassageIndex:
             singles = sum(1 if not v else _COUNT.unpack(v)[0] for v in vs)
             n = len(run) + singles
             self.counters.entries_read += n
-            if n > max_list:
+            if own is not None:  # not counting the old version's entries
+                n_own = int(np.count_nonzero(run == old_version)) + sum(
+                    1 if not v else _COUNT.unpack(v)[0]
+                    for k, v in zip(ks, vs, strict=True) if k[len(prefix):] == own)
+            else:
+                n_own = 0
+            if n - n_own > max_list:
                 long[y] = True
                 self.counters.long_lists += 1
                 self._new_markers[prefix] = n
@@ -444,6 +463,26 @@ class PassageIndex:
                                       _encode_run(packed).tobytes(), replaced)
         slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords)
         return slots
+
+    def _stop_cached(self, slots: I64, old_version: int | None) -> None:
+        """Cached lists (``slots``, -1: not cached) that hold more than ``max_list``
+        entries of pages other than ``old_version`` become stop lists, marked by the next
+        batch, as they would be if they were read from the store now."""
+        max_list = self.cfg.max_list
+        s_len = self.cache.s_len
+        over = slots[(slots >= 0) & (s_len[np.maximum(slots, 0)] > max_list)]
+        if old_version is not None and len(over):
+            n_own = np.array([np.count_nonzero(self.cache.entries(s) == old_version)
+                              for s in over.tolist()], dtype=np.int64)
+            over = over[s_len[over] - n_own > max_list]
+        if not len(over):
+            return
+        for s, n in zip(over.tolist(), s_len[over].tolist(), strict=True):
+            key = int(self.cache.s_key[s]) % 2**64  # stored as int64
+            prefix = _BIN.pack(int(self.cache.s_bin[s])) + u64(key)
+            self._new_markers[prefix] = n
+        self.cache.mark_long(over)
+        self.counters.long_lists += len(over)
 
     # -- spans ------------------------------------------------------------------------------
     def _spans(self, other: int, hit_boxes: I64, hit_ests: npt.NDArray[np.float64],
@@ -508,9 +547,7 @@ class PassageIndex:
         if state is None or state.rects is None:
             return
         self._staged = ordinal
-        for prefix, n in self._new_markers.items():  # true whenever written: lists only grow
-            batch.put("oph", prefix, u64(n))
-        self._new_markers.clear()
+        self._write_markers(batch)
         # entries never change once written, so a run stays true too (and writing it again
         # after a failed page is harmless: same key, same value, deletes of deleted keys)
         for run_key, run, replaced in self._new_runs.values():
@@ -544,6 +581,12 @@ class PassageIndex:
         batch.put_many("oph", [ks[x * kw : (x + 1) * kw] for x in range(len(l_bins))],
                        [b"" if n == 1 else _COUNT.pack(n) for n in n_windows])
 
+    def _write_markers(self, batch: Batch) -> None:
+        """Mark the lists found long since the last batch (a mark is never taken back)."""
+        for prefix, n in self._new_markers.items():
+            batch.put("oph", prefix, u64(n))
+        self._new_markers.clear()
+
     def _forget_uncommitted(self) -> None:
         """A page staged but never committed (its processing failed after ``stage``) may or
         may not be in the store, so the lists in memory may lack its windows: drop them
@@ -558,9 +601,8 @@ class PassageIndex:
         if state is not None and state.rects is not None:
             r = state.rects
             nonempty = np.flatnonzero(~r.empty)
-            self.counters.long_lists += self.cache.append_page(
-                np.ascontiguousarray(r.bin[nonempty]), np.ascontiguousarray(r.key[nonempty]),
-                ordinal)
+            self.cache.append_page(np.ascontiguousarray(r.bin[nonempty]),
+                                   np.ascontiguousarray(r.key[nonempty]), ordinal)
         self._staged = None
         self.cache.trim()
 
@@ -573,9 +615,11 @@ class PassageIndex:
         no passages). ``commit_removal`` then updates the lists in memory. THE one place
         that knows how a page sits in the passage layout.
 
-        Exact except for stop lists: a list that once grew past ``max_list`` stays a stop
-        list (the windows of pages written since are in no list and no forward record),
-        whatever is removed from it."""
+        Exact except for stop lists: a list marked as one stays one (the windows of pages
+        written since are in no list and no forward record), whatever is removed from it;
+        the marks of lists found long since the last batch are written here, before the
+        removal can shrink them."""
+        self._write_markers(batch)
         dead = np.unique(np.asarray(ordinals, dtype=np.int64))
         records = self.read_forward(dead.tolist())
         # per list, the first and last removed page in it: the entries between are read

@@ -43,17 +43,24 @@ ops = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(ops=ops, max_list=st.integers(1, 6), budget=st.sampled_from([300, 2_000, 1 << 20]))
 def test_cache_equals_dict_of_lists(ops: list, max_list: int, budget: int) -> None:
-    """Reads insert the store's current list (or the long flag), pages append their windows
-    to the cached lists in order; after every step each cached list equals the store's."""
+    """Reads insert the store's current list (or the long flag) and flag the cached lists
+    grown past ``max_list``, pages append their windows to the cached lists in order; after
+    every step each cached list equals the store's."""
     store: dict[tuple[int, int], list[Entry]] = {}
     twin: dict[tuple[int, int], list[Entry] | None] = {}
-    cache = ListCache(budget, max_list)
+    cache = ListCache(budget)
     for ordinal, (kind, names) in enumerate(ops):
         if kind == "read":
             uniq = sorted(set(names))
             bins = np.array([b for b, _ in uniq], dtype=np.int64)
             keys = np.array([k for _, k in uniq], dtype=np.uint64)
             slots = cache.lookup(bins, keys)
+            # a read finds cached lists long as the store would (the passage index's rule)
+            over = [x for x in range(len(uniq)) if slots[x] >= 0
+                    and twin[uniq[x]] is not None and len(twin[uniq[x]] or ()) > max_list]
+            cache.mark_long(slots[over])
+            for x in over:
+                twin[uniq[x]] = None
             miss = [x for x in range(len(uniq)) if slots[x] < 0]
             rows = [store.get(uniq[x], []) for x in miss]
             long = np.array([len(r) > max_list for r in rows], dtype=np.bool_)
@@ -71,9 +78,7 @@ def test_cache_equals_dict_of_lists(ops: list, max_list: int, budget: int) -> No
                 if twin.get((b, k)) is not None:
                     lst = twin[(b, k)]
                     assert lst is not None
-                    lst.append(ordinal)
-                    if len(lst) > max_list:
-                        twin[(b, k)] = None
+                    lst.append(ordinal)  # appends never make a stop list: queries do
             cache.append_page(np.array([b for b, _ in names], dtype=np.int64),
                               np.array([k for _, k in names], dtype=np.uint64), ordinal)
             cache.trim()
@@ -82,7 +87,7 @@ def test_cache_equals_dict_of_lists(ops: list, max_list: int, budget: int) -> No
 
 
 def test_lists_move_when_they_outgrow_their_run() -> None:
-    cache = ListCache(1 << 20, 100)
+    cache = ListCache(1 << 20)
     bins = np.array([0, 1], dtype=np.int64)
     keys = np.array([7, 2**63 + 5], dtype=np.uint64)  # keys above 2^63 too
     cache.insert(bins, keys, np.zeros(2, dtype=np.bool_), np.array([0, 1, 2]),
@@ -105,7 +110,7 @@ def test_many_lists_grow_the_table_and_survive_trims() -> None:
     uniq = sorted(set(zip(bins.tolist(), keys.tolist(), strict=True)))
     bins = np.array([b for b, _ in uniq], dtype=np.int64)
     keys = np.array([k for _, k in uniq], dtype=np.uint64)
-    cache = ListCache(1 << 30, 100)
+    cache = ListCache(1 << 30)
     for lo in range(0, len(uniq), 1000):  # insert in batches, one entry per list
         hi = min(len(uniq), lo + 1000)
         rows = np.arange(lo, hi, dtype=np.int64)

@@ -7,9 +7,11 @@ windows of the RFCs in ../shared/testdata/rfc, or the demo RFCs, so that new pag
 passages from each other). Retention ``max_pages`` (default half the stream) runs every
 ``--every`` operations, as the worker's sweep does.
 
-Printed: the curve (pages stored, store size on disk, RSS of this process) every
-``--report`` operations; the CPU (this thread) per operation kind, with ratios to a new
-page; and the check that every revisit got exactly one ``revisit`` message.
+Printed: the curve every ``--report`` operations (pages stored, store size on disk and
+the write-ahead log's part of it, RSS of this process, wall ms per operation since the last
+row, the largest column families), then the store's live bytes per column family; the CPU
+(this thread) per operation kind, with ratios to a new page; and the check that every
+revisit got exactly one ``revisit`` message.
 
 Run: .venv/bin/python -m tests.bench.bench_lifecycle [--pages 100000] [--max-pages N]
 """
@@ -42,8 +44,18 @@ def rss_mb() -> float:
         return int(fh.read().split()[1]) * 4096 / 2**20
 
 
-def dir_mb(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+def dir_mb(path: Path, suffix: str = "") -> float:
+    return sum(f.stat().st_size for f in path.rglob(f"*{suffix}") if f.is_file()) / 2**20
+
+
+def family_mb(engine: Engine, top: int = 99) -> str:
+    """The store's live bytes (SST files and memtables) per column family, largest first:
+    where the size is."""
+    sizes = {name: sum(int(cf.property_int_value(p) or 0) for p in (
+        "rocksdb.total-sst-files-size", "rocksdb.size-all-mem-tables"))
+        for name, cf in engine.store._cfs.items()}
+    return ", ".join(f"{name} {b / 2**20:.1f}" for name, b in
+                     sorted(sizes.items(), key=lambda x: -x[1])[:top] if b >= 2**16)
 
 
 class Stream:
@@ -72,6 +84,9 @@ def main() -> None:
     ap.add_argument("--store", help="store directory (default: a temporary one)")
     ap.add_argument("--lists-mb", type=int, default=0,
                     help="cache.lists_mb (default: the config's); RSS is bounded by it")
+    ap.add_argument("--idf-freeze-at", default="",
+                    help="near.idf_freeze_at, comma-separated (default: the config's); every "
+                         "page's distinct tokens are kept in the store until the last freeze")
     args = ap.parse_args()
     max_pages = args.max_pages or args.pages // 2
     tmp = Path(args.store or tempfile.mkdtemp(prefix="bench-lifecycle-"))
@@ -79,6 +94,9 @@ def main() -> None:
     rng = stream.rng
     n_words = len(stream.words) - 300
     cfg = replace(EngineConfig(), retention=RetentionConfig(max_pages=max_pages))
+    if args.idf_freeze_at:
+        freeze = tuple(int(n) for n in args.idf_freeze_at.split(","))
+        cfg = replace(cfg, near=replace(cfg.near, idf_freeze_at=freeze))
     if args.lists_mb:
         cfg = replace(cfg, cache=replace(cfg.cache, lists_mb=args.lists_mb))
     cfg = cfg.validate()
@@ -87,10 +105,12 @@ def main() -> None:
     issued: list[str] = []  # ids in the order they were first sent
     pages: dict[str, tuple[int, int]] = {}  # id -> its current (start, edit)
     print(f"{args.pages:,} operations, retention.max_pages {max_pages:,}, sweep every "
-          f"{args.every:,}, cache.lists_mb {cfg.cache.lists_mb}; words {len(stream.words):,}")
-    print(f"| {'ops':>8} | {'stored':>7} | {'store MB':>8} | {'RSS MB':>7} | {'s':>6} |")
-    print("|---:|---:|---:|---:|---:|")
-    t_start = time.perf_counter()
+          f"{args.every:,}, cache.lists_mb {cfg.cache.lists_mb}, near.idf_freeze_at "
+          f"{cfg.near.idf_freeze_at}; words {len(stream.words):,}")
+    print(f"| {'ops':>8} | {'stored':>7} | {'store MB':>8} | {'WAL MB':>6} | {'RSS MB':>7} "
+          f"| {'ms/op':>6} | {'s':>6} | largest families (live MB) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
+    t_start = t_row = time.perf_counter()
     with Engine.open(tmp / "store", cfg) as engine:
         for op in range(1, args.pages + 1):
             r = rng.random()
@@ -140,9 +160,13 @@ def main() -> None:
                 for gone in [i for i in pages if engine.indexer.current(i) is None]:
                     del pages[gone]
             if op % args.report == 0:
+                now = time.perf_counter()
                 print(f"| {op:>8,} | {engine.indexer.alive:>7,} | "
-                      f"{dir_mb(tmp / 'store'):>8.1f} | {rss_mb():>7.0f} | "
-                      f"{time.perf_counter() - t_start:>6.0f} |", flush=True)
+                      f"{dir_mb(tmp / 'store'):>8.1f} | {dir_mb(tmp / 'store', '.log'):>6.1f} | "
+                      f"{rss_mb():>7.0f} | {(now - t_row) * 1e3 / args.report:>6.1f} | "
+                      f"{now - t_start:>6.0f} | {family_mb(engine, 3)} |", flush=True)
+                t_row = now
+        print(f"\nlive MB per column family (SST + memtables): {family_mb(engine)}")
     new = sum(cpu["new"]) / max(1, len(cpu["new"]))
     print("\nCPU per operation (this thread):\n")
     print(f"| {'operation':<10} | {'count':>7} | {'ms':>7} | {'/ new page':>10} |")
