@@ -189,6 +189,7 @@ class PassageCounters:
     lists_cached: int = 0
     stopped_bins: int = 0  # passage bins whose list is a stop list (not a collision)
     stop_entries_skipped: int = 0  # windows not written: their list is a known stop list
+    entries_cut: int = 0  # list entries past passage.max_list_read, not counted
 
 
 @dataclass
@@ -352,6 +353,11 @@ class PassageIndex:
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]
         ords = self.cache.ords
         n_before = passage_align.entries_before(start, length, ords, before)
+        # pages are counted from each list's earliest max_list_read entries only
+        # (entries are sorted by ordinal): the counting work stays bounded as copies grow
+        head = np.minimum(n_before, self.cfg.max_list_read)
+        self.counters.entries_cut += int(n_before.sum() - head.sum())
+        n_before = head
         excl = np.array(sorted(exclude), dtype=np.int64)
         t_p, t_o, pruned = passage_align.select_candidates(
             lid, n_before, start, ords, empty, excl, self.w_match, self.w_empty, self.need,
@@ -634,6 +640,7 @@ class PassageIndex:
             "passage_lists_cached": c.lists_cached,
             "passage_stopped_bins": c.stopped_bins,
             "passage_stop_entries_skipped": c.stop_entries_skipped,
+            "passage_entries_cut": c.entries_cut,
         }
 
 
