@@ -6,8 +6,8 @@ earlier copies of its text there are."""
 from __future__ import annotations
 
 import random
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -162,9 +162,12 @@ def _query_tasks(store: Path, pages: list[Page], query: Page, max_list_read: int
             engine.passages.cache.budget = 0
         for page in pages:
             ordinal = engine.next_ordinal
-            windows[ordinal] = engine.sketch(page).passage.rects
+            sketched = engine.sketch(page).passage
+            assert sketched is not None
+            windows[ordinal] = sketched.rects
             engine.process(page)
         state = engine.sketch(query).passage
+        assert state is not None
         tasks = engine.passages.find_tasks(state, engine.next_ordinal)
         pairs = [] if tasks is None else list(zip(tasks.t_p.tolist(), tasks.t_o.tolist(),
                                                   strict=True))
