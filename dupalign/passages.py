@@ -16,7 +16,8 @@ earlier pages whose windows collide with its sketch:
    fingerprints. Without it the common lists grow with the store, and so do the pages
    that collide with a passage in them and must be checked. ``max_list`` is frozen with
    the store, since results depend on it;
-2. count distinct collided bins per earlier page and drop the pages that cannot reach the
+2. count distinct collided bins per earlier page, from the first ``max_list_read`` entries
+   (the earliest pages) of each list only, and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
 3. (the align stage) read those pages' forward records: their windows in the named

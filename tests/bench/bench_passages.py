@@ -3,6 +3,7 @@
 Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|pan|scale]
      [--scale 1000,10000] [--lists-mb 256,1024] [--max-list 256,1024] [--compare-runs]
      [--compare-refine] [--stream steady|dense] [--max-candidates N] [--max-matches N]
+     [--max-list-read 64,256]
 
 1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
    subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
@@ -38,7 +39,8 @@ Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|p
    a planted, edited 100-200-word copy of an earlier page's passage. ``--stream dense``:
    dense duplication instead (``dense_stream``: random chunks of the RFCs, each region
    copied many times, 10% near copies), where the cost per page must stay flat thanks to
-   the caps ``passage.max_candidates`` and ``passage.max_matches``.
+   the caps ``passage.max_candidates``, ``passage.max_matches`` and
+   ``passage.max_list_read``.
 """
 
 from __future__ import annotations
