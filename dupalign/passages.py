@@ -21,7 +21,8 @@ earlier pages whose windows collide with its sketch:
    version the page replaces), and from then on, whatever removals take from it later:
    that query's batch writes the list's mark, and pages written afterwards keep their
    windows out of it. The entries it held before are left (removal still deletes them);
-2. count distinct collided bins per earlier page and drop the pages that cannot reach the
+2. count distinct collided bins per earlier page, from the first ``max_list_read`` entries
+   (the earliest pages) of each list only, and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
 3. (the align stage) read those pages' forward records: their windows in the named
@@ -194,6 +195,7 @@ class PassageCounters:
     lists_cached: int = 0
     stopped_bins: int = 0  # passage bins whose list is a stop list (not a collision)
     stop_entries_skipped: int = 0  # windows not written: their list is a known stop list
+    entries_cut: int = 0  # list entries past passage.max_list_read, not counted
 
 
 @dataclass
@@ -360,6 +362,11 @@ class PassageIndex:
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]
         ords = self.cache.ords
         n_before = passage_align.entries_before(start, length, ords, before)
+        # pages are counted from each list's earliest max_list_read entries only
+        # (entries are sorted by ordinal): the counting work stays bounded as copies grow
+        head = np.minimum(n_before, self.cfg.max_list_read)
+        self.counters.entries_cut += int(n_before.sum() - head.sum())
+        n_before = head
         excl = np.array(sorted(exclude), dtype=np.int64)
         t_p, t_o, pruned = passage_align.select_candidates(
             lid, n_before, start, ords, empty, excl, self.w_match, self.w_empty, self.need,
@@ -678,6 +685,7 @@ class PassageIndex:
             "passage_lists_cached": c.lists_cached,
             "passage_stopped_bins": c.stopped_bins,
             "passage_stop_entries_skipped": c.stop_entries_skipped,
+            "passage_entries_cut": c.entries_cut,
         }
 
 
