@@ -31,9 +31,12 @@ ordinal the fan-in never stored: they are removed when the shards open
 
 from __future__ import annotations
 
+import functools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
@@ -57,6 +60,7 @@ from dupalign.passages import (
 from dupalign.sketch import PageSketch
 from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, read_u64, u64
 
+T = TypeVar("T")
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 SHARDS_KEY = b"index_shards"  # meta of the fan-in's store: the shard count, msgpack int
@@ -96,6 +100,20 @@ class PassagePartial:
     long_keys: U64
 
 
+def _busy(method: Callable[..., T]) -> Callable[..., T]:
+    """Count the CPU seconds of this thread spent in an ``IndexShard`` method (``busy``:
+    what the shard would cost as a process of its own; the rest of the index is the
+    fan-in's)."""
+    @functools.wraps(method)
+    def timed(self: IndexShard, *args: Any, **kwargs: Any) -> T:
+        t0 = time.thread_time()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.busy += time.thread_time() - t0
+    return timed
+
+
 class IndexShard:
     """One index shard: the keyed index state over its own store (module docstring)."""
 
@@ -106,24 +124,28 @@ class IndexShard:
         self.passages = PassageIndex(store, config)  # its lists
         self.pending: Batch | None = None
         self.staged: int | None = None  # an ordinal written here, not yet committed
+        self.busy = 0.0  # CPU seconds in the shard's own work (``_busy``)
 
     def batch(self) -> Batch:
         if self.pending is None:
             self.pending = self.store.batch()
         return self.pending
 
+    @_busy
     def flush(self) -> None:
         if self.pending is not None and len(self.pending):
             self.store.write(self.pending)
         self.pending = None
 
     # -- the partial result of a page --------------------------------------------------------
+    @_busy
     def verify(self, state: NearState, candidates: list[tuple[int, int]]
                ) -> list[tuple[int, int, float]]:
         """The shard's near partial: those of the PSM candidates it owns that verify."""
         mine = [c for c in candidates if page_owner(c[0], self.n_shards) == self.shard]
         return self.near.verify(state, mine) if mine else []
 
+    @_busy
     def passage_partial(self, state: PassageState, before: int) -> PassagePartial:
         assert state.keys is not None and state.empty is not None
         keys, empty = state.keys, state.empty
@@ -148,6 +170,7 @@ class IndexShard:
         return PassagePartial(t_p, t_o, count, l_bins[mine][long], l_keys[mine][long])
 
     # -- writes --------------------------------------------------------------------------
+    @_busy
     def stage(self, ordinal: int, state: PassageState | None) -> PassageState | None:
         """Put the page's windows in the shard's lists into the pending batch (its sketch
         is there already, if the shard owns it); returns the part of ``state`` applied."""
@@ -156,6 +179,7 @@ class IndexShard:
         self.staged = ordinal
         return mine
 
+    @_busy
     def commit(self, ordinal: int, mine: PassageState | None) -> None:
         self.passages.commit(ordinal, mine)
         self.staged = None
@@ -172,6 +196,7 @@ class IndexShard:
         sub = Rects(*(getattr(r, f.name)[idx] for f in fields(Rects)))
         return PassageState(sub, state.n_units)  # no positions: the fan-in keeps them
 
+    @_busy
     def stage_removal(self, ordinals: list[int]) -> Removal:
         batch = self.batch()
         for lo, hi in ordinal_ranges(ordinals):
