@@ -29,6 +29,7 @@ from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.shard import SHARDS_KEY, ShardedIndexer, shard_dir
 from dupalign.store import Store, u64
+from tests.corpora import demo_pages
 from tests.test_lifecycle import _CHUNKS, _VOCAB, text_of
 
 ops = st.lists(st.one_of(
@@ -212,4 +213,21 @@ def test_shard_entries_of_a_page_the_fan_in_never_stored_are_rolled_back(
         assert isinstance(ix, ShardedIndexer)
         assert not any(s.needs_roll_back(5) for s in ix.shards)
         got += [[m.to_dict() for m in engine.process(p)] for p in pages[5:]]
+    assert got == want
+
+
+def test_the_demo_corpus_through_the_pipeline_gives_the_single_engines_matches(
+        tmp_path: Path) -> None:
+    """The demo (exact, near and passage matches on real text), scanned with 2 shards and
+    the sketch/align pool of 2 processes, against one Indexer on one thread."""
+    pages = demo_pages()
+    with Engine.open(tmp_path / "single") as single:
+        want = [wire(single.process(p)) for p in pages]
+    with Engine.open(tmp_path / "sharded", shards=2) as engine:
+        got = [wire(found) if isinstance(found, list) else found
+               for _, found in engine.process_many(((p, None) for p in pages), jobs=2)]
+    for matches in (*want, *got):
+        for m in matches:
+            m.pop("detected_at", None)
+    assert sum(map(len, want)) == 25  # demo/README.md
     assert got == want
