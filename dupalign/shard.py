@@ -34,16 +34,15 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
-from dupalign import forward, passage_align
+from dupalign import forward
 from dupalign.config import EngineConfig
 from dupalign.errors import StoreMismatch
 from dupalign.hashing import mix64
@@ -54,8 +53,6 @@ from dupalign.passages import (
     PassageState,
     Rects,
     Removal,
-    Tasks,
-    _distinct_lists,
 )
 from dupalign.sketch import PageSketch
 from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, read_u64, u64
@@ -85,19 +82,6 @@ def page_owner(ordinal: int, n_shards: int) -> int:
 
 def shard_dir(store_dir: str | Path, shard: int) -> Path:
     return Path(store_dir) / "shards" / str(shard)
-
-
-@dataclass
-class PassagePartial:
-    """One shard's part of a page's passage query: per (passage ``t_p``, earlier page
-    ``t_o``), sorted, the number of the passage's bins whose list (owned by the shard)
-    holds the page (``count``); and the shard's stop lists among the page's lists."""
-
-    t_p: I64
-    t_o: I64
-    count: I64
-    long_bins: I64
-    long_keys: U64
 
 
 def _busy(method: Callable[..., T]) -> Callable[..., T]:
@@ -146,28 +130,13 @@ class IndexShard:
         return self.near.verify(state, mine) if mine else []
 
     @_busy
-    def passage_partial(self, state: PassageState, before: int) -> PassagePartial:
-        assert state.keys is not None and state.empty is not None
-        keys, empty = state.keys, state.empty
-        n_p, k = keys.shape
-        rows, bins = np.nonzero(~empty)
-        l_bins, l_keys, inverse = _distinct_lists(bins.astype(np.int64), keys[rows, bins])
-        mine = np.flatnonzero(list_owner(l_bins, l_keys, self.n_shards) == self.shard)
-        if not len(mine):
-            nothing = np.zeros(0, dtype=np.int64)
-            return PassagePartial(nothing, nothing, nothing, nothing, l_keys[:0])
-        local = np.full(len(l_bins), -1, dtype=np.int64)
-        local[mine] = np.arange(len(mine))
-        lid = np.full((n_p, k), -1, dtype=np.int64)
-        lid[rows, bins] = local[inverse]
-        p = self.passages
-        # (the list reads of PassageIndex.find_tasks, on this shard's lists only)
-        slots = p._list_slots(self.store.prefix_reader("oph"), l_bins[mine], l_keys[mine])
-        long = p.cache.is_long(slots)
-        start, length = p.cache.s_start[slots], p.cache.s_len[slots]
-        n_before = passage_align.entries_before(start, length, p.cache.ords, before)
-        t_p, t_o, count = _collided_bins(lid, n_before, start, p.cache.ords)
-        return PassagePartial(t_p, t_o, count, l_bins[mine][long], l_keys[mine][long])
+    def list_heads(self, bins: I64, keys: U64, before: int, replaced: int | None
+                   ) -> tuple[npt.NDArray[np.bool_], I64, I64, I64]:
+        """The shard's part of a page's passage query: ``PassageIndex.list_heads`` of the
+        page's lists it owns (a list lives wholly in one shard, so its stop-list decision
+        and its ``max_list_read`` cut are local; the marks go into the shard's next
+        batch)."""
+        return self.passages.list_heads(bins, keys, before, replaced)
 
     # -- writes --------------------------------------------------------------------------
     @_busy
@@ -175,6 +144,9 @@ class IndexShard:
         """Put the page's windows in the shard's lists into the pending batch (its sketch
         is there already, if the shard owns it); returns the part of ``state`` applied."""
         mine = None if state is None else self._owned(state)
+        # the stop-list marks found by this ordinal's query go into its batch, whether or
+        # not the page has windows here
+        self.passages._write_markers(self.batch())
         self.passages.stage(self.batch(), ordinal, mine)
         self.staged = ordinal
         return mine
@@ -219,109 +191,6 @@ class IndexShard:
     def needs_roll_back(self, first: int) -> bool:
         last = [self.store.last_key(f) for f in ("forward", "cws")]
         return any(k is not None and read_u64(k) >= first for k in last)
-
-
-@njit(cache=True, nogil=True)
-def _collided_bins(lid: I64, n_before: I64, start: I64, ords: I64) -> tuple[I64, I64, I64]:
-    """Per passage p and page o: the bins b whose list ``lid[p, b]`` holds o among its
-    first ``n_before`` entries (a list is sorted by ordinal: one count per (page, list),
-    as ``passage_align.select_candidates`` counts); sorted by passage, then page."""
-    n_p, k = lid.shape
-    n_ord = 1
-    for x in range(n_before.shape[0]):
-        if n_before[x] > 0:
-            n_ord = max(n_ord, ords[start[x] + n_before[x] - 1] + 1)
-    count = np.zeros(n_ord, dtype=np.int64)
-    touched = np.empty(max(1, n_before.sum()), dtype=np.int64)
-    t_p = np.empty(16, dtype=np.int64)
-    t_o = np.empty(16, dtype=np.int64)
-    t_c = np.empty(16, dtype=np.int64)
-    n_t = 0
-    for p in range(n_p):
-        n_u = 0
-        for b in range(k):
-            x = lid[p, b]
-            if x < 0:
-                continue
-            prev = -1
-            for e in range(start[x], start[x] + n_before[x]):
-                o = ords[e]
-                if o != prev:
-                    prev = o
-                    if count[o] == 0:
-                        touched[n_u] = o
-                        n_u += 1
-                    count[o] += 1
-        if n_t + n_u > t_p.shape[0]:
-            size = 2 * (n_t + n_u)
-            t_p = passage_align._grow(t_p, size)
-            t_o = passage_align._grow(t_o, size)
-            t_c = passage_align._grow(t_c, size)
-        pages = np.sort(touched[:n_u])
-        for y in range(n_u):
-            o = pages[y]
-            t_p[n_t] = p
-            t_o[n_t] = o
-            t_c[n_t] = count[o]
-            count[o] = 0
-            n_t += 1
-    return t_p[:n_t].copy(), t_o[:n_t].copy(), t_c[:n_t].copy()
-
-
-def combine_passages(index: PassageIndex, state: PassageState, partials: list[PassagePartial],
-                     exclude: frozenset[int]) -> Tasks | None:
-    """The fan-in: the page's alignment tasks from the shards' partials, as
-    ``PassageIndex.find_tasks`` finds them from all the lists (updates its counters)."""
-    assert state.keys is not None and state.empty is not None
-    keys, empty = state.keys, state.empty
-    n_p, k = keys.shape
-    index.counters.passages += n_p
-    rows, bins = np.nonzero(~empty)
-    l_bins, l_keys, inverse = _distinct_lists(bins.astype(np.int64), keys[rows, bins])
-    lid = np.full((n_p, k), -1, dtype=np.int64)
-    lid[rows, bins] = inverse
-    stop = {(b, key) for part in partials for b, key in
-            zip(part.long_bins.tolist(), part.long_keys.tolist(), strict=True)}
-    long = np.array([(b, key) in stop for b, key in
-                     zip(l_bins.tolist(), l_keys.tolist(), strict=True)], dtype=np.bool_)
-    named = lid >= 0
-    index.counters.stopped_bins += int(np.count_nonzero(long[lid[named]]))
-    t_p = np.concatenate([part.t_p for part in partials])
-    t_o = np.concatenate([part.t_o for part in partials])
-    cnt = np.concatenate([part.count for part in partials])
-    # the collided bins of each (passage, page): the sum over the shards
-    order = np.lexsort((t_o, t_p))
-    t_p, t_o, cnt = t_p[order], t_o[order], cnt[order]
-    first = np.ones(len(t_p), dtype=np.bool_)
-    first[1:] = (t_p[1:] != t_p[:-1]) | (t_o[1:] != t_o[:-1])
-    at = np.flatnonzero(first)
-    t_p, t_o = t_p[at], t_o[at]
-    cnt = np.add.reduceat(cnt, at) if len(at) else cnt[:0]
-    # the threshold, even if every empty bin collided; then the pages excluded
-    n_empty = np.count_nonzero(empty, axis=1).astype(np.int64)
-    ok = index.w_match * cnt + index.w_empty * n_empty[t_p] >= index.need
-    ok &= ~np.isin(t_o, np.array(sorted(exclude), dtype=np.int64))
-    index.counters.candidates_pruned += int(len(ok) - np.count_nonzero(ok))
-    t_p, t_o, cnt = t_p[ok], t_o[ok], cnt[ok]
-    if not len(t_p):
-        return None
-    # passage.max_candidates per passage: most collided bins first, ties the smaller ordinal
-    rank_order = np.lexsort((t_o, -cnt, t_p))
-    p_sorted = t_p[rank_order]
-    group_start = np.flatnonzero(np.r_[True, p_sorted[1:] != p_sorted[:-1]])
-    rank = np.arange(len(p_sorted)) - np.repeat(group_start, np.diff(
-        np.r_[group_start, len(p_sorted)]))
-    keep = np.sort(rank_order[rank < index.cfg.max_candidates])
-    t_p, t_o = t_p[keep], t_o[keep]
-    index.counters.candidates_scanned += len(t_p)
-    if not len(t_p):
-        return None
-    kept = ~long  # stop lists become the empty list 0; the others keep their order
-    remap = np.zeros(len(l_bins), dtype=np.int64)
-    remap[kept] = np.arange(1, int(np.count_nonzero(kept)) + 1)
-    lid = np.where(lid >= 0, remap[np.maximum(lid, 0)], -1)
-    return Tasks(t_p, t_o, lid, empty, np.concatenate(([0], l_bins[kept])),
-                 np.concatenate((np.zeros(1, np.uint64), l_keys[kept])))
 
 
 class ShardedNear(NearIndex):
@@ -370,10 +239,31 @@ class ShardedPassages(PassageIndex):
         self._applied: list[PassageState | None] = []
         self._removals: list[Removal] = []
 
-    def find_tasks(self, state: PassageState, before: int,
-                   exclude: frozenset[int] = frozenset()) -> Tasks | None:
-        partials = [shard.passage_partial(state, before) for shard in self.shards]
-        return combine_passages(self, state, partials, exclude)
+    def list_heads(self, bins: I64, keys: U64, before: int, replaced: int | None = None
+                   ) -> tuple[npt.NDArray[np.bool_], I64, I64, I64]:
+        """The heads of the page's lists, each from the shard that owns it, joined in one
+        entries array: ``find_tasks`` then counts, thresholds, excludes and ranks the
+        candidates as the single index does."""
+        long = np.zeros(len(bins), dtype=np.bool_)
+        start = np.zeros(len(bins), dtype=np.int64)
+        n_head = np.zeros(len(bins), dtype=np.int64)
+        parts: list[I64] = []
+        at = 0
+        owner = list_owner(bins, keys, len(self.shards))
+        for shard in self.shards:
+            mine = np.flatnonzero(owner == shard.shard)
+            if not len(mine):
+                continue
+            s_long, s_start, s_n, s_ords = shard.list_heads(bins[mine], keys[mine], before,
+                                                            replaced)
+            # the heads copied out of the shard's cache (a process's reply, as a role)
+            idx = np.repeat(s_start - np.cumsum(s_n) + s_n, s_n) + np.arange(int(s_n.sum()))
+            parts.append(s_ords[idx])
+            long[mine], n_head[mine] = s_long, s_n
+            start[mine] = at + np.cumsum(s_n) - s_n
+            at += int(s_n.sum())
+        ords = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return long, start, n_head, ords
 
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:
         """The page's full forward record here (every window: those in stop lists are
