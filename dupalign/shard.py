@@ -15,13 +15,16 @@ The index stage's state splits in two (docs/topology.md, "Index shards by key"):
 
 For ordinal n a shard computes alone, from its keys' state over ordinals < n, its
 *partial*: the PSM candidates it owns that its sketches verify (``IndexShard.verify``),
-and per (passage, earlier page) the collided bins among its lists, with its stop lists
-among the page's lists (``IndexShard.passage_partial``). The fan-in combines the S
-partials as the single ``Indexer`` decides (``combine_passages``): counts are summed before
-the threshold (a page may reach it only with bins from several shards), then the near
-duplicates and the earlier version are excluded, then ``passage.max_candidates`` ranks;
-stop lists become the empty list. Everything else is ``Indexer`` code: ``ShardedIndexer``
-is an ``Indexer`` whose near and passage indexes fan out to the shards.
+and the heads of the page's lists it owns (``IndexShard.list_heads``: the single index's
+``PassageIndex.list_heads`` on those lists, so a list is a stop list by the same rule,
+found and marked in the shard that owns it, and the ``passage.max_list_read`` cut is
+per list, local). The fan-in joins the heads and runs ``PassageIndex.find_tasks`` on them
+as the single ``Indexer`` does (``ShardedPassages.list_heads``): bins are counted over
+every list of a passage before the threshold (a page may reach it only with bins from
+several shards), then the near duplicates and the earlier version are excluded, then
+``passage.max_candidates`` ranks; stop lists become the empty list. Everything else is
+``Indexer`` code too: ``ShardedIndexer`` is an ``Indexer`` whose near and passage indexes
+fan out to the shards.
 
 Writes: a page's shard entries are written (one batch per shard) before the page's batch
 in the fan-in's store, which is the commit point. A crash between leaves entries of an
@@ -144,9 +147,6 @@ class IndexShard:
         """Put the page's windows in the shard's lists into the pending batch (its sketch
         is there already, if the shard owns it); returns the part of ``state`` applied."""
         mine = None if state is None else self._owned(state)
-        # the stop-list marks found by this ordinal's query go into its batch, whether or
-        # not the page has windows here
-        self.passages._write_markers(self.batch())
         self.passages.stage(self.batch(), ordinal, mine)
         self.staged = ordinal
         return mine

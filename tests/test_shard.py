@@ -3,11 +3,10 @@
 The oracle is the single ``Indexer``: random streams of adds, changed and unchanged
 revisits, deletes and retention sweeps give, page by page, exactly its matches with S in
 {1, 2, 3, 4} shards: exact, near (with an idf freeze inside the stream) and passages, OPH
-and weighted, with stop lists (a small ``max_list``) and a small ``max_candidates`` so
-that the caps decide, and a list cache that holds nothing. (The cache is the same on
-both sides: with stop lists and removals, the single Indexer's own results depend on
-whether a list that went long stayed in memory, README "Lifecycle of indexed pages";
-shards hold other subsets of the lists.)
+and weighted, with stop lists (a small ``max_list``), a small ``max_candidates`` and a small
+``max_list_read`` so that the caps decide. The list cache differs between the sides (one
+holds nothing, the other the default budget): a stop list has one definition whatever the
+cache holds (dupalign.passages, step 1), and shards hold other subsets of the lists.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dupalign.config import EngineConfig, NearConfig, PassageConfig, RetentionConfig
@@ -43,11 +42,13 @@ ops = st.lists(st.one_of(
 ), min_size=1, max_size=16)
 
 
-def config(mode: str, max_list: int, max_candidates: int) -> EngineConfig:
+def config(mode: str, max_list: int, max_candidates: int,
+           max_list_read: int = 64) -> EngineConfig:
     return EngineConfig(
         near=NearConfig(idf_freeze_at=(6,)),
         passage=PassageConfig(mode=mode, k=16, query_len=16, stride=8, min_len=8,
-                              max_list=max_list, max_candidates=max_candidates),
+                              max_list=max_list, max_candidates=max_candidates,
+                              max_list_read=max_list_read),
     ).validate()
 
 
@@ -124,22 +125,32 @@ def step(engine: Engine, alive: dict[str, str], clock: int, op: Any) -> list[Any
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sequence=ops, mode=st.sampled_from(["oph", "weighted"]),
        max_list=st.sampled_from([2, 4, 100_000]), max_candidates=st.sampled_from([1, 2, 16]),
-       small_cache=st.booleans())
+       max_list_read=st.sampled_from([1, 2, 64]), single_cached=st.booleans())
+# a changed revisit whose shared passage's lists hold max_list + 1 entries with its old
+# version: not a stop list, since the version it replaces does not count (dupalign.passages
+# step 1), so the revisit's passage finds both earlier pages
+@example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 3, 4], 0, False),
+                   ("add", [0, 5, 6], 0, False), ("changed", 2, [0, 7, 1], 0)],
+         mode="oph", max_list=2, max_candidates=16, max_list_read=64, single_cached=True)
+# the same with only each list's earliest entry counted: the revisit finds the first page
+@example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 3, 4], 0, False),
+                   ("add", [0, 5, 6], 0, False), ("changed", 2, [0, 7, 1], 0)],
+         mode="oph", max_list=2, max_candidates=16, max_list_read=1, single_cached=False)
 def test_any_shard_count_gives_the_matches_of_the_single_indexer(
         sequence: list[Any], mode: str, max_list: int, max_candidates: int,
-        small_cache: bool) -> None:
-    cfg = config(mode, max_list, max_candidates)
+        max_list_read: int, single_cached: bool) -> None:
+    cfg = config(mode, max_list, max_candidates, max_list_read)
     shm = Path("/dev/shm")
     with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
         with Engine.open(Path(tmp) / "single", cfg) as single:
             assert not isinstance(single.indexer, ShardedIndexer)
-            if small_cache:
+            if not single_cached:  # every list is read again from the store
                 single.passages.cache.budget = 0
             want = run(single, sequence)
         for n in (1, 2, 3, 4):
             with sharded(Path(tmp) / f"s{n}", cfg, n) as engine:
                 assert isinstance(engine.indexer, ShardedIndexer)
-                if small_cache:  # every list is read again from the store, on both sides
+                if single_cached:  # the other budget than the single Indexer's
                     for shard in engine.indexer.shards:
                         shard.passages.cache.budget = 0
                 assert run(engine, sequence) == want, f"{n} shards"
