@@ -5,7 +5,7 @@ planted copy of an earlier page's passage) through ``Engine.process`` (``--jobs 
 stage on this thread) with the single Indexer and with S index shards. Per page, CPU
 seconds of this thread (``time.thread_time``): the index stage (``Indexer.index`` and
 ``finish``: lookups, combine, every store write), split for S shards into each shard's
-own work (``IndexShard.busy``: its list reads and bin counts, verifications, writes: what
+own work (``IndexShard.busy``: its list reads and heads, verifications, writes: what
 it would cost as a process of its own) and the fan-in's (the rest). The matches must be
 the same for every S (checked). Numbers from one run on a shared machine: compare the
 columns of one run, not runs.
