@@ -104,6 +104,12 @@ class PassageConfig:
     # most units of the page covered by the passages that hit the page, then the highest
     # estimate, then the earliest page)
     max_matches: int = 16
+    # Candidate pages are counted from the first this-many entries (the earliest pages) of
+    # each inverted list only: the index's counting work per passage stays bounded however
+    # often text was copied (lists grow with the copies up to max_list), and the earliest
+    # copies (the originals) are the ones kept. A function of the lists alone, so it does not
+    # depend on the list cache or --jobs. Not frozen. max_list or more: no cut.
+    max_list_read: int = 64
     # Inverted lists longer than this are stop lists: they hold common units (boilerplate,
     # stock phrases), and a passage's bin whose list is one counts as neither a collision
     # nor an empty bin (dupalign.passages). Frozen: results depend on it.
@@ -124,6 +130,7 @@ class PassageConfig:
         _check_range("passage.max_candidates", self.max_candidates, 1, 100_000)
         _check_range("passage.max_matches", self.max_matches, 1, 100_000)
         _check_range("passage.max_list", self.max_list, 1, 100_000_000)
+        _check_range("passage.max_list_read", self.max_list_read, 1, 100_000_000)
         _check_choice("passage.tf_mode", self.tf_mode, PASSAGE_TF_MODES)
 
     @property

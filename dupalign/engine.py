@@ -28,6 +28,7 @@ from dupalign.near import NearIndex
 from dupalign.page import Page
 from dupalign.passages import PassageIndex
 from dupalign.pipeline import ExecutorKind, WorkerPool, run_pipeline
+from dupalign.shard import ShardedIndexer, open_indexer
 from dupalign.sketch import PageSketch, Sketcher
 from dupalign.store import ORDINAL_FAMILIES, Store, parse_offsets_key, read_u64
 from dupalign.text import tokenize
@@ -54,11 +55,13 @@ Source = tuple[str, int, int]
 class Engine:
     """The duplicate engine over one store. Not thread-safe: call from one thread."""
 
-    def __init__(self, store: Store, config: EngineConfig, read_only: bool = False) -> None:
+    def __init__(self, store: Store, config: EngineConfig, read_only: bool = False,
+                 shards: int | None = None) -> None:
         self.config = config
         self.store = store
         self.read_only = read_only
-        self.indexer = Indexer(store, config)
+        # one Indexer, or index shards (dupalign.shard); ``shards``: None takes the store's
+        self.indexer: Indexer = open_indexer(store, config, read_only, shards)
         self.sketcher = Sketcher(config)
         self.aligner = Aligner(config, store)  # reads forward records from the store
         self.last_report = PageReport()
@@ -81,7 +84,8 @@ class Engine:
 
     @classmethod
     def open(
-        cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False
+        cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False,
+        shards: int | None = None,
     ) -> Engine:
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
@@ -90,7 +94,7 @@ class Engine:
         try:
             if read_only:  # a reader takes the store's frozen parameters, whatever it asked
                 config = config.with_frozen(store.params)
-            return cls(store, config, read_only)
+            return cls(store, config, read_only, shards)
         except BaseException:
             store.close()
             raise
@@ -108,6 +112,8 @@ class Engine:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if isinstance(self.indexer, ShardedIndexer):
+            self.indexer.close()
         self.store.close()
 
     def worker_pool(self, kind: ExecutorKind, jobs: int) -> WorkerPool:

@@ -156,11 +156,15 @@ class NearIndex:
 
     def search(self, state: NearState, ordinal: int) -> list[tuple[int, int, float]]:
         """Verified near duplicates among pages before ``ordinal``: (ordinal, hamming, est)."""
+        return self.verify(state, self.candidates(state, ordinal))
+
+    def candidates(self, state: NearState, ordinal: int) -> list[tuple[int, int]]:
+        """The PSM lookup: (ordinal, hamming) of the pages before ``ordinal`` within the
+        hamming bound in the probed buckets (index shards verify them: dupalign.shard)."""
         if not state.indexed:
             return []
         self.refresh(state)
         assert state.fingerprint is not None and state.W is not None
-        assert state.sketch is not None
         self.counters.lookups += 1
         psm = psm_search_batch(self.table, [state.fingerprint], state.W[None, :],
                                self.cfg.hamming, self.cfg.probe_budget,
@@ -169,13 +173,18 @@ class NearIndex:
         candidates = psm.get(0)
         self.counters.probes += int(psm.probes[0])
         self.counters.candidates += len(candidates)
+        return [(other, hamming) for other, hamming in candidates if other < ordinal]
+
+    def verify(self, state: NearState, candidates: list[tuple[int, int]]
+               ) -> list[tuple[int, int, float]]:
+        """The candidates whose stored verification sketch says they are near duplicates
+        (a candidate without one here is skipped: not near-indexed, or another shard's)."""
         found = []
         for other, hamming in candidates:
-            if other >= ordinal:
-                continue
             other_sketch = self.sketch_of(other)
             if other_sketch is None:
                 continue
+            assert state.sketch is not None
             result = self.filter.compare(state.sketch, other_sketch)
             self.counters.filter.add(result)
             if result.decision == "similar":
@@ -188,7 +197,7 @@ class NearIndex:
             return
         assert state.sketch is not None and state.unique is not None and state.W is not None
         batch.put("simhash", u64(state.fingerprint) + u64(ordinal), b"")
-        batch.put("cws", u64(ordinal), state.sketch.astype("<u8").tobytes())
+        self.put_sketch(batch, ordinal, state.sketch)
         self.model.update(state.W)
         batch.put("meta", _META_MODEL, self.model.to_bytes())
         if self.builder is not None:
@@ -201,6 +210,10 @@ class NearIndex:
                 batch.put("meta", _idf_key(version), state.frozen.to_bytes())
                 if version == len(self.cfg.idf_freeze_at):
                     batch.delete_range("idf_pending", u64(0), u64(ordinal + 1))
+
+    def put_sketch(self, batch: Batch, ordinal: int, sketch: U64) -> None:
+        """Store the page's verification sketch (index shards keep it: dupalign.shard)."""
+        batch.put("cws", u64(ordinal), sketch.astype("<u8").tobytes())
 
     def commit(self, ordinal: int, state: NearState | None) -> None:
         if state is None or not state.indexed or state.fingerprint is None:

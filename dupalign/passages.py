@@ -21,7 +21,8 @@ earlier pages whose windows collide with its sketch:
    version the page replaces), and from then on, whatever removals take from it later:
    that query's batch writes the list's mark, and pages written afterwards keep their
    windows out of it. The entries it held before are left (removal still deletes them);
-2. count distinct collided bins per earlier page and drop the pages that cannot reach the
+2. count distinct collided bins per earlier page, from the first ``max_list_read`` entries
+   (the earliest pages) of each list only, and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
 3. (the align stage) read those pages' forward records: their windows in the named
@@ -215,6 +216,7 @@ class PassageCounters:
     lists_cached: int = 0
     stopped_bins: int = 0  # passage bins whose list is a stop list (not a collision)
     stop_entries_skipped: int = 0  # windows not written: their list is a known stop list
+    entries_cut: int = 0  # list entries past passage.max_list_read, not counted
 
 
 @dataclass
@@ -373,15 +375,11 @@ class PassageIndex:
         l_bins, l_keys, inverse = _distinct_lists(bins.astype(np.int64), keys[rows, bins])
         lid = np.full((n_p, k), -1, dtype=np.int64)
         lid[rows, bins] = inverse
-        reader = self.store.prefix_reader("oph")  # made now: sees every earlier page
-        slots = self._list_slots(reader, l_bins, l_keys, old_version=replaced)
-        # a stop list is cached as a flag with no entries (n_before 0 below): its bin is
-        # neither a collision nor an empty bin
+        long, start, n_before, ords = self.list_heads(l_bins, l_keys, before, replaced)
+        # a stop list has no entries counted (n_before 0): its bin is neither a collision
+        # nor an empty bin
         named = lid >= 0
-        self.counters.stopped_bins += int(np.count_nonzero(self.cache.is_long(slots)[lid[named]]))
-        start, length = self.cache.s_start[slots], self.cache.s_len[slots]
-        ords = self.cache.ords
-        n_before = passage_align.entries_before(start, length, ords, before)
+        self.counters.stopped_bins += int(np.count_nonzero(long[lid[named]]))
         excl = np.array(sorted(exclude), dtype=np.int64)
         t_p, t_o, pruned = passage_align.select_candidates(
             lid, n_before, start, ords, empty, excl, self.w_match, self.w_empty, self.need,
@@ -393,12 +391,30 @@ class PassageIndex:
         if not len(t_p):
             return None
         # stop lists become the empty list 0; the others keep their (bin, key) order
-        kept = ~self.cache.is_long(slots)
-        remap = np.zeros(len(slots), dtype=np.int64)
+        kept = ~long
+        remap = np.zeros(len(l_bins), dtype=np.int64)
         remap[kept] = np.arange(1, int(np.count_nonzero(kept)) + 1)
         lid = np.where(lid >= 0, remap[np.maximum(lid, 0)], -1)
         return Tasks(t_p, t_o, lid, empty, np.concatenate(([0], l_bins[kept])),
                      np.concatenate((np.zeros(1, np.uint64), l_keys[kept])))
+
+    def list_heads(self, bins: I64, keys: U64, before: int, replaced: int | None = None
+                   ) -> tuple[npt.NDArray[np.bool_], I64, I64, I64]:
+        """The inverted lists (bin, key) as a query counts them: per list whether it is a
+        stop list (step 1: found so now, its mark written by the next batch), and its
+        counted entries ``ords[start:start + n]``: those of pages before ``before``, at
+        most ``max_list_read`` (none for a stop list). Index shards override this with
+        the union of their lists' heads (dupalign.shard)."""
+        reader = self.store.prefix_reader("oph")  # made now: sees every earlier page
+        slots = self._list_slots(reader, bins, keys, old_version=replaced)
+        start, length = self.cache.s_start[slots], self.cache.s_len[slots]
+        ords = self.cache.ords
+        n_before = passage_align.entries_before(start, length, ords, before)
+        # pages are counted from each list's earliest max_list_read entries only
+        # (entries are sorted by ordinal): the counting work stays bounded as copies grow
+        head = np.minimum(n_before, self.cfg.max_list_read)
+        self.counters.entries_cut += int(n_before.sum() - head.sum())
+        return self.cache.is_long(slots), start, head, ords
 
     def read_forward(self, ordinals: list[int]) -> list[bytes | None]:
         """The windows values of pages' forward records (dupalign.forward)."""
@@ -699,6 +715,7 @@ class PassageIndex:
             "passage_lists_cached": c.lists_cached,
             "passage_stopped_bins": c.stopped_bins,
             "passage_stop_entries_skipped": c.stop_entries_skipped,
+            "passage_entries_cut": c.entries_cut,
         }
 
 

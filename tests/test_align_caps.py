@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
@@ -146,3 +147,87 @@ def test_max_matches_keeps_a_subset_of_the_uncapped_matches(tmp_path: Path) -> N
         assert all(m in want for m in got)
         if len(want) <= 4:
             assert got == want
+
+
+def _query_tasks(store: Path, pages: list[Page], query: Page, max_list_read: int,
+                 small_cache: bool) -> tuple[list[tuple[int, int]], dict[int, Any], Any, int]:
+    """Index ``pages``, then the tasks ``find_tasks`` gives the passages of ``query``: the
+    (passage, earlier page) pairs, the pages' windows by ordinal, the query's passage state
+    and the list entries cut."""
+    cfg = EngineConfig(near=NearConfig(enabled=False), passage=PassageConfig(
+        max_candidates=100_000, max_list_read=max_list_read)).validate()
+    windows: dict[int, Any] = {}
+    with Engine.open(store, cfg) as engine:
+        if small_cache:  # every list is read again from the store by every page
+            engine.passages.cache.budget = 0
+        for page in pages:
+            ordinal = engine.next_ordinal
+            sketched = engine.sketch(page).passage
+            assert sketched is not None
+            windows[ordinal] = sketched.rects
+            engine.process(page)
+        state = engine.sketch(query).passage
+        assert state is not None
+        tasks = engine.passages.find_tasks(state, engine.next_ordinal)
+        pairs = [] if tasks is None else list(zip(tasks.t_p.tolist(), tasks.t_o.tolist(),
+                                                  strict=True))
+        return pairs, windows, state, engine.passages.counters.entries_cut
+
+
+def _brute_force_tasks(pages: dict[int, Any], state: Any, max_list_read: int,
+                       cfg: PassageConfig) -> list[tuple[int, int]]:
+    """The inverted lists rebuilt from every page's windows (one entry per window, in
+    ordinal order); per passage, a page collides in a bin when it is among the first
+    ``max_list_read`` entries of the bin's list (stop lists: neither a collision nor an
+    empty bin), and is a candidate if it can reach θ with every empty bin."""
+    lists: dict[tuple[int, int], list[int]] = {}
+    for o, r in sorted(pages.items()):
+        for b, key, e in zip(r.bin.tolist(), r.key.tolist(), r.empty.tolist(), strict=True):
+            if not e:
+                lists.setdefault((b, key), []).append(o)
+    theta = cfg.theta_fraction
+    want = []
+    for p in range(state.keys.shape[0]):
+        n_empty = int(np.count_nonzero(state.empty[p]))
+        hits: dict[int, int] = {}
+        for b in np.flatnonzero(~state.empty[p]).tolist():
+            entries = lists.get((b, int(state.keys[p, b])), [])
+            if len(entries) > cfg.max_list:
+                continue
+            for o in set(entries[:max_list_read]):
+                hits[o] = hits.get(o, 0) + 1
+        want += [(p, o) for o in sorted(hits) if theta.denominator * hits[o]
+                 + theta.numerator * n_empty >= cfg.k * theta.numerator]
+    return want
+
+
+def test_max_list_read_counts_the_earliest_entries_of_each_list(tmp_path: Path) -> None:
+    """Candidates come from the first ``max_list_read`` entries (earliest pages) of each
+    list, as a brute force over every page's windows says, with the lists in memory and
+    read from the store every time (so the cut does not depend on the list cache)."""
+    pages = dense_pages(31, seed=7)
+    for n, small in ((3, False), (3, True), (100_000, False)):
+        got, windows, state, cut = _query_tasks(tmp_path / f"{n}{small}", pages[:-1],
+                                              pages[-1], n, small)
+        assert got == _brute_force_tasks(windows, state, n, PassageConfig())
+        assert (cut > 0) == (n == 3)  # the cut binds in these lists, and only when small
+        if n == 3:
+            capped = got
+    assert capped and set(capped) < set(got)  # fewer candidates, all uncapped ones
+
+
+def test_max_list_read_keeps_a_subset_of_the_uncapped_matches(tmp_path: Path) -> None:
+    """With the other caps off, counting fewer entries only drops candidates: every
+    page matched with the cut is matched without it (its spans may come from fewer of
+    the query's passages)."""
+    pages = dense_pages(30, seed=5)
+    found = {}
+    for n in (4, 100_000):
+        cfg = EngineConfig(near=NearConfig(enabled=False), passage=PassageConfig(
+            max_candidates=100_000, max_matches=100_000, max_list_read=n)).validate()
+        with Engine.open(tmp_path / str(n), cfg) as engine:
+            found[n] = [[m for m in engine.process(p) if m.kind == "passage"] for p in pages]
+    assert sum(map(len, found[4])) < sum(map(len, found[100_000]))
+    assert sum(map(len, found[4][20:])) >= 10 * 4  # still finds the earliest copies
+    for got, want in zip(found[4], found[100_000], strict=True):
+        assert {m.match_doc_id for m in got} <= {m.match_doc_id for m in want}

@@ -85,6 +85,13 @@ def _store_other_params(tmp: Path) -> list[str]:
     return ["scan", str(RFC2821), "--store", "s"]
 
 
+def _store_other_shard_count(tmp: Path) -> list[str]:
+    from dupalign.engine import Engine
+
+    Engine.open(tmp / "s", shards=2).close()
+    return ["scan", str(RFC2821), "--store", "s", "--shards", "3"]
+
+
 def _store_other_version(tmp: Path) -> list[str]:
     Store(tmp / "s", {"format": 1}).close()  # a format no longer read
     return ["scan", str(RFC2821), "--store", "s"]
@@ -140,6 +147,10 @@ CASES = [
          "cannot create the store directory plain/store: Not a directory"),
     Case("store with other parameters", _store_other_params, Exit.STORE,
          "seed: store has 1, asked for 24301"),
+    Case("store of another shard count", _store_other_shard_count, Exit.STORE,
+         "store s was built for 2 index shard(s), asked for 3: the shard count is fixed per "
+         "store (it decides where every key lives); rebuild by replay into a new store: "
+         "dupalign scan --store NEW_STORE --shards 3 INPUT..."),
     Case("store of another version", _store_other_version, Exit.STORE,
          "store s has format 1, which this version of dupalign does not read (it reads "
          "format 6 and the ones it upgrades): rebuild it by processing the pages again"),

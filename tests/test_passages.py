@@ -49,7 +49,7 @@ def _config(mode: str, k: int, theta: Fraction, shingle: int, query_len: int, st
         passage=PassageConfig(mode=mode, k=k, theta=f"{theta.numerator}/{theta.denominator}",
                               shingle=shingle, query_len=query_len, stride=stride,
                               min_len=min_len, max_candidates=max_candidates,
-                              max_list=max_list),
+                              max_list=max_list, max_list_read=100_000),  # no cut: exact
     ).validate()
 
 

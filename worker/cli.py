@@ -44,10 +44,11 @@ def load_engine_config(path: str | None) -> EngineConfig:
     return EngineConfig.from_dict(section)
 
 
-def _open_engine(store: str, config: EngineConfig, read_only: bool = False) -> Engine:
+def _open_engine(store: str, config: EngineConfig, read_only: bool = False,
+                 shards: int | None = None) -> Engine:
     from dupalign.engine import Engine
 
-    return Engine.open(store, config, read_only=read_only)
+    return Engine.open(store, config, read_only=read_only, shards=shards)
 
 
 def _check_out_path(out: str) -> None:
@@ -90,7 +91,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
                 where[id(item)] = f"{path}:{number}"
                 yield item, None
 
-    with _open_engine(args.store, config) as engine:
+    with _open_engine(args.store, config, shards=args.shards) as engine:
         out: IO[str] = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
         try:
             jobs = args.jobs or default_jobs()
@@ -233,6 +234,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     scan.add_argument("--quiet", action="store_true", help="no progress bar")
     scan.add_argument("--jobs", type=int, default=0,
                       help="cores for the sketch and align stages (default: all)")
+    scan.add_argument("--shards", type=int, default=None,
+                      help="index shards by key (dupalign.shard); fixed when the store is "
+                           "made (default: the store's, 1 for a new store)")
     scan.set_defaults(func=cmd_scan)
 
     query = sub.add_parser("query", help="align one text against a store")

@@ -3,6 +3,7 @@
 Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|pan|scale]
      [--scale 1000,10000] [--lists-mb 256,1024] [--max-list 256,1024] [--compare-runs]
      [--compare-refine] [--stream steady|dense] [--max-candidates N] [--max-matches N]
+     [--max-list-read 64,256]
 
 1. Accuracy, the OPH paper's Table 2 (Exp-8): for a query Q and a text T, the truth S is every
    subsequence T[i..j] with exact Jaccard J(Q, T[i..j]) >= θ (brute force, no length limit:
@@ -38,7 +39,8 @@ Run: .venv/bin/python -m tests.bench.bench_passages [--quick] [--only accuracy|p
    a planted, edited 100-200-word copy of an earlier page's passage. ``--stream dense``:
    dense duplication instead (``dense_stream``: random chunks of the RFCs, each region
    copied many times, 10% near copies), where the cost per page must stay flat thanks to
-   the caps ``passage.max_candidates`` and ``passage.max_matches``.
+   the caps ``passage.max_candidates``, ``passage.max_matches`` and
+   ``passage.max_list_read``.
 """
 
 from __future__ import annotations
@@ -485,6 +487,8 @@ class Remapper:
         return {w: self.vocab[perm[r]] for w, r in self.rank.items()}
 
 
+# passage.max_list_read (0: a --baseline checkout from before it, which has no such cut)
+LIST_READ = getattr(PassageConfig, "max_list_read", 0)
 BLOCK = 500  # pages per remap block
 RESERVOIR = 2000  # earlier pages kept as sources of planted copies
 
@@ -593,7 +597,8 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           max_lists: tuple[int, ...] = (PassageConfig.max_list,),
           compare_refine: bool = False, dense: bool = False,
           caps: tuple[int, int] = (PassageConfig.max_candidates, PassageConfig.max_matches),
-          name: str | None = None) -> None:
+          name: str | None = None,
+          list_reads: tuple[int, ...] = (LIST_READ,)) -> None:
     rng = np.random.default_rng(5)
     texts = (dense_stream(checkpoints[-1], rng) if dense else
              page_stream(checkpoints[-1], rng, use_docs))
@@ -604,25 +609,29 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           "the counters are over the pages since the previous checkpoint; sk/ix/al cpu: CPU ms "
           "per page of the sketch, index (with finish) and align stages; lc ent/MB: list "
           "entries in the list cache per MB it uses; stop/pass: passage "
-          "bins whose list is a stop list; planted: share of the pages with a planted copy "
-          "matched with the page it was copied from")
-    # (name, passage.max_list, cache.lists_mb, pack lists read from the store, refine spans)
-    specs = [(" ".join([f"ml {m}"] * (len(max_lists) > 1) + [f"mb {mb}"] * (len(lists_mbs) > 1))
-              or name or ("refined" if compare_refine else "runs"), m, mb, True, True)
-             for m in max_lists for mb in lists_mbs]
+          "bins whose list is a stop list; cut/pass: list entries past passage.max_list_read "
+          "(not counted; per distinct list of a page) per passage; planted: share of the "
+          "pages with a planted copy matched with the page it was copied from")
+    # (name, passage.max_list, cache.lists_mb, pack lists read from the store, refine spans,
+    # passage.max_list_read)
+    specs = [(" ".join([f"ml {m}"] * (len(max_lists) > 1) + [f"mb {mb}"] * (len(lists_mbs) > 1)
+                       + [f"lr {lr}"] * (len(list_reads) > 1))
+              or name or ("refined" if compare_refine else "runs"), m, mb, True, True, lr)
+             for m in max_lists for mb in lists_mbs for lr in list_reads]
     if compare_runs:
-        specs.append(("no runs", max_lists[0], lists_mbs[0], False, True))
+        specs.append(("no runs", max_lists[0], lists_mbs[0], False, True, list_reads[0]))
     if compare_refine:
-        specs.append(("raw", max_lists[0], lists_mbs[0], True, False))
+        specs.append(("raw", max_lists[0], lists_mbs[0], True, False, list_reads[0]))
     if len(specs) > 1:
         print(f"Engines fed the same pages in turn: {', '.join(s[0] for s in specs)} "
               "('ml N': passage.max_list = N; 'mb N': cache.lists_mb = N; 'no runs' keeps one "
-              "key per list entry, never packing lists read from the store into runs; 'raw' "
+              "key per list entry, never packing lists read from the store into runs; 'lr N': "
+              "passage.max_list_read = N; 'raw' "
               "reports the scan's merged spans, passage.refine = false); "
               "process CPU is not split: '-'")
     print(f"{'pages':>7} {'variant':>8} {'ms/page':>8} {'fg cpu':>7} {'cpu ms':>7} "
           f"{'pass/pg':>7} {'lists/pass':>10} {'entries/pass':>12} {'keys/pass':>9} "
-          f"{'runs/pg':>7} {'stop/pass':>9} {'cand/pass':>9} {'pruned/pass':>11} "
+          f"{'runs/pg':>7} {'stop/pass':>9} {'cut/pass':>8} {'cand/pass':>9} {'pruned/pass':>11} "
           f"{'match/pg':>8} {'planted':>7} {'sk/ix/al cpu':>14} {'lc ent/MB':>9} "
           f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
     dirs = [tempfile.mkdtemp(dir=store_root) for _ in specs]
@@ -632,11 +641,14 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
     first_with_text: dict[int, int] = {}  # an exact duplicate is matched to the first copy
     canonical: list[int] = []
     try:
-        for (name, max_list, lists_mb, packed, refine), d in zip(specs, dirs, strict=True):
+        for (name, max_list, lists_mb, packed, refine, list_read), d in zip(specs, dirs,
+                                                                             strict=True):
             cfg = EngineConfig(near=NearConfig(enabled=False),
                                passage=PassageConfig(max_list=max_list, refine=refine,
                                                      max_candidates=caps[0],
-                                                     max_matches=caps[1]),
+                                                     max_matches=caps[1],
+                                                     **({"max_list_read": list_read}
+                                                        if list_read else {})),
                                cache=CacheConfig(lists_mb=lists_mb))
             eng = Engine.open(d, cfg)
             if not packed:
@@ -689,6 +701,7 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
                       f"{(c1['keys_read'] - c['keys_read']) / dp:>9.1f} "
                       f"{(c1['runs_written'] - c['runs_written']) / n:>7.2f} "
                       f"{(c1['stopped_bins'] - c['stopped_bins']) / dp:>9.2f} "
+                      f"{(c1.get('entries_cut', 0) - c.get('entries_cut', 0)) / dp:>8.1f} "
                       f"{(c1['candidates_scanned'] - c['candidates_scanned']) / dp:>9.2f} "
                       f"{(c1['candidates_pruned'] - c['candidates_pruned']) / dp:>11.2f} "
                       f"{v.matches / n:>8.2f} {v.planted_found / max(1, planted):>7.3f} "
@@ -752,6 +765,9 @@ def main() -> None:
                     "(engine.cache.lists_mb), one engine each")
     ap.add_argument("--max-list", default=str(PassageConfig.max_list),
                     help="scale: comma-separated passage.max_list values, one engine each")
+    ap.add_argument("--max-list-read", default=str(LIST_READ),
+                    help="scale: comma-separated passage.max_list_read values, one engine "
+                    "each")
     ap.add_argument("--stream", choices=("steady", "dense"), default="steady",
                     help="scale: the steady stream (remapped real text, planted copies) or "
                     "dense duplication (random chunks of the RFCs, each copied many times)")
@@ -793,7 +809,8 @@ def main() -> None:
                                      args.compare_refine,
                                      args.stream == "dense",
                                      (args.max_candidates, args.max_matches),
-                                     args.name or ("ours" if args.baseline else None)))
+                                     args.name or ("ours" if args.baseline else None),
+                                     tuple(int(x) for x in args.max_list_read.split(","))))
 
 
 def run_baseline(checkout: Path, argv: list[str]) -> None:

@@ -1,0 +1,289 @@
+"""Index shards by key (dupalign.shard): the same matches whatever the shard count.
+
+The oracle is the single ``Indexer``: random streams of adds, changed and unchanged
+revisits, deletes and retention sweeps give, page by page, exactly its matches with S in
+{1, 2, 3, 4} shards: exact, near (with an idf freeze inside the stream) and passages, OPH
+and weighted, with stop lists (a small ``max_list``), a small ``max_candidates`` and a small
+``max_list_read`` so that the caps decide. The list cache differs between the sides (one
+holds nothing, the other the default budget): a stop list has one definition whatever the
+cache holds (dupalign.passages, step 1), and shards hold other subsets of the lists.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from dupalign.config import EngineConfig, NearConfig, PassageConfig, RetentionConfig
+from dupalign.engine import Engine
+from dupalign.errors import StoreMismatch
+from dupalign.match import Match
+from dupalign.page import Page
+from dupalign.shard import SHARDS_KEY, ShardedIndexer, shard_dir
+from dupalign.store import Store, u64
+from tests.corpora import demo_pages
+from tests.test_lifecycle import _CHUNKS, _VOCAB, text_of
+
+ops = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.lists(st.integers(0, len(_CHUNKS) - 1), min_size=1,
+                                       max_size=3), st.integers(0, 40), st.booleans()),
+    st.tuples(st.just("changed"), st.integers(0, 50), st.lists(
+        st.integers(0, len(_CHUNKS) - 1), min_size=1, max_size=3), st.integers(0, 40)),
+    st.tuples(st.just("unchanged"), st.integers(0, 50)),
+    st.tuples(st.just("delete"), st.integers(0, 50)),
+    st.tuples(st.just("max_pages"), st.integers(1, 8)),
+), min_size=1, max_size=16)
+
+
+def config(mode: str, max_list: int, max_candidates: int,
+           max_list_read: int = 64) -> EngineConfig:
+    return EngineConfig(
+        near=NearConfig(idf_freeze_at=(6,)),
+        passage=PassageConfig(mode=mode, k=16, query_len=16, stride=8, min_len=8,
+                              max_list=max_list, max_candidates=max_candidates,
+                              max_list_read=max_list_read),
+    ).validate()
+
+
+def sharded(path: Path, cfg: EngineConfig, n: int) -> Engine:
+    """An engine over ``n`` shards; with n = 1 the ShardedIndexer all the same (a plain
+    ``Engine.open(shards=1)`` is the single Indexer)."""
+    if n > 1:
+        return Engine.open(path, cfg, shards=n)
+    engine = Engine.open(path, cfg)
+    engine.indexer = ShardedIndexer(engine.store, cfg, [Store(shard_dir(path, 0),
+                                                              engine.store.params)])
+    return engine
+
+
+def wire(matches: list[Match]) -> list[dict[str, Any]]:
+    return [m.to_dict() for m in matches]
+
+
+def run(engine: Engine, sequence: list[Any]) -> list[Any]:
+    """Every page's matches and alignment tasks (and every removal's count), in order: the
+    tasks too, since align drops candidates that cannot reach θ, and so would hide a
+    wrong candidate count."""
+    alive: dict[str, str] = {}
+    out: list[Any] = []
+    index = engine.indexer.index
+
+    def spy(sk: Any, source: Any = None, defer: bool = False) -> Any:
+        result = index(sk, source, defer)
+        t = None if result.align is None else result.align.tasks
+        out.append(None if t is None else [a.tolist() for a in (
+            t.t_p, t.t_o, t.lid, t.list_bin, t.list_key)])
+        return result
+
+    engine.indexer.index = spy  # type: ignore[method-assign]
+    try:
+        for clock, op in enumerate(sequence):
+            out += step(engine, alive, clock, op)
+    finally:
+        del engine.indexer.index  # the method again
+    return out
+
+
+def step(engine: Engine, alive: dict[str, str], clock: int, op: Any) -> list[Any]:
+    """One operation of a stream: what it returned (nothing when there was nothing alive to
+    revisit or delete)."""
+    kind = op[0]
+    if kind == "page":  # a given page
+        return [wire(engine.process(op[1]))]
+    if kind == "add":
+        _, chunks, edits, exact_copy = op
+        doc_id = f"p{clock}"
+        # an exact copy of the page alive picked by ``edits`` (exact-before-near)
+        body = (alive[list(alive)[edits % len(alive)]] if exact_copy and alive
+                else text_of(chunks, edits, tag=f"t{clock}"))
+        alive[doc_id] = body
+        return [wire(engine.process(Page(doc_id, body, fetched_at=clock)))]
+    if kind == "max_pages":
+        engine.config = replace(engine.config, retention=RetentionConfig(max_pages=op[1]))
+        for doc_id in list(alive)[: max(0, len(alive) - op[1])]:
+            del alive[doc_id]
+        return [engine.compact(now_ms=clock)]
+    if not alive:
+        return []
+    doc_id = list(alive)[op[1] % len(alive)]
+    if kind == "delete":
+        del alive[doc_id]
+        return [engine.delete([doc_id])]
+    if kind == "unchanged":
+        return [wire(engine.process(Page(doc_id, alive[doc_id].upper() + " " * clock)))]
+    alive[doc_id] = text_of(op[2], op[3], tag=f"v{clock}")
+    return [wire(engine.process(Page(doc_id, alive[doc_id])))]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=ops, mode=st.sampled_from(["oph", "weighted"]),
+       max_list=st.sampled_from([2, 4, 100_000]), max_candidates=st.sampled_from([1, 2, 16]),
+       max_list_read=st.sampled_from([1, 2, 64]), single_cached=st.booleans())
+# a changed revisit whose shared passage's lists hold max_list + 1 entries with its old
+# version: not a stop list, since the version it replaces does not count (dupalign.passages
+# step 1), so the revisit's passage finds both earlier pages
+@example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 3, 4], 0, False),
+                   ("add", [0, 5, 6], 0, False), ("changed", 2, [0, 7, 1], 0)],
+         mode="oph", max_list=2, max_candidates=16, max_list_read=64, single_cached=True)
+# the same with only each list's earliest entry counted: the revisit finds the first page
+@example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 3, 4], 0, False),
+                   ("add", [0, 5, 6], 0, False), ("changed", 2, [0, 7, 1], 0)],
+         mode="oph", max_list=2, max_candidates=16, max_list_read=1, single_cached=False)
+def test_any_shard_count_gives_the_matches_of_the_single_indexer(
+        sequence: list[Any], mode: str, max_list: int, max_candidates: int,
+        max_list_read: int, single_cached: bool) -> None:
+    cfg = config(mode, max_list, max_candidates, max_list_read)
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
+        with Engine.open(Path(tmp) / "single", cfg) as single:
+            assert not isinstance(single.indexer, ShardedIndexer)
+            if not single_cached:  # every list is read again from the store
+                single.passages.cache.budget = 0
+            want = run(single, sequence)
+        for n in (1, 2, 3, 4):
+            with sharded(Path(tmp) / f"s{n}", cfg, n) as engine:
+                assert isinstance(engine.indexer, ShardedIndexer)
+                if single_cached:  # the other budget than the single Indexer's
+                    for shard in engine.indexer.shards:
+                        shard.passages.cache.budget = 0
+                assert run(engine, sequence) == want, f"{n} shards"
+
+
+def _body(seed: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    return " ".join(rng.choice(_VOCAB) for _ in range(120))
+
+
+def test_keys_are_spread_over_the_shards_and_not_kept_by_the_fan_in(tmp_path: Path) -> None:
+    cfg = config("oph", 100_000, 16)
+    with Engine.open(tmp_path / "s", cfg, shards=3) as engine:
+        for i in range(12):
+            engine.process(Page(f"d{i}", _body(i)))
+        ix = engine.indexer
+        assert isinstance(ix, ShardedIndexer)
+        lists = [sum(1 for _ in s.store.items("oph")) for s in ix.shards]
+        sketches = [sorted(int.from_bytes(k, "big") for k, _ in s.store.items("cws"))
+                    for s in ix.shards]
+        assert all(n > 0 for n in lists)
+        assert sketches == [[o for o in range(12) if o % 3 == s] for s in range(3)]
+        assert next(engine.store.items("oph"), None) is None  # lists live in the shards
+        assert next(engine.store.items("cws"), None) is None
+        assert engine.store.get("forward", u64(5)) is not None  # align reads the fan-in's
+
+
+def test_a_store_refuses_another_shard_count_and_names_the_rebuild(tmp_path: Path) -> None:
+    cfg = config("oph", 100_000, 16)
+    with Engine.open(tmp_path / "s", cfg, shards=2) as engine:
+        engine.process(Page("a", _body(1)))
+    assert msgpack.unpackb(Store(tmp_path / "s", {}, read_only=True).get(
+        "meta", SHARDS_KEY)) == 2
+    for asked in (1, 3):
+        with pytest.raises(StoreMismatch, match=f"built for 2 index shard.*asked for {asked}"
+                                                f".*dupalign scan --store NEW_STORE "
+                                                f"--shards {asked}"):
+            Engine.open(tmp_path / "s", cfg, shards=asked)
+    # without a count, the store's: a second page matches the first across the shards
+    with Engine.open(tmp_path / "s", cfg) as engine:
+        assert isinstance(engine.indexer, ShardedIndexer)
+        assert [m.kind for m in engine.process(Page("b", _body(1) + " tail"))] == ["near"]
+    with Engine.open(tmp_path / "s", cfg, read_only=True) as reader:
+        assert len(reader.indexer.shards) == 2  # type: ignore[attr-defined]
+        assert reader.query_text(_body(1))
+    # a store made before shard counts were recorded (pages, no count) is one shard
+    with Engine.open(tmp_path / "one", cfg) as engine:
+        engine.process(Page("a", _body(1)))
+        batch = engine.store.batch()
+        batch.delete("meta", SHARDS_KEY)
+        engine.store.write(batch)
+    with pytest.raises(StoreMismatch, match="built for 1 index shard"):
+        Engine.open(tmp_path / "one", cfg, shards=2)
+
+
+def test_shard_entries_of_a_page_the_fan_in_never_stored_are_rolled_back(
+        tmp_path: Path) -> None:
+    """A crash between the shards' batches and the fan-in's: the shards hold entries of an
+    ordinal the fan-in does not have; they are removed at open, and the page indexed
+    again gives the matches of a store that never saw the crash."""
+    cfg = config("oph", 100_000, 16)
+    pages = [Page(f"d{i}", _body(i % 4) + f" own{i}") for i in range(8)]
+    with Engine.open(tmp_path / "ref", cfg, shards=2) as ref:
+        want = [[m.to_dict() for m in ref.process(p)] for p in pages]
+    with Engine.open(tmp_path / "s", cfg, shards=2) as engine:
+        got = [[m.to_dict() for m in engine.process(p)] for p in pages[:5]]
+        # the shards' writes of a sixth page (another text), not the fan-in's batch
+        ix = engine.indexer
+        assert isinstance(ix, ShardedIndexer)
+        sk = engine.sketch(Page("ghost", _body(9) + " ghost"))
+        assert sk.near is not None and sk.passage is not None
+        ix.near.put_sketch(engine.store.batch(), 5, sk.near.sketch)
+        mine = [shard.stage(5, sk.passage) for shard in ix.shards]
+        for shard in ix.shards:
+            shard.flush()
+        assert any(m is not None for m in mine)
+        assert any(s.needs_roll_back(5) for s in ix.shards)
+    with Engine.open(tmp_path / "s", cfg) as engine:
+        ix = engine.indexer
+        assert isinstance(ix, ShardedIndexer)
+        assert not any(s.needs_roll_back(5) for s in ix.shards)
+        got += [[m.to_dict() for m in engine.process(p)] for p in pages[5:]]
+    assert got == want
+
+
+def test_the_demo_corpus_through_the_pipeline_gives_the_single_engines_matches(
+        tmp_path: Path) -> None:
+    """The demo (exact, near and passage matches on real text), scanned with 2 shards and
+    the sketch/align pool of 2 processes, against one Indexer on one thread."""
+    pages = demo_pages()
+    with Engine.open(tmp_path / "single") as single:
+        want = [wire(single.process(p)) for p in pages]
+    with Engine.open(tmp_path / "sharded", shards=2) as engine:
+        got = [wire(found) if isinstance(found, list) else found
+               for _, found in engine.process_many(((p, None) for p in pages), jobs=2)]
+    for matches in (*want, *got):
+        for m in matches:
+            m.pop("detected_at", None)
+    assert sum(map(len, want)) == 25  # demo/README.md
+    assert got == want
+
+
+def test_a_page_that_fails_after_the_shards_wrote_leaves_nothing_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fan-in's batch of a page fails after the shards wrote theirs: the next page
+    takes the same ordinal, and the shards' entries of the failed page are rolled back
+    first, so later pages get the tasks and matches of a store that never saw it (a page
+    copying the failed one's text would otherwise find the next page as a candidate)."""
+    cfg = config("oph", 100_000, 16)
+    ghost = _body(7)
+    pages = [Page(f"d{i}", _body(i) + f" own{i}") for i in range(4)]
+    later = [Page("d5", _body(2) + " again"), Page("copy", ghost + " copy")]
+    with Engine.open(tmp_path / "ref", cfg, shards=2) as ref:
+        want = run_pages(ref, pages + later)
+    with Engine.open(tmp_path / "s", cfg, shards=2) as engine:
+        got = run_pages(engine, pages)
+        real_write = engine.store.write
+
+        def failing_write(batch: Any) -> None:
+            raise RuntimeError("the fan-in's write failed")
+
+        monkeypatch.setattr(engine.store, "write", failing_write)
+        with pytest.raises(RuntimeError, match="fan-in's write failed"):
+            engine.process(Page("ghost", ghost))
+        monkeypatch.setattr(engine.store, "write", real_write)
+        ix = engine.indexer
+        assert isinstance(ix, ShardedIndexer)
+        assert any(s.needs_roll_back(len(pages)) for s in ix.shards)  # the ghost's entries
+        got += run_pages(engine, later)
+    assert got == want
+
+
+def run_pages(engine: Engine, pages: list[Page]) -> list[Any]:
+    return run(engine, [("page", p) for p in pages])
