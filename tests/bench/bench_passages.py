@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import resource
 import shutil
@@ -544,6 +545,9 @@ def dense_stream(n: int, rng: np.random.Generator) -> Iterator[tuple[str, list[i
     earlier copies there are. Each page comes with the earlier pages that share 100 or
     more words of the same RFC with it (its planted copies: finding one of them counts)."""
     texts = [rfc_words(r) for r in corpora.rfc_numbers()]
+    if not texts:
+        raise SystemExit(f"the dense stream needs the RFCs of {corpora.RFC} (../shared/testdata "
+                         "beside the repository); none found")
     vocab = sorted({w for t in texts for w in t})
     print(f"dense duplication: chunks of {len(texts)} RFCs ({sum(map(len, texts))} words), "
           "10% edited; planted: pages sharing >= 100 words of their RFC with an earlier page")
@@ -634,6 +638,8 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
           f"{'runs/pg':>7} {'stop/pass':>9} {'cut/pass':>8} {'cand/pass':>9} {'pruned/pass':>11} "
           f"{'match/pg':>8} {'planted':>7} {'sk/ix/al cpu':>14} {'lc ent/MB':>9} "
           f"{'B/token':>8} {'oph B/tok':>9} {'store MB':>8} {'RSS MB':>7}")
+    if store_root is not None:
+        os.makedirs(store_root, exist_ok=True)
     dirs = [tempfile.mkdtemp(dir=store_root) for _ in specs]
     tokens = 0
     prof = cProfile.Profile() if profile_last else None
