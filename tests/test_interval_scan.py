@@ -112,6 +112,15 @@ def test_scan_equals_brute_force(r: dict) -> None:
     assert scan_rectangles(*args) == brute_scan_rectangles(*args)
 
 
+@settings(max_examples=400, deadline=None)
+@given(rectangles(), st.sampled_from([0, 3, 8]))
+def test_scan_with_the_tree_equals_brute_force(r: dict, flat_cells: int) -> None:
+    """The segment tree (more cells than ``flat_cells``) and the flat array of cell weights
+    (few cells, the default for small inputs) each give the brute force's ranges."""
+    args = (r["i_lo"], r["i_hi"], r["j_lo"], r["j_hi"], r["w"], r["threshold"], r["min_len"])
+    assert scan_rectangles(*args, flat_cells=flat_cells) == brute_scan_rectangles(*args)
+
+
 @settings(max_examples=150, deadline=None)
 @given(rectangles())
 def test_algorithm3_is_an_exact_partition(r: dict) -> None:
