@@ -41,12 +41,44 @@ FLAT_CELLS = 256  # at most this many end cells: a flat array instead of the seg
 
 
 @njit(cache=True, nogil=True)
+def radix_sort(keys: I64, tmp: I64) -> None:
+    """Sort non-negative int64 ``keys`` ascending in place (LSD, 8-bit digits, as many
+    passes as the largest key has bytes); ``tmp``: scratch of the same length."""
+    n = keys.shape[0]
+    top = 0
+    for x in range(n):
+        top = max(top, keys[x])
+    src, dst = keys, tmp
+    cnt = np.empty(256, dtype=np.int64)
+    shift = 0
+    while shift < 64 and (top >> shift) > 0:
+        cnt[:] = 0
+        for x in range(n):
+            cnt[(src[x] >> shift) & 255] += 1
+        total = 0
+        for d in range(256):
+            c = cnt[d]
+            cnt[d] = total
+            total += c
+        for x in range(n):
+            d = (src[x] >> shift) & 255
+            dst[cnt[d]] = src[x]
+            cnt[d] += 1
+        src, dst = dst, src
+        shift += 8
+    if shift % 16:  # an odd number of passes: the result is in tmp
+        keys[:] = src
+
+
+@njit(cache=True, nogil=True)
 def _sorted_ends(lo: I64, hi: I64) -> tuple[I64, I64]:
     """The 2m interval ends ``lo[x]`` (event x) and ``hi[x] + 1`` (event m + x) sorted by
     position: ``(positions, events)`` (order within a position is unspecified).
 
     Sorted as packed int64 keys (position − min ‖ event): in numba that is several times
-    faster than an argsort and gathers; argsort only if the positions span too far."""
+    faster than an argsort and gathers; argsort only if the positions span too far. The keys
+    are distinct, so any sort gives the same order: a radix sort (``radix_sort``), 0.4x the
+    time of numba's quicksort on llvm's large tasks and 0.85x on the dense stream's."""
     m = lo.shape[0]
     n = 2 * m
     base = lo.min()
@@ -64,7 +96,7 @@ def _sorted_ends(lo: I64, hi: I64) -> tuple[I64, I64]:
     for x in range(m):
         keys[x] = ((lo[x] - base) << bits) | x
         keys[m + x] = ((hi[x] + 1 - base) << bits) | (m + x)
-    keys.sort()
+    radix_sort(keys, np.empty(n, dtype=np.int64))
     mask = (1 << bits) - 1
     for e in range(n):
         pos[e] = (keys[e] >> bits) + base

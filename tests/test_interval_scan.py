@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dupalign.hashing import token_hashes
-from dupalign.interval_scan import align, align_sketch, collisions, scan_rectangles
+from dupalign.interval_scan import (
+    align,
+    align_sketch,
+    collisions,
+    radix_sort,
+    scan_rectangles,
+)
 from dupalign.oph import (
     compact_windows,
     compact_windows_binned,
@@ -244,3 +250,12 @@ def test_empty_inputs() -> None:
     w = compact_windows(np.zeros(0, dtype=np.uint64), 4)
     assert len(w) == 0
     assert align(oph_values(np.arange(3, dtype=np.uint64)), w, 4, (1, 2)) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 300), st.integers(0, (1 << 63) - 1)), max_size=600))
+def test_radix_sort_equals_sort(values: list[int]) -> None:
+    """The interval ends' sort: any number of byte passes (odd and even), repeated keys."""
+    keys = np.array(values, dtype=np.int64)
+    radix_sort(keys, np.empty_like(keys))
+    assert keys.tolist() == sorted(values)
