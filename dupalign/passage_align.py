@@ -31,6 +31,10 @@ import numpy.typing as npt
 from numba import njit
 
 from dupalign.interval_scan import scan_kernel
+# (numba's on-disk cache of a kernel is keyed by its own file only: after a change to a
+# kernel this module calls, e.g. the interval scan's sort and flat cell array, the cached
+# ``scan_tasks`` still runs the old code until this file changes or dupalign/__pycache__'s
+# .nbi/.nbc files are deleted)
 from dupalign.oph import oph_sketch_kernel
 
 I64 = npt.NDArray[np.int64]
