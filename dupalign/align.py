@@ -13,16 +13,16 @@ query). Runs anywhere: other threads, other processes, later other machines.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from dupalign import forward
+from dupalign import forward, span_refine
 from dupalign.config import EngineConfig
 from dupalign.match import Span
-from dupalign.passages import PassageIndex, _unpack_positions
+from dupalign.passages import _UNITS_MARK, PassageIndex, _unpack_positions
 from dupalign.store import Store, read_u64, u64
 from dupalign.text import Tokens
 
@@ -77,13 +77,70 @@ def spans_of_hit_arrays(
     lo = np.searchsorted(h_o[order], kept, side="left").tolist()
     hi = np.searchsorted(h_o[order], kept, side="right").tolist()
     q_units = np.asarray(units, np.uint64)
-    out = []
+    # per kept page: the boxes (query passage × page range) and estimates of its hits
+    groups = []
     for other, a, z in zip(kept.tolist(), lo, hi, strict=True):
         rows = order[a:z]
         boxes = np.stack((starts[h_p[rows]], ends[h_p[rows]], h_s[rows], h_e[rows]), axis=1)
-        spans = index._spans(other, boxes, h_x[rows], tokens, q_units)
-        if spans:
-            out.append((other, spans))
+        groups.append((other, boxes, h_x[rows]))
+    if index.cfg.refine and index.cfg.mode == "oph":
+        found = _refined_spans(index, groups, tokens, q_units)
+    else:
+        found = {other: index._spans(other, boxes, ests, tokens, q_units)
+                 for other, boxes, ests in groups}
+    return [(other, found[other]) for other, _, _ in groups if found[other]]
+
+
+def _refined_spans(index: PassageIndex, groups: list[tuple[int, I64, npt.NDArray[np.float64]]],
+                   tokens: Tokens, q_units: npt.NDArray[np.uint64]) -> dict[int, list[Span]]:
+    """``PassageIndex._spans`` of every kept page (refined, OPH), the pages' seeds, chains,
+    estimates and similarities in one kernel (``span_refine.refine_pages``): the same spans,
+    without the per-page Python and numpy calls around small kernels that cost more than
+    the scan itself on the dense stream. Pages indexed before units were kept go the old
+    way (they have the scan's spans only)."""
+    out: dict[int, list[Span]] = {}
+    batch = []  # (other, boxes, its positions record)
+    for other, boxes, ests in groups:
+        raw = index.store.get("positions", u64(other))
+        if raw is None:
+            out[other] = []
+        elif not raw.endswith(_UNITS_MARK):  # no units: the scan's spans
+            out[other] = index._spans(other, boxes, ests, tokens, q_units)
+        else:
+            batch.append((other, boxes, _unpack_positions(raw)))
+    if not batch:
+        return out
+    a = np.ascontiguousarray(q_units & np.uint64(0xFFFFFFFF))
+    b_units = [cast(npt.NDArray[np.uint32], pos[2]) for _, _, pos in batch]
+    b_off = np.zeros(len(batch) + 1, dtype=np.int64)
+    np.cumsum([len(u) for u in b_units], out=b_off[1:])
+    box_off = np.zeros(len(batch) + 1, dtype=np.int64)
+    np.cumsum([len(boxes) for _, boxes, _ in batch], out=box_off[1:])
+    params = index.chain_params
+    rows, sims = span_refine.refine_pages(
+        a, np.concatenate(b_units).astype(np.uint64),
+        b_off, np.ascontiguousarray(np.concatenate([boxes for _, boxes, _ in batch]),
+                                    dtype=np.int64),
+        box_off, params.margin, params.max_occ, params.match, params.gap, params.max_gap,
+        params.min_score, index.k)
+    shingle = index.cfg.shingle
+    g_rows = np.searchsorted(rows[:, 0], np.arange(len(batch) + 1)).tolist()
+    rows_l, sims_l = rows.tolist(), sims.tolist()
+    for g, (other, _, (o_starts, o_ends, _)) in enumerate(batch):
+        spans = []
+        for x in range(g_rows[g], g_rows[g + 1]):
+            _, q0, q1, t0, t1 = rows_l[x]
+            est, jac, cont, m_cont = (round(v, 4) for v in sims_l[x])
+            qs, qe = q0, q1 - 1 + shingle
+            ts, te = t0, t1 - 1 + shingle
+            if x + 1 < g_rows[g + 1]:  # pieces are disjoint in units, and in words too:
+                qe = min(qe, rows_l[x + 1][1])  # a last shingle's tail is cut
+            spans.append(Span(
+                tokens=(qs, qe), chars=tokens.char_range(qs, qe), match_tokens=(ts, te),
+                match_chars=(int(o_starts[ts]), int(o_ends[te - 1])) if te > ts else (0, 0),
+                est_jaccard=est, jaccard=jac, containment=cont, match_containment=m_cont))
+        spans.sort(key=lambda s: s.tokens)
+        out[other] = spans
     return out
 
 

@@ -33,6 +33,11 @@ from numba import njit
 from dupalign.interval_scan import scan_kernel
 from dupalign.oph import oph_sketch_kernel
 
+# (numba's on-disk cache of a kernel is keyed by its own file only: after a change to a
+# kernel this module calls, e.g. the interval scan's sort and flat cell array, the cached
+# ``scan_tasks`` still runs the old code until this file changes or dupalign/__pycache__'s
+# .nbi/.nbc files are deleted)
+
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 Bools = npt.NDArray[np.bool_]
@@ -387,8 +392,26 @@ def viable_tasks(
         # every window, whatever its length: the decision stays the one documented above
         m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match,
                             _ANY_LENGTH)
-        out[t] = _keep_reachable(buf, m, -(-rest // w_match), scratch)[0] > 0
+        out[t] = _any_reachable(buf, m, -(-rest // w_match), scratch)
     return out
+
+
+@njit(cache=True, nogil=True)
+def _any_reachable(buf: I64, m: int, m_min: int, scratch: I64) -> bool:
+    """Whether ``_keep_reachable`` would keep a rectangle, without compacting them: no end
+    sweep when no start position is reachable, and a stop at the first rectangle kept (the
+    viability filter needs no more)."""
+    n_i = _reachable_spans(buf, m, 0, m_min, scratch[0], scratch[1], scratch[2], scratch[3])
+    if n_i == 0:
+        return False
+    n_j = _reachable_spans(buf, m, 2, m_min, scratch[0], scratch[1], scratch[4], scratch[5])
+    i_s, i_e = scratch[2, :n_i], scratch[3, :n_i]
+    j_s, j_e = scratch[4, :n_j], scratch[5, :n_j]
+    for r in range(m):
+        if n_j and _meets(i_s, i_e, buf[r, 0], buf[r, 1]) and _meets(j_s, j_e, buf[r, 2],
+                                                                      buf[r, 3]):
+            return True
+    return False
 
 
 @njit(cache=True, nogil=True)

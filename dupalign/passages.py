@@ -187,9 +187,8 @@ class Tasks:
             return
         pages, buf, at = self._records
         self._records = None
-        task, b = np.nonzero(self.q_empty[self.t_p[tasks]])
-        self.empty_keys = np.unique(
-            (self.t_o[tasks[task]] << passage_align.EMPTY_KEY_SHIFT) | b)
+        self.empty_keys = forward.empty_keys(self.t_p, self.t_o, np.asarray(tasks, np.int64),
+                                             self.q_empty)
         self.empty_off, self.empty_lr = forward.gather_empty_at(buf, at, pages, self.empty_keys)
 
 

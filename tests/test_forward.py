@@ -103,3 +103,22 @@ def test_record_cache_reports_a_missing_record() -> None:
     with pytest.raises(KeyError, match=r"pages \[4\] have no forward record"):
         cache.records([3, 4], lambda ordinals: [b"\0" * 8 if o == 3 else None
                                                 for o in ordinals])
+
+
+@given(st.integers(1, 6), st.integers(1, 8), st.data())
+@settings(max_examples=200, deadline=None)
+def test_empty_keys_are_the_distinct_sorted_keys(n_p: int, k: int, data: st.DataObject) -> None:
+    """``forward.empty_keys``: the keys ``ordinal << 16 | bin`` of the tasks' empty bins, as
+    ``np.unique`` of them (tasks naming one page through several passages give each key
+    once)."""
+    q_empty = np.array(data.draw(st.lists(st.lists(st.booleans(), min_size=k, max_size=k),
+                                          min_size=n_p, max_size=n_p)), dtype=np.bool_)
+    pairs = data.draw(st.lists(st.tuples(st.integers(0, n_p - 1), st.integers(0, 5)),
+                               max_size=12, unique=True))
+    t_p = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)[:, 0].copy()
+    t_o = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)[:, 1].copy()
+    tasks = np.array(sorted(data.draw(st.sets(st.integers(0, max(0, len(pairs) - 1)))))
+                     if pairs else [], dtype=np.int64)
+    want = sorted({(int(t_o[t]) << 16) | b for t in tasks.tolist() for b in range(k)
+                   if q_empty[t_p[t], b]})
+    assert forward.empty_keys(t_p, t_o, tasks, q_empty).tolist() == want

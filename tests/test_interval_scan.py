@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dupalign.hashing import token_hashes
-from dupalign.interval_scan import align, align_sketch, collisions, scan_rectangles
+from dupalign.interval_scan import (
+    align,
+    align_sketch,
+    collisions,
+    radix_sort,
+    scan_rectangles,
+)
 from dupalign.oph import (
     compact_windows,
     compact_windows_binned,
@@ -110,6 +116,15 @@ def rectangles(draw: st.DrawFn) -> dict:
 def test_scan_equals_brute_force(r: dict) -> None:
     args = (r["i_lo"], r["i_hi"], r["j_lo"], r["j_hi"], r["w"], r["threshold"], r["min_len"])
     assert scan_rectangles(*args) == brute_scan_rectangles(*args)
+
+
+@settings(max_examples=400, deadline=None)
+@given(rectangles(), st.sampled_from([0, 3, 8]))
+def test_scan_with_the_tree_equals_brute_force(r: dict, flat_cells: int) -> None:
+    """The segment tree (more cells than ``flat_cells``) and the flat array of cell weights
+    (few cells, the default for small inputs) each give the brute force's ranges."""
+    args = (r["i_lo"], r["i_hi"], r["j_lo"], r["j_hi"], r["w"], r["threshold"], r["min_len"])
+    assert scan_rectangles(*args, flat_cells=flat_cells) == brute_scan_rectangles(*args)
 
 
 @settings(max_examples=150, deadline=None)
@@ -235,3 +250,12 @@ def test_empty_inputs() -> None:
     w = compact_windows(np.zeros(0, dtype=np.uint64), 4)
     assert len(w) == 0
     assert align(oph_values(np.arange(3, dtype=np.uint64)), w, 4, (1, 2)) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 300), st.integers(0, (1 << 63) - 1)), max_size=600))
+def test_radix_sort_equals_sort(values: list[int]) -> None:
+    """The interval ends' sort: any number of byte passes (odd and even), repeated keys."""
+    keys = np.array(values, dtype=np.int64)
+    radix_sort(keys, np.empty_like(keys))
+    assert keys.tolist() == sorted(values)

@@ -167,6 +167,9 @@ def test_keep_reachable_equals_brute_force(
     want = [r for r in rects.tolist()
             if ok_i & set(range(r[0], r[1] + 1)) and ok_j & set(range(r[2], r[3] + 1))]
     assert buf[:kept].tolist() == want
+    # the viability filter's shortcut: the same answer to "is any rectangle kept"
+    assert pa._any_reachable(rects.copy(), len(rects), m_min,
+                             np.empty((6, len(rects)), dtype=np.int64)) == bool(want)
 
 
 @settings(max_examples=300, deadline=None)

@@ -13,7 +13,9 @@ from dupalign.span_refine import (
     Piece,
     best_chain,
     chains,
+    oph_estimates,
     refine,
+    refine_pages,
     seeds,
     similarity,
 )
@@ -224,3 +226,39 @@ def test_similarity_equals_python_sets(a: list[int], b: list[int]) -> None:
     assert s.jaccard == (len(sa & sb) / len(sa | sb) if sa | sb else 0.0)
     assert s.containment == (len(sa & sb) / len(sa) if sa else 0.0)
     assert s.match_containment == (len(sa & sb) / len(sb) if sb else 0.0)
+
+
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=40), st.data(),
+       st.integers(0, 8), params, st.sampled_from([4, 16, 64]))
+@settings(max_examples=200, deadline=None)
+def test_refine_pages_equals_refine_per_page(a: list[int], data: st.DataObject, margin: int,
+                                             p: ChainParams, k: int) -> None:
+    """The one-kernel span work of the align stage (every earlier page at once) gives the
+    pieces, OPH estimates and similarities of ``refine``, ``oph_estimates`` and
+    ``similarity`` page by page, pages without boxes included."""
+    p = ChainParams(p.match, p.gap, p.max_gap, p.min_score, p.max_occ, margin)
+    pages = data.draw(st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=40),
+                               min_size=1, max_size=4))
+    page_boxes = [data.draw(st.one_of(st.just([]), boxes_for(len(a), len(b))))
+                  for b in pages]
+    qa = np.array(a, dtype=np.uint64)
+    want = []
+    for g, (b, boxes) in enumerate(zip(pages, page_boxes, strict=True)):
+        if not boxes:
+            continue
+        tb = np.array(b, dtype=np.uint64)
+        pieces = refine(qa, tb, np.array(boxes, dtype=np.int64), p)
+        rows = [(pc.q_start, pc.q_end, pc.t_start, pc.t_end) for pc in pieces]
+        ests = oph_estimates(qa, tb, np.array(rows, dtype=np.int64), k)
+        for (q0, q1, t0, t1), est in zip(rows, ests, strict=True):
+            sim = similarity(qa[q0:q1], tb[t0:t1])
+            want.append((g, q0, q1, t0, t1, est, sim.jaccard, sim.containment,
+                         sim.match_containment))
+    b_off = np.cumsum([0] + [len(b) for b in pages])
+    box_off = np.cumsum([0] + [len(bx) for bx in page_boxes])
+    all_boxes = np.array([x for bx in page_boxes for x in bx], dtype=np.int64).reshape(-1, 4)
+    rows, sims = refine_pages(qa, np.array([u for b in pages for u in b], dtype=np.uint64),
+                              b_off.astype(np.int64), all_boxes, box_off.astype(np.int64),
+                              p.margin, p.max_occ, p.match, p.gap, p.max_gap, p.min_score, k)
+    got = [(*r, *x) for r, x in zip(rows.tolist(), sims.tolist(), strict=True)]
+    assert got == want
