@@ -138,21 +138,28 @@ port = 0
         finally:
             await consumer.stop()
 
-    async def read(self, topic: str, idle_s: float = 1.5) -> list[Any]:
-        """Every committed record of ``topic``, read until nothing new arrives for idle_s."""
+    async def read(self, topic: str, timeout_s: float = 60) -> list[Any]:
+        """Every committed record of ``topic`` up to its last stable offset when called.
+        (It used to read until nothing new came for 1.5 s, which a slow start of the
+        consumer on a loaded machine cut short: a partition's records missing, and a
+        'nothing lost' check failing on records that were there.)"""
         consumer = AIOKafkaConsumer(
-            topic, bootstrap_servers=self.bootstrap, auto_offset_reset="earliest",
-            isolation_level="read_committed", enable_auto_commit=False,
+            bootstrap_servers=self.bootstrap, isolation_level="read_committed",
+            enable_auto_commit=False,
         )
         await consumer.start()
         out: list[Any] = []
         try:
-            last = time.monotonic()
-            while time.monotonic() - last < idle_s:
-                batch = await consumer.getmany(timeout_ms=200)
-                for records in batch.values():
+            parts = {self.pages: self.partitions, self.matches: 2, self.dlq: 1}[topic]
+            tps = [TopicPartition(topic, p) for p in range(parts)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            end = await consumer.end_offsets(tps)  # read_committed: the last stable offsets
+            deadline = time.monotonic() + timeout_s
+            while any([await consumer.position(tp) < end[tp] for tp in tps]):
+                assert time.monotonic() < deadline, f"{topic}: not read to {end} in {timeout_s} s"
+                for records in (await consumer.getmany(timeout_ms=500)).values():
                     out.extend(records)
-                    last = time.monotonic()
         finally:
             await consumer.stop()
         return out
@@ -256,7 +263,7 @@ async def test_tombstones_deletes_and_revisits_on_the_kafka_path(kafka_bootstrap
     assert await topics.committed_total() == len(records)
     assert sample(worker, "dupalign_pages_total", outcome="deleted") == 2
     assert sample(worker, "dupalign_lifecycle_pages_total", event="revisit_changed") == 1
-    assert await topics.read(topics.dlq, idle_s=0.5) == []
+    assert await topics.read(topics.dlq) == []
 
 
 def start_worker_process(config_path: Path, store: Path, log: Path) -> subprocess.Popen[bytes]:
