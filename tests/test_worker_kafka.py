@@ -23,6 +23,7 @@ import msgpack
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from dupalign.config import EngineConfig
 from dupalign.engine import Engine
@@ -328,6 +329,67 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
         for page in pages:
             stored.extend(match_key(m.to_dict(0)) for m in engine.process(page))
     assert collections.Counter(stored) == counts
+
+
+async def set_max_message_bytes(bootstrap: str, topic: str, size: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, topic,
+                                                  configs={"max.message.bytes": str(size)})])
+    finally:
+        await admin.close()
+
+
+@pytest.mark.testdata
+async def test_an_output_topic_that_refuses_the_matches_stops_the_worker_and_loses_nothing(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A producer failure (the broker refuses the batch's matches: larger than the output
+    topic's max.message.bytes) aborts the batch's transaction: its input offsets are not
+    committed, the worker stops with the cause in one line, and once the topic is fixed a
+    restart publishes every match exactly once."""
+    pages = clough_pages(30)
+    topics = await Topics(kafka_bootstrap, partitions=1).create()
+    await set_max_message_bytes(kafka_bootstrap, topics.matches, 100)  # below any match batch
+    await topics.send(pages)
+    _, config_path = topics.config(tmp_path, batch_size=4)
+    store, log = tmp_path / "store", tmp_path / "worker.log"
+    expected = collections.Counter(embedded_matches(pages, tmp_path / "embedded"))
+    assert expected
+
+    proc = start_worker_process(config_path, store, log)
+    try:
+        code = proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 1, text[-4000:]
+    stopped = [line for line in text.splitlines() if "worker stopped" in line]
+    assert stopped and f"bytes for topic {topics.matches}, over that topic's max.message.bytes" \
+        in stopped[-1], text[-4000:]
+    committed = await topics.committed_total()
+    assert committed < len(pages)  # the refused batch's offsets were not committed
+    assert f"nothing committed past offset {committed} " in stopped[-1] or committed == 0, \
+        stopped[-1]
+    assert await topics.read(topics.matches) == []  # its transaction was aborted
+
+    await set_max_message_bytes(kafka_bootstrap, topics.matches, 1 << 20)
+    proc = start_worker_process(config_path, store, log)
+    try:
+        async def finished() -> bool:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            return await topics.committed_total() == len(pages)
+        await wait_for(finished, 120, "all offsets committed after the topic was fixed")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    published = [match_key(messages.decode_match(r.value))
+                 for r in await topics.read(topics.matches)]
+    assert collections.Counter(published) == expected
 
 
 @pytest.mark.testdata

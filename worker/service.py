@@ -80,7 +80,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
 from dupalign.engine import Engine, PageReport
 from dupalign.errors import ConfigError, PageRejected, StoreError
@@ -667,6 +667,14 @@ class Worker:
                 log.warning("%s: batch not committed (%r); it will be consumed again", tp, exc)
                 return
             # Still ours: the next batch would commit past this one, whose output is lost.
+            if isinstance(exc, MessageSizeTooLargeError):
+                largest = max(result.outgoing, key=lambda o: len(o.value), default=None)
+                if largest is not None:
+                    raise FatalError(
+                        f"the broker refused a batch of {tp}: its largest record is "
+                        f"{len(largest.value)} bytes for topic {largest.topic}, over that "
+                        "topic's max.message.bytes or kafka.max_request_size; raise them "
+                        f"({exc!r})") from exc
             raise
         done = time.perf_counter()
         m = self.metrics
