@@ -277,6 +277,24 @@ def start_worker_process(config_path: Path, store: Path, log: Path) -> subproces
         )
 
 
+async def run_worker_to_the_end(topics: Topics, config_path: Path, store: Path, log: Path,
+                                n_pages: int, what: str) -> None:
+    """A worker process until it has committed ``n_pages`` input offsets, then SIGTERM: it
+    must exit 0."""
+    proc = start_worker_process(config_path, store, log)
+    try:
+        async def finished() -> bool:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            return await topics.committed_total() == n_pages
+        await wait_for(finished, 120, what)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 @pytest.mark.testdata
 async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
     kafka_bootstrap: str, tmp_path: Path
@@ -376,17 +394,8 @@ async def test_an_output_topic_that_refuses_the_matches_stops_the_worker_and_los
     assert await topics.read(topics.matches) == []  # its transaction was aborted
 
     await set_max_message_bytes(kafka_bootstrap, topics.matches, 1 << 20)
-    proc = start_worker_process(config_path, store, log)
-    try:
-        async def finished() -> bool:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            return await topics.committed_total() == len(pages)
-        await wait_for(finished, 120, "all offsets committed after the topic was fixed")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    await run_worker_to_the_end(topics, config_path, store, log, len(pages),
+                                "all offsets committed after the topic was fixed")
     published = [match_key(messages.decode_match(r.value))
                  for r in await topics.read(topics.matches)]
     assert collections.Counter(published) == expected

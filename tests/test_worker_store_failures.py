@@ -12,7 +12,6 @@ import asyncio
 import collections
 import contextlib
 import shutil
-import signal
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.test_worker_kafka import (
     clough_pages,
     embedded_matches,
     match_key,
+    run_worker_to_the_end,
     sample,
     start_worker_process,
     wait_for,
@@ -191,18 +191,8 @@ async def test_disk_full_stops_the_worker_without_committing_and_loses_nothing(
     in_store = stored_offset(store, topics.pages)
     assert 0 < committed <= in_store < len(pages), (committed, in_store)
 
-    proc = start_worker_process(config_path, store, log)
-    try:
-        async def finished() -> bool:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            return await topics.committed_total() == len(pages)
-        await wait_for(finished, 120, "all offsets committed after the restart")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
+    await run_worker_to_the_end(topics, config_path, store, log, len(pages),
+                                "all offsets committed after the restart")
     expected = embedded_matches(pages, tmp_path / "scan")
     assert expected
     assert await published_matches(topics) == collections.Counter(expected)
