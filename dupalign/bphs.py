@@ -49,7 +49,7 @@ def _mask(width: int) -> int:
     return (1 << width) - 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _permute(x, src_shift, widths, dst_shift):
     y = np.uint64(0)
     for k in range(src_shift.shape[0]):
@@ -58,7 +58,7 @@ def _permute(x, src_shift, widths, dst_shift):
     return y
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _permute_all(fps, src_shift, widths, dst_shift):
     out = np.empty_like(fps)
     for i in range(fps.shape[0]):
@@ -66,7 +66,7 @@ def _permute_all(fps, src_shift, widths, dst_shift):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _lower_bound(a, v):
     lo = 0
     hi = a.shape[0]
@@ -79,7 +79,7 @@ def _lower_bound(a, v):
     return lo
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _bphs_one(tables, tords, src_shift, widths, dst_shift, low_masks, prior_masks, x, h, first,
               out_o, out_h, n):
     """One lookup in all T tables; returns (n, ok), ok False when out_* overflowed."""
@@ -109,7 +109,7 @@ def _bphs_one(tables, tords, src_shift, widths, dst_shift, low_masks, prior_mask
     return n, True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _bphs_batch_kernel(tables, tords, src_shift, widths, dst_shift, low_masks, prior_masks,
                        qfps, h, first):
     m = qfps.shape[0]

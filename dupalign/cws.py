@@ -86,7 +86,7 @@ def _unit(x: np.uint64) -> float:
     return (np.float64(x >> np.uint64(11)) + 0.5) / 9007199254740992.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _icws_kernel(
     base: U64, lnw: F64, sample_keys: U64, salts: U64, best_i: I64, best_t: I64, best_lna: F64
 ) -> None:
@@ -181,7 +181,7 @@ def icws_sketch(hashes: npt.ArrayLike, weights: npt.ArrayLike, K: int, seed: int
     return pack_samples(s, seed)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _minhash_kernel(base: U64, sample_keys: U64, salt_c: np.uint64, out: U64) -> None:
     # samples outer: the running minimum stays in a register while features stream by
     for k in range(sample_keys.shape[0]):
@@ -213,7 +213,7 @@ def minhash_sketch(features: npt.ArrayLike, K: int, seed: int = 0) -> U64:
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _shingle_features_kernel(h: U64, span: int, c_step: np.uint64, c_last: np.uint64,
                              c_feature: np.uint64, out: U64) -> None:
     # hashing.shingle_hashes(h, span, salt), then minhash_sketch's feature mix, per shingle

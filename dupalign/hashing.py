@@ -64,7 +64,7 @@ def _bytes_le(buf: npt.NDArray[np.uint8], a: int, n: int) -> np.uint64:
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _murmur3_64_kernel(buf: npt.NDArray[np.uint8], seed: np.uint64, out: U64) -> None:
     # MurmurHash3_x64_128 (Austin Appleby, public domain), h1 only, of each NUL-separated
     # run of ``buf`` (token t goes to out[t]); uint64 arithmetic wraps as in C

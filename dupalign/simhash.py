@@ -26,7 +26,7 @@ F64 = npt.NDArray[np.float64]
 BITS = 64
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _simhash_kernel(hashes: U64, weights: F64, w_out: F64) -> np.uint64:
     # Features outer, bits inner, ± per bit: the paper's order of additions, so a plain
     # Python twin reproduces W bit for bit (and this order measured fastest).
@@ -47,7 +47,7 @@ def _simhash_kernel(hashes: U64, weights: F64, w_out: F64) -> np.uint64:
     return fp
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _simhash_batch_kernel(
     hashes: U64, weights: F64, offsets: npt.NDArray[np.int64], fps: U64, w_out: F64
 ) -> None:
