@@ -26,7 +26,17 @@ from dupalign.engine import Engine
 from dupalign.errors import StoreMismatch
 from dupalign.match import Match
 from dupalign.page import Page
-from dupalign.shard import SHARDS_KEY, ShardedIndexer, shard_dir
+from dupalign.shard import (
+    SHARDS_KEY,
+    FanInIndexer,
+    IndexShard,
+    Partial,
+    ShardedIndexer,
+    ShardMessage,
+    answer,
+    settle,
+    shard_dir,
+)
 from dupalign.store import Store, u64
 from tests.corpora import demo_pages
 from tests.test_lifecycle import _CHUNKS, _VOCAB, text_of
@@ -287,3 +297,81 @@ def test_a_page_that_fails_after_the_shards_wrote_leaves_nothing_there(
 
 def run_pages(engine: Engine, pages: list[Page]) -> list[Any]:
     return run(engine, [("page", p) for p in pages])
+
+
+class Loopback(FanInIndexer):
+    """The fan-in of the Kafka topology with its S shards in this process, every keys
+    message and partial through its bytes (``ShardMessage``, ``Partial``): what the index
+    and shard roles do, without Kafka; each page is decided as soon as it is indexed."""
+
+    def __init__(self, store: Store, cfg: EngineConfig, n: int) -> None:
+        super().__init__(store, cfg, n)
+        self.shards = [IndexShard(Store(shard_dir(store.path, i), store.params), cfg, i, n)
+                       for i in range(n)]
+        self.seq = 0
+
+    def deliver(self) -> list[Partial]:
+        partials = []
+        for s, msg in self.take():
+            shard = self.shards[s]
+            p = answer(shard, ShardMessage.from_bytes(msg.to_bytes()))
+            shard.flush()
+            settle(shard)
+            if p is not None:
+                partials.append(Partial.from_bytes(p.to_bytes()))
+        return partials
+
+    def index(self, sk: Any, source: Any = None, defer: bool = False) -> Any:
+        self.seq += 1
+        self.begin(self.seq)
+        result = super().index(sk, source, defer)
+        partials = self.deliver()
+        if self.awaits(self.seq):
+            assert len(partials) == self.n_shards
+            self.decide(self.seq, partials)
+        else:
+            assert not partials
+        return result
+
+    def remove(self, versions: list[Any]) -> None:
+        """A delete (inside ``index``) or a retention sweep: sent at once."""
+        super().remove(versions)
+        assert not self.deliver()
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.store.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=ops, mode=st.sampled_from(["oph", "weighted"]),
+       max_list=st.sampled_from([2, 4, 100_000]), max_candidates=st.sampled_from([1, 2, 16]),
+       max_list_read=st.sampled_from([1, 2, 64]), n=st.sampled_from([2, 3]))
+@example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 3, 4], 0, False),
+                   ("add", [0, 5, 6], 0, False), ("changed", 2, [0, 7, 1], 0)],
+         mode="oph", max_list=2, max_candidates=16, max_list_read=64, n=2)
+# near duplicates (a few words apart), then a changed revisit of the first
+@example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 1, 2], 1, False),
+                   ("add", [0, 1, 2], 2, False), ("add", [0, 1, 2], 1, False),
+                   ("changed", 0, [0, 1, 2], 3)],
+         mode="weighted", max_list=100_000, max_candidates=16, max_list_read=64, n=3)
+def test_the_shards_as_processes_give_the_matches_of_the_single_indexer(
+        sequence: list[Any], mode: str, max_list: int, max_candidates: int,
+        max_list_read: int, n: int) -> None:
+    """The fan-in (``FanInIndexer``: the page directory, decided from partials) and S
+    shards that only see keys messages (``answer``, ``settle``), every message through its
+    bytes: page by page the single Indexer's matches and tasks."""
+    cfg = config(mode, max_list, max_candidates, max_list_read)
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
+        with Engine.open(Path(tmp) / "single", cfg) as single:
+            want = run(single, sequence)
+        with Engine.open(Path(tmp) / "fan-in", cfg, shards=n, remote_shards=True) as engine:
+            assert isinstance(engine.indexer, FanInIndexer)
+            engine.indexer = Loopback(engine.store, cfg, n)
+            try:
+                assert run(engine, sequence) == want
+                assert next(engine.store.items("oph"), None) is None  # lists: the shards'
+                assert next(engine.store.items("cws"), None) is None
+            finally:
+                engine.indexer.close()
