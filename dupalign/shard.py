@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -59,7 +60,15 @@ from dupalign.passages import (
     query_lists,
 )
 from dupalign.sketch import PageSketch
-from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, read_u64, u64
+from dupalign.store import (
+    Batch,
+    Store,
+    delete_ordinals,
+    offsets_key,
+    ordinal_ranges,
+    read_u64,
+    u64,
+)
 
 T = TypeVar("T")
 I64 = npt.NDArray[np.int64]
@@ -760,3 +769,70 @@ class FanInIndexer(Indexer):
             return []
         self.unfinished = sum(1 for _ in self.store.items("unfinished"))
         return []
+
+
+PARTIAL_PREFIX = b"partial/"  # meta of a shard's store: seq -> the partial it answered
+APPLIED_KEY = b"applied_seq"  # meta of a shard's store: the last sequence record applied
+
+
+class ShardStore:
+    """One index shard as a process of its own keeps it (worker/role_shard.py): its
+    ``IndexShard`` over ``<store_dir>/shards/<shard>``, the last sequence record it applied,
+    and the partials of its last ``kept`` pages, written in the batch of each page with the
+    input offset: a keys message read again (the store ran ahead of the committed input
+    before a crash, or the fan-in sent it again) is answered with the same partial."""
+
+    def __init__(self, store_dir: str | Path, config: EngineConfig, shard: int, n_shards: int,
+                 kept: int) -> None:
+        from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES
+
+        config = config.validate()
+        self.store = Store(shard_dir(store_dir, shard), config.frozen_params(),
+                           implied=IMPLIED_PARAMS, upgrades=PARAM_UPGRADES,
+                           block_cache_bytes=config.cache.blocks_mb << 20)
+        try:
+            _check_shard(self.store, shard, n_shards, False)
+        except BaseException:
+            self.store.close()
+            raise
+        self.shard = IndexShard(self.store, config, shard, n_shards)
+        raw = self.store.get("meta", APPLIED_KEY)
+        self.applied = -1 if raw is None else read_u64(raw)
+        self.kept_max = kept
+        self.kept = deque(read_u64(k, len(PARTIAL_PREFIX))
+                          for k, _ in self.store.prefix("meta", PARTIAL_PREFIX))
+
+    def offset(self, topic: str, partition: int) -> int | None:
+        """The next input offset after the last record applied (None: a new store)."""
+        raw = self.store.get("offsets", offsets_key(topic, partition))
+        return None if raw is None else read_u64(raw)
+
+    def apply(self, msg: ShardMessage, source: tuple[str, int, int]) -> Partial | None:
+        """Apply the keys message read at ``source`` (its partial, if it is a page's); one
+        read before (``seq`` at or below the last applied) is answered from the store."""
+        if msg.seq <= self.applied:
+            if msg.ordinal is None:
+                return None
+            raw = self.store.get("meta", PARTIAL_PREFIX + u64(msg.seq))
+            if raw is None:
+                raise StoreMismatch(
+                    f"shard {self.shard.shard}: the keys message of sequence record {msg.seq} "
+                    f"came again, but its partial is not kept any more (the last "
+                    f"{self.kept_max}: kafka.shard_partials_kept)")
+            return Partial.from_bytes(raw)
+        out = answer(self.shard, msg)
+        batch = self.shard.batch()
+        batch.put("meta", APPLIED_KEY, u64(msg.seq))
+        batch.put("offsets", offsets_key(source[0], source[1]), u64(source[2] + 1))
+        if out is not None:
+            batch.put("meta", PARTIAL_PREFIX + u64(msg.seq), out.to_bytes())
+            self.kept.append(msg.seq)
+            while len(self.kept) > self.kept_max:
+                batch.delete("meta", PARTIAL_PREFIX + u64(self.kept.popleft()))
+        self.shard.flush()
+        settle(self.shard)
+        self.applied = msg.seq
+        return out
+
+    def close(self) -> None:
+        self.store.close()
