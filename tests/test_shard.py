@@ -33,6 +33,7 @@ from dupalign.shard import (
     Partial,
     ShardedIndexer,
     ShardMessage,
+    ShardStore,
     answer,
     settle,
     shard_dir,
@@ -375,3 +376,73 @@ def test_the_shards_as_processes_give_the_matches_of_the_single_indexer(
                 assert next(engine.store.items("cws"), None) is None
             finally:
                 engine.indexer.close()
+
+
+class Recording(Loopback):
+    """``Loopback`` whose shards are ``ShardStore``s (what the shard role keeps), with
+    every keys message kept, in order, per shard."""
+
+    def __init__(self, store: Store, cfg: EngineConfig, n: int, root: Path) -> None:
+        FanInIndexer.__init__(self, store, cfg, n)
+        self.stores = [ShardStore(root, cfg, i, n, kept=16) for i in range(n)]
+        self.seq = 0
+        self.log: list[list[bytes]] = [[] for _ in range(n)]
+        self.answers: list[list[bytes]] = [[] for _ in range(n)]
+
+    def deliver(self) -> list[Partial]:
+        partials = []
+        for s, msg in self.take():
+            raw = msg.to_bytes()
+            self.log[s].append(raw)
+            p = self.stores[s].apply(ShardMessage.from_bytes(raw),
+                                     ("keys", s, len(self.log[s]) - 1))
+            if p is not None:
+                self.answers[s].append(p.to_bytes())
+                partials.append(Partial.from_bytes(p.to_bytes()))
+        return partials
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+def _contents(store: Store) -> dict[str, list[tuple[bytes, bytes]]]:
+    return {f: list(store.items(f)) for f in ("oph", "cws", "forward", "meta", "offsets")}
+
+
+def test_a_shard_store_reads_its_keys_again_after_a_crash_and_answers_the_same(
+        tmp_path: Path) -> None:
+    """The shard role after a crash (its store ahead of the committed input) and after a
+    move to an empty directory (a rebuild from the first keys message): every message
+    read again is answered with the partial it had, and the store ends as it was."""
+    cfg = config("oph", 4, 16)
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        engine.indexer = ix = Recording(engine.store, cfg, 2, tmp_path / "a")
+        try:
+            for i in range(24):  # copies and near copies of 4 bodies, then deletes
+                engine.process(Page(f"d{i}", _body(i % 4) + f" extra{i % 3}"))
+            engine.delete(["d1", "d2"])
+            engine.process(Page("d3", _body(9)))  # a changed revisit
+            want = [_contents(s.store) for s in ix.stores]
+        finally:
+            ix.close()
+    assert all(len(a) > 16 for a in ix.answers)  # more than the partials kept
+    for s in range(2):
+        log = ix.log[s]
+        store = ShardStore(tmp_path / "b", cfg, s, 2, kept=16)
+        got = [store.apply(ShardMessage.from_bytes(r), ("keys", s, i))
+               for i, r in enumerate(log[:12])]
+        store.close()  # the crash: the input committed up to message 5 only
+        store = ShardStore(tmp_path / "b", cfg, s, 2, kept=16)
+        assert store.offset("keys", s) == 12
+        again = [store.apply(ShardMessage.from_bytes(r), ("keys", s, 5 + i))
+                 for i, r in enumerate(log[5:])]
+        answers = [p.to_bytes() for p in got[:5] + again if p is not None]
+        assert answers == ix.answers[s]
+        assert _contents(store.store) == {**want[s], "offsets": want[s]["offsets"]}
+        store.close()
+    # a repeat older than the partials kept cannot be answered: said, not guessed
+    store = ShardStore(tmp_path / "b", cfg, 0, 2, kept=16)
+    with pytest.raises(StoreMismatch, match="its partial is not kept any more"):
+        store.apply(ShardMessage.from_bytes(ix.log[0][0]), ("keys", 0, 0))
+    store.close()

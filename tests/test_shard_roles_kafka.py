@@ -6,11 +6,13 @@ own OS process: the matches are exactly those of one ``scan`` over the pages in
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import signal
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from tests.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import (
@@ -35,6 +37,20 @@ async def matches_equal_scan(topo: Topology, n_pages: int, oracle: Path) -> None
     assert got == expected
 
 
+async def shard_lag(topo: Topology) -> bool:
+    """Whether keys records are past the shard group's committed offsets (a transaction's
+    commit marker takes the last offset of a partition a shard has caught up with)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=topo.bootstrap,
+                                group_id=f"{topo.group}-shard", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topo.topic["keys"], p) for p in range(2)]
+        end = await consumer.end_offsets(tps)
+        return any([end[tp] - (await consumer.committed(tp) or 0) > 1 for tp in tps])
+    finally:
+        await consumer.stop()
+
+
 @pytest.mark.testdata
 async def test_two_index_shards_as_processes_give_the_matches_of_scan(
         kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -57,5 +73,48 @@ async def test_two_index_shards_as_processes_give_the_matches_of_scan(
         for log in (log_a, log_b):
             assert "index shard " in log.read_text()
         assert not (tmp_path / "fan-in" / "shards").exists()
+    finally:
+        topo.stop_all()
+
+
+@pytest.mark.testdata
+async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_change_nothing(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Tests (b) for the shard role and (c) with shards: one shard process holds both
+    shards; SIGKILL mid-stream and a restart on its store (the messages from the committed
+    offset are read again: answered from the stored partials, nothing lost or published
+    twice); then a second process on a fresh store directory takes one shard over and
+    rebuilds it by replaying its keys partition; the matches stay those of scan."""
+    topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
+    pages = clough_pages() + synthetic_pages(240, seed=11)
+    chunks = [pages[i::4] for i in range(4)]  # interleaved: copies span the chunks
+    try:
+        for role in ("sketch", "align"):
+            topo.start(role)
+        topo.start("index", tmp_path / "fan-in")
+        shard, shard_log = topo.start("shard", tmp_path / "shards-a")
+        await wait_log(shard_log, "index shard 1 owned", 120)
+
+        await topo.send(chunks[0])
+        at = await progressed(topo, 10)
+        await topo.send(chunks[1])
+        # mid-stream: once keys past its committed offsets are there (its open
+        # transaction aborts; its store may be ahead of the committed offsets)
+        while not await shard_lag(topo):
+            topo.check_alive()
+            await asyncio.sleep(0.05)
+        shard.send_signal(signal.SIGKILL)
+        shard.wait(30)
+        _, again_log = topo.start("shard", tmp_path / "shards-a")  # the same store
+        await wait_log(again_log, "index shard 1 owned", 120)
+        await topo.send(chunks[2])
+        at = await progressed(topo, at + 10)
+
+        # another machine: its store is empty, the group gives it one of the shards
+        _, fresh_log = topo.start("shard", tmp_path / "shards-b")
+        await wait_log(fresh_log, "rebuilding it from the retained keys partition", 120)
+        await topo.send(chunks[3])
+        await matches_equal_scan(topo, len(pages), tmp_path / "oracle")
+        assert "rebuilt up to offset" in fresh_log.read_text()
     finally:
         topo.stop_all()
