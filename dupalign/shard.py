@@ -50,7 +50,8 @@ from dupalign import forward
 from dupalign.config import EngineConfig
 from dupalign.errors import StoreMismatch
 from dupalign.hashing import mix64
-from dupalign.index import Indexer, IndexResult, Query
+from dupalign.index import Indexer, IndexResult, Query, StoredVersion
+from dupalign.match import Match
 from dupalign.near import NearIndex, NearState
 from dupalign.passages import (
     PassageIndex,
@@ -75,6 +76,7 @@ I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 SHARDS_KEY = b"index_shards"  # meta of the fan-in's store: the shard count, msgpack int
 SHARD_KEY = b"index_shard"  # meta of a shard's store: [shard, count]
+OUTBOX_PREFIX = b"outbox/"  # meta of the fan-in's store: seq -> its shard messages
 _LIST_SALT = 0x5348415244  # "SHARD"
 REBUILD_BY_REPLAY = ("dupalign scan --store NEW_STORE --shards {n} INPUT... (the pages in "
                      "their original order; in the Kafka topology, the index roles replay "
@@ -622,10 +624,21 @@ class Outbox:
         self.seq = seq
         self.messages = [ShardMessage(seq) for _ in range(self.n_shards)]
         self.queried = False
+        self.page: dict[str, Any] | None = None  # what deciding the page needs again
 
     def remove(self, ordinals: list[int]) -> None:
         for m in self.messages:
             (m.post if self.queried else m.pre).extend(int(o) for o in ordinals)
+
+    def persist(self, batch: Batch) -> None:
+        """The record's messages (and what deciding its page needs) into the batch that
+        writes what they tell the shards: after a crash they are sent again
+        (``FanInIndexer.recover``), whether the transaction that sent them committed or
+        not; a shard answers a message it applied from its stored partial."""
+        batch.put("meta", OUTBOX_PREFIX + u64(self.seq), msgpack.packb({
+            "messages": [[s, m.to_bytes()] for s, m in enumerate(self.messages)
+                         if not m.empty],
+            "page": self.page}, use_bin_type=True))
 
 
 class RemoteNear(ShardedNear):
@@ -671,6 +684,7 @@ class RemotePassages(ShardedPassages):
         self.stage_forward(batch, ordinal, state)
         for s, m in enumerate(self.outbox.messages):
             m.windows = None if state is None else owned_part(state, s, len(self.shards))
+        self.outbox.persist(batch)  # the page's batch: its last write
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:
         pass
@@ -678,6 +692,7 @@ class RemotePassages(ShardedPassages):
     def stage_removal(self, batch: Batch, ordinals: list[int]) -> Removal:
         dead = self.stage_forward_removal(batch, ordinals)
         self.outbox.remove(dead.tolist())
+        self.outbox.persist(batch)
         return Removal(dead, np.zeros(0, np.int64), np.zeros(0, np.uint64))
 
     def commit_removal(self, removal: Removal) -> None:
@@ -746,8 +761,69 @@ class FanInIndexer(Indexer):
         for m, sq in zip(self.outbox.messages, queries, strict=True):
             m.ordinal, m.query = ordinal, sq
         self.outbox.queried = True
+        self.outbox.page = {"prev": None if prev is None else [
+            prev.ordinal, prev.doc_id, prev.content_hash, prev.simhash, prev.url,
+            prev.fetched_at, prev.replay_key], "original": q.original,
+            # under the idf table in force now (a later page may freeze another)
+            "fingerprint": None if sk.near is None else sk.near.fingerprint}
         self.queries[self.outbox.seq] = q
         return False
+
+    def _put_matches(self, batch: Any, ordinal: int, matches: list[Match],
+                     source: tuple[str, int, int] | None) -> None:
+        """A page's matches are stored in sequence order: the messages of the records up
+        to it are in the shards (its partials came), so they are not kept any more."""
+        super()._put_matches(batch, ordinal, matches, source)
+        if source is not None:
+            batch.delete_range("meta", OUTBOX_PREFIX, OUTBOX_PREFIX + u64(source[2] + 1))
+
+    def last_record(self) -> int | None:
+        """The last sequence record whose changes are in the store (its shard messages are
+        kept until a page after it is finished, which stores its offset)."""
+        last = None
+        for key, _ in self.store.prefix("meta", OUTBOX_PREFIX):
+            last = read_u64(key, len(OUTBOX_PREFIX))
+        return last
+
+    def recover(self, published: int) -> list[tuple[int, int, ShardMessage]]:
+        """On taking the store over: the messages of the sequence records from
+        ``published`` on, to send again (seq, shard, message), in order; the pages among
+        them not finished are decided again once read again (``resume``)."""
+        unfinished = {}
+        for _, raw in self.store.items("unfinished"):
+            result = IndexResult.from_bytes(raw)
+            assert result.source is not None
+            unfinished[result.source[2]] = result
+        out: list[tuple[int, int, ShardMessage]] = []
+        self.resumable: dict[int, tuple[IndexResult, dict[str, Any]]] = {}
+        for key, raw in self.store.prefix("meta", OUTBOX_PREFIX):
+            seq = read_u64(key, len(OUTBOX_PREFIX))
+            if seq < published:
+                continue
+            d = msgpack.unpackb(raw, raw=False)
+            out += [(seq, s, ShardMessage.from_bytes(m)) for s, m in d["messages"]]
+            if seq in unfinished:
+                self.resumable[seq] = (unfinished.pop(seq), d["page"])
+        if unfinished:
+            raise StoreMismatch(f"pages {sorted(unfinished)} of the index fan-in's store are "
+                                "not finished and their shard messages are not kept")
+        return out
+
+    def resume(self, seq: int, sk: PageSketch) -> IndexResult | None:
+        """A page of the store not finished before the crash, read again: it waits for its
+        partials (sent again by ``recover``) to be decided as it would have been."""
+        got = getattr(self, "resumable", {}).pop(seq, None)
+        if got is None:
+            return None
+        result, page = got
+        p = page["prev"]
+        prev = None if p is None else StoredVersion(p[0], p[1], bytes(p[2]), p[3], p[4], p[5],
+                                                    None if p[6] is None else bytes(p[6]))
+        assert result.ordinal is not None
+        if sk.near is not None and page["fingerprint"] is not None:
+            sk.near.fingerprint = page["fingerprint"]  # as when it was indexed
+        self.queries[seq] = Query(result, sk, prev, page["original"], result.ordinal)
+        return result
 
     def decide(self, seq: int, partials: list[Partial]) -> IndexResult:
         """The page's matches and tasks from its shards' partials (one per shard)."""

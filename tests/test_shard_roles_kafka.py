@@ -83,15 +83,16 @@ async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_chan
     """Tests (b) for the shard role and (c) with shards: one shard process holds both
     shards; SIGKILL mid-stream and a restart on its store (the messages from the committed
     offset are read again: answered from the stored partials, nothing lost or published
-    twice); then a second process on a fresh store directory takes one shard over and
-    rebuilds it by replaying its keys partition; the matches stay those of scan."""
+    twice); a SIGKILL of the fan-in and a restart on its store; then a second shard
+    process on a fresh store directory takes one shard over and rebuilds it by replaying
+    its keys partition; the matches stay those of scan."""
     topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
     pages = clough_pages() + synthetic_pages(240, seed=11)
     chunks = [pages[i::4] for i in range(4)]  # interleaved: copies span the chunks
     try:
         for role in ("sketch", "align"):
             topo.start(role)
-        topo.start("index", tmp_path / "fan-in")
+        fan_in, _ = topo.start("index", tmp_path / "fan-in")
         shard, shard_log = topo.start("shard", tmp_path / "shards-a")
         await wait_log(shard_log, "index shard 1 owned", 120)
 
@@ -108,6 +109,14 @@ async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_chan
         _, again_log = topo.start("shard", tmp_path / "shards-a")  # the same store
         await wait_log(again_log, "index shard 1 owned", 120)
         await topo.send(chunks[2])
+        at = await progressed(topo, at + 5)
+        # the fan-in too, mid-stream; on its store again, it sends the shard messages of
+        # the records from the published ordinal on again and decides its unfinished
+        # pages from the partials (the shards answer repeats from their stores)
+        fan_in.send_signal(signal.SIGKILL)
+        fan_in.wait(30)
+        _, fan_in_log = topo.start("index", tmp_path / "fan-in")
+        await wait_log(fan_in_log, "index shard owned", 120)
         at = await progressed(topo, at + 10)
 
         # another machine: its store is empty, the group gives it one of the shards

@@ -135,6 +135,7 @@ class IndexRole:
         self.waiting: deque[Waiting] = deque()
         self.by_ordinal: dict[int, Waiting] = {}
         self.partials: dict[int, dict[int, Partial]] = {}  # ordinal -> shard -> partial
+        self.resend: list[Outgoing] = []  # index shards: messages sent again on a takeover
         self.floor = start  # sketches of lower ordinals are not needed
         self.silent_below = silent_below  # rebuilding: publish nothing below this ordinal
         self.owner = False
@@ -224,20 +225,15 @@ class IndexRole:
                 self.executor, functools.partial(
                     Engine.open, self.store_dir, self.config.engine, shards=self.n_shards,
                     remote_shards=self.n_shards > 1))
-            if self.n_shards > 1 and self.engine.indexer.unfinished:
-                raise TopologyError(
-                    "the index fan-in's store holds pages whose shard partials never came "
-                    "(a crash of the index role with index shards): taking it over is not "
-                    "built yet (docs/topology.md, Limits)")
             stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
                       ).get((self.seq_tp.topic, 0))
+            indexer = self.engine.indexer
+            if isinstance(indexer, FanInIndexer):  # its pages not finished are stored too
+                last = await loop.run_in_executor(self.executor, indexer.last_record)
+                if last is not None:
+                    stored = max(stored or 0, last + 1)
             committed = await committed_offsets(consumer, assigned)
             published = committed.get(self.seq_tp, 0)
-            if self.n_shards > 1 and (stored or 0) < published:
-                raise TopologyError(
-                    f"the index fan-in's store is behind the published matches ({stored} < "
-                    f"{published}): rebuilding the fan-in by replay with index shards is not "
-                    "built yet (docs/topology.md, Limits)")
             if stored is not None and stored >= published:
                 self._reset(published, 0)
                 consumer.seek(self.seq_tp, published)
@@ -255,6 +251,16 @@ class IndexRole:
             if self.n_shards > 1:
                 await self._seek(self.partials_tp, committed.get(self.partials_tp))
             self._resume_lifecycle(stored)
+            if isinstance(indexer, FanInIndexer):
+                # the shard messages of the records from E on, whether their transaction
+                # committed or not (a shard answers what it applied from its store)
+                again = await loop.run_in_executor(self.executor, indexer.recover, published)
+                self.resend = [Outgoing(self.kc.keys_topic, m.to_bytes(), partition=shard,
+                                        headers=[ordinal_header(seq)])
+                               for seq, shard, m in again]
+                if again:
+                    log.info("index fan-in: %d shard messages from ordinal %d sent again",
+                             len(again), again[0][0])
             self.owner = True
             self.metrics.assigned.labels(self.name).set(len(assigned))
             consumer.resume(*assigned)
@@ -296,7 +302,8 @@ class IndexRole:
         engine = self.engine
         assert engine is not None
         indexer = engine.indexer
-        out: list[Outgoing] = []
+        out: list[Outgoing] = self.resend
+        self.resend = []
         while self.expected and self.expected[0][0] in self.sketches:
             ordinal, source = self.expected[0]
             sk = PageSketch.from_bytes(self.sketches[ordinal][1])
@@ -310,8 +317,20 @@ class IndexRole:
             if self._lifecycle(ordinal, sk):
                 self._to_shards(out, ordinal)
                 continue
+            if isinstance(indexer, FanInIndexer) and (
+                    resumed := indexer.resume(ordinal, sk)) is not None:
+                # indexed before a crash, not finished: decided from its partials again
+                waiting = Waiting(ordinal, source, sketch_offset, resumed, undecided=True)
+                self.waiting.append(waiting)
+                self.by_ordinal[ordinal] = waiting
+                continue
             at = (self.seq_tp.topic, 0, ordinal)
             if ordinal < self.silent_below:  # rebuilding what was published
+                if isinstance(indexer, FanInIndexer):
+                    raise TopologyError(
+                        f"the index fan-in's store is behind the published matches (ordinal "
+                        f"{ordinal} < {self.silent_below}): rebuilding the fan-in by replay "
+                        "with index shards is not built yet (docs/topology.md, Limits)")
                 result = indexer.index(sk, at, defer=True)
                 with contextlib.suppress(PageRejected):
                     indexer.finish(result, engine.align(result))
