@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from tests.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import (
@@ -127,3 +128,21 @@ async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_chan
         assert "rebuilt up to offset" in fresh_log.read_text()
     finally:
         topo.stop_all()
+
+
+async def test_a_keys_topic_with_another_partition_count_stops_the_roles(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The keys topic must have one partition per shard: a shard process (and the fan-in)
+    on a keys topic made for 3 shards stops at start and says so."""
+    topo = Topology(kafka_bootstrap, tmp_path, index_shards=2)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topo.topic["keys"], 3, 1)])
+    finally:
+        await admin.close()
+    for role, store in (("shard", tmp_path / "shards"), ("index", tmp_path / "fan-in")):
+        proc, log = topo.start(role, store)
+        assert proc.wait(120) == 1
+        assert (f"topic {topo.topic['keys']!r} has 3 partitions; the topology needs exactly "
+                "2") in log.read_text()

@@ -284,7 +284,11 @@ class IndexRole:
             if tp == self.partials_tp:
                 partial = Partial.from_bytes(rec.value)
                 waiting = self.by_ordinal.get(partial.seq)
-                if waiting is not None and waiting.undecided:  # the first one wins
+                indexer = None if self.engine is None else self.engine.indexer
+                # a page it waits for, or one to resume after a takeover, whose partial
+                # can come before the page is read again; the first one wins
+                if (waiting is not None and waiting.undecided) or (
+                        isinstance(indexer, FanInIndexer) and indexer.will_resume(partial.seq)):
                     self.partials.setdefault(partial.seq, {}).setdefault(partial.shard, partial)
                 continue
             ordinal = record_ordinal(rec)

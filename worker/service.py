@@ -866,6 +866,10 @@ def run_worker(args: argparse.Namespace) -> int:
         print("dupalign worker: --store is required (the index and shard roles keep their "
               "stores there)", file=sys.stderr)
         return 2
+    if "shard" in roles and config.kafka.index_shards < 2:
+        print("dupalign worker: --roles shard needs kafka.index_shards >= 2 (with 1, the "
+              "index role holds the whole index)", file=sys.stderr)
+        return 2
     setup_logging(config.worker.log_level, config.worker.log_format)
     if roles != ROLES:  # a part of the topology (worker/roles.py)
         return asyncio.run(serve_roles(config, roles, args.store))
