@@ -56,12 +56,13 @@ class Engine:
     """The duplicate engine over one store. Not thread-safe: call from one thread."""
 
     def __init__(self, store: Store, config: EngineConfig, read_only: bool = False,
-                 shards: int | None = None) -> None:
+                 shards: int | None = None, remote_shards: bool = False) -> None:
         self.config = config
         self.store = store
         self.read_only = read_only
         # one Indexer, or index shards (dupalign.shard); ``shards``: None takes the store's
-        self.indexer: Indexer = open_indexer(store, config, read_only, shards)
+        # (``remote_shards``: the index role of the Kafka topology, its shards elsewhere)
+        self.indexer: Indexer = open_indexer(store, config, read_only, shards, remote_shards)
         self.sketcher = Sketcher(config)
         self.aligner = Aligner(config, store)  # reads forward records from the store
         self.last_report = PageReport()
@@ -85,7 +86,7 @@ class Engine:
     @classmethod
     def open(
         cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False,
-        shards: int | None = None,
+        shards: int | None = None, remote_shards: bool = False,
     ) -> Engine:
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
@@ -94,7 +95,7 @@ class Engine:
         try:
             if read_only:  # a reader takes the store's frozen parameters, whatever it asked
                 config = config.with_frozen(store.params)
-            return cls(store, config, read_only, shards)
+            return cls(store, config, read_only, shards, remote_shards)
         except BaseException:
             store.close()
             raise

@@ -213,6 +213,30 @@ class IndexResult:
                    None if d["align"] is None else AlignRequest.from_dict(d["align"]), d["done"])
 
 
+@dataclass
+class Query:
+    """What ``Indexer.index`` found in the page directory for a page that gets an ordinal,
+    and what ``Indexer._decide`` needs to find its matches and tasks."""
+
+    result: IndexResult
+    sk: PageSketch
+    prev: StoredVersion | None  # the version the page replaces
+    original: int | None  # an exact duplicate: the stored page it repeats
+    ordinal: int
+
+    @property
+    def skip(self) -> frozenset[int]:
+        return frozenset() if self.prev is None else frozenset((self.prev.ordinal,))
+
+    @property
+    def near_state(self) -> NearState | None:
+        return None if self.original is not None else self.sk.near
+
+    @property
+    def passage_state(self) -> PassageState | None:
+        return None if self.original is not None else self.sk.passage
+
+
 class Indexer:
     """The index stage over one store. Not thread-safe: one thread calls ``index`` and
     ``finish``, each in ordinal order."""
@@ -267,22 +291,45 @@ class Indexer:
         if sk.unchanged:  # sketched against a version that is no longer the stored one
             raise RuntimeError(f"page {sk.id!r} was sketched as an unchanged revisit of a "
                                "version that is no longer stored")
-        skip = frozenset() if prev is None else frozenset((prev.ordinal,))
         if prev is not None:
             self.counters.changed += 1
-            result.matches.append(self._changed(sk, prev))
         ordinal = result.ordinal = self.next_ordinal
         original = self._exact_original(sk.content_hash)
         t1 = time.perf_counter()
         times.exact = t1 - t0
-        near_state: NearState | None = None
-        passage_state: PassageState | None = None
-        if original is not None:
-            result.matches.append(self._match(sk.id, "exact", original, est_jaccard=1.0))
-            t2 = t3 = t1
+        query = Query(result, sk, prev, original, ordinal)
+        decided = self._decide(query)
+        near_state, passage_state = query.near_state, query.passage_state
+        t3 = time.perf_counter()
+        write = partial(self._write, result, sk, near_state, passage_state, prev)
+        if decided and result.align is None and not self.unfinished:  # one batch
+            result.done = True
+            write(result.matches)
+        elif decided and defer and not self.unfinished:  # finish writes it all, after align
+            result.deferred = write
         else:
-            assert sk.near is not None and sk.passage is not None
-            near_state, passage_state = sk.near, sk.passage
+            self.unfinished += 1
+            write(None)
+        times.store = time.perf_counter() - t3
+        return result
+
+    def _decide(self, q: Query) -> bool:
+        """The page's matches and alignment tasks: the revisit relation to the version it
+        replaces, then the exact match, or the near search and the passage tasks (``q``:
+        what ``index`` found in the page directory). True: decided now; the index fan-in
+        of the Kafka topology (dupalign.shard ``FanInIndexer``) decides later, from its
+        shards' partials, and returns False."""
+        result, sk, prev, ordinal, times = q.result, q.sk, q.prev, q.ordinal, self.times
+        skip = q.skip
+        t1 = time.perf_counter()
+        if prev is not None:
+            result.matches.append(self._changed(sk, prev))
+        if q.original is not None:
+            result.matches.append(self._match(sk.id, "exact", q.original, est_jaccard=1.0))
+            t2 = t1
+        else:
+            near_state, passage_state = q.near_state, q.passage_state
+            assert near_state is not None and passage_state is not None
             c = self.near.counters
             before = (c.probes, c.candidates, c.filter.pairs, c.filter.samples_saved)
             # never against its own earlier version (removed in the page's batch); in
@@ -309,19 +356,9 @@ class Indexer:
                     result.align = AlignRequest(
                         ordinal, passage_state.starts, passage_state.ends,
                         passage_state.positions, tasks)
-            t3 = time.perf_counter()
+        t3 = time.perf_counter()
         times.near, times.passage = t2 - t1, t3 - t2
-        write = partial(self._write, result, sk, near_state, passage_state, prev)
-        if result.align is None and not self.unfinished:  # complete in one batch
-            result.done = True
-            write(result.matches)
-        elif defer and not self.unfinished:  # finish writes it all, after align
-            result.deferred = write
-        else:
-            self.unfinished += 1
-            write(None)
-        times.store = time.perf_counter() - t3
-        return result
+        return True
 
     def _write(self, result: IndexResult, sk: PageSketch, near_state: NearState | None,
                passage_state: PassageState | None, prev: StoredVersion | None,

@@ -369,9 +369,7 @@ class PassageIndex:
         keys, empty = state.keys, state.empty
         self.counters.passages += len(keys)
         n_p, k = keys.shape
-        # the distinct inverted lists named by the sketches, in key order
-        rows, bins = np.nonzero(~empty)
-        l_bins, l_keys, inverse = _distinct_lists(bins.astype(np.int64), keys[rows, bins])
+        rows, bins, l_bins, l_keys, inverse = query_lists(state)
         lid = np.full((n_p, k), -1, dtype=np.int64)
         lid[rows, bins] = inverse
         long, start, n_before, ords = self.list_heads(l_bins, l_keys, before, replaced)
@@ -716,6 +714,16 @@ class PassageIndex:
             "passage_stop_entries_skipped": c.stop_entries_skipped,
             "passage_entries_cut": c.entries_cut,
         }
+
+
+def query_lists(state: PassageState) -> tuple[I64, I64, I64, U64, I64]:
+    """The distinct inverted lists named by the page's passage sketches, in key order
+    (``l_bins``, ``l_keys``), with the (passage, bin) cells that name them (``rows``,
+    ``bins``) and each cell's list (``inverse``): what ``find_tasks`` reads the heads of."""
+    assert state.keys is not None and state.empty is not None
+    rows, bins = np.nonzero(~state.empty)
+    l_bins, l_keys, inverse = _distinct_lists(bins.astype(np.int64), state.keys[rows, bins])
+    return rows, bins, l_bins, l_keys, inverse
 
 
 def _distinct_lists(bins: I64, keys: U64) -> tuple[I64, U64, I64]:

@@ -26,7 +26,18 @@ from dupalign.engine import Engine
 from dupalign.errors import StoreMismatch
 from dupalign.match import Match
 from dupalign.page import Page
-from dupalign.shard import SHARDS_KEY, ShardedIndexer, shard_dir
+from dupalign.shard import (
+    SHARDS_KEY,
+    FanInIndexer,
+    IndexShard,
+    Partial,
+    ShardedIndexer,
+    ShardMessage,
+    ShardStore,
+    answer,
+    settle,
+    shard_dir,
+)
 from dupalign.store import Store, u64
 from tests.corpora import demo_pages
 from tests.test_lifecycle import _CHUNKS, _VOCAB, text_of
@@ -287,3 +298,151 @@ def test_a_page_that_fails_after_the_shards_wrote_leaves_nothing_there(
 
 def run_pages(engine: Engine, pages: list[Page]) -> list[Any]:
     return run(engine, [("page", p) for p in pages])
+
+
+class Loopback(FanInIndexer):
+    """The fan-in of the Kafka topology with its S shards in this process, every keys
+    message and partial through its bytes (``ShardMessage``, ``Partial``): what the index
+    and shard roles do, without Kafka; each page is decided as soon as it is indexed."""
+
+    def __init__(self, store: Store, cfg: EngineConfig, n: int) -> None:
+        super().__init__(store, cfg, n)
+        self.shards = [IndexShard(Store(shard_dir(store.path, i), store.params), cfg, i, n)
+                       for i in range(n)]
+        self.seq = 0
+
+    def deliver(self) -> list[Partial]:
+        partials = []
+        for s, msg in self.take():
+            shard = self.shards[s]
+            p = answer(shard, ShardMessage.from_bytes(msg.to_bytes()))
+            shard.flush()
+            settle(shard)
+            if p is not None:
+                partials.append(Partial.from_bytes(p.to_bytes()))
+        return partials
+
+    def index(self, sk: Any, source: Any = None, defer: bool = False) -> Any:
+        self.seq += 1
+        self.begin(self.seq)
+        result = super().index(sk, source, defer)
+        partials = self.deliver()
+        if self.awaits(self.seq):
+            assert len(partials) == self.n_shards
+            self.decide(self.seq, partials)
+        else:
+            assert not partials
+        return result
+
+    def remove(self, versions: list[Any]) -> None:
+        """A delete (inside ``index``) or a retention sweep: sent at once."""
+        super().remove(versions)
+        assert not self.deliver()
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.store.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sequence=ops, mode=st.sampled_from(["oph", "weighted"]),
+       max_list=st.sampled_from([2, 4, 100_000]), max_candidates=st.sampled_from([1, 2, 16]),
+       max_list_read=st.sampled_from([1, 2, 64]), n=st.sampled_from([2, 3]))
+@example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 3, 4], 0, False),
+                   ("add", [0, 5, 6], 0, False), ("changed", 2, [0, 7, 1], 0)],
+         mode="oph", max_list=2, max_candidates=16, max_list_read=64, n=2)
+# near duplicates (a few words apart), then a changed revisit of the first
+@example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 1, 2], 1, False),
+                   ("add", [0, 1, 2], 2, False), ("add", [0, 1, 2], 1, False),
+                   ("changed", 0, [0, 1, 2], 3)],
+         mode="weighted", max_list=100_000, max_candidates=16, max_list_read=64, n=3)
+def test_the_shards_as_processes_give_the_matches_of_the_single_indexer(
+        sequence: list[Any], mode: str, max_list: int, max_candidates: int,
+        max_list_read: int, n: int) -> None:
+    """The fan-in (``FanInIndexer``: the page directory, decided from partials) and S
+    shards that only see keys messages (``answer``, ``settle``), every message through its
+    bytes: page by page the single Indexer's matches and tasks."""
+    cfg = config(mode, max_list, max_candidates, max_list_read)
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
+        with Engine.open(Path(tmp) / "single", cfg) as single:
+            want = run(single, sequence)
+        with Engine.open(Path(tmp) / "fan-in", cfg, shards=n, remote_shards=True) as engine:
+            assert isinstance(engine.indexer, FanInIndexer)
+            engine.indexer = Loopback(engine.store, cfg, n)
+            try:
+                assert run(engine, sequence) == want
+                assert next(engine.store.items("oph"), None) is None  # lists: the shards'
+                assert next(engine.store.items("cws"), None) is None
+            finally:
+                engine.indexer.close()
+
+
+class Recording(Loopback):
+    """``Loopback`` whose shards are ``ShardStore``s (what the shard role keeps), with
+    every keys message kept, in order, per shard."""
+
+    def __init__(self, store: Store, cfg: EngineConfig, n: int, root: Path) -> None:
+        FanInIndexer.__init__(self, store, cfg, n)
+        self.stores = [ShardStore(root, cfg, i, n, kept=16) for i in range(n)]
+        self.seq = 0
+        self.log: list[list[bytes]] = [[] for _ in range(n)]
+        self.answers: list[list[bytes]] = [[] for _ in range(n)]
+
+    def deliver(self) -> list[Partial]:
+        partials = []
+        for s, msg in self.take():
+            raw = msg.to_bytes()
+            self.log[s].append(raw)
+            p = self.stores[s].apply(ShardMessage.from_bytes(raw),
+                                     ("keys", s, len(self.log[s]) - 1))
+            if p is not None:
+                self.answers[s].append(p.to_bytes())
+                partials.append(Partial.from_bytes(p.to_bytes()))
+        return partials
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+
+def _contents(store: Store) -> dict[str, list[tuple[bytes, bytes]]]:
+    return {f: list(store.items(f)) for f in ("oph", "cws", "forward", "meta", "offsets")}
+
+
+def test_a_shard_store_reads_its_keys_again_after_a_crash_and_answers_the_same(
+        tmp_path: Path) -> None:
+    """The shard role after a crash (its store ahead of the committed input) and after a
+    move to an empty directory (a rebuild from the first keys message): every message
+    read again is answered with the partial it had, and the store ends as it was."""
+    cfg = config("oph", 4, 16)
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        engine.indexer = ix = Recording(engine.store, cfg, 2, tmp_path / "a")
+        try:
+            for i in range(24):  # copies and near copies of 4 bodies, then deletes
+                engine.process(Page(f"d{i}", _body(i % 4) + f" extra{i % 3}"))
+            engine.delete(["d1", "d2"])
+            engine.process(Page("d3", _body(9)))  # a changed revisit
+            want = [_contents(s.store) for s in ix.stores]
+        finally:
+            ix.close()
+    assert all(len(a) > 16 for a in ix.answers)  # more than the partials kept
+    for s in range(2):
+        log = ix.log[s]
+        store = ShardStore(tmp_path / "b", cfg, s, 2, kept=16)
+        got = [store.apply(ShardMessage.from_bytes(r), ("keys", s, i))
+               for i, r in enumerate(log[:12])]
+        store.close()  # the crash: the input committed up to message 5 only
+        store = ShardStore(tmp_path / "b", cfg, s, 2, kept=16)
+        assert store.offset("keys", s) == 12
+        again = [store.apply(ShardMessage.from_bytes(r), ("keys", s, 5 + i))
+                 for i, r in enumerate(log[5:])]
+        answers = [p.to_bytes() for p in got[:5] + again if p is not None]
+        assert answers == ix.answers[s]
+        assert _contents(store.store) == {**want[s], "offsets": want[s]["offsets"]}
+        store.close()
+    # a repeat older than the partials kept cannot be answered: said, not guessed
+    store = ShardStore(tmp_path / "b", cfg, 0, 2, kept=16)
+    with pytest.raises(StoreMismatch, match="its partial is not kept any more"):
+        store.apply(ShardMessage.from_bytes(ix.log[0][0]), ("keys", 0, 0))
+    store.close()

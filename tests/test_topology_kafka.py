@@ -298,6 +298,8 @@ async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(
 @pytest.mark.parametrize("args, message", [
     (["--roles", "sketch,fetch"], "--roles: unknown roles ['fetch']"),
     (["--roles", "index"], "--store is required"),
+    (["--roles", "shard"], "--store is required"),
+    (["--roles", "shard", "--store", "/nonexistent"], "needs kafka.index_shards >= 2"),
 ])
 def test_bad_roles_are_refused_before_anything_starts(
         kafka_bootstrap: str, args: list[str], message: str) -> None:

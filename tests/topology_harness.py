@@ -38,13 +38,15 @@ class Topology:
 
     def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4,
                  engine: EngineConfig | None = None, engine_toml: str = "",
-                 transactions: bool = True) -> None:
+                 transactions: bool = True, index_shards: int = 1) -> None:
         """``engine_toml``: ``[engine...]`` tables for the roles, the same settings as
-        ``engine`` (the oracle's configuration); ``transactions``: ``kafka.transactions``."""
+        ``engine`` (the oracle's configuration); ``transactions``: ``kafka.transactions``;
+        ``index_shards``: ``kafka.index_shards`` (> 1: shard processes, ``--roles shard``)."""
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
-        names = ("pages", "matches", "dlq", "sequence", "sketches", "align", "aligned")
+        names = ("pages", "matches", "dlq", "sequence", "sketches", "align", "aligned",
+                 "keys", "partials")
         self.topic = {n: f"{n}-{tag}" for n in names}
         t = self.topic
         self.config_path = tmp / f"topology-{tag}.toml"
@@ -58,6 +60,9 @@ sequence_topic = "{t['sequence']}"
 sketch_topic = "{t['sketches']}"
 align_topic = "{t['align']}"
 aligned_topic = "{t['aligned']}"
+keys_topic = "{t['keys']}"
+partials_topic = "{t['partials']}"
+index_shards = {index_shards}
 group_id = "{self.group}"
 create_topics = true
 transactions = {str(transactions).lower()}

@@ -54,14 +54,21 @@ class KafkaConfig:
     create_topics: bool = False  # create missing topics at start-up
     # The topology (``dupalign worker --roles``, worker/roles.py): the topics between the
     # sketch, index and align roles. ``sequence_topic`` has one partition (its offsets are
-    # the pages' ordinals); ``sketch_topic`` and ``aligned_topic`` have one partition per
-    # index shard; ``align_topic`` has ``align_partitions`` (the most align processes).
+    # the pages' ordinals); ``sketch_topic`` and ``aligned_topic`` have one partition (the
+    # index role's); ``align_topic`` has ``align_partitions`` (the most align processes).
     sequence_topic: str = field(default="pages.sequence", metadata={"nonempty": True})
     sketch_topic: str = field(default="pages.sketches", metadata={"nonempty": True})
     align_topic: str = field(default="pages.align", metadata={"nonempty": True})
     aligned_topic: str = field(default="pages.aligned", metadata={"nonempty": True})
-    # index shards: fixed per deployment; only 1 (one shard holds the whole index) is built
-    index_shards: int = field(default=1, metadata=_rng(1, 1))
+    # index shards: fixed per deployment. 1: the index role holds the whole index. S > 1:
+    # the index role is the fan-in (the page directory) and S shard processes (``--roles
+    # shard``) hold the keyed index, one partition of ``keys_topic`` each; they answer on
+    # ``partials_topic`` (1 partition); each keeps the partials of its last
+    # ``shard_partials_kept`` pages (answers to repeats after a crash)
+    index_shards: int = field(default=1, metadata=_rng(1, 1024))
+    keys_topic: str = field(default="pages.keys", metadata={"nonempty": True})
+    partials_topic: str = field(default="pages.partials", metadata={"nonempty": True})
+    shard_partials_kept: int = field(default=4096, metadata=_rng(16, 1 << 24))
     align_partitions: int = field(default=4, metadata=_rng(1, 10_000))
     topic_partitions: int = field(default=1, metadata=_rng(1, 10_000))
     replication_factor: int = field(default=1, metadata=_rng(1, 32))
@@ -103,7 +110,8 @@ class KafkaConfig:
         if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
             raise ConfigError("kafka.output_topic", "input, output and DLQ topics must differ")
         topology = (self.input_topic, self.output_topic, self.dlq_topic, self.sequence_topic,
-                    self.sketch_topic, self.align_topic, self.aligned_topic)
+                    self.sketch_topic, self.align_topic, self.aligned_topic,
+                    self.keys_topic, self.partials_topic)
         if len(set(topology)) != len(topology):
             raise ConfigError("kafka.sequence_topic", "the topology's topics must differ from "
                               "each other and from the input, output and DLQ topics")

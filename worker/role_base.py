@@ -71,6 +71,19 @@ class StatelessRole:
     def outgoing(self, prepared: Any) -> list[Outgoing]:
         raise NotImplementedError
 
+    def offsets(self, tp: TopicPartition, records: list[Any]) -> dict[TopicPartition, int]:
+        """The offsets the batch's transaction commits (a role replaying below the
+        committed offset commits none)."""
+        return {tp: records[-1].offset + 1}
+
+    async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
+        """A partition assigned (its producer started, so its previous owner is fenced):
+        where to read it from (None: the beginning). Roles with state open it here."""
+        return committed
+
+    async def release(self, tps: Iterable[TopicPartition]) -> None:
+        """Partitions revoked (their producers stopped)."""
+
     def stop(self) -> None:
         self.stopping.set()
 
@@ -93,7 +106,7 @@ class StatelessRole:
                     prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
                                                           records)
                     async with self.metrics.transaction(self.name), hop(
-                            producer, self.group_id, {tp: records[-1].offset + 1},
+                            producer, self.group_id, self.offsets(tp, records),
                             None if self.kc.transactions else consumer):
                         await self.produce(producer, prepared)
                     self.metrics.produced(self.name, self.outgoing(prepared))
@@ -102,14 +115,17 @@ class StatelessRole:
             await self._close()
 
     async def _close(self) -> None:
+        held = list(self.producers)
         await stop_quietly(self.consumer, *self.producers.values())
         self.producers.clear()
+        await self.release(held)
         self.executor.shutdown(wait=True)
 
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         async with self.busy:
             self.generation += 1
             await stop_quietly(*(self.producers.pop(tp, None) for tp in revoked))
+            await self.release(revoked)
             self.metrics.assigned.labels(self.name).set(len(self.producers))
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
@@ -124,9 +140,10 @@ class StatelessRole:
                     await producer.start()  # fences the previous owner, aborts its open txn
                     self.producers[tp] = producer
             committed = await committed_offsets(self.consumer, assigned)  # after the fencing
-            for tp in assigned:
-                if tp in committed:
-                    self.consumer.seek(tp, committed[tp])
+            for tp in sorted(assigned):
+                start = await self.take(tp, committed.get(tp))
+                if start is not None:
+                    self.consumer.seek(tp, start)
                 else:
                     await self.consumer.seek_to_beginning(tp)
             self.consumer.resume(*assigned)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import struct
 import time
@@ -49,6 +50,7 @@ from dupalign.engine import Engine
 from dupalign.errors import PageRejected
 from dupalign.index import IndexResult
 from dupalign.match import Match, Span
+from dupalign.shard import FanInIndexer, Partial
 from dupalign.sketch import PageSketch
 from worker import messages
 from worker.config import Config
@@ -87,10 +89,11 @@ class Waiting:
     sketch_offset: int
     result: IndexResult
     passages: list[tuple[str, list[Span]]] | None = None  # align's answer, once it came
+    undecided: bool = False  # index shards: waiting for the partials of its shards
 
     @property
     def ready(self) -> bool:
-        return self.result.align is None or self.passages is not None
+        return not self.undecided and (self.result.align is None or self.passages is not None)
 
 
 class IndexRole:
@@ -109,6 +112,11 @@ class IndexRole:
         self.sketch_tp = TopicPartition(kc.sketch_topic, 0)
         self.aligned_tp = TopicPartition(kc.aligned_topic, 0)
         self.tps = {self.seq_tp, self.sketch_tp, self.aligned_tp}
+        # index shards (kafka.index_shards > 1): this role is their fan-in
+        self.n_shards = kc.index_shards
+        self.partials_tp = TopicPartition(kc.partials_topic, 0)
+        if self.n_shards > 1:
+            self.tps.add(self.partials_tp)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="index")
         self.engine: Engine | None = None
         self.producer: AIOKafkaProducer | None = None
@@ -126,6 +134,8 @@ class IndexRole:
         self.sketches: dict[int, tuple[int, bytes]] = {}  # ordinal -> (offset, sketch)
         self.waiting: deque[Waiting] = deque()
         self.by_ordinal: dict[int, Waiting] = {}
+        self.partials: dict[int, dict[int, Partial]] = {}  # ordinal -> shard -> partial
+        self.resend: list[Outgoing] = []  # index shards: messages sent again on a takeover
         self.floor = start  # sketches of lower ordinals are not needed
         self.silent_below = silent_below  # rebuilding: publish nothing below this ordinal
         self.owner = False
@@ -212,9 +222,16 @@ class IndexRole:
             loop = asyncio.get_running_loop()
             # opening finishes (aligning here) pages whose align answer never came
             self.engine = await loop.run_in_executor(
-                self.executor, Engine.open, self.store_dir, self.config.engine)
+                self.executor, functools.partial(
+                    Engine.open, self.store_dir, self.config.engine, shards=self.n_shards,
+                    remote_shards=self.n_shards > 1))
             stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
                       ).get((self.seq_tp.topic, 0))
+            indexer = self.engine.indexer
+            if isinstance(indexer, FanInIndexer):  # its pages not finished are stored too
+                last = await loop.run_in_executor(self.executor, indexer.last_record)
+                if last is not None:
+                    stored = max(stored or 0, last + 1)
             committed = await committed_offsets(consumer, assigned)
             published = committed.get(self.seq_tp, 0)
             if stored is not None and stored >= published:
@@ -231,7 +248,19 @@ class IndexRole:
                 consumer.seek(self.seq_tp, start)
                 await self._seek(self.sketch_tp, None)
             await self._seek(self.aligned_tp, committed.get(self.aligned_tp))
+            if self.n_shards > 1:
+                await self._seek(self.partials_tp, committed.get(self.partials_tp))
             self._resume_lifecycle(stored)
+            if isinstance(indexer, FanInIndexer):
+                # the shard messages of the records from E on, whether their transaction
+                # committed or not (a shard answers what it applied from its store)
+                again = await loop.run_in_executor(self.executor, indexer.recover, published)
+                self.resend = [Outgoing(self.kc.keys_topic, m.to_bytes(), partition=shard,
+                                        headers=[ordinal_header(seq)])
+                               for seq, shard, m in again]
+                if again:
+                    log.info("index fan-in: %d shard messages from ordinal %d sent again",
+                             len(again), again[0][0])
             self.owner = True
             self.metrics.assigned.labels(self.name).set(len(assigned))
             consumer.resume(*assigned)
@@ -252,6 +281,16 @@ class IndexRole:
                 self.expected.append((rec.offset, source))
                 self.sequenced_at[rec.offset] = rec.timestamp  # retention's clock
                 continue
+            if tp == self.partials_tp:
+                partial = Partial.from_bytes(rec.value)
+                waiting = self.by_ordinal.get(partial.seq)
+                indexer = None if self.engine is None else self.engine.indexer
+                # a page it waits for, or one to resume after a takeover, whose partial
+                # can come before the page is read again; the first one wins
+                if (waiting is not None and waiting.undecided) or (
+                        isinstance(indexer, FanInIndexer) and indexer.will_resume(partial.seq)):
+                    self.partials.setdefault(partial.seq, {}).setdefault(partial.shard, partial)
+                continue
             ordinal = record_ordinal(rec)
             if tp == self.sketch_tp:
                 if ordinal >= self.floor:
@@ -267,7 +306,8 @@ class IndexRole:
         engine = self.engine
         assert engine is not None
         indexer = engine.indexer
-        out: list[Outgoing] = []
+        out: list[Outgoing] = self.resend
+        self.resend = []
         while self.expected and self.expected[0][0] in self.sketches:
             ordinal, source = self.expected[0]
             sk = PageSketch.from_bytes(self.sketches[ordinal][1])
@@ -276,27 +316,45 @@ class IndexRole:
             self.expected.popleft()
             sketch_offset, _ = self.sketches.pop(ordinal)
             self.floor = ordinal + 1
+            if isinstance(indexer, FanInIndexer):
+                indexer.begin(ordinal)  # the shards' messages of this sequence record
             if self._lifecycle(ordinal, sk):
+                self._to_shards(out, ordinal)
+                continue
+            if isinstance(indexer, FanInIndexer) and (
+                    resumed := indexer.resume(ordinal, sk)) is not None:
+                # indexed before a crash, not finished: decided from its partials again
+                waiting = Waiting(ordinal, source, sketch_offset, resumed, undecided=True)
+                self.waiting.append(waiting)
+                self.by_ordinal[ordinal] = waiting
                 continue
             at = (self.seq_tp.topic, 0, ordinal)
             if ordinal < self.silent_below:  # rebuilding what was published
+                if isinstance(indexer, FanInIndexer):
+                    raise TopologyError(
+                        f"the index fan-in's store is behind the published matches (ordinal "
+                        f"{ordinal} < {self.silent_below}): rebuilding the fan-in by replay "
+                        "with index shards is not built yet (docs/topology.md, Limits)")
                 result = indexer.index(sk, at, defer=True)
                 with contextlib.suppress(PageRejected):
                     indexer.finish(result, engine.align(result))
                 continue
             result = indexer.index(sk, at)
             waiting = Waiting(ordinal, source, sketch_offset, result)
-            if result.align is not None:
-                request = indexer.with_forward(result.align).to_bytes(forward=True)
-                if len(request) > self.kc.max_request_size - RECORD_OVERHEAD:
-                    # too big for one record (a huge page's candidates): aligned here
-                    waiting.passages = engine.align(result)
-                else:
-                    out.append(Outgoing(self.kc.align_topic, request,
-                                        key=struct.pack(">q", ordinal),
-                                        headers=[ordinal_header(ordinal)]))
+            if self._to_shards(out, ordinal):
+                waiting.undecided = True  # decided once its shards' partials are in
+            else:
+                self._request(waiting, out)
             self.waiting.append(waiting)
             self.by_ordinal[ordinal] = waiting
+        if isinstance(indexer, FanInIndexer):
+            for waiting in self.waiting:  # the pages whose partials are all in
+                got = self.partials.get(waiting.ordinal, {})
+                if waiting.undecided and len(got) == self.n_shards:
+                    indexer.decide(waiting.ordinal, list(got.values()))
+                    del self.partials[waiting.ordinal]
+                    waiting.undecided = False
+                    self._request(waiting, out)
         now = int(time.time() * 1000)
         while self.waiting and self.waiting[0].ready:
             waiting = self.waiting.popleft()
@@ -311,6 +369,32 @@ class IndexRole:
                                 headers=[source_header(waiting.source)]) for m in matches)
         return out
 
+    def _to_shards(self, out: list[Outgoing], ordinal: int) -> bool:
+        """The keys messages of the sequence record ``ordinal`` (index shards); whether the
+        page awaits its shards' partials."""
+        assert self.engine is not None
+        indexer = self.engine.indexer
+        if not isinstance(indexer, FanInIndexer):
+            return False
+        for shard, message in indexer.take():
+            out.append(Outgoing(self.kc.keys_topic, message.to_bytes(), partition=shard,
+                                headers=[ordinal_header(ordinal)]))
+        return indexer.awaits(ordinal)
+
+    def _request(self, waiting: Waiting, out: list[Outgoing]) -> None:
+        """The align request of a decided page with passage tasks."""
+        assert self.engine is not None
+        result, ordinal = waiting.result, waiting.ordinal
+        if result.align is None:
+            return
+        request = self.engine.indexer.with_forward(result.align).to_bytes(forward=True)
+        if len(request) > self.kc.max_request_size - RECORD_OVERHEAD:
+            # too big for one record (a huge page's candidates): aligned here
+            waiting.passages = self.engine.align(result)
+        else:
+            out.append(Outgoing(self.kc.align_topic, request, key=struct.pack(">q", ordinal),
+                                headers=[ordinal_header(ordinal)]))
+
     async def _offsets(self) -> dict[TopicPartition, int]:
         consumer = self.consumer
         if self.waiting:
@@ -322,8 +406,11 @@ class IndexRole:
         sketch_offsets = [w.sketch_offset for w in self.waiting]
         sketch_offsets += [offset for offset, _ in self.sketches.values()]
         sketch = min(sketch_offsets, default=await consumer.position(self.sketch_tp))
-        return {self.seq_tp: seq, self.sketch_tp: sketch,
-                self.aligned_tp: await consumer.position(self.aligned_tp)}
+        offsets = {self.seq_tp: seq, self.sketch_tp: sketch,
+                   self.aligned_tp: await consumer.position(self.aligned_tp)}
+        if self.n_shards > 1:
+            offsets[self.partials_tp] = await consumer.position(self.partials_tp)
+        return offsets
 
     def _gauges(self) -> None:
         m = self.metrics
@@ -387,6 +474,11 @@ class IndexRole:
                 r.max_pages, r.max_age, self.sequenced_at[ordinal], indexer.alive + 1)]
         if not removed:
             return False
+        if any(w.undecided for w in self.waiting):
+            # (index shards) a page not decided yet may name a removed page in its matches
+            # or align against it: it reads the directory when its partials are in
+            self.metrics.lifecycle_waits.inc()
+            return True
         ids = {doc_id for _, doc_id in removed}
         ordinals = np.array([o for o, _ in removed], dtype=np.int64)
         wait = any(w.result.doc_id in ids or (w.result.align is not None and bool(

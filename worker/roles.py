@@ -26,22 +26,25 @@ from worker.role_metrics import RoleMetrics
 
 log = logging.getLogger("dupalign.roles")
 
-ROLES = ("sketch", "index", "align")
+ROLES = ("sketch", "index", "align")  # all three in one process: the single worker
+ALL_ROLES = ("sketch", "index", "shard", "align")  # shard: kafka.index_shards > 1
 
 
 def parse_roles(text: str) -> tuple[str, ...]:
     """``"sketch,align"`` -> the roles in the topology's order; ValueError for others."""
     names = {r.strip() for r in text.split(",") if r.strip()}
-    unknown = names - set(ROLES)
+    unknown = names - set(ALL_ROLES)
     if unknown or not names:
-        raise ValueError(f"unknown roles {sorted(unknown)}: choose among {', '.join(ROLES)}")
-    return tuple(r for r in ROLES if r in names)
+        raise ValueError(f"unknown roles {sorted(unknown)}: choose among "
+                         f"{', '.join(ALL_ROLES)}")
+    return tuple(r for r in ALL_ROLES if r in names)
 
 
 def make_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None,
                metrics: RoleMetrics | None = None) -> list[Any]:
     from worker.role_align import AlignRole
     from worker.role_index import IndexRole
+    from worker.role_shard import ShardRole
     from worker.role_sketch import SketchRole
 
     metrics = metrics if metrics is not None else RoleMetrics()
@@ -52,6 +55,10 @@ def make_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | N
         if store_dir is None:
             raise ValueError("the index role needs --store")
         out.append(IndexRole(config, store_dir, metrics))
+    if "shard" in roles:
+        if store_dir is None:
+            raise ValueError("the shard role needs --store")
+        out.append(ShardRole(config, store_dir, metrics))
     if "align" in roles:
         out.append(AlignRole(config, metrics))
     return out

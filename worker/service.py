@@ -812,8 +812,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="RocksDB store directory (needed by the index role)")
     parser.add_argument("--roles", default="sketch,index,align", metavar="ROLES",
                         help="comma-separated roles of the topology to run here: sketch, "
-                        "index, align (default all three: the single worker; "
-                        "docs/topology.md)")
+                        "index, shard (kafka.index_shards > 1), align (default sketch,index,"
+                        "align: the single worker; docs/topology.md)")
     parser.add_argument("--config", metavar="FILE",
                         help="TOML config ([kafka], [worker], [metrics], [engine]); "
                         "DUPALIGN_<TABLE>_<KEY> environment variables override it")
@@ -862,9 +862,13 @@ def run_worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dupalign worker: --roles: {exc}", file=sys.stderr)
         return 2
-    if "index" in roles and not args.store:
-        print("dupalign worker: --store is required (the index role keeps its store there)",
-              file=sys.stderr)
+    if ("index" in roles or "shard" in roles) and not args.store:
+        print("dupalign worker: --store is required (the index and shard roles keep their "
+              "stores there)", file=sys.stderr)
+        return 2
+    if "shard" in roles and config.kafka.index_shards < 2:
+        print("dupalign worker: --roles shard needs kafka.index_shards >= 2 (with 1, the "
+              "index role holds the whole index)", file=sys.stderr)
         return 2
     setup_logging(config.worker.log_level, config.worker.log_format)
     if roles != ROLES:  # a part of the topology (worker/roles.py)

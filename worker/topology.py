@@ -56,12 +56,16 @@ class Outgoing:
 # -- topics ---------------------------------------------------------------------------------
 def topology_topics(kc: KafkaConfig) -> dict[str, int | None]:
     """Every topic of the topology and the partition count it must have (None: any)."""
-    return {
+    topics: dict[str, int | None] = {
         kc.input_topic: None, kc.output_topic: None, kc.dlq_topic: None,
         kc.sequence_topic: 1,  # one order: the ordinal is the offset
-        kc.sketch_topic: kc.index_shards, kc.aligned_topic: kc.index_shards,
+        kc.sketch_topic: 1, kc.aligned_topic: 1,  # the index role's (the fan-in's)
         kc.align_topic: None,
     }
+    if kc.index_shards > 1:  # partition s of keys: shard s's input
+        topics[kc.keys_topic] = kc.index_shards
+        topics[kc.partials_topic] = 1
+    return topics
 
 
 async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[str, int]:
@@ -98,9 +102,10 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[
             if need is not None and counts[topic] != need:
                 raise TopologyError(
                     f"topic {topic!r} has {counts[topic]} partitions; the topology needs "
-                    f"exactly {need} (the sequence topic 1, the sketch and aligned topics one "
-                    f"per index shard: kafka.index_shards = {kc.index_shards}). Changing the "
-                    "shard count means new topics and a rebuild by replay (docs/topology.md)")
+                    f"exactly {need} (the sequence, sketch, aligned and partials topics 1, "
+                    f"the keys topic one per index shard: kafka.index_shards = "
+                    f"{kc.index_shards}). Changing the shard count means new topics and a "
+                    "rebuild by replay (docs/topology.md)")
         return counts
     finally:
         await admin.close()

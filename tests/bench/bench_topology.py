@@ -3,7 +3,8 @@ of each role, bytes per page on each topic, end-to-end latency at half load; wit
 processes per role, and the single worker (all roles in one process, ``worker.jobs = 1``)
 side by side as the baseline.
 
-    python -m tests.bench.bench_topology [--pages 600] [--procs 1,2] [--batch 32] [--bootstrap H:P]
+    python -m tests.bench.bench_topology [--pages 600] [--procs 1,2] [--shards 1,2] [--batch 32]
+        [--bootstrap H:P]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py).
 For each setup: fresh topics, the role processes started and assigned, then
@@ -17,7 +18,10 @@ For each setup: fresh topics, the role processes started and assigned, then
 3. the published matches compared with one ``scan`` over all the pages in ``sequence``
    order (column "= scan": yes/NO and the number of matches).
 
-With 2 index processes one owns the shard and one stands by (one index shard is built).
+With ``--shards 1`` (the default) the index role holds the whole index: with 2 index
+processes one owns it and one stands by. With ``--shards S`` > 1 (``kafka.index_shards``)
+the index role is the fan-in and ``--procs`` processes of the shard role hold the S shards
+(topics ``keys`` and ``partials`` added to the bytes per page).
 Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
 """
 
@@ -40,8 +44,8 @@ from tests.test_worker_kafka import match_key
 from tests.topology_harness import Topology, wait_log
 from worker import messages
 
-ROLES = ("sketch", "index", "align")
-TOPICS = ("pages", "sequence", "sketches", "align", "aligned", "matches")
+ROLES = ("sketch", "index", "align", "shard")
+TOPICS = ("pages", "sequence", "sketches", "align", "aligned", "matches", "keys", "partials")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -82,10 +86,11 @@ async def send_paced(topo: Topology, pages: list[Page], rate: float) -> None:
         await producer.stop()
 
 
-async def setup(bootstrap: str, tmp: Path, procs: int, batch: int
+async def setup(bootstrap: str, tmp: Path, procs: int, batch: int, shards: int = 1
                 ) -> tuple[Topology, dict[str, list[int]]]:
-    """Fresh topics and ``procs`` processes per role (0: the single worker), all assigned."""
-    topo = await Topology(bootstrap, tmp, batch).create()
+    """Fresh topics and ``procs`` processes per role (0: the single worker), all assigned;
+    with ``shards`` > 1, ``procs`` shard processes too."""
+    topo = await Topology(bootstrap, tmp, batch, index_shards=shards).create()
     pids: dict[str, list[int]] = {}
     if procs == 0:
         text = topo.config_path.read_text().replace("[worker]\n", "[worker]\njobs = 1\n")
@@ -93,9 +98,9 @@ async def setup(bootstrap: str, tmp: Path, procs: int, batch: int
         proc, log = topo.start("sketch,index,align", tmp / f"single-{topo.tag}")
         await wait_log(log, "partitions assigned", 180)
         return topo, {"single": [proc.pid]}
-    for role in ROLES:
+    for role in ROLES if shards > 1 else ROLES[:3]:
         for i in range(procs):
-            store = tmp / f"{role}-{topo.tag}-{i}" if role == "index" else None
+            store = tmp / f"{role}-{topo.tag}-{i}" if role in ("index", "shard") else None
             proc, log = topo.start(role, store)
             pids.setdefault(role, []).append(proc.pid)
             await wait_log(log, "owned" if role == "index" and i == 0 else "started", 180)
@@ -104,8 +109,8 @@ async def setup(bootstrap: str, tmp: Path, procs: int, batch: int
 
 
 async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list[Page],
-                  later: list[Page]) -> dict[str, Any]:
-    topo, pids = await setup(bootstrap, tmp, procs, batch)
+                  later: list[Page], shards: int = 1) -> dict[str, Any]:
+    topo, pids = await setup(bootstrap, tmp, procs, batch, shards)
     try:
         cpu0 = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
         t0 = time.monotonic()
@@ -121,7 +126,8 @@ async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list
                for role, p in pids.items()}
         n = len(pages)
         sizes = {} if procs == 0 else {
-            t: sum(len(r.value) for r in await topo.read(t)) / n for t in TOPICS}
+            t: sum(len(r.value) for r in await topo.read(t)) / n
+            for t in TOPICS if shards > 1 or t not in ("keys", "partials")}
         rate = n / elapsed
         await send_paced(topo, later, rate / 2)
         if procs == 0:
@@ -179,34 +185,41 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     pages = corpus(2 * args.pages)
     first, later = pages[:args.pages], [Page(id=f"again-{p.id}", body=p.body)
                                         for p in pages[args.pages:2 * args.pages]]
-    setups = [0] + [int(x) for x in args.procs.split(",")]
+    setups = [(0, 1)] + [(int(p), int(s)) for s in args.shards.split(",")
+                         for p in args.procs.split(",")]
     results = {}
-    for procs in setups:
-        results[procs] = await measure(bootstrap, tmp, procs, args.batch, first, later)
-        print(f"measured {procs or 'single worker'}: {results[procs]}", file=sys.stderr)
+    for procs, shards in setups:
+        results[procs, shards] = await measure(bootstrap, tmp, procs, args.batch, first, later,
+                                               shards)
+        print(f"measured {procs or 'single worker'} x {shards} shard(s): "
+              f"{results[procs, shards]}", file=sys.stderr)
     print(f"\n{len(first)} pages (+{len(later)} for latency), batch {args.batch}, "
           "2 shared cores\n")
-    print(f"{'setup':<26}{'pages/s':>9}{'vs single':>10}{'sketch':>9}{'index':>9}{'align':>9}"
-          f"{'p50 ms':>9}{'p99 ms':>9}  {'= scan':<10} (CPU ms per page)")
-    base = results[0]["rate"]
-    for procs, r in results.items():
-        name = "single worker (jobs=1)" if procs == 0 else f"{procs} process(es) per role"
+    print(f"{'setup':<34}{'pages/s':>9}{'vs single':>10}{'sketch':>9}{'index':>9}{'align':>9}"
+          f"{'shard':>9}{'p50 ms':>9}{'p99 ms':>9}  {'= scan':<10} (CPU ms per page)")
+    base = results[0, 1]["rate"]
+    for (procs, shards), r in results.items():
+        name = ("single worker (jobs=1)" if procs == 0 else
+                f"{procs} process(es) per role, S={shards}")
         cpu = r["cpu"]
-        cells = ([f"{1000 * cpu['single']:>9.2f}", f"{'':>9}", f"{'':>9}"] if procs == 0 else
-                 [f"{1000 * cpu[role]:>9.2f}" for role in ROLES])
-        print(f"{name:<26}{r['rate']:>9.1f}{r['rate'] / base:>9.2f}x{''.join(cells)}"
+        cells = ([f"{1000 * cpu['single']:>9.2f}"] + [f"{'':>9}"] * 3 if procs == 0 else
+                 [f"{1000 * cpu[role]:>9.2f}" if role in cpu else f"{'-':>9}"
+                  for role in ROLES])
+        print(f"{name:<34}{r['rate']:>9.1f}{r['rate'] / base:>9.2f}x{''.join(cells)}"
               f"{r['p50']:>9.0f}{r['p99']:>9.0f}  {r['same']:<10}")
-    print(f"\n{'bytes per page':<26}" + "".join(f"{t:>10}" for t in TOPICS))
-    for procs, r in results.items():
+    print(f"\n{'bytes per page':<34}" + "".join(f"{t:>10}" for t in TOPICS))
+    for (procs, shards), r in results.items():
         if r["sizes"]:
-            print(f"{f'{procs} per role':<26}" +
-                  "".join(f"{r['sizes'][t]:>10.0f}" for t in TOPICS))
+            print(f"{f'{procs} per role, S={shards}':<34}" +
+                  "".join(f"{r['sizes'].get(t, float('nan')):>10.0f}" for t in TOPICS))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=600)
     parser.add_argument("--procs", default="1,2", help="processes per role to measure")
+    parser.add_argument("--shards", default="1", help="kafka.index_shards values to measure "
+                        "(> 1: the index role is the fan-in of shard role processes)")
     parser.add_argument("--batch", type=int, default=32, help="worker.batch_size of every "
                         "process (records per fetch and per transaction)")
     parser.add_argument("--bootstrap", help="use a running broker")

@@ -1,0 +1,148 @@
+"""The index shards as roles (``kafka.index_shards = 2``: the index role is the fan-in, two
+``--roles shard`` processes hold the keyed index) against a real broker, each role in its
+own OS process: the matches are exactly those of one ``scan`` over the pages in
+``sequence`` order; a shard moved to a fresh store directory rebuilds by replaying its
+``keys`` partition; a SIGKILL of a shard mid-stream loses and repeats nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import signal
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from tests.test_worker_kafka import clough_pages, match_key
+from tests.topology_harness import (
+    Topology,
+    progressed,
+    rfc_pages,
+    synthetic_pages,
+    wait_log,
+)
+from worker import messages
+
+pytestmark = pytest.mark.kafka
+
+
+async def matches_equal_scan(topo: Topology, n_pages: int, oracle: Path) -> None:
+    published = await topo.published(n_pages, timeout=300)
+    expected = await topo.scan_in_sequence_order(oracle)
+    got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+    assert {k[1] for k in expected} == {"exact", "near", "passage"}
+    twice = [k for k, n in got.items() if n > expected[k]]
+    assert not twice, f"published twice: {twice[:5]}"
+    assert got == expected
+
+
+async def shard_lag(topo: Topology) -> bool:
+    """Whether keys records are past the shard group's committed offsets (a transaction's
+    commit marker takes the last offset of a partition a shard has caught up with)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=topo.bootstrap,
+                                group_id=f"{topo.group}-shard", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topo.topic["keys"], p) for p in range(2)]
+        end = await consumer.end_offsets(tps)
+        return any([end[tp] - (await consumer.committed(tp) or 0) > 1 for tp in tps])
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.testdata
+async def test_two_index_shards_as_processes_give_the_matches_of_scan(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Test (a) of issue 12 with 2 shards: 2 sketch + the fan-in + 2 shard + 2 align."""
+    topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
+    try:
+        for role in ("sketch", "sketch", "align", "align"):
+            topo.start(role)
+        topo.start("index", tmp_path / "fan-in")
+        _, log_a = topo.start("shard", tmp_path / "shards-a")
+        _, log_b = topo.start("shard", tmp_path / "shards-b")
+        pages = clough_pages() + rfc_pages(max_bytes=60_000) + synthetic_pages(100, seed=3)
+        await topo.send(pages)
+        await matches_equal_scan(topo, len(pages), tmp_path / "oracle")
+        # the shards' stores hold the lists, the fan-in's none (a process that owned a
+        # partition before a rebalance keeps that store too)
+        owned = {p.name for d in ("shards-a", "shards-b") for p in (tmp_path / d / "shards")
+                 .iterdir()}
+        assert owned == {"0", "1"}
+        for log in (log_a, log_b):
+            assert "index shard " in log.read_text()
+        assert not (tmp_path / "fan-in" / "shards").exists()
+    finally:
+        topo.stop_all()
+
+
+@pytest.mark.testdata
+async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_change_nothing(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Tests (b) for the shard role and (c) with shards: one shard process holds both
+    shards; SIGKILL mid-stream and a restart on its store (the messages from the committed
+    offset are read again: answered from the stored partials, nothing lost or published
+    twice); a SIGKILL of the fan-in and a restart on its store; then a second shard
+    process on a fresh store directory takes one shard over and rebuilds it by replaying
+    its keys partition; the matches stay those of scan."""
+    topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
+    pages = clough_pages() + synthetic_pages(240, seed=11)
+    chunks = [pages[i::4] for i in range(4)]  # interleaved: copies span the chunks
+    try:
+        for role in ("sketch", "align"):
+            topo.start(role)
+        fan_in, _ = topo.start("index", tmp_path / "fan-in")
+        shard, shard_log = topo.start("shard", tmp_path / "shards-a")
+        await wait_log(shard_log, "index shard 1 owned", 120)
+
+        await topo.send(chunks[0])
+        at = await progressed(topo, 10)
+        await topo.send(chunks[1])
+        # mid-stream: once keys past its committed offsets are there (its open
+        # transaction aborts; its store may be ahead of the committed offsets)
+        while not await shard_lag(topo):
+            topo.check_alive()
+            await asyncio.sleep(0.05)
+        shard.send_signal(signal.SIGKILL)
+        shard.wait(30)
+        _, again_log = topo.start("shard", tmp_path / "shards-a")  # the same store
+        await wait_log(again_log, "index shard 1 owned", 120)
+        await topo.send(chunks[2])
+        at = await progressed(topo, at + 5)
+        # the fan-in too, mid-stream; on its store again, it sends the shard messages of
+        # the records from the published ordinal on again and decides its unfinished
+        # pages from the partials (the shards answer repeats from their stores)
+        fan_in.send_signal(signal.SIGKILL)
+        fan_in.wait(30)
+        _, fan_in_log = topo.start("index", tmp_path / "fan-in")
+        await wait_log(fan_in_log, "index shard owned", 120)
+        at = await progressed(topo, at + 10)
+
+        # another machine: its store is empty, the group gives it one of the shards
+        _, fresh_log = topo.start("shard", tmp_path / "shards-b")
+        await wait_log(fresh_log, "rebuilding it from the retained keys partition", 120)
+        await topo.send(chunks[3])
+        await matches_equal_scan(topo, len(pages), tmp_path / "oracle")
+        assert "rebuilt up to offset" in fresh_log.read_text()
+    finally:
+        topo.stop_all()
+
+
+async def test_a_keys_topic_with_another_partition_count_stops_the_roles(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The keys topic must have one partition per shard: a shard process (and the fan-in)
+    on a keys topic made for 3 shards stops at start and says so."""
+    topo = Topology(kafka_bootstrap, tmp_path, index_shards=2)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topo.topic["keys"], 3, 1)])
+    finally:
+        await admin.close()
+    for role, store in (("shard", tmp_path / "shards"), ("index", tmp_path / "fan-in")):
+        proc, log = topo.start(role, store)
+        assert proc.wait(120) == 1
+        assert (f"topic {topo.topic['keys']!r} has 3 partitions; the topology needs exactly "
+                "2") in log.read_text()
