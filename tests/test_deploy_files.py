@@ -172,3 +172,67 @@ def test_the_topology_dashboard_plots_every_role_metric_and_only_those() -> None
     assert exposed - used == set(), "role metrics no panel shows"
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_the_sharded_topology_runs_a_fan_in_and_one_shard_process_per_shard() -> None:
+    """The sharded overlays (compose override, Kubernetes kustomization) load a config with
+    index shards, run the shard role with a store per process, one fan-in (a fan-in standby
+    on a fresh store cannot rebuild with shards), create the keys topic with one partition
+    per shard, and scrape every process they run."""
+    import argparse
+
+    from worker.roles import parse_roles
+    from worker.service import add_worker_arguments
+
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    config = load_config(DEPLOY / "k8s-topology-sharded" / "topology.toml", env={})
+    shards = config.kafka.index_shards
+    assert shards == 2
+    base = load_yaml("docker-compose.topology.yml")["services"]
+    override = load_yaml("docker-compose.sharded.yml")["services"]
+    running: dict[str, str] = {}
+    for name in sorted(set(base) | set(override)):
+        service = {**base.get(name, {}), **override.get(name, {})}
+        if "--roles" not in service.get("command", []) or "profiles" in override.get(name, {}):
+            continue
+        args = parser.parse_args(service["command"][1:])
+        (role,) = parse_roles(args.roles)
+        running[name] = role
+        # compose merges volumes by their target: the override's config mount wins
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in base.get(name, {}).get("volumes", [])}
+        mounts.update({v.split(":")[1]: v.split(":")[0] for v in override[name]["volumes"]})
+        assert mounts[args.config] == "./k8s-topology-sharded/topology.toml", name
+        assert (args.store is not None) == (role in ("index", "shard")), name
+        if args.store is not None:
+            assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
+    roles = sorted(running.values())
+    assert roles == sorted(["sketch"] * 2 + ["index"] + ["shard"] * shards + ["align"] * 2)
+    topics = override["topics"]["command"][0]
+    assert f"{config.kafka.keys_topic}:{shards}:-1" in topics
+    assert f"{config.kafka.partials_topic}:1:" in topics
+    (job,) = load_yaml("prometheus/prometheus.sharded.yml")["scrape_configs"]
+    targets = {t for group in job["static_configs"] for t in group["targets"]}
+    assert targets == {f"{n}:{config.metrics.port}" for n in running}
+    prom = {v.split(":")[1]: v.split(":")[0] for v in override["prometheus"]["volumes"]}
+    assert prom["/etc/prometheus/prometheus.yml"] == "./prometheus/prometheus.sharded.yml"
+    # Kubernetes: the base's pods, the shard StatefulSet, the fan-in patched to one pod
+    kustomization = load_yaml("k8s-topology-sharded/kustomization.yaml")
+    assert kustomization["resources"] == ["../k8s-topology", "shard.yaml"]
+    (generated,) = kustomization["configMapGenerator"]
+    assert generated["behavior"] == "replace" and generated["files"] == ["topology.toml"]
+    assert generated["name"] == load_yaml("k8s-topology/kustomization.yaml")[
+        "configMapGenerator"][0]["name"]
+    (patch,) = kustomization["patches"]
+    assert patch["target"] == {"kind": "StatefulSet", "name": "dupalign-index"}
+    assert yaml.safe_load(patch["patch"]) == [
+        {"op": "replace", "path": "/spec/replicas", "value": 1}]
+    doc = load_yaml("k8s-topology-sharded/shard.yaml")
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    args = parser.parse_args(container["args"][1:])
+    assert parse_roles(args.roles) == ("shard",)
+    assert (doc["kind"], doc["spec"]["replicas"]) == ("StatefulSet", shards)
+    mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert args.store.startswith(mount["store"] + "/")
+    assert args.config == f"{mount['config']}/topology.toml"
+    assert container["ports"][0]["containerPort"] == config.metrics.port
