@@ -90,6 +90,7 @@ from dupalign.pipeline import default_jobs
 from worker import messages
 from worker.config import Config, load_config
 from worker.http import HttpServer
+from worker.log_repeats import RepeatFolder
 from worker.messages import MessageRejected
 from worker.metrics import WorkerMetrics
 
@@ -799,6 +800,7 @@ def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(RepeatFolder())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
