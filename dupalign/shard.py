@@ -718,6 +718,8 @@ class FanInIndexer(Indexer):
         self.near = RemoteNear(store, config, self.next_ordinal, self.remote, self.outbox)
         self.passages = RemotePassages(store, config, self.remote, self.outbox)
         self.queries: dict[int, Query] = {}  # seq -> a page whose partials are awaited
+        # seq -> a page not finished before a crash, to decide again (``recover``)
+        self.resumable: dict[int, tuple[IndexResult, dict[str, Any]]] = {}
 
     def begin(self, seq: int) -> None:
         """What follows (a retention sweep, ``index``) is sequence record ``seq``."""
@@ -795,7 +797,7 @@ class FanInIndexer(Indexer):
             assert result.source is not None
             unfinished[result.source[2]] = result
         out: list[tuple[int, int, ShardMessage]] = []
-        self.resumable: dict[int, tuple[IndexResult, dict[str, Any]]] = {}
+        self.resumable = {}
         for key, raw in self.store.prefix("meta", OUTBOX_PREFIX):
             seq = read_u64(key, len(OUTBOX_PREFIX))
             if seq < published:
@@ -809,10 +811,13 @@ class FanInIndexer(Indexer):
                                 "not finished and their shard messages are not kept")
         return out
 
+    def will_resume(self, seq: int) -> bool:
+        return seq in self.resumable
+
     def resume(self, seq: int, sk: PageSketch) -> IndexResult | None:
         """A page of the store not finished before the crash, read again: it waits for its
         partials (sent again by ``recover``) to be decided as it would have been."""
-        got = getattr(self, "resumable", {}).pop(seq, None)
+        got = self.resumable.pop(seq, None)
         if got is None:
             return None
         result, page = got

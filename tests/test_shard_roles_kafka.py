@@ -15,9 +15,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from dupalign.config import EngineConfig, RetentionConfig
+from tests.test_topology_kafka import alive_ids, lifecycle_key
 from tests.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import (
     Topology,
+    lifecycle_stream,
     progressed,
     rfc_pages,
     synthetic_pages,
@@ -146,3 +149,48 @@ async def test_a_keys_topic_with_another_partition_count_stops_the_roles(
         assert proc.wait(120) == 1
         assert (f"topic {topo.topic['keys']!r} has 3 partitions; the topology needs exactly "
                 "2") in log.read_text()
+
+
+@pytest.mark.testdata
+async def test_revisits_deletes_and_retention_with_shards_give_the_engine_s_matches(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Issue 13's lifecycle with 2 shard processes: new pages, unchanged and edited
+    revisits, tombstones, ``deleted: true`` pages, replays and deleted ids sent again, under
+    ``retention.max_pages`` (the sweeps go to the shards as removals before the page they
+    come before; a removal waits for the pages not decided yet), through a SIGKILL of the
+    fan-in; the matches (revisit messages included) are one engine's over the same
+    records in sequence order, and the fan-in's store holds the engine's pages."""
+    engine = EngineConfig(retention=RetentionConfig(max_pages=60, every=16))
+    topo = await Topology(kafka_bootstrap, tmp_path, engine=engine, index_shards=2,
+                          engine_toml="""
+[engine.retention]
+max_pages = 60
+every = 16
+""").create()
+    records, kinds = lifecycle_stream(150, seed=5)
+    assert min(kinds.values()) >= 3, kinds
+    half = len(records) // 2
+    try:
+        topo.start("sketch")
+        topo.start("align")
+        fan_in, log = topo.start("index", tmp_path / "fan-in")
+        topo.start("shard", tmp_path / "shards-a")
+        topo.start("shard", tmp_path / "shards-b")
+        await wait_log(log, "index shard owned", 120)
+        await topo.send_records(records[:half])
+        await progressed(topo, 20)
+        fan_in.send_signal(signal.SIGKILL)
+        fan_in.wait(30)
+        topo.start("index", tmp_path / "fan-in")  # the same store
+        await topo.send_records(records[half:])
+        published = await topo.published(len(records), timeout=300)
+    finally:
+        topo.stop_all()
+    expected = await topo.scan_in_sequence_order(tmp_path / "oracle", key=lifecycle_key)
+    got = collections.Counter(lifecycle_key(messages.decode_match(r.value)) for r in published)
+    revisits = collections.Counter(k[-3] for k in expected.elements())
+    assert revisits["unchanged"] >= 3 and revisits["changed"] >= 3, revisits
+    twice = [k for k, n in got.items() if n > expected[k]]
+    assert not twice, f"published twice: {twice[:5]}"
+    assert got == expected
+    assert alive_ids(tmp_path / "fan-in", shards=2) == alive_ids(tmp_path / "oracle")

@@ -136,8 +136,10 @@ def lifecycle_key(d: dict[str, Any]) -> tuple[Any, ...]:
             d.get("previous_fetched_at"))
 
 
-def alive_ids(store: Path) -> list[str]:
-    with Engine.open(store, EngineConfig()) as engine:
+def alive_ids(store: Path, shards: int | None = None) -> list[str]:
+    """The ids a store holds (``shards``: an index fan-in's store, opened read-only)."""
+    with Engine.open(store, EngineConfig(), read_only=shards is not None, shards=shards,
+                     remote_shards=shards is not None) as engine:
         return sorted(bytes(k).decode() for k, _ in engine.store.items("ids"))
 
 
