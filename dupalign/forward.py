@@ -59,6 +59,30 @@ def pack_windows(bins: I64, keys: U64, rects: I64, empty: npt.NDArray[np.bool_])
     return raw + bytes(-len(raw) % 8)  # 8-byte multiples: records concatenate aligned
 
 
+def pack_rects(bins: I64, keys: U64, i_lo: I64, i_hi: I64, j_lo: I64, j_hi: I64,
+               empty: npt.NDArray[np.bool_], full: I64) -> bytes:
+    """``pack_windows`` of the non-empty windows ``full`` (ascending indices) and every
+    empty window of a page given as columns (the same bytes, without building the
+    rectangles of the windows left out)."""
+    emp = np.flatnonzero(empty)
+    # (bins fit in <u2: a stable sort of them is a radix sort)
+    emp = emp[np.argsort(bins[emp].astype(np.uint16), kind="stable")]
+    rects = np.empty((len(full), 4), dtype="<i4")
+    for c, col in enumerate((i_lo, i_hi, j_lo, j_hi)):
+        rects[:, c] = col[full]
+    lr = np.empty((len(emp), 2), dtype="<i4")
+    lr[:, 0], lr[:, 1] = i_lo[emp], j_hi[emp]
+    raw = b"".join((
+        _HEAD.pack(len(full), len(emp)),
+        keys[full].astype("<u8").tobytes(),
+        rects.tobytes(),
+        lr.tobytes(),
+        bins[full].astype("<u2").tobytes(),
+        bins[emp].astype("<u2").tobytes(),
+    ))
+    return raw + bytes(-len(raw) % 8)
+
+
 def unpack_windows(raw: bytes) -> tuple[I64, U64, I32, I64, I32]:
     """``(bins, keys, rects[n, 4], empty_bins, empty_lr[m, 2])`` of a windows value."""
     n, m = _HEAD.unpack_from(raw)

@@ -98,11 +98,18 @@ class ListCache:
     def append_page(self, bins: I64, keys: U64, ordinal: int) -> None:
         """Append a page's windows (one entry per window) to the cached lists they belong to
         (not to stop-list flags)."""
+        self.append_slots(self.lookup(bins, keys, touch=False), ordinal)
+
+    def append_slots(self, slots: I64, ordinal: int) -> None:
+        """``append_page`` with the windows' lists already looked up: ``slots[x]`` is the
+        slot of window x's list (-1: not cached), valid since no trim or clear came between
+        (the same appends, in the same order, without the hash table)."""
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
         x = 0
-        while x < len(bins):
-            self.end, x = _append(self.table, self.s_start, self.s_len, self.s_cap, self.ords,
-                                  self.end, bins, keys.view(np.int64), ordinal, x)
-            if x < len(bins):  # a run could not move: more room, then go on from x
+        while x < len(slots):
+            self.end, x = _append_slots(self.s_start, self.s_len, self.s_cap, self.ords,
+                                        self.end, slots, ordinal, x)
+            if x < len(slots):  # a run could not move: more room, then go on from x
                 self._grow_arena(2 * len(self.ords))
 
     def remove_entries(self, bins: I64, keys: U64, ordinals: I64) -> None:
@@ -230,28 +237,41 @@ def _insert(
 
 
 @njit(cache=True)
-def _append(
-    table: I64, s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, end: int,
-    bins: I64, keys: I64, ordinal: int, x0: int,
+def _append_slots(
+    s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, end: int, slots: I64, ordinal: int,
+    x0: int,
 ) -> tuple[int, int]:  # fmt: skip
-    """Appends windows x0.. and returns (new end, next x): next x is below ``len(bins)``
-    when the arena has no room to move a run (grow it and go on)."""
-    for x in range(x0, bins.shape[0]):
-        s, _ = _find(table, bins[x], keys[x])
+    """Appends windows x0.. (``slots[x]``: window x's list, -1 if not cached) and returns
+    (new end, next x): next x is below ``len(slots)`` when the arena has no room to move
+    a run (grow it and go on)."""
+    for x in range(x0, slots.shape[0]):
+        s = slots[x]
         if s < 0 or s_len[s] == LONG:
             continue
-        n = s_len[s]
-        if n == s_cap[s]:
-            cap = max(2 * n, 2)
-            if end + cap > a_ord.shape[0]:
-                return end, x
-            for r in range(n):
-                a_ord[end + r] = a_ord[s_start[s] + r]
-            s_start[s], s_cap[s] = end, cap
-            end += cap
-        a_ord[s_start[s] + n] = ordinal
-        s_len[s] = n + 1
-    return end, bins.shape[0]
+        moved = _append_to(s, s_start, s_len, s_cap, a_ord, end, ordinal)
+        if moved < 0:
+            return end, x
+        end = moved
+    return end, slots.shape[0]
+
+
+@njit(cache=True)
+def _append_to(s: int, s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, end: int,
+               ordinal: int) -> int:
+    """Append ``ordinal`` to the list in slot ``s`` (a full run moves to the arena's end
+    with twice the room); the arena's new end, or -1 if it has no room for the move."""
+    n = s_len[s]
+    if n == s_cap[s]:
+        cap = max(2 * n, 2)
+        if end + cap > a_ord.shape[0]:
+            return -1
+        for r in range(n):
+            a_ord[end + r] = a_ord[s_start[s] + r]
+        s_start[s], s_cap[s] = end, cap
+        end += cap
+    a_ord[s_start[s] + n] = ordinal
+    s_len[s] = n + 1
+    return end
 
 
 @njit(cache=True)

@@ -244,6 +244,9 @@ class PassageIndex:
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
         self.cache = ListCache(config.cache.lists_mb << 20)
         self._staged: int | None = None  # a page staged but not committed yet
+        # the staged page's ordinal and the cache slot of the list of each of its non-empty
+        # windows (-1: not cached), for ``commit``
+        self._append: tuple[int, I64] | None = None
         # lists found long by a query, marked by the next batch (the query's page, or a
         # removal): once marked a list stays a stop list (module docstring, step 1)
         self._new_markers: dict[bytes, int] = {}
@@ -593,27 +596,36 @@ class PassageIndex:
         self._new_runs.clear()
         r = state.rects
         prefix_ord = u64(ordinal)
-        # windows in lists known to be stop lists are written nowhere: a stop list stays one
-        # (it already holds more than max_list entries), and nothing reads its entries
+        # the page's lists: the distinct (bin, key) of its non-empty windows. Windows in
+        # lists known to be stop lists are written nowhere: a stop list stays one (it
+        # already holds more than max_list entries), and nothing reads its entries
         nonempty = np.flatnonzero(~r.empty)
-        known_stop = self.cache.is_long(self.cache.lookup(r.bin[nonempty], r.key[nonempty],
-                                                          touch=False))
-        self.counters.stop_entries_skipped += int(np.count_nonzero(known_stop))
-        nonempty = nonempty[~known_stop]
+        l_bins, l_keys, inverse = _distinct_lists(r.bin[nonempty], r.key[nonempty])
+        slots = self.cache.lookup(l_bins, l_keys, touch=False)
+        n_windows = np.bincount(inverse, minlength=len(l_bins))
+        stop = self.cache.is_long(slots)
+        # ``commit`` appends the page to the cached lists by these slots (valid until the
+        # next trim or clear: nothing between this batch and its commit moves them)
+        self._append = (ordinal, slots[inverse])
+        if stop.any():
+            stop_windows = stop[inverse]
+            self.counters.stop_entries_skipped += int(np.count_nonzero(stop_windows))
+            nonempty = nonempty[~stop_windows]
+            live = ~stop
+            l_bins, l_keys, n_windows = l_bins[live], l_keys[live], n_windows[live]
         # the forward record: the other windows (their (bin, key) pairs name every list
         # that holds the page) and the token offsets
-        kept = np.sort(np.concatenate((nonempty, np.flatnonzero(r.empty))))
-        batch.put("forward", prefix_ord, forward.pack_windows(
-            r.bin[kept], r.key[kept],
-            np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1)[kept], r.empty[kept]))
+        batch.put("forward", prefix_ord, forward.pack_rects(
+            r.bin, r.key, r.i_lo, r.i_hi, r.j_lo, r.j_hi, r.empty, nonempty))
         batch.put("positions", prefix_ord, state.positions)
         # the page in each list of its non-empty windows, with its number of windows there
-        l_bins, l_keys, inverse = _distinct_lists(r.bin[nonempty], r.key[nonempty])
-        n_windows = np.bincount(inverse, minlength=len(l_bins)).tolist()
         keys = np.empty(len(l_bins), dtype=_LIST_KEY)
         keys["bin"], keys["key"], keys["ordinal"] = l_bins, l_keys, ordinal
-        batch.put_many("oph", _as_bytes(keys),
-                       [b"" if n == 1 else _COUNT.pack(n) for n in n_windows])
+        values = [b""] * len(l_bins)  # one window: most lists
+        several = np.flatnonzero(n_windows > 1)
+        for y, n in zip(several.tolist(), n_windows[several].tolist(), strict=True):
+            values[y] = _COUNT.pack(n)
+        batch.put_many("oph", _as_bytes(keys), values)
 
     def _write_markers(self, batch: Batch) -> None:
         """Mark the lists found long since the last batch (a mark is never taken back)."""
@@ -628,16 +640,21 @@ class PassageIndex:
         if self._staged is not None:
             self.cache.clear()
             self._staged = None
+        self._append = None
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:
         """After the page's batch is written: append its windows to the lists in memory,
         so that they stay equal to the store, then keep the memory budget."""
         if state is not None and state.rects is not None:
-            r = state.rects
-            nonempty = np.flatnonzero(~r.empty)
-            self.cache.append_page(np.ascontiguousarray(r.bin[nonempty]),
-                                   np.ascontiguousarray(r.key[nonempty]), ordinal)
+            if self._append is not None and self._append[0] == ordinal:
+                self.cache.append_slots(self._append[1], ordinal)  # as ``stage`` found them
+            else:
+                r = state.rects
+                nonempty = np.flatnonzero(~r.empty)
+                self.cache.append_page(np.ascontiguousarray(r.bin[nonempty]),
+                                       np.ascontiguousarray(r.key[nonempty]), ordinal)
         self._staged = None
+        self._append = None
         self.cache.trim()
 
     # -- removal (revisits, deletes, retention) --------------------------------------------
@@ -728,14 +745,44 @@ def query_lists(state: PassageState) -> tuple[I64, I64, I64, U64, I64]:
 
 def _distinct_lists(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
     """The distinct lists (bin, key) in key order, and the index of each input among them
-    (np.unique on a structured array sorts several times slower)."""
-    order = np.lexsort((keys, bins))
-    b, k = bins[order], keys[order]
-    first = np.ones(len(order), dtype=np.bool_)
-    first[1:] = (b[1:] != b[:-1]) | (k[1:] != k[:-1])
-    inverse = np.empty(len(order), dtype=np.int64)
-    inverse[order] = np.cumsum(first) - 1
-    return np.ascontiguousarray(b[first]), np.ascontiguousarray(k[first]), inverse
+    (np.unique on a structured array sorts several times slower, np.lexsort twice)."""
+    return _distinct_lists_kernel(np.ascontiguousarray(bins, dtype=np.int64),
+                                  np.ascontiguousarray(keys, dtype=np.uint64))
+
+
+@njit(cache=True)
+def _distinct_lists_kernel(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
+    """A counting sort by bin (bins are small), then each bin's keys sorted."""
+    n = bins.shape[0]
+    n_bins = 0
+    for x in range(n):
+        n_bins = max(n_bins, bins[x] + 1)
+    off = np.zeros(n_bins + 1, dtype=np.int64)
+    for x in range(n):
+        off[bins[x] + 1] += 1
+    for b in range(n_bins):
+        off[b + 1] += off[b]
+    at = off[:-1].copy()
+    order = np.empty(n, dtype=np.int64)
+    for x in range(n):
+        order[at[bins[x]]] = x
+        at[bins[x]] += 1
+    for b in range(n_bins):
+        lo, hi = off[b], off[b + 1]
+        if hi - lo > 1:
+            seg = order[lo:hi].copy()
+            order[lo:hi] = seg[np.argsort(keys[seg])]
+    inverse = np.empty(n, dtype=np.int64)
+    out_bins = np.empty(n, dtype=np.int64)
+    out_keys = np.empty(n, dtype=np.uint64)
+    m = 0
+    for y in range(n):
+        x = order[y]
+        if m == 0 or bins[x] != out_bins[m - 1] or keys[x] != out_keys[m - 1]:
+            out_bins[m], out_keys[m] = bins[x], keys[x]
+            m += 1
+        inverse[x] = m - 1
+    return out_bins[:m].copy(), out_keys[:m].copy(), inverse
 
 
 def _as_bytes(records: npt.NDArray[Any]) -> list[bytes]:

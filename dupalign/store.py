@@ -15,8 +15,9 @@ wrapped (it fails on programming errors alone).
 from __future__ import annotations
 
 import struct
+from collections import deque
 from collections.abc import Iterable, Iterator
-from itertools import islice
+from itertools import islice, repeat
 from pathlib import Path
 from typing import Any, cast
 
@@ -180,9 +181,10 @@ class Batch:
         self._wb.put(key, value, self._store._handles[family])
 
     def put_many(self, family: str, keys: list[bytes], values: list[bytes]) -> None:
-        put, handle = self._wb.put, self._store._handles[family]
-        for key, value in zip(keys, values, strict=True):
-            put(key, value, handle)
+        if len(keys) != len(values):
+            raise ValueError(f"{len(keys)} keys, {len(values)} values")
+        # the loop in C (map, drained by a zero-length deque): a page puts ~1,600 keys
+        deque(map(self._wb.put, keys, values, repeat(self._store._handles[family])), 0)
 
     def delete(self, family: str, key: bytes) -> None:
         self._wb.delete(key, self._store._handles[family])

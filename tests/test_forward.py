@@ -122,3 +122,30 @@ def test_empty_keys_are_the_distinct_sorted_keys(n_p: int, k: int, data: st.Data
     want = sorted({(int(t_o[t]) << 16) | b for t in tasks.tolist() for b in range(k)
                    if q_empty[t_p[t], b]})
     assert forward.empty_keys(t_p, t_o, tasks, q_empty).tolist() == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_pack_rects_equals_pack_windows_of_the_windows_kept(data: st.DataObject) -> None:
+    """The index stage packs a page's record from its window columns, leaving out the
+    non-empty windows in stop lists: the same bytes as ``pack_windows`` of the windows
+    kept (empty windows in any bin order, several per bin)."""
+    n = data.draw(st.integers(0, 30))
+    bins = np.array(data.draw(st.lists(st.integers(0, 1023), min_size=n, max_size=n)),
+                    dtype=np.int64)
+    empty = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+                     dtype=np.bool_)
+    keys = np.array(data.draw(st.lists(st.sampled_from([0, 5, 2**63 + 7, 2**64 - 1]),
+                                       min_size=n, max_size=n)), dtype=np.uint64)
+    keys[empty] = 0
+    rects = np.array(data.draw(st.lists(st.tuples(*[st.integers(-2**31, 2**31 - 1)] * 4),
+                                        min_size=n, max_size=n)),
+                     dtype=np.int64).reshape(-1, 4)
+    drop = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+                    dtype=np.bool_) & ~empty
+    full = np.flatnonzero(~empty & ~drop)
+    kept = ~drop
+    expect = forward.pack_windows(bins[kept], keys[kept], rects[kept], empty[kept])
+    got = forward.pack_rects(bins, keys, rects[:, 0], rects[:, 1], rects[:, 2], rects[:, 3],
+                             empty, full)
+    assert got == expect

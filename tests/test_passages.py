@@ -32,7 +32,7 @@ from dupalign.interval_scan import align
 from dupalign.match import Match, best_span
 from dupalign.oph import OPHWindows, compact_windows, oph_sketch, oph_values
 from dupalign.page import Page
-from dupalign.passages import PassageIndex, _passage_starts
+from dupalign.passages import PassageIndex, _distinct_lists, _passage_starts
 from dupalign.store import read_u64, u64
 from dupalign.text import Tokens, tokenize
 from tests import corpora
@@ -708,3 +708,20 @@ def test_pages_indexed_before_units_were_kept_get_the_scans_spans(tmp_path: Path
     assert old.spans and all(s.jaccard is None for s in old.spans) and old.jaccard is None
     assert old.spans[0].tokens[0] <= new.spans[0].tokens[0]  # padded: the scan's ranges
     assert old.spans[-1].tokens[1] >= new.spans[-1].tokens[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 1023),
+                                st.sampled_from([0, 1, 5, 2**63 - 1, 2**63, 2**64 - 1])),
+                      max_size=60))
+def test_distinct_lists_equals_a_lexsort(pairs: list[tuple[int, int]]) -> None:
+    """The lists a page names, by the counting-sort kernel, as a lexsort finds them: the
+    distinct (bin, key) sorted by bin then key (keys as unsigned), and each input's index
+    among them."""
+    bins = np.array([b for b, _ in pairs], dtype=np.int64)
+    keys = np.array([k for _, k in pairs], dtype=np.uint64)
+    l_bins, l_keys, inverse = _distinct_lists(bins, keys)
+    uniq = sorted(set(pairs))
+    assert l_bins.dtype == np.int64 and l_keys.dtype == np.uint64
+    assert list(zip(l_bins.tolist(), l_keys.tolist(), strict=True)) == uniq
+    assert inverse.tolist() == [uniq.index(p) for p in pairs]
