@@ -27,7 +27,7 @@ from dupalign.hashing import content_hash, token_hashes
 from dupalign.idf import IdfTable
 from dupalign.near import NearState, near_sketch
 from dupalign.page import Page
-from dupalign.passages import PassageIndex, PassageState, Rects
+from dupalign.passages import I64, U64, PassageIndex, PassageState, Rects
 from dupalign.text import page_text, tokenize
 
 WIRE_VERSION = 1
@@ -110,7 +110,22 @@ def _pack_passage(s: PassageState | None) -> tuple[Any, ...] | None:
     assert s.starts is not None and s.ends is not None
     return (s.n_units, r.bin.astype(np.uint16), r.key,
             np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi)).astype(np.int32), r.empty, s.positions,
-            np.stack((s.starts, s.ends)).astype(np.int32), s.keys, s.empty)
+            np.stack((s.starts, s.ends)).astype(np.int32), s.keys, s.empty,
+            _pack_lists(s.lists), _pack_lists(s.window_lists))
+
+
+def _pack_lists(lists: tuple[I64, U64, I64] | None) -> tuple[Any, ...] | None:
+    """Distinct lists (bins, keys, inverse) in small dtypes (bins < 2^16, and a page has
+    fewer than 2^31 cells)."""
+    if lists is None:
+        return None
+    return lists[0].astype(np.uint16), lists[1], lists[2].astype(np.int32)
+
+
+def _unpack_lists(packed: tuple[Any, ...] | None) -> tuple[I64, U64, I64] | None:
+    if packed is None:
+        return None
+    return packed[0].astype(np.int64), packed[1], packed[2].astype(np.int64)
 
 
 def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: bytes | None,
@@ -121,11 +136,12 @@ def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: byt
     if passage is not None and len(passage) == 1:
         state = PassageState(None, passage[0])
     elif passage is not None:
-        n_units, bins, key, rect, empty, positions, bounds, keys, q_empty = passage
+        (n_units, bins, key, rect, empty, positions, bounds, keys, q_empty, lists,
+         window_lists) = passage
         rect, bounds = rect.astype(np.int64), bounds.astype(np.int64)
         state = PassageState(Rects(bins.astype(np.int64), key, rect[0], rect[1], rect[2],
                                    rect[3], empty), n_units, positions, bounds[0], bounds[1],
-                             keys, q_empty)
+                             keys, q_empty, _unpack_lists(lists), _unpack_lists(window_lists))
     return PageSketch(id_, url, fetched_at, replay_key, rejected, n_tokens, content_hash, near,
                       state, deleted, unchanged)
 

@@ -725,3 +725,19 @@ def test_distinct_lists_equals_a_lexsort(pairs: list[tuple[int, int]]) -> None:
     assert l_bins.dtype == np.int64 and l_keys.dtype == np.uint64
     assert list(zip(l_bins.tolist(), l_keys.tolist(), strict=True)) == uniq
     assert inverse.tolist() == [uniq.index(p) for p in pairs]
+
+
+@settings(max_examples=100, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2**64 - 1)),
+                      min_size=1, max_size=300))
+def test_distinct_lists_with_long_bins_equals_a_lexsort(pairs: list[tuple[int, int]]) -> None:
+    """Many distinct keys per bin (the kernel sorts long bins differently from short
+    ones), repeats included."""
+    pairs = pairs + pairs[: len(pairs) // 3]
+    bins = np.array([b for b, _ in pairs], dtype=np.int64)
+    keys = np.array([k for _, k in pairs], dtype=np.uint64)
+    l_bins, l_keys, inverse = _distinct_lists(bins, keys)
+    uniq = sorted(set(pairs))
+    assert list(zip(l_bins.tolist(), l_keys.tolist(), strict=True)) == uniq
+    where = {p: x for x, p in enumerate(uniq)}
+    assert inverse.tolist() == [where[p] for p in pairs]

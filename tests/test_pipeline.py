@@ -20,6 +20,7 @@ from dupalign.errors import ConfigError, PageRejected
 from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match
 from dupalign.page import Page
+from dupalign.passages import query_lists, window_lists
 from dupalign.pipeline import ExecutorKind
 from dupalign.sketch import PageSketch
 from tests.test_engine import edit, rfc_words
@@ -132,6 +133,13 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
             messages.validate("page_sketch", msgpack.unpackb(sk.to_bytes(), raw=False))
             back = PageSketch.from_bytes(sk.to_bytes())
             assert back.to_bytes() == sk.to_bytes()
+            if sk.passage is not None and sk.passage.rects is not None:
+                # the distinct lists the sketch stage found for the index are not on the
+                # wire: the index finds the same ones from the sketches
+                assert sk.passage.lists is not None and sk.passage.window_lists is not None
+                assert back.passage is not None and back.passage.lists is None
+                _assert_same(query_lists(back.passage)[2:], sk.passage.lists)
+                _assert_same(window_lists(back.passage), sk.passage.window_lists)
             _assert_same(pickle.loads(pickle.dumps(sk)), sk)  # the pool's compact form
             result = engine.index(back)
             assert IndexResult.from_bytes(result.to_bytes()).to_bytes() == result.to_bytes()
@@ -167,6 +175,10 @@ def _assert_same(a: Any, b: Any) -> None:
     """Equal values, numpy arrays of the same dtype and shape included."""
     if isinstance(b, np.ndarray):
         assert isinstance(a, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    elif isinstance(b, tuple):
+        assert isinstance(a, tuple) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _assert_same(x, y)
     elif hasattr(b, "__dataclass_fields__"):
         assert type(a) is type(b)
         for name in b.__dataclass_fields__:

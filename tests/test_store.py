@@ -47,6 +47,23 @@ def test_prefix_reader_stops_at_a_group_header(tmp_path: Path) -> None:
     assert len(keys) == 4 and all(k.startswith(other) for k in keys)
     store.close()
 
+def test_prefix_reader_finds_which_prefixes_are_present(tmp_path: Path) -> None:
+    """``present``: one seek per prefix; the key of another prefix that a seek to an
+    absent one lands on is not taken for it."""
+    store = Store(tmp_path / "db", {"p": 1})
+    batch = store.batch()
+    stored = [b"\x00\x01" + u64(5), b"\x00\x01" + u64(7), b"\x00\x02" + u64(0)]
+    for prefix in stored:
+        batch.put("oph", prefix + u64(3), b"")
+    store.write(batch)
+    reader = store.prefix_reader("oph")
+    asked = [b"\x00\x01" + u64(4), stored[0], b"\x00\x01" + u64(6), stored[1],
+             b"\x00\x01" + u64(8), stored[2], b"\xff\xff" + u64(2**64 - 1)]
+    assert reader.present(asked) == [1, 3, 5]
+    assert reader.present([]) == []
+    store.close()
+
+
 def test_batch_is_invisible_until_written_and_survives_reopen(tmp_path: Path) -> None:
     store = Store(tmp_path / "db", {"p": 1})
     batch = store.batch()
