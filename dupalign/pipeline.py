@@ -31,7 +31,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import (
+    BrokenExecutor,
+    Executor,
+    Future,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+)
 from itertools import islice
 from multiprocessing.util import Finalize
 from typing import TYPE_CHECKING, Any, Literal
@@ -266,7 +272,10 @@ def run_pipeline(
                     for _ in range(_in_flight_reading(aligns, indexer.removes(sk))):
                         yield finish()
                 result: IndexResult | BaseException = engine.index(sk, source)
-            except StoreError:
+            except (StoreError, BrokenExecutor):
+                # no fault of the page (a worker process killed, say by the OOM killer,
+                # breaks the pool): no later page may be indexed past it, nor its offset
+                # advance as a failed page's does; the caller starts again from it
                 raise
             except Exception as exc:
                 # an unexpected sketch or index error: the page's offset still advances

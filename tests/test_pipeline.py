@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import random
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import msgpack
 import numpy as np
 import pytest
 
+from dupalign import pipeline
 from dupalign.align import Aligner
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
@@ -104,6 +106,51 @@ def lifecycle_pages(seed: int, n: int) -> list[Page]:
         elif texts and roll < 0.22:
             pages.append(Page(id=rng.choice(texts).id, body="", deleted=True))
     return pages
+
+
+def test_a_broken_pool_stops_the_stream_before_the_page_it_could_not_sketch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process that dies (the OOM killer, say) breaks the pool: that is no fault
+    of the page whose sketch it took, so the page is not skipped as a failed page (its
+    offset would advance and a restart would never read it again): the stream stops, no
+    later page is indexed, and a restart from the stored offset gives the matches of an
+    unbroken run."""
+    pages = [p for p in random_pages(8, 40) if not p.id.startswith("bad")]
+    victim = pages[17].id
+    sketch = pipeline.sketch_in_worker
+
+    def dying(page: Page) -> PageSketch:
+        if page.id == victim:
+            raise BrokenProcessPool("a child process terminated abruptly")
+        return sketch(page)
+
+    monkeypatch.setattr(pipeline, "sketch_in_worker", dying)
+    items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
+    with Engine.open(tmp_path / "broken") as engine:
+        with pytest.raises(BrokenProcessPool):
+            for _ in engine.process_many(items, jobs=2, executor="thread"):
+                pass
+        assert engine.stored_offsets()[("pages", 0)] == 17
+        assert engine.indexer.current(victim) is None
+    monkeypatch.setattr(pipeline, "sketch_in_worker", sketch)
+    with Engine.open(tmp_path / "broken") as engine:  # the restart, from the stored offset
+        for _ in engine.process_many(items[17:], jobs=2, executor="thread"):
+            pass
+        restarted = _stored_matches(engine)
+    with Engine.open(tmp_path / "whole") as engine:
+        for _ in engine.process_many(items, jobs=1):
+            pass
+        assert restarted == _stored_matches(engine)
+    assert victim in restarted
+
+
+def _stored_matches(engine: Engine) -> dict[str, Any]:
+    """Every stored page's ordinal and stored matches, by id."""
+    out = {}
+    for key, value in engine.store.items("ids"):
+        raw = engine.store.get("matches", value)
+        out[key.decode()] = (value, None if raw is None else msgpack.unpackb(raw))
+    return out
 
 
 def test_revisits_and_deletes_do_not_depend_on_the_number_of_workers(tmp_path: Path) -> None:
