@@ -344,9 +344,17 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
     # returns exactly them, writing nothing) was published, and nothing else was.
     stored = []
     with Engine.open(store, EngineConfig()) as engine:
+        offsets = engine.stored_offsets()
         for page in pages:
             stored.extend(match_key(m.to_dict(0)) for m in engine.process(page))
-    assert collections.Counter(stored) == counts
+    # (seen once in CI, not reproduced in 9 runs under load: which pages differ, where the
+    # store and the group stood, and what both worker runs logged, for the next time)
+    lost = collections.Counter(stored) - counts
+    extra = counts - collections.Counter(stored)
+    assert not lost and not extra, (
+        f"killed at {killed_at} committed; store offsets {offsets}; pages stored but not "
+        f"published as stored: {sorted({k[0] for k in lost})}; published but not stored: "
+        f"{sorted({k[0] for k in extra})}\nworker log:\n{log.read_text()[-8000:]}")
 
 
 async def set_max_message_bytes(bootstrap: str, topic: str, size: int) -> None:
