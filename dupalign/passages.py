@@ -308,7 +308,7 @@ class PassageIndex:
         keys, empty = self._sketches(units, starts, ends)
         state = PassageState(self.windows(units), n, _pack_positions(tokens, units), starts,
                              ends, keys, empty)
-        query_lists(state)
+        query_lists(state)  # both kept in the state: found here, off the index thread
         window_lists(state)
         return state
 

@@ -347,14 +347,13 @@ async def test_sigkill_mid_stream_loses_and_duplicates_nothing(
         offsets = engine.stored_offsets()
         for page in pages:
             stored.extend(match_key(m.to_dict(0)) for m in engine.process(page))
-    # (seen once in CI, not reproduced in 9 runs under load: which pages differ, where the
-    # store and the group stood, and what both worker runs logged, for the next time)
-    lost = collections.Counter(stored) - counts
-    extra = counts - collections.Counter(stored)
-    assert not lost and not extra, (
+    # on failure: which pages differ, where the store stood, what both worker runs logged
+    unpublished = collections.Counter(stored) - counts
+    not_stored = counts - collections.Counter(stored)
+    assert not unpublished and not not_stored, (
         f"killed at {killed_at} committed; store offsets {offsets}; pages stored but not "
-        f"published as stored: {sorted({k[0] for k in lost})}; published but not stored: "
-        f"{sorted({k[0] for k in extra})}\nworker log:\n{log.read_text()[-8000:]}")
+        f"published as stored: {sorted({k[0] for k in unpublished})}; published but not "
+        f"stored: {sorted({k[0] for k in not_stored})}\nworker log:\n{log.read_text()[-8000:]}")
 
 
 async def set_max_message_bytes(bootstrap: str, topic: str, size: int) -> None:
