@@ -30,7 +30,15 @@ from dupalign.passages import PassageIndex
 from dupalign.pipeline import ExecutorKind, WorkerPool, run_pipeline
 from dupalign.shard import ShardedIndexer, open_indexer
 from dupalign.sketch import PageSketch, Sketcher
-from dupalign.store import ORDINAL_FAMILIES, Store, parse_offsets_key, read_u64
+from dupalign.store import (
+    ORDINAL_FAMILIES,
+    PUBLISHED_PREFIX,
+    Store,
+    offsets_key,
+    parse_offsets_key,
+    read_u64,
+    u64,
+)
 from dupalign.text import tokenize
 
 
@@ -242,6 +250,21 @@ class Engine:
         for key, value in self.store.items("offsets"):
             out[parse_offsets_key(key)] = read_u64(value)
         return out
+
+    def published_offsets(self) -> dict[tuple[str, int], int]:
+        """Per input partition, the offset below which every page's matches are recorded as
+        published (``note_published``)."""
+        n = len(PUBLISHED_PREFIX)
+        return {parse_offsets_key(key[n:]): read_u64(value)
+                for key, value in self.store.prefix("meta", PUBLISHED_PREFIX)}
+
+    def note_published(self, topic: str, partition: int, offset: int) -> None:
+        """Record that the matches of every page of (topic, partition) below ``offset`` are
+        published: the Kafka worker's resume point when its group has lost its offsets. A
+        lower bound: written after the commit, so a crash between leaves the older one."""
+        if self.read_only:
+            raise RuntimeError("engine opened read-only")
+        self.store.put("meta", PUBLISHED_PREFIX + offsets_key(topic, partition), u64(offset))
 
     def stats(self) -> dict[str, Any]:
         c = self.indexer.counters

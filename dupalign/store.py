@@ -38,7 +38,9 @@ from rocksdict import (
 from dupalign.errors import StoreError, StoreMismatch, StoreUnavailable
 
 FAMILIES = (
-    "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables
+    "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables;
+    # b"published/" ‖ topic ‖ partition -> an offset below which the Kafka worker published
+    # every page's matches
     "docs",  # ordinal -> doc record (msgpack)
     "ids",  # doc id -> latest ordinal
     "replay",  # 16-byte hash of (doc id, body) -> ordinal: a page seen before
@@ -111,6 +113,9 @@ def offsets_key(topic: str, partition: int) -> bytes:
 
 def parse_offsets_key(key: bytes) -> tuple[str, int]:
     return key[:-5].decode("utf-8"), int(_U32.unpack_from(key, len(key) - 4)[0])
+
+
+PUBLISHED_PREFIX = b"published/"  # meta keys: PUBLISHED_PREFIX ‖ offsets_key(...)
 
 
 # Families read by prefix: the fixed key prefix that names one group (an inverted list is

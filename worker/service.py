@@ -41,6 +41,12 @@ offset C, compared with the store's next offset S for that partition:
 
 * S >= C: seek C. Pages in [C, S) are in the store but their batch was not committed; the
   engine replays their stored matches, which are published now (once, in a transaction).
+* No C (the group has no offset for the partition) but S: the store's note of the offset
+  below which this worker published everything (written after every commit) stands for C:
+  the group's offsets expired (``offsets.retention.minutes`` after the group emptied), were
+  deleted, or the group id changed. Without that note the partition's first pages were
+  stored and a crash came before their commit, so nothing of it was published: the worker
+  reads it from its beginning (replays, published now). Resuming at S would lose them.
 * S < C: the store lacks pages that the group has committed: a store restored from a
   backup, a power loss that dropped unsynced RocksDB writes (the WAL is not fsynced per
   page), a store that did not own the partition, or a commit made by something other than
@@ -405,6 +411,7 @@ class Worker:
         self.consumer.pause(*assigned)
         loop = asyncio.get_running_loop()
         stored = await loop.run_in_executor(self.executor, self.engine.stored_offsets)
+        noted = await loop.run_in_executor(self.executor, self.engine.published_offsets)
         for tp in sorted(assigned):
             if self.kc.transactions and tp not in self.txn_producers:
                 producer = self._new_producer(self.transactional_id(tp))
@@ -414,16 +421,25 @@ class Worker:
         for tp in sorted(assigned):
             committed, published = group.get(tp, (None, False))
             in_store = stored.get((tp.topic, tp.partition))
+            noted_published = noted.get((tp.topic, tp.partition))
             if committed is not None:
                 self.committed[tp] = committed
-            if committed is None and in_store is None:
-                continue  # new partition: auto_offset_reset applies
+            elif noted_published is not None:
+                log.warning("%s: the group has no committed offset (expired, deleted or a new "
+                            "group id); resuming after the pages it records as published, "
+                            "at offset %d", tp, noted_published)
+                committed, published = noted_published, True
+            elif in_store is not None:
+                # stored before the partition's first commit (a crash came between): their
+                # matches were never published; read again, they are replays, published now
+                log.warning("%s: the group has no committed offset and the store records "
+                            "no publication of its pages (next offset %d); reading the "
+                            "partition from its beginning", tp, in_store)
+                await self.consumer.seek_to_beginning(tp)
+                continue
             if committed is None:
-                assert in_store is not None
-                log.warning("%s: no committed offset; resuming at the store's offset %d",
-                            tp, in_store)
-                self.consumer.seek(tp, in_store)
-            elif in_store is not None and in_store < committed:
+                continue  # new partition: auto_offset_reset applies
+            if in_store is not None and in_store < committed:
                 if published:
                     log.warning("%s: store is behind the group (%d < %d), whose commit says "
                                 "that range was published; re-indexing it without publishing",
@@ -678,6 +694,10 @@ class Worker:
                         f"({exc!r})") from exc
             raise
         done = time.perf_counter()
+        if self.engine is not None:  # the resume point should the group lose its offsets
+            await asyncio.get_running_loop().run_in_executor(
+                self.executor, self.engine.note_published, tp.topic, tp.partition,
+                result.next_offset)
         m = self.metrics
         m.stage_seconds.labels("publish").observe(t1 - t0)
         m.stage_seconds.labels("commit").observe(done - t1)
