@@ -93,14 +93,23 @@ def select_candidates(
     empty bin collided (or are excluded).
     """
     n_p, k = lid.shape
-    # collided-bin counts per page, indexed by ordinal (up to the largest ordinal counted);
-    # after each passage only the pages it touched are reset
-    n_ord = 1
+    # collided-bin counts per page, in slots: ordinal - lo when the lists' ordinals span a
+    # short range, else a hash table of the pages they hold (lists of text copied over a
+    # long crawl span it all: an array over the range would cost 400 MB a call at 10^8
+    # pages); after each passage only the slots it touched are reset
+    n_entries = max(1, n_before.sum())
+    lo, hi = 1 << 62, -1
     for x in range(n_before.shape[0]):
         if n_before[x] > 0:
-            n_ord = max(n_ord, ords[start[x] + n_before[x] - 1] + 1)
-    count = np.zeros(n_ord, dtype=np.int32)
-    touched = np.empty(max(1, n_before.sum()), dtype=np.int64)
+            lo = min(lo, int(ords[start[x]]))
+            hi = max(hi, int(ords[start[x] + n_before[x] - 1]))
+    dense = hi - lo < max(1 << 20, 8 * n_entries)
+    bits = 4
+    while (1 << bits) < 2 * n_entries:
+        bits += 1
+    slot_page = np.full(1 if dense else 1 << bits, -1, dtype=np.int64)
+    count = np.zeros(max(1, hi - lo + 1) if dense else 1 << bits, dtype=np.int32)
+    touched = np.empty(n_entries, dtype=np.int64)
     t_p = np.empty(16, dtype=np.int64)
     t_o = np.empty(16, dtype=np.int64)
     n_t = 0
@@ -119,19 +128,21 @@ def select_candidates(
                 o = ords[e]
                 if o != prev:  # one count per (page, list): a list is sorted by ordinal
                     prev = o
-                    if count[o] == 0:
-                        touched[n_u] = o
+                    s = o - lo if dense else _slot(slot_page, bits, o)
+                    if count[s] == 0:
+                        touched[n_u] = s
                         n_u += 1
-                    count[o] += 1
+                    count[s] += 1
         if n_u == 0:
             continue
         u_page = np.empty(n_u, dtype=np.int64)
         u_cnt = np.empty(n_u, dtype=np.int64)
         n_pass = 0
         for y in range(n_u):
-            o = touched[y]
-            hits = count[o]
-            count[o] = 0
+            s = touched[y]
+            o = s + lo if dense else slot_page[s]
+            hits = count[s]
+            count[s] = 0
             if (w_match * hits + w_empty * n_empty >= need
                     and not (exclude.shape[0] and _is_in(exclude, o))):
                 u_page[n_pass] = o
@@ -155,6 +166,20 @@ def select_candidates(
             t_o[n_t] = u_page[keep[c]]
             n_t += 1
     return t_p[:n_t].copy(), t_o[:n_t].copy(), pruned
+
+
+@njit(cache=True, nogil=True)
+def _slot(slot_page: I64, bits: int, page: int) -> int:
+    """The slot of ``page`` in an open-addressing table of 2**bits slots (-1: free), taken
+    if it is not there yet: Fibonacci hashing, linear probing."""
+    mask = np.int64((1 << bits) - 1)
+    s = np.int64((np.uint64(page) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits))
+    while slot_page[s] != page:
+        if slot_page[s] < 0:
+            slot_page[s] = page
+            break
+        s = (s + np.int64(1)) & mask
+    return int(s)
 
 
 @njit(cache=True, nogil=True)

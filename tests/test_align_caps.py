@@ -76,6 +76,12 @@ def test_select_candidates_keeps_the_most_collided(
         kept = sorted(ok, key=lambda o: (-hits[o], o))[:max_candidates]
         want += [(p, o) for o in sorted(kept)]
     assert list(zip(t_p.tolist(), t_o.tolist(), strict=True)) == want
+    # the same pages far apart in a long crawl (ordinals up to ~10^12): the same choice
+    spread = data.draw(st.sampled_from([1, 10**6 + 3, 10**11 + 7]))
+    t_p2, t_o2, _ = pa.select_candidates(
+        b.lid, b.n_before, b.start, b.ords * spread + 5, b.q_empty,
+        np.array(exclude, dtype=np.int64) * spread + 5, w_match, w_empty, need, max_candidates)
+    assert t_p2.tolist() == t_p.tolist() and t_o2.tolist() == (t_o * spread + 5).tolist()
 
 
 def dense_pages(n: int, seed: int) -> list[Page]:

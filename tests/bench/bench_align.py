@@ -4,7 +4,9 @@
    ``passage_align.select_candidates``, ``viable_tasks`` and ``scan_tasks`` (only the list
    entries a call can read are kept): the llvm-13 + llvm-14 documentation (main content, the
    default config, passages on) and the synthetic scale stream of bench_passages (near
-   disabled). Recordings are cached under ``--cache`` (``--record`` redoes them).
+   disabled). Recordings are cached under ``--cache`` (``--record`` redoes them). A third
+   stream, ``crawl``, is llvm's ``select_candidates`` calls with the ordinals spread over
+   10^7 (as deep in a long crawl, where lists of copied text span its history).
 2. Replay: the same recorded calls through the kernels of both checkouts, each in its own
    process (one ``dupalign`` per process), alternating baseline/ours ``--pairs`` times;
    CPU time of the replaying thread, the best of each process's ``--rounds`` rounds. The
@@ -43,6 +45,7 @@ HERE = Path(__file__).resolve()
 REPO = HERE.parents[2]
 KERNELS = ("select_candidates", "viable_tasks", "scan_tasks")
 Calls = dict[str, list[tuple[Any, ...]]]  # kernel -> recorded argument tuples
+CRAWL_SPREAD = 6_131  # the "crawl" stream: llvm's 1,631 pages' ordinals times this, ~10^7
 
 
 # -- recording ------------------------------------------------------------------------------
@@ -125,6 +128,15 @@ def recordings(cache: Path, docs: Path, scale_pages: int, again: bool) -> dict[s
             print(f"recorded {name} in {time.perf_counter() - t:.0f} s -> {path}", flush=True)
         with open(path, "rb") as fh:
             out[name] = pickle.load(fh)
+    # the llvm candidate selections as at page 10^7 of a crawl: the same pages spread over
+    # 10^7 ordinals (a list of text copied over a long crawl spans its whole history)
+    crawl = {k: [] for k in KERNELS}
+    for a in out["llvm"]["select_candidates"]:
+        crawl["select_candidates"].append((*a[:3], a[3] * CRAWL_SPREAD + 7, a[4],
+                                           a[5] * CRAWL_SPREAD + 7, *a[6:]))
+    with open(cache / "crawl.pkl", "wb") as fh:
+        pickle.dump(crawl, fh, protocol=pickle.HIGHEST_PROTOCOL)
+    out["crawl"] = crawl
     return out
 
 
@@ -287,7 +299,8 @@ def main() -> int:
         return 0
 
     recs = recordings(args.cache, args.docs, args.scale_pages, args.record)
-    paths = [args.cache / "llvm.pkl", args.cache / f"scale-{args.scale_pages}.pkl"]
+    paths = [args.cache / "llvm.pkl", args.cache / f"scale-{args.scale_pages}.pkl",
+             args.cache / "crawl.pkl"]
     tmp_tree = None
     baseline = args.baseline
     if baseline is None:
@@ -301,7 +314,7 @@ def main() -> int:
             sides["baseline"].append(run_replay(baseline, paths, args.rounds))
             sides["ours"].append(run_replay(REPO, paths, args.rounds))
         pages = {"llvm": 0, "scale": args.scale_pages}
-        pages["llvm"] = len(llvm_pages(args.docs))
+        pages["llvm"] = pages["crawl"] = len(llvm_pages(args.docs))
         print(f"\n## Kernels on recorded inputs: baseline {baseline} vs ours {REPO}; CPU ms of "
               f"the replaying thread, best of {args.rounds} rounds x {args.pairs} processes "
               "each, alternating")
@@ -311,7 +324,7 @@ def main() -> int:
         print(head)
         print("-" * len(head))
         for key in sides["ours"][0]:
-            if key == "module":
+            if key == "module" or not sides["ours"][0][key]["calls"]:
                 continue
             stream, name = key.split("/")[0].split("-")[0], key.split("/")[1]
             b = min(r[key]["cpu"] for r in sides["baseline"])
