@@ -34,10 +34,11 @@ from dupalign.cws import CwsFilter, FilterStats, shingle_minhash_sketch
 from dupalign.idf import IdfBuilder, IdfTable, TfMode, counted_weights
 from dupalign.psm import SimhashTable, psm_search_batch
 from dupalign.simhash import weighted_simhash
-from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, read_u64, u64
+from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, u64
 from dupalign.vosh import VolatilityModel
 
 U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
 _META_MODEL = b"volatility"
 _SHINGLE_SALT = 0x5A1
 
@@ -119,6 +120,31 @@ class NearCounters:
     filter: FilterStats = field(default_factory=FilterStats)
 
 
+def _load_fingerprints(store: Store, chunk: int = 1 << 16) -> tuple[U64, I64]:
+    """The ``simhash`` family's (fingerprint, ordinal) keys as two arrays, read a chunk of
+    keys at a time: a Python int per fingerprint and ordinal would take ~13 GB at 10^8
+    pages (tests/bench/bench_store.py, "open")."""
+    fps: list[U64] = []
+    ords: list[I64] = []
+    keys: list[bytes] = []
+
+    def convert() -> None:
+        rows = np.frombuffer(b"".join(keys), dtype=">u8").reshape(-1, 2)
+        fps.append(rows[:, 0].astype(np.uint64))
+        ords.append(rows[:, 1].astype(np.int64))
+        keys.clear()
+
+    for key, _ in store.items("simhash"):
+        keys.append(key)
+        if len(keys) == chunk:
+            convert()
+    if keys:
+        convert()
+    if not fps:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(fps), np.concatenate(ords)
+
+
 class NearIndex:
     def __init__(self, store: Store, config: EngineConfig, next_ordinal: int) -> None:
         self.store = store
@@ -136,13 +162,8 @@ class NearIndex:
                 self.builder.add_document(np.frombuffer(value, dtype="<u8"))
         raw_model = store.get("meta", _META_MODEL)
         self.model = VolatilityModel.from_bytes(raw_model) if raw_model else VolatilityModel()
-        fps, ords = [], []
-        for key, _ in store.items("simhash"):
-            fps.append(read_u64(key))
-            ords.append(read_u64(key, 8))
-        self.table = SimhashTable.from_arrays(
-            np.asarray(fps, dtype=np.uint64), np.asarray(ords, dtype=np.int64)
-        )
+        fps, ords = _load_fingerprints(store)
+        self.table = SimhashTable.from_arrays(fps, ords)
 
     @property
     def idf(self) -> IdfTable:
