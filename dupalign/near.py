@@ -162,8 +162,8 @@ class NearIndex:
                 self.builder.add_document(np.frombuffer(value, dtype="<u8"))
         raw_model = store.get("meta", _META_MODEL)
         self.model = VolatilityModel.from_bytes(raw_model) if raw_model else VolatilityModel()
-        fps, ords = _load_fingerprints(store)
-        self.table = SimhashTable.from_arrays(fps, ords)
+        fps, ords = _load_fingerprints(store)  # in key order: by (fingerprint, ordinal)
+        self.table = SimhashTable.from_arrays(fps, ords, ordered=True)
 
     @property
     def idf(self) -> IdfTable:

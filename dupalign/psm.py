@@ -101,17 +101,22 @@ class SimhashTable:
     @classmethod
     def from_arrays(
         cls, fps: npt.ArrayLike, ordinals: npt.ArrayLike, header_bits: int | None = None,
-        header_slack: int = 2, buffer_min: int = 1024,
+        header_slack: int = 2, buffer_min: int = 1024, ordered: bool = False,
     ) -> SimhashTable:
-        """Build at start-up from (unsorted) fingerprints and their ordinals."""
+        """Build at start-up from fingerprints and their ordinals; ``ordered``: they are
+        sorted by (fingerprint, ordinal) already (as the store's keys are), so no sort and
+        no copy."""
         f = np.asarray(fps, dtype=np.uint64).ravel()
         o = np.asarray(ordinals, dtype=np.int64).ravel()
         if f.shape != o.shape:
             raise ValueError("fps and ordinals must have the same length")
         t = cls(header_bits, header_slack, buffer_min)
-        order = np.lexsort((o, f))
-        t.fps = np.ascontiguousarray(f[order])
-        t.ordinals = np.ascontiguousarray(o[order])
+        if ordered:
+            t.fps, t.ordinals = np.ascontiguousarray(f), np.ascontiguousarray(o)
+        else:
+            order = np.lexsort((o, f))
+            t.fps = np.ascontiguousarray(f[order])
+            t.ordinals = np.ascontiguousarray(o[order])
         t._rebuild_directory()
         return t
 

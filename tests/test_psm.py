@@ -204,6 +204,9 @@ def test_from_arrays_matches_incremental_build() -> None:
     b.flush()
     assert np.array_equal(a.fps, b.fps) and np.array_equal(a.ordinals, b.ordinals)
     assert a.header_bits == b.header_bits and np.array_equal(a.directory, b.directory)
+    c = SimhashTable.from_arrays(a.fps, a.ordinals, ordered=True)  # the store's key order
+    assert np.array_equal(c.fps, a.fps) and np.array_equal(c.ordinals, a.ordinals)
+    assert c.header_bits == a.header_bits and np.array_equal(c.directory, a.directory)
     with pytest.raises(ValueError):
         SimhashTable.from_arrays(fps, np.arange(3))
 
