@@ -249,7 +249,7 @@ class Indexer:
         self.near = NearIndex(store, config, self.next_ordinal)
         self.passages = PassageIndex(store, config)
         self.unfinished = 0  # pages indexed whose matches are not stored yet
-        self.alive = sum(1 for _ in store.items("ids"))  # pages stored (current versions)
+        self.alive = sum(1 for _ in store.keys("ids"))  # pages stored (current versions)
         self.counters = LifecycleCounters()
         self.times = IndexTimes()
         self.engine_info = {

@@ -134,7 +134,7 @@ def _load_fingerprints(store: Store, chunk: int = 1 << 16) -> tuple[U64, I64]:
         ords.append(rows[:, 1].astype(np.int64))
         keys.clear()
 
-    for key, _ in store.items("simhash"):
+    for key in store.keys("simhash"):
         keys.append(key)
         if len(keys) == chunk:
             convert()

@@ -390,6 +390,15 @@ class Store:
         except Exception as exc:
             raise store_error("read", self.path, exc) from exc
 
+    def keys(self, family: str) -> Iterator[bytes]:
+        """Every key of ``family`` in order (rocksdict's key iterator: 2x faster than
+        ``items`` where values are not needed)."""
+        cf = self._cfs[family]
+        try:
+            yield from cf.keys(read_opt=_total_order())
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
+
     def last_key(self, family: str) -> bytes | None:
         cf = self._cfs[family]
         try:
