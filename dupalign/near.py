@@ -164,6 +164,7 @@ class NearIndex:
         self.model = VolatilityModel.from_bytes(raw_model) if raw_model else VolatilityModel()
         fps, ords = _load_fingerprints(store)  # in key order: by (fingerprint, ordinal)
         self.table = SimhashTable.from_arrays(fps, ords, ordered=True)
+        self._staged: dict[int, int] = {}  # ordinal -> fingerprint of a staged removal
 
     @property
     def idf(self) -> IdfTable:
@@ -256,12 +257,15 @@ class NearIndex:
         for ordinal, fingerprint in pages:
             if fingerprint is not None:
                 batch.delete("simhash", u64(fingerprint) + u64(ordinal))
+                self._staged[ordinal] = fingerprint
         for lo, hi in ordinal_ranges(o for o, _ in pages):
             delete_ordinals(batch, ("cws",), lo, hi)
 
     def commit_removal(self, ordinals: list[int]) -> None:
-        """After the removal's batch is written: the PSM table without those pages."""
-        self.table.remove_ordinals(ordinals)
+        """After the removal's batch is written: the PSM table without those pages (their
+        fingerprints known from ``stage_removal``: the table finds rows by fingerprint)."""
+        rows = [(self._staged.pop(o), o) for o in ordinals if o in self._staged]
+        self.table.remove([f for f, _ in rows], [o for _, o in rows])
 
     def sketch_of(self, ordinal: int) -> U64 | None:
         """A stored page's verification sketch (None: the page is not near-indexed)."""

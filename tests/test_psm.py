@@ -276,3 +276,37 @@ def test_psm_probes_follow_vosh_order() -> None:
                                               mode="all").ordinals.tolist()
                  for b in (max(k, 1), k + 1)]
         assert found == ([False, True] if k > 0 else [True, True])
+
+
+@settings(max_examples=80, deadline=None)
+@given(params=table_params, h=st.integers(0, 4), budget=st.integers(1, 40),
+       mode=st.sampled_from(["first", "all"]), data=st.data())
+def test_removed_rows_answer_as_a_table_built_without_them(params, h, budget, mode,
+                                                           data) -> None:
+    """Tombstones (``remove``), some merged away, some not, and removals from the buffer:
+    every search answers as the table built from the rows left with the same header bits
+    (exact search: as brute force over them)."""
+    table, fps = make_table(params, header_bits=4, buffer_min=16)
+    allf, allo = table.all_arrays()
+    gone = sorted(set(data.draw(st.lists(st.integers(0, len(allo) - 1), max_size=60))))
+    for at in range(0, len(gone), 7):  # removals in a few calls (a merge may come between)
+        part = gone[at:at + 7]
+        table.remove(allf[part], allo[part])
+    left = np.setdiff1d(np.arange(len(allo)), gone)
+    assert len(table) == left.size
+    livef, liveo = table.all_arrays()
+    assert sorted(zip(livef.tolist(), liveo.tolist(), strict=True)) == sorted(
+        zip(allf[left].tolist(), allo[left].tolist(), strict=True))
+    # the same rows in the same places (sorted part, then the buffer), never removed
+    kept = table.ordinals != np.iinfo(np.int64).max
+    fresh = SimhashTable.from_arrays(table.fps[kept], table.ordinals[kept], header_bits=4,
+                                     buffer_min=10_000)
+    fresh.add_many(table.buffer_fps, table.buffer_ordinals)
+    q, W = queries_and_w(params[0], fps, 16)
+    got = psm_search_batch(table, q, W, h=h, budget=budget, mode=mode)
+    want = psm_search_batch(fresh, q, W, h=h, budget=budget, mode=mode)
+    exact = psm_search_batch(table, q, W, h=h, budget=None, mode="all")
+    for i in range(len(q)):
+        assert got.get(i) == want.get(i)
+        assert sorted(exact.get(i)) == sorted(
+            brute_force_search(allf[left], allo[left], int(q[i]), h))
