@@ -123,7 +123,7 @@ class NearCounters:
 def _load_fingerprints(store: Store, chunk: int = 1 << 16) -> tuple[U64, I64]:
     """The ``simhash`` family's (fingerprint, ordinal) keys as two arrays, read a chunk of
     keys at a time: a Python int per fingerprint and ordinal would take ~13 GB at 10^8
-    pages (tests/bench/bench_store.py, "open")."""
+    pages (tests/bench/bench_open.py)."""
     fps: list[U64] = []
     ords: list[I64] = []
     keys: list[bytes] = []

@@ -147,8 +147,9 @@ class SimhashTable:
         """Drop the rows (fingerprint, ordinal) of pages removed from the store. A row of the
         sorted part becomes a tombstone (its ordinal ``_NO_BOUND``: no query's bound admits
         it, so searches answer as without it) found by its fingerprint in O(log n); the
-        tombstones leave at the next merge, which comes early once there are as many as the
-        buffer holds. (Dropping them at once cost O(n) a page: 1.4 s at 5e7 rows.)"""
+        tombstones leave at the next merge, which comes early once there are ~2 sqrt(n) of
+        them. (Dropping rows at once cost O(n) a page: 1.04 s at 5e7 rows,
+        tests/bench/bench_removal.py.)"""
         f = np.asarray(fps, dtype=np.uint64).ravel()
         o = np.asarray(ordinals, dtype=np.int64).ravel()
         if f.shape != o.shape:
