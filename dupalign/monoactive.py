@@ -501,26 +501,58 @@ def query_minhashes(
 ) -> U64:
     """The k min-hash keys of a whole sequence (the query), comparable with window keys."""
     th = np.asarray(token_hashes, dtype=np.uint64)
-    if th.size == 0:
-        raise ValueError("empty query")
-    uniq, counts = np.unique(th, return_counts=True)
-    out = np.empty(k, dtype=np.uint64)
+    return query_minhashes_many(th, np.zeros(1, np.int64), np.full(1, th.size, np.int64), k,
+                                mode, tf, idf)[0]
+
+
+def query_minhashes_many(
+    token_hashes: U64,
+    starts: I64,
+    ends: I64,
+    k: int,
+    mode: Mode = "multiset",
+    tf: TfMode | TfFn = "raw",
+    idf: IdfFn | Mapping[int, float] | None = None,
+) -> U64:
+    """``query_minhashes`` of every range ``token_hashes[starts[p]:ends[p]]`` (a page's
+    query passages), shape ``(P, k)``. All ranges go through each hash function in one
+    numpy pass: a passage is a few dozen tokens, so one pass per passage and function cost
+    its numpy call overhead many times over (the weighted lifecycle oracle spent ~80 % of
+    its time there)."""
+    th = np.asarray(token_hashes, dtype=np.uint64)
+    lo, hi = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    if np.any(hi <= lo) or np.any(lo < 0) or np.any(hi > th.size):
+        raise ValueError("empty query" if np.any(hi <= lo) else "range outside the sequence")
+    n_p, lengths = len(lo), hi - lo
+    if n_p == 0:
+        return np.empty((0, k), dtype=np.uint64)
+    off = np.concatenate(([0], np.cumsum(lengths)))
+    pid = np.repeat(np.arange(n_p, dtype=np.int64), lengths)
+    tok = th[np.arange(off[-1], dtype=np.int64) - np.repeat(off[:-1] - lo, lengths)]
+    order = np.lexsort((tok, pid))  # by passage, then token
+    tok, pid = tok[order], pid[order]
+    first = np.ones(len(tok), dtype=np.bool_)
+    first[1:] = (tok[1:] != tok[:-1]) | (pid[1:] != pid[:-1])
+    run = np.flatnonzero(first)  # each (passage, distinct token)
+    counts = np.diff(np.append(run, len(tok)))
+    out = np.empty((n_p, k), dtype=np.uint64)
     if mode == "multiset":
-        # all (t, x) with x <= f(t, Q)
-        ent_t = np.repeat(uniq, counts)
-        starts = np.cumsum(counts) - counts
-        ent_x = np.arange(len(th), dtype=np.int64) - np.repeat(starts, counts) + 1
+        # all (t, x) with x <= f(t, Q), each passage's rows at off[p]:off[p + 1]
+        ent_x = np.arange(len(tok), dtype=np.int64) - np.repeat(run, counts) + 1
         for fn in range(k):
-            out[fn] = multiset_hash(ent_t, ent_x, fn).min()
+            out[:, fn] = np.minimum.reduceat(multiset_hash(tok, ent_x, fn), off[:-1])
         return out
     if mode != "weighted":
         raise ValueError(f"unknown mode {mode!r}")
-    w = tf_weights(counts.astype(np.int64), tf) * _idf_values(uniq, idf)
+    u_tok, u_pid = tok[run], pid[run]
+    w = tf_weights(counts.astype(np.int64), tf) * _idf_values(u_tok, idf)
     if not np.all(np.isfinite(w)) or np.any(w <= 0):
         raise ValueError("weights must be finite and positive")
+    u_off = np.searchsorted(u_pid, np.arange(n_p, dtype=np.int64))  # each passage's first
     for fn in range(k):
-        ln_a, z, key = icws_hash(uniq, w, fn)
-        out[fn] = key[np.lexsort((uniq, -z, ln_a))[0]]
+        ln_a, z, key = icws_hash(u_tok, w, fn)
+        # the min of each passage: by ln a, then larger z, then token hash
+        out[:, fn] = key[np.lexsort((u_tok, -z, ln_a, u_pid))[u_off]]
     return out
 
 

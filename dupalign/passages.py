@@ -54,7 +54,7 @@ from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
-from dupalign.oph import compact_windows, oph_bins, oph_sketch, oph_values
+from dupalign.oph import compact_windows, oph_bins, oph_values
 from dupalign.store import (
     Batch,
     PrefixReader,
@@ -287,12 +287,6 @@ class PassageIndex:
                      mw.b.astype(np.int64), mw.c.astype(np.int64), mw.d.astype(np.int64),
                      np.zeros(len(mw), dtype=np.bool_))
 
-    def sketch(self, units: U64) -> tuple[U64, npt.NDArray[np.bool_]]:
-        if self.cfg.mode == "oph":
-            return oph_sketch(oph_values(units), self.k)
-        keys = monoactive.query_minhashes(units, self.k, "weighted", tf=self._tf)
-        return keys, np.zeros(self.k, dtype=np.bool_)
-
     # -- the query --------------------------------------------------------------------------
     def sketch_page(self, hashes: U64, tokens: Tokens) -> PassageState:
         """Everything the passage index needs from the page alone (no store access)."""
@@ -434,8 +428,8 @@ class PassageIndex:
             hvals = oph_values(units)
             return passage_align.passage_sketches(hvals, oph_bins(hvals, self.k), starts, ends,
                                                   self.k)
-        keys = np.stack([self.sketch(units[s:e])[0] for s, e in
-                         zip(starts.tolist(), ends.tolist(), strict=True)])
+        keys = monoactive.query_minhashes_many(units, starts, ends, self.k, "weighted",
+                                               tf=self._tf)
         return keys, np.zeros(keys.shape, dtype=np.bool_)
 
     # -- store reads ------------------------------------------------------------------------
@@ -584,11 +578,10 @@ class PassageIndex:
         functions / k."""
         if self.cfg.mode == "oph":
             return span_refine.oph_estimates(a, b, np.array(boxes, dtype=np.int64), self.k)
-        out = []
-        for q0, q1, t0, t1 in boxes:
-            ka, kb = self.sketch(a[q0:q1])[0], self.sketch(b[t0:t1])[0]
-            out.append(int(np.count_nonzero(ka == kb)) / self.k)
-        return out
+        r = np.array(boxes, dtype=np.int64).reshape(-1, 4)
+        ka = monoactive.query_minhashes_many(a, r[:, 0], r[:, 1], self.k, "weighted", tf=self._tf)
+        kb = monoactive.query_minhashes_many(b, r[:, 2], r[:, 3], self.k, "weighted", tf=self._tf)
+        return (np.count_nonzero(ka == kb, axis=1) / self.k).tolist()
 
     # -- writes -----------------------------------------------------------------------------
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:

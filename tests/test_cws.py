@@ -56,6 +56,26 @@ def test_scalar_mix_is_hashing_mix64(x: int, salt: int) -> None:
     assert _unit(np.uint64(x)) == float(to_unit(arr)[0])
 
 
+def _splitmix_py(x: int, salt: int) -> int:
+    """splitmix64's finalizer in Python integers (arbitrary precision, masked by hand)."""
+    m = (1 << 64) - 1
+    x ^= (0x9E3779B97F4A7C15 * (salt + 1)) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(u64, max_size=40), st.integers(min_value=0, max_value=2**40))
+def test_mix64_and_to_unit_equal_their_formulas_in_python_integers(
+        xs: list[int], salt: int) -> None:
+    arr = np.array(xs, dtype=np.uint64)
+    assert mix64(arr, salt).tolist() == [_splitmix_py(x, salt) for x in xs]
+    assert to_unit(arr).tolist() == [((x >> 11) + 0.5) / 2.0**53 for x in xs]
+    if xs:  # a Python int and a 0-d input give a scalar
+        assert int(mix64(xs[0], salt)) == _splitmix_py(xs[0], salt)
+
+
 @settings(max_examples=150, deadline=None)
 @given(wsets, st.integers(min_value=1, max_value=6), st.integers(min_value=0, max_value=1000))
 def test_icws_matches_twin(d: dict[int, float], K: int, seed: int) -> None:

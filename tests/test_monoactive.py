@@ -180,6 +180,30 @@ def test_query_minhashes(
             assert int(got[fn]) == O.minhash_multiset(seq, O.multiset_value(fn))
 
 
+@settings(max_examples=100, deadline=None)
+@given(texts, st.data(), st.integers(1, 4), st.sampled_from(["multiset", "weighted"]),
+       st.sampled_from(TF_MODES), idfs)  # fmt: skip
+def test_query_minhashes_of_many_ranges_at_once(
+    seq: list[int], data: st.DataObject, k: int, mode: str, tf: M.TfMode,
+    idf: dict[int, float],
+) -> None:
+    """A page's passages sketched in one pass: each range's keys are its own brute-force
+    min-hashes (ranges overlap, repeat and differ in length)."""
+    ranges = data.draw(st.lists(st.tuples(st.integers(0, len(seq) - 1), st.integers(1, len(seq)))
+                                .map(lambda r: (min(r[0], r[1] - 1), r[1])), max_size=6))
+    starts = np.array([a for a, _ in ranges], dtype=np.int64)
+    ends = np.array([b for _, b in ranges], dtype=np.int64)
+    got = M.query_minhashes_many(np.array(seq, dtype=np.uint64), starts, ends, k, mode, tf, idf)  # type: ignore[arg-type]
+    assert got.shape == (len(ranges), k)
+    for p, (a, b) in enumerate(ranges):
+        for fn in range(k):
+            if mode == "weighted":
+                want = O.minhash_weighted(seq[a:b], O.weighted_value(fn, tf, idf))
+            else:
+                want = O.minhash_multiset(seq[a:b], O.multiset_value(fn))
+            assert int(got[p, fn]) == want
+
+
 thetas = st.tuples(st.integers(1, 6), st.integers(1, 6)).filter(lambda t: t[0] <= t[1])
 
 
