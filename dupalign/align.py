@@ -225,7 +225,7 @@ class Aligner:
         if carried:
             self.forward.positions = dict(zip(others, request.other_positions, strict=True))
         q_starts, q_ends, q_units = _unpack_positions(request.positions)
-        tokens = Tokens("", [], q_starts.astype(np.int64), q_ends.astype(np.int64))
+        tokens = Tokens("", None, q_starts.astype(np.int64), q_ends.astype(np.int64))
         try:
             found = spans_of_hit_arrays(idx, (t.t_p[h_t], t.t_o[h_t], h_s, h_e, h_x),
                                         request.starts, request.ends, tokens, q_units,

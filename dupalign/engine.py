@@ -21,7 +21,6 @@ from typing import Any
 
 from dupalign.align import Aligner
 from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES, EngineConfig
-from dupalign.hashing import token_hashes
 from dupalign.index import Indexer, IndexResult, IndexTimes
 from dupalign.match import Match, best_span
 from dupalign.near import NearIndex
@@ -202,7 +201,7 @@ class Engine:
     def query_text(self, text: str) -> list[Match]:
         """Passages of ``text`` aligned against the store (nothing is written)."""
         tokens = tokenize(text, self.config.text.max_tokens)
-        hashes = token_hashes(tokens.tokens, self.config.seed)
+        hashes = tokens.hashes(self.config.seed)
         found, _ = self.passages.search(hashes, tokens, self.next_ordinal)
         out = []
         for other, spans in found:

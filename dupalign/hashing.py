@@ -37,6 +37,16 @@ def token_hashes(tokens: Iterable[str], seed: int = 0) -> U64:
     return out
 
 
+def hash_joined(joined: bytes, n: int, seed: int = 0) -> U64:
+    """``token_hashes`` of ``n`` tokens given as their UTF-8 bytes joined by NULs (no token
+    holds one)."""
+    out = np.empty(n, dtype=np.uint64)
+    if n:
+        _murmur3_64_kernel(np.frombuffer(joined, dtype=np.uint8), np.uint64(seed & 0xFFFFFFFF),
+                           out)
+    return out
+
+
 _C1 = np.uint64(0x87C37B91114253D5)
 _C2 = np.uint64(0x4CF5AD432745937F)
 
@@ -109,6 +119,12 @@ def _murmur3_64_kernel(buf: npt.NDArray[np.uint8], seed: np.uint64, out: U64) ->
 def content_hash(tokens: Iterable[str], seed: int = 0) -> bytes:
     """128-bit hash of a token sequence; tokens are joined with a separator no token holds."""
     return mmh3.hash_bytes("\x1f".join(tokens).encode("utf-8"), seed & 0xFFFFFFFF)
+
+
+def content_hash_joined(joined: bytes, seed: int = 0) -> bytes:
+    """``content_hash`` of tokens given as their UTF-8 bytes joined by NULs (no token holds
+    a NUL or the separator)."""
+    return mmh3.hash_bytes(joined.replace(b"\x00", b"\x1f"), seed & 0xFFFFFFFF)
 
 
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)

@@ -23,7 +23,6 @@ import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
-from dupalign.hashing import content_hash, token_hashes
 from dupalign.idf import IdfTable
 from dupalign.near import NearState, near_sketch
 from dupalign.page import Page
@@ -176,11 +175,11 @@ class Sketcher:
             sk.rejected = (exc.reason, exc.detail)
             return sk
         sk.n_tokens = len(tokens)
-        sk.content_hash = content_hash(tokens.tokens, cfg.seed)
+        sk.content_hash = tokens.content_hash(cfg.seed)
         if sk.content_hash == stored_hash:
             sk.unchanged = True
             return sk
-        hashes = token_hashes(tokens.tokens, cfg.seed)
+        hashes = tokens.hashes(cfg.seed)
         sk.near = near_sketch(hashes, idf, cfg)
         sk.passage = self.passages.sketch_page(hashes, tokens)
         return sk

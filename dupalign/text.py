@@ -10,14 +10,15 @@ from __future__ import annotations
 import codecs
 import re
 import unicodedata
-from dataclasses import dataclass
 
 import charset_normalizer
 import numpy as np
 import numpy.typing as npt
+from numba import njit
 from resiliparse.extract.html2text import extract_plain_text
 
 from dupalign.errors import PageRejected
+from dupalign.hashing import content_hash, content_hash_joined, hash_joined, token_hashes
 from dupalign.page import Page
 
 _WORD = re.compile(r"\w+")
@@ -34,17 +35,41 @@ HTML_TYPES = ("text/html", "application/xhtml+xml")
 PLAIN_TYPES = ("text/plain",)
 
 
-@dataclass(frozen=True)
 class Tokens:
-    """Normalized tokens of a text and where each one stands in it."""
+    """Normalized tokens of a text and where each one stands in it.
 
-    text: str
-    tokens: list[str]
-    starts: npt.NDArray[np.int64]
-    ends: npt.NDArray[np.int64]
+    An ASCII text is tokenized into ``joined`` (the tokens' bytes, NUL after each but the
+    last) without a Python string per token: hashing reads those bytes, and the strings
+    (``tokens``) are made only if asked for (a third of the near-only sketch went to
+    making, splitting and joining them again)."""
+
+    __slots__ = ("_joined", "_tokens", "ends", "starts", "text")
+
+    def __init__(self, text: str, tokens: list[str] | None, starts: npt.NDArray[np.int64],
+                 ends: npt.NDArray[np.int64], joined: bytes | None = None) -> None:
+        self.text, self.starts, self.ends = text, starts, ends
+        self._tokens, self._joined = tokens, joined
+
+    @property
+    def tokens(self) -> list[str]:
+        if self._tokens is None:
+            self._tokens = self._joined.decode("utf-8").split("\x00") if self._joined else []
+        return self._tokens
 
     def __len__(self) -> int:
-        return len(self.tokens)
+        return len(self.starts) if self._tokens is None else len(self._tokens)
+
+    def hashes(self, seed: int) -> npt.NDArray[np.uint64]:
+        """``token_hashes(self.tokens, seed)``."""
+        if self._joined is None:
+            return token_hashes(self.tokens, seed)
+        return hash_joined(self._joined, len(self.starts), seed)
+
+    def content_hash(self, seed: int) -> bytes:
+        """``content_hash(self.tokens, seed)``."""
+        if self._joined is None:
+            return content_hash(self.tokens, seed)
+        return content_hash_joined(self._joined, seed)
 
     def char_range(self, start: int, end: int) -> tuple[int, int]:
         """Characters covered by the half-open token range [start, end)."""
@@ -162,50 +187,103 @@ def _is_word(cp: int) -> bool:
     return known
 
 
-def _word_runs(
-    scanned: str,
-) -> tuple[list[str], npt.NDArray[np.bool_], npt.NDArray[np.intp] | None]:
-    """The ``\\w+`` runs of ``scanned``, the per-character word mask and the positions of
-    its non-ASCII characters (None for ASCII text).
-
-    Non-word characters are overwritten with spaces in a numpy copy of the code points and
-    the result is split on whitespace (never a word character), all at C speed.
-    """
+def _classify(scanned: str) -> tuple[npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
+                                     npt.NDArray[np.bool_]]:
+    """The code points of ``scanned`` (bytes for ASCII text) and which are word characters."""
     if scanned.isascii():
         codes = np.frombuffer(scanned.encode("ascii"), dtype=np.uint8)
-        mask = _ASCII_WORD[codes]
-        return np.where(mask, codes, np.uint8(32)).tobytes().decode("ascii").split(), mask, None
+        return codes, _ASCII_WORD[codes]
     cps = np.frombuffer(scanned.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     mask = _ASCII_WORD_OR_HIGH[np.minimum(cps, 128)]
     high = np.flatnonzero(cps >= 128)
     mask[high] = np.fromiter(map(_is_word, cps[high].tolist()), dtype=np.bool_,
                              count=high.size)
-    spaced = np.where(mask, cps, np.uint32(32)).tobytes().decode("utf-32-le")
-    return spaced.split(), mask, high
+    return cps, mask
+
+
+@njit(cache=True, nogil=True)
+def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
+                mask: npt.NDArray[np.bool_], lower_ascii: bool
+                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8],
+                           npt.NDArray[np.bool_]]:
+    """The runs of word characters (``mask``) of the code points ``codes``: their starts,
+    ends, UTF-8 bytes joined by NULs (A-Z lower-cased if ``lower_ascii``) and whether each
+    holds a non-ASCII character."""
+    n = codes.shape[0]
+    starts = np.empty(n // 2 + 1, dtype=np.int64)
+    ends = np.empty(n // 2 + 1, dtype=np.int64)
+    high = np.zeros(n // 2 + 1, dtype=np.bool_)
+    joined = np.empty(4 * n, dtype=np.uint8)
+    m = 0
+    t = 0
+    inside = False
+    for i in range(n):
+        c = np.uint32(codes[i])
+        if mask[i]:
+            if not inside:
+                if t > 0:
+                    joined[m] = 0
+                    m += 1
+                starts[t] = i
+                inside = True
+            if c < 0x80:
+                joined[m] = c + 32 if lower_ascii and 65 <= c <= 90 else c
+                m += 1
+                continue
+            high[t] = True
+            if c < 0x800:
+                joined[m] = 0xC0 | (c >> 6)
+                joined[m + 1] = 0x80 | (c & 0x3F)
+                m += 2
+            elif c < 0x10000:
+                joined[m] = 0xE0 | (c >> 12)
+                joined[m + 1] = 0x80 | ((c >> 6) & 0x3F)
+                joined[m + 2] = 0x80 | (c & 0x3F)
+                m += 3
+            else:
+                joined[m] = 0xF0 | (c >> 18)
+                joined[m + 1] = 0x80 | ((c >> 12) & 0x3F)
+                joined[m + 2] = 0x80 | ((c >> 6) & 0x3F)
+                joined[m + 3] = 0x80 | (c & 0x3F)
+                m += 4
+        elif inside:
+            ends[t] = i
+            t += 1
+            inside = False
+    if inside:
+        ends[t] = n
+        t += 1
+    return starts[:t], ends[:t], joined[:m], high[:t]
 
 
 def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     """Word tokens (Unicode ``\\w+``), normalized, with their character offsets in ``text``."""
-    # Lower-casing keeps offsets when it keeps the length (always for ASCII), so one pass
-    # serves tokens and offsets; only non-ASCII tokens then need NFKC and case folding.
-    scanned = text.lower()
+    # Lower-casing keeps offsets when it keeps the length (always for ASCII, lower-cased
+    # in the kernel), so one pass serves tokens and offsets; only tokens holding a
+    # non-ASCII character may then need NFKC and case folding.
+    ascii_text = text.isascii()
+    scanned = text if ascii_text else text.lower()
     lowered = len(scanned) == len(text)
     if not lowered:
         scanned = text
-    tokens, mask, high = _word_runs(scanned)
-    if max_tokens is not None and len(tokens) > max_tokens:
-        raise PageRejected("too_many_tokens", f"{len(tokens)} tokens, limit is {max_tokens}")
-    # Offsets: the edges of the runs of word characters (what finditer would report),
-    # found with numpy instead of one Match object per token.
-    edges = np.diff(mask.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-    starts = np.flatnonzero(edges == 1).astype(np.int64)
-    ends = np.flatnonzero(edges == -1).astype(np.int64)
-    if starts.size != len(tokens):  # cannot happen while \\w is a per-character class
-        raise AssertionError("word runs and regex tokens disagree")
+    codes, mask = _classify(scanned)
+    # the tokens as bytes, without a Python string per token: hashing reads those
+    starts, ends, joined, high = _word_bytes(codes, mask, ascii_text)
+    if max_tokens is not None and len(starts) > max_tokens:
+        raise PageRejected("too_many_tokens", f"{len(starts)} tokens, limit is {max_tokens}")
+    raw = joined.tobytes()
     if not lowered:  # e.g. "İ" lower-cases to two characters: ASCII tokens need it too
-        tokens = [normalize_token(t) for t in tokens]
-    elif high is not None and high.size:  # only the tokens holding a non-ASCII character
-        inside = high[mask[high]]  # the token holding character p ends after p
-        for x in np.unique(np.searchsorted(ends, inside, side="right")).tolist():
+        tokens = [normalize_token(t) for t in raw.decode("utf-8").split("\x00")] if len(
+            starts) else []
+        return Tokens(text, tokens, starts, ends)
+    odd = []
+    for x in np.flatnonzero(high).tolist():
+        token = scanned[starts[x]:ends[x]]
+        if normalize_token(token) != token:
+            odd.append(x)
+    if odd:  # (rare: a ligature, a sharp s, a final sigma)
+        tokens = raw.decode("utf-8").split("\x00")
+        for x in odd:
             tokens[x] = normalize_token(tokens[x])
-    return Tokens(text=text, tokens=tokens, starts=starts, ends=ends)
+        return Tokens(text, tokens, starts, ends)
+    return Tokens(text, None, starts, ends, raw)

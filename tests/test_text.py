@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dupalign.errors import PageRejected
-from dupalign.hashing import token_hashes
+from dupalign.hashing import content_hash, token_hashes
 from dupalign.page import Page
 from dupalign.text import decode_body, html_to_text, normalize_token, page_text, tokenize
 
@@ -112,6 +112,28 @@ _letters = st.sampled_from(list("aZ9_ -.,\n\tÉéßİıǅﬁ²Ⅻ　中文字\u0
 def test_tokenize_matches_regex_twin(text: str) -> None:
     toks = tokenize(text)
     exp_toks, exp_spans = _tokenize_twin(text)
+    assert toks.tokens == exp_toks
+    assert list(zip(toks.starts.tolist(), toks.ends.tolist(), strict=True)) == exp_spans
+
+
+_ascii = st.text(alphabet=st.characters(max_codepoint=127), max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_ascii, st.lists(st.sampled_from(["Ab", "z_9", " ", "-", "\n", "É", "x"]),
+                                  max_size=30).map("".join),
+                 st.lists(_letters, max_size=40).map("".join)),
+       st.integers(min_value=0, max_value=2**40))
+def test_tokens_hash_as_their_strings(text: str, seed: int) -> None:
+    """ASCII text is tokenized without a string per token (its bytes joined, hashed in
+    place), other text through the strings: either way the tokens, their offsets, their
+    hashes and the content hash are those of the regex twin's token strings."""
+    toks = tokenize(text)
+    exp_toks, exp_spans = _tokenize_twin(text)
+    assert len(toks) == len(exp_toks)
+    assert toks.hashes(seed).tolist() == [mmh3.hash64(t, seed & 0xFFFFFFFF, signed=False)[0]
+                                          for t in exp_toks]
+    assert toks.content_hash(seed) == content_hash(exp_toks, seed)
     assert toks.tokens == exp_toks
     assert list(zip(toks.starts.tolist(), toks.ends.tolist(), strict=True)) == exp_spans
 
