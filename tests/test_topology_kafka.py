@@ -282,6 +282,37 @@ async def test_at_least_once_roles_lose_nothing_across_an_index_sigkill(
     assert firsts == expected
 
 
+@pytest.mark.testdata
+async def test_an_index_group_without_offsets_resumes_where_its_store_noted_them_published(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The index group's offsets are gone (expired after offsets.retention.minutes, the
+    group deleted) while the index is down: it resumes at the sequence offset its store
+    noted after its last commit, so no match is published twice (it used to read the
+    sequence from 0 and publish the matches of every stored page again)."""
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    pages = clough_pages()
+    try:
+        topo.start("sketch")
+        topo.start("align")
+        index, _ = topo.start("index", tmp_path / "index")
+        await topo.send(pages[:60])
+        await topo.published(60, timeout=180)
+        index.send_signal(signal.SIGTERM)
+        assert index.wait(60) == 0
+        await topo.delete_group("index")
+        assert await topo.index_committed() == 0
+        topo.start("index", tmp_path / "index")
+        await topo.send(pages[60:])
+        published = await topo.published(len(pages), timeout=180)
+    finally:
+        topo.stop_all()
+    expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
+    got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+    before = {p.id for p in pages[:60]}  # their matches would come twice
+    assert sum(n for k, n in expected.items() if k[0] in before) > 10
+    assert got == expected
+
+
 async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     topo = Topology(kafka_bootstrap, tmp_path)

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.protocol.admin import DeleteGroupsRequest
 
 from dupalign.config import EngineConfig
 from dupalign.engine import Engine
@@ -176,6 +178,21 @@ enabled = false
             return await consumer.committed(TopicPartition(self.topic["sequence"], 0)) or 0
         finally:
             await consumer.stop()
+
+    async def delete_group(self, role: str) -> None:
+        """Delete a role's consumer group (it must have no member): its committed offsets
+        are gone, as when they expire after the broker's offsets.retention.minutes.
+        (aiokafka's admin client has no call for it: its DeleteGroups request is sent to
+        the group's coordinator.)"""
+        group = f"{self.group}-{role}"
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            node = await admin.find_coordinator(group)
+            response = await admin._send_request_to_node(node, DeleteGroupsRequest([group]))
+            assert [tuple(r) for r in response.results] == [(group, 0)], response
+        finally:
+            await admin.close()
 
     async def published(self, n_pages: int, timeout: float) -> list[Any]:
         """Wait until ``n_pages`` are sequenced and all their matches published; the matches."""

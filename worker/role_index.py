@@ -177,6 +177,11 @@ class IndexRole:
                                          None if self.kc.transactions else consumer)
                     self.metrics.produced(self.name, out)
                     self.last_offsets = offsets
+                    if offsets[self.seq_tp] != self.published and self.engine is not None:
+                        # the resume point should the group lose its offsets
+                        await loop.run_in_executor(
+                            self.executor, self.engine.note_published, self.seq_tp.topic,
+                            0, offsets[self.seq_tp])
                     self.published = offsets[self.seq_tp]
         finally:
             await self._close()
@@ -233,7 +238,12 @@ class IndexRole:
                 if last is not None:
                     stored = max(stored or 0, last + 1)
             committed = await committed_offsets(consumer, assigned)
-            published = committed.get(self.seq_tp, 0)
+            # a group without offsets (expired after offsets.retention.minutes, deleted, a
+            # new group id) resumes where this store noted every page's matches published
+            # (none noted: from the start, publishing again what the store holds)
+            noted = (await loop.run_in_executor(self.executor, self.engine.published_offsets)
+                     ).get((self.seq_tp.topic, 0), 0)
+            published = committed.get(self.seq_tp, noted)
             if stored is not None and stored >= published:
                 self._reset(published, 0)
                 consumer.seek(self.seq_tp, published)
