@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -44,7 +45,14 @@ from tests.topology_harness import (
     wait_log,
 )
 from worker import messages
-from worker.topology import SOURCE_HEADER, decode_sequence, header
+from worker.produce import new_producer
+from worker.topology import (
+    SOURCE_HEADER,
+    decode_sequence,
+    encode_sequence,
+    header,
+    last_sequenced,
+)
 
 pytestmark = pytest.mark.kafka
 DASHBOARD_DIR = REPO / "deploy" / "grafana" / "dashboards"
@@ -283,27 +291,32 @@ async def test_at_least_once_roles_lose_nothing_across_an_index_sigkill(
 
 
 @pytest.mark.testdata
-async def test_an_index_group_without_offsets_resumes_where_its_store_noted_them_published(
+async def test_groups_without_offsets_resume_where_the_sequence_and_the_store_say(
         kafka_bootstrap: str, tmp_path: Path) -> None:
-    """The index group's offsets are gone (expired after offsets.retention.minutes, the
-    group deleted) while the index is down: it resumes at the sequence offset its store
-    noted after its last commit, so no match is published twice (it used to read the
-    sequence from 0 and publish the matches of every stored page again)."""
+    """The sketch and index groups' offsets are gone (expired offsets.retention.minutes
+    after the groups emptied, or deleted) while those roles are down: the sketch role
+    resumes after each input partition's last page in ``sequence``, the index role at the
+    sequence offset its store noted after its last commit, so no page is sequenced twice
+    and no match published twice (both used to start from the beginning: every earlier
+    page sequenced again, every stored page's matches published again)."""
     topo = await Topology(kafka_bootstrap, tmp_path).create()
     pages = clough_pages()
     try:
-        topo.start("sketch")
+        sketch, _ = topo.start("sketch")
         topo.start("align")
         index, _ = topo.start("index", tmp_path / "index")
         await topo.send(pages[:60])
         await topo.published(60, timeout=180)
-        index.send_signal(signal.SIGTERM)
-        assert index.wait(60) == 0
+        for proc in (sketch, index):
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+        await topo.delete_group("sketch")
         await topo.delete_group("index")
         assert await topo.index_committed() == 0
+        topo.start("sketch")
         topo.start("index", tmp_path / "index")
         await topo.send(pages[60:])
-        published = await topo.published(len(pages), timeout=180)
+        published = await topo.published(len(pages), timeout=180)  # each sequenced once
     finally:
         topo.stop_all()
     expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
@@ -311,6 +324,29 @@ async def test_an_index_group_without_offsets_resumes_where_its_store_noted_them
     before = {p.id for p in pages[:60]}  # their matches would come twice
     assert sum(n for k, n in expected.items() if k[0] in before) > 10
     assert got == expected
+
+
+async def test_last_sequenced_reads_the_sequence_backwards_window_by_window(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The sketch role's resume point: each input partition's last offset in ``sequence``
+    (brute force: all records read), found reading 3 records at a time from the end,
+    also when the partition's last page is far back or absent."""
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    kc = topo.config.kafka
+    sources = [(kc.input_topic, 0, 5), (kc.input_topic, 1, 2), (kc.input_topic, 0, 9)] + [
+        (kc.input_topic, 1, o) for o in range(3, 13)]
+    producer = new_producer(kc)
+    await producer.start()
+    try:
+        for n, source in enumerate(sources):
+            await producer.send_and_wait(kc.sequence_topic, encode_sequence(f"p{n}", source),
+                                         partition=0)
+    finally:
+        await producer.stop()
+    for partition, want in ((0, 9), (1, 12), (2, None)):
+        tp = TopicPartition(kc.input_topic, partition)
+        assert await last_sequenced(kc, tp, window=3) == want
+        assert await last_sequenced(kc, tp) == want
 
 
 async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(

@@ -35,6 +35,7 @@ from worker.topology import (
     RECORD_OVERHEAD,
     Outgoing,
     encode_sequence,
+    last_sequenced,
     ordinal_header,
     send_all,
     source_header,
@@ -61,6 +62,20 @@ class SketchRole(StatelessRole):
     @property
     def input_topic(self) -> str:
         return self.kc.input_topic
+
+    async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
+        """Without a committed offset (the group's expired offsets.retention.minutes after
+        it emptied, or was deleted), after the partition's last page in ``sequence``: its
+        pages before are sequenced already, and sequencing them again would publish their
+        matches again. (Pages dead-lettered after it go to the dead-letter topic again.)"""
+        if committed is not None:
+            return committed
+        last = await last_sequenced(self.kc, tp)
+        if last is None:
+            return None  # none sequenced: from the beginning
+        log.warning("no committed offset for %s:%d: resuming after its last sequenced page "
+                    "(offset %d)", tp.topic, tp.partition, last)
+        return last + 1
 
     def prepare(self, tp: TopicPartition, records: list[Any]) -> SketchedBatch:
         out = SketchedBatch()

@@ -248,6 +248,42 @@ def decode_sequence(raw: bytes) -> tuple[str, tuple[str, int, int]]:
     return d["id"], (s[0], int(s[1]), int(s[2]))
 
 
+async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 20_000
+                         ) -> int | None:
+    """The input offset of the last page of ``source`` (a partition of the pages topic) in
+    the ``sequence`` topic, read backwards ``window`` records at a time (~50 bytes each);
+    None if no page of it is there. Where a sketch role resumes when its group has no
+    offset for ``source`` (expired, deleted): every page after that one is unsequenced."""
+    seq = TopicPartition(kc.sequence_topic, 0)
+    consumer = AIOKafkaConsumer(
+        **kc.client_kwargs(), group_id=None, enable_auto_commit=False,
+        isolation_level="read_committed", max_partition_fetch_bytes=kc.max_partition_fetch_bytes,
+        fetch_max_bytes=kc.fetch_max_bytes)
+    await consumer.start()
+    try:
+        consumer.assign([seq])
+        begin = (await consumer.beginning_offsets([seq]))[seq]
+        stop = (await consumer.end_offsets([seq]))[seq]
+        while stop > begin:
+            start = max(begin, stop - window)
+            consumer.seek(seq, start)
+            found: int | None = None
+            while await consumer.position(seq) < stop:
+                for records in (await consumer.getmany(seq, timeout_ms=500)).values():
+                    for rec in records:
+                        if rec.offset >= stop:
+                            break
+                        _, (topic, partition, offset) = decode_sequence(rec.value)
+                        if topic == source.topic and partition == source.partition:
+                            found = offset if found is None else max(found, offset)
+            if found is not None:
+                return found
+            stop = start
+        return None
+    finally:
+        await consumer.stop()
+
+
 def encode_aligned(ordinal: int, passages: list[tuple[str, list[Span]]]) -> bytes:
     """An ``aligned`` record: what align found for the page at ``ordinal``."""
     return bytes(msgpack.packb({
