@@ -38,10 +38,11 @@ PLAIN_TYPES = ("text/plain",)
 class Tokens:
     """Normalized tokens of a text and where each one stands in it.
 
-    An ASCII text is tokenized into ``joined`` (the tokens' bytes, NUL after each but the
-    last) without a Python string per token: hashing reads those bytes, and the strings
+    ``tokenize`` writes the tokens' UTF-8 bytes, NUL after each but the last (``joined``),
+    without a Python string per token: hashing reads those bytes, and the strings
     (``tokens``) are made only if asked for (a third of the near-only sketch went to
-    making, splitting and joining them again)."""
+    making, splitting and joining them again). Tokens that NFKC or case folding changed
+    are given as strings (``joined`` None)."""
 
     __slots__ = ("_joined", "_tokens", "ends", "starts", "text")
 
@@ -203,17 +204,18 @@ def _classify(scanned: str) -> tuple[npt.NDArray[np.uint8] | npt.NDArray[np.uint
 
 @njit(cache=True, nogil=True)
 def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
-                mask: npt.NDArray[np.bool_], lower_ascii: bool
+                mask: npt.NDArray[np.bool_], lower_ascii: bool, width: int
                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8],
                            npt.NDArray[np.bool_]]:
     """The runs of word characters (``mask``) of the code points ``codes``: their starts,
     ends, UTF-8 bytes joined by NULs (A-Z lower-cased if ``lower_ascii``) and whether each
-    holds a non-ASCII character."""
+    holds a non-ASCII character. ``width``: the most UTF-8 bytes a code point takes (1 for
+    ASCII text, else 4)."""
     n = codes.shape[0]
     starts = np.empty(n // 2 + 1, dtype=np.int64)
     ends = np.empty(n // 2 + 1, dtype=np.int64)
     high = np.zeros(n // 2 + 1, dtype=np.bool_)
-    joined = np.empty(4 * n, dtype=np.uint8)
+    joined = np.empty(width * n, dtype=np.uint8)  # (a NUL replaces a non-word character)
     m = 0
     t = 0
     inside = False
@@ -268,7 +270,8 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
         scanned = text
     codes, mask = _classify(scanned)
     # the tokens as bytes, without a Python string per token: hashing reads those
-    starts, ends, joined, high = _word_bytes(codes, mask, ascii_text)
+    starts, ends, joined, high = _word_bytes(codes, mask, ascii_text,
+                                             1 if codes.dtype == np.uint8 else 4)
     if max_tokens is not None and len(starts) > max_tokens:
         raise PageRejected("too_many_tokens", f"{len(starts)} tokens, limit is {max_tokens}")
     raw = joined.tobytes()
