@@ -53,6 +53,7 @@ from worker.topology import (
     header,
     last_sequenced,
 )
+from worker.topology import new_producer as new_topology_producer
 
 pytestmark = pytest.mark.kafka
 DASHBOARD_DIR = REPO / "deploy" / "grafana" / "dashboards"
@@ -347,6 +348,26 @@ async def test_last_sequenced_reads_the_sequence_backwards_window_by_window(
         tp = TopicPartition(kc.input_topic, partition)
         assert await last_sequenced(kc, tp, window=3) == want
         assert await last_sequenced(kc, tp) == want
+    # a page sequenced while another producer's transaction is open sits above the last
+    # stable offset: it is found once that transaction ends (here: commits a second later)
+    open_txn = new_topology_producer(kc, f"{topo.group}-test-open")
+    plain = new_producer(kc)
+    await open_txn.start()
+    await plain.start()
+    try:
+        await open_txn.begin_transaction()
+        await open_txn.send_and_wait(kc.sequence_topic, encode_sequence(
+            "open", (kc.input_topic, 2, 7)), partition=0)
+        await plain.send_and_wait(kc.sequence_topic, encode_sequence(
+            "later", (kc.input_topic, 1, 40)), partition=0)
+        found = asyncio.ensure_future(last_sequenced(kc, TopicPartition(kc.input_topic, 1)))
+        await asyncio.sleep(1)
+        assert not found.done()
+        await open_txn.commit_transaction()
+        assert await found == 40
+    finally:
+        await open_txn.stop()
+        await plain.stop()
 
 
 async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(

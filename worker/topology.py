@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import struct
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,6 +249,27 @@ def decode_sequence(raw: bytes) -> tuple[str, tuple[str, int, int]]:
     return d["id"], (s[0], int(s[1]), int(s[2]))
 
 
+async def _stable_end(kc: KafkaConfig, consumer: AIOKafkaConsumer, seq: TopicPartition) -> int:
+    """``seq``'s end for the read_committed ``consumer`` once every transaction open now has
+    ended: a transaction that committed after another one opened sits above the last stable
+    offset until that one ends (within ``transaction_timeout_ms``, or the broker aborts it),
+    and the page it sequenced must be seen."""
+    peek = AIOKafkaConsumer(**kc.client_kwargs(), group_id=None, enable_auto_commit=False,
+                            isolation_level="read_uncommitted")
+    await peek.start()
+    try:
+        high = (await peek.end_offsets([seq]))[seq]
+    finally:
+        await peek.stop()
+    deadline = time.monotonic() + kc.transaction_timeout_ms / 1000 + 10
+    while (stop := (await consumer.end_offsets([seq]))[seq]) < high:
+        if time.monotonic() > deadline:
+            raise TopologyError(f"{seq.topic}: the last stable offset stays at {stop} below "
+                                f"{high}: a transaction that neither commits nor aborts")
+        await asyncio.sleep(0.2)
+    return int(stop)
+
+
 async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 20_000
                          ) -> int | None:
     """The input offset of the last page of ``source`` (a partition of the pages topic) in
@@ -263,7 +285,7 @@ async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 
     try:
         consumer.assign([seq])
         begin = (await consumer.beginning_offsets([seq]))[seq]
-        stop = (await consumer.end_offsets([seq]))[seq]
+        stop = await _stable_end(kc, consumer, seq)
         while stop > begin:
             start = max(begin, stop - window)
             consumer.seek(seq, start)
