@@ -194,3 +194,34 @@ every = 16
     assert not twice, f"published twice: {twice[:5]}"
     assert got == expected
     assert alive_ids(tmp_path / "fan-in", shards=2) == alive_ids(tmp_path / "oracle")
+
+
+@pytest.mark.testdata
+async def test_a_shard_group_without_offsets_resumes_where_its_store_is(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The shard group's offsets are gone (expired, deleted) while its process is down: the
+    shard reads again only the messages whose partials it keeps (16 here), not the keys
+    partitions from their beginning, whose older messages it cannot answer again (it
+    stopped with "its partial is not kept any more")."""
+    topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2, partials_kept=16).create()
+    pages = clough_pages()
+    try:
+        topo.start("sketch")
+        topo.start("align")
+        topo.start("index", tmp_path / "fan-in")
+        shard, _ = topo.start("shard", tmp_path / "shards")
+        await topo.send(pages[:60])
+        await topo.published(60, timeout=180)
+        shard.send_signal(signal.SIGTERM)
+        assert shard.wait(60) == 0
+        await topo.delete_group("shard")
+        _, log = topo.start("shard", tmp_path / "shards")
+        await topo.send(pages[60:])
+        published = await topo.published(len(pages), timeout=180)
+        assert "no committed offset; resuming at" in log.read_text()
+    finally:
+        topo.stop_all()
+    expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
+    got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+    assert sum(1 for k in expected if k[1] == "passage") > 10
+    assert got == expected

@@ -40,10 +40,12 @@ class Topology:
 
     def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4,
                  engine: EngineConfig | None = None, engine_toml: str = "",
-                 transactions: bool = True, index_shards: int = 1) -> None:
+                 transactions: bool = True, index_shards: int = 1,
+                 partials_kept: int = 4096) -> None:
         """``engine_toml``: ``[engine...]`` tables for the roles, the same settings as
         ``engine`` (the oracle's configuration); ``transactions``: ``kafka.transactions``;
-        ``index_shards``: ``kafka.index_shards`` (> 1: shard processes, ``--roles shard``)."""
+        ``index_shards``: ``kafka.index_shards`` (> 1: shard processes, ``--roles shard``);
+        ``partials_kept``: ``kafka.shard_partials_kept``."""
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
@@ -65,6 +67,7 @@ aligned_topic = "{t['aligned']}"
 keys_topic = "{t['keys']}"
 partials_topic = "{t['partials']}"
 index_shards = {index_shards}
+shard_partials_kept = {partials_kept}
 group_id = "{self.group}"
 create_topics = true
 transactions = {str(transactions).lower()}

@@ -63,6 +63,16 @@ class ShardRole(StatelessRole):
                 self.executor, ShardStore, self.store_dir, self.config.engine, tp.partition,
                 self.kc.index_shards, self.kc.shard_partials_kept)
         stored = self.stores[tp].offset(tp.topic, tp.partition)
+        if committed is None and stored is not None:
+            # the group lost its offsets (expired offsets.retention.minutes after it emptied,
+            # deleted) but the store has applied messages: read again only the last ones
+            # whose partials it keeps (their transaction may have aborted; the fan-in keeps
+            # the first partial per page), not the partition from its beginning, whose
+            # older messages it could not answer again
+            resume = max(0, stored - self.kc.shard_partials_kept)
+            log.warning("shard %d: no committed offset; resuming at %d, its store at %d",
+                        tp.partition, resume, stored)
+            return resume
         if committed is not None and (stored is None or stored < committed):
             log.warning("shard %d store behind the committed input (%s < %d): rebuilding it "
                         "from the retained keys partition", tp.partition, stored, committed)
