@@ -174,17 +174,6 @@ def replay(paths: list[Path], rounds: int) -> dict[str, Any]:
     return out
 
 
-def run_replay(checkout: Path, paths: list[Path], rounds: int) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=str(checkout))
-    res = subprocess.run(
-        [sys.executable, str(HERE), "--replay-worker", *map(str, paths), "--rounds", str(rounds)],
-        env=env, cwd=str(checkout), check=True, capture_output=True, text=True)
-    result: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
-    if not result["module"].startswith(str(checkout)):
-        raise SystemExit(f"{checkout}: imported {result['module']} instead")
-    return result
-
-
 # -- threads --------------------------------------------------------------------------------
 
 def thread_scaling(calls: Calls) -> dict[str, float]:
@@ -301,18 +290,16 @@ def main() -> int:
     recs = recordings(args.cache, args.docs, args.scale_pages, args.record)
     paths = [args.cache / "llvm.pkl", args.cache / f"scale-{args.scale_pages}.pkl",
              args.cache / "crawl.pkl"]
-    tmp_tree = None
-    baseline = args.baseline
-    if baseline is None:
-        tmp_tree = Path(tempfile.mkdtemp(prefix="bench-align-base-")) / "tree"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tmp_tree),
-                        args.baseline_rev], check=True, capture_output=True)
-        baseline = tmp_tree
-    try:
+    # (here, not at the top: the child runs this file in the baseline checkout, which may
+    # predate the module)
+    from tests.bench.checkouts import baseline_checkout, run_in
+
+    with baseline_checkout(args.baseline, args.baseline_rev) as baseline:
         sides: dict[str, list[dict[str, Any]]] = {"baseline": [], "ours": []}
         for _ in range(args.pairs):
-            sides["baseline"].append(run_replay(baseline, paths, args.rounds))
-            sides["ours"].append(run_replay(REPO, paths, args.rounds))
+            for side, checkout in (("baseline", baseline), ("ours", REPO)):
+                sides[side].append(run_in(checkout, HERE, "--replay-worker", *map(str, paths),
+                                          "--rounds", str(args.rounds)))
         pages = {"llvm": 0, "scale": args.scale_pages}
         pages["llvm"] = pages["crawl"] = len(llvm_pages(args.docs))
         print(f"\n## Kernels on recorded inputs: baseline {baseline} vs ours {REPO}; CPU ms of "
@@ -345,11 +332,6 @@ def main() -> int:
               f"used {ts['kernel cpu']:.2f} on another thread")
         if args.e2e:
             end_to_end(baseline, args.docs, args.pairs)
-    finally:
-        if tmp_tree is not None:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force",
-                            str(tmp_tree)], check=False, capture_output=True)
-            shutil.rmtree(tmp_tree.parent, ignore_errors=True)
     return 0
 
 

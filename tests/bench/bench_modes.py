@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[2]
 
 
 def run_engine(mode: str) -> dict[str, float | int | str]:
@@ -58,18 +54,6 @@ def run_engine(mode: str) -> dict[str, float | int | str]:
             "matches": matches}
 
 
-def run_in(checkout: Path, mode: str) -> dict[str, float | int | str]:
-    # (the shared test data beside this checkout: a temporary worktree has none beside it)
-    env = dict(os.environ, PYTHONPATH=str(checkout),
-               DUPALIGN_SHARED=os.environ.get("DUPALIGN_SHARED", str(REPO.parent / "shared")))
-    res = subprocess.run([sys.executable, str(HERE), "--worker", mode], env=env,
-                         cwd=str(checkout), check=True, capture_output=True, text=True)
-    out: dict[str, float | int | str] = json.loads(res.stdout.strip().splitlines()[-1])
-    if not str(out["module"]).startswith(str(checkout)):
-        raise SystemExit(f"{checkout}: imported {out['module']} instead")
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=2)
@@ -82,14 +66,11 @@ def main() -> int:
     if args.worker:
         print(json.dumps(run_engine(args.worker)))
         return 0
-    work = Path(tempfile.mkdtemp(prefix="bench-modes-"))
-    baseline, tree = args.baseline, None
-    try:
-        if baseline is None:
-            tree = work / "tree"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree),
-                            args.baseline_rev], check=True, capture_output=True)
-            baseline = tree
+    # (here, not at the top: the child runs this file in the baseline checkout, which may
+    # predate the module)
+    from tests.bench.checkouts import REPO, baseline_checkout, run_in
+
+    with baseline_checkout(args.baseline, args.baseline_rev) as baseline:
         print(f"\n## Engine.process per passage mode: baseline {baseline} vs ours {REPO}; "
               f"best of {args.pairs} processes each, alternating")
         head = (f"{'mode':<9} {'side':<9} {'pages':>6} {'pages/s':>8} {'CPU ms/page':>12} "
@@ -99,8 +80,8 @@ def main() -> int:
         for mode in args.modes.split(","):
             rows: dict[str, list[dict[str, float | int | str]]] = {"baseline": [], "ours": []}
             for _ in range(args.pairs):
-                rows["baseline"].append(run_in(baseline, mode))
-                rows["ours"].append(run_in(REPO, mode))
+                rows["baseline"].append(run_in(baseline, HERE, "--worker", mode))
+                rows["ours"].append(run_in(REPO, HERE, "--worker", mode))
             cpu = {}
             for side, runs in rows.items():
                 best = min(runs, key=lambda r: float(r["cpu"]))
@@ -112,11 +93,6 @@ def main() -> int:
             print(f"{mode:<9} ours / baseline CPU per page: {cpu['ours'] / cpu['baseline']:.2f}"
                   f" ({cpu['baseline'] / cpu['ours']:.2f}x faster)"
                   + ("" if same else "  MATCH COUNTS DIFFER"))
-    finally:
-        if tree is not None:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                           check=False, capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

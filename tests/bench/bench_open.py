@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -26,7 +23,6 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve()
-REPO = HERE.parents[2]
 
 
 def make_store(path: Path, pages: int) -> None:
@@ -64,16 +60,6 @@ def load(path: Path) -> dict[str, float | str]:
     return {"module": dupalign.__file__, "wall": wall, "peak_mb": peak / 2**20, "rows": rows}
 
 
-def run_load(checkout: Path, store: Path) -> dict[str, float | str]:
-    env = dict(os.environ, PYTHONPATH=str(checkout))
-    res = subprocess.run([sys.executable, str(HERE), "--load-worker", str(store)], env=env,
-                         cwd=str(checkout), check=True, capture_output=True, text=True)
-    out: dict[str, float | str] = json.loads(res.stdout.strip().splitlines()[-1])
-    if not str(out["module"]).startswith(str(checkout)):
-        raise SystemExit(f"{checkout}: imported {out['module']} instead")
-    return out
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pages", type=float, default=2e6)
@@ -87,19 +73,19 @@ def main() -> int:
         print(json.dumps(load(args.load_worker)))
         return 0
     pages = int(args.pages)
+    # (here, not at the top: the child runs this file in the baseline checkout, which may
+    # predate the module)
+    from tests.bench.checkouts import REPO, baseline_checkout, run_in
+
     work = Path(tempfile.mkdtemp(prefix="bench-open-"))
-    baseline, tree = args.baseline, None
     try:
-        if baseline is None:
-            tree = work / "tree"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree),
-                            args.baseline_rev], check=True, capture_output=True)
-            baseline = tree
-        make_store(work / "store", pages)
-        rows: dict[str, list[dict[str, float | str]]] = {"baseline": [], "ours": []}
-        for _ in range(args.pairs):
-            rows["baseline"].append(run_load(baseline, work / "store"))
-            rows["ours"].append(run_load(REPO, work / "store"))
+        with baseline_checkout(args.baseline, args.baseline_rev) as baseline:
+            make_store(work / "store", pages)
+            rows: dict[str, list[dict[str, float | str]]] = {"baseline": [], "ours": []}
+            for _ in range(args.pairs):
+                for side, checkout in (("baseline", baseline), ("ours", REPO)):
+                    rows[side].append(run_in(checkout, HERE, "--load-worker",
+                                             str(work / "store")))
         print(f"\n## Loading the simhash table of {pages:,} pages: baseline {baseline} vs "
               f"ours {REPO}; best of {args.pairs} processes each, alternating")
         head = f"{'side':<9} {'seconds':>8} {'peak heap MB':>12} {'bytes/page':>10} {'rows':>10}"
@@ -111,9 +97,6 @@ def main() -> int:
             print(f"{side:<9} {wall:>8.2f} {peak:>12.0f} {peak * 2**20 / pages:>10.0f} "
                   f"{int(runs[0]['rows']):>10,}")
     finally:
-        if tree is not None:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                           check=False, capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
     return 0
 
