@@ -48,14 +48,13 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from dupalign.hashing import mix64
+from dupalign.hashing import mix64, mix_one, salt_key, unit_one
 
 U64 = npt.NDArray[np.uint64]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 _MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
 
 # mix64 salts, per seed: 16 streams so that streams of different seeds never coincide.
 _S_FEATURE, _S_SAMPLE, _S_R0, _S_R1, _S_C0, _S_C1, _S_BETA, _S_T, _S_PACK = range(9)
@@ -64,26 +63,6 @@ _S_MH_FEATURE, _S_MH_SAMPLE, _S_MH_VALUE = range(9, 12)
 
 def _salt(seed: int, stream: int) -> int:
     return ((seed << 4) | stream) & _MASK64
-
-
-def _salt_const(salt: int) -> np.uint64:
-    # the constant hashing.mix64 xors into its input for this salt (checked by a test)
-    return np.uint64((_GOLDEN * (salt + 1)) & _MASK64)
-
-
-@njit(cache=True, inline="always")
-def _mix(x: np.uint64, salt_const: np.uint64) -> np.uint64:
-    # scalar twin of hashing.mix64 for the numba kernel; equality is tested
-    x = x ^ salt_const
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-@njit(cache=True, inline="always")
-def _unit(x: np.uint64) -> float:
-    # scalar twin of hashing.to_unit: uniform in the open interval (0, 1)
-    return (np.float64(x >> np.uint64(11)) + 0.5) / 9007199254740992.0
 
 
 @njit(cache=True, nogil=True)
@@ -101,9 +80,9 @@ def _icws_kernel(
         lw = lnw[i]
         for k in range(kk):
             x = b ^ sample_keys[k]
-            r = -np.log(_unit(_mix(x, salts[0])) * _unit(_mix(x, salts[1])))
-            c = -np.log(_unit(_mix(x, salts[2])) * _unit(_mix(x, salts[3])))
-            beta = _unit(_mix(x, salts[4]))
+            r = -np.log(unit_one(mix_one(x, salts[0])) * unit_one(mix_one(x, salts[1])))
+            c = -np.log(unit_one(mix_one(x, salts[2])) * unit_one(mix_one(x, salts[3])))
+            beta = unit_one(mix_one(x, salts[4]))
             t = np.floor(lw / r + beta)
             lna = np.log(c) - r * (t - beta + 1.0)
             # strict <: on an exact tie the smaller hash wins (features arrive sorted)
@@ -154,7 +133,7 @@ def icws_samples(
     base = mix64(h, _salt(seed, _S_FEATURE))
     sample_keys = mix64(np.arange(K, dtype=np.uint64), _salt(seed, _S_SAMPLE))
     salts = np.array(
-        [_salt_const(_salt(seed, s)) for s in (_S_R0, _S_R1, _S_C0, _S_C1, _S_BETA)],
+        [salt_key(_salt(seed, s)) for s in (_S_R0, _S_R1, _S_C0, _S_C1, _S_BETA)],
         dtype=np.uint64,
     )
     _icws_kernel(base, np.log(w), sample_keys, salts, best_i, best_t, best_lna)
@@ -188,7 +167,7 @@ def _minhash_kernel(base: U64, sample_keys: U64, salt_c: np.uint64, out: U64) ->
         key = sample_keys[k]
         best = np.uint64(0xFFFFFFFFFFFFFFFF)
         for i in range(base.shape[0]):
-            v = _mix(base[i] ^ key, salt_c)
+            v = mix_one(base[i] ^ key, salt_c)
             if v < best:
                 best = v
         out[k] = best
@@ -209,7 +188,7 @@ def minhash_sketch(features: npt.ArrayLike, K: int, seed: int = 0) -> U64:
     base = mix64(f, _salt(seed, _S_MH_FEATURE))
     keys = mix64(np.arange(K, dtype=np.uint64), _salt(seed, _S_MH_SAMPLE))
     out = np.empty(K, dtype=np.uint64)
-    _minhash_kernel(base, keys, _salt_const(_salt(seed, _S_MH_VALUE)), out)
+    _minhash_kernel(base, keys, salt_key(_salt(seed, _S_MH_VALUE)), out)
     return out
 
 
@@ -220,8 +199,8 @@ def _shingle_features_kernel(h: U64, span: int, c_step: np.uint64, c_last: np.ui
     for i in range(out.shape[0]):
         acc = h[i]
         for j in range(1, span):
-            acc = _mix(acc, c_step) ^ h[i + j]
-        out[i] = _mix(_mix(acc, c_last), c_feature)
+            acc = mix_one(acc, c_step) ^ h[i + j]
+        out[i] = mix_one(mix_one(acc, c_last), c_feature)
 
 
 @functools.lru_cache(maxsize=8)
@@ -245,10 +224,10 @@ def shingle_minhash_sketch(hashes: npt.ArrayLike, w: int, salt: int, K: int,
         return np.zeros(K, dtype=np.uint64)
     span = min(w, h.size)
     base = np.empty(h.size - span + 1, dtype=np.uint64)
-    _shingle_features_kernel(h, span, _salt_const(salt), _salt_const(salt + 1),
-                             _salt_const(_salt(seed, _S_MH_FEATURE)), base)
+    _shingle_features_kernel(h, span, salt_key(salt), salt_key(salt + 1),
+                             salt_key(_salt(seed, _S_MH_FEATURE)), base)
     out = np.empty(K, dtype=np.uint64)
-    _minhash_kernel(base, _sample_keys(K, seed), _salt_const(_salt(seed, _S_MH_VALUE)), out)
+    _minhash_kernel(base, _sample_keys(K, seed), salt_key(_salt(seed, _S_MH_VALUE)), out)
     return out
 
 

@@ -26,15 +26,12 @@ def token_hashes(tokens: Iterable[str], seed: int = 0) -> U64:
     (the oracle in the tests), computed by one kernel over the tokens' bytes."""
     toks = tokens if isinstance(tokens, list) else list(tokens)
     n = len(toks)
-    out = np.empty(n, dtype=np.uint64)
     joined = "\x00".join(toks)  # the tokens' bytes, NUL after each but the last
     if joined.count("\x00") != max(0, n - 1):  # a token holds a NUL: hash them one by one
         seed32 = seed & 0xFFFFFFFF
-        out[:] = [mmh3.hash64(t, seed32, signed=False)[0] for t in toks]
-        return out
-    _murmur3_64_kernel(np.frombuffer(joined.encode("utf-8"), dtype=np.uint8),
-                       np.uint64(seed & 0xFFFFFFFF), out)
-    return out
+        return np.array([mmh3.hash64(t, seed32, signed=False)[0] for t in toks],
+                        dtype=np.uint64)
+    return hash_joined(joined.encode("utf-8"), n, seed)
 
 
 def hash_joined(joined: bytes, n: int, seed: int = 0) -> U64:
@@ -127,23 +124,41 @@ def content_hash_joined(joined: bytes, seed: int = 0) -> bytes:
     return mmh3.hash_bytes(joined.replace(b"\x00", b"\x1f"), seed & 0xFFFFFFFF)
 
 
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-_S27, _S30, _S31 = np.uint64(27), np.uint64(30), np.uint64(31)
-
-
-@vectorize(["uint64(uint64, uint64)"], cache=True)
-def _splitmix(x: np.uint64, key: np.uint64) -> np.uint64:  # pragma: no cover (compiled)
+@njit(cache=True, inline="always")
+def mix_one(x: np.uint64, key: np.uint64) -> np.uint64:
+    """``mix64`` of one value, for numba kernels: ``key`` is ``salt_key(salt)``."""
     # (uint64 constants throughout: mixing in a signed int would make numba compute in
     # float64)
-    x ^= key
-    x = (x ^ (x >> _S30)) * _M1
-    x = (x ^ (x >> _S27)) * _M2
-    return x ^ (x >> _S31)
+    x = x ^ key
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True, inline="always")
+def unit_one(x: np.uint64) -> float:
+    """``to_unit`` of one value, for numba kernels: the top 53 bits, + 0.5, / 2^53."""
+    return (np.float64(x >> np.uint64(11)) + 0.5) / 9007199254740992.0
 
 
 @functools.lru_cache(maxsize=4096)
-def _salt_key(salt: int) -> np.uint64:
+def salt_key(salt: int) -> np.uint64:
+    """The constant ``mix64(., salt)`` xors into its input."""
     return np.uint64((0x9E3779B97F4A7C15 * (salt + 1)) & _MASK64)
+
+
+@vectorize(["uint64(uint64, uint64)"], cache=True)
+def _mix_ufunc(x: np.uint64, key: np.uint64) -> np.uint64:  # pragma: no cover (compiled)
+    return mix_one(x, key)
+
+
+@vectorize(["float64(uint64)"], cache=True)
+def _unit_ufunc(x: np.uint64) -> float:  # pragma: no cover (compiled)
+    return unit_one(x)
+
+
+# the plain numpy ufuncs: numba's wrappers (DUFunc) cost ~3 µs more per call
+_MIX, _UNIT = _mix_ufunc.ufunc, _unit_ufunc.ufunc
 
 
 def mix64(values: U64 | int, salt: int = 0) -> U64:
@@ -154,17 +169,7 @@ def mix64(values: U64 | int, salt: int = 0) -> U64:
     floating-point error context per call, most of the time of a short array's call
     (profile of the weighted passage sketches).
     """
-    return _MIX(np.asarray(values, dtype=np.uint64), _salt_key(salt))
-
-
-@vectorize(["float64(uint64)"], cache=True)
-def _unit(value: np.uint64) -> float:  # pragma: no cover (compiled)
-    # the top 53 bits as a float, + 0.5, / 2^53: the numpy form step by step
-    return (np.float64(value >> np.uint64(11)) + 0.5) / 9007199254740992.0
-
-
-# the plain numpy ufuncs: numba's wrappers (DUFunc) cost ~3 µs more per call
-_MIX, _UNIT = _splitmix.ufunc, _unit.ufunc
+    return _MIX(np.asarray(values, dtype=np.uint64), salt_key(salt))
 
 
 def to_unit(values: U64) -> npt.NDArray[np.float64]:

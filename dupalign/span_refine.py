@@ -62,6 +62,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from dupalign.hashing import mix_one, salt_key
 from dupalign.oph import OPH_SALT, oph_bins, oph_sketch_kernel, oph_values
 
 I64 = npt.NDArray[np.int64]
@@ -443,16 +444,13 @@ def similarity(a: U64, b: U64) -> Similarity:
 
 # -- every earlier page of a query page in one kernel ---------------------------------------
 
-_OPH_XOR = np.uint64((0x9E3779B97F4A7C15 * (OPH_SALT + 1)) & ((1 << 64) - 1))  # as mix64's
+_OPH_KEY = salt_key(OPH_SALT)
 
 
 @njit(cache=True, inline="always")
 def _oph_value(v: np.uint64) -> np.uint64:
     """``oph.oph_values`` of one unit (``hashing.mix64`` with ``OPH_SALT``)."""
-    x = v ^ _OPH_XOR
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    return mix_one(v, _OPH_KEY)
 
 
 @njit(cache=True, inline="always")

@@ -14,9 +14,6 @@ from hypothesis import strategies as st
 from dupalign.cws import (
     CwsFilter,
     FilterStats,
-    _mix,
-    _salt_const,
-    _unit,
     binom_cdf,
     icws_samples,
     icws_sketch,
@@ -25,7 +22,15 @@ from dupalign.cws import (
     shingle_minhash_sketch,
     weighted_jaccard,
 )
-from dupalign.hashing import mix64, shingle_hashes, to_unit, token_hashes
+from dupalign.hashing import (
+    mix64,
+    mix_one,
+    salt_key,
+    shingle_hashes,
+    to_unit,
+    token_hashes,
+    unit_one,
+)
 from dupalign.idf import IdfBuilder, tf_idf_weights
 from tests.corpora import RFC
 from tests.oracles.cws import (
@@ -52,8 +57,8 @@ def _arrays(d: dict[int, float]) -> tuple[np.ndarray, np.ndarray]:
 @given(u64, st.integers(min_value=0, max_value=2**40))
 def test_scalar_mix_is_hashing_mix64(x: int, salt: int) -> None:
     arr = np.array([x], dtype=np.uint64)
-    assert int(_mix(np.uint64(x), _salt_const(salt))) == int(mix64(arr, salt)[0])
-    assert _unit(np.uint64(x)) == float(to_unit(arr)[0])
+    assert int(mix_one(np.uint64(x), salt_key(salt))) == int(mix64(arr, salt)[0])
+    assert unit_one(np.uint64(x)) == float(to_unit(arr)[0])
 
 
 def _splitmix_py(x: int, salt: int) -> int:
