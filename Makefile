@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## the whole test suite, Kafka integration tests included (starts a real local broker)
+## the whole test suite, Kafka integration tests included (each of the TEST_JOBS pytest
+## workers starts its own local broker on free ports when it first needs one)
+TEST_JOBS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_JOBS)
 
 ## unit and property tests only (no Kafka, no slow corpus tests)
 test-quick: $(STAMP)

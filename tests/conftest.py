@@ -1,6 +1,7 @@
 """Shared fixtures. ``kafka_bootstrap`` starts one real Apache Kafka broker (KRaft, from the
-official Maven Central artifacts, via deploy/kafka/broker.sh) on first use and stops it when
-the session ends. No mocks of Kafka.
+official Maven Central artifacts, via deploy/kafka/broker.sh, on free ports) on first use and
+stops it when the session ends: under pytest-xdist (``make test``), one per worker that runs
+a Kafka test. No mocks of Kafka.
 
 * Java or Maven missing: Kafka tests are skipped with that reason, except when CI=true,
   where they fail (CI must never pass without having run them).

@@ -216,7 +216,7 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, default=600)
+    parser.add_argument("--pages", type=int, default=600, help="at most 1,065 (2 x pages are sent)")
     parser.add_argument("--procs", default="1,2", help="processes per role to measure")
     parser.add_argument("--shards", default="1", help="kafka.index_shards values to measure "
                         "(> 1: the index role is the fan-in of shard role processes)")
