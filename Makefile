@@ -23,7 +23,7 @@ test: $(STAMP)
 
 ## unit and property tests only (no Kafka, no slow corpus tests)
 test-quick: $(STAMP)
-	$(PY) -m pytest -q -m "not kafka and not slow"
+	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not kafka and not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dupalign worker tests
