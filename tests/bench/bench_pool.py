@@ -1,0 +1,94 @@
+"""Where the CPU of ``--jobs N`` goes: the staged engine (``Engine.process_many``) on
+llvm-13-doc vs llvm-14-doc with ``--jobs 1`` and ``--jobs N``, side by side in one run.
+
+Per page: wall time; CPU of the calling thread (index, finish, the pool's bookkeeping),
+of the calling process's other threads (RocksDB's flushes and compactions, the pool's
+feeder and result threads) and of the pool's worker processes (sketch, align, pickling,
+their secondary instances' catch-ups). Then the best ``--jobs N`` could do on N idle
+cores if all its CPU spread evenly (total CPU / N, and never less than the calling
+thread's), and the ratio to ``--jobs 1`` that bound allows against the one measured:
+how much is lost to the pool's extra CPU, how much to imbalance.
+
+    python -m tests.bench.bench_pool [--only html|text] [--jobs 2] [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from dupalign.config import EngineConfig, TextConfig
+from dupalign.engine import Engine
+from dupalign.page import Page
+from tests.bench.bench_scan import load_pages, main_text, warm_up
+from tests.corpora import LLVM_DOCS
+
+
+def _rusage(who: int) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def run(pages: list[Page], jobs: int, store: Path) -> dict[str, float]:
+    """Seconds per page of wall time and of CPU by where it ran."""
+    config = EngineConfig(text=TextConfig(main_content=True)).validate()
+    warm_up(pages, config, store)
+    kids0 = _rusage(resource.RUSAGE_CHILDREN)
+    with Engine.open(store, config) as engine:
+        t0, p0, c0 = time.perf_counter(), _rusage(resource.RUSAGE_SELF), time.thread_time()
+        for _ in engine.process_many(((p, None) for p in pages), jobs=jobs):
+            pass
+        wall, thread = time.perf_counter() - t0, time.thread_time() - c0
+        process = _rusage(resource.RUSAGE_SELF) - p0
+    # the pool's processes have ended with the engine: their CPU is the children's
+    kids = _rusage(resource.RUSAGE_CHILDREN) - kids0
+    n = len(pages)
+    return {"wall": wall / n, "thread": thread / n, "others": (process - thread) / n,
+            "workers": kids / n}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--docs", type=Path, default=LLVM_DOCS)
+    ap.add_argument("--only", choices=["html", "text"])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--limit", type=int, default=None, help="pages per release (default all)")
+    args = ap.parse_args()
+    old, new = load_pages(args.docs, args.limit)
+    html = old + new
+    forms = {"html": html,
+             "text": [Page(id=p.id, body=main_text(p), content_type="text/plain")
+                      for p in html]}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-pool-"))
+    try:
+        print(f"{len(html)} llvm pages; ms per page\n")
+        print(f"{'input':<6}{'jobs':>5}{'wall':>8}{'calling thread':>16}{'other threads':>15}"
+              f"{'workers':>9}{'all CPU':>9}{'bound':>8}{'ratio':>7}{'bound ratio':>13}")
+        for form, pages in forms.items():
+            if args.only and form != args.only:
+                continue
+            one = run(pages, 1, tmp / f"{form}-1")
+            many = run(pages, args.jobs, tmp / f"{form}-{args.jobs}")
+            for jobs, r in ((1, one), (args.jobs, many)):
+                cpu = r["thread"] + r["others"] + r["workers"]
+                bound = max(cpu / jobs, r["thread"]) if jobs > 1 else r["wall"]
+                print(f"{form:<6}{jobs:>5}{r['wall'] * 1e3:8.2f}{r['thread'] * 1e3:16.2f}"
+                      f"{r['others'] * 1e3:15.2f}{r['workers'] * 1e3:9.2f}{cpu * 1e3:9.2f}"
+                      f"{bound * 1e3:8.2f}{one['wall'] / r['wall']:7.2f}x"
+                      f"{one['wall'] / bound:12.2f}x")
+            # the CPU of --jobs 1 spread over the cores: what a pool without costs of its
+            # own would allow at best
+            free = (one["thread"] + one["others"]) / args.jobs
+            print(f"{'':<11}a pool without costs of its own: {free * 1e3:.2f} ms per page, "
+                  f"{one['wall'] / free:.2f}x --jobs 1 at best")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
