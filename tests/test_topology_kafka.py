@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -532,9 +531,6 @@ async def test_a_prometheus_scraping_the_roles_answers_every_topology_dashboard_
 
 @pytest.mark.slow
 @pytest.mark.testdata
-@pytest.mark.skipif(os.environ.get("DUPALIGN_LONG_TESTS") != "1",
-                    reason="2.5 minutes on 2 idle cores (154 s at 77e8cab), more than the "
-                           "suite can add: set DUPALIGN_LONG_TESTS=1")
 async def test_two_of_each_role_over_a_5000_page_synthetic_stream_give_the_matches_of_scan(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """Test (a) of issue 12 at the size it names: 5,000 crawl-like pages (copied passages,
