@@ -16,7 +16,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dupalign.config import EngineConfig, RetentionConfig
-from tests.test_topology_kafka import alive_ids, lifecycle_key
+from dupalign.shard import ShardMessage
+from tests.test_topology_kafka import alive_ids, delete_before, lifecycle_key
 from tests.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import (
     Topology,
@@ -27,6 +28,7 @@ from tests.topology_harness import (
     wait_log,
 )
 from worker import messages
+from worker.produce import new_producer
 
 pytestmark = pytest.mark.kafka
 
@@ -131,6 +133,29 @@ async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_chan
         assert "rebuilt up to offset" in fresh_log.read_text()
     finally:
         topo.stop_all()
+
+
+async def test_a_shard_rebuilt_from_a_keys_partition_that_lost_records_stops_and_says_so(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A shard on a fresh store replays its keys partition from the first record; where
+    those are gone (deleted here; retention would do the same), it stops and says so
+    rather than build a shard without the lists of the pages before."""
+    topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
+    producer = new_producer(topo.config.kafka)
+    await producer.start()
+    try:
+        for seq in range(2):
+            for shard in range(2):
+                await producer.send_and_wait(topo.topic["keys"], ShardMessage(seq).to_bytes(),
+                                             partition=shard)
+    finally:
+        await producer.stop()
+    for shard in range(2):
+        await delete_before(kafka_bootstrap, TopicPartition(topo.topic["keys"], shard), 1)
+    proc, log = topo.start("shard", tmp_path / "shards")
+    assert proc.wait(120) == 1
+    assert (f"index shard 0 must read {topo.topic['keys']}[0] from offset 0, but the topic's "
+            "log starts at 1") in log.read_text()
 
 
 async def test_a_keys_topic_with_another_partition_count_stops_the_roles(

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import yaml
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
 from dupalign.config import EngineConfig, RetentionConfig
@@ -382,6 +383,81 @@ async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(
     assert proc.wait(120) == 1
     assert (f"topic {topo.topic['sequence']!r} has 2 partitions; the topology needs "
             "exactly 1") in log.read_text()
+
+
+async def retention_of(bootstrap: str, topics: list[str]) -> dict[str, dict[str, str]]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        responses = await admin.describe_configs([ConfigResource(
+            ConfigResourceType.TOPIC, t, configs={"retention.ms": None, "retention.bytes": None})
+            for t in topics])
+    finally:
+        await admin.close()
+    return {topic: {e[0]: e[1] for e in entries}
+            for r in responses for _, _, _, topic, entries in r.resources}
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+async def test_the_topics_a_rebuild_replays_are_created_kept_forever(
+        kafka_bootstrap: str, tmp_path: Path, shards: int,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A store on a fresh directory is rebuilt from sequence and sketches (with index
+    shards, keys and partials too) from their first record: created with
+    retention.ms = retention.bytes = -1, where the broker's default (24 hours in
+    deploy/kafka/broker.sh) would expire them. Existing ones that expire records are
+    logged."""
+    topo = Topology(kafka_bootstrap, tmp_path, index_shards=shards)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:  # made by someone else, with the broker's retention
+        await admin.create_topics([NewTopic(topo.topic["sketches"], 1, 1)])
+    finally:
+        await admin.close()
+    await topo.create()
+    retained = ["sequence", "sketches"] + (["keys", "partials"] if shards > 1 else [])
+    got = await retention_of(kafka_bootstrap, [
+        topo.topic[n] for n in ["align", "aligned", "matches", *retained]])
+    kept = {"retention.ms": "-1", "retention.bytes": "-1"}
+    for name in retained:
+        assert got[topo.topic[name]] == kept or name == "sketches", name
+    assert got[topo.topic["sketches"]]["retention.ms"] == "86400000"
+    for name in ("align", "aligned", "matches"):
+        assert got[topo.topic[name]]["retention.ms"] == "86400000", name
+    assert f"topic {topo.topic['sketches']!r} expires records (retention.ms = 86400000)" \
+        in caplog.text
+    assert f"topic {topo.topic['sequence']!r} expires" not in caplog.text
+
+
+async def delete_before(bootstrap: str, tp: TopicPartition, offset: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        assert await admin.delete_records({tp: RecordsToDelete(offset)}) == {tp: offset}
+    finally:
+        await admin.close()
+
+
+async def test_an_index_store_rebuilt_from_a_sequence_that_lost_records_stops_and_says_so(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """An index on a fresh store rebuilds from the sequence's first record. Where the
+    first records are gone, Kafka's consumer would silently start at the log's new start
+    (auto_offset_reset) and the rebuilt store would lack those pages: nothing would ever
+    match them again. The role stops and says why instead."""
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    producer = new_producer(topo.config.kafka)
+    await producer.start()
+    try:
+        for offset in range(3):
+            await producer.send_and_wait(topo.topic["sequence"], encode_sequence(
+                f"p{offset}", (topo.topic["pages"], 0, offset)), partition=0)
+    finally:
+        await producer.stop()
+    await delete_before(kafka_bootstrap, TopicPartition(topo.topic["sequence"], 0), 2)
+    proc, log = topo.start("index", tmp_path / "index")
+    assert proc.wait(120) == 1
+    assert (f"the index role must read {topo.topic['sequence']}[0] from offset 0, but the "
+            "topic's log starts at 2") in log.read_text()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -69,6 +69,7 @@ from worker.topology import (
     new_producer,
     ordinal_header,
     record_ordinal,
+    require_retained,
     source_header,
     stop_quietly,
     topology_topics,
@@ -246,8 +247,8 @@ class IndexRole:
             published = committed.get(self.seq_tp, noted)
             if stored is not None and stored >= published:
                 self._reset(published, 0)
-                consumer.seek(self.seq_tp, published)
-                await self._seek(self.sketch_tp, committed.get(self.sketch_tp))
+                starts = {self.seq_tp: published, self.sketch_tp: committed.get(self.sketch_tp),
+                          self.partials_tp: committed.get(self.partials_tp)}
             else:
                 start = stored or 0
                 if start < published:
@@ -255,11 +256,14 @@ class IndexRole:
                                 "rebuilding it from the retained sequence and sketches",
                                 start, published)
                 self._reset(start, published)
-                consumer.seek(self.seq_tp, start)
-                await self._seek(self.sketch_tp, None)
-            await self._seek(self.aligned_tp, committed.get(self.aligned_tp))
-            if self.n_shards > 1:
-                await self._seek(self.partials_tp, committed.get(self.partials_tp))
+                # the sketches (and the shards' partials) of the pages from S on: their
+                # partitions from the beginning (they come in about ordinal order)
+                starts = {self.seq_tp: start, self.sketch_tp: None, self.partials_tp: None}
+            starts[self.aligned_tp] = committed.get(self.aligned_tp)
+            for tp in sorted(self.tps):
+                if tp != self.aligned_tp:  # (align answers are never needed twice)
+                    await require_retained(consumer, tp, starts[tp] or 0, "the index role")
+                await self._seek(tp, starts[tp])
             self._resume_lifecycle(stored)
             if isinstance(indexer, FanInIndexer):
                 # the shard messages of the records from E on, whether their transaction

@@ -33,7 +33,13 @@ from dupalign.shard import ShardMessage, ShardStore
 from worker.config import Config
 from worker.role_base import StatelessRole
 from worker.role_metrics import RoleMetrics
-from worker.topology import Outgoing, TopologyError, ordinal_header, send_all
+from worker.topology import (
+    Outgoing,
+    TopologyError,
+    ordinal_header,
+    require_retained,
+    send_all,
+)
 
 log = logging.getLogger("dupalign.roles.shard")
 
@@ -69,16 +75,19 @@ class ShardRole(StatelessRole):
             # whose partials it keeps (their transaction may have aborted; the fan-in keeps
             # the first partial per page), not the partition from its beginning, whose
             # older messages it could not answer again
+            await require_retained(self.consumer, tp, stored, f"index shard {tp.partition}")
             resume = max(0, stored - self.kc.shard_partials_kept)
             log.warning("shard %d: no committed offset; resuming at %d, its store at %d",
                         tp.partition, resume, stored)
             return resume
         if committed is not None and (stored is None or stored < committed):
+            await require_retained(self.consumer, tp, stored or 0, f"index shard {tp.partition}")
             log.warning("shard %d store behind the committed input (%s < %d): rebuilding it "
                         "from the retained keys partition", tp.partition, stored, committed)
             self.silent_below[tp] = committed
             return stored
         self.silent_below.pop(tp, None)
+        await require_retained(self.consumer, tp, committed or 0, f"index shard {tp.partition}")
         log.info("index shard %d owned: store at offset %s, committed %s", tp.partition,
                  stored, committed)
         return committed

@@ -28,6 +28,7 @@ from typing import Any
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import CommitFailedError, TopicAlreadyExistsError, for_code
 
 from dupalign.match import Span
@@ -69,6 +70,18 @@ def topology_topics(kc: KafkaConfig) -> dict[str, int | None]:
     return topics
 
 
+def retained_topics(kc: KafkaConfig) -> set[str]:
+    """The topics a rebuild by replay reads from their beginning (a store on a fresh
+    directory): kept forever, or the stores built from them cannot be rebuilt."""
+    topics = {kc.sequence_topic, kc.sketch_topic}
+    if kc.index_shards > 1:  # a shard rebuilds from keys, the fan-in from its partials
+        topics |= {kc.keys_topic, kc.partials_topic}
+    return topics
+
+
+KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
 async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[str, int]:
     """Check (and with ``kafka.create_topics``, create) ``wanted`` topics; their partition
     counts. Raises TopologyError for a missing topic (without create_topics) or one whose
@@ -81,8 +94,10 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[
         if missing and kc.create_topics:
             # records between roles can be large (a big page's sketch, an align request
             # with its candidates' forward records): the topic takes what the producer sends
+            retained = retained_topics(kc)
             new = [NewTopic(t, wanted[t] or _default_partitions(kc, t), kc.replication_factor,
-                            topic_configs={"max.message.bytes": str(kc.max_request_size)})
+                            topic_configs={"max.message.bytes": str(kc.max_request_size),
+                                           **(KEEP_FOREVER if t in retained else {})})
                    for t in missing]
             response = await admin.create_topics(new)
             for name, code, *_ in response.topic_errors:  # the admin client does not raise
@@ -107,9 +122,43 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[
                     f"the keys topic one per index shard: kafka.index_shards = "
                     f"{kc.index_shards}). Changing the shard count means new topics and a "
                     "rebuild by replay (docs/topology.md)")
+        await _warn_unretained(admin, sorted(retained_topics(kc) & set(wanted)))
         return counts
     finally:
         await admin.close()
+
+
+async def _warn_unretained(admin: AIOKafkaAdminClient, topics: list[str]) -> None:
+    """Log the retained topics whose records can expire: the role works, but a store
+    rebuilt after they expired cannot be (``require_retained`` stops it then)."""
+    if not topics:
+        return
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t, configs=dict.fromkeys(KEEP_FOREVER))
+                 for t in topics]
+    for response in await admin.describe_configs(resources):
+        for _, _, _, topic, entries in response.resources:
+            expiring = {e[0]: e[1] for e in entries if e[0] in KEEP_FOREVER and e[1] != "-1"}
+            if expiring:
+                log.warning("topic %r expires records (%s): a store rebuilt by replay needs "
+                            "it from its first record; set retention.ms = -1 and "
+                            "retention.bytes = -1 (docs/topology.md)", topic,
+                            ", ".join(f"{k} = {v}" for k, v in sorted(expiring.items())))
+
+
+async def require_retained(consumer: AIOKafkaConsumer, tp: TopicPartition, start: int,
+                           reader: str) -> None:
+    """Raise TopologyError when ``tp`` no longer holds its records from ``start`` on (its log
+    starts later: retention or a deletion removed them). Reading it anyway would go on
+    from its log start (auto_offset_reset) and build a store without the pages before."""
+    begin = (await consumer.beginning_offsets([tp]))[tp]
+    if begin > start:
+        raise TopologyError(
+            f"{reader} must read {tp.topic}[{tp.partition}] from offset {start}, but the "
+            f"topic's log starts at {begin}: its records before were deleted (retention.ms "
+            "or retention.bytes, or a deletion). The store cannot be rebuilt from Kafka: "
+            f"restore it from a backup taken at or after offset {begin}, or start a new "
+            "deployment (new topics and stores) from the pages; keep these topics with "
+            "retention.ms = -1 and retention.bytes = -1 (docs/topology.md)")
 
 
 def _default_partitions(kc: KafkaConfig, topic: str) -> int:
