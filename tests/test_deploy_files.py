@@ -176,9 +176,10 @@ def test_the_topology_dashboard_plots_every_role_metric_and_only_those() -> None
 
 def test_the_sharded_topology_runs_a_fan_in_and_one_shard_process_per_shard() -> None:
     """The sharded overlays (compose override, Kubernetes kustomization) load a config with
-    index shards, run the shard role with a store per process, one fan-in (a fan-in standby
-    on a fresh store cannot rebuild with shards), create the keys topic with one partition
-    per shard, and scrape every process they run."""
+    index shards, run the shard role with a store per process, the fan-in and its standby,
+    create the keys topic with one partition per shard and keep it and the partials topic
+    forever (a shard and a fan-in are rebuilt from them), and scrape every process they
+    run."""
     import argparse
 
     from worker.roles import parse_roles
@@ -207,26 +208,23 @@ def test_the_sharded_topology_runs_a_fan_in_and_one_shard_process_per_shard() ->
         if args.store is not None:
             assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
     roles = sorted(running.values())
-    assert roles == sorted(["sketch"] * 2 + ["index"] + ["shard"] * shards + ["align"] * 2)
+    assert roles == sorted(["sketch", "index", "align"] * 2 + ["shard"] * shards)
     topics = override["topics"]["command"][0]
     assert f"{config.kafka.keys_topic}:{shards}:-1" in topics
-    assert f"{config.kafka.partials_topic}:1:" in topics
+    assert f"{config.kafka.partials_topic}:1:-1" in topics
     (job,) = load_yaml("prometheus/prometheus.sharded.yml")["scrape_configs"]
     targets = {t for group in job["static_configs"] for t in group["targets"]}
     assert targets == {f"{n}:{config.metrics.port}" for n in running}
     prom = {v.split(":")[1]: v.split(":")[0] for v in override["prometheus"]["volumes"]}
     assert prom["/etc/prometheus/prometheus.yml"] == "./prometheus/prometheus.sharded.yml"
-    # Kubernetes: the base's pods, the shard StatefulSet, the fan-in patched to one pod
+    # Kubernetes: the base's pods (the fan-in with its standby), the shard StatefulSet
     kustomization = load_yaml("k8s-topology-sharded/kustomization.yaml")
     assert kustomization["resources"] == ["../k8s-topology", "shard.yaml"]
     (generated,) = kustomization["configMapGenerator"]
     assert generated["behavior"] == "replace" and generated["files"] == ["topology.toml"]
     assert generated["name"] == load_yaml("k8s-topology/kustomization.yaml")[
         "configMapGenerator"][0]["name"]
-    (patch,) = kustomization["patches"]
-    assert patch["target"] == {"kind": "StatefulSet", "name": "dupalign-index"}
-    assert yaml.safe_load(patch["patch"]) == [
-        {"op": "replace", "path": "/spec/replicas", "value": 1}]
+    assert "patches" not in kustomization
     doc = load_yaml("k8s-topology-sharded/shard.yaml")
     container = doc["spec"]["template"]["spec"]["containers"][0]
     args = parser.parse_args(container["args"][1:])

@@ -91,7 +91,10 @@ async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_chan
     offset are read again: answered from the stored partials, nothing lost or published
     twice); a SIGKILL of the fan-in and a restart on its store; then a second shard
     process on a fresh store directory takes one shard over and rebuilds it by replaying
-    its keys partition; the matches stay those of scan."""
+    its keys partition; then the fan-in is SIGKILLed again and a standby on a fresh store
+    directory rebuilds it by replaying sequence and sketches, deciding each page from the
+    partials the shards answered then (the retained partials topic); the matches stay
+    those of scan."""
     topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
     pages = clough_pages() + synthetic_pages(240, seed=11)
     chunks = [pages[i::4] for i in range(4)]  # interleaved: copies span the chunks
@@ -121,16 +124,24 @@ async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_chan
         # pages from the partials (the shards answer repeats from their stores)
         fan_in.send_signal(signal.SIGKILL)
         fan_in.wait(30)
-        _, fan_in_log = topo.start("index", tmp_path / "fan-in")
+        fan_in, fan_in_log = topo.start("index", tmp_path / "fan-in")
         await wait_log(fan_in_log, "index shard owned", 120)
         at = await progressed(topo, at + 10)
 
         # another machine: its store is empty, the group gives it one of the shards
         _, fresh_log = topo.start("shard", tmp_path / "shards-b")
         await wait_log(fresh_log, "rebuilding it from the retained keys partition", 120)
+        # the fan-in's machine is lost: a standby with an empty store takes over
+        _, standby_log = topo.start("index", tmp_path / "fan-in-b")
+        await wait_log(standby_log, "index role started", 120)
+        fan_in.send_signal(signal.SIGKILL)
+        fan_in.wait(30)
+        await wait_log(standby_log, "rebuilding it from the retained sequence and sketches",
+                       120)
         await topo.send(chunks[3])
         await matches_equal_scan(topo, len(pages), tmp_path / "oracle")
         assert "rebuilt up to offset" in fresh_log.read_text()
+        assert "index store rebuilt up to ordinal" in standby_log.read_text()
     finally:
         topo.stop_all()
 
@@ -183,8 +194,11 @@ async def test_revisits_deletes_and_retention_with_shards_give_the_engine_s_matc
     revisits, tombstones, ``deleted: true`` pages, replays and deleted ids sent again, under
     ``retention.max_pages`` (the sweeps go to the shards as removals before the page they
     come before; a removal waits for the pages not decided yet), through a SIGKILL of the
-    fan-in; the matches (revisit messages included) are one engine's over the same
-    records in sequence order, and the fan-in's store holds the engine's pages."""
+    fan-in and its restart on its store, then a SIGKILL and a standby on an empty store
+    that rebuilds the fan-in by replay (the sweeps, deletes and revisits again, each page
+    decided from the retained partials); the matches (revisit messages included) are one
+    engine's over the same records in sequence order, and the rebuilt fan-in's store holds
+    the engine's pages."""
     engine = EngineConfig(retention=RetentionConfig(max_pages=60, every=16))
     topo = await Topology(kafka_bootstrap, tmp_path, engine=engine, index_shards=2,
                           engine_toml="""
@@ -194,7 +208,7 @@ every = 16
 """).create()
     records, kinds = lifecycle_stream(150, seed=5)
     assert min(kinds.values()) >= 3, kinds
-    half = len(records) // 2
+    third = len(records) // 3
     try:
         topo.start("sketch")
         topo.start("align")
@@ -202,12 +216,20 @@ every = 16
         topo.start("shard", tmp_path / "shards-a")
         topo.start("shard", tmp_path / "shards-b")
         await wait_log(log, "index shard owned", 120)
-        await topo.send_records(records[:half])
-        await progressed(topo, 20)
+        await topo.send_records(records[:third])
+        at = await progressed(topo, 20)
         fan_in.send_signal(signal.SIGKILL)
         fan_in.wait(30)
-        topo.start("index", tmp_path / "fan-in")  # the same store
-        await topo.send_records(records[half:])
+        fan_in, _ = topo.start("index", tmp_path / "fan-in")  # the same store
+        await topo.send_records(records[third:2 * third])
+        await progressed(topo, at + 20)
+        _, standby_log = topo.start("index", tmp_path / "fan-in-b")  # an empty store
+        await wait_log(standby_log, "index role started", 120)
+        fan_in.send_signal(signal.SIGKILL)
+        fan_in.wait(30)
+        await wait_log(standby_log, "rebuilding it from the retained sequence and sketches",
+                       120)
+        await topo.send_records(records[2 * third:])
         published = await topo.published(len(records), timeout=300)
     finally:
         topo.stop_all()
@@ -218,7 +240,8 @@ every = 16
     twice = [k for k, n in got.items() if n > expected[k]]
     assert not twice, f"published twice: {twice[:5]}"
     assert got == expected
-    assert alive_ids(tmp_path / "fan-in", shards=2) == alive_ids(tmp_path / "oracle")
+    assert alive_ids(tmp_path / "fan-in-b", shards=2) == alive_ids(tmp_path / "oracle")
+    assert "index store rebuilt up to ordinal" in standby_log.read_text()
 
 
 @pytest.mark.testdata

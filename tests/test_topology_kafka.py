@@ -253,23 +253,29 @@ def first_publications(records: list[Any]) -> list[Any]:
 
 
 @pytest.mark.testdata
+@pytest.mark.parametrize("shards", [1, 2])
 async def test_at_least_once_roles_lose_nothing_across_an_index_sigkill(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, tmp_path: Path, shards: int) -> None:
     """``kafka.transactions = false``: no transactions, offsets committed once the records
     of a hop are acknowledged. A SIGKILL of the index while pages wait for align, then its
-    restart on its store: no match is lost, and keeping each page's first publication (by
-    the ``dupalign-source`` header) gives exactly the engine's matches."""
-    topo = await Topology(kafka_bootstrap, tmp_path, transactions=False).create()
+    restart on its store (with 2 index shards: the fan-in, and the shard process with the
+    align process before): no match is lost, and keeping each page's first publication
+    (by the ``dupalign-source`` header) gives exactly the engine's matches."""
+    topo = await Topology(kafka_bootstrap, tmp_path, transactions=False,
+                          index_shards=shards).create()
     pages = synthetic_pages(120, seed=9)
     try:
         topo.start("sketch")
         align, _ = topo.start("align")
         owner, owner_log = topo.start("index", tmp_path / "index-a")
+        shard = topo.start("shard", tmp_path / "shards")[0] if shards > 1 else None
         await wait_log(owner_log, "index shard owned", 120)
         await topo.send(pages[:60])
         await progressed(topo, 20)
-        align.send_signal(signal.SIGKILL)
-        align.wait(30)
+        for proc in (align, shard):
+            if proc is not None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
         await topo.send(pages[60:])
         while len(await topo.read("sequence")) < len(pages):
             topo.check_alive()
@@ -279,6 +285,8 @@ async def test_at_least_once_roles_lose_nothing_across_an_index_sigkill(
         owner.wait(30)
         topo.start("align")
         topo.start("index", tmp_path / "index-a")
+        if shards > 1:
+            topo.start("shard", tmp_path / "shards")
         published = await topo.published(len(pages), timeout=300)
     finally:
         topo.stop_all()

@@ -139,6 +139,7 @@ class IndexRole:
         self.resend: list[Outgoing] = []  # index shards: messages sent again on a takeover
         self.floor = start  # sketches of lower ordinals are not needed
         self.silent_below = silent_below  # rebuilding: publish nothing below this ordinal
+        self.rebuilt = False
         self.owner = False
         self.last_offsets: dict[TopicPartition, int] = {}
         self._resume_lifecycle(None)
@@ -168,8 +169,11 @@ class IndexRole:
                 out = await loop.run_in_executor(self.executor, self._advance)
                 self._backpressure()
                 self._gauges()
-                if self.floor < self.silent_below:
-                    continue  # rebuilding: nothing to publish, nothing to commit
+                if self._rebuilding():
+                    continue  # nothing to publish, nothing to commit
+                if self.silent_below and not self.rebuilt:
+                    self.rebuilt = True
+                    log.info("index store rebuilt up to ordinal %d", self.silent_below)
                 offsets = await self._offsets()
                 if out or offsets != self.last_offsets:
                     assert self.producer is not None
@@ -300,9 +304,11 @@ class IndexRole:
                 waiting = self.by_ordinal.get(partial.seq)
                 indexer = None if self.engine is None else self.engine.indexer
                 # a page it waits for, or one to resume after a takeover, whose partial
-                # can come before the page is read again; the first one wins
+                # can come before the page is read again, or (rebuilding) a page the
+                # replay has not reached; the first one wins
                 if (waiting is not None and waiting.undecided) or (
-                        isinstance(indexer, FanInIndexer) and indexer.will_resume(partial.seq)):
+                        isinstance(indexer, FanInIndexer) and indexer.will_resume(partial.seq)
+                ) or self.floor <= partial.seq < self.silent_below:
                     self.partials.setdefault(partial.seq, {}).setdefault(partial.shard, partial)
                 continue
             ordinal = record_ordinal(rec)
@@ -343,12 +349,8 @@ class IndexRole:
                 self.by_ordinal[ordinal] = waiting
                 continue
             at = (self.seq_tp.topic, 0, ordinal)
-            if ordinal < self.silent_below:  # rebuilding what was published
-                if isinstance(indexer, FanInIndexer):
-                    raise TopologyError(
-                        f"the index fan-in's store is behind the published matches (ordinal "
-                        f"{ordinal} < {self.silent_below}): rebuilding the fan-in by replay "
-                        "with index shards is not built yet (docs/topology.md, Limits)")
+            if ordinal < self.silent_below and not isinstance(indexer, FanInIndexer):
+                # rebuilding what was published (the fan-in: below, from the partials)
                 result = indexer.index(sk, at, defer=True)
                 with contextlib.suppress(PageRejected):
                     indexer.finish(result, engine.align(result))
@@ -368,7 +370,11 @@ class IndexRole:
                     indexer.decide(waiting.ordinal, list(got.values()))
                     del self.partials[waiting.ordinal]
                     waiting.undecided = False
-                    self._request(waiting, out)
+                    if waiting.ordinal < self.silent_below:  # rebuilding: aligned here
+                        if waiting.result.align is not None:
+                            waiting.passages = engine.align(waiting.result)
+                    else:
+                        self._request(waiting, out)
         now = int(time.time() * 1000)
         while self.waiting and self.waiting[0].ready:
             waiting = self.waiting.popleft()
@@ -377,6 +383,8 @@ class IndexRole:
                 matches = indexer.finish(waiting.result, waiting.passages or [])
             except PageRejected:  # the sketch role dead-letters these: never sequenced
                 matches = []
+            if waiting.ordinal < self.silent_below:
+                continue  # rebuilt: published before
             self._count_revisits(matches)
             key = waiting.result.doc_id.encode("utf-8")
             out.extend(Outgoing(self.kc.output_topic, messages.encode_match(m, now), key=key,
@@ -385,15 +393,22 @@ class IndexRole:
 
     def _to_shards(self, out: list[Outgoing], ordinal: int) -> bool:
         """The keys messages of the sequence record ``ordinal`` (index shards); whether the
-        page awaits its shards' partials."""
+        page awaits its shards' partials. Rebuilding, the messages are not sent again
+        (the shards applied them before the matches below ``silent_below`` were
+        published): the page is decided from the partials they answered then, read from
+        the retained partials topic."""
         assert self.engine is not None
         indexer = self.engine.indexer
         if not isinstance(indexer, FanInIndexer):
             return False
-        for shard, message in indexer.take():
-            out.append(Outgoing(self.kc.keys_topic, message.to_bytes(), partition=shard,
-                                headers=[ordinal_header(ordinal)]))
-        return indexer.awaits(ordinal)
+        taken = indexer.take()
+        if ordinal >= self.silent_below:
+            out.extend(Outgoing(self.kc.keys_topic, message.to_bytes(), partition=shard,
+                                headers=[ordinal_header(ordinal)]) for shard, message in taken)
+        if indexer.awaits(ordinal):
+            return True
+        self.partials.pop(ordinal, None)
+        return False
 
     def _request(self, waiting: Waiting, out: list[Outgoing]) -> None:
         """The align request of a decided page with passage tasks."""
@@ -435,18 +450,33 @@ class IndexRole:
         m.ordinal_lag.set(seen - applied)
         m.align_in_flight.set(sum(1 for w in self.waiting
                                   if w.result.align is not None and w.passages is None))
-        rebuilding = self.floor < self.silent_below
+        rebuilding = self._rebuilding()
         m.rebuild_target.set(self.silent_below if rebuilding else 0)
         m.rebuild_ordinal.set(self.floor if rebuilding else 0)
 
+    def _rebuilding(self) -> bool:
+        """Replaying pages whose matches were published (a store behind E): until the last
+        of them is finished, nothing is published or committed."""
+        return self.floor < self.silent_below or bool(
+            self.waiting and self.waiting[0].ordinal < self.silent_below)
+
     def _backpressure(self) -> None:
         """Stop reading new pages while too many wait for align (their results still
-        flow in: the aligned partition is never paused)."""
+        flow in: the aligned partition is never paused). A fan-in rebuilding reads the
+        partials topic from its beginning: it stops reading it while it holds many
+        partials of pages not replayed yet, unless a replayed page still waits for one
+        (shards that ran far apart put a page's partials far apart in the topic)."""
         inputs = (self.seq_tp, self.sketch_tp)
         if len(self.waiting) >= self.max_waiting:
             self.consumer.pause(*inputs)
         else:
             self.consumer.resume(*inputs)
+        if self.n_shards > 1:
+            if (self._rebuilding() and len(self.partials) >= self.max_waiting
+                    and not any(w.undecided for w in self.waiting)):
+                self.consumer.pause(self.partials_tp)
+            else:
+                self.consumer.resume(self.partials_tp)
 
     # -- lifecycle: deletes, new versions and retention, in ordinal order ------------------
     # A removal must not undo what a page before it still needs: a page's matches are read
