@@ -41,11 +41,12 @@ class Topology:
     def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4,
                  engine: EngineConfig | None = None, engine_toml: str = "",
                  transactions: bool = True, index_shards: int = 1,
-                 partials_kept: int = 4096) -> None:
+                 partials_kept: int = 4096, compression: str = "none") -> None:
         """``engine_toml``: ``[engine...]`` tables for the roles, the same settings as
         ``engine`` (the oracle's configuration); ``transactions``: ``kafka.transactions``;
         ``index_shards``: ``kafka.index_shards`` (> 1: shard processes, ``--roles shard``);
-        ``partials_kept``: ``kafka.shard_partials_kept``."""
+        ``partials_kept``: ``kafka.shard_partials_kept``; ``compression``:
+        ``kafka.compression_type``."""
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
@@ -71,6 +72,7 @@ shard_partials_kept = {partials_kept}
 group_id = "{self.group}"
 create_topics = true
 transactions = {str(transactions).lower()}
+compression_type = "{compression}"
 topic_partitions = 2
 align_partitions = 4
 session_timeout_ms = 6000

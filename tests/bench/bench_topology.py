@@ -4,14 +4,17 @@ processes per role, and the single worker (all roles in one process, ``worker.jo
 side by side as the baseline.
 
     python -m tests.bench.bench_topology [--pages 600] [--procs 1,2] [--shards 1,2] [--batch 32]
-        [--bootstrap H:P]
+        [--compression none,zstd] [--bootstrap H:P]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py).
 For each setup: fresh topics, the role processes started and assigned, then
 
 1. throughput: ``--pages`` pages sent at once; pages/s from the first send to the index's
    commit past the last page; CPU per page of each role = the CPU its processes used in
-   that interval (/proc/PID/stat) / pages; bytes per page = the value bytes each topic got;
+   that interval (/proc/PID/stat) / pages; bytes per page = the value bytes each topic got,
+   and the bytes the broker stores for it (its log segments on disk, compressed with
+   ``kafka.compression_type``: what a retained topic costs; only for the broker this
+   benchmark starts);
 2. latency: ``--pages`` other pages sent at half that rate; per page with matches, the
    time from the page's record timestamp to its first match's (both stamped by their
    producers): p50 / p99;
@@ -21,7 +24,8 @@ For each setup: fresh topics, the role processes started and assigned, then
 With ``--shards 1`` (the default) the index role holds the whole index: with 2 index
 processes one owns it and one stands by. With ``--shards S`` > 1 (``kafka.index_shards``)
 the index role is the fan-in and ``--procs`` processes of the shard role hold the S shards
-(topics ``keys`` and ``partials`` added to the bytes per page).
+(topics ``keys`` and ``partials`` added to the bytes per page). ``--compression`` runs each
+setup with each ``kafka.compression_type`` (the single worker with the first).
 Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
 """
 
@@ -86,11 +90,12 @@ async def send_paced(topo: Topology, pages: list[Page], rate: float) -> None:
         await producer.stop()
 
 
-async def setup(bootstrap: str, tmp: Path, procs: int, batch: int, shards: int = 1
-                ) -> tuple[Topology, dict[str, list[int]]]:
+async def setup(bootstrap: str, tmp: Path, procs: int, batch: int, shards: int = 1,
+                compression: str = "none") -> tuple[Topology, dict[str, list[int]]]:
     """Fresh topics and ``procs`` processes per role (0: the single worker), all assigned;
     with ``shards`` > 1, ``procs`` shard processes too."""
-    topo = await Topology(bootstrap, tmp, batch, index_shards=shards).create()
+    topo = await Topology(bootstrap, tmp, batch, index_shards=shards,
+                          compression=compression).create()
     pids: dict[str, list[int]] = {}
     if procs == 0:
         text = topo.config_path.read_text().replace("[worker]\n", "[worker]\njobs = 1\n")
@@ -108,9 +113,17 @@ async def setup(bootstrap: str, tmp: Path, procs: int, batch: int, shards: int =
     return topo, pids
 
 
+def stored_bytes(topo: Topology, data: Path) -> dict[str, float]:
+    """Bytes of each topic's log segments in the broker's data directory ``data``."""
+    return {name: float(sum(f.stat().st_size for d in data.glob(f"{topic}-*")
+                            for f in d.glob("*.log")))
+            for name, topic in topo.topic.items()}
+
+
 async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list[Page],
-                  later: list[Page], shards: int = 1) -> dict[str, Any]:
-    topo, pids = await setup(bootstrap, tmp, procs, batch, shards)
+                  later: list[Page], shards: int = 1, compression: str = "none"
+                  ) -> dict[str, Any]:
+    topo, pids = await setup(bootstrap, tmp, procs, batch, shards, compression)
     try:
         cpu0 = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
         t0 = time.monotonic()
@@ -125,9 +138,12 @@ async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list
         cpu = {role: (sum(map(cpu_seconds, p)) - cpu0[role]) / len(pages)
                for role, p in pids.items()}
         n = len(pages)
+        topics = [t for t in TOPICS if shards > 1 or t not in ("keys", "partials")]
         sizes = {} if procs == 0 else {
-            t: sum(len(r.value) for r in await topo.read(t)) / n
-            for t in TOPICS if shards > 1 or t not in ("keys", "partials")}
+            t: sum(len(r.value) for r in await topo.read(t)) / n for t in topics}
+        data = tmp / "broker" / "data"  # the broker run_with_broker started, if it did
+        stored = {} if procs == 0 or not data.is_dir() else {
+            t: b / n for t, b in stored_bytes(topo, data).items() if t in topics}
         rate = n / elapsed
         await send_paced(topo, later, rate / 2)
         if procs == 0:
@@ -143,8 +159,8 @@ async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list
                           for r in await topo.read("matches"))
             expected = await topo.scan_in_sequence_order(tmp / f"oracle-{topo.tag}")
             same = f"{'yes' if got == expected else 'NO'} ({sum(expected.values())})"
-        return {"rate": rate, "cpu": cpu, "sizes": sizes, "p50": p50, "p99": p99,
-                "same": same}
+        return {"rate": rate, "cpu": cpu, "sizes": sizes, "stored": stored, "p50": p50,
+                "p99": p99, "same": same}
     finally:
         topo.stop_all()
 
@@ -185,33 +201,36 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     pages = corpus(2 * args.pages)
     first, later = pages[:args.pages], [Page(id=f"again-{p.id}", body=p.body)
                                         for p in pages[args.pages:2 * args.pages]]
-    setups = [(0, 1)] + [(int(p), int(s)) for s in args.shards.split(",")
-                         for p in args.procs.split(",")]
+    codecs = args.compression.split(",")
+    setups = [(0, 1, codecs[0])] + [(int(p), int(s), c) for c in codecs
+                                    for s in args.shards.split(",")
+                                    for p in args.procs.split(",")]
     results = {}
-    for procs, shards in setups:
-        results[procs, shards] = await measure(bootstrap, tmp, procs, args.batch, first, later,
-                                               shards)
-        print(f"measured {procs or 'single worker'} x {shards} shard(s): "
-              f"{results[procs, shards]}", file=sys.stderr)
+    for procs, shards, codec in setups:
+        results[procs, shards, codec] = r = await measure(
+            bootstrap, tmp, procs, args.batch, first, later, shards, codec)
+        print(f"measured {procs or 'single worker'} x {shards} shard(s), {codec}: {r}",
+              file=sys.stderr)
     print(f"\n{len(first)} pages (+{len(later)} for latency), batch {args.batch}, "
           "2 shared cores\n")
     print(f"{'setup':<34}{'pages/s':>9}{'vs single':>10}{'sketch':>9}{'index':>9}{'align':>9}"
           f"{'shard':>9}{'p50 ms':>9}{'p99 ms':>9}  {'= scan':<10} (CPU ms per page)")
-    base = results[0, 1]["rate"]
-    for (procs, shards), r in results.items():
-        name = ("single worker (jobs=1)" if procs == 0 else
-                f"{procs} process(es) per role, S={shards}")
+    base = results[0, 1, codecs[0]]["rate"]
+    for (procs, shards, codec), r in results.items():
+        name = (f"single worker (jobs=1), {codec}" if procs == 0 else
+                f"{procs} process(es)/role, S={shards}, {codec}")
         cpu = r["cpu"]
         cells = ([f"{1000 * cpu['single']:>9.2f}"] + [f"{'':>9}"] * 3 if procs == 0 else
                  [f"{1000 * cpu[role]:>9.2f}" if role in cpu else f"{'-':>9}"
                   for role in ROLES])
         print(f"{name:<34}{r['rate']:>9.1f}{r['rate'] / base:>9.2f}x{''.join(cells)}"
               f"{r['p50']:>9.0f}{r['p99']:>9.0f}  {r['same']:<10}")
-    print(f"\n{'bytes per page':<34}" + "".join(f"{t:>10}" for t in TOPICS))
-    for (procs, shards), r in results.items():
-        if r["sizes"]:
-            print(f"{f'{procs} per role, S={shards}':<34}" +
-                  "".join(f"{r['sizes'].get(t, float('nan')):>10.0f}" for t in TOPICS))
+    for title, column in (("bytes per page", "sizes"), ("stored by the broker", "stored")):
+        print(f"\n{title:<34}" + "".join(f"{t:>10}" for t in TOPICS))
+        for (procs, shards, codec), r in results.items():
+            if r[column]:
+                print(f"{f'{procs} per role, S={shards}, {codec}':<34}" +
+                      "".join(f"{r[column].get(t, float('nan')):>10.0f}" for t in TOPICS))
 
 
 def main() -> int:
@@ -222,7 +241,9 @@ def main() -> int:
                         "(> 1: the index role is the fan-in of shard role processes)")
     parser.add_argument("--batch", type=int, default=32, help="worker.batch_size of every "
                         "process (records per fetch and per transaction)")
-    parser.add_argument("--bootstrap", help="use a running broker")
+    parser.add_argument("--compression", default="none", help="kafka.compression_type values "
+                        "to measure (none, gzip, snappy, lz4, zstd)")
+    parser.add_argument("--bootstrap", help="use a running broker (no stored bytes then)")
     args = parser.parse_args()
     return run_with_broker(args.bootstrap, "bench-topology-", lambda b, tmp: run(args, b, tmp))
 
