@@ -94,6 +94,8 @@ def test_env_types_and_secrets_stay_strings() -> None:
         ("[metrics]\nport = 70000\n", {}, "metrics.port", "[0, 65535]"),
         ('[kafka]\nauto_offset_reset = "middle"\n', {}, "kafka.auto_offset_reset", "earliest"),
         ('[kafka]\ncompression_type = "brotli"\n', {}, "kafka.compression_type", "zstd"),
+        ('[kafka]\nretained_compression = "none"\n', {}, "kafka.retained_compression",
+         "uncompressed"),
         ("[kafka]\ntransactions = 1\n", {}, "kafka.transactions", "true/false"),
         ('[kafka]\ninput_topic = ""\n', {}, "kafka.input_topic", "empty"),
         ('[kafka]\noutput_topic = "pages"\n', {}, "kafka.output_topic", "differ"),

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+import pytest
 import yaml
 
 from worker.config import load_config
@@ -234,3 +236,37 @@ def test_the_sharded_topology_runs_a_fan_in_and_one_shard_process_per_shard() ->
     assert args.store.startswith(mount["store"] + "/")
     assert args.config == f"{mount['config']}/topology.toml"
     assert container["ports"][0]["containerPort"] == config.metrics.port
+
+
+@pytest.mark.parametrize("overlays", [["docker-compose.topology.yml"],
+                                      ["docker-compose.topology.yml",
+                                       "docker-compose.sharded.yml"]])
+def test_the_compose_topics_service_keeps_the_retained_topics_compressed(
+        overlays: list[str]) -> None:
+    """The ``topics`` service's shell loop (run here with ``echo`` for kafka-topics.sh)
+    creates every retained topic of the config (a store is rebuilt from them) with
+    retention.ms = -1 and compression.type = zstd, and the others as their producers
+    send them."""
+    from worker.topology import retained_topics
+
+    services: dict[str, Any] = {}
+    for name in overlays:
+        services.update(load_yaml(name)["services"])
+    config = load_config(DEPLOY / ("k8s-topology-sharded" if len(overlays) > 1
+                                   else "k8s-topology") / "topology.toml", env={})
+    script = services["topics"]["command"][0].replace("$$", "$").replace(
+        "/opt/kafka/bin/kafka-topics.sh", "echo")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    created = {}
+    for line in out.stdout.splitlines():
+        args = line.split()
+        configs = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--config")
+        created[args[args.index("--topic") + 1]] = configs
+    retained = retained_topics(config.kafka)
+    assert retained <= set(created)
+    for topic, configs in created.items():
+        if topic in retained:
+            assert (configs["retention.ms"], configs["compression.type"]) == ("-1", "zstd")
+        elif topic != config.kafka.input_topic:  # (the crawl's own topic, kept too)
+            assert configs["retention.ms"] != "-1", topic
+            assert configs["compression.type"] == "producer", topic

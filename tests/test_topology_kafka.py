@@ -419,7 +419,8 @@ async def retention_of(bootstrap: str, topics: list[str]) -> dict[str, dict[str,
     await admin.start()
     try:
         responses = await admin.describe_configs([ConfigResource(
-            ConfigResourceType.TOPIC, t, configs={"retention.ms": None, "retention.bytes": None})
+            ConfigResourceType.TOPIC, t, configs={"retention.ms": None, "retention.bytes": None,
+                                                  "compression.type": None})
             for t in topics])
     finally:
         await admin.close()
@@ -434,7 +435,8 @@ async def test_the_topics_a_rebuild_replays_are_created_kept_forever(
     """A store on a fresh directory is rebuilt from sequence and sketches (with index
     shards, keys and partials too) from their first record: created with
     retention.ms = retention.bytes = -1, where the broker's default (24 hours in
-    deploy/kafka/broker.sh) would expire them. Existing ones that expire records are
+    deploy/kafka/broker.sh) would expire them, and stored compressed
+    (``kafka.retained_compression``, zstd). Existing ones that expire records are
     logged."""
     topo = Topology(kafka_bootstrap, tmp_path, index_shards=shards)
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
@@ -447,12 +449,13 @@ async def test_the_topics_a_rebuild_replays_are_created_kept_forever(
     retained = ["sequence", "sketches"] + (["keys", "partials"] if shards > 1 else [])
     got = await retention_of(kafka_bootstrap, [
         topo.topic[n] for n in ["align", "aligned", "matches", *retained]])
-    kept = {"retention.ms": "-1", "retention.bytes": "-1"}
+    kept = {"retention.ms": "-1", "retention.bytes": "-1", "compression.type": "zstd"}
     for name in retained:
         assert got[topo.topic[name]] == kept or name == "sketches", name
     assert got[topo.topic["sketches"]]["retention.ms"] == "86400000"
     for name in ("align", "aligned", "matches"):
         assert got[topo.topic[name]]["retention.ms"] == "86400000", name
+        assert got[topo.topic[name]]["compression.type"] == "producer", name
     assert f"topic {topo.topic['sketches']!r} expires records (retention.ms = 86400000)" \
         in caplog.text
     assert f"topic {topo.topic['sequence']!r} expires" not in caplog.text

@@ -41,12 +41,13 @@ class Topology:
     def __init__(self, bootstrap: str, tmp: Path, batch_size: int = 4,
                  engine: EngineConfig | None = None, engine_toml: str = "",
                  transactions: bool = True, index_shards: int = 1,
-                 partials_kept: int = 4096, compression: str = "none") -> None:
+                 partials_kept: int = 4096, compression: str = "none",
+                 retained_compression: str = "zstd") -> None:
         """``engine_toml``: ``[engine...]`` tables for the roles, the same settings as
         ``engine`` (the oracle's configuration); ``transactions``: ``kafka.transactions``;
         ``index_shards``: ``kafka.index_shards`` (> 1: shard processes, ``--roles shard``);
         ``partials_kept``: ``kafka.shard_partials_kept``; ``compression``:
-        ``kafka.compression_type``."""
+        ``kafka.compression_type``; ``retained_compression``: the retained topics'."""
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
@@ -73,6 +74,7 @@ group_id = "{self.group}"
 create_topics = true
 transactions = {str(transactions).lower()}
 compression_type = "{compression}"
+retained_compression = "{retained_compression}"
 topic_partitions = 2
 align_partitions = 4
 session_timeout_ms = 6000

@@ -95,9 +95,10 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[
             # records between roles can be large (a big page's sketch, an align request
             # with its candidates' forward records): the topic takes what the producer sends
             retained = retained_topics(kc)
+            kept = {**KEEP_FOREVER, "compression.type": kc.retained_compression}
             new = [NewTopic(t, wanted[t] or _default_partitions(kc, t), kc.replication_factor,
                             topic_configs={"max.message.bytes": str(kc.max_request_size),
-                                           **(KEEP_FOREVER if t in retained else {})})
+                                           **(kept if t in retained else {})})
                    for t in missing]
             response = await admin.create_topics(new)
             for name, code, *_ in response.topic_errors:  # the admin client does not raise

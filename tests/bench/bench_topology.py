@@ -4,7 +4,7 @@ processes per role, and the single worker (all roles in one process, ``worker.jo
 side by side as the baseline.
 
     python -m tests.bench.bench_topology [--pages 600] [--procs 1,2] [--shards 1,2] [--batch 32]
-        [--compression none,zstd] [--bootstrap H:P]
+        [--compression none,zstd] [--retained producer,zstd] [--bootstrap H:P]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py).
 For each setup: fresh topics, the role processes started and assigned, then
@@ -25,7 +25,9 @@ With ``--shards 1`` (the default) the index role holds the whole index: with 2 i
 processes one owns it and one stands by. With ``--shards S`` > 1 (``kafka.index_shards``)
 the index role is the fan-in and ``--procs`` processes of the shard role hold the S shards
 (topics ``keys`` and ``partials`` added to the bytes per page). ``--compression`` runs each
-setup with each ``kafka.compression_type`` (the single worker with the first).
+setup with each ``kafka.compression_type`` (the producers' codec), ``--retained`` with each
+``kafka.retained_compression`` (the codec the broker stores the retained topics with; the
+single worker runs with the first of each).
 Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
 """
 
@@ -91,11 +93,12 @@ async def send_paced(topo: Topology, pages: list[Page], rate: float) -> None:
 
 
 async def setup(bootstrap: str, tmp: Path, procs: int, batch: int, shards: int = 1,
-                compression: str = "none") -> tuple[Topology, dict[str, list[int]]]:
+                compression: str = "none", retained: str = "zstd"
+                ) -> tuple[Topology, dict[str, list[int]]]:
     """Fresh topics and ``procs`` processes per role (0: the single worker), all assigned;
     with ``shards`` > 1, ``procs`` shard processes too."""
-    topo = await Topology(bootstrap, tmp, batch, index_shards=shards,
-                          compression=compression).create()
+    topo = await Topology(bootstrap, tmp, batch, index_shards=shards, compression=compression,
+                          retained_compression=retained).create()
     pids: dict[str, list[int]] = {}
     if procs == 0:
         text = topo.config_path.read_text().replace("[worker]\n", "[worker]\njobs = 1\n")
@@ -121,9 +124,9 @@ def stored_bytes(topo: Topology, data: Path) -> dict[str, float]:
 
 
 async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list[Page],
-                  later: list[Page], shards: int = 1, compression: str = "none"
-                  ) -> dict[str, Any]:
-    topo, pids = await setup(bootstrap, tmp, procs, batch, shards, compression)
+                  later: list[Page], shards: int = 1, compression: str = "none",
+                  retained: str = "zstd") -> dict[str, Any]:
+    topo, pids = await setup(bootstrap, tmp, procs, batch, shards, compression, retained)
     try:
         cpu0 = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
         t0 = time.monotonic()
@@ -201,14 +204,16 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     pages = corpus(2 * args.pages)
     first, later = pages[:args.pages], [Page(id=f"again-{p.id}", body=p.body)
                                         for p in pages[args.pages:2 * args.pages]]
-    codecs = args.compression.split(",")
+    codecs = [f"{c}/{r}" for c in args.compression.split(",")
+              for r in args.retained.split(",")]
     setups = [(0, 1, codecs[0])] + [(int(p), int(s), c) for c in codecs
                                     for s in args.shards.split(",")
                                     for p in args.procs.split(",")]
     results = {}
     for procs, shards, codec in setups:
+        producers, retained = codec.split("/")
         results[procs, shards, codec] = r = await measure(
-            bootstrap, tmp, procs, args.batch, first, later, shards, codec)
+            bootstrap, tmp, procs, args.batch, first, later, shards, producers, retained)
         print(f"measured {procs or 'single worker'} x {shards} shard(s), {codec}: {r}",
               file=sys.stderr)
     print(f"\n{len(first)} pages (+{len(later)} for latency), batch {args.batch}, "
@@ -243,6 +248,8 @@ def main() -> int:
                         "process (records per fetch and per transaction)")
     parser.add_argument("--compression", default="none", help="kafka.compression_type values "
                         "to measure (none, gzip, snappy, lz4, zstd)")
+    parser.add_argument("--retained", default="zstd", help="kafka.retained_compression "
+                        "values to measure (producer: as sent, or a codec)")
     parser.add_argument("--bootstrap", help="use a running broker (no stored bytes then)")
     args = parser.parse_args()
     return run_with_broker(args.bootstrap, "bench-topology-", lambda b, tmp: run(args, b, tmp))
