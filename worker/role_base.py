@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -152,7 +152,8 @@ class StatelessRole:
                                                           for t in assigned))
 
 
-async def turns(role: Any, consumer: AIOKafkaConsumer, max_records: int
+async def turns(role: Any, consumer: AIOKafkaConsumer, max_records: int,
+                wanted: Callable[[], list[TopicPartition]] | None = None
                 ) -> AsyncIterator[dict[TopicPartition, list[Any]]]:
     """The role's fetched batches, each handed over while holding ``role.busy``, and only
     when no rebalance came since the fetch (those records are fetched again from the
@@ -162,11 +163,16 @@ async def turns(role: Any, consumer: AIOKafkaConsumer, max_records: int
     returns (aiokafka drops what a seek made stale), and nothing runs between its return
     and the next line: the generation read there is the one the records belong to. (Read
     before the call, it would make a rebalance that ran during the call drop records
-    fetched after its seek, which are then never fetched again.)"""
+    fetched after its seek, which are then never fetched again.)
+
+    ``wanted``: the partitions to take records from in the next turn (default all). The
+    others keep what was fetched for them: a paused partition drops it, to fetch it again
+    once resumed."""
     while not role.stopping.is_set():
         if role.failure is not None:
             raise role.failure
-        batches = await consumer.getmany(timeout_ms=200, max_records=max_records)
+        batches = await consumer.getmany(*(wanted() if wanted is not None else ()),
+                                         timeout_ms=200, max_records=max_records)
         generation = role.generation
         async with role.busy:
             if generation == role.generation:

@@ -140,6 +140,8 @@ class IndexRole:
         self.floor = start  # sketches of lower ordinals are not needed
         self.silent_below = silent_below  # rebuilding: publish nothing below this ordinal
         self.rebuilt = False
+        self.seq_read = start  # the sequence consumer's position (next offset it returns)
+        self.read_ahead = 0  # the most sequence records read and not applied yet
         self.owner = False
         self.last_offsets: dict[TopicPartition, int] = {}
         self._resume_lifecycle(None)
@@ -160,20 +162,22 @@ class IndexRole:
         log.info("index role started (group %s, store %s)", self.group_id, self.store_dir)
         loop = asyncio.get_running_loop()
         try:
-            async for batches in turns(self, consumer, self.config.worker.batch_size):
+            async for batches in turns(self, consumer, self.config.worker.batch_size,
+                                       self._wanted):
                 if not self.owner:
                     continue
                 for tp, records in batches.items():
                     self.metrics.consumed(self.name, tp.topic, records)
                     self._route(tp, records)
                 out = await loop.run_in_executor(self.executor, self._advance)
-                self._backpressure()
+                self.seq_read = await consumer.position(self.seq_tp)
                 self._gauges()
                 if self._rebuilding():
                     continue  # nothing to publish, nothing to commit
                 if self.silent_below and not self.rebuilt:
                     self.rebuilt = True
-                    log.info("index store rebuilt up to ordinal %d", self.silent_below)
+                    log.info("index store rebuilt up to ordinal %d (the sequence read at most "
+                             "%d records ahead)", self.silent_below, self.read_ahead)
                 offsets = await self._offsets()
                 if out or offsets != self.last_offsets:
                     assert self.producer is not None
@@ -297,6 +301,7 @@ class IndexRole:
             if tp == self.seq_tp:
                 _, source = decode_sequence(rec.value)
                 self.expected.append((rec.offset, source))
+                self.read_ahead = max(self.read_ahead, len(self.expected))
                 self.sequenced_at[rec.offset] = rec.timestamp  # retention's clock
                 continue
             if tp == self.partials_tp:
@@ -456,27 +461,34 @@ class IndexRole:
 
     def _rebuilding(self) -> bool:
         """Replaying pages whose matches were published (a store behind E): until the last
-        of them is finished, nothing is published or committed."""
-        return self.floor < self.silent_below or bool(
+        of them is finished, nothing is published or committed. (The sequence read past
+        E - 1 tells the replay is over: the offsets before E may end with transaction
+        markers, which are no pages.)"""
+        pending = self.expected[0][0] if self.expected else self.seq_read
+        return pending < self.silent_below or bool(
             self.waiting and self.waiting[0].ordinal < self.silent_below)
 
-    def _backpressure(self) -> None:
-        """Stop reading new pages while too many wait for align (their results still
-        flow in: the aligned partition is never paused). A fan-in rebuilding reads the
-        partials topic from its beginning: it stops reading it while it holds many
-        partials of pages not replayed yet, unless a replayed page still waits for one
-        (shards that ran far apart put a page's partials far apart in the topic)."""
-        inputs = (self.seq_tp, self.sketch_tp)
+    def _wanted(self) -> list[TopicPartition]:
+        """The partitions the next turn takes records from (backpressure; the others keep
+        what was fetched for them, where a paused partition would drop it and fetch it
+        again). No new pages while too many wait for align (their results still flow in:
+        the aligned partition is always read). No more of the sequence while many of its
+        records wait for their sketches: its records are tiny, so one fetch holds
+        thousands (a replay read all of it at once). A fan-in rebuilding reads the
+        partials topic from its beginning: no more of it while it holds many partials of
+        pages not replayed yet, unless a replayed page still waits for one (shards that
+        ran far apart put a page's partials far apart in the topic)."""
+        if not self.owner:
+            return []  # (a standby: nothing assigned)
+        held = set()
         if len(self.waiting) >= self.max_waiting:
-            self.consumer.pause(*inputs)
-        else:
-            self.consumer.resume(*inputs)
-        if self.n_shards > 1:
-            if (self._rebuilding() and len(self.partials) >= self.max_waiting
-                    and not any(w.undecided for w in self.waiting)):
-                self.consumer.pause(self.partials_tp)
-            else:
-                self.consumer.resume(self.partials_tp)
+            held |= {self.seq_tp, self.sketch_tp}
+        if len(self.expected) >= self.max_waiting:
+            held.add(self.seq_tp)
+        if (self.n_shards > 1 and self._rebuilding() and len(self.partials) >= self.max_waiting
+                and not any(w.undecided for w in self.waiting)):
+            held.add(self.partials_tp)
+        return sorted(self.tps - held)
 
     # -- lifecycle: deletes, new versions and retention, in ordinal order ------------------
     # A removal must not undo what a page before it still needs: a page's matches are read
