@@ -69,28 +69,29 @@ class ShardRole(StatelessRole):
                 self.executor, ShardStore, self.store_dir, self.config.engine, tp.partition,
                 self.kc.index_shards, self.kc.shard_partials_kept)
         stored = self.stores[tp].offset(tp.topic, tp.partition)
+        start: int | None
+        needed: int | None
         if committed is None and stored is not None:
             # the group lost its offsets (expired offsets.retention.minutes after it emptied,
             # deleted) but the store has applied messages: read again only the last ones
             # whose partials it keeps (their transaction may have aborted; the fan-in keeps
             # the first partial per page), not the partition from its beginning, whose
             # older messages it could not answer again
-            await require_retained(self.consumer, tp, stored, f"index shard {tp.partition}")
-            resume = max(0, stored - self.kc.shard_partials_kept)
+            start, needed = max(0, stored - self.kc.shard_partials_kept), stored
             log.warning("shard %d: no committed offset; resuming at %d, its store at %d",
-                        tp.partition, resume, stored)
-            return resume
-        if committed is not None and (stored is None or stored < committed):
-            await require_retained(self.consumer, tp, stored or 0, f"index shard {tp.partition}")
+                        tp.partition, start, stored)
+        elif committed is not None and (stored is None or stored < committed):
+            start = needed = stored  # None: from the beginning
             log.warning("shard %d store behind the committed input (%s < %d): rebuilding it "
                         "from the retained keys partition", tp.partition, stored, committed)
             self.silent_below[tp] = committed
-            return stored
-        self.silent_below.pop(tp, None)
-        await require_retained(self.consumer, tp, committed or 0, f"index shard {tp.partition}")
-        log.info("index shard %d owned: store at offset %s, committed %s", tp.partition,
-                 stored, committed)
-        return committed
+        else:
+            start = needed = committed
+            self.silent_below.pop(tp, None)
+            log.info("index shard %d owned: store at offset %s, committed %s", tp.partition,
+                     stored, committed)
+        await require_retained(self.consumer, tp, needed or 0, f"index shard {tp.partition}")
+        return start
 
     async def release(self, tps: Iterable[TopicPartition]) -> None:
         loop = asyncio.get_running_loop()
