@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,38 @@ def test_help_imports_neither_the_engine_nor_kafka() -> None:
                          check=False)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout
+
+
+def _with_numba_cache(cache: Path, *args: str, code: str | None = None
+                      ) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "worker.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, NUMBA_CACHE_DIR=str(cache)))
+
+
+def test_a_first_run_says_it_compiles_the_kernels(tmp_path: Path) -> None:
+    """An empty numba cache (a fresh install): scan says why it is quiet for minutes;
+    --quiet says nothing. (An empty input: nothing is compiled, the run stops at once.)"""
+    empty = tmp_path / "pages.jsonl"
+    empty.write_text("")
+    cache = tmp_path / "numba"
+    run = _with_numba_cache(cache, "scan", "--store", str(tmp_path / "s"), str(empty))
+    assert "compiling the engine's kernels on this first run" in run.stderr, run.stderr
+    run = _with_numba_cache(cache, "scan", "--quiet", "--store", str(tmp_path / "s"),
+                            str(empty))
+    assert "compiling" not in run.stderr and "nothing was processed" in run.stderr
+
+
+def test_kernels_cached_reads_the_index_numba_writes(tmp_path: Path) -> None:
+    """The check reads numba's private cache layout: written here by numba itself (an index
+    with one entry per kernel), it answers True; one kernel missing, False."""
+    code = """if True:
+        from dupalign import kernel_cache, passage_align, psm, span_refine
+        print(kernel_cache.kernels_cached())
+        for k in (span_refine.refine_pages, passage_align.scan_tasks):
+            k._cache._cache_file._save_index({"signature": "data file"})
+        print(kernel_cache.kernels_cached())
+        psm._psm_batch_kernel._cache._cache_file._save_index({"signature": "data file"})
+        print(kernel_cache.kernels_cached())"""
+    run = _with_numba_cache(tmp_path / "numba", code=code)
+    assert run.stdout.split() == ["False", "False", "True"], run.stderr

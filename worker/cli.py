@@ -77,6 +77,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.out:
         _check_out_path(args.out)
     pages = new = matches = errors = 0
+    if not args.quiet:
+        _note_first_compile("scan")
     progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages")
     where: dict[int, str] = {}  # id(page) -> "path:line", for the rejection messages
 
@@ -121,6 +123,16 @@ def cmd_scan(args: argparse.Namespace) -> int:
         why = "every page was rejected or skipped (see above)" if errors else "no page found"
         raise CliError(f"nothing was processed: {why}", Exit.NOTHING_DONE)
     return 0
+
+
+def _note_first_compile(command: str) -> None:
+    """A first run compiles the engine's numba kernels before its first page: say so."""
+    from dupalign.kernel_cache import kernels_cached
+
+    if kernels_cached() is False:
+        print(f"dupalign {command}: compiling the engine's kernels on this first run (about "
+              "two minutes of CPU per process; cached, later runs start in seconds)",
+              file=sys.stderr)
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -300,6 +312,8 @@ def _run_worker(service: Any, args: argparse.Namespace) -> int:
     from worker.exits import check_broker_reachable
 
     check_broker_reachable(service.config_from_args(args).kafka.bootstrap_servers)
+    if "align" in str(getattr(args, "roles", "align")).split(","):  # (the costliest kernels)
+        _note_first_compile("worker")
     return int(service.run_worker(args))
 
 
