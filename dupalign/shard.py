@@ -807,8 +807,14 @@ class FanInIndexer(Indexer):
             if seq in unfinished:
                 self.resumable[seq] = (unfinished.pop(seq), d["page"])
         if unfinished:
-            raise StoreMismatch(f"pages {sorted(unfinished)} of the index fan-in's store are "
-                                "not finished and their shard messages are not kept")
+            # another fan-in published past them since this store was last used (it took
+            # over, then stopped): move the store aside, a fresh one is rebuilt by replay
+            first = sorted(unfinished)
+            raise StoreMismatch(
+                f"{len(first)} pages of the index fan-in's store (ordinals {first[0]} to "
+                f"{first[-1]}) are not finished and their matches were published since "
+                "(by another fan-in process): this store cannot resume them. Move its "
+                "directory aside and start the role again: it rebuilds a store by replay")
         return out
 
     def will_resume(self, seq: int) -> bool:

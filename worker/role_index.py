@@ -173,6 +173,7 @@ class IndexRole:
                 self.seq_read = await consumer.position(self.seq_tp)
                 self._gauges()
                 if self._rebuilding():
+                    assert not out, "a turn still rebuilding produced records"
                     continue  # nothing to publish, nothing to commit
                 if self.silent_below and not self.rebuilt:
                     self.rebuilt = True
@@ -335,6 +336,11 @@ class IndexRole:
         self.resend = []
         while self.expected and self.expected[0][0] in self.sketches:
             ordinal, source = self.expected[0]
+            if ordinal >= self.silent_below and self.waiting and \
+                    self.waiting[0].ordinal < self.silent_below:
+                # (the fan-in rebuilding) pages from E on send messages, which a turn that
+                # is still rebuilding does not: they wait until the replay below E is over
+                break
             sk = PageSketch.from_bytes(self.sketches[ordinal][1])
             if self._must_wait(ordinal, sk):
                 break  # until the pages it waits for are published (a later turn)
