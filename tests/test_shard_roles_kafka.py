@@ -58,26 +58,40 @@ async def shard_lag(topo: Topology) -> bool:
 
 
 @pytest.mark.testdata
-async def test_two_index_shards_as_processes_give_the_matches_of_scan(
+async def test_two_index_shards_as_processes_give_the_matches_of_scan_across_a_join_and_leave(
         kafka_bootstrap: str, tmp_path: Path) -> None:
-    """Test (a) of issue 12 with 2 shards: 2 sketch + the fan-in + 2 shard + 2 align."""
+    """Test (a) of issue 12 with 2 shards: 2 sketch + the fan-in + 2 shard + 2 align; and
+    (d) for the shards: mid-stream a third shard process joins (a fresh store: it rebuilds
+    the partition it takes by replay) and a first one leaves, then comes back with its
+    store (behind: it catches up)."""
     topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
     try:
         for role in ("sketch", "sketch", "align", "align"):
             topo.start(role)
         topo.start("index", tmp_path / "fan-in")
-        _, log_a = topo.start("shard", tmp_path / "shards-a")
+        shard_a, log_a = topo.start("shard", tmp_path / "shards-a")
         _, log_b = topo.start("shard", tmp_path / "shards-b")
         pages = clough_pages() + rfc_pages(max_bytes=60_000) + synthetic_pages(100, seed=3)
-        await topo.send(pages)
+        parts = [pages[i::3] for i in range(3)]  # interleaved: copies span the parts
+        await topo.send(parts[0])
+        await topo.published(len(parts[0]), timeout=300)
+        _, log_c = topo.start("shard", tmp_path / "shards-c")  # joins
+        shard_a.send_signal(signal.SIGTERM)  # and a first one leaves
+        assert shard_a.wait(60) == 0
+        await wait_log(log_c, "shard role assigned ['", 120)
+        await topo.send(parts[1])
+        await topo.published(len(parts[0]) + len(parts[1]), timeout=300)
+        topo.start("shard", tmp_path / "shards-a")  # back, its store behind
+        await topo.send(parts[2])
         await matches_equal_scan(topo, len(pages), tmp_path / "oracle")
         # the shards' stores hold the lists, the fan-in's none (a process that owned a
         # partition before a rebalance keeps that store too)
-        owned = {p.name for d in ("shards-a", "shards-b") for p in (tmp_path / d / "shards")
-                 .iterdir()}
+        owned = {p.name for d in ("shards-a", "shards-b", "shards-c")
+                 for p in (tmp_path / d / "shards").iterdir()}
         assert owned == {"0", "1"}
-        for log in (log_a, log_b):
-            assert "index shard " in log.read_text()
+        for log in (log_a, log_b, log_c):
+            assert "shard role assigned ['" in log.read_text()
+        assert "rebuilt up to offset" in log_c.read_text()
         assert not (tmp_path / "fan-in" / "shards").exists()
     finally:
         topo.stop_all()
