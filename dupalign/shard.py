@@ -789,8 +789,11 @@ class FanInIndexer(Indexer):
 
     def recover(self, published: int) -> list[tuple[int, int, ShardMessage]]:
         """On taking the store over: the messages of the sequence records from
-        ``published`` on, to send again (seq, shard, message), in order; the pages among
-        them not finished are decided again once read again (``resume``)."""
+        ``published`` on, to send again (seq, shard, message), in order; the pages not
+        finished are decided again once read again (``resume``), those below
+        ``published`` too (another fan-in published past them since this store was last
+        used: the shards have their messages, their partials are in the retained topic;
+        ``first_resumable``)."""
         unfinished = {}
         for _, raw in self.store.items("unfinished"):
             result = IndexResult.from_bytes(raw)
@@ -800,22 +803,19 @@ class FanInIndexer(Indexer):
         self.resumable = {}
         for key, raw in self.store.prefix("meta", OUTBOX_PREFIX):
             seq = read_u64(key, len(OUTBOX_PREFIX))
-            if seq < published:
-                continue
             d = msgpack.unpackb(raw, raw=False)
-            out += [(seq, s, ShardMessage.from_bytes(m)) for s, m in d["messages"]]
+            if seq >= published:
+                out += [(seq, s, ShardMessage.from_bytes(m)) for s, m in d["messages"]]
             if seq in unfinished:
                 self.resumable[seq] = (unfinished.pop(seq), d["page"])
         if unfinished:
-            # another fan-in published past them since this store was last used (it took
-            # over, then stopped): move the store aside, a fresh one is rebuilt by replay
-            first = sorted(unfinished)
-            raise StoreMismatch(
-                f"{len(first)} pages of the index fan-in's store (ordinals {first[0]} to "
-                f"{first[-1]}) are not finished and their matches were published since "
-                "(by another fan-in process): this store cannot resume them. Move its "
-                "directory aside and start the role again: it rebuilds a store by replay")
+            raise StoreMismatch(f"pages {sorted(unfinished)[:5]} of the index fan-in's store "
+                                "are not finished and their shard messages are not kept")
         return out
+
+    def first_resumable(self) -> int | None:
+        """The first page ``recover`` found not finished (None: every page is)."""
+        return min(self.resumable, default=None)
 
     def will_resume(self, seq: int) -> bool:
         return seq in self.resumable

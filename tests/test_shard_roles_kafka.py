@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,18 @@ async def matches_equal_scan(topo: Topology, n_pages: int, oracle: Path) -> None
     twice = [k for k, n in got.items() if n > expected[k]]
     assert not twice, f"published twice: {twice[:5]}"
     assert got == expected
+
+
+async def one_of_each(topo: Topology, fan_in: Path, shards: Path
+                      ) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """A sketch, an align, the fan-in (its store at ``fan_in``) and one shard process
+    holding both shards, started; the fan-in and shard processes."""
+    for role in ("sketch", "align"):
+        topo.start(role)
+    fan_in_proc, _ = topo.start("index", fan_in)
+    shard, shard_log = topo.start("shard", shards)
+    await wait_log(shard_log, "index shard 1 owned", 120)
+    return fan_in_proc, shard
 
 
 async def shard_lag(topo: Topology) -> bool:
@@ -113,11 +126,7 @@ async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_chan
     pages = clough_pages() + synthetic_pages(240, seed=11)
     chunks = [pages[i::4] for i in range(4)]  # interleaved: copies span the chunks
     try:
-        for role in ("sketch", "align"):
-            topo.start(role)
-        fan_in, _ = topo.start("index", tmp_path / "fan-in")
-        shard, shard_log = topo.start("shard", tmp_path / "shards-a")
-        await wait_log(shard_log, "index shard 1 owned", 120)
+        fan_in, shard = await one_of_each(topo, tmp_path / "fan-in", tmp_path / "shards-a")
 
         await topo.send(chunks[0])
         at = await progressed(topo, 10)
@@ -156,6 +165,45 @@ async def test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_chan
         await matches_equal_scan(topo, len(pages), tmp_path / "oracle")
         assert "rebuilt up to offset" in fresh_log.read_text()
         assert "index store rebuilt up to ordinal" in standby_log.read_text()
+    finally:
+        topo.stop_all()
+
+
+@pytest.mark.testdata
+async def test_a_fan_in_back_on_its_store_after_a_standby_published_past_it_finishes_its_pages(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Fan-in A is SIGKILLed with pages it indexed and never finished (its shard process
+    was down: no partials came); standby B, on a fresh store, rebuilds, goes on and
+    publishes past them, then stops; A comes back on its store. It finishes those pages
+    by replay, from the partials the shards answered B (it stopped at every start with
+    "not finished" before), and goes on; the matches stay those of scan."""
+    topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
+    pages = clough_pages() + synthetic_pages(120, seed=13)
+    parts = [pages[i::3] for i in range(3)]  # interleaved: copies span the parts
+    try:
+        fan_in_a, shard = await one_of_each(topo, tmp_path / "fan-in-a", tmp_path / "shards")
+        await topo.send(parts[0])
+        await topo.published(len(parts[0]), timeout=300)
+        shard.send_signal(signal.SIGKILL)
+        shard.wait(30)
+        await topo.send(parts[1])
+        sequenced = len(parts[0]) + len(parts[1])
+        while len(await topo.read("sequence")) < sequenced:
+            topo.check_alive()
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(3)  # A indexes them, sends their keys messages, waits
+        fan_in_a.send_signal(signal.SIGKILL)
+        fan_in_a.wait(30)
+        topo.start("shard", tmp_path / "shards")
+        fan_in_b, _ = topo.start("index", tmp_path / "fan-in-b")
+        await topo.published(sequenced, timeout=300)
+        fan_in_b.send_signal(signal.SIGTERM)
+        assert fan_in_b.wait(60) == 0
+        _, log_a = topo.start("index", tmp_path / "fan-in-a")
+        await wait_log(log_a, "finishing them by replay", 120)
+        await topo.send(parts[2])
+        await matches_equal_scan(topo, len(pages), tmp_path / "oracle")
+        assert "index store rebuilt up to ordinal" in log_a.read_text()
     finally:
         topo.stop_all()
 

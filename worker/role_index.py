@@ -254,6 +254,21 @@ class IndexRole:
             noted = (await loop.run_in_executor(self.executor, self.engine.published_offsets)
                      ).get((self.seq_tp.topic, 0), 0)
             published = committed.get(self.seq_tp, noted)
+            again: list[tuple[int, int, Any]] = []
+            first = None  # a fan-in's first page not finished
+            if isinstance(indexer, FanInIndexer):
+                # the shard messages of the records from E on, whether their transaction
+                # committed or not (a shard answers what it applied from its store)
+                again = await loop.run_in_executor(self.executor, indexer.recover, published)
+                first = indexer.first_resumable()
+            applied_below = stored  # every sequence record below it is in the store
+            if first is not None and first < published:
+                # another fan-in published past pages this store left unfinished (it took
+                # over from this one, then stopped): the replay starts there and finishes
+                # them from their partials (the pages stored after them answer from it)
+                log.warning("index fan-in store: pages from ordinal %d not finished, published "
+                            "since up to %d: finishing them by replay", first, published)
+                stored = first
             if stored is not None and stored >= published:
                 self._reset(published, 0)
                 starts = {self.seq_tp: published, self.sketch_tp: committed.get(self.sketch_tp),
@@ -273,17 +288,12 @@ class IndexRole:
                 if tp != self.aligned_tp:  # (align answers are never needed twice)
                     await require_retained(consumer, tp, starts[tp] or 0, "the index role")
                 await self._seek(tp, starts[tp])
-            self._resume_lifecycle(stored)
-            if isinstance(indexer, FanInIndexer):
-                # the shard messages of the records from E on, whether their transaction
-                # committed or not (a shard answers what it applied from its store)
-                again = await loop.run_in_executor(self.executor, indexer.recover, published)
-                self.resend = [Outgoing(self.kc.keys_topic, m.to_bytes(), partition=shard,
-                                        headers=[ordinal_header(seq)])
-                               for seq, shard, m in again]
-                if again:
-                    log.info("index fan-in: %d shard messages from ordinal %d sent again",
-                             len(again), again[0][0])
+            self._resume_lifecycle(applied_below)
+            self.resend = [Outgoing(self.kc.keys_topic, m.to_bytes(), partition=shard,
+                                    headers=[ordinal_header(seq)]) for seq, shard, m in again]
+            if again:
+                log.info("index fan-in: %d shard messages from ordinal %d sent again",
+                         len(again), again[0][0])
             self.owner = True
             self.metrics.assigned.labels(self.name).set(len(assigned))
             consumer.resume(*assigned)
@@ -332,8 +342,9 @@ class IndexRole:
         engine = self.engine
         assert engine is not None
         indexer = engine.indexer
-        out: list[Outgoing] = self.resend
-        self.resend = []
+        out: list[Outgoing] = []
+        if not self._rebuilding():  # (a rebuilding turn commits nothing: sent after it)
+            out, self.resend = self.resend, []
         while self.expected and self.expected[0][0] in self.sketches:
             ordinal, source = self.expected[0]
             if ordinal >= self.silent_below and self.waiting and \
