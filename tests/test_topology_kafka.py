@@ -145,17 +145,17 @@ async def test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_no
 @pytest.mark.testdata
 async def test_a_rebuild_reads_the_sequence_a_bounded_way_ahead_and_ends_at_the_published_ordinal(
         kafka_bootstrap: str, tmp_path: Path) -> None:
-    """A fresh index store rebuilds 800 pages by replay, no page coming after them. The
+    """A fresh index store rebuilds 400 pages by replay, no page coming after them. The
     sequence's records are tiny: one fetch holds all of them, and a replay of 10^8 pages
     kept every record read and not applied in memory (gigabytes). Without a bound, one run
-    here read all 800 ahead, another 16 (whichever partition's fetch comes first is
-    drained first); it reads at most ``4 * 8 * batch_size`` (512 here) ahead of the pages
-    it applies. And the rebuild ends
+    (800 pages, batch 16) read all 800 ahead, another 16 (whichever partition's fetch
+    comes first is drained first); it reads at most ``4 * 8 * batch_size`` (256 here)
+    ahead of the pages it applies. And the rebuild ends
     (log line, gauges at 0) once the sequence is read up to the published ordinal E, which
     transaction markers, no pages, may precede: it used to stay "rebuilding" until the
     next page came."""
-    topo = await Topology(kafka_bootstrap, tmp_path, batch_size=16).create()
-    pages = corpus(800)  # ~3 KB pages: sketches of ~40 KB, read slower than the sequence
+    topo = await Topology(kafka_bootstrap, tmp_path, batch_size=8).create()
+    pages = corpus(400)  # ~3 KB pages: sketches of ~40 KB, read slower than the sequence
     try:
         topo.start("sketch")
         topo.start("align")
@@ -173,7 +173,7 @@ async def test_a_rebuild_reads_the_sequence_a_bounded_way_ahead_and_ends_at_the_
     finally:
         topo.stop_all()
     ahead = int(log.read_text().split("the sequence read at most ")[1].split()[0])
-    assert 0 < ahead <= 4 * 8 * 16 + 16, ahead
+    assert 0 < ahead <= 4 * 8 * 8 + 8, ahead
     assert sample(metrics, "dupalign_index_rebuild_target_ordinal") == 0
     assert sample(metrics, "dupalign_index_ordinal_lag") == 0
 
