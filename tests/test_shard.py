@@ -446,3 +446,50 @@ def test_a_shard_store_reads_its_keys_again_after_a_crash_and_answers_the_same(
     with pytest.raises(StoreMismatch, match="its partial is not kept any more"):
         store.apply(ShardMessage.from_bytes(ix.log[0][0]), ("keys", 0, 0))
     store.close()
+
+
+@pytest.mark.xfail(strict=True, raises=StoreMismatch,
+                   reason="known: a fan-in killed between a retention sweep's write and its "
+                          "page's write (docs/topology.md, Limits)")
+def test_a_fan_in_killed_between_a_sweep_and_its_page_sends_the_record_once(
+        tmp_path: Path) -> None:
+    """The fan-in's sweep before the page at sequence record 4 is written (its removals
+    kept to send), then a SIGKILL before the page is. Taken over as the index role does
+    (store offset max(S, last record + 1), the messages from E = 4 sent again, the page
+    read again), the shards must see record 4 once: they see the sweep's removals, then
+    the page's own message under the same record, which they take for a repeat whose
+    partial they never made."""
+    cfg = replace(config("oph", 4, 16), retention=RetentionConfig(max_pages=2))
+    shards = [ShardStore(tmp_path / "shards", cfg, s, 2, kept=64) for s in range(2)]
+    offsets = [0, 0]
+
+    def deliver(messages: list[tuple[int, ShardMessage]]) -> list[Partial]:
+        partials = []
+        for s, m in messages:
+            p = shards[s].apply(ShardMessage.from_bytes(m.to_bytes()), ("keys", s, offsets[s]))
+            offsets[s] += 1
+            if p is not None:
+                partials.append(Partial.from_bytes(p.to_bytes()))
+        return partials
+
+    def page(engine: Engine, seq: int) -> None:
+        ix = engine.indexer
+        assert isinstance(ix, FanInIndexer)
+        ix.begin(seq)
+        result = ix.index(engine.sketch(Page(f"d{seq}", _body(seq), fetched_at=seq)),
+                          ("sequence", 0, seq))
+        partials = deliver(ix.take())
+        if ix.awaits(seq):
+            ix.decide(seq, partials)
+        ix.finish(result, engine.align(result))
+
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        for seq in range(4):
+            page(engine, seq)
+        engine.indexer.begin(4)  # type: ignore[attr-defined]
+        assert engine.compact(now_ms=10) == 2  # the sweep due before record 4; SIGKILL
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        ix = engine.indexer
+        assert isinstance(ix, FanInIndexer)
+        deliver([(s, m) for _, s, m in ix.recover(4)])
+        page(engine, 4)  # read again: the shards apply it once
