@@ -43,4 +43,4 @@ def test_a_fan_in_rebuilding_holds_the_pages_from_e_on_until_the_replay_is_over(
         assert role._rebuilding()
         assert out == []
         assert [ordinal for ordinal, _ in role.expected] == [3, 4]  # applied once it is over
-        role.engine = None
+    role.executor.shutdown()

@@ -312,7 +312,7 @@ def _run_worker(service: Any, args: argparse.Namespace) -> int:
     from worker.exits import check_broker_reachable
 
     check_broker_reachable(service.config_from_args(args).kafka.bootstrap_servers)
-    if "align" in str(getattr(args, "roles", "align")).split(","):  # (the costliest kernels)
+    if "align" in args.roles.split(","):  # (the costliest kernels)
         _note_first_compile("worker")
     return int(service.run_worker(args))
 

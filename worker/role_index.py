@@ -347,10 +347,9 @@ class IndexRole:
             out, self.resend = self.resend, []
         while self.expected and self.expected[0][0] in self.sketches:
             ordinal, source = self.expected[0]
-            if ordinal >= self.silent_below and self.waiting and \
-                    self.waiting[0].ordinal < self.silent_below:
-                # (the fan-in rebuilding) pages from E on send messages, which a turn that
-                # is still rebuilding does not: they wait until the replay below E is over
+            if ordinal >= self.silent_below and self._rebuilding():
+                # (the fan-in: pages below E wait for partials) pages from E on send
+                # messages, which a rebuilding turn does not: they wait until it is over
                 break
             sk = PageSketch.from_bytes(self.sketches[ordinal][1])
             if self._must_wait(ordinal, sk):
