@@ -19,7 +19,7 @@ venv: $(STAMP)
 ## workers starts its own local broker on free ports when it first needs one)
 TEST_JOBS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_JOBS)
+	$(PY) -m pytest -q -n $(TEST_JOBS) --durations=30
 
 ## unit and property tests only (no Kafka, no slow corpus tests)
 test-quick: $(STAMP)
