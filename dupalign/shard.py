@@ -620,11 +620,13 @@ class Outbox:
         self.n_shards = n_shards
         self.begin(-1)
 
-    def begin(self, seq: int) -> None:
+    def begin(self, seq: int, messages: list[ShardMessage] | None = None,
+              sweep: bool = False) -> None:
         self.seq = seq
-        self.messages = [ShardMessage(seq) for _ in range(self.n_shards)]
+        self.messages = messages or [ShardMessage(seq) for _ in range(self.n_shards)]
         self.queried = False
         self.page: dict[str, Any] | None = None  # what deciding the page needs again
+        self.sweep = sweep  # a retention sweep is due before the record's own change
 
     def remove(self, ordinals: list[int]) -> None:
         for m in self.messages:
@@ -638,7 +640,7 @@ class Outbox:
         batch.put("meta", OUTBOX_PREFIX + u64(self.seq), msgpack.packb({
             "messages": [[s, m.to_bytes()] for s, m in enumerate(self.messages)
                          if not m.empty],
-            "page": self.page}, use_bin_type=True))
+            "page": self.page, "sweep": self.sweep}, use_bin_type=True))
 
 
 class RemoteNear(ShardedNear):
@@ -720,10 +722,23 @@ class FanInIndexer(Indexer):
         self.queries: dict[int, Query] = {}  # seq -> a page whose partials are awaited
         # seq -> a page not finished before a crash, to decide again (``recover``)
         self.resumable: dict[int, tuple[IndexResult, dict[str, Any]]] = {}
+        # a record cut short by a crash (``recover``): its seq, its messages so far
+        self.carried: tuple[int, list[ShardMessage]] | None = None
+        self.cut_sweep: int | None = None  # the record whose retention sweep was cut
 
     def begin(self, seq: int) -> None:
         """What follows (a retention sweep, ``index``) is sequence record ``seq``."""
-        self.outbox.begin(seq)
+        carried = self.carried
+        if carried is not None and carried[0] == seq:  # read again: goes on where it was
+            self.carried = None
+            self.outbox.begin(seq, carried[1], sweep=self.cut_sweep == seq)
+        else:
+            self.outbox.begin(seq)
+
+    def sweeping(self) -> None:
+        """What follows until ``index`` is the retention sweep due at the current record
+        (noted with its messages: a sweep cut by a crash is finished, ``recover``)."""
+        self.outbox.sweep = True
 
     def take(self) -> list[tuple[int, ShardMessage]]:
         """The keys messages of the current sequence record, by shard (none: nothing for
@@ -779,31 +794,36 @@ class FanInIndexer(Indexer):
         if source is not None:
             batch.delete_range("meta", OUTBOX_PREFIX, OUTBOX_PREFIX + u64(source[2] + 1))
 
-    def last_record(self) -> int | None:
-        """The last sequence record whose changes are in the store (its shard messages are
-        kept until a page after it is finished, which stores its offset)."""
-        last = None
-        for key, _ in self.store.prefix("meta", OUTBOX_PREFIX):
-            last = read_u64(key, len(OUTBOX_PREFIX))
-        return last
-
-    def recover(self, published: int) -> list[tuple[int, int, ShardMessage]]:
-        """On taking the store over: the messages of the sequence records from
-        ``published`` on, to send again (seq, shard, message), in order; the pages not
-        finished are decided again once read again (``resume``), those below
-        ``published`` too (another fan-in published past them since this store was last
-        used: the shards have their messages, their partials are in the retained topic;
-        ``first_resumable``)."""
+    def recover(self, stored: int | None, published: int
+                ) -> tuple[int | None, list[tuple[int, int, ShardMessage]]]:
+        """On taking the store over, whose sequence offset is ``stored``: the offset below
+        which every sequence record's changes are in the store (its unfinished pages too),
+        and the messages of the records from ``published`` on to send again (seq, shard,
+        message), in order. The pages not finished are decided again once read again
+        (``resume``), those below ``published`` too (another fan-in published past them
+        since this store was last used: the shards have their messages, their partials
+        are in the retained topic; ``first_resumable``). A record cut short by a crash (a
+        retention sweep written, not the page after it: its messages were never sent) is
+        not sent: read again, it goes on from its messages so far (``begin``), its sweep
+        is finished (``cut_sweep``) and it is sent once, whole."""
         unfinished = {}
         for _, raw in self.store.items("unfinished"):
             result = IndexResult.from_bytes(raw)
             assert result.source is not None
             unfinished[result.source[2]] = result
+        entries = [(read_u64(key, len(OUTBOX_PREFIX)), msgpack.unpackb(raw, raw=False))
+                   for key, raw in self.store.prefix("meta", OUTBOX_PREFIX)]
+        self.carried = self.cut_sweep = None
+        if entries and entries[-1][0] not in unfinished and (stored or 0) <= entries[-1][0]:
+            seq, d = entries.pop()
+            messages = [ShardMessage(seq) for _ in range(self.n_shards)]
+            for s, m in d["messages"]:
+                messages[s] = ShardMessage.from_bytes(m)
+            self.carried = (seq, messages)
+            self.cut_sweep = seq if d.get("sweep") else None
         out: list[tuple[int, int, ShardMessage]] = []
         self.resumable = {}
-        for key, raw in self.store.prefix("meta", OUTBOX_PREFIX):
-            seq = read_u64(key, len(OUTBOX_PREFIX))
-            d = msgpack.unpackb(raw, raw=False)
+        for seq, d in entries:
             if seq >= published:
                 out += [(seq, s, ShardMessage.from_bytes(m)) for s, m in d["messages"]]
             if seq in unfinished:
@@ -811,7 +831,9 @@ class FanInIndexer(Indexer):
         if unfinished:
             raise StoreMismatch(f"pages {sorted(unfinished)[:5]} of the index fan-in's store "
                                 "are not finished and their shard messages are not kept")
-        return out
+        if entries:
+            stored = max(stored or 0, entries[-1][0] + 1)
+        return stored, out
 
     def first_resumable(self) -> int | None:
         """The first page ``recover`` found not finished (None: every page is)."""

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+from dupalign.config import RetentionConfig
 from dupalign.engine import Engine
 from dupalign.page import Page
 from tests.test_shard import _body, config
@@ -43,4 +45,19 @@ def test_a_fan_in_rebuilding_holds_the_pages_from_e_on_until_the_replay_is_over(
         assert role._rebuilding()
         assert out == []
         assert [ordinal for ordinal, _ in role.expected] == [3, 4]  # applied once it is over
+    role.executor.shutdown()
+
+
+def test_a_sweep_cut_by_a_crash_is_due_again_at_its_record(tmp_path: Path) -> None:
+    """Retention sweeps every 100 ordinals; the store's offset is 205 and the fan-in's
+    store says the sweep at record 205 was cut (the sequence's transaction markers take
+    offsets, so the record that crossed 200 may be past it): it is due there again, and
+    the schedule goes on from there."""
+    cfg = replace(config("oph", 4, 16), retention=RetentionConfig(max_pages=2, every=100))
+    role = IndexRole(Config(kafka=KafkaConfig(index_shards=2), engine=cfg), tmp_path / "x")
+    role._resume_lifecycle(205)
+    assert not role._sweep_due(205)
+    role._resume_lifecycle(205, cut_sweep=205)
+    assert role._sweep_due(205)
+    assert not role._sweep_due(206)
     role.executor.shutdown()

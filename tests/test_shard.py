@@ -448,20 +448,18 @@ def test_a_shard_store_reads_its_keys_again_after_a_crash_and_answers_the_same(
     store.close()
 
 
-@pytest.mark.xfail(strict=True, raises=StoreMismatch,
-                   reason="known: a fan-in killed between a retention sweep's write and its "
-                          "page's write (docs/topology.md, Limits)")
-def test_a_fan_in_killed_between_a_sweep_and_its_page_sends_the_record_once(
-        tmp_path: Path) -> None:
-    """The fan-in's sweep before the page at sequence record 4 is written (its removals
-    kept to send), then a SIGKILL before the page is. Taken over as the index role does
-    (store offset max(S, last record + 1), the messages from E = 4 sent again, the page
-    read again), the shards must see record 4 once: they see the sweep's removals, then
-    the page's own message under the same record, which they take for a repeat whose
-    partial they never made."""
+def _fan_in_with_a_sweep(path: Path, cut: int | None) -> tuple[list[Any], list[Any]]:
+    """Ten sequence records through a fan-in and two ``ShardStore`` as the index role runs
+    them, a retention sweep (2 pages kept) due before records 4 and 8; page i copies
+    half of page i - 2. ``cut``: a SIGKILL once ``cut`` of the sweep's removals at record 4
+    are written, before its page is; the store is then taken over as the role does
+    (``recover``, the messages from E = 4 sent again, record 4 read again). Returns the
+    partials and matches of every page and the shards' stores."""
     cfg = replace(config("oph", 4, 16), retention=RetentionConfig(max_pages=2))
-    shards = [ShardStore(tmp_path / "shards", cfg, s, 2, kept=64) for s in range(2)]
+    shards = [ShardStore(path / "shards", cfg, s, 2, kept=64) for s in range(2)]
     offsets = [0, 0]
+    answered: list[Any] = []
+    found: list[Any] = []
 
     def deliver(messages: list[tuple[int, ShardMessage]]) -> list[Partial]:
         partials = []
@@ -472,24 +470,65 @@ def test_a_fan_in_killed_between_a_sweep_and_its_page_sends_the_record_once(
                 partials.append(Partial.from_bytes(p.to_bytes()))
         return partials
 
-    def page(engine: Engine, seq: int) -> None:
+    def record(engine: Engine, seq: int, sweep: bool) -> None:
         ix = engine.indexer
         assert isinstance(ix, FanInIndexer)
         ix.begin(seq)
-        result = ix.index(engine.sketch(Page(f"d{seq}", _body(seq), fetched_at=seq)),
+        if sweep:
+            ix.sweeping()
+            engine.compact(now_ms=seq)
+        text = _body(seq) + ("" if seq < 2 else " " + _body(seq - 2))
+        result = ix.index(engine.sketch(Page(f"d{seq}", text, fetched_at=seq)),
                           ("sequence", 0, seq))
         partials = deliver(ix.take())
+        answered.append(sorted(p.to_bytes() for p in partials))
         if ix.awaits(seq):
             ix.decide(seq, partials)
-        ix.finish(result, engine.align(result))
+        found.append([m.to_dict() for m in ix.finish(result, engine.align(result))])
 
-    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
         for seq in range(4):
-            page(engine, seq)
-        engine.indexer.begin(4)  # type: ignore[attr-defined]
-        assert engine.compact(now_ms=10) == 2  # the sweep due before record 4; SIGKILL
-    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
-        ix = engine.indexer
-        assert isinstance(ix, FanInIndexer)
-        deliver([(s, m) for _, s, m in ix.recover(4)])
-        page(engine, 4)  # read again: the shards apply it once
+            record(engine, seq, False)
+        if cut is None:
+            record(engine, 4, True)
+        else:
+            ix = engine.indexer
+            assert isinstance(ix, FanInIndexer)
+            ix.begin(4)
+            ix.sweeping()
+            ix.remove(ix.expired(2, 0, 4, limit=cut))  # one write batch of the sweep
+    if cut is None:
+        first = 5
+    else:
+        with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+            ix = engine.indexer
+            assert isinstance(ix, FanInIndexer)
+            stored, again = ix.recover(engine.stored_offsets().get(("sequence", 0)), 4)
+            # record 4 was never sent: it is read again, its sweep finished there
+            assert (stored, again, ix.cut_sweep) == (4, [], 4)
+            record(engine, 4, True)
+        first = 5
+    with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        for seq in range(first, 10):
+            record(engine, seq, seq == 8)
+    contents = [_contents(s.store) for s in shards]
+    for s in shards:
+        s.close()
+    return [answered, found], contents
+
+
+@pytest.mark.parametrize("cut", [1, 2])
+def test_a_fan_in_killed_in_a_retention_sweep_sends_the_record_once_and_finishes_the_sweep(
+        tmp_path: Path, cut: int) -> None:
+    """A SIGKILL of the fan-in inside the sweep before record 4 (cut = 1: after the first
+    of its write batches, the sweep not finished; cut = 2: after the whole sweep, before
+    the page). The shards must see record 4 once, with all of the sweep's removals: they
+    took the sweep's part, sent again, then the page's own message under the same record
+    for a repeat whose partial they never made ("its partial is not kept"), at every
+    start; a sweep cut after its first batch was not finished. Every partial, match and
+    shard store is then the one of the run without the kill."""
+    want, want_shards = _fan_in_with_a_sweep(tmp_path / "whole", None)
+    got, got_shards = _fan_in_with_a_sweep(tmp_path / "killed", cut)
+    assert sum(len(m) for m in want[1]) > 4  # pages match the ones the sweeps leave
+    assert got == want
+    assert got_shards == want_shards

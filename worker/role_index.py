@@ -243,10 +243,6 @@ class IndexRole:
             stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
                       ).get((self.seq_tp.topic, 0))
             indexer = self.engine.indexer
-            if isinstance(indexer, FanInIndexer):  # its pages not finished are stored too
-                last = await loop.run_in_executor(self.executor, indexer.last_record)
-                if last is not None:
-                    stored = max(stored or 0, last + 1)
             committed = await committed_offsets(consumer, assigned)
             # a group without offsets (expired after offsets.retention.minutes, deleted, a
             # new group id) resumes where this store noted every page's matches published
@@ -257,9 +253,11 @@ class IndexRole:
             again: list[tuple[int, int, Any]] = []
             first = None  # a fan-in's first page not finished
             if isinstance(indexer, FanInIndexer):
-                # the shard messages of the records from E on, whether their transaction
-                # committed or not (a shard answers what it applied from its store)
-                again = await loop.run_in_executor(self.executor, indexer.recover, published)
+                # its pages not finished are stored too; the shard messages of the records
+                # from E on, whether their transaction committed or not (a shard answers
+                # what it applied from its store)
+                stored, again = await loop.run_in_executor(
+                    self.executor, indexer.recover, stored, published)
                 first = indexer.first_resumable()
             applied_below = stored  # every sequence record below it is in the store
             if first is not None and first < published:
@@ -288,7 +286,8 @@ class IndexRole:
                 if tp != self.aligned_tp:  # (align answers are never needed twice)
                     await require_retained(consumer, tp, starts[tp] or 0, "the index role")
                 await self._seek(tp, starts[tp])
-            self._resume_lifecycle(applied_below)
+            self._resume_lifecycle(
+                applied_below, indexer.cut_sweep if isinstance(indexer, FanInIndexer) else None)
             self.resend = [Outgoing(self.kc.keys_topic, m.to_bytes(), partition=shard,
                                     headers=[ordinal_header(seq)]) for seq, shard, m in again]
             if again:
@@ -515,10 +514,12 @@ class IndexRole:
     # after a crash is not done twice: it could remove a later version of the id, or pages
     # the other processes keep.
 
-    def _resume_lifecycle(self, stored: int | None) -> None:
-        """On taking the shard: ``stored`` is the store's sequence offset S."""
+    def _resume_lifecycle(self, stored: int | None, cut_sweep: int | None = None) -> None:
+        """On taking the shard: ``stored`` is the store's sequence offset S; ``cut_sweep``
+        the record whose sweep a crash cut short (the fan-in), done again there."""
         self.applied_below = stored or 0
         self.last_op = self.applied_below - 1  # retention's schedule goes on from here
+        self.cut_sweep = cut_sweep
         self.sequenced_at: dict[int, int] = {}  # ordinal -> sequence record timestamp (ms)
 
     def _sweep_due(self, ordinal: int) -> bool:
@@ -526,7 +527,8 @@ class IndexRole:
         multiple of ``every`` ordinals: at the same pages in every process that replays
         the sequence, whatever its timing."""
         r = self.config.engine.retention
-        return bool(r.max_pages or r.max_age) and ordinal // r.every > self.last_op // r.every
+        return bool(r.max_pages or r.max_age) and (
+            ordinal // r.every > self.last_op // r.every or ordinal == self.cut_sweep)
 
     def _must_wait(self, ordinal: int, sk: PageSketch) -> bool:
         """Whether the page at ``ordinal`` must wait for pages before it (in ``waiting``)
@@ -569,6 +571,8 @@ class IndexRole:
             return sk.deleted
         if due:
             assert self.engine is not None
+            if isinstance(self.engine.indexer, FanInIndexer):
+                self.engine.indexer.sweeping()
             expired = self.engine.compact(now_ms=now_ms)
             self.metrics.lifecycle.labels("expired").inc(expired)
             if expired:
