@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## the whole test suite, Kafka integration tests included (each of the TEST_JOBS pytest
-## workers starts its own local broker on free ports when it first needs one)
-TEST_JOBS ?= 2
+## the whole test suite, Kafka integration tests included (the TEST_JOBS pytest workers
+## share one local broker on free ports, started when a first test needs it; the suite is
+## CPU-bound with 3 on the 2-core test machine, as its Kafka tests also wait on the broker)
+TEST_JOBS ?= 3
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --durations=30
 
