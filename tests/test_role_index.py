@@ -10,9 +10,10 @@ from types import SimpleNamespace
 from dupalign.config import RetentionConfig
 from dupalign.engine import Engine
 from dupalign.page import Page
+from dupalign.shard import FanInIndexer, ShardStore
 from tests.test_shard import _body, config
 from worker.config import Config, KafkaConfig
-from worker.role_index import IndexRole
+from worker.role_index import IndexRole, Waiting
 from worker.topology import encode_sequence, ordinal_header
 
 
@@ -60,4 +61,37 @@ def test_a_sweep_cut_by_a_crash_is_due_again_at_its_record(tmp_path: Path) -> No
     role._resume_lifecycle(205, cut_sweep=205)
     assert role._sweep_due(205)
     assert not role._sweep_due(206)
+    role.executor.shutdown()
+
+
+def test_a_fan_in_keeps_a_page_that_a_decided_page_matched_until_that_one_is_published(
+        tmp_path: Path) -> None:
+    """d1, an exact copy of d0, is decided and waits (for an align answer, say); then d0's
+    tombstone comes. After a crash, the fan-in decides d1 again from its shards' partials
+    and names d0 by ordinal: had d0 left the directory, that raised KeyError at every
+    start. So the delete waits until d1 is published."""
+    cfg = config("oph", 4, 16)
+    role = IndexRole(Config(kafka=KafkaConfig(index_shards=2), engine=cfg), tmp_path / "fan-in")
+    shards = [ShardStore(tmp_path / "shards", cfg, s, 2, kept=8) for s in range(2)]
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        ix = engine.indexer
+        assert isinstance(ix, FanInIndexer)
+        results = []
+        for seq, doc in enumerate(["d0", "d1"]):
+            ix.begin(seq)
+            results.append(ix.index(engine.sketch(Page(doc, _body(0))), ("sequence", 0, seq)))
+            partials = [shards[s].apply(m, ("keys", s, seq)) for s, m in ix.take()]
+            ix.decide(seq, [p for p in partials if p is not None])
+        ix.finish(results[0], [])
+        assert [(m.kind, m.match_doc_id) for m in results[1].matches] == [("exact", "d0")]
+        role.engine = engine
+        role._reset(2, 0)
+        role._resume_lifecycle(2)
+        tombstone = engine.sketch(Page("d0", "", deleted=True))
+        assert not role._must_wait(2, tombstone)  # nothing waits
+        role.waiting.append(Waiting(1, ("pages", 0, 1), 1, results[1]))
+        assert role._must_wait(2, tombstone)
+        assert not role._must_wait(2, engine.sketch(Page("d9", "", deleted=True)))
+    for shard in shards:
+        shard.close()
     role.executor.shutdown()

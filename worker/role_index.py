@@ -555,8 +555,14 @@ class IndexRole:
             return True
         ids = {doc_id for _, doc_id in removed}
         ordinals = np.array([o for o, _ in removed], dtype=np.int64)
+        # (index shards) a decided page read again after a crash is decided again from its
+        # partials, which name its exact and near matches by ordinal: they must still be
+        # in the directory then (a single index stores the decided matches instead)
+        fan_in = isinstance(indexer, FanInIndexer)
         wait = any(w.result.doc_id in ids or (w.result.align is not None and bool(
-            np.isin(ordinals, w.result.align.others).any())) for w in self.waiting)
+            np.isin(ordinals, w.result.align.others).any())) or (
+                fan_in and any(m.match_doc_id in ids for m in w.result.matches))
+            for w in self.waiting)
         if wait:
             self.metrics.lifecycle_waits.inc()
         return wait
