@@ -620,13 +620,11 @@ class Outbox:
         self.n_shards = n_shards
         self.begin(-1)
 
-    def begin(self, seq: int, messages: list[ShardMessage] | None = None,
-              sweep: bool = False) -> None:
+    def begin(self, seq: int, messages: list[ShardMessage] | None = None) -> None:
         self.seq = seq
         self.messages = messages or [ShardMessage(seq) for _ in range(self.n_shards)]
         self.queried = False
         self.page: dict[str, Any] | None = None  # what deciding the page needs again
-        self.sweep = sweep  # a retention sweep is due before the record's own change
 
     def remove(self, ordinals: list[int]) -> None:
         for m in self.messages:
@@ -640,7 +638,7 @@ class Outbox:
         batch.put("meta", OUTBOX_PREFIX + u64(self.seq), msgpack.packb({
             "messages": [[s, m.to_bytes()] for s, m in enumerate(self.messages)
                          if not m.empty],
-            "page": self.page, "sweep": self.sweep}, use_bin_type=True))
+            "page": self.page}, use_bin_type=True))
 
 
 class RemoteNear(ShardedNear):
@@ -724,21 +722,15 @@ class FanInIndexer(Indexer):
         self.resumable: dict[int, tuple[IndexResult, dict[str, Any]]] = {}
         # a record cut short by a crash (``recover``): its seq, its messages so far
         self.carried: tuple[int, list[ShardMessage]] | None = None
-        self.cut_sweep: int | None = None  # the record whose retention sweep was cut
 
     def begin(self, seq: int) -> None:
         """What follows (a retention sweep, ``index``) is sequence record ``seq``."""
         carried = self.carried
         if carried is not None and carried[0] == seq:  # read again: goes on where it was
             self.carried = None
-            self.outbox.begin(seq, carried[1], sweep=self.cut_sweep == seq)
+            self.outbox.begin(seq, carried[1])
         else:
             self.outbox.begin(seq)
-
-    def sweeping(self) -> None:
-        """What follows until ``index`` is the retention sweep due at the current record
-        (noted with its messages: a sweep cut by a crash is finished, ``recover``)."""
-        self.outbox.sweep = True
 
     def take(self) -> list[tuple[int, ShardMessage]]:
         """The keys messages of the current sequence record, by shard (none: nothing for
@@ -804,8 +796,9 @@ class FanInIndexer(Indexer):
         since this store was last used: the shards have their messages, their partials
         are in the retained topic; ``first_resumable``). A record cut short by a crash (a
         retention sweep written, not the page after it: its messages were never sent) is
-        not sent: read again, it goes on from its messages so far (``begin``), its sweep
-        is finished (``cut_sweep``) and it is sent once, whole."""
+        not sent, nor counted in the offset: read again, it goes on from its messages so
+        far (``begin``), its sweep is due there again (the schedule goes on from the last
+        record before it) and finishes, and it is sent once, whole."""
         unfinished = {}
         for _, raw in self.store.items("unfinished"):
             result = IndexResult.from_bytes(raw)
@@ -813,14 +806,13 @@ class FanInIndexer(Indexer):
             unfinished[result.source[2]] = result
         entries = [(read_u64(key, len(OUTBOX_PREFIX)), msgpack.unpackb(raw, raw=False))
                    for key, raw in self.store.prefix("meta", OUTBOX_PREFIX)]
-        self.carried = self.cut_sweep = None
+        self.carried = None
         if entries and entries[-1][0] not in unfinished and (stored or 0) <= entries[-1][0]:
             seq, d = entries.pop()
             messages = [ShardMessage(seq) for _ in range(self.n_shards)]
             for s, m in d["messages"]:
                 messages[s] = ShardMessage.from_bytes(m)
             self.carried = (seq, messages)
-            self.cut_sweep = seq if d.get("sweep") else None
         out: list[tuple[int, int, ShardMessage]] = []
         self.resumable = {}
         for seq, d in entries:

@@ -49,17 +49,16 @@ def test_a_fan_in_rebuilding_holds_the_pages_from_e_on_until_the_replay_is_over(
     role.executor.shutdown()
 
 
-def test_a_sweep_cut_by_a_crash_is_due_again_at_its_record(tmp_path: Path) -> None:
-    """Retention sweeps every 100 ordinals; the store's offset is 205 and the fan-in's
-    store says the sweep at record 205 was cut (the sequence's transaction markers take
-    offsets, so the record that crossed 200 may be past it): it is due there again, and
-    the schedule goes on from there."""
+def test_a_sweep_cut_by_a_crash_is_due_again_where_it_was(tmp_path: Path) -> None:
+    """Retention sweeps at the first record at or past each multiple of 100. A crash cut
+    the sweep at record 205 (records 198-204: transaction markers and aborted records):
+    the store's offset S is 198, one past the last record whose changes it holds, so the
+    schedule goes on from record 197 and the sweep is due at 205 again, not after."""
     cfg = replace(config("oph", 4, 16), retention=RetentionConfig(max_pages=2, every=100))
     role = IndexRole(Config(kafka=KafkaConfig(index_shards=2), engine=cfg), tmp_path / "x")
-    role._resume_lifecycle(205)
-    assert not role._sweep_due(205)
-    role._resume_lifecycle(205, cut_sweep=205)
+    role._resume_lifecycle(198)
     assert role._sweep_due(205)
+    role.last_op = 205
     assert not role._sweep_due(206)
     role.executor.shutdown()
 

@@ -286,8 +286,7 @@ class IndexRole:
                 if tp != self.aligned_tp:  # (align answers are never needed twice)
                     await require_retained(consumer, tp, starts[tp] or 0, "the index role")
                 await self._seek(tp, starts[tp])
-            self._resume_lifecycle(
-                applied_below, indexer.cut_sweep if isinstance(indexer, FanInIndexer) else None)
+            self._resume_lifecycle(applied_below)
             self.resend = [Outgoing(self.kc.keys_topic, m.to_bytes(), partition=shard,
                                     headers=[ordinal_header(seq)]) for seq, shard, m in again]
             if again:
@@ -514,12 +513,10 @@ class IndexRole:
     # after a crash is not done twice: it could remove a later version of the id, or pages
     # the other processes keep.
 
-    def _resume_lifecycle(self, stored: int | None, cut_sweep: int | None = None) -> None:
-        """On taking the shard: ``stored`` is the store's sequence offset S; ``cut_sweep``
-        the record whose sweep a crash cut short (the fan-in), done again there."""
+    def _resume_lifecycle(self, stored: int | None) -> None:
+        """On taking the shard: ``stored`` is the store's sequence offset S."""
         self.applied_below = stored or 0
         self.last_op = self.applied_below - 1  # retention's schedule goes on from here
-        self.cut_sweep = cut_sweep
         self.sequenced_at: dict[int, int] = {}  # ordinal -> sequence record timestamp (ms)
 
     def _sweep_due(self, ordinal: int) -> bool:
@@ -527,8 +524,7 @@ class IndexRole:
         multiple of ``every`` ordinals: at the same pages in every process that replays
         the sequence, whatever its timing."""
         r = self.config.engine.retention
-        return bool(r.max_pages or r.max_age) and (
-            ordinal // r.every > self.last_op // r.every or ordinal == self.cut_sweep)
+        return bool(r.max_pages or r.max_age) and ordinal // r.every > self.last_op // r.every
 
     def _must_wait(self, ordinal: int, sk: PageSketch) -> bool:
         """Whether the page at ``ordinal`` must wait for pages before it (in ``waiting``)
@@ -577,8 +573,6 @@ class IndexRole:
             return sk.deleted
         if due:
             assert self.engine is not None
-            if isinstance(self.engine.indexer, FanInIndexer):
-                self.engine.indexer.sweeping()
             expired = self.engine.compact(now_ms=now_ms)
             self.metrics.lifecycle.labels("expired").inc(expired)
             if expired:
