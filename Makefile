@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test test-quick lint demo demo-scan bench bench-psm bench-oph bench-scan bench-worker clean
+.PHONY: venv test test-quick warm-kernels lint demo demo-scan bench bench-psm bench-oph bench-scan bench-worker clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ needed"'
@@ -21,6 +21,10 @@ venv: $(STAMP)
 TEST_JOBS ?= 3
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS) --durations=30
+
+## compile numba's kernels into their cache, if they are not there (make test does it first)
+warm-kernels: $(STAMP)
+	$(PY) -m tests.warm_kernels
 
 ## unit and property tests only (no Kafka, no slow corpus tests)
 test-quick: $(STAMP)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,20 +47,9 @@ def pytest_configure(config: pytest.Config) -> None:
     than in every worker at once (tests/warm_kernels.py): only when they are not cached."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
-    from dupalign.kernel_cache import kernels_cached
+    from tests.warm_kernels import warm_all
 
-    if kernels_cached() is not False:
-        return
-    print("compiling the engine's numba kernels into their cache first (about two minutes; "
-          "python -m tests.warm_kernels)", file=sys.stderr, flush=True)
-    runs = [subprocess.Popen([sys.executable, "-m", "tests.warm_kernels", mode], cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for mode in ("oph", "weighted")]
-    for run in runs:
-        out, _ = run.communicate()
-        if run.returncode != 0:  # the tests that call the kernels compile them and fail
-            print(f"tests.warm_kernels failed (exit {run.returncode}):\n{out[-2000:]}",
-                  file=sys.stderr, flush=True)
+    warm_all()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -6,12 +6,14 @@ module once per passage mode, the modes in parallel, before the workers start; t
 and the role processes they spawn then load the kernels from the cache. A kernel this
 workload misses is compiled where it is first called, as before: slower, never wrong.
 
-Run as ``python -m tests.warm_kernels MODE`` (MODE: oph or weighted).
+Run as ``python -m tests.warm_kernels`` (both modes, when not cached; ``make warm-kernels``)
+or ``python -m tests.warm_kernels MODE`` (MODE: oph or weighted).
 """
 
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -21,6 +23,8 @@ from dupalign.config import EngineConfig, PassageConfig, RetentionConfig
 from dupalign.engine import Engine
 from dupalign.page import Page
 
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("oph", "weighted")
 _WORDS = [f"w{i}" for i in range(400)]
 
 
@@ -54,7 +58,28 @@ def warm(mode: str, root: Path) -> None:
             engine.process(pages[2])  # an unchanged revisit
 
 
+def warm_all() -> None:
+    """Both modes, in parallel processes, when the costliest kernels are not cached."""
+    from dupalign.kernel_cache import kernels_cached
+
+    if kernels_cached() is not False:
+        return
+    print("compiling the engine's numba kernels into their cache (about two minutes; "
+          "python -m tests.warm_kernels)", file=sys.stderr, flush=True)
+    runs = [subprocess.Popen([sys.executable, "-m", "tests.warm_kernels", mode], cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for mode in MODES]
+    for run in runs:
+        out, _ = run.communicate()
+        if run.returncode != 0:  # the tests that call the kernels compile them and fail
+            print(f"tests.warm_kernels failed (exit {run.returncode}):\n{out[-2000:]}",
+                  file=sys.stderr, flush=True)
+
+
 def main() -> None:
+    if len(sys.argv) < 2:
+        warm_all()
+        return
     with tempfile.TemporaryDirectory() as d:
         warm(sys.argv[1], Path(d))
 
