@@ -175,6 +175,16 @@ def _total_order() -> ReadOptions:
     return ropts
 
 
+def missing_store(path: str | Path) -> str | None:
+    """Why there is no store at ``path`` to open read-only (None: there is one): cheap,
+    so that a command says it before it imports the engine."""
+    path = Path(path)
+    if (path / "CURRENT").exists():
+        return None
+    return f"no store at {path}" + (
+        " (the directory exists but holds no dupalign store)" if path.is_dir() else "")
+
+
 class Batch:
     """A WriteBatch that names column families by string."""
 
@@ -227,11 +237,9 @@ class Store:
         opts = _options()
         if self.secondary:  # keeps every table file open: the writer may delete them
             opts.set_max_open_files(-1)
+        if read_only and (missing := missing_store(self.path)) is not None:
+            raise StoreUnavailable(missing)
         if read_only:
-            if not (self.path / "CURRENT").exists():
-                raise StoreUnavailable(f"no store at {self.path}" + (
-                    " (the directory exists but holds no dupalign store)"
-                    if self.path.is_dir() else ""))
             access = (AccessType.secondary(str(secondary)) if secondary is not None
                       else AccessType.read_only())
         else:

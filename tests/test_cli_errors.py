@@ -260,3 +260,15 @@ def test_a_failed_start_leaves_the_previous_output_alone(problem: str, tmp_path:
     assert out.read_text() == '{"kept": true}\n'
     assert run.returncode in (Exit.INPUT, Exit.STORE), run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_missing_store_is_said_before_the_engine_is_imported(tmp_path: Path) -> None:
+    """stats and query on a path without a store answer at once: the engine's import
+    (numba, its kernels) cost about 2.4 s of CPU before the error."""
+    code = ("import sys\nfrom worker.cli import main\n"
+            "print(main(sys.argv[1:]), 'numba' in sys.modules)\n")
+    for args in (["stats", "--store", "nostore"], ["query", "--store", ".", "some words"]):
+        run = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert run.stdout.split() == [str(int(Exit.STORE)), "False"], run.stderr
+        assert "no store at" in run.stderr

@@ -46,6 +46,8 @@ def load_engine_config(path: str | None) -> EngineConfig:
 
 def _open_engine(store: str, config: EngineConfig, read_only: bool = False,
                  shards: int | None = None) -> Engine:
+    if read_only:  # said before the engine's import (numba: about 2 s of CPU)
+        _existing_store(store)
     from dupalign.engine import Engine
 
     return Engine.open(store, config, read_only=read_only, shards=shards)
@@ -153,8 +155,10 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def _existing_store(store: str) -> str:
-    if not (Path(store) / "CURRENT").exists():
-        raise CliError(f"no store at {store}", Exit.STORE)
+    from dupalign.store import missing_store
+
+    if (missing := missing_store(store)) is not None:
+        raise CliError(missing, Exit.STORE)
     return store
 
 
