@@ -237,9 +237,9 @@ class Store:
         opts = _options()
         if self.secondary:  # keeps every table file open: the writer may delete them
             opts.set_max_open_files(-1)
-        if read_only and (missing := missing_store(self.path)) is not None:
-            raise StoreUnavailable(missing)
         if read_only:
+            if (missing := missing_store(self.path)) is not None:
+                raise StoreUnavailable(missing)
             access = (AccessType.secondary(str(secondary)) if secondary is not None
                       else AccessType.read_only())
         else:

@@ -531,8 +531,8 @@ class IndexRole:
         to be published: it removes stored pages (a retention sweep due there, or
         ``Indexer.removes``: the version it replaces or deletes) that a waiting page has
         the id of (its matches, its revisit message are read from that version after a
-        crash) or aligns against (``Engine.open`` aligns an unfinished page from the
-        store)."""
+        crash), aligns against (``Engine.open`` aligns an unfinished page from the store)
+        or, with index shards, names as its exact or near match."""
         if ordinal < self.applied_below or not self.waiting:
             return False
         assert self.engine is not None
@@ -555,10 +555,15 @@ class IndexRole:
         # partials, which name its exact and near matches by ordinal: they must still be
         # in the directory then (a single index stores the decided matches instead)
         fan_in = isinstance(indexer, FanInIndexer)
-        wait = any(w.result.doc_id in ids or (w.result.align is not None and bool(
-            np.isin(ordinals, w.result.align.others).any())) or (
-                fan_in and any(m.match_doc_id in ids for m in w.result.matches))
-            for w in self.waiting)
+
+        def reads_removed(w: Waiting) -> bool:
+            result = w.result
+            return (result.doc_id in ids
+                    or (result.align is not None
+                        and bool(np.isin(ordinals, result.align.others).any()))
+                    or (fan_in and any(m.match_doc_id in ids for m in result.matches)))
+
+        wait = any(map(reads_removed, self.waiting))
         if wait:
             self.metrics.lifecycle_waits.inc()
         return wait
