@@ -676,18 +676,24 @@ async def test_a_prometheus_scraping_the_roles_answers_every_topology_dashboard_
 
 @pytest.mark.slow
 @pytest.mark.testdata
+@pytest.mark.parametrize("shards", [1, 2])
 async def test_two_of_each_role_over_a_5000_page_synthetic_stream_give_the_matches_of_scan(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, tmp_path: Path, shards: int) -> None:
     """Test (a) of issue 12 at the size it names: 5,000 crawl-like pages (copied passages,
     near and exact duplicates; sentences of all 19 RFCs: 32,410 matches, 131 exact, 192
-    near), 2 processes of each role, micro-batches of 32."""
-    topo = await Topology(kafka_bootstrap, tmp_path, batch_size=32).create()
+    near), 2 processes of each role, micro-batches of 32. With 2 index shards, the index
+    role (the fan-in, and a standby) and 2 shard processes."""
+    topo = await Topology(kafka_bootstrap, tmp_path, batch_size=32,
+                          index_shards=shards).create()
     pages = synthetic_pages(5000, seed=12, every_rfc=True)
     try:
         for role in ("sketch", "sketch", "align", "align"):
             topo.start(role)
         topo.start("index", tmp_path / "index-a")
-        topo.start("index", tmp_path / "index-b")
+        topo.start("index", tmp_path / "index-b")  # a standby
+        if shards > 1:
+            topo.start("shard", tmp_path / "shards-a")
+            topo.start("shard", tmp_path / "shards-b")
         await topo.send(pages)
         published = await topo.published(len(pages), timeout=1200)
     finally:
