@@ -76,7 +76,8 @@ async def test_two_index_shards_as_processes_give_the_matches_of_scan_across_a_j
     """Test (a) of issue 12 with 2 shards: 2 sketch + the fan-in + 2 shard + 2 align; and
     (d) for the shards: mid-stream a third shard process joins (a fresh store: it rebuilds
     the partition it takes by replay) and a first one leaves, then comes back with its
-    store (behind: it catches up)."""
+    store (behind: it catches up); and for align: a third align process joins, then
+    leaves, while the shards move."""
     topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
     try:
         for role in ("sketch", "sketch", "align", "align"):
@@ -89,11 +90,15 @@ async def test_two_index_shards_as_processes_give_the_matches_of_scan_across_a_j
         await topo.send(parts[0])
         await topo.published(len(parts[0]), timeout=300)
         _, log_c = topo.start("shard", tmp_path / "shards-c")  # joins
+        third_align, third_align_log = topo.start("align")  # joins too
         shard_a.send_signal(signal.SIGTERM)  # and a first one leaves
         assert shard_a.wait(60) == 0
         await wait_log(log_c, "shard role assigned ['", 120)
         await topo.send(parts[1])
+        await wait_log(third_align_log, "align role assigned ['", 120)
         await topo.published(len(parts[0]) + len(parts[1]), timeout=300)
+        third_align.send_signal(signal.SIGTERM)  # leaves
+        assert third_align.wait(60) == 0
         topo.start("shard", tmp_path / "shards-a")  # back, its store behind
         await topo.send(parts[2])
         await matches_equal_scan(topo, len(pages), tmp_path / "oracle")
