@@ -237,6 +237,21 @@ class Query:
         return None if self.original is not None else self.sk.passage
 
 
+# The ordinal after the last one ever given: an ordinal is never given twice, even when
+# the newest pages were removed (read back from the last "docs" key, a reopened store
+# would give their ordinals again, and a copy that replays the same records without the
+# reopen, a standby, would number the pages differently from the shards and partials of
+# the first: tests/test_lifecycle.py)
+NEXT_ORDINAL = b"next_ordinal"
+
+
+def next_ordinal(store: Store) -> int:
+    """The ordinal the store's next page gets (stores written before ``NEXT_ORDINAL`` was
+    kept: after their last page)."""
+    last, mark = store.last_key("docs"), store.get("meta", NEXT_ORDINAL)
+    return max(0 if last is None else read_u64(last) + 1, 0 if mark is None else read_u64(mark))
+
+
 class Indexer:
     """The index stage over one store. Not thread-safe: one thread calls ``index`` and
     ``finish``, each in ordinal order."""
@@ -244,8 +259,7 @@ class Indexer:
     def __init__(self, store: Store, config: EngineConfig) -> None:
         self.config = config
         self.store = store
-        last = store.last_key("docs")
-        self.next_ordinal = 0 if last is None else read_u64(last) + 1
+        self.next_ordinal = next_ordinal(store)
         self.near = NearIndex(store, config, self.next_ordinal)
         self.passages = PassageIndex(store, config)
         self.unfinished = 0  # pages indexed whose matches are not stored yet
@@ -386,6 +400,7 @@ class Indexer:
         batch.put("ids", sk.id.encode("utf-8"), u64(ordinal))
         batch.put("replay", sk.replay_key, u64(ordinal))
         batch.put("exact", sk.content_hash + u64(ordinal), b"")
+        batch.put("meta", NEXT_ORDINAL, u64(ordinal + 1))
         if matches is not None:
             self._put_matches(batch, ordinal, matches, result.source)
         else:

@@ -39,6 +39,7 @@ from dupalign.errors import StoreError, StoreMismatch, StoreUnavailable
 
 FAMILIES = (
     "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables;
+    # b"next_ordinal" -> the ordinal after the last one ever given (dupalign.index);
     # b"published/" ‖ topic ‖ partition -> an offset below which the Kafka worker published
     # every page's matches
     "docs",  # ordinal -> doc record (msgpack)

@@ -370,6 +370,28 @@ def test_a_deleted_page_leaves_every_index(engine: Engine) -> None:
     assert engine.process(Page("a", base)) == [Match("a", "exact", "c", est_jaccard=1.0)]
 
 
+def test_an_ordinal_is_never_given_twice_not_even_after_the_newest_page_left_and_a_reopen(
+        tmp_path: Path) -> None:
+    """Reopened or not, the store numbers the pages alike: a standby that replays the same
+    records without a reopen must number them as the store that was reopened did (its
+    shards' lists and partials name pages by these ordinals)."""
+    def ids(eng: Engine) -> dict[str, int]:
+        return {k.decode(): int.from_bytes(v, "big") for k, v in eng.store.items("ids")}
+
+    with Engine.open(tmp_path / "s", config("oph")) as eng:
+        for name in "abc":
+            eng.process(Page(name, _words(100, ord(name))))
+        assert eng.delete(["c"]) == 1  # the newest page
+    with Engine.open(tmp_path / "s", config("oph")) as eng:
+        eng.process(Page("d", _words(100, 7)))
+        assert ids(eng) == {"a": 0, "b": 1, "d": 3}
+        eng.process(Page("e", _words(100, 8)))
+        assert eng.delete(["d", "e"]) == 2  # and with every page after a gap gone
+    with Engine.open(tmp_path / "s", config("oph")) as eng:
+        eng.process(Page("f", _words(100, 9)))
+        assert ids(eng) == {"a": 0, "b": 1, "f": 5}
+
+
 def test_retention_removes_the_oldest_pages_in_ordinal_order(engine: Engine) -> None:
     for i in range(6):
         engine.process(Page(f"p{i}", _words(100, 10 + i), fetched_at=i * 60_000))
