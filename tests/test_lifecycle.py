@@ -445,6 +445,25 @@ def test_delete_and_compact_from_the_command_line(tmp_path: Path,
     assert main(["delete", "p3", "--store", str(tmp_path / "none")]) == 4
 
 
+def test_a_worker_batch_is_cut_before_a_record_that_removes_a_page_of_the_same_part() -> None:
+    """``removal_cut``: the first part ends before a tombstone or a new body of an id
+    stored earlier in the part (an unchanged copy, a rejected record, a delete of a page
+    of an earlier part do not cut)."""
+    pytest.importorskip("aiokafka")
+    from worker.messages import MessageRejected
+    from worker.service import removal_cut
+
+    bad = MessageRejected("schema", "no id")
+    gone = Page("old", "", deleted=True)  # a page of an earlier part
+    assert removal_cut([gone, Page("a", "x"), bad, Page("a", "x"), Page("b", "y")]) == 5
+    assert removal_cut([Page("a", "x"), bad, Page("b", "y"), Page("a", "", deleted=True),
+                        Page("c", "z")]) == 3
+    assert removal_cut([Page("a", "x"), Page("a", "x2"), Page("a", "x3")]) == 1
+    assert removal_cut([Page("a", "", deleted=True), Page("a", "x"),
+                        Page("a", "", deleted=True)]) == 2
+    assert removal_cut([bad]) == 1
+
+
 def test_the_worker_sweeps_retention_between_batches(tmp_path: Path) -> None:
     """The worker's schedule (``[engine.retention]``): at most one sweep per ``every``
     seconds, in the engine thread, counted in the lifecycle metric."""

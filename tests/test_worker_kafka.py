@@ -29,6 +29,7 @@ from dupalign.config import EngineConfig
 from dupalign.engine import Engine
 from dupalign.page import Page
 from tests.corpora import CLOUGH, demo_pages
+from tests.test_lifecycle import _words
 from worker import messages
 from worker.config import Config, KafkaConfig, load_config
 from worker.produce import new_producer, send_pages
@@ -419,6 +420,55 @@ async def set_max_message_bytes(bootstrap: str, topic: str, size: int) -> None:
                                                   configs={"max.message.bytes": str(size)})])
     finally:
         await admin.close()
+
+
+@pytest.mark.parametrize("removal", ["delete", "new version", "retention sweep"])
+async def test_a_batch_read_again_after_a_failed_commit_publishes_as_one_run_despite_a_removal(
+    kafka_bootstrap: str, tmp_path: Path, removal: str
+) -> None:
+    """After a first page P, committed, a batch [X, Y = a copy of X, then X removed: a
+    tombstone, a new version of X, or a retention sweep that keeps one page] whose commit
+    fails (the output topic refuses its matches) is read again after a restart. Its pages
+    are answered from the store by their replay keys, which X's removal deletes: so X's
+    removal waits for X's commit (the batch is cut before a tombstone or a new version; a
+    sweep waits until the pages read again are committed), and X is not indexed again as
+    a new page matching Y."""
+    base = _words(300, 21)
+    first = Page("P", _words(300, 20))
+    pages = [Page("X", base), Page("Y", base)] + {
+        "delete": [Page("X", "", deleted=True)],
+        "new version": [Page("X", _words(300, 22))],
+        "retention sweep": []}[removal]
+    topics = await Topics(kafka_bootstrap, partitions=1).create()
+    await set_max_message_bytes(kafka_bootstrap, topics.matches, 100)
+    _, config_path = topics.config(tmp_path, batch_size=8)
+    if removal == "retention sweep":  # due before every part, once a second
+        config_path.write_text(config_path.read_text()
+                               + "[engine.retention]\nmax_pages = 1\nevery = 1\n")
+    store, log = tmp_path / "store", tmp_path / "worker.log"
+    await topics.send([first])  # no match: its batch commits
+    proc = start_worker_process(config_path, store, log)
+    try:
+        async def first_committed() -> bool:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            return await topics.committed_total() == 1
+        await wait_for(first_committed, 120, "the first page committed")
+        await asyncio.sleep(1.5)  # a sweep is due again
+        await topics.send_raw([(p.id.encode(), None if p.deleted else messages.encode_page(p))
+                               for p in pages])
+        assert proc.wait(120) == 1, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert await topics.read(topics.matches) == []
+    await set_max_message_bytes(kafka_bootstrap, topics.matches, 1 << 20)
+    await run_worker_to_the_end(topics, config_path, store, log, 1 + len(pages),
+                                "every offset committed after the topic was fixed")
+    published = collections.Counter(match_key(messages.decode_match(r.value))
+                                    for r in await topics.read(topics.matches))
+    assert published == collections.Counter(embedded_matches([first, *pages],
+                                                             tmp_path / "one-run"))
+    assert ("X", "exact", "Y") not in published
 
 
 @pytest.mark.testdata

@@ -12,7 +12,12 @@ the partition's next offset to RocksDB in one WriteBatch; (2) the batch's matche
 letters are produced; (3) the consumed offset is committed. A crash anywhere before (3)
 makes the record be consumed again from the last committed offset; the engine recognises a
 page it has already stored and returns exactly the matches it returned the first time, so
-nothing is lost and the output is the same.
+nothing is lost and the output is the same. A page removed from the store is no longer
+recognised, so nothing removes a page whose batch is not committed: a batch is cut into
+parts, each committed before the next, before any record that deletes or replaces a page
+stored earlier in the same part (``removal_cut``), and the retention sweep runs only
+before a part, when everything stored earlier is committed (after a restart: once the
+pages the store holds past the group's commit are published again).
 
 * ``kafka.transactions = true`` (default): (2) and (3) are one Kafka transaction
   (``send_offsets_to_transaction``) on a transactional producer per input partition (aiokafka
@@ -169,6 +174,10 @@ class Worker:
         self.epochs: dict[TopicPartition, int] = {}
         self._epoch_counter = 0
         self.suppress_below: dict[TopicPartition, int] = {}
+        # per assigned partition whose store is ahead of the group's commit: the store's
+        # offset S; until a commit reaches S, pages in the store await their replay, so no
+        # retention sweep may remove them
+        self.unsettled: dict[TopicPartition, int] = {}
         self._last_sweep = time.monotonic()  # retention: the first sweep after one period
         # the group's committed offset per assigned partition, for the failure log line
         self.committed: dict[TopicPartition, int] = {}
@@ -390,6 +399,7 @@ class Worker:
         for tp in revoked:
             self.epochs.pop(tp, None)
             self.suppress_below.pop(tp, None)
+            self.unsettled.pop(tp, None)
             self.committed.pop(tp, None)
             self._paused.discard(tp)
             with contextlib.suppress(KeyError):
@@ -436,6 +446,7 @@ class Worker:
                             "no publication of its pages (next offset %d); reading the "
                             "partition from its beginning", tp, in_store)
                 await self.consumer.seek_to_beginning(tp)
+                self.unsettled[tp] = in_store
                 continue
             if committed is None:
                 continue  # new partition: auto_offset_reset applies
@@ -454,6 +465,8 @@ class Worker:
                 if in_store is None:
                     log.warning("%s: the store has no pages of this partition before offset "
                                 "%d; they cannot be matched", tp, committed)
+                elif in_store > committed:
+                    self.unsettled[tp] = in_store
                 self.consumer.seek(tp, committed)
         # Only now (producers ready, positions set) do fetched batches of these count.
         for tp in assigned:
@@ -521,27 +534,40 @@ class Worker:
             self.inflight = item.tp
             self._idle.clear()
             try:
-                t0 = time.perf_counter()
-                result = await loop.run_in_executor(
-                    self.executor, self._process_batch, item.tp, item.records,
-                    self.suppress_below.get(item.tp, -1),
-                )
-                self.metrics.stage_seconds.labels("engine").observe(time.perf_counter() - t0)
-                await self._publish_and_commit(result)
+                records = item.records
+                while records:  # one part at a time, each committed before the next
+                    t0 = time.perf_counter()
+                    result, records = await loop.run_in_executor(
+                        self.executor, self._process_batch, item.tp, records,
+                        self.suppress_below.get(item.tp, -1),
+                    )
+                    self.metrics.stage_seconds.labels("engine").observe(
+                        time.perf_counter() - t0)
+                    await self._publish_and_commit(result)
+                    if (self.stopping.is_set() or self.epochs.get(item.tp) != item.epoch
+                            or item.tp in self.revoking):
+                        break  # the rest is consumed again (here or by the next owner)
             finally:
                 self.inflight = None
                 self._idle.set()
 
     def _process_batch(self, tp: TopicPartition, records: list[Any], suppress_below: int
-                       ) -> BatchResult:
-        """Runs in the engine thread."""
+                       ) -> tuple[BatchResult, list[Any]]:
+        """Runs in the engine thread: the batch's first part (``removal_cut``), and the
+        records left for the next part."""
         engine = self.engine
         if engine is None:
             raise FatalError("engine closed")
+        # (here every earlier part is committed: a sweep removes no page whose matches a
+        # replay would have to answer from the store)
+        self._retention(engine)
         m = self.metrics
+        decoded = self._decode(tp, records)
+        n = removal_cut(decoded)
+        records, rest = records[:n], records[n:]
         result = BatchResult(tp, next_offset=records[-1].offset + 1)
         m.batch_records.observe(len(records))
-        engine_out = self._run_engine(engine, tp, records)
+        engine_out = self._run_engine(engine, tp, records, decoded[:n])
         for rec in records:
             out = self._process_record(engine, tp, rec, result, engine_out)
             if rec.offset < suppress_below:
@@ -549,15 +575,16 @@ class Worker:
                 continue
             result.outgoing.extend(out)
             result.timestamps_ms.append(rec.timestamp)
-        self._retention(engine)
-        return result
+        return result, rest
 
     def _retention(self, engine: Engine) -> None:
         """The retention sweep (``[engine.retention]``), at most every ``every`` seconds, in
-        the engine thread between batches (no page is in flight then)."""
+        the engine thread before a part, when every page stored earlier is committed (not
+        while a partition's store is ahead of its commit, ``unsettled``: those pages are
+        answered from the store when read again)."""
         r = engine.config.retention
         now = time.monotonic()
-        if not (r.max_pages or r.max_age) or now - self._last_sweep < r.every:
+        if not (r.max_pages or r.max_age) or now - self._last_sweep < r.every or self.unsettled:
             return
         self._last_sweep = now
         removed = engine.compact()
@@ -565,27 +592,37 @@ class Worker:
         if removed:
             log.info("retention: %d pages left the store", removed)
 
-    def _run_engine(self, engine: Engine, tp: TopicPartition, records: list[Any]) -> EngineOut:
-        """The batch's pages decoded once and run through the engine, sketch and align on
-        ``worker.jobs`` processes: per offset, the page with its matches or exception and its
-        report, or the MessageRejected of a record that never became a page."""
-        out: EngineOut = {}
-        items = []
+    def _decode(self, tp: TopicPartition, records: list[Any]) -> list[Page | MessageRejected]:
+        """Each record's page, or the MessageRejected of a record that is not one."""
+        out: list[Page | MessageRejected] = []
         for rec in records:
             value: bytes = rec.value if rec.value is not None else b""
             if len(value) > self.wc.max_message_bytes:
-                out[rec.offset] = MessageRejected(
+                out.append(MessageRejected(
                     "too_large", f"{len(value)} bytes > worker.max_message_bytes "
-                    f"({self.wc.max_message_bytes})")
+                    f"({self.wc.max_message_bytes})"))
                 continue
             t0 = time.perf_counter()
             try:  # a null value is a tombstone: a delete, handled in order like a page
-                page = messages.decode_record(rec.key, rec.value)
+                out.append(messages.decode_record(rec.key, rec.value))
             except MessageRejected as exc:
-                out[rec.offset] = exc
+                out.append(exc)
                 continue
             self.metrics.stage_seconds.labels("decode").observe(time.perf_counter() - t0)
-            items.append((page, (tp.topic, tp.partition, rec.offset)))
+        return out
+
+    def _run_engine(self, engine: Engine, tp: TopicPartition, records: list[Any],
+                    decoded: list[Page | MessageRejected]) -> EngineOut:
+        """The part's pages run through the engine, sketch and align on ``worker.jobs``
+        processes: per offset, the page with its matches or exception and its report, or
+        the MessageRejected of a record that never became a page."""
+        out: EngineOut = {}
+        items = []
+        for rec, page in zip(records, decoded, strict=True):
+            if isinstance(page, MessageRejected):
+                out[rec.offset] = page
+            else:
+                items.append((page, (tp.topic, tp.partition, rec.offset)))
         jobs = self.wc.jobs or default_jobs()
         for (page, found), (_, source) in zip(engine.process_many(items, jobs=jobs), items,
                                               strict=True):
@@ -703,6 +740,8 @@ class Worker:
         m.stage_seconds.labels("commit").observe(done - t1)
         m.last_commit.set(time.time())
         self.committed[tp] = result.next_offset
+        if result.next_offset >= self.unsettled.get(tp, result.next_offset):
+            self.unsettled.pop(tp, None)
         self._count(result)
 
     def _count(self, result: BatchResult) -> None:
@@ -769,6 +808,24 @@ class _Listener(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         await self.worker._guard(lambda: self.worker.on_assigned(assigned))
+
+
+def removal_cut(decoded: list[Page | MessageRejected]) -> int:
+    """How many records of a batch go in its first part: up to the first record that
+    would remove a page stored earlier in the part (a tombstone of its id, or its id with
+    another body: a new version). That page's matches are published and committed first:
+    a replay of an uncommitted part after a crash answers its pages from the store by
+    their replay keys, which a removal deletes (read again, the page would be indexed as
+    new and matched with the pages after it)."""
+    bodies: dict[str, bytes | str] = {}
+    for n, page in enumerate(decoded):
+        if isinstance(page, MessageRejected):
+            continue
+        if page.id in bodies and (page.deleted or bodies[page.id] != page.body):
+            return n
+        if not page.deleted:
+            bodies[page.id] = page.body
+    return len(decoded)
 
 
 def _headers(source: tuple[str, int, int]) -> list[tuple[str, bytes]]:
