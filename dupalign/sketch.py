@@ -198,10 +198,22 @@ def _check_unicode(page: Page) -> None:
                                    f"({exc.reason} at character {exc.start})") from None
 
 
+_LONG_FORM_SEED = 0x1D0  # replay keys of ids with a NUL (any seed but mmh3's default, 0)
+
+
 def replay_key(page: Page) -> bytes:
     """Hash of (id, body): the same page seen again is answered from the store."""
     body = page.body.encode("utf-8") if isinstance(page.body, str) else page.body
-    return bytes(mmh3.hash_bytes(page.id.encode("utf-8") + b"\x00" + body))
+    doc_id = page.id.encode("utf-8")
+    if b"\x00" in doc_id:
+        # id ‖ NUL ‖ body would not say where such an id ends: ("a\0b", T) and ("a",
+        # "b\0" T) would be one page, the second answered with the first's matches. Its
+        # length goes first, under another seed (the keys of other ids, in stores already
+        # written, stay as they were)
+        return bytes(mmh3.hash_bytes(len(doc_id).to_bytes(4, "big") + doc_id + body,
+                                     _LONG_FORM_SEED))
+    return bytes(mmh3.hash_bytes(doc_id + b"\x00" + body))
+
 
 
 # -- numpy arrays on the wire: little-endian bytes of a fixed dtype --------------------------

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import mmh3
 import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,6 +31,7 @@ from dupalign.config import EngineConfig, NearConfig, PassageConfig, RetentionCo
 from dupalign.engine import Engine
 from dupalign.match import Match
 from dupalign.page import Page
+from dupalign.sketch import replay_key
 from dupalign.store import Store
 
 _RNG = random.Random(13)
@@ -350,6 +352,20 @@ def test_the_same_id_and_body_is_still_a_replay(engine: Engine) -> None:
     # the first body again: its version was replaced, so it is a new version, not a replay
     again = engine.process(Page("b", base + " w5 w6 w7"))
     assert again[0].revisit == "changed" and again[1:] == first
+
+
+def test_an_id_with_a_nul_is_never_taken_for_another_page_s_replay(engine: Engine) -> None:
+    """(id "a\\0b", body T) and (id "a", body "b\\0" T) are two pages: the second is
+    stored and matched, not answered as a replay of the first."""
+    text = _words(200, 11)
+    engine.process(Page("c", text))
+    assert kinds(engine.process(Page("a\x00b", text))) == [("exact", "c")]
+    assert kinds(engine.process(Page("a", "b\x00" + text))) == [("near", "c")]
+    assert not engine.last_report.replayed and engine.indexer.current("a") is not None
+    assert kinds(engine.process(Page("a\x00b", text))) == [("exact", "c")]  # a replay
+    assert engine.last_report.replayed
+    # ids without a NUL keep their replay keys (stores written before still answer them)
+    assert replay_key(Page("a", "T")) == bytes(mmh3.hash_bytes(b"a\x00T"))
 
 
 def test_a_deleted_page_leaves_every_index(engine: Engine) -> None:
