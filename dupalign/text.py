@@ -79,13 +79,23 @@ class Tokens:
         return int(self.starts[start]), int(self.ends[end - 1])
 
 
+# Python codecs that decode bytes to str but are no character set of a document: a page
+# declaring one (``charset=undefined`` is seen on the web) is read as if it declared none.
+_NOT_CHARSETS = frozenset({"undefined", "punycode", "idna", "unicode-escape",
+                           "raw-unicode-escape"})
+
+
 def _known_codec(name: str | None) -> str | None:
     if not name:
         return None
     try:
-        return codecs.lookup(name).name
+        info = codecs.lookup(name)
     except LookupError:
         return None
+    # bytes-to-bytes codecs (base64, rot13, zlib...) are marked so by Python itself
+    if not getattr(info, "_is_text_encoding", True) or info.name in _NOT_CHARSETS:
+        return None
+    return info.name
 
 
 def decode_body(body: bytes | str, declared: str | None = None, html: bool = False) -> str:
@@ -106,7 +116,7 @@ def decode_body(body: bytes | str, declared: str | None = None, html: bool = Fal
     for candidate in candidates:
         try:
             text = body.decode(candidate)
-        except (UnicodeDecodeError, LookupError):
+        except (UnicodeError, LookupError):  # UnicodeError: some codecs raise no subclass
             continue
         _reject_binary(text)
         return text

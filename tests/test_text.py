@@ -61,6 +61,28 @@ def test_wrong_declared_charset_falls_back() -> None:
     assert decode_body("café".encode(), "no-such-charset") == "café"
 
 
+@pytest.mark.parametrize(
+    ("charset", "raw"),
+    [
+        # Python codecs that are no character set: they raise UnicodeError, or read the
+        # bytes as something else (escapes, domain names) and return the wrong text
+        ("undefined", b"plain words here"),
+        ("punycode", b"plain words here"),
+        ("idna", b"xn--plain words here"),
+        ("unicode_escape", "café au lait".encode()),
+        ("rot13", b"plain words here"),
+    ],
+)
+def test_a_declared_charset_that_is_no_text_encoding_falls_back(charset: str, raw: bytes) -> None:
+    assert decode_body(raw, charset) == raw.decode("utf-8")
+
+
+def test_a_meta_charset_that_is_no_text_encoding_falls_back() -> None:
+    page = Page(id="p", body=b'<meta charset="undefined"><p>plain words here</p>',
+                content_type="text/html")
+    assert page_text(page).strip() == "plain words here"
+
+
 def test_binary_is_rejected_not_crashed() -> None:
     with pytest.raises(PageRejected) as err:
         decode_body(bytes(range(256)) * 40)
