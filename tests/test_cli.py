@@ -76,6 +76,26 @@ def test_bad_jsonl_lines_are_reported_and_skipped(
     assert [(m["doc_id"], m["kind"], m["match_doc_id"]) for m in matches] == [("b", "exact", "a")]
 
 
+def test_a_line_nested_too_deeply_for_json_is_reported_and_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = " ".join((DEMO / "rfc" / "rfc2821.txt").read_text().split()[:400])
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join([json.dumps({"id": "a", "body": text}),
+                              "[" * 100_000 + "]" * 100_000,
+                              json.dumps({"id": "b", "body": text})]) + "\n")
+    items = [item for _, item in iter_input(src)]
+    assert [type(i).__name__ for i in items] == ["Page", "InputError", "Page"]
+    assert isinstance(items[1], InputError) and items[1].where == f"{src}:2"
+    assert "nested too deeply" in items[1].reason
+    out = tmp_path / "out.jsonl"
+    assert main(["scan", str(src), "--store", str(tmp_path / "s"), "--out", str(out),
+                 "--quiet"]) == 0
+    assert f"{src}:2" in capsys.readouterr().err
+    matches = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(m["doc_id"], m["kind"], m["match_doc_id"]) for m in matches] == [("b", "exact", "a")]
+
+
 def test_console_script_and_config_errors(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[engine.near]\nhamming = 99\n")

@@ -159,6 +159,8 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
                 yield lineno, page_from_mapping(json.loads(raw))
             except (ValueError, UnicodeDecodeError) as exc:
                 yield lineno, InputError(where, str(exc))
+            except RecursionError:  # json.loads recurses once per level of nesting
+                yield lineno, InputError(where, "JSON nested too deeply to read")
 
 
 def iter_warc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
