@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dupalign.errors import PageRejected
+
 
 @dataclass(frozen=True)
 class Page:
@@ -21,3 +23,17 @@ class Page:
     meta: dict[str, Any] | None = field(default=None, compare=False)
     # a delete (a tombstone): the page ``id`` leaves every index; ``body`` is ignored
     deleted: bool = False
+
+
+def check_unicode(page: Page) -> None:
+    """The page's strings are stored as UTF-8, which cannot hold a lone surrogate (JSON's
+    escapes can): reject such a page before anything is computed. (``meta`` is not
+    checked: the engine stores none of it.)"""
+    for name in ("id", "url", "body", "content_type", "encoding", "lang"):
+        value = getattr(page, name)
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise PageRejected("bad_unicode", f"page {name} is not valid Unicode "
+                                   f"({exc.reason} at character {exc.start})") from None

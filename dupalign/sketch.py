@@ -25,7 +25,7 @@ from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.idf import IdfTable
 from dupalign.near import NearState, near_sketch
-from dupalign.page import Page
+from dupalign.page import Page, check_unicode
 from dupalign.passages import I64, U64, PassageIndex, PassageState, Rects
 from dupalign.text import page_text, tokenize
 
@@ -160,7 +160,7 @@ class Sketcher:
         content (an unchanged revisit) is only tokenized and hashed, not sketched."""
         cfg = self.config
         try:
-            _check_unicode(page)
+            check_unicode(page)
         except PageRejected as exc:
             return PageSketch(page.id, None, page.fetched_at, None, (exc.reason, exc.detail))
         if page.deleted:
@@ -183,19 +183,6 @@ class Sketcher:
         sk.near = near_sketch(hashes, idf, cfg)
         sk.passage = self.passages.sketch_page(hashes, tokens)
         return sk
-
-
-def _check_unicode(page: Page) -> None:
-    """The page's strings are stored as UTF-8, which cannot hold a lone surrogate (JSON's
-    escapes can): reject such a page before anything is computed."""
-    for name in ("id", "url", "body", "content_type", "encoding", "lang"):
-        value = getattr(page, name)
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise PageRejected("bad_unicode", f"page {name} is not valid Unicode "
-                                   f"({exc.reason} at character {exc.start})") from None
 
 
 _LONG_FORM_SEED = 0x1D0  # replay keys of ids with a NUL (any seed but mmh3's default, 0)
