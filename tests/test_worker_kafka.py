@@ -566,6 +566,33 @@ async def test_malformed_messages_go_to_dlq_while_pages_flow(
     assert await topics.committed_total() == len(values)
 
 
+async def test_produce_skips_a_page_that_is_not_valid_unicode_and_sends_the_rest(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """JSON escapes can carry a lone surrogate, which a msgpack string (UTF-8) cannot:
+    `dupalign produce` names the line it skips and why, as `scan` does, and sends the rest."""
+    topics = await Topics(kafka_bootstrap, partitions=1).create()
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(line) for line in [  # ASCII: "\ud800" as an escape
+        {"id": "a", "body": "the first page"},
+        {"id": "s", "body": "a lone \ud800 surrogate"},
+        {"id": "m", "body": "fine words", "meta": {"note": "a lone \udfff surrogate"}},
+        {"id": "b", "body": "the last page"},
+    ]) + "\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "produce", str(src), "--bootstrap",
+         kafka_bootstrap, "--topic", topics.pages, "--quiet"],
+        capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert run.returncode == 0, run.stderr
+    skipped = [line for line in run.stderr.splitlines() if line.startswith("skipped")]
+    assert [line.split()[1] for line in skipped] == [f"{src}:2", f"{src}:3"], run.stderr
+    assert all("bad_unicode" in line for line in skipped), run.stderr
+    assert "body" in skipped[0] and "meta" in skipped[1]
+    assert "produced 2 pages" in run.stderr and "skipped 2" in run.stderr
+    sent = [messages.decode_page(r.value).id for r in await topics.read(topics.pages)]
+    assert sent == ["a", "b"]
+
+
 async def test_a_stop_before_the_loops_ran_leaves_no_coroutine_unawaited(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

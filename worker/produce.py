@@ -19,7 +19,8 @@ from typing import IO
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
-from dupalign.page import Page
+from dupalign.errors import PageRejected
+from dupalign.page import Page, check_unicode
 from worker import messages
 from worker.config import KafkaConfig, load_config
 from worker.exits import KAFKA_HINT, CliError, Exit, check_broker_reachable
@@ -95,8 +96,9 @@ async def produce_files(
                     report(f"skipped {item.where}: {item.reason}")
                     continue
                 try:
+                    _check_encodable(item)
                     messages.validate("page", messages.page_to_wire(item))
-                except messages.MessageRejected as exc:
+                except (PageRejected, messages.MessageRejected) as exc:
                     stats.skipped += 1
                     report(f"skipped {path}:{number} ({item.id}): {exc}")
                     continue
@@ -112,6 +114,19 @@ async def produce_files(
         if progress is not None:
             progress.close()
     return stats
+
+
+def _check_encodable(page: Page) -> None:
+    """Raise PageRejected('bad_unicode') for a page whose strings msgpack cannot send as
+    UTF-8 (a lone surrogate, which JSON's escapes can carry): the check `scan` makes, and
+    ``meta``'s strings too, which are sent though the engine never reads them."""
+    check_unicode(page)
+    if page.meta is not None:
+        try:
+            messages.pack(page.meta)
+        except UnicodeEncodeError as exc:
+            raise PageRejected("bad_unicode", f"page meta is not valid Unicode ({exc.reason})"
+                               ) from None
 
 
 def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
