@@ -94,3 +94,40 @@ def test_a_fan_in_keeps_a_page_that_a_decided_page_matched_until_that_one_is_pub
     for shard in shards:
         shard.close()
     role.executor.shutdown()
+
+
+def test_an_ordinal_sequenced_again_before_its_sketch_came_is_skipped_not_waited_for(
+        tmp_path: Path) -> None:
+    """At-least-once, a sketch process stopped between a batch's sequence records and
+    their sketches: ordinal 1 (page d1) never gets a sketch, and the next process
+    sequences d1 again, at ordinal 3. The index waits at 1 until 3's sketch has come (the
+    sketches partition holds them in the order they were sent: 1's is not coming), then
+    goes on without it; d1 is indexed after d2."""
+    cfg = config("oph", 4, 16)
+    role = IndexRole(Config(kafka=KafkaConfig(transactions=False), engine=cfg), tmp_path / "i")
+    sources = {0: ("pages", 0, 10), 1: ("pages", 0, 11), 2: ("pages", 1, 5),
+               3: ("pages", 0, 11)}
+    docs = {0: "d0", 1: "d1", 2: "d2", 3: "d1"}
+    with Engine.open(tmp_path / "sketcher", cfg) as sketcher, \
+            Engine.open(tmp_path / "i", cfg) as engine:
+        role.engine = engine
+        role._reset(0, 0)
+        role.owner = True
+
+        def sketch(o: int) -> SimpleNamespace:
+            page = Page(docs[o], _body(int(docs[o][1:])))
+            return SimpleNamespace(offset=o, timestamp=o, headers=[ordinal_header(o)],
+                                   value=sketcher.sketch(page).to_bytes())
+
+        role._route(role.seq_tp, [SimpleNamespace(
+            offset=o, timestamp=o, headers=[], value=encode_sequence(docs[o], sources[o]))
+            for o in range(4)])
+        role._route(role.sketch_tp, [sketch(0), sketch(2)])
+        role._advance()
+        assert [o for o, _ in role.expected] == [1, 2, 3]  # 1's sketch may still come
+        role._route(role.sketch_tp, [sketch(3)])
+        role._advance()
+        assert not role.expected and not role.waiting and role.floor == 4
+        stored = {d: engine.indexer.current(d) for d in ("d0", "d1", "d2")}
+        assert [v.ordinal for v in stored.values() if v is not None] == [0, 2, 1]
+    role.executor.shutdown()

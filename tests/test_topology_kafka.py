@@ -49,12 +49,14 @@ from tests.topology_harness import (
 )
 from worker import messages
 from worker.produce import new_producer
+from worker.role_sketch import SketchRole
 from worker.topology import (
     SOURCE_HEADER,
     decode_sequence,
     encode_sequence,
     header,
     last_sequenced,
+    send_all,
 )
 from worker.topology import new_producer as new_topology_producer
 
@@ -336,6 +338,52 @@ async def test_at_least_once_roles_lose_nothing_across_an_index_sigkill(
     firsts = collections.Counter(match_key(messages.decode_match(r.value))
                                  for r in first_publications(published))
     assert firsts == expected
+
+
+class _StopsBetweenItsSends(SketchRole):
+    """A sketch process that dies once its first batch's sequence records are acknowledged,
+    before their sketches are sent (as a SIGKILL there would)."""
+
+    async def produce(self, producer: Any, prepared: Any) -> None:
+        await send_all(producer, prepared.sequence)
+        raise RuntimeError("stopped between the sequence and sketch sends")
+
+
+async def test_at_least_once_a_sketch_process_stopped_between_its_sends_stalls_nothing(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """``kafka.transactions = false``: a batch's pages are sequenced, and the sketch process
+    stops before sending their sketches, before its group has any offset. The next sketch
+    process reads that batch again (no group offset: from the first offset of a batch that
+    ends at the last sequenced page) and sequences it again; the index skips the first
+    ordinals, whose sketches never come, instead of waiting for them forever; every page's
+    matches are published once, as one scan over the pages in their second order gives."""
+    topo = await Topology(kafka_bootstrap, tmp_path, transactions=False).create()
+    pages = synthetic_pages(40, seed=3)
+    await topo.send(pages)
+    with pytest.raises(RuntimeError, match="between the sequence and sketch sends"):
+        await asyncio.wait_for(_StopsBetweenItsSends(topo.config).run(), 120)
+    orphans = len(await topo.read("sequence"))
+    assert orphans > 0
+    try:
+        topo.start("sketch")
+        topo.start("align")
+        topo.start("index", tmp_path / "index")
+        published = await topo.published(orphans + len(pages), timeout=300)
+    finally:
+        topo.stop_all()
+    sequence = await topo.read("sequence")
+    by_source = {(r.partition, r.offset): messages.decode_record(r.key, r.value)
+                 for r in await topo.read("pages")}
+    expected: collections.Counter[Any] = collections.Counter()
+    with Engine.open(tmp_path / "oracle", EngineConfig()) as engine:
+        for rec in sequence[orphans:]:
+            _, (_, partition, offset) = decode_sequence(rec.value)
+            expected.update(match_key(m.to_dict(0))
+                            for m in engine.process(by_source[(partition, offset)]))
+    assert {k[1] for k in expected} >= {"exact", "passage"}
+    got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+    assert got == expected
+    assert "is skipped: its page" in (tmp_path / "index-2.log").read_text()
 
 
 @pytest.mark.testdata

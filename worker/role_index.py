@@ -132,6 +132,8 @@ class IndexRole:
 
     def _reset(self, start: int, silent_below: int) -> None:
         self.expected: deque[tuple[int, Source]] = deque()  # sequence read, not applied
+        # per source (pages topic, partition, offset) in ``expected``: its last ordinal
+        self.latest_of_source: dict[Source, int] = {}
         self.sketches: dict[int, tuple[int, bytes]] = {}  # ordinal -> (offset, sketch)
         self.waiting: deque[Waiting] = deque()
         self.by_ordinal: dict[int, Waiting] = {}
@@ -310,6 +312,7 @@ class IndexRole:
             if tp == self.seq_tp:
                 _, source = decode_sequence(rec.value)
                 self.expected.append((rec.offset, source))
+                self.latest_of_source[source] = rec.offset
                 self.read_ahead = max(self.read_ahead, len(self.expected))
                 self.sequenced_at[rec.offset] = rec.timestamp  # retention's clock
                 continue
@@ -343,8 +346,20 @@ class IndexRole:
         out: list[Outgoing] = []
         if not self._rebuilding():  # (a rebuilding turn commits nothing: sent after it)
             out, self.resend = self.resend, []
-        while self.expected and self.expected[0][0] in self.sketches:
+        while self.expected:
             ordinal, source = self.expected[0]
+            if ordinal not in self.sketches:
+                if not self._superseded(ordinal, source):
+                    break  # its sketch is on its way
+                self._pop_expected()
+                self.sequenced_at.pop(ordinal, None)
+                self.floor = ordinal + 1
+                log.warning("ordinal %d is skipped: its page (%s) was sequenced again at "
+                            "ordinal %d, whose sketch came first; its own never will (an "
+                            "at-least-once sketch process stopped between its sends)",
+                            ordinal, ":".join(map(str, source)),
+                            self.latest_of_source[source])
+                continue
             if ordinal >= self.silent_below and self._rebuilding():
                 # (the fan-in: pages below E wait for partials) pages from E on send
                 # messages, which a rebuilding turn does not: they wait until it is over
@@ -352,7 +367,7 @@ class IndexRole:
             sk = PageSketch.from_bytes(self.sketches[ordinal][1])
             if self._must_wait(ordinal, sk):
                 break  # until the pages it waits for are published (a later turn)
-            self.expected.popleft()
+            self._pop_expected()
             sketch_offset, _ = self.sketches.pop(ordinal)
             self.floor = ordinal + 1
             if isinstance(indexer, FanInIndexer):
@@ -409,6 +424,26 @@ class IndexRole:
             out.extend(Outgoing(self.kc.output_topic, messages.encode_match(m, now), key=key,
                                 headers=[source_header(waiting.source)]) for m in matches)
         return out
+
+    def _pop_expected(self) -> None:
+        ordinal, source = self.expected.popleft()
+        if self.latest_of_source.get(source) == ordinal:
+            del self.latest_of_source[source]
+
+    def _superseded(self, ordinal: int, source: Source) -> bool:
+        """Whether the sequence record ``ordinal``, whose sketch has not come, never gets
+        one. With transactions a sequence record and its sketch are committed together;
+        at-least-once, a sketch process that stops between sending a batch's sequence
+        records and their sketches leaves ordinals without one, and the next process
+        sequences those pages again (from its group's offset). Once a later ordinal of
+        the same source has its sketch, the earlier one's is not coming: both would be on
+        the one sketches partition, in the order they were sent, and the first process was
+        gone before the second read the page. Decided from the topics' order, so a replay
+        skips the same ordinals (unless the first process was not gone but stalled past
+        its session and sent that sketch after all, late: ignored here, a replay that
+        reads both sketches before deciding applies the first; docs/topology.md)."""
+        later = self.latest_of_source.get(source, ordinal)
+        return later > ordinal and later in self.sketches
 
     def _to_shards(self, out: list[Outgoing], ordinal: int) -> bool:
         """The keys messages of the sequence record ``ordinal`` (index shards); whether the
