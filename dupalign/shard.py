@@ -618,6 +618,7 @@ class Outbox:
 
     def __init__(self, n_shards: int) -> None:
         self.n_shards = n_shards
+        self.closing = False  # what is written now is the record's last batch
         self.begin(-1)
 
     def begin(self, seq: int, messages: list[ShardMessage] | None = None) -> None:
@@ -625,6 +626,11 @@ class Outbox:
         self.messages = messages or [ShardMessage(seq) for _ in range(self.n_shards)]
         self.queried = False
         self.page: dict[str, Any] | None = None  # what deciding the page needs again
+        self.complete = False  # the store holds the messages marked complete
+
+    @property
+    def empty(self) -> bool:
+        return all(m.empty for m in self.messages)
 
     def remove(self, ordinals: list[int]) -> None:
         for m in self.messages:
@@ -634,11 +640,14 @@ class Outbox:
         """The record's messages (and what deciding its page needs) into the batch that
         writes what they tell the shards: after a crash they are sent again
         (``FanInIndexer.recover``), whether the transaction that sent them committed or
-        not; a shard answers a message it applied from its stored partial."""
+        not; a shard answers a message it applied from its stored partial. ``complete``:
+        the record ends with this batch (``FanInIndexer.recover`` must not guess it from
+        the sequence offset, which a record after an unfinished page does not store)."""
         batch.put("meta", OUTBOX_PREFIX + u64(self.seq), msgpack.packb({
             "messages": [[s, m.to_bytes()] for s, m in enumerate(self.messages)
                          if not m.empty],
-            "page": self.page}, use_bin_type=True))
+            "page": self.page, "complete": self.closing}, use_bin_type=True))
+        self.complete = self.closing
 
 
 class RemoteNear(ShardedNear):
@@ -732,6 +741,24 @@ class FanInIndexer(Indexer):
         else:
             self.outbox.begin(seq)
 
+    def index(self, sk: PageSketch, source: tuple[str, int, int] | None = None,
+              defer: bool = False) -> IndexResult:
+        """``Indexer.index``, the record's last step: what it writes (the page's batch, a
+        delete's removal) marks the record's messages complete in the same batch. When it
+        writes nothing (a replay, an unchanged revisit, a delete of a page not stored)
+        after a sweep wrote messages, one more batch marks them: without the mark, a crash
+        would leave the record to be taken for one cut short (``recover``)."""
+        self.outbox.closing = True
+        try:
+            result = super().index(sk, source, defer)
+            if not self.outbox.complete and not self.outbox.empty:
+                batch = self.store.batch()
+                self.outbox.persist(batch)
+                self.store.write(batch)
+        finally:
+            self.outbox.closing = False
+        return result
+
     def take(self) -> list[tuple[int, ShardMessage]]:
         """The keys messages of the current sequence record, by shard (none: nothing for
         the shards, e.g. a replay or an unchanged revisit)."""
@@ -798,7 +825,10 @@ class FanInIndexer(Indexer):
         retention sweep written, not the page after it: its messages were never sent) is
         not sent, nor counted in the offset: read again, it goes on from its messages so
         far (``begin``), its sweep is due there again (the schedule goes on from the last
-        record before it) and finishes, and it is sent once, whole."""
+        record before it) and finishes, and it is sent once, whole. Only the last entry
+        can be one, and only if it is not marked complete (``index``) nor covered by the
+        offset: a delete after an unfinished page stores no offset, and taken for cut
+        short it was applied again after the records before it, which then saw it."""
         unfinished = {}
         for _, raw in self.store.items("unfinished"):
             result = IndexResult.from_bytes(raw)
@@ -807,7 +837,9 @@ class FanInIndexer(Indexer):
         entries = [(read_u64(key, len(OUTBOX_PREFIX)), msgpack.unpackb(raw, raw=False))
                    for key, raw in self.store.prefix("meta", OUTBOX_PREFIX)]
         self.carried = None
-        if entries and entries[-1][0] not in unfinished and (stored or 0) <= entries[-1][0]:
+        # (an entry written before the mark existed: complete if its page is unfinished)
+        if entries and (stored or 0) <= entries[-1][0] and not entries[-1][1].get(
+                "complete", entries[-1][0] in unfinished):
             seq, d = entries.pop()
             messages = [ShardMessage(seq) for _ in range(self.n_shards)]
             for s, m in d["messages"]:

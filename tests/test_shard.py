@@ -27,6 +27,7 @@ from dupalign.errors import StoreMismatch
 from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.shard import (
+    OUTBOX_PREFIX,
     SHARDS_KEY,
     FanInIndexer,
     IndexShard,
@@ -531,3 +532,47 @@ def test_a_fan_in_killed_in_a_retention_sweep_sends_the_record_once_and_finishes
     assert sum(len(m) for m in want[1]) > 4  # pages match the ones the sweeps leave
     assert got == want
     assert got_shards == want_shards
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_a_takeover_takes_a_record_for_one_cut_short_only_if_its_entry_is_not_marked_complete(
+        tmp_path: Path, marked: bool) -> None:
+    """d1 waits for align when a sweep before record 2 removes d0 and record 2 is d1 again
+    (a replay: it writes nothing, and behind d1 it stores no sequence offset). ``index``
+    marks the sweep's entry complete in a batch of its own, so a takeover counts record 2
+    in the store's offset, nothing carried. An entry without the mark (written by the
+    version before it) is read as that version read it: not covered by the offset, not
+    an unfinished page, so cut short and not counted."""
+    cfg = config("oph", 4, 16)
+    shards = [ShardStore(tmp_path / "shards", cfg, s, 2, kept=8) for s in range(2)]
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        ix = engine.indexer
+        assert isinstance(ix, FanInIndexer)
+        for seq, body in enumerate([0, 1, 1]):
+            ix.begin(seq)
+            if seq == 2:
+                ix.remove(ix.expired(max_pages=1))  # the sweep due before record 2
+            result = ix.index(engine.sketch(Page(f"d{body}", _body(body))), ("sequence", 0, seq))
+            partials = [shards[s].apply(m, ("keys", s, seq)) for s, m in ix.take()]
+            if ix.awaits(seq):
+                ix.decide(seq, [p for p in partials if p is not None])
+            if seq == 0:
+                ix.finish(result, [])
+        assert result.replay_of is not None
+        if not marked:
+            for key, raw in list(engine.store.prefix("meta", OUTBOX_PREFIX)):
+                entry = msgpack.unpackb(raw, raw=False)
+                del entry["complete"]
+                engine.store.put("meta", key, msgpack.packb(entry, use_bin_type=True))
+    for shard in shards:
+        shard.close()
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        ix = engine.indexer
+        assert isinstance(ix, FanInIndexer)
+        stored = engine.stored_offsets().get(("sequence", 0))
+        assert stored == 1  # d0's
+        stored, again = ix.recover(stored, 1)
+        carried = None if ix.carried is None else ix.carried[0]
+        assert (stored, carried) == ((3, None) if marked else (2, 2))
+        assert sorted({seq for seq, _, _ in again}) == ([1, 2] if marked else [1])
+        assert ix.first_resumable() == 1
