@@ -142,6 +142,24 @@ def test_dead_letter_truncates_raw_and_keeps_size() -> None:
     assert back["source"] == {"topic": "pages", "partition": 0, "offset": 9}
 
 
+def test_a_dead_letter_of_a_record_with_a_huge_key_fits_in_a_request() -> None:
+    """A key near the broker's limit, twice in a dead letter (its value and its key), made
+    it too large to send: the worker stopped at that record at every restart."""
+    key, raw = b"k" * 900_000, b"\xc1" * 100_000
+    obj = messages.dead_letter_to_wire(
+        error="not_msgpack", detail="x" * 10_000, topic="pages", partition=0, offset=3,
+        raw=raw, key=key, failed_at_ms=1, doc_id="\u00e9" * 100_000, raw_max_bytes=50_000)
+    size = len(messages.pack(obj)) + len(messages.dead_letter_key(key) or b"")
+    assert size <= 50_000 + messages.DEAD_LETTER_OVERHEAD
+    back = messages.decode_dead_letter(messages.pack(obj))
+    assert back["key"] == key[:messages.KEY_MAX_BYTES] == messages.dead_letter_key(key)
+    assert back["key_size"] == len(key) and back["key_truncated"] is True
+    small = messages.dead_letter_to_wire(
+        error="schema", detail="d", topic="pages", partition=0, offset=0, raw=b"x", key=b"id",
+        failed_at_ms=1)
+    assert small["key"] == b"id" and "key_truncated" not in small
+
+
 def test_dead_letter_requires_source() -> None:
     obj = messages.dead_letter_to_wire(
         error="schema", detail="d", topic="pages", partition=0, offset=0, raw=b"x", key=None,

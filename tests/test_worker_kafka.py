@@ -529,6 +529,8 @@ async def test_malformed_messages_go_to_dlq_while_pages_flow(
         (b"utf8", b"\x83\xa1v\x01\xa2id\xa2bd\xa4body\xa3\xff\xfe\xfd", "undecodable"),
         (b"binary", messages.pack({"v": 1, "id": "bin", "body": bytes(range(256)) * 8}),
          "undecodable"),
+        # a key near the broker's limit: its dead letter once carried it twice, too large
+        (b"K" * 700_000, b"\xc1\x00 huge key", "not_msgpack"),
     ]
     values: list[tuple[bytes | None, bytes]] = []
     expected: dict[int, tuple[str, bytes]] = {}
@@ -559,6 +561,8 @@ async def test_malformed_messages_go_to_dlq_while_pages_flow(
         assert d["detail"]
         assert d["raw_size"] == len(raw)
         assert d["raw"] == raw[:1000] and d["raw_truncated"] == (len(raw) > 1000)
+    huge = dead[max(expected)]
+    assert huge["key"] == b"K" * messages.KEY_MAX_BYTES and huge["key_size"] == 700_000
     assert sample(worker, "dupalign_pages_total", outcome="processed") == len(good)
     assert sample(worker, "dupalign_pages_total", outcome="rejected") == len(bad)
     assert sum(sample(worker, "dupalign_dead_letters_total", reason=r)

@@ -24,6 +24,7 @@ from typing import Any
 
 from dupalign.config import SECTIONS, EngineConfig
 from dupalign.errors import ConfigError
+from worker.messages import DEAD_LETTER_OVERHEAD
 
 ENV_PREFIX = "DUPALIGN_"
 SECRET_KEYS = ("sasl_plain_password", "ssl_password", "sasl_oauth_token")
@@ -202,11 +203,13 @@ class Config:
 
     def validate(self) -> Config:
         self.kafka.validate()
-        if self.worker.dlq_raw_max_bytes > self.kafka.max_request_size - 4096:
+        room = self.kafka.max_request_size - DEAD_LETTER_OVERHEAD
+        if self.worker.dlq_raw_max_bytes > room:
             raise ConfigError(
                 "worker.dlq_raw_max_bytes",
-                f"{self.worker.dlq_raw_max_bytes} must leave room for the dead letter in "
-                f"kafka.max_request_size ({self.kafka.max_request_size}) minus 4096",
+                f"{self.worker.dlq_raw_max_bytes} must leave room for the rest of a dead "
+                f"letter: at most kafka.max_request_size ({self.kafka.max_request_size}) "
+                f"minus {DEAD_LETTER_OVERHEAD}, {room}",
             )
         self.engine.validate()
         return self

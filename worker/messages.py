@@ -25,6 +25,14 @@ from dupalign.page import Page
 
 SCHEMA_NAMES = ("page", "match", "dead_letter", "page_sketch", "align_request")
 VERSION = 1
+# A dead letter carries the record's key (in its value, and as its own key) and the page
+# id at most this long: a page id is at most 8,192 characters (schemas/page.json), and a
+# record whose key alone was near the broker's limit made a dead letter over it, refused
+# at every restart (the worker could never get past that record)
+KEY_MAX_BYTES = 8192
+# Room a dead letter needs besides ``raw``: detail (4,096 characters), key twice, page
+# id (8,192 characters), fields (worker.dlq_raw_max_bytes must leave it: worker.config)
+DEAD_LETTER_OVERHEAD = 4 * 4096 + 2 * KEY_MAX_BYTES + 4 * 8192 + 4096
 
 
 class MessageRejected(Exception):
@@ -203,7 +211,7 @@ def dead_letter_to_wire(
     raw_max_bytes: int | None = None,
 ) -> dict[str, Any]:
     truncated = raw_max_bytes is not None and len(raw) > raw_max_bytes
-    return {
+    out = {
         "v": VERSION,
         "error": error,
         "detail": detail[:4096],
@@ -211,10 +219,19 @@ def dead_letter_to_wire(
         "raw": raw[:raw_max_bytes] if truncated else raw,
         "raw_size": len(raw),
         "raw_truncated": truncated,
-        "key": key,
-        "doc_id": doc_id,
+        "key": dead_letter_key(key),
+        "doc_id": None if doc_id is None else doc_id[:8192],
         "failed_at": failed_at_ms,
     }
+    if key is not None and len(key) > KEY_MAX_BYTES:
+        out["key_size"], out["key_truncated"] = len(key), True
+    return out
+
+
+def dead_letter_key(key: bytes | None) -> bytes | None:
+    """The Kafka key of a record's dead letter (and its ``key`` field): the record's key,
+    its first ``KEY_MAX_BYTES`` if longer."""
+    return None if key is None else key[:KEY_MAX_BYTES]
 
 
 def decode_dead_letter(raw: bytes) -> dict[str, Any]:

@@ -116,8 +116,9 @@ class SketchRole(StatelessRole):
                     partition=tp.partition, offset=rec.offset, raw=value, key=rec.key,
                     failed_at_ms=int(time.time() * 1000), doc_id=exc.doc_id,
                     raw_max_bytes=self.config.worker.dlq_raw_max_bytes)
-                out.dead_letters.append(Outgoing(self.kc.dlq_topic, messages.pack(dl), rec.key,
-                                                 headers=[source_header(source)]))
+                out.dead_letters.append(Outgoing(
+                    self.kc.dlq_topic, messages.pack(dl), messages.dead_letter_key(rec.key),
+                    headers=[source_header(source)]))
                 continue
             headers = [source_header(source)]
             out.sequence.append(Outgoing(self.kc.sequence_topic, encode_sequence(page.id, source),

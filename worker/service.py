@@ -664,7 +664,8 @@ class Worker:
                 offset=rec.offset, raw=value, key=rec.key, failed_at_ms=_now_ms(),
                 doc_id=exc.doc_id or doc_id, raw_max_bytes=self.wc.dlq_raw_max_bytes,
             )
-            return [Outgoing(self.kc.dlq_topic, rec.key, messages.pack(dl), _headers(source))]
+            return [Outgoing(self.kc.dlq_topic, messages.dead_letter_key(rec.key),
+                             messages.pack(dl), _headers(source))]
         if page.deleted:
             result.outcomes["deleted"] += 1
         elif report.replayed:
