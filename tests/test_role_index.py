@@ -16,7 +16,7 @@ from tests.test_lifecycle import config as lifecycle_config
 from tests.test_lifecycle import text_of
 from tests.test_shard import _body, config
 from worker import messages
-from worker.config import Config, KafkaConfig
+from worker.config import Config, KafkaConfig, WorkerConfig
 from worker.role_index import IndexRole, Waiting
 from worker.topology import (
     Outgoing,
@@ -278,3 +278,40 @@ def test_a_delete_behind_an_unfinished_page_is_not_taken_for_a_record_cut_short(
     assert any(m["kind"] == "passage" for m in want[0])
     assert b"y" not in want[1][0]  # the sweep before z took y
     assert got == want
+
+
+def test_a_page_sequenced_again_far_past_the_read_ahead_bound_still_supersedes(
+        tmp_path: Path) -> None:
+    """As above, but 40 pages of another partition are sequenced between d0's two
+    ordinals, more than the sequence records the index reads ahead of its sketches (32
+    with batches of one record): it must read on past the bound to find d0's second
+    ordinal (it stopped reading there, and waited at ordinal 0 forever). Records go to
+    the role as its turns take them: a partition only while ``_wanted`` names it."""
+    cfg = config("oph", 4, 16)
+    role = IndexRole(Config(kafka=KafkaConfig(transactions=False),
+                            worker=WorkerConfig(batch_size=1), engine=cfg), tmp_path / "i")
+    last = 41
+    docs = {o: f"d{o % last}" for o in range(last + 1)}  # d0 at 0 and at 41
+    sources = {o: ("pages", 0, 10) if o % last == 0 else ("pages", 1, o)
+               for o in range(last + 1)}
+    with Engine.open(tmp_path / "sketcher", cfg) as sketcher, \
+            Engine.open(tmp_path / "i", cfg) as engine:
+        role.engine = engine
+        role._reset(0, 0)
+        role.owner = True
+        pending = {
+            role.seq_tp: [SimpleNamespace(offset=o, timestamp=o, headers=[],
+                                          value=encode_sequence(docs[o], sources[o]))
+                          for o in range(last + 1)],
+            role.sketch_tp: [SimpleNamespace(offset=o, timestamp=o, headers=[ordinal_header(o)],
+                                             value=sketcher.sketch(Page(docs[o], _body(o % last)))
+                                             .to_bytes())
+                             for o in range(1, last + 1)]}  # ordinal 0's never comes
+        for _ in range(200):
+            for tp in role._wanted():
+                if pending.get(tp):
+                    role._route(tp, [pending[tp].pop(0)])
+            role._advance()
+        assert role.floor == last + 1 and not role.expected
+        assert role.read_ahead > role.max_waiting
+    role.executor.shutdown()

@@ -134,6 +134,7 @@ class IndexRole:
         self.expected: deque[tuple[int, Source]] = deque()  # sequence read, not applied
         # per source (pages topic, partition, offset) in ``expected``: its last ordinal
         self.latest_of_source: dict[Source, int] = {}
+        self.last_sketch = -1  # the highest ordinal whose sketch was read
         self.sketches: dict[int, tuple[int, bytes]] = {}  # ordinal -> (offset, sketch)
         self.waiting: deque[Waiting] = deque()
         self.by_ordinal: dict[int, Waiting] = {}
@@ -330,6 +331,7 @@ class IndexRole:
                 continue
             ordinal = record_ordinal(rec)
             if tp == self.sketch_tp:
+                self.last_sketch = max(self.last_sketch, ordinal)
                 if ordinal >= self.floor:
                     self.sketches[ordinal] = (rec.offset, rec.value)
             else:
@@ -424,6 +426,15 @@ class IndexRole:
             out.extend(Outgoing(self.kc.output_topic, messages.encode_match(m, now), key=key,
                                 headers=[source_header(waiting.source)]) for m in matches)
         return out
+
+    def _head_may_be_superseded(self) -> bool:
+        """At-least-once: the first sequence record not applied has no sketch though later
+        ones have theirs, so it may never get one; only a later record of its source,
+        maybe further than the read-ahead bound, can tell (``_superseded``): the sequence
+        is read on. (Memory grows only while such a record holds the head.)"""
+        return (not self.kc.transactions and bool(self.expected)
+                and self.expected[0][0] not in self.sketches
+                and self.last_sketch > self.expected[0][0])
 
     def _pop_expected(self) -> None:
         ordinal, source = self.expected.popleft()
@@ -523,7 +534,8 @@ class IndexRole:
         again). No new pages while too many wait for align (their results still flow in:
         the aligned partition is always read). No more of the sequence while many of its
         records wait for their sketches: its records are tiny, so one fetch holds
-        thousands (a replay read all of it at once). A fan-in rebuilding reads the
+        thousands (a replay read all of it at once); unless the first of them may never
+        get one (``_head_may_be_superseded``). A fan-in rebuilding reads the
         partials topic from its beginning: no more of it while it holds many partials of
         pages not replayed yet, unless a replayed page still waits for one (shards that
         ran far apart put a page's partials far apart in the topic)."""
@@ -532,7 +544,7 @@ class IndexRole:
         held = set()
         if len(self.waiting) >= self.max_waiting:
             held |= {self.seq_tp, self.sketch_tp}
-        if len(self.expected) >= self.max_waiting:
+        if len(self.expected) >= self.max_waiting and not self._head_may_be_superseded():
             held.add(self.seq_tp)
         if (self.n_shards > 1 and self._rebuilding() and len(self.partials) >= self.max_waiting
                 and not any(w.undecided for w in self.waiting)):
