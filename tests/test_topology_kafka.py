@@ -427,11 +427,12 @@ async def test_last_sequenced_reads_the_sequence_backwards_window_by_window(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """The sketch role's resume point: each input partition's last offset in ``sequence``
     (brute force: all records read), found reading 3 records at a time from the end,
-    also when the partition's last page is far back or absent."""
+    also when the partition's last page is far back or absent; and, at-least-once, the
+    offset before its last batch."""
     topo = await Topology(kafka_bootstrap, tmp_path).create()
     kc = topo.config.kafka
     sources = [(kc.input_topic, 0, 5), (kc.input_topic, 1, 2), (kc.input_topic, 0, 9)] + [
-        (kc.input_topic, 1, o) for o in range(3, 13)]
+        (kc.input_topic, 1, o) for o in range(3, 13)] + [(kc.input_topic, 1, 12)]  # again
     producer = new_producer(kc)
     await producer.start()
     try:
@@ -444,6 +445,11 @@ async def test_last_sequenced_reads_the_sequence_backwards_window_by_window(
         tp = TopicPartition(kc.input_topic, partition)
         assert await last_sequenced(kc, tp, window=3) == want
         assert await last_sequenced(kc, tp) == want
+    # the at-least-once resume point: the offset before the last ``skip`` distinct ones
+    for partition, skip, want in ((0, 1, 5), (0, 2, None), (1, 4, 8), (1, 10, 2),
+                                  (1, 11, None)):
+        tp = TopicPartition(kc.input_topic, partition)
+        assert await last_sequenced(kc, tp, window=3, skip=skip) == want
     # a page sequenced while another producer's transaction is open sits above the last
     # stable offset: it is found once that transaction ends (here: commits a second later)
     open_txn = new_topology_producer(kc, f"{topo.group}-test-open")

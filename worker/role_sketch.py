@@ -70,19 +70,21 @@ class SketchRole(StatelessRole):
         matches again. (Pages dead-lettered after it go to the dead-letter topic again.)"""
         if committed is not None:
             return committed
+        if not self.kc.transactions:
+            # at-least-once: the last batch may have been sequenced without its sketches
+            # (a stop between the two sends), so read again from before it: after the page
+            # sequenced before its at most batch_size pages (offsets may have gaps, and
+            # its dead letters before its first page were not sent either). Pages with a
+            # sketch are sent again (duplicates, as at-least-once allows); the others are
+            # sequenced again, which the index takes in place of the first ordinals
+            before = await last_sequenced(self.kc, tp, skip=self.config.worker.batch_size)
+            log.warning("no committed offset for %s:%d: resuming at offset %s, after the "
+                        "pages sequenced before its last batch (at-least-once)",
+                        tp.topic, tp.partition, "0" if before is None else before + 1)
+            return None if before is None else before + 1
         last = await last_sequenced(self.kc, tp)
         if last is None:
             return None  # none sequenced: from the beginning
-        if not self.kc.transactions:
-            # at-least-once: the last batch may have been sequenced without its sketches
-            # (a stop between the two sends): read again, its pages that have a sketch are
-            # sent again (duplicates, as at-least-once allows) and the others are
-            # sequenced again, which the index takes in place of the first ordinals
-            start = max(0, last + 1 - self.config.worker.batch_size)
-            log.warning("no committed offset for %s:%d: resuming at offset %d, the first of "
-                        "a batch that ends at its last sequenced page (at-least-once)",
-                        tp.topic, tp.partition, start)
-            return start
         log.warning("no committed offset for %s:%d: resuming after its last sequenced page "
                     "(offset %d)", tp.topic, tp.partition, last)
         return last + 1

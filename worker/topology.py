@@ -320,12 +320,13 @@ async def _stable_end(kc: KafkaConfig, consumer: AIOKafkaConsumer, seq: TopicPar
     return int(stop)
 
 
-async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 20_000
-                         ) -> int | None:
+async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 20_000,
+                         skip: int = 0) -> int | None:
     """The input offset of the last page of ``source`` (a partition of the pages topic) in
     the ``sequence`` topic, read backwards ``window`` records at a time (~50 bytes each);
     None if no page of it is there. Where a sketch role resumes when its group has no
-    offset for ``source`` (expired, deleted): every page after that one is unsequenced."""
+    offset for ``source`` (expired, deleted): every page after that one is unsequenced.
+    ``skip``: the offset before the last ``skip`` distinct ones instead."""
     seq = TopicPartition(kc.sequence_topic, 0)
     consumer = AIOKafkaConsumer(
         **kc.client_kwargs(), group_id=None, enable_auto_commit=False,
@@ -336,10 +337,10 @@ async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 
         consumer.assign([seq])
         begin = (await consumer.beginning_offsets([seq]))[seq]
         stop = await _stable_end(kc, consumer, seq)
+        found: set[int] = set()
         while stop > begin:
             start = max(begin, stop - window)
             consumer.seek(seq, start)
-            found: int | None = None
             while await consumer.position(seq) < stop:
                 for records in (await consumer.getmany(seq, timeout_ms=500)).values():
                     for rec in records:
@@ -347,9 +348,9 @@ async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 
                             break
                         _, (topic, partition, offset) = decode_sequence(rec.value)
                         if topic == source.topic and partition == source.partition:
-                            found = offset if found is None else max(found, offset)
-            if found is not None:
-                return found
+                            found.add(offset)
+            if len(found) > skip:  # (the windows go back in time: the newest are found)
+                return sorted(found, reverse=True)[skip]
             stop = start
         return None
     finally:
