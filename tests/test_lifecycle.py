@@ -480,6 +480,36 @@ def test_a_worker_batch_is_cut_before_a_record_that_removes_a_page_of_the_same_p
     assert removal_cut([bad]) == 1
 
 
+def test_a_worker_batch_cut_into_parts_is_decoded_once(tmp_path: Path) -> None:
+    """A micro-batch of revisits (each page, then its new version) is cut before every new
+    version; its records are decoded once, not once per part before them."""
+    pytest.importorskip("aiokafka")
+    from types import SimpleNamespace
+
+    from aiokafka import TopicPartition
+
+    from worker import messages
+    from worker.config import Config, WorkerConfig
+    from worker.service import Worker
+
+    n = 64
+    records = [SimpleNamespace(offset=i, key=None, timestamp=0, value=messages.encode_page(
+        Page(f"p{i // 2}", _words(100, 70 + i)))) for i in range(n)]
+    worker = Worker(Config(worker=WorkerConfig(jobs=1)), tmp_path / "s")
+    with Engine.open(tmp_path / "s", EngineConfig()) as eng:
+        worker.engine = eng
+        rest, decoded, parts, handled = records, None, 0, 0
+        while rest:
+            result, rest, decoded = worker._process_batch(
+                TopicPartition("pages", 0), rest, decoded, -1)
+            parts += 1
+            handled = result.next_offset
+    worker.executor.shutdown()
+    assert parts == n // 2 + 1 and handled == n
+    assert worker.metrics.registry.get_sample_value(
+        "dupalign_stage_seconds_count", {"stage": "decode"}) == n
+
+
 def test_the_worker_sweeps_retention_between_batches(tmp_path: Path) -> None:
     """The worker's schedule (``[engine.retention]``): at most one sweep per ``every``
     seconds, in the engine thread, counted in the lifecycle metric."""

@@ -534,11 +534,11 @@ class Worker:
             self.inflight = item.tp
             self._idle.clear()
             try:
-                records = item.records
+                records, decoded = item.records, None
                 while records:  # one part at a time, each committed before the next
                     t0 = time.perf_counter()
-                    result, records = await loop.run_in_executor(
-                        self.executor, self._process_batch, item.tp, records,
+                    result, records, decoded = await loop.run_in_executor(
+                        self.executor, self._process_batch, item.tp, records, decoded,
                         self.suppress_below.get(item.tp, -1),
                     )
                     self.metrics.stage_seconds.labels("engine").observe(
@@ -551,10 +551,12 @@ class Worker:
                 self.inflight = None
                 self._idle.set()
 
-    def _process_batch(self, tp: TopicPartition, records: list[Any], suppress_below: int
-                       ) -> tuple[BatchResult, list[Any]]:
+    def _process_batch(self, tp: TopicPartition, records: list[Any],
+                       decoded: list[Page | MessageRejected] | None, suppress_below: int
+                       ) -> tuple[BatchResult, list[Any], list[Page | MessageRejected]]:
         """Runs in the engine thread: the batch's first part (``removal_cut``), and the
-        records left for the next part."""
+        records left for the next part with their pages (``decoded``: those of
+        ``records``, None if not decoded yet)."""
         engine = self.engine
         if engine is None:
             raise FatalError("engine closed")
@@ -562,7 +564,8 @@ class Worker:
         # replay would have to answer from the store)
         self._retention(engine)
         m = self.metrics
-        decoded = self._decode(tp, records)
+        if decoded is None:
+            decoded = self._decode(tp, records)
         n = removal_cut(decoded)
         records, rest = records[:n], records[n:]
         result = BatchResult(tp, next_offset=records[-1].offset + 1)
@@ -575,7 +578,7 @@ class Worker:
                 continue
             result.outgoing.extend(out)
             result.timestamps_ms.append(rec.timestamp)
-        return result, rest
+        return result, rest, decoded[n:]
 
     def _retention(self, engine: Engine) -> None:
         """The retention sweep (``[engine.retention]``), at most every ``every`` seconds, in
