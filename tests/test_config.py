@@ -113,6 +113,7 @@ def test_env_types_and_secrets_stay_strings() -> None:
         ),
         ('[kafka]\nssl_cafile = "/nonexistent/ca.pem"\n', {}, "kafka.ssl_cafile", "file"),
         ("[worker]\ndlq_raw_max_bytes = 2000000\n", {}, "worker.dlq_raw_max_bytes", "room"),
+        ("[kafka]\nmax_request_size = 60000\n", {}, "kafka.max_request_size", "no room"),
         ("[kafka\n", {}, "--config", "TOML"),
     ],
 )

@@ -204,6 +204,12 @@ class Config:
     def validate(self) -> Config:
         self.kafka.validate()
         room = self.kafka.max_request_size - DEAD_LETTER_OVERHEAD
+        if room < 0:
+            raise ConfigError(
+                "kafka.max_request_size",
+                f"{self.kafka.max_request_size} leaves no room for a dead letter: at least "
+                f"{DEAD_LETTER_OVERHEAD} (its detail, key and page id) plus "
+                "worker.dlq_raw_max_bytes")
         if self.worker.dlq_raw_max_bytes > room:
             raise ConfigError(
                 "worker.dlq_raw_max_bytes",
