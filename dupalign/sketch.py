@@ -202,7 +202,6 @@ def replay_key(page: Page) -> bytes:
     return bytes(mmh3.hash_bytes(doc_id + b"\x00" + body))
 
 
-
 # -- numpy arrays on the wire: little-endian bytes of a fixed dtype --------------------------
 def _b(a: npt.NDArray[Any] | None, dtype: str) -> bytes | None:
     return None if a is None else np.ascontiguousarray(a, dtype=dtype).tobytes()

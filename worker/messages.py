@@ -30,9 +30,11 @@ VERSION = 1
 # record whose key alone was near the broker's limit made a dead letter over it, refused
 # at every restart (the worker could never get past that record)
 KEY_MAX_BYTES = 8192
-# Room a dead letter needs besides ``raw``: detail (4,096 characters), key twice, page
-# id (8,192 characters), fields (worker.dlq_raw_max_bytes must leave it: worker.config)
-DEAD_LETTER_OVERHEAD = 4 * 4096 + 2 * KEY_MAX_BYTES + 4 * 8192 + 4096
+ID_MAX_CHARS = 8192  # a page id's maxLength in schemas/page.json
+DETAIL_MAX_CHARS = 4096
+# Room a dead letter needs besides ``raw``: detail, key twice, page id (up to 4 UTF-8
+# bytes a character), fields (worker.dlq_raw_max_bytes must leave it: worker.config)
+DEAD_LETTER_OVERHEAD = 4 * DETAIL_MAX_CHARS + 2 * KEY_MAX_BYTES + 4 * ID_MAX_CHARS + 4096
 
 
 class MessageRejected(Exception):
@@ -214,13 +216,13 @@ def dead_letter_to_wire(
     out = {
         "v": VERSION,
         "error": error,
-        "detail": detail[:4096],
+        "detail": detail[:DETAIL_MAX_CHARS],
         "source": {"topic": topic, "partition": partition, "offset": offset},
         "raw": raw[:raw_max_bytes] if truncated else raw,
         "raw_size": len(raw),
         "raw_truncated": truncated,
         "key": dead_letter_key(key),
-        "doc_id": None if doc_id is None else doc_id[:8192],
+        "doc_id": None if doc_id is None else doc_id[:ID_MAX_CHARS],
         "failed_at": failed_at_ms,
     }
     if key is not None and len(key) > KEY_MAX_BYTES:
