@@ -27,8 +27,8 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
+from dupalign.kernel_cache import njit
 from dupalign.psm import PsmBatchResult, grow, popcount64
 
 U64 = npt.NDArray[np.uint64]

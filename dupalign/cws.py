@@ -46,9 +46,9 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
 from dupalign.hashing import mix64, mix_one, salt_key, unit_one
+from dupalign.kernel_cache import njit
 
 U64 = npt.NDArray[np.uint64]
 F64 = npt.NDArray[np.float64]

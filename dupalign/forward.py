@@ -29,8 +29,8 @@ from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
+from dupalign.kernel_cache import njit
 from dupalign.passage_align import EMPTY_KEY_SHIFT  # empty windows: ordinal << 16 | bin
 
 I64 = npt.NDArray[np.int64]

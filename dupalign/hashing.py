@@ -13,7 +13,8 @@ from collections.abc import Iterable
 import mmh3
 import numpy as np
 import numpy.typing as npt
-from numba import njit, vectorize
+
+from dupalign.kernel_cache import njit, vectorize
 
 U64 = npt.NDArray[np.uint64]
 

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
+from dupalign.kernel_cache import njit
 from dupalign.oph import U64, Bools, OPHWindows, oph_sketch
 from dupalign.segtree import seg_add, seg_new, seg_rightmost
 

@@ -1,14 +1,87 @@
-"""Whether numba's on-disk cache holds the engine's compiled kernels.
+"""numba's on-disk cache of the engine's compiled kernels: safe for many processes at once,
+and whether it holds the kernels yet.
 
-A process that finds them missing (a fresh install or clone, a kernel's source changed)
-compiles them on first use: about two minutes of one core on the 2-core test machine,
-in every process that starts before the cache is written (a ``scan --jobs N`` pool too).
-The commands say so before they go quiet for that long.
+Every kernel module takes ``njit`` (and ``vectorize``) from here, so the two guards below
+are in place before any kernel is compiled or loaded.
+
+Many processes compile at once on a fresh install: ``scan --jobs N`` pools, the roles of a
+topology on one machine, pytest workers. numba (0.60–0.68 at least) names a kernel's
+compiled versions by a counter read from the kernel's index file, then rewrites the index
+without a lock. Two processes that compile two versions of one kernel at once (a call from
+another kernel compiles a literal-argument version beside the generic one) can take the
+same number: the index then names one signature's machine code for another's, and every
+later process runs the wrong code, silently (a test saw a kernel return no spans at all).
+So here: a save holds an exclusive lock on the index while it reads, chooses and writes
+(no lock, no save: compiling again is slow, never wrong), and a load whose code was built
+for another signature is refused (compiled again), which also repairs caches written before.
+
+A process that finds the kernels missing (a fresh install or clone, a kernel's source
+changed) compiles them on first use: about two minutes of one core on the 2-core test
+machine, in every process that starts before the cache is written (a ``scan --jobs N``
+pool too). The commands say so before they go quiet for that long.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from typing import Any
+
+from numba import njit, vectorize
+from numba.core import caching, sigutils
+
+__all__ = ["kernels_cached", "njit", "vectorize"]
+
+
+@contextlib.contextmanager
+def _index_locked(index_path: str) -> Iterator[bool]:
+    """Hold an exclusive lock beside a kernel's index file; yields False when the
+    filesystem cannot lock (then the caller saves nothing)."""
+    try:
+        fd = os.open(index_path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _install_guards() -> None:
+    index_file = caching.IndexDataCacheFile
+    cache = caching.Cache
+    if getattr(index_file.save, "_dupalign_locked", False):
+        return  # already installed (a module reloaded)
+    unlocked_save = index_file.save
+    unchecked_load = cache._load_overload
+
+    def save(self: Any, key: Any, data: Any) -> None:
+        with _index_locked(self._index_path) as locked:
+            if locked:
+                unlocked_save(self, key, data)
+
+    def load(self: Any, sig: Any, target_context: Any) -> Any:
+        cres = unchecked_load(self, sig, target_context)
+        built_for = getattr(getattr(cres, "signature", None), "args", None)
+        if built_for is not None and tuple(built_for) != tuple(
+                sigutils.normalize_signature(sig)[0]):
+            return None  # another signature's code under this one's name: compile again
+        return cres
+
+    save._dupalign_locked = True  # type: ignore[attr-defined]
+    index_file.save = save  # type: ignore[method-assign]
+    cache._load_overload = load  # type: ignore[method-assign]
+
+
+_install_guards()
 
 
 def kernels_cached() -> bool | None:

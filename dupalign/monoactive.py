@@ -49,9 +49,9 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
 from dupalign.hashing import mix64, to_unit
+from dupalign.kernel_cache import njit
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]

@@ -27,11 +27,11 @@ from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
 from dupalign.config import EngineConfig
 from dupalign.cws import CwsFilter, FilterStats, shingle_minhash_sketch
 from dupalign.idf import IdfBuilder, IdfTable, TfMode, counted_weights
+from dupalign.kernel_cache import njit
 from dupalign.psm import SimhashTable, psm_search_batch
 from dupalign.simhash import weighted_simhash
 from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, u64

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
 from dupalign.hashing import mix64
+from dupalign.kernel_cache import njit
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]

@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
 from dupalign.interval_scan import scan_kernel
+from dupalign.kernel_cache import njit
 from dupalign.oph import oph_sketch_kernel
 
 # (numba's on-disk cache of a kernel is keyed by its own file only: after a change to a

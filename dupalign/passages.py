@@ -47,11 +47,11 @@ from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
 from dupalign import forward, monoactive, passage_align, span_refine
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
+from dupalign.kernel_cache import njit
 from dupalign.list_cache import ListCache
 from dupalign.match import Span
 from dupalign.oph import compact_windows, oph_bins, oph_values

@@ -53,10 +53,11 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from dupalign.kernel_cache import njit
 from dupalign.vosh import (
     MAX_H,
     SENTINEL,

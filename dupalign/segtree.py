@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
+
+from dupalign.kernel_cache import njit
 
 I64 = npt.NDArray[np.int64]
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
+
+from dupalign.kernel_cache import njit
 
 U64 = npt.NDArray[np.uint64]
 F64 = npt.NDArray[np.float64]

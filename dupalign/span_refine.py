@@ -60,9 +60,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
 from dupalign.hashing import mix_one, salt_key
+from dupalign.kernel_cache import njit
 from dupalign.oph import OPH_SALT, oph_bins, oph_sketch_kernel, oph_values
 
 I64 = npt.NDArray[np.int64]

@@ -14,11 +14,11 @@ import unicodedata
 import charset_normalizer
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 from resiliparse.extract.html2text import extract_plain_text
 
 from dupalign.errors import PageRejected
 from dupalign.hashing import content_hash, content_hash_joined, hash_joined, token_hashes
+from dupalign.kernel_cache import njit
 from dupalign.page import Page
 
 _WORD = re.compile(r"\w+")

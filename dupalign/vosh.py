@@ -35,7 +35,8 @@ from collections.abc import Iterator
 import msgpack
 import numpy as np
 import numpy.typing as npt
-from numba import njit
+
+from dupalign.kernel_cache import njit
 
 F64 = npt.NDArray[np.float64]
 
