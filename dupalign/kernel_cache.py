@@ -15,6 +15,12 @@ So here: a save holds an exclusive lock on the index while it reads, chooses and
 (no lock, no save: compiling again is slow, never wrong), and a load whose code was built
 for another signature is refused (compiled again), which also repairs caches written before.
 
+numba also keys a kernel's cache by its own source file only, while the machine code holds
+the kernels it calls and the module constants it reads, from other files: after a change
+to a callee alone (a ``git pull``, an edit), every later process ran the old code. The key
+here also covers every ``.py`` file beside the kernel's (for dupalign: the package), so any
+such change compiles the kernels again.
+
 A process that finds the kernels missing (a fresh install or clone, a kernel's source
 changed) compiles them on first use: about two minutes of one core on the 2-core test
 machine, in every process that starts before the cache is written (a ``scan --jobs N``
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import hashlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -55,13 +63,39 @@ def _index_locked(index_path: str) -> Iterator[bool]:
         os.close(fd)  # closing releases the lock
 
 
+def _folder_digest(folder: str) -> bytes:
+    """A digest of the ``.py`` files in ``folder`` (recomputed when one changes)."""
+    with os.scandir(folder) as entries:
+        files = sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in entries
+                       if e.name.endswith(".py") and e.is_file())
+    return _digest_of(folder, tuple(files))
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_of(folder: str, files: tuple[tuple[str, int, int], ...]) -> bytes:
+    digest = hashlib.sha256()
+    for name, *_ in files:
+        with open(os.path.join(folder, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+    return digest.digest()
+
+
 def _install_guards() -> None:
     index_file = caching.IndexDataCacheFile
     cache = caching.Cache
+    locator = caching._SourceFileBackedLocatorMixin
     if getattr(index_file.save, "_dupalign_locked", False):
         return  # already installed (a module reloaded)
     unlocked_save = index_file.save
     unchecked_load = cache._load_overload
+    own_file_stamp = locator.get_source_stamp
+
+    def stamp(self: Any) -> Any:
+        own = own_file_stamp(self)
+        try:
+            return (own, _folder_digest(os.path.dirname(os.path.abspath(self._py_file))))
+        except OSError:
+            return own
 
     def save(self: Any, key: Any, data: Any) -> None:
         with _index_locked(self._index_path) as locked:
@@ -79,6 +113,7 @@ def _install_guards() -> None:
     save._dupalign_locked = True  # type: ignore[attr-defined]
     index_file.save = save  # type: ignore[method-assign]
     cache._load_overload = load  # type: ignore[method-assign]
+    locator.get_source_stamp = stamp  # type: ignore[method-assign]
 
 
 _install_guards()

@@ -33,11 +33,6 @@ from dupalign.interval_scan import scan_kernel
 from dupalign.kernel_cache import njit
 from dupalign.oph import oph_sketch_kernel
 
-# (numba's on-disk cache of a kernel is keyed by its own file only: after a change to a
-# kernel this module calls, e.g. the interval scan's sort and flat cell array, the cached
-# ``scan_tasks`` still runs the old code until this file changes or dupalign/__pycache__'s
-# .nbi/.nbc files are deleted)
-
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 Bools = npt.NDArray[np.bool_]

@@ -96,3 +96,28 @@ def test_a_cache_that_names_one_signature_s_code_for_another_is_compiled_again(
     data[1].write_bytes(first)
     assert run() == "6 2.5"
     assert run() == "6 2.5"  # and from the cache written again
+
+
+def test_a_change_to_a_kernel_s_callee_alone_compiles_the_caller_again(tmp_path: Path) -> None:
+    """numba keys a kernel's cache by its own file; its machine code also holds the kernel
+    it calls from another file. Change only that file: the caller runs the new code."""
+    (tmp_path / "caller.py").write_text(
+        "from dupalign.kernel_cache import njit\nfrom callee import part\n\n"
+        "@njit(cache=True)\ndef whole(x):\n    return part(x) + 1\n")
+    callee = tmp_path / "callee.py"
+    callee.write_text("from dupalign.kernel_cache import njit\n\n"
+                      "@njit(cache=True)\ndef part(x):\n    return x * 2\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}",
+               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, "-c", "import caller; print(caller.whole(5))"],
+                              capture_output=True, text=True, env=env, cwd=tmp_path,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run() == "11"
+    assert run() == "11"  # from the cache
+    callee.write_text(callee.read_text().replace("x * 2", "x * 3"))
+    assert run() == "16"
