@@ -12,6 +12,7 @@ or ``python -m tests.warm_kernels MODE`` (MODE: oph or weighted).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import subprocess
 import sys
@@ -19,9 +20,13 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from dupalign.align import Aligner
 from dupalign.config import EngineConfig, PassageConfig, RetentionConfig
 from dupalign.engine import Engine
+from dupalign.errors import PageRejected
+from dupalign.index import AlignRequest
 from dupalign.page import Page
+from dupalign.sketch import PageSketch
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("oph", "weighted")
@@ -30,10 +35,13 @@ _WORDS = [f"w{i}" for i in range(400)]
 
 def _pages(seed: int) -> list[Page]:
     """Pages made of shared paragraphs, some copied whole, some edited: every stage runs
-    (exact, near, passage tasks and their alignment)."""
+    (exact, near, passage tasks and their alignment). Some words are not ASCII: Python
+    stores such text in 2 or 4 bytes a character, and the tokenizer's kernel is compiled
+    for each width."""
     rng = random.Random(seed)
-    paragraphs = [" ".join(rng.choice(_WORDS) for _ in range(120)) for _ in range(12)]
-    pages = []
+    words = [*_WORDS, "caf\u00e9", "\u6f22\u5b57", "\U0001f600x"]
+    paragraphs = [" ".join(rng.choice(words) for _ in range(120)) for _ in range(12)]
+    pages: list[Page] = []
     for i in range(30):
         parts = rng.sample(paragraphs, 3)
         if i % 5 == 4:  # a near copy of an earlier page
@@ -56,6 +64,23 @@ def warm(mode: str, root: Path) -> None:
             engine.delete(["d5"])
             engine.compact(now_ms=100)
             engine.process(pages[2])  # an unchanged revisit
+    with Engine.open(root / "roles", config) as engine:
+        _as_roles(engine, pages)
+
+
+def _as_roles(engine: Engine, pages: list[Page]) -> None:
+    """The stages as the Kafka roles run them: sketches and align requests through their
+    wire form, align without a store (the forward records carried: int64 rectangles, not
+    the list cache's int32 ones)."""
+    no_store = Aligner(engine.config)
+    for page in pages:
+        result = engine.index(PageSketch.from_bytes(engine.sketch(page).to_bytes()))
+        if result.align is not None:
+            carried = engine.indexer.with_forward(
+                AlignRequest.from_bytes(result.align.to_bytes(forward=False)))
+            no_store.align(AlignRequest.from_bytes(carried.to_bytes()))
+        with contextlib.suppress(PageRejected):
+            engine.indexer.finish(result, engine.align(result))
 
 
 def warm_all() -> None:
