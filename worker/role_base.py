@@ -87,8 +87,12 @@ class StatelessRole:
     def stop(self) -> None:
         self.stopping.set()
 
+    async def on_start(self) -> None:
+        """Once the topics exist, before the role consumes."""
+
     async def run(self) -> None:
         await ensure_topics(self.kc, topology_topics(self.kc))
+        await self.on_start()
         consumer = self.consumer = new_consumer(self.kc, self.group_id,
                                                 self.config.worker.batch_size)
         consumer.subscribe([self.input_topic], listener=RoleListener(self))

@@ -68,6 +68,7 @@ from worker.topology import (
     new_consumer,
     new_producer,
     ordinal_header,
+    record_limit,
     record_ordinal,
     require_retained,
     source_header,
@@ -107,6 +108,7 @@ class IndexRole:
         self.metrics.add_role(self.name)
         self.started = False  # consuming (for /readyz; a standby is ready too)
         self.kc = kc = config.kafka
+        self.align_limit = kc.max_request_size  # the largest align request (see run)
         self.store_dir = Path(store_dir)
         self.group_id = f"{kc.group_id}-index"
         self.seq_tp = TopicPartition(kc.sequence_topic, 0)
@@ -155,6 +157,7 @@ class IndexRole:
     # -- life cycle -----------------------------------------------------------------------
     async def run(self) -> None:
         await ensure_topics(self.kc, topology_topics(self.kc))
+        self.align_limit = await record_limit(self.kc, self.kc.align_topic)
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.config.worker.batch_size,
             # co-partitioning: partition i of every input topic to the same member
@@ -482,7 +485,7 @@ class IndexRole:
         if result.align is None:
             return
         request = self.engine.indexer.with_forward(result.align).to_bytes(forward=True)
-        if len(request) > self.kc.max_request_size - RECORD_OVERHEAD:
+        if len(request) > self.align_limit - RECORD_OVERHEAD:
             # too big for one record (a huge page's candidates): aligned here
             waiting.passages = self.engine.align(result)
         else:

@@ -37,6 +37,7 @@ from worker.topology import (
     encode_sequence,
     last_sequenced,
     ordinal_header,
+    record_limit,
     send_all,
     source_header,
 )
@@ -58,10 +59,16 @@ class SketchRole(StatelessRole):
         super().__init__(config, metrics)
         self.sketcher = Sketcher(config.engine)
         self.pages = 0
+        self.sketch_limit = self.kc.max_request_size  # the largest record it may send
 
     @property
     def input_topic(self) -> str:
         return self.kc.input_topic
+
+    async def on_start(self) -> None:
+        # a sketch over the topic's limit is dead-lettered, never sent (the broker would
+        # refuse it and stop the role at this page after every restart)
+        self.sketch_limit = await record_limit(self.kc, self.kc.sketch_topic)
 
     async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
         """Without a committed offset (the group's expired offsets.retention.minutes after
@@ -109,9 +116,10 @@ class SketchRole(StatelessRole):
                 if sk.rejected is not None:
                     raise MessageRejected(sk.rejected[0], sk.rejected[1], page.id)
                 wire = sk.to_bytes()
-                if len(wire) > self.kc.max_request_size - RECORD_OVERHEAD:
+                if len(wire) > self.sketch_limit - RECORD_OVERHEAD:
                     raise MessageRejected("too_large", f"its sketch has {len(wire)} bytes > "
-                                          "kafka.max_request_size", page.id)
+                                          f"{self.sketch_limit} (kafka.max_request_size or "
+                                          "the topic's max.message.bytes)", page.id)
             except MessageRejected as exc:
                 dl = messages.dead_letter_to_wire(
                     error=exc.reason, detail=exc.detail, topic=tp.topic,

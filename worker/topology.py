@@ -146,6 +146,32 @@ async def _warn_unretained(admin: AIOKafkaAdminClient, topics: list[str]) -> Non
                             ", ".join(f"{k} = {v}" for k, v in sorted(expiring.items())))
 
 
+async def record_limit(kc: KafkaConfig, topic: str) -> int:
+    """The largest record ``topic`` takes: ``kafka.max_request_size``, or the topic's
+    effective ``max.message.bytes`` when that is smaller (a topic made elsewhere). A record
+    over it is refused by the broker, which stops the role that sends it, at the same
+    record after every restart; the roles dead-letter or reroute such records instead."""
+    admin = AIOKafkaAdminClient(**kc.client_kwargs())
+    await admin.start()
+    try:
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic,
+                                  configs={"max.message.bytes": None})
+        limit = None
+        for response in await admin.describe_configs([resource]):
+            for _, _, _, _, entries in response.resources:
+                for entry in entries:
+                    if entry[0] == "max.message.bytes" and entry[1] is not None:
+                        limit = int(entry[1])
+    finally:
+        await admin.close()
+    if limit is None or limit >= kc.max_request_size:
+        return kc.max_request_size
+    log.warning("topic %r takes records of at most %d bytes (max.message.bytes), below "
+                "kafka.max_request_size (%d): larger records are handled as too large",
+                topic, limit, kc.max_request_size)
+    return limit
+
+
 async def require_retained(consumer: AIOKafkaConsumer, tp: TopicPartition, start: int,
                            reader: str) -> None:
     """Raise TopologyError when ``tp`` no longer holds its records from ``start`` on (its log
