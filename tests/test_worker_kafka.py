@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import gc
 import json
 import os
@@ -22,10 +23,10 @@ import aiohttp
 import msgpack
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from dupalign.config import EngineConfig
+from dupalign.config import EngineConfig, RetentionConfig
 from dupalign.engine import Engine
 from dupalign.page import Page
 from tests.corpora import CLOUGH, demo_pages
@@ -119,11 +120,13 @@ port = 0
         finally:
             await producer.stop()
 
-    async def send_raw(self, values: list[tuple[bytes | None, bytes | None]]) -> None:
+    async def send_raw(self, values: list[tuple[bytes | None, bytes | None]],
+                       partition: int = 0) -> None:
         producer = new_producer(KafkaConfig(bootstrap_servers=self.bootstrap))
         await producer.start()
         try:
-            futs = [await producer.send(self.pages, v, key=k, partition=0) for k, v in values]
+            futs = [await producer.send(self.pages, v, key=k, partition=partition)
+                    for k, v in values]
             await asyncio.gather(*futs)
         finally:
             await producer.stop()
@@ -468,6 +471,62 @@ async def test_a_batch_read_again_after_a_failed_commit_publishes_as_one_run_des
     assert published == collections.Counter(embedded_matches([first, *pages],
                                                              tmp_path / "one-run"))
     assert ("X", "exact", "Y") not in published
+
+
+async def test_pages_stored_past_the_commit_whose_records_the_topic_deleted_hold_back_no_sweep(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """X and Y (a copy of X) are stored on partition 0 past its commit (the output topic
+    refused Y's match), and the topic's retention then deletes their records. They can
+    never be read again, so nothing will commit past them: the worker used to wait for that
+    commit before every retention sweep, forever, while partition 1's pages piled up."""
+    topics = await Topics(kafka_bootstrap, partitions=2).create()
+    config, _ = topics.config(tmp_path, batch_size=8)
+    config = dataclasses.replace(config, engine=dataclasses.replace(
+        config.engine, retention=RetentionConfig(max_pages=2, every=1)))
+    store = tmp_path / "store"
+    await set_max_message_bytes(kafka_bootstrap, topics.matches, 100)
+    first = Worker(config, store)
+    run = asyncio.create_task(first.run())
+    await topics.send_raw([(b"P", messages.encode_page(Page("P", _words(300, 20))))])
+    await wait_for(lambda: _total_is(topics, 1), 120, "P committed")
+    await asyncio.sleep(1.2)
+    base = _words(300, 21)
+    await topics.send_raw([(p.id.encode(), messages.encode_page(p))
+                           for p in (Page("X", base), Page("Y", base))])
+    assert await asyncio.wait_for(run, 120) == 1  # the matches topic refused Y's match
+    await set_max_message_bytes(kafka_bootstrap, topics.matches, 1 << 20)
+    tp0 = TopicPartition(topics.pages, 0)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_records({tp0: RecordsToDelete(3)})  # X and Y's records gone
+    finally:
+        await admin.close()
+
+    worker = Worker(config, store)
+    run = asyncio.create_task(worker.run())
+    try:
+        for i in range(4):
+            await topics.send_raw([(f"Q{i}".encode(), messages.encode_page(
+                Page(f"Q{i}", _words(300, 40 + i))))], partition=1)
+            await wait_for(lambda i=i: _true(sample(worker, "dupalign_pages_total",
+                                                    outcome="processed") > i), 120, f"Q{i}")
+            await asyncio.sleep(1.1)  # a sweep is due before the next part
+        assert worker.unsettled == {}
+        assert sample(worker, "dupalign_lifecycle_pages_total", event="expired") > 0
+        assert worker.engine is not None and worker.engine.indexer.alive <= 3
+    finally:
+        worker.stop()
+        assert await asyncio.wait_for(run, 60) == 0
+
+
+async def _total_is(topics: Topics, total: int) -> bool:
+    return await topics.committed_total() == total
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 @pytest.mark.testdata

@@ -428,6 +428,10 @@ class Worker:
                 await producer.start()  # InitProducerId fences a previous owner of this id
                 self.txn_producers[tp] = producer
         group = await self._group_offsets(assigned)  # after the fencing: no pending commit
+        # the first offset each partition still holds: pages stored past the commit whose
+        # records the topic's retention deleted are never read again, so they cannot hold
+        # back the retention sweeps (``unsettled``) until a commit reaches them
+        begins = await self.consumer.beginning_offsets(list(assigned))
         for tp in sorted(assigned):
             committed, published = group.get(tp, (None, False))
             in_store = stored.get((tp.topic, tp.partition))
@@ -446,7 +450,7 @@ class Worker:
                             "no publication of its pages (next offset %d); reading the "
                             "partition from its beginning", tp, in_store)
                 await self.consumer.seek_to_beginning(tp)
-                self.unsettled[tp] = in_store
+                self._unsettle(tp, 0, in_store, begins[tp])
                 continue
             if committed is None:
                 continue  # new partition: auto_offset_reset applies
@@ -466,8 +470,8 @@ class Worker:
                     log.warning("%s: the store has no pages of this partition before offset "
                                 "%d; they cannot be matched", tp, committed)
                 elif in_store > committed:
-                    self.unsettled[tp] = in_store
-                self.consumer.seek(tp, committed)
+                    self._unsettle(tp, committed, in_store, begins[tp])
+                self.consumer.seek(tp, max(committed, begins[tp]))
         # Only now (producers ready, positions set) do fetched batches of these count.
         for tp in assigned:
             self._epoch_counter += 1
@@ -475,6 +479,17 @@ class Worker:
         self.consumer.resume(*assigned)
         self.metrics.assigned_partitions.set(len(self.epochs))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
+
+    def _unsettle(self, tp: TopicPartition, committed: int, in_store: int, begin: int
+                  ) -> None:
+        """The store holds pages of ``tp`` up to ``in_store`` past the commit: no sweep until
+        a commit reaches them, unless the topic no longer holds their records."""
+        if begin < in_store:
+            self.unsettled[tp] = in_store
+        else:
+            log.warning("%s: offsets %d to %d were stored but their matches not committed, "
+                        "and the topic no longer holds them (its log starts at %d): they "
+                        "cannot be published again", tp, committed, in_store - 1, begin)
 
     async def _group_offsets(self, tps: Iterable[TopicPartition]
                              ) -> dict[TopicPartition, tuple[int, bool]]:
