@@ -18,8 +18,9 @@ for another signature is refused (compiled again), which also repairs caches wri
 numba also keys a kernel's cache by its own source file only, while the machine code holds
 the kernels it calls and the module constants it reads, from other files: after a change
 to a callee alone (a ``git pull``, an edit), every later process ran the old code. The key
-here also covers every ``.py`` file beside the kernel's (for dupalign: the package), so any
-such change compiles the kernels again.
+here also covers the kernel modules beside the kernel's file and every module of that
+folder they import, so any such change compiles the kernels again (an edit of the engine,
+the pipeline or the index, which hold no kernel, does not).
 
 A process that finds the kernels missing (a fresh install or clone, a kernel's source
 changed) compiles them on first use: about two minutes of one core on the 2-core test
@@ -34,6 +35,7 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -64,19 +66,43 @@ def _index_locked(index_path: str) -> Iterator[bool]:
 
 
 def _folder_digest(folder: str) -> bytes:
-    """A digest of the ``.py`` files in ``folder`` (recomputed when one changes)."""
+    """A digest of the kernel modules in ``folder`` and of every module of the folder they
+    import, directly or not (recomputed when a file changes)."""
     with os.scandir(folder) as entries:
         files = sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in entries
                        if e.name.endswith(".py") and e.is_file())
     return _digest_of(folder, tuple(files))
 
 
+_IMPORT = re.compile(r"^\s*(?:from (\w+)\.(\w+) import|import (\w+)\.(\w+)|from (\w+) import "
+                     r"\(?([\w, ]+))", re.MULTILINE)
+
+
 @functools.lru_cache(maxsize=64)
 def _digest_of(folder: str, files: tuple[tuple[str, int, int], ...]) -> bytes:
-    digest = hashlib.sha256()
+    package = os.path.basename(folder)
+    sources = {}
     for name, *_ in files:
         with open(os.path.join(folder, name), "rb") as f:
-            digest.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
+            sources[name[:-3]] = f.read()
+    # the modules a kernel's machine code may hold something of: the kernel modules (those
+    # that take njit from here) and what they import (callees, constants); the others
+    # (the engine, the pipeline, ...) change no compiled code
+    reached = [m for m, text in sources.items() if b"kernel_cache import" in text]
+    seen = set(reached)
+    while reached:
+        text = sources[reached.pop()].decode("utf-8", "replace")
+        for match in _IMPORT.finditer(text):
+            p1, m1, p2, m2, p3, names = match.groups()
+            found = ([m1] if p1 == package else [m2] if p2 == package else
+                     [n.strip() for n in names.split(",")] if p3 == package else [])
+            for module in found:
+                if module in sources and module not in seen:
+                    seen.add(module)
+                    reached.append(module)
+    digest = hashlib.sha256()
+    for module in sorted(seen):
+        digest.update(module.encode() + b"\0" + hashlib.sha256(sources[module]).digest())
     return digest.digest()
 
 
