@@ -155,8 +155,9 @@ def align_in_worker(request: AlignRequest) -> list[tuple[str, list[Span]]]:
 def _in_flight_reading(aligns: deque[tuple[Page, IndexResult | BaseException, Any]],
                        removed: list[int]) -> int:
     """How many of the pages in flight (``aligns``, in order) must finish before the pages
-    ``removed`` leave the store: up to the last one that is one of them or aligns against
-    one of them (align reads the candidates' forward and docs records)."""
+    ``removed`` leave the store: up to the last one that is one of them, a replay of one
+    (answered from its stored matches, which the removal deletes), or aligns against one
+    of them (align reads the candidates' forward and docs records)."""
     if not removed:
         return 0
     dead = np.asarray(removed, dtype=np.int64)
@@ -164,7 +165,7 @@ def _in_flight_reading(aligns: deque[tuple[Page, IndexResult | BaseException, An
     for x, (_, result, _) in enumerate(aligns):
         if not isinstance(result, IndexResult):
             continue
-        if result.ordinal in removed or (
+        if result.ordinal in removed or result.replay_of in removed or (
                 result.align is not None and np.isin(result.align.others, dead).any()):
             n = x + 1
     return n

@@ -318,6 +318,27 @@ def test_revisits_and_deletes_in_flight_do_not_depend_on_the_workers(
     assert "revisit" in kinds and "passage" in kinds
 
 
+@pytest.mark.parametrize("removal", ["delete", "new version"])
+def test_a_replay_in_flight_keeps_its_matches_when_a_later_record_removes_its_page(
+        tmp_path: Path, removal: str) -> None:
+    """B (near A) is read again while C, which copies a passage of A, is still being
+    aligned; then B is deleted or replaced. The replay (answered from B's stored matches)
+    waits behind C, so the removal must wait for it too: it deleted B's stored matches
+    first, and the replay answered no match with 2 workers, 'B near A' with one."""
+    words = rfc_words("rfc2821.txt", 0, 6000)
+    a = " ".join(words[:1500])
+    b = a + " extra words at the end of the copy"
+    c = " ".join(words[3000:3800] + words[200:500])
+    last = Page("B", "", deleted=True) if removal == "delete" else Page(
+        "B", " ".join(words[5000:6000]))
+    pages = [Page("A", a), Page("B", b), Page("C", c), Page("B", b), last]
+    one = run(tmp_path / "one", pages, 1, EngineConfig())
+    assert [(m["doc_id"], m["kind"], m["match_doc_id"]) for _, found in one[3:4]
+            for m in found] == [("B", "near", "A")]  # type: ignore[union-attr, index]
+    for attempt in range(3):  # the race: C still aligning when the replay is indexed
+        assert run(tmp_path / f"two{attempt}", pages, 2, EngineConfig()) == one
+
+
 def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Workers without a view of the store (as if their secondary instance failed) cannot
