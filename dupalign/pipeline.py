@@ -38,9 +38,11 @@ from concurrent.futures import (
     ProcessPoolExecutor,
     ThreadPoolExecutor,
 )
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from itertools import islice
 from multiprocessing.util import Finalize
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
@@ -58,12 +60,14 @@ if TYPE_CHECKING:
     from dupalign.engine import Engine, Source
 
 ExecutorKind = Literal["process", "thread"]
+T = TypeVar("T")
 # Pages in flight per queue. Pages are finished in order, so one page whose alignment is
 # slow (a templated llvm page: tens of ms) holds back those behind it; a shallow queue then
 # fills and idles the other workers. On llvm-13/14 from text, --jobs 2, depth 64 against 8:
 # 1.10-1.14x the pages/s (one run of each of three executor shapes). A page in flight holds
 # its PageSketch (~90 KB on llvm) and align request (~17 KB): 64 pages are a few MB.
 DEPTH = 64
+_POLL_S = 1.0  # how often a wait on a worker checks that the pool's processes live
 SKETCH_CHUNK = 4  # pages per call of the sketch stage in a worker (sketch_chunk_in_worker)
 # What align reads of the store (dupalign.align: the candidates' forward records and ids;
 # meta: the parameters checked at open). A worker's secondary instance opens only these,
@@ -190,14 +194,54 @@ class WorkerPool:
         it), then the workers exit."""
         self.executor.shutdown(wait=wait)
 
+    def _processes(self) -> list[multiprocessing.process.BaseProcess]:
+        return list((getattr(self.executor, "_processes", None) or {}).values())
 
-def _aligned(engine: Engine, result: IndexResult, future: Future[Any]) -> Any:
+    def result(self, future: Future[T]) -> T:
+        """``future.result()``, or BrokenProcessPool if a worker process dies meanwhile.
+
+        A process killed (the OOM killer, say) while it sends a result back leaves a
+        half-written message in the result pipe: the executor's manager thread then waits
+        on it forever and never marks the pool broken (a limit of CPython's process pool),
+        so the caller, and the process at exit, would wait forever too."""
+        while True:
+            try:
+                return future.result(timeout=_POLL_S)
+            except FutureTimeout:
+                if any(p.exitcode not in (None, 0) for p in self._processes()):
+                    self._condemn()
+                    if future.done():
+                        return future.result()  # finished first, or failed as broken
+                    raise BrokenProcessPool("a worker process died (killed or crashed) "
+                                            "while the pipeline waited on it") from None
+
+    def _condemn(self) -> None:
+        """Kill the other workers and close this process's end of the result pipe: the
+        manager thread, blocked on the half-written message, reads the pipe's end, marks
+        the pool broken, fails its futures and exits."""
+        processes = self._processes()
+        for p in processes:
+            if p.exitcode is None:
+                p.kill()
+        for p in processes:
+            p.join(10)
+        writer = getattr(getattr(self.executor, "_result_queue", None), "_writer", None)
+        if writer is not None:
+            writer.close()
+        deadline = time.monotonic() + 10
+        thread = getattr(self.executor, "_executor_manager_thread", None)
+        while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+            thread.join(0.1)
+
+
+def _aligned(engine: Engine, result: IndexResult, future: Future[Any], pool: WorkerPool
+             ) -> Any:
     """The worker's passage matches; if the worker failed (its view of the store, say a
     secondary instance that could not catch up), the page is aligned here, on the store
     itself, so that no page's result depends on a worker: an error of the page's own
     raises here the same way."""
     try:
-        return future.result()
+        return pool.result(future)
     except Exception:
         return engine.align(result)
 
@@ -223,8 +267,9 @@ def run_pipeline(
     indexer = engine.indexer
     pool = engine.worker_pool(executor, jobs)
     # a page, its source, and its chunk's future with its place in the chunk
-    sketches: deque[tuple[Page, Source | None, Future[list[Any]], int]] = deque()
+    sketches: deque[tuple[Page, Source | None, Future[list[Any]], int, WorkerPool]] = deque()
     aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
+    pool_of: dict[Future[Any], WorkerPool] = {}  # the pool each align future runs in
     pending = iter(items)
     more = True
 
@@ -234,7 +279,8 @@ def run_pipeline(
             return page, result
         engine.report_pipelined(result)
         try:
-            found = [] if future is None else _aligned(engine, result, future)
+            found = [] if future is None else _aligned(engine, result, future,
+                                                       pool_of.pop(future))
             return page, indexer.finish(result, found)
         except StoreError:
             raise
@@ -249,7 +295,7 @@ def run_pipeline(
                     more = False
                     break
                 sketched = pool.executor.submit(sketch_chunk_in_worker, [p for p, _ in batch])
-                sketches.extend((page, source, sketched, x)
+                sketches.extend((page, source, sketched, x, pool)
                                 for x, (page, source) in enumerate(batch))
             while aligns and (aligns[0][2] is None or aligns[0][2].done()):
                 yield finish()
@@ -261,9 +307,9 @@ def run_pipeline(
             if len(aligns) >= depth:
                 yield finish()
                 continue
-            page, source, sketched, at = sketches.popleft()
+            page, source, sketched, at, sketched_by = sketches.popleft()
             try:
-                sk = sketched.result()[at]
+                sk = sketched_by.result(sketched)[at]
                 if isinstance(sk, Exception):
                     raise sk
                 # a page that removes a stored one (a new version, a delete) waits for the
@@ -285,12 +331,13 @@ def run_pipeline(
             future = None
             if isinstance(result, IndexResult) and result.align is not None:
                 future = pool.executor.submit(align_in_worker, result.align)
+                pool_of[future] = pool
             aligns.append((page, result, future))
             if engine.near.idf.version != pool.version:  # an idf freeze: new workers
                 pool = engine.worker_pool(executor, jobs)
     finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
         # indexed are finished (their matches stored, for a replay to find)
-        for _, _, sketched, _ in sketches:
+        for _, _, sketched, _, _ in sketches:
             sketched.cancel()
         while aligns:
             finish()

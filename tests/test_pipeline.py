@@ -429,3 +429,52 @@ def test_pool_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None
         time.sleep(0.2)
     alive = [c for c in children if Path(f"/proc/{c}").exists()]
     assert not alive, f"pool processes outlived their parent: {alive}"
+
+
+_DIES_WHILE_SENDING = """
+import dataclasses, os, signal, struct, sys, tempfile
+from pathlib import Path
+from dupalign import pipeline
+from dupalign.engine import Engine
+from tests.test_pipeline import random_pages
+
+real = pipeline.sketch_chunk_in_worker
+
+def dying(pages):
+    out = real(pages)
+    if any(p.id == "victim" for p in pages):  # half a result message, then SIGKILL
+        frame = sys._getframe()
+        while frame.f_code.co_name != "_process_worker":
+            frame = frame.f_back
+        pipe = frame.f_locals["result_queue"]._writer
+        os.write(pipe.fileno(), struct.pack("!i", 0x7FFFFFF0) + b"x" * 100)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return out
+
+pipeline.sketch_chunk_in_worker = dying  # forked into the workers
+pages = random_pages(4, 30)
+pages[12] = dataclasses.replace(pages[12], id="victim")
+with tempfile.TemporaryDirectory() as tmp, Engine.open(Path(tmp) / "s") as engine:
+    try:
+        for _ in engine.process_many([(p, None) for p in pages], jobs=2):
+            pass
+        print("finished", flush=True)
+    except Exception as exc:
+        print(type(exc).__name__, flush=True)
+"""
+
+
+def test_a_pool_process_killed_while_it_sends_a_result_stops_the_run_instead_of_hanging(
+        tmp_path: Path) -> None:
+    """The OOM killer can kill a worker process in the middle of writing its result: the
+    process pool's manager thread then waits forever on the half-written message and never
+    marks the pool broken, and the run (and the process, at exit) waited forever. Now the
+    wait notices the dead process: BrokenProcessPool, as for a worker killed any other
+    time, and the process exits."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _DIES_WHILE_SENDING], capture_output=True,
+                         text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["BrokenProcessPool"], run.stdout + run.stderr[-3000:]
