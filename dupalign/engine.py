@@ -257,6 +257,15 @@ class Engine:
         return {parse_offsets_key(key[n:]): read_u64(value)
                 for key, value in self.store.prefix("meta", PUBLISHED_PREFIX)}
 
+    def unpublished(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Per input partition whose stored offset is ahead of its published note: (note,
+        stored). A Kafka worker that restarts reads those records again and answers their
+        pages from the store as replays, so nothing may remove them before (the worker's
+        own sweep waits too). Empty for a store filled by ``scan``: it stores no offsets."""
+        noted = self.published_offsets()
+        return {tp: (noted.get(tp, 0), stored) for tp, stored in self.stored_offsets().items()
+                if stored > noted.get(tp, 0)}
+
     def note_published(self, topic: str, partition: int, offset: int) -> None:
         """Record that the matches of every page of (topic, partition) below ``offset`` are
         published: the Kafka worker's resume point when its group has lost its offsets. A

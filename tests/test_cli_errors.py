@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dupalign.page import Page
 from dupalign.store import Store
 from tests.corpora import DEMO
 from worker.exits import Exit
@@ -92,6 +93,34 @@ def _store_other_shard_count(tmp: Path) -> list[str]:
     return ["scan", str(RFC2821), "--store", "s", "--shards", "3"]
 
 
+def worker_store_ahead_of_its_commit(path: Path) -> None:
+    """A Kafka worker's store after a crash: pages stored at offsets 0-2 of pages:0 (p1 a
+    near duplicate of p0, p2 an exact copy of p1), the batch of offset 0 committed and
+    noted as published, offsets 1-2 not."""
+    from dupalign.engine import Engine
+
+    with Engine.open(path) as engine:
+        for offset, page in enumerate(_ahead_pages()):
+            engine.process(page, ("pages", 0, offset))
+        engine.note_published("pages", 0, 1)
+
+
+def _ahead_pages() -> list[Page]:
+    text = " ".join(RFC2821.read_text().split()[:1500])
+    return [Page("p0", text), Page("p1", text + " a few words more"),
+            Page("p2", text + " a few words more")]
+
+
+def _compact_ahead_of_commit(tmp: Path) -> list[str]:
+    worker_store_ahead_of_its_commit(tmp / "s")
+    return ["compact", "--store", "s", "--max-pages", "1"]
+
+
+def _delete_ahead_of_commit(tmp: Path) -> list[str]:
+    worker_store_ahead_of_its_commit(tmp / "s")
+    return ["delete", "p1", "--store", "s"]
+
+
 def _store_other_version(tmp: Path) -> list[str]:
     Store(tmp / "s", {"format": 1}).close()  # a format no longer read
     return ["scan", str(RFC2821), "--store", "s"]
@@ -151,6 +180,12 @@ CASES = [
          "store s was built for 2 index shard(s), asked for 3: the shard count is fixed per "
          "store (it decides where every key lives); rebuild by replay into a new store: "
          "dupalign scan --store NEW_STORE --shards 3 INPUT..."),
+    Case("compact on a store ahead of its Kafka commit", _compact_ahead_of_commit,
+         Exit.UNCOMMITTED, "store s holds pages of pages:0 at offsets 1 to 2 that a Kafka "
+         "worker stored but has not recorded as committed"),
+    Case("delete on a store ahead of its Kafka commit", _delete_ahead_of_commit,
+         Exit.UNCOMMITTED, "run the worker until it has caught up, then retry (--force "
+         "removes pages anyway"),
     Case("store of another version", _store_other_version, Exit.STORE,
          "store s has format 1, which this version of dupalign does not read (it reads "
          "format 6 and the ones it upgrades): rebuild it by processing the pages again"),
@@ -272,3 +307,30 @@ def test_a_missing_store_is_said_before_the_engine_is_imported(tmp_path: Path) -
                              capture_output=True, text=True, timeout=120, check=False)
         assert run.stdout.split() == [str(int(Exit.STORE)), "False"], run.stderr
         assert "no store at" in run.stderr
+
+
+def test_compact_and_delete_leave_the_pages_a_restarted_worker_reads_again(
+        tmp_path: Path) -> None:
+    """Review D, bug 3: pages a Kafka worker stored past its commit are read again when it
+    restarts and must be answered from the store (replays). An offline removal made them
+    new pages again: p1 was published as an exact duplicate of the later p2."""
+    from dupalign.engine import Engine
+    from worker.cli import main
+
+    store = str(tmp_path / "s")
+    worker_store_ahead_of_its_commit(tmp_path / "s")
+    assert main(["compact", "--store", store, "--max-pages", "1"]) == Exit.UNCOMMITTED
+    assert main(["delete", "p1", "--store", store]) == Exit.UNCOMMITTED
+    assert main(["compact", "--store", store]) == 0  # no retention: the files only
+    with Engine.open(store) as engine:  # the worker restarts, reads offsets 1-2 again
+        again = [[(m.kind, m.match_doc_id) for m in engine.process(page, ("pages", 0, n))]
+                 for n, page in enumerate(_ahead_pages()) if n >= 1]
+        assert again == [[("near", "p0")], [("exact", "p1")]]
+        engine.note_published("pages", 0, 3)  # and commits them
+    assert main(["delete", "p0", "--store", store]) == 0
+    worker_store_ahead_of_its_commit(tmp_path / "forced")
+    assert main(["compact", "--store", str(tmp_path / "forced"), "--max-pages", "1",
+                 "--force"]) == 0
+    with Engine.open(store, read_only=True) as kept, \
+            Engine.open(tmp_path / "forced", read_only=True) as forced:
+        assert (kept.indexer.alive, forced.indexer.alive) == (2, 1)

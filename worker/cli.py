@@ -162,9 +162,26 @@ def _existing_store(store: str) -> str:
     return store
 
 
+def _check_committed(engine: Engine, store: str, force: bool) -> None:
+    """A Kafka worker's store may hold pages past its group's commit (a crash, a failed
+    commit): the restarted worker reads their records again and answers them from the
+    store, so removing pages now would index them again as new pages (wrong matches)."""
+    if force or not (ahead := engine.unpublished()):
+        return
+    (topic, partition), (noted, stored) = min(ahead.items())
+    more = f" (and {len(ahead) - 1} more partition(s))" if len(ahead) > 1 else ""
+    raise CliError(
+        f"store {store} holds pages of {topic}:{partition} at offsets {noted} to {stored - 1}"
+        f"{more} that a Kafka worker stored but has not recorded as committed; restarted, it "
+        "reads them again and answers them from the store: run the worker until it has "
+        "caught up, then retry (--force removes pages anyway: wrong matches for those)",
+        Exit.UNCOMMITTED)
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     config = load_engine_config(args.config)
     with _open_engine(_existing_store(args.store), config) as engine:
+        _check_committed(engine, args.store, args.force)
         removed = engine.delete(list(args.ids))
     print(f"{removed} of {len(set(args.ids))} pages deleted (the others were not stored)",
           file=sys.stderr)
@@ -178,6 +195,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     if retention:
         config = replace(config, retention=replace(config.retention, **retention)).validate()
     with _open_engine(_existing_store(args.store), config) as engine:
+        if config.retention.max_pages or config.retention.max_age:  # (else: files only)
+            _check_committed(engine, args.store, args.force)
         before = engine.store.size_bytes()
         removed = engine.compact()
         engine.store.compact()
@@ -231,7 +250,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         prog="dupalign",
         description="Streaming near-duplicate and copied-passage detection for web crawls.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage or configuration, 3 input, "
-        "4 store, 5 Kafka unreachable, 6 nothing processed, 130 interrupted.",
+        "4 store, 5 Kafka unreachable, 6 nothing processed, 7 store ahead of its Kafka "
+        "commit (compact, delete), 130 interrupted.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -272,6 +292,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     delete.add_argument("ids", nargs="+", metavar="ID", help="page ids")
     delete.add_argument("--store", required=True)
     delete.add_argument("--config")
+    delete.add_argument("--force", action="store_true",
+                        help="delete even when the store holds pages a Kafka worker stored "
+                             "past its commit (it reads them again and expects them "
+                             "stored: wrong matches); without it that exits 7")
     delete.set_defaults(func=cmd_delete)
 
     compact = sub.add_parser("compact", help="apply retention: the oldest pages leave")
@@ -281,6 +305,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                          help="keep at most this many pages (retention.max_pages)")
     compact.add_argument("--max-age", type=int, metavar="SECONDS",
                          help="remove pages fetched longer ago (retention.max_age)")
+    compact.add_argument("--force", action="store_true",
+                         help="sweep even when the store holds pages a Kafka worker stored "
+                              "past its commit (it reads them again and expects them "
+                              "stored: wrong matches); without it that exits 7")
     compact.set_defaults(func=cmd_compact)
 
     # The Kafka commands import aiokafka: only when one of them is asked for.

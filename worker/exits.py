@@ -17,6 +17,7 @@ class Exit(IntEnum):
     STORE = 4  # store missing, not a directory, not writable, locked, other version/params
     KAFKA = 5  # the Kafka broker cannot be reached
     NOTHING_DONE = 6  # the run processed no page (every page rejected, or none in the inputs)
+    UNCOMMITTED = 7  # compact/delete refused: the store holds pages past a Kafka commit
     INTERRUPTED = 130  # Ctrl-C
 
 
