@@ -76,6 +76,7 @@ I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 SHARDS_KEY = b"index_shards"  # meta of the fan-in's store: the shard count, msgpack int
 SHARD_KEY = b"index_shard"  # meta of a shard's store: [shard, count]
+FAN_IN_KEY = b"index_fan_in"  # meta of the Kafka topology's fan-in store: its shards are roles
 OUTBOX_PREFIX = b"outbox/"  # meta of the fan-in's store: seq -> its shard messages
 _LIST_SALT = 0x5348415244  # "SHARD"
 REBUILD_BY_REPLAY = ("dupalign scan --store NEW_STORE --shards {n} INPUT... (the pages in "
@@ -388,23 +389,49 @@ def open_indexer(store: Store, config: EngineConfig, read_only: bool = False,
             f"store {store.path} was built for {has} index shard(s), asked for {n}: the "
             f"shard count is fixed per store (it decides where every key lives); rebuild "
             f"by replay into a new store: {REBUILD_BY_REPLAY.format(n=n)}")
-    if has is None and not read_only:
+    if has is None and not read_only and (n == 1 or remote):
         store.put("meta", SHARDS_KEY, msgpack.packb(n))
     if n == 1:
         return Indexer(store, config)
     if remote:  # the shards are processes of their own (the Kafka topology)
+        if not read_only and store.get("meta", FAN_IN_KEY) is None:  # (also a store made
+            store.put("meta", FAN_IN_KEY, msgpack.packb(True))  # before the mark existed)
         return FanInIndexer(store, config, n)
+    if has is not None:
+        _check_local_shards(store, n, read_only)
     stores: list[Store] = []
     try:
         for i in range(n):
             s = Store(shard_dir(store.path, i), store.params, read_only=read_only)
             stores.append(s)
             _check_shard(s, i, n, read_only)
+        if has is None and not read_only:  # after its shards: a store that records a
+            store.put("meta", SHARDS_KEY, msgpack.packb(n))  # count has their stores
         return ShardedIndexer(store, config, stores, read_only)
     except BaseException:
         for s in stores:
             s.close()
         raise
+
+
+def _check_local_shards(store: Store, n: int, read_only: bool) -> None:
+    """An existing store built for ``n`` shards opens them here only if they are here. The
+    Kafka topology's fan-in (marked by the index role; before the mark, a store without
+    its shard stores) has them in the shard roles: opened here, it would get new empty
+    shards, and its pages waiting for their partials and align would be finished with
+    what the directory alone knows (the role, taking it back, publishes those). A reader
+    writes nothing: it may read shard roles' stores kept under the fan-in's directory."""
+    role = (f"only the index role opens it (dupalign worker --roles index, "
+            f"kafka.index_shards = {n})")
+    if not read_only and store.get("meta", FAN_IN_KEY) is not None:
+        raise StoreMismatch(f"store {store.path} is the index fan-in of a Kafka topology: "
+                            f"its {n} index shards are the shard roles' stores; {role}")
+    missing = next((d for d in (shard_dir(store.path, i) for i in range(n))
+                    if not d.is_dir()), None)
+    if missing is not None:
+        raise StoreMismatch(f"store {store.path} was built for {n} index shards but {missing} "
+                            "is missing: the index fan-in of a Kafka topology keeps its "
+                            f"shards in the shard roles, {role}")
 
 
 def _check_shard(store: Store, shard: int, n: int, read_only: bool) -> None:

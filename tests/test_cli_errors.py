@@ -121,6 +121,13 @@ def _delete_ahead_of_commit(tmp: Path) -> list[str]:
     return ["delete", "p1", "--store", "s"]
 
 
+def _compact_fan_in(tmp: Path) -> list[str]:
+    from dupalign.engine import Engine
+
+    Engine.open(tmp / "s", shards=2, remote_shards=True).close()  # the topology's index role
+    return ["compact", "--store", "s"]
+
+
 def _store_other_version(tmp: Path) -> list[str]:
     Store(tmp / "s", {"format": 1}).close()  # a format no longer read
     return ["scan", str(RFC2821), "--store", "s"]
@@ -180,6 +187,9 @@ CASES = [
          "store s was built for 2 index shard(s), asked for 3: the shard count is fixed per "
          "store (it decides where every key lives); rebuild by replay into a new store: "
          "dupalign scan --store NEW_STORE --shards 3 INPUT..."),
+    Case("compact on the index fan-in of a Kafka topology", _compact_fan_in, Exit.STORE,
+         "store s is the index fan-in of a Kafka topology: its 2 index shards are the shard "
+         "roles' stores; only the index role opens it"),
     Case("compact on a store ahead of its Kafka commit", _compact_ahead_of_commit,
          Exit.UNCOMMITTED, "store s holds pages of pages:0 at offsets 1 to 2 that a Kafka "
          "worker stored but has not recorded as committed"),

@@ -27,6 +27,7 @@ from dupalign.errors import StoreMismatch
 from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.shard import (
+    FAN_IN_KEY,
     OUTBOX_PREFIX,
     SHARDS_KEY,
     FanInIndexer,
@@ -575,4 +576,50 @@ def test_a_takeover_takes_a_record_for_one_cut_short_only_if_its_entry_is_not_ma
         carried = None if ix.carried is None else ix.carried[0]
         assert (stored, carried) == ((3, None) if marked else (2, 2))
         assert sorted({seq for seq, _, _ in again}) == ([1, 2] if marked else [1])
+        assert ix.first_resumable() == 1
+
+
+@pytest.mark.parametrize("layout", ["shards elsewhere", "shards under the fan-in",
+                                    "unmarked, shards elsewhere"])
+def test_the_fan_in_of_the_kafka_topology_is_not_opened_with_local_shards(
+        tmp_path: Path, layout: str) -> None:
+    """Review D, bug 4: `dupalign compact` on the index role's store (kafka.index_shards = 2)
+    opened it with local shards: it made new empty shard stores and finished d1, which
+    waited for its partials, with the directory's matches alone (published so by the role
+    after it). A local open of the fan-in is refused, read-only too when its shards are not
+    there; the role still resumes d1. "unmarked": a store the role used before the mark."""
+    cfg = config("oph", 4, 16)
+    fan_in = tmp_path / "fan-in"
+    shard_root = fan_in if layout == "shards under the fan-in" else tmp_path / "shards"
+    shards = [ShardStore(shard_root, cfg, s, 2, kept=8) for s in range(2)]
+    with Engine.open(fan_in, cfg, shards=2, remote_shards=True) as engine:
+        ix = engine.indexer
+        assert isinstance(ix, FanInIndexer)
+        for seq in range(2):
+            ix.begin(seq)
+            result = ix.index(engine.sketch(Page(f"d{seq}", _body(seq))), ("sequence", 0, seq))
+            for s, m in ix.take():
+                shards[s].apply(m, ("keys", s, seq))
+            if seq == 0:
+                ix.finish(result, [])  # d1 is left waiting
+        if layout == "unmarked, shards elsewhere":
+            batch = engine.store.batch()
+            batch.delete("meta", FAN_IN_KEY)
+            engine.store.write(batch)
+    for shard in shards:
+        shard.close()
+    with pytest.raises(StoreMismatch, match=r"only the index role opens it \(dupalign worker "
+                                            r"--roles index, kafka.index_shards = 2\)"):
+        Engine.open(fan_in, cfg)
+    if layout == "shards under the fan-in":
+        with Engine.open(fan_in, cfg, read_only=True) as reader:  # writes nothing
+            assert reader.stats()["pages"] == 2
+    else:
+        with pytest.raises(StoreMismatch, match="shards/0 is missing"):
+            Engine.open(fan_in, cfg, read_only=True)
+        assert not (fan_in / "shards").exists()
+    with Engine.open(fan_in, cfg, shards=2, remote_shards=True) as engine:
+        ix = engine.indexer
+        assert isinstance(ix, FanInIndexer)
+        ix.recover(engine.stored_offsets().get(("sequence", 0)), 1)
         assert ix.first_resumable() == 1
