@@ -194,6 +194,11 @@ class WorkerPool:
         it), then the workers exit."""
         self.executor.shutdown(wait=wait)
 
+    @property
+    def broken(self) -> bool:
+        """A worker died (the executor marked itself broken): no more work runs here."""
+        return bool(getattr(self.executor, "_broken", False))
+
     def _processes(self) -> list[multiprocessing.process.BaseProcess]:
         return list((getattr(self.executor, "_processes", None) or {}).values())
 

@@ -454,13 +454,18 @@ def dying(pages):
 pipeline.sketch_chunk_in_worker = dying  # forked into the workers
 pages = random_pages(4, 30)
 pages[12] = dataclasses.replace(pages[12], id="victim")
+items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
 with tempfile.TemporaryDirectory() as tmp, Engine.open(Path(tmp) / "s") as engine:
     try:
-        for _ in engine.process_many([(p, None) for p in pages], jobs=2):
+        for _ in engine.process_many(items, jobs=2):
             pass
         print("finished", flush=True)
     except Exception as exc:
         print(type(exc).__name__, flush=True)
+    pipeline.sketch_chunk_in_worker = real  # the caller starts again from the stored offset
+    for _ in engine.process_many(items[engine.stored_offsets()[("pages", 0)]:], jobs=2):
+        pass
+    print("finished", engine.stored_offsets()[("pages", 0)] == len(items), flush=True)
 """
 
 
@@ -470,11 +475,12 @@ def test_a_pool_process_killed_while_it_sends_a_result_stops_the_run_instead_of_
     process pool's manager thread then waits forever on the half-written message and never
     marks the pool broken, and the run (and the process, at exit) waited forever. Now the
     wait notices the dead process: BrokenProcessPool, as for a worker killed any other
-    time, and the process exits."""
+    time, and the process exits; the next run on the same engine gets new workers."""
     import subprocess
     import sys
 
     run = subprocess.run([sys.executable, "-c", _DIES_WHILE_SENDING], capture_output=True,
                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[1])
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["BrokenProcessPool"], run.stdout + run.stderr[-3000:]
+    assert run.stdout.split() == ["BrokenProcessPool", "finished", "True"], (
+        run.stdout + run.stderr[-3000:])
