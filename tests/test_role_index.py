@@ -315,3 +315,38 @@ def test_a_page_sequenced_again_far_past_the_read_ahead_bound_still_supersedes(
         assert role.floor == last + 1 and not role.expected
         assert role.read_ahead > role.max_waiting
     role.executor.shutdown()
+
+
+def test_an_align_answer_the_index_cannot_read_is_aligned_by_the_index(tmp_path: Path) -> None:
+    """An aligned record of another wire version (align processes upgraded first) or a
+    broken one stopped the index role at every start, the page's matches never published.
+    The index aligns that page itself and publishes its matches."""
+    from tests.test_engine import rfc_words
+
+    cfg = EngineConfig()
+    role = IndexRole(Config(engine=cfg), tmp_path / "i")
+    words = rfc_words("rfc2821.txt", 0, 4000)
+    pages = [Page("A", " ".join(words[:1500])),
+             Page("C", " ".join(words[3000:3800] + words[200:500]))]  # a passage of A
+    with Engine.open(tmp_path / "sketcher", cfg) as sketcher, \
+            Engine.open(tmp_path / "i", cfg) as engine:
+        role.engine = engine
+        role._reset(0, 0)
+        role.owner = True
+        role._route(role.seq_tp, [
+            SimpleNamespace(offset=i, timestamp=i, headers=[],
+                            value=encode_sequence(p.id, ("pages", 0, i)))
+            for i, p in enumerate(pages)])
+        role._route(role.sketch_tp, [
+            SimpleNamespace(offset=i, timestamp=i, headers=[ordinal_header(i)],
+                            value=sketcher.sketch(p).to_bytes()) for i, p in enumerate(pages)])
+        out = role._advance()
+        assert [o.topic for o in out if o.topic == role.kc.align_topic] == [role.kc.align_topic]
+        role._route(role.aligned_tp, [SimpleNamespace(
+            topic=role.kc.aligned_topic, partition=0, offset=0, timestamp=2,
+            headers=[ordinal_header(1)], value=b"\xc1 not an aligned record")])
+        published = [messages.decode_match(o.value) for o in role._advance()
+                     if o.topic == role.kc.output_topic]
+        assert ("C", "passage", "A") in [(m["doc_id"], m["kind"], m["match_doc_id"])
+                                         for m in published]
+    role.executor.shutdown()

@@ -92,6 +92,7 @@ class Waiting:
     result: IndexResult
     passages: list[tuple[str, list[Span]]] | None = None  # align's answer, once it came
     undecided: bool = False  # index shards: waiting for the partials of its shards
+    align_here: bool = False  # align's answer was unreadable: aligned by the index itself
 
     @property
     def ready(self) -> bool:
@@ -340,7 +341,14 @@ class IndexRole:
             else:
                 waiting = self.by_ordinal.get(ordinal)
                 if waiting is not None and waiting.passages is None:
-                    waiting.passages = decode_aligned(rec.value)[1]
+                    try:
+                        waiting.passages = decode_aligned(rec.value)[1]
+                    except Exception:  # another wire version (an upgrade), a broken
+                        # record: it would stop the role at every start; aligned here
+                        log.exception("aligned record %s:%d:%d unreadable: page %d is "
+                                      "aligned by the index", tp.topic, tp.partition,
+                                      rec.offset, ordinal)
+                        waiting.align_here = True
 
     def _advance(self) -> list[Outgoing]:
         """Runs in the index thread: apply the sketches the sequence has reached, in order,
@@ -414,6 +422,9 @@ class IndexRole:
                             waiting.passages = engine.align(waiting.result)
                     else:
                         self._request(waiting, out)
+        for waiting in self.waiting:
+            if waiting.align_here and waiting.passages is None:
+                waiting.passages = engine.align(waiting.result)
         now = int(time.time() * 1000)
         while self.waiting and self.waiting[0].ready:
             waiting = self.waiting.popleft()
