@@ -463,7 +463,7 @@ with tempfile.TemporaryDirectory() as tmp, Engine.open(Path(tmp) / "s") as engin
     except Exception as exc:
         print(type(exc).__name__, flush=True)
     pipeline.sketch_chunk_in_worker = real  # the caller starts again from the stored offset
-    for _ in engine.process_many(items[engine.stored_offsets()[("pages", 0)]:], jobs=2):
+    for _ in engine.process_many(items[engine.stored_offsets().get(("pages", 0), 0):], jobs=2):
         pass
     print("finished", engine.stored_offsets()[("pages", 0)] == len(items), flush=True)
 """
