@@ -233,10 +233,9 @@ class WorkerPool:
         writer = getattr(getattr(self.executor, "_result_queue", None), "_writer", None)
         if writer is not None:
             writer.close()
-        deadline = time.monotonic() + 10
         thread = getattr(self.executor, "_executor_manager_thread", None)
-        while thread is not None and thread.is_alive() and time.monotonic() < deadline:
-            thread.join(0.1)
+        if thread is not None:
+            thread.join(10)
 
 
 def _aligned(engine: Engine, result: IndexResult, future: Future[Any], pool: WorkerPool
