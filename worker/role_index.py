@@ -130,6 +130,11 @@ class IndexRole:
         self.stopping = asyncio.Event()
         self.failure: BaseException | None = None
         self.max_waiting = 4 * max(1, config.worker.batch_size) * 8
+        # a turn takes batch_size pages' worth of records: each page brings its sequence
+        # record, its sketch, its align answer and a partial per shard (one transaction a
+        # turn, so batch_size records a turn held the fan-in to ~batch_size / 6 pages)
+        self.turn_records = max(1, config.worker.batch_size) * (
+            3 + (self.n_shards if self.n_shards > 1 else 0))
         self.published = 0  # pages whose matches were committed, this process
         self._reset(0, 0)
 
@@ -160,7 +165,7 @@ class IndexRole:
         await ensure_topics(self.kc, topology_topics(self.kc))
         self.align_limit = await record_limit(self.kc, self.kc.align_topic)
         consumer = self.consumer = new_consumer(
-            self.kc, self.group_id, self.config.worker.batch_size,
+            self.kc, self.group_id, self.turn_records,
             # co-partitioning: partition i of every input topic to the same member
             partition_assignment_strategy=(RangePartitionAssignor,))
         consumer.subscribe(sorted(t.topic for t in self.tps), listener=RoleListener(self))
@@ -169,8 +174,7 @@ class IndexRole:
         log.info("index role started (group %s, store %s)", self.group_id, self.store_dir)
         loop = asyncio.get_running_loop()
         try:
-            async for batches in turns(self, consumer, self.config.worker.batch_size,
-                                       self._wanted):
+            async for batches in turns(self, consumer, self.turn_records, self._wanted):
                 if not self.owner:
                     continue
                 for tp, records in batches.items():
