@@ -457,9 +457,16 @@ def _check_shard(store: Store, shard: int, n: int, read_only: bool) -> None:
 # from the S partials (``FanInIndexer.decide``), with ``Indexer._decide``: the same code
 # as one process.
 
-KEYS_WIRE = 1
+# version 2 carries a window as its list only (bin <u2, min-hash <u8: 10 bytes, against
+# 49 for version 1's whole rectangle): a shard keeps lists, and its forward record only
+# names them (the fan-in keeps the rectangles and aligns from them). Version 1 messages
+# (retained in the keys topic, or in a fan-in's outbox from before an upgrade) are read
+# too; upgrade the shard processes before the fan-in.
+KEYS_WIRE = 2
+_KEYS_READ = (1, 2)
+PARTIAL_WIRE = 1
 _RECT_DTYPES = {"bin": "<i8", "key": "<u8", "i_lo": "<i8", "i_hi": "<i8", "j_lo": "<i8",
-                "j_hi": "<i8", "empty": "?"}
+                "j_hi": "<i8", "empty": "?"}  # version 1
 
 
 @dataclass
@@ -497,34 +504,47 @@ class ShardMessage:
 
     def to_bytes(self) -> bytes:
         q = self.query
-        w = None if self.windows is None or self.windows.rects is None else {
-            "n_units": self.windows.n_units,
-            **{f: np.ascontiguousarray(getattr(self.windows.rects, f), dtype=d).tobytes()
-               for f, d in _RECT_DTYPES.items()}}
+        w = None
+        if self.windows is not None and self.windows.rects is not None:
+            r = self.windows.rects
+            if r.empty.any():  # (``owned_part`` keeps only windows that are in a list)
+                raise ValueError("a keys message carries no empty window")
+            w = {"n_units": self.windows.n_units, "bin": _b(r.bin, "<u2"),
+                 "key": _b(r.key, "<u8")}
         return bytes(msgpack.packb({
             "v": KEYS_WIRE, "seq": self.seq, "ordinal": self.ordinal, "pre": self.pre,
             "post": self.post, "put_sketch": self.put_sketch, "windows": w,
             "query": None if q is None else {
                 "sketch": None if q.sketch is None else _b(q.sketch, "<u8"),
                 "candidates": [list(c) for c in q.candidates],
-                "bins": None if q.bins is None else _b(q.bins, "<i8"),
+                "bins": None if q.bins is None else _b(q.bins, "<u2"),
                 "keys": None if q.keys is None else _b(q.keys, "<u8"),
                 "replaced": q.replaced, "prev": q.prev}}, use_bin_type=True))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> ShardMessage:
         d = msgpack.unpackb(raw, raw=False)
-        if d.get("v") != KEYS_WIRE:
-            raise ValueError(f"keys message version {d.get('v')!r}, expected {KEYS_WIRE}")
+        v = d.get("v")
+        if v not in _KEYS_READ:
+            raise ValueError(f"keys message version {v!r}, expected one of {_KEYS_READ}")
         q, w = d["query"], d["windows"]
+        bin_dtype = "<i8" if v == 1 else "<u2"
         query = None if q is None else ShardQuery(
             None if q["sketch"] is None else np.frombuffer(q["sketch"], "<u8").copy(),
             [(int(o), int(h)) for o, h in q["candidates"]],
-            None if q["bins"] is None else np.frombuffer(q["bins"], "<i8").copy(),
+            None if q["bins"] is None else np.frombuffer(q["bins"], bin_dtype).astype(np.int64),
             None if q["keys"] is None else np.frombuffer(q["keys"], "<u8").copy(),
             q["replaced"], q["prev"])
-        windows = None if w is None else PassageState(Rects(**{
-            f: np.frombuffer(w[f], d).copy() for f, d in _RECT_DTYPES.items()}), w["n_units"])
+        windows = None
+        if w is not None and v == 1:
+            windows = PassageState(Rects(**{f: np.frombuffer(w[f], d).copy()
+                                            for f, d in _RECT_DTYPES.items()}), w["n_units"])
+        elif w is not None:
+            bins = np.frombuffer(w["bin"], "<u2").astype(np.int64)
+            none = np.zeros(len(bins), dtype=np.int64)  # rectangles: not a shard's business
+            windows = PassageState(Rects(bins, np.frombuffer(w["key"], "<u8").copy(), none,
+                                         none, none, none, np.zeros(len(bins), dtype=bool)),
+                                   w["n_units"])
         return cls(d["seq"], d["ordinal"], list(d["pre"]), query, list(d["post"]),
                    bool(d["put_sketch"]), windows)
 
@@ -546,7 +566,7 @@ class Partial:
 
     def to_bytes(self) -> bytes:
         return bytes(msgpack.packb({
-            "v": KEYS_WIRE, "seq": self.seq, "shard": self.shard,
+            "v": PARTIAL_WIRE, "seq": self.seq, "shard": self.shard,
             "near": [list(x) for x in self.near],
             "long": None if self.long is None else _b(self.long, "?"),
             "n": None if self.n is None else _b(self.n, "<i8"),
@@ -557,8 +577,8 @@ class Partial:
     @classmethod
     def from_bytes(cls, raw: bytes) -> Partial:
         d = msgpack.unpackb(raw, raw=False)
-        if d.get("v") != KEYS_WIRE:
-            raise ValueError(f"partial version {d.get('v')!r}, expected {KEYS_WIRE}")
+        if d.get("v") != PARTIAL_WIRE:
+            raise ValueError(f"partial version {d.get('v')!r}, expected {PARTIAL_WIRE}")
 
         def arr(key: str, dtype: str) -> Any:
             return None if d[key] is None else np.frombuffer(d[key], dtype).copy()

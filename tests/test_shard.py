@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -448,6 +449,81 @@ def test_a_shard_store_reads_its_keys_again_after_a_crash_and_answers_the_same(
     with pytest.raises(StoreMismatch, match="its partial is not kept any more"):
         store.apply(ShardMessage.from_bytes(ix.log[0][0]), ("keys", 0, 0))
     store.close()
+
+
+_V1_RECTS = {"bin": "<i8", "key": "<u8", "i_lo": "<i8", "i_hi": "<i8", "j_lo": "<i8",
+              "j_hi": "<i8", "empty": "?"}
+
+
+def _as_version_1(msg: ShardMessage) -> bytes:
+    """``msg`` as the fan-in wrote keys messages before version 2: every window's whole
+    rectangle, the query's bins as int64."""
+    d = msgpack.unpackb(msg.to_bytes(), raw=False)
+    d["v"] = 1
+    if msg.windows is not None and msg.windows.rects is not None:
+        r = msg.windows.rects
+        d["windows"] = {"n_units": msg.windows.n_units, **{
+            f: np.ascontiguousarray(getattr(r, f), dtype=t).tobytes()
+            for f, t in _V1_RECTS.items()}}
+    if msg.query is not None and msg.query.bins is not None:
+        d["query"]["bins"] = np.asarray(msg.query.bins, dtype="<i8").tobytes()
+    return bytes(msgpack.packb(d, use_bin_type=True))
+
+
+class TwoWires(Recording):
+    """``Recording`` whose every keys message also goes, as version 1, to a second set of
+    shard stores (a keys topic written before the upgrade)."""
+
+    def __init__(self, store: Store, cfg: EngineConfig, n: int, root: Path) -> None:
+        super().__init__(store, cfg, n, root / "v2")
+        self.old = [ShardStore(root / "v1", cfg, i, n, kept=16) for i in range(n)]
+        self.sizes = [0, 0]  # bytes of the version 1 and 2 messages
+
+    def deliver(self) -> list[Partial]:
+        partials = []
+        for s, msg in self.take():
+            raw, old = msg.to_bytes(), _as_version_1(msg)
+            self.sizes[0] += len(old)
+            self.sizes[1] += len(raw)
+            at = ("keys", s, len(self.log[s]))
+            self.log[s].append(raw)
+            p = self.stores[s].apply(ShardMessage.from_bytes(raw), at)
+            q = self.old[s].apply(ShardMessage.from_bytes(old), at)
+            assert (p is None) == (q is None)
+            if p is not None:
+                assert q is not None and p.to_bytes() == q.to_bytes()
+                partials.append(Partial.from_bytes(p.to_bytes()))
+        return partials
+
+    def close(self) -> None:
+        super().close()
+        for store in self.old:
+            store.close()
+
+
+def test_keys_messages_of_version_1_are_answered_as_version_2_and_2_is_smaller(
+        tmp_path: Path) -> None:
+    """Version 2 sends a window as its list only (the shard needs no rectangle). A shard
+    reading version 1 messages (retained before an upgrade) answers the same partials and
+    holds the same lists; version 2 is under half the bytes."""
+    cfg = config("oph", 4, 16)
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        engine.indexer = ix = TwoWires(engine.store, cfg, 2, tmp_path)
+        try:
+            for i in range(24):
+                engine.process(Page(f"d{i}", _body(i % 4) + f" extra{i % 3}"))
+            engine.delete(["d1", "d2"])
+            engine.process(Page("d3", _body(9)))  # a changed revisit
+            stores = [(a.store, b.store) for a, b in zip(ix.stores, ix.old, strict=True)]
+            for new, old in stores:
+                for family in ("oph", "cws", "meta", "offsets"):
+                    assert list(new.items(family)) == list(old.items(family)), family
+                assert ([k for k, _ in new.items("forward")]
+                        == [k for k, _ in old.items("forward")])
+            assert sum(1 for new, _ in stores for _ in new.items("oph")) > 24
+        finally:
+            ix.close()
+    assert ix.sizes[1] < 0.5 * ix.sizes[0], ix.sizes
 
 
 def _fan_in_with_a_sweep(path: Path, cut: int | None) -> tuple[list[Any], list[Any]]:
