@@ -464,7 +464,11 @@ def _check_shard(store: Store, shard: int, n: int, read_only: bool) -> None:
 # too; upgrade the shard processes before the fan-in.
 KEYS_WIRE = 2
 _KEYS_READ = (1, 2)
-PARTIAL_WIRE = 1
+# partials: version 2 sends the list heads' counts and ordinals as <u4 when they fit (they
+# do below 4.3e9 ordinals), half of version 1's <i8, which is still read (the retained
+# partials topic, and the partials a shard keeps to answer a repeated message)
+PARTIAL_WIRE = 2
+_PARTIAL_READ = (1, 2)
 _RECT_DTYPES = {"bin": "<i8", "key": "<u8", "i_lo": "<i8", "i_hi": "<i8", "j_lo": "<i8",
                 "j_hi": "<i8", "empty": "?"}  # version 1
 
@@ -569,27 +573,40 @@ class Partial:
             "v": PARTIAL_WIRE, "seq": self.seq, "shard": self.shard,
             "near": [list(x) for x in self.near],
             "long": None if self.long is None else _b(self.long, "?"),
-            "n": None if self.n is None else _b(self.n, "<i8"),
-            "ords": None if self.ords is None else _b(self.ords, "<i8"),
+            "n": None if self.n is None else _narrow(self.n),
+            "ords": None if self.ords is None else _narrow(self.ords),
             "prev_sketch": None if self.prev_sketch is None else _b(self.prev_sketch, "<u8"),
         }, use_bin_type=True))
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Partial:
         d = msgpack.unpackb(raw, raw=False)
-        if d.get("v") != PARTIAL_WIRE:
-            raise ValueError(f"partial version {d.get('v')!r}, expected {PARTIAL_WIRE}")
+        v = d.get("v")
+        if v not in _PARTIAL_READ:
+            raise ValueError(f"partial version {v!r}, expected one of {_PARTIAL_READ}")
 
         def arr(key: str, dtype: str) -> Any:
             return None if d[key] is None else np.frombuffer(d[key], dtype).copy()
 
+        def counts(key: str) -> Any:
+            if v == 1 or d[key] is None:
+                return arr(key, "<i8")
+            raw, width = d[key]
+            return np.frombuffer(raw, "<u4" if width == 4 else "<i8").astype(np.int64)
+
         return cls(d["seq"], d["shard"], [(int(o), int(h), float(e)) for o, h, e in d["near"]],
-                   arr("long", "?"), arr("n", "<i8"), arr("ords", "<i8"),
-                   arr("prev_sketch", "<u8"))
+                   arr("long", "?"), counts("n"), counts("ords"), arr("prev_sketch", "<u8"))
 
 
 def _b(a: npt.NDArray[Any], dtype: str) -> bytes:
     return np.ascontiguousarray(a, dtype=dtype).tobytes()
+
+
+def _narrow(a: I64) -> tuple[bytes, int]:
+    """Non-negative integers as <u4 when they all fit, else <i8; with the width."""
+    if not len(a) or (int(a.min()) >= 0 and int(a.max()) < 1 << 32):
+        return _b(a, "<u4"), 4
+    return _b(a, "<i8"), 8
 
 
 def answer(shard: IndexShard, msg: ShardMessage) -> Partial | None:

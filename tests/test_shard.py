@@ -526,6 +526,32 @@ def test_keys_messages_of_version_1_are_answered_as_version_2_and_2_is_smaller(
     assert ix.sizes[1] < 0.5 * ix.sizes[0], ix.sizes
 
 
+@settings(max_examples=60, deadline=None)
+@given(counts=st.lists(st.integers(0, 5), max_size=6), data=st.data(),
+       big=st.booleans())
+def test_partials_of_both_versions_read_back_as_sent(counts: list[int], data: Any,
+                                                    big: bool) -> None:
+    """Version 2 sends the list heads' counts and ordinals as <u4 when they fit (else
+    <i8); version 1 sent <i8 and is still read: both give back the arrays sent."""
+    top = (1 << 40) if big else (1 << 32) - 1
+    ords = np.array(data.draw(st.lists(st.integers(0, top), min_size=sum(counts),
+                                       max_size=sum(counts))), dtype=np.int64)
+    p = Partial(7, 1, [(3, 2, 0.5)], np.array([c > 4 for c in counts], dtype=bool),
+                np.array(counts, dtype=np.int64), ords, np.arange(4, dtype=np.uint64))
+    d = msgpack.unpackb(p.to_bytes(), raw=False)
+    d.update(v=1, n=p.n.astype("<i8").tobytes(), ords=ords.astype("<i8").tobytes())  # type: ignore[union-attr]
+    for raw in (p.to_bytes(), msgpack.packb(d, use_bin_type=True)):
+        q = Partial.from_bytes(raw)
+        assert (q.seq, q.shard, q.near) == (p.seq, p.shard, p.near)
+        for f in ("long", "n", "ords", "prev_sketch"):
+            a, b = getattr(q, f), getattr(p, f)
+            assert a.dtype == b.dtype and a.tolist() == b.tolist(), f
+    width = 8 if len(ords) and int(ords.max()) >= 1 << 32 else 4
+    # 4 bytes a count and 8 - width an ordinal fewer; 4 more for the two widths sent
+    assert len(p.to_bytes()) <= (len(msgpack.packb(d, use_bin_type=True)) - 4 * len(counts)
+                                 - (8 - width) * len(ords) + 4)
+
+
 def _fan_in_with_a_sweep(path: Path, cut: int | None) -> tuple[list[Any], list[Any]]:
     """Ten sequence records through a fan-in and two ``ShardStore`` as the index role runs
     them, a retention sweep (2 pages kept, every 4 records) before records 4 and 8; page i copies
