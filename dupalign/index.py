@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
+from dupalign.forward import RecordCache
 from dupalign.match import Match, Span, best_span
 from dupalign.near import NearIndex, NearState
 from dupalign.passages import PassageIndex, PassageState, Removal, Tasks
@@ -266,6 +267,9 @@ class Indexer:
         self.alive = sum(1 for _ in store.keys("ids"))  # pages stored (current versions)
         self.counters = LifecycleCounters()
         self.times = IndexTimes()
+        # candidates' forward records kept between align requests that carry them
+        # (``with_forward``: the topology's index role), as the align stage keeps them
+        self.forward_records = RecordCache(config.cache.forward_mb << 20)
         self.engine_info = {
             "name": ENGINE_NAME,
             "h": config.near.hamming,
@@ -455,7 +459,7 @@ class Indexer:
         """Attach what align would read of the candidate pages' forward records (their
         windows in the request's lists and empty bins, ids, positions records), for an
         align stage without store access (``AlignRequest.to_bytes(forward=True)``)."""
-        request.tasks.gather(self.passages.read_forward)
+        request.tasks.gather(self.passages.read_forward, self.forward_records)
         others = request.others.tolist()
         request.other_ids = [self.doc_id(o) for o in others]
         request.other_positions = [v or b"" for v in self.store.multi_get(
