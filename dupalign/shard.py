@@ -97,11 +97,28 @@ def owned_part(state: PassageState, shard: int, n_shards: int) -> PassageState |
     if r is None:
         return None
     idx = np.flatnonzero(~r.empty)
-    idx = idx[list_owner(r.bin[idx], r.key[idx], n_shards) == shard]
+    return _windows(state, idx[list_owner(r.bin[idx], r.key[idx], n_shards) == shard])
+
+
+def owned_parts(state: PassageState | None, n_shards: int) -> list[PassageState | None]:
+    """``owned_part`` for every shard, the owners computed once (the fan-in splits each
+    page S ways: per shard, that was S passes over all the page's windows)."""
+    if state is None or state.rects is None:
+        return [None] * n_shards
+    r = state.rects
+    idx = np.flatnonzero(~r.empty)
+    owner = list_owner(r.bin[idx], r.key[idx], n_shards)
+    return [_windows(state, idx[owner == shard]) for shard in range(n_shards)]
+
+
+def _windows(state: PassageState, idx: I64) -> PassageState | None:
+    """The windows ``idx`` of ``state`` (None: there are none); no positions: the fan-in
+    keeps them."""
     if not len(idx):
         return None
-    sub = Rects(*(getattr(r, f.name)[idx] for f in fields(Rects)))
-    return PassageState(sub, state.n_units)  # no positions: the fan-in keeps them
+    assert state.rects is not None
+    return PassageState(Rects(*(getattr(state.rects, f.name)[idx] for f in fields(Rects))),
+                        state.n_units)
 
 
 def page_owner(ordinal: int, n_shards: int) -> int:
@@ -755,8 +772,9 @@ class RemotePassages(ShardedPassages):
 
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:
         self.stage_forward(batch, ordinal, state)
-        for s, m in enumerate(self.outbox.messages):
-            m.windows = None if state is None else owned_part(state, s, len(self.shards))
+        for m, part in zip(self.outbox.messages, owned_parts(state, len(self.shards)),
+                           strict=True):
+            m.windows = part
         self.outbox.persist(batch)  # the page's batch: its last write
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:

@@ -27,6 +27,7 @@ from dupalign.engine import Engine
 from dupalign.errors import StoreMismatch
 from dupalign.match import Match
 from dupalign.page import Page
+from dupalign.passages import PassageState, Rects
 from dupalign.shard import (
     FAN_IN_KEY,
     OUTBOX_PREFIX,
@@ -38,6 +39,8 @@ from dupalign.shard import (
     ShardMessage,
     ShardStore,
     answer,
+    owned_part,
+    owned_parts,
     settle,
     shard_dir,
 )
@@ -550,6 +553,24 @@ def test_partials_of_both_versions_read_back_as_sent(counts: list[int], data: An
     # 4 bytes a count and 8 - width an ordinal fewer; 4 more for the two widths sent
     assert len(p.to_bytes()) <= (len(msgpack.packb(d, use_bin_type=True)) - 4 * len(counts)
                                  - (8 - width) * len(ords) + 4)
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(0, 40), shards=st.integers(1, 5), seed=st.integers(0, 2**32 - 1))
+def test_the_fan_in_s_split_of_a_page_is_each_shard_s_own_part(n: int, shards: int,
+                                                             seed: int) -> None:
+    """``owned_parts`` (the owners computed once) gives every shard ``owned_part``."""
+    rng = np.random.default_rng(seed)
+    cols = [rng.integers(0, 50, n) for _ in range(4)]
+    state = PassageState(Rects(rng.integers(0, 8, n), rng.integers(0, 2**63, n).astype(np.uint64),
+                               *cols, rng.random(n) < 0.2), n + 3)
+    for shard, got in enumerate(owned_parts(state, shards)):
+        want = owned_part(state, shard, shards)
+        assert (got is None) == (want is None)
+        if got is not None and want is not None:
+            assert got.n_units == want.n_units and got.positions == want.positions
+            for f in ("bin", "key", "i_lo", "i_hi", "j_lo", "j_hi", "empty"):
+                assert getattr(got.rects, f).tolist() == getattr(want.rects, f).tolist()
 
 
 def _fan_in_with_a_sweep(path: Path, cut: int | None) -> tuple[list[Any], list[Any]]:
