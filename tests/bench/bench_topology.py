@@ -15,7 +15,8 @@ For each setup: fresh topics, the role processes started and assigned, then
    and the bytes the broker stores for it (its log segments on disk, compressed with
    ``kafka.compression_type``: what a retained topic costs; only for the broker this
    benchmark starts);
-2. latency: ``--pages`` other pages sent at half that rate; per page with matches, the
+2. latency: ``--pages`` other pages sent at half that rate (or at ``--latency-rate``,
+   the same for every setup, to compare two codes); per page with matches, the
    time from the page's record timestamp to its first match's (both stamped by their
    producers): p50 / p99;
 3. the published matches compared with one ``scan`` over all the pages in ``sequence``
@@ -125,7 +126,8 @@ def stored_bytes(topo: Topology, data: Path) -> dict[str, float]:
 
 async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list[Page],
                   later: list[Page], shards: int = 1, compression: str = "none",
-                  retained: str = "zstd") -> dict[str, Any]:
+                  retained: str = "zstd", latency_rate: float | None = None
+                  ) -> dict[str, Any]:
     topo, pids = await setup(bootstrap, tmp, procs, batch, shards, compression, retained)
     try:
         cpu0 = {role: sum(map(cpu_seconds, p)) for role, p in pids.items()}
@@ -148,7 +150,7 @@ async def measure(bootstrap: str, tmp: Path, procs: int, batch: int, pages: list
         stored = {} if procs == 0 or not data.is_dir() else {
             t: b / n for t, b in stored_bytes(topo, data).items() if t in topics}
         rate = n / elapsed
-        await send_paced(topo, later, rate / 2)
+        await send_paced(topo, later, latency_rate or rate / 2)
         if procs == 0:
             await single_done(topo, 2 * n)
         else:
@@ -213,10 +215,13 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     for procs, shards, codec in setups:
         producers, retained = codec.split("/")
         results[procs, shards, codec] = r = await measure(
-            bootstrap, tmp, procs, args.batch, first, later, shards, producers, retained)
+            bootstrap, tmp, procs, args.batch, first, later, shards, producers, retained,
+            args.latency_rate)
         print(f"measured {procs or 'single worker'} x {shards} shard(s), {codec}: {r}",
               file=sys.stderr)
-    print(f"\n{len(first)} pages (+{len(later)} for latency), batch {args.batch}, "
+    paced = (f"at {args.latency_rate:g} pages/s" if args.latency_rate
+             else "at half of each setup's rate")
+    print(f"\n{len(first)} pages (+{len(later)} for latency, {paced}), batch {args.batch}, "
           "2 shared cores\n")
     print(f"{'setup':<34}{'pages/s':>9}{'vs single':>10}{'sketch':>9}{'index':>9}{'align':>9}"
           f"{'shard':>9}{'p50 ms':>9}{'p99 ms':>9}  {'= scan':<10} (CPU ms per page)")
@@ -251,6 +256,8 @@ def main() -> int:
     parser.add_argument("--retained", default="zstd", help="kafka.retained_compression "
                         "values to measure (producer: as sent, or a codec)")
     parser.add_argument("--bootstrap", help="use a running broker (no stored bytes then)")
+    parser.add_argument("--latency-rate", type=float, help="pages/s of the latency phase "
+                        "(default: half of each setup's measured rate)")
     args = parser.parse_args()
     return run_with_broker(args.bootstrap, "bench-topology-", lambda b, tmp: run(args, b, tmp))
 
