@@ -478,12 +478,14 @@ def _check_shard(store: Store, shard: int, n: int, read_only: bool) -> None:
 # 49 for version 1's whole rectangle): a shard keeps lists, and its forward record only
 # names them (the fan-in keeps the rectangles and aligns from them). Version 1 messages
 # (retained in the keys topic, or in a fan-in's outbox from before an upgrade) are read
-# too; upgrade the shard processes before the fan-in.
+# too.
 KEYS_WIRE = 2
 _KEYS_READ = (1, 2)
 # partials: version 2 sends the list heads' counts and ordinals as <u4 when they fit (they
 # do below 4.3e9 ordinals), half of version 1's <i8, which is still read (the retained
-# partials topic, and the partials a shard keeps to answer a repeated message)
+# partials topic, and the partials a shard keeps to answer a repeated message). A shard
+# answers a version 1 keys message, from a fan-in that predates both, with a version 1
+# partial: so a rolling upgrade works shards first, then the index processes.
 PARTIAL_WIRE = 2
 _PARTIAL_READ = (1, 2)
 _RECT_DTYPES = {"bin": "<i8", "key": "<u8", "i_lo": "<i8", "i_hi": "<i8", "j_lo": "<i8",
@@ -518,10 +520,17 @@ class ShardMessage:
     post: list[int] = field(default_factory=list)
     put_sketch: bool = False
     windows: PassageState | None = None
+    wire: int = KEYS_WIRE  # the version it was read in (not sent: ``to_bytes`` writes its own)
 
     @property
     def empty(self) -> bool:
         return self.ordinal is None and not self.pre
+
+    @property
+    def partial_wire(self) -> int:
+        """The partial version its sender reads: one that sends version 1 keys messages
+        predates version 2 partials."""
+        return 1 if self.wire == 1 else PARTIAL_WIRE
 
     def to_bytes(self) -> bytes:
         q = self.query
@@ -567,7 +576,7 @@ class ShardMessage:
                                          none, none, none, np.zeros(len(bins), dtype=bool)),
                                    w["n_units"])
         return cls(d["seq"], d["ordinal"], list(d["pre"]), query, list(d["post"]),
-                   bool(d["put_sketch"]), windows)
+                   bool(d["put_sketch"]), windows, v)
 
 
 @dataclass
@@ -585,13 +594,18 @@ class Partial:
     ords: I64 | None = None
     prev_sketch: U64 | None = None
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, version: int = PARTIAL_WIRE) -> bytes:
+        if version not in _PARTIAL_READ:
+            raise ValueError(f"partial version {version!r}, not one of {_PARTIAL_READ}")
+        def counts(a: I64) -> Any:
+            return _narrow(a) if version == 2 else _b(a, "<i8")
+
         return bytes(msgpack.packb({
-            "v": PARTIAL_WIRE, "seq": self.seq, "shard": self.shard,
+            "v": version, "seq": self.seq, "shard": self.shard,
             "near": [list(x) for x in self.near],
             "long": None if self.long is None else _b(self.long, "?"),
-            "n": None if self.n is None else _narrow(self.n),
-            "ords": None if self.ords is None else _narrow(self.ords),
+            "n": None if self.n is None else counts(self.n),
+            "ords": None if self.ords is None else counts(self.ords),
             "prev_sketch": None if self.prev_sketch is None else _b(self.prev_sketch, "<u8"),
         }, use_bin_type=True))
 

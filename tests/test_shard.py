@@ -490,8 +490,11 @@ class TwoWires(Recording):
             self.sizes[1] += len(raw)
             at = ("keys", s, len(self.log[s]))
             self.log[s].append(raw)
-            p = self.stores[s].apply(ShardMessage.from_bytes(raw), at)
-            q = self.old[s].apply(ShardMessage.from_bytes(old), at)
+            new_msg, old_msg = ShardMessage.from_bytes(raw), ShardMessage.from_bytes(old)
+            # answered in the version the sender reads: 1 for a fan-in from before
+            assert (new_msg.partial_wire, old_msg.partial_wire) == (2, 1)
+            p = self.stores[s].apply(new_msg, at)
+            q = self.old[s].apply(old_msg, at)
             assert (p is None) == (q is None)
             if p is not None:
                 assert q is not None and p.to_bytes() == q.to_bytes()
@@ -543,6 +546,8 @@ def test_partials_of_both_versions_read_back_as_sent(counts: list[int], data: An
                 np.array(counts, dtype=np.int64), ords, np.arange(4, dtype=np.uint64))
     d = msgpack.unpackb(p.to_bytes(), raw=False)
     d.update(v=1, n=p.n.astype("<i8").tobytes(), ords=ords.astype("<i8").tobytes())  # type: ignore[union-attr]
+    # what a shard writes for a fan-in from before version 2 is version 1 as it was
+    assert p.to_bytes(1) == msgpack.packb(d, use_bin_type=True)
     for raw in (p.to_bytes(), msgpack.packb(d, use_bin_type=True)):
         q = Partial.from_bytes(raw)
         assert (q.seq, q.shard, q.near) == (p.seq, p.shard, p.near)

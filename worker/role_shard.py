@@ -112,11 +112,12 @@ class ShardRole(StatelessRole):
         silent = self.silent_below.get(tp, 0)
         out = []
         for rec in records:
-            partial = store.apply(ShardMessage.from_bytes(rec.value),
-                                  (tp.topic, tp.partition, rec.offset))
+            msg = ShardMessage.from_bytes(rec.value)
+            partial = store.apply(msg, (tp.topic, tp.partition, rec.offset))
             if partial is not None and rec.offset >= silent:
-                out.append(Outgoing(self.kc.partials_topic, partial.to_bytes(), partition=0,
-                                    headers=[ordinal_header(partial.seq)]))
+                # in the version its fan-in reads (one from before an upgrade: version 1)
+                out.append(Outgoing(self.kc.partials_topic, partial.to_bytes(msg.partial_wire),
+                                    partition=0, headers=[ordinal_header(partial.seq)]))
         if silent and records[-1].offset + 1 >= silent:
             log.info("shard %d rebuilt up to offset %d", tp.partition, silent)
             del self.silent_below[tp]
