@@ -571,9 +571,10 @@ class ShardMessage:
                                             for f, d in _RECT_DTYPES.items()}), w["n_units"])
         elif w is not None:
             bins = np.frombuffer(w["bin"], "<u2").astype(np.int64)
-            none = np.zeros(len(bins), dtype=np.int64)  # rectangles: not a shard's business
-            windows = PassageState(Rects(bins, np.frombuffer(w["key"], "<u8").copy(), none,
-                                         none, none, none, np.zeros(len(bins), dtype=bool)),
+            n = len(bins)  # rectangles (zeros): not a shard's business
+            i_lo, i_hi, j_lo, j_hi = np.zeros((4, n), dtype=np.int64)
+            windows = PassageState(Rects(bins, np.frombuffer(w["key"], "<u8").copy(), i_lo,
+                                         i_hi, j_lo, j_hi, np.zeros(n, dtype=bool)),
                                    w["n_units"])
         return cls(d["seq"], d["ordinal"], list(d["pre"]), query, list(d["post"]),
                    bool(d["put_sketch"]), windows, v)
