@@ -147,8 +147,9 @@ class CacheConfig:
     # page by then (README, "Cost as the store grows")
     lists_mb: int = 1024
     blocks_mb: int = 256  # RocksDB block cache shared by all column families
-    # candidate pages' forward records kept by each align worker (dupalign.forward
-    # RecordCache): on llvm-13/14, 4,059 reads were of 313 pages (39 MB)
+    # candidate pages' forward records kept by each align worker, and by the topology's
+    # index role for the align requests it builds (dupalign.forward RecordCache): on
+    # llvm-13/14, 4,059 reads were of 313 pages (39 MB)
     forward_mb: int = 64
 
     def validate(self) -> None:
