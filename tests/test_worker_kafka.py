@@ -473,19 +473,16 @@ async def test_a_batch_read_again_after_a_failed_commit_publishes_as_one_run_des
     assert ("X", "exact", "Y") not in published
 
 
-async def test_pages_stored_past_the_commit_whose_records_the_topic_deleted_hold_back_no_sweep(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    """X and Y (a copy of X) are stored on partition 0 past its commit (the output topic
-    refused Y's match), and the topic's retention then deletes their records. They can
-    never be read again, so nothing will commit past them: the worker used to wait for that
-    commit before every retention sweep, forever, while partition 1's pages piled up."""
-    topics = await Topics(kafka_bootstrap, partitions=2).create()
+async def _stored_past_the_commit(topics: Topics, tmp_path: Path
+                                  ) -> tuple[Config, Path]:
+    """A worker (retention: 2 pages, a sweep due every second) stores P on partition 0
+    and commits it, then stores X and Y (a copy of X) and stops: the output topic refuses
+    Y's match. Its store holds partition 0 up to offset 3, the group's commit is 1."""
     config, _ = topics.config(tmp_path, batch_size=8)
     config = dataclasses.replace(config, engine=dataclasses.replace(
         config.engine, retention=RetentionConfig(max_pages=2, every=1)))
     store = tmp_path / "store"
-    await set_max_message_bytes(kafka_bootstrap, topics.matches, 100)
+    await set_max_message_bytes(topics.bootstrap, topics.matches, 100)
     first = Worker(config, store)
     run = asyncio.create_task(first.run())
     await topics.send_raw([(b"P", messages.encode_page(Page("P", _words(300, 20))))])
@@ -495,7 +492,19 @@ async def test_pages_stored_past_the_commit_whose_records_the_topic_deleted_hold
     await topics.send_raw([(p.id.encode(), messages.encode_page(p))
                            for p in (Page("X", base), Page("Y", base))])
     assert await asyncio.wait_for(run, 120) == 1  # the matches topic refused Y's match
-    await set_max_message_bytes(kafka_bootstrap, topics.matches, 1 << 20)
+    await set_max_message_bytes(topics.bootstrap, topics.matches, 1 << 20)
+    return config, store
+
+
+async def test_pages_stored_past_the_commit_whose_records_the_topic_deleted_hold_back_no_sweep(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """X and Y (a copy of X) are stored on partition 0 past its commit (the output topic
+    refused Y's match), and the topic's retention then deletes their records. They can
+    never be read again, so nothing will commit past them: the worker used to wait for that
+    commit before every retention sweep, forever, while partition 1's pages piled up."""
+    topics = await Topics(kafka_bootstrap, partitions=2).create()
+    config, store = await _stored_past_the_commit(topics, tmp_path)
     tp0 = TopicPartition(topics.pages, 0)
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
@@ -519,6 +528,70 @@ async def test_pages_stored_past_the_commit_whose_records_the_topic_deleted_hold
     finally:
         worker.stop()
         assert await asyncio.wait_for(run, 60) == 0
+
+
+async def test_a_partition_stored_past_its_commit_keeps_its_pages_while_another_member_has_it(
+    kafka_bootstrap: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's store holds X and Y (a copy of X) of partition 0 past the group's
+    commit. A second member joins, takes partition 0 and leaves before its first commit
+    (a crash). Meanwhile this worker's retention (2 pages) must not sweep X and Y: they
+    are read again when partition 0 comes back, and answered from the store as first
+    computed. It used to forget them at the revocation and sweep them, and X, read again,
+    was indexed as new and published as an exact copy of Z, a later page."""
+    topics = await Topics(kafka_bootstrap, partitions=2).create()
+    config, store = await _stored_past_the_commit(topics, tmp_path)
+    tp0, tp1 = TopicPartition(topics.pages, 0), TopicPartition(topics.pages, 1)
+    worker = Worker(config, store)
+    assigned = worker.on_assigned
+    calls = 0
+
+    async def on_assigned(tps: Any) -> None:
+        # the first assignment: partition 0's replay held back (the worker busy with other
+        # partitions when the rebalance comes), so that the timing is certain
+        nonlocal calls
+        await assigned(tps)
+        calls += 1
+        if calls == 1:
+            assert worker.unsettled == {tp0: 3} and worker.consumer is not None
+            worker.consumer.pause(tp0)
+
+    worker.on_assigned = on_assigned  # type: ignore[method-assign,assignment]
+    run = asyncio.create_task(worker.run())
+    await wait_for(lambda: _true(calls >= 1), 60, "the worker assigned")
+    # the other member: its client id sorts first, so the range assignor gives it partition 0
+    other = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=topics.group,
+                             client_id="aaa-other", enable_auto_commit=False,
+                             session_timeout_ms=6000, heartbeat_interval_ms=500)
+    other.subscribe([topics.pages])
+    await other.start()
+    try:
+        await wait_for(lambda: _true(other.assignment() == {tp0}), 60, "partition 0 moved")
+        assert worker.consumer is not None
+        await wait_for(lambda: _true(worker.consumer.assignment() == {tp1}), 60,
+                       "the worker keeps partition 1")
+        assert worker.unsettled == {tp0: 3}
+        for i in range(4):  # sweeps are due between these
+            await topics.send_raw([(f"Q{i}".encode(), messages.encode_page(
+                Page(f"Q{i}", _words(300, 30 + i))))], partition=1)
+            await wait_for(lambda i=i: _true(sample(worker, "dupalign_pages_total",
+                                                    outcome="processed") > i), 120, f"Q{i}")
+            await asyncio.sleep(1.1)
+        await topics.send_raw([(b"Z", messages.encode_page(Page("Z", _words(300, 21))))],
+                              partition=1)  # a later copy of X
+        await wait_for(lambda: _true(sample(worker, "dupalign_pages_total",
+                                            outcome="processed") >= 5), 120, "Z")
+        assert sample(worker, "dupalign_lifecycle_pages_total", event="expired") == 0
+    finally:
+        await other.stop()  # leaves the group without a commit: partition 0 comes back
+    await wait_for(lambda: _total_is(topics, 3 + 5), 120, "partition 0 read again")
+    worker.stop()
+    assert await asyncio.wait_for(run, 60) == 0
+    published = [match_key(messages.decode_match(r.value))
+                 for r in await topics.read(topics.matches)]
+    assert sorted(k[:3] for k in published if k[0] in ("X", "Y")) == [("Y", "exact", "X")]
+    # a second member splits the index between two stores: said in the log
+    assert any("another member of group" in r.getMessage() for r in caplog.records)
 
 
 async def _total_is(topics: Topics, total: int) -> bool:

@@ -399,7 +399,9 @@ class Worker:
         for tp in revoked:
             self.epochs.pop(tp, None)
             self.suppress_below.pop(tp, None)
-            self.unsettled.pop(tp, None)
+            # (``unsettled`` stays: the store still holds the partition's pages past the
+            # group's commit, whoever reads it now; a commit that reaches them settles it,
+            # ours or another member's, which ``_lag_loop`` looks for)
             self.committed.pop(tp, None)
             self._paused.discard(tp)
             with contextlib.suppress(KeyError):
@@ -432,7 +434,15 @@ class Worker:
         # records the topic's retention deleted are never read again, so they cannot hold
         # back the retention sweeps (``unsettled``) until a commit reaches them
         begins = await self.consumer.beginning_offsets(list(assigned))
+        # the store's other partitions of the input topic (another member of the group
+        # holds them, or no one yet): their pages stored past the group's commit are read
+        # again, by us if they come back, and must still be in the store then
+        elsewhere = {TopicPartition(t, p) for t, p in stored
+                     if t == self.kc.input_topic} - assigned
+        await self._settle(elsewhere, stored, noted)
+        self._warn_if_shared(assigned)
         for tp in sorted(assigned):
+            self.unsettled.pop(tp, None)  # decided again below
             committed, published = group.get(tp, (None, False))
             in_store = stored.get((tp.topic, tp.partition))
             noted_published = noted.get((tp.topic, tp.partition))
@@ -490,6 +500,37 @@ class Worker:
             log.warning("%s: offsets %d to %d were stored but their matches not committed, "
                         "and the topic no longer holds them (its log starts at %d): they "
                         "cannot be published again", tp, committed, in_store - 1, begin)
+
+    async def _settle(self, tps: Iterable[TopicPartition], stored: dict[tuple[str, int], int],
+                      noted: dict[tuple[str, int], int]) -> None:
+        """``unsettled`` of partitions this worker does not hold: the store's next offset
+        while the group's commit (without one, the store's note of what it published) is
+        below it and the topic still holds those records; dropped once a commit reaches it."""
+        tps = sorted(tps)
+        if not tps:
+            return
+        assert self.consumer is not None
+        group = await self._group_offsets(tps)
+        begins = await self.consumer.beginning_offsets(tps)
+        for tp in tps:
+            self.unsettled.pop(tp, None)
+            in_store = stored.get((tp.topic, tp.partition))
+            committed = group.get(tp, (noted.get((tp.topic, tp.partition)), False))[0]
+            if in_store is not None and (committed is None or committed < in_store):
+                self._unsettle(tp, committed or 0, in_store, begins[tp])
+
+    def _warn_if_shared(self, assigned: set[TopicPartition]) -> None:
+        """The single worker compares a page with the pages of its own store only: another
+        member of its group (a second instance) splits the index between them."""
+        assert self.consumer is not None
+        every = self.consumer.partitions_for_topic(self.kc.input_topic) or set()
+        held = {tp.partition for tp in assigned if tp.topic == self.kc.input_topic}
+        if every and held != every:
+            log.warning("this worker holds partitions %s of %s; another member of group %s "
+                        "holds the others: each single worker matches pages against its own "
+                        "store only. Run one per group (replicas: 1), or the roles "
+                        "(docs/topology.md) to scale out", sorted(held), self.kc.input_topic,
+                        self.kc.group_id)
 
     async def _group_offsets(self, tps: Iterable[TopicPartition]
                              ) -> dict[TopicPartition, tuple[int, bool]]:
@@ -795,6 +836,11 @@ class Worker:
     async def _lag_loop(self) -> None:
         assert self.consumer is not None
         while not self.stopping.is_set():
+            away = set(self.unsettled) - set(self.consumer.assignment())
+            if away:  # settled by another member's commit?
+                with contextlib.suppress(KafkaError):
+                    await self._settle(away, {(tp.topic, tp.partition): s
+                                              for tp, s in self.unsettled.items()}, {})
             for tp in list(self.consumer.assignment()):
                 hw = self.consumer.highwater(tp)
                 if hw is None or tp not in self.epochs:
