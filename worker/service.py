@@ -437,8 +437,9 @@ class Worker:
         # the store's other partitions of the input topic (another member of the group
         # holds them, or no one yet): their pages stored past the group's commit are read
         # again, by us if they come back, and must still be in the store then
+        exists = self.consumer.partitions_for_topic(self.kc.input_topic) or set()
         elsewhere = {TopicPartition(t, p) for t, p in stored
-                     if t == self.kc.input_topic} - assigned
+                     if t == self.kc.input_topic and p in exists} - assigned
         await self._settle(elsewhere, stored, noted)
         self._warn_if_shared(assigned)
         for tp in sorted(assigned):
@@ -512,7 +513,10 @@ class Worker:
         assert self.consumer is not None
         group = await self._group_offsets(tps)
         begins = await self.consumer.beginning_offsets(tps)
+        held = self.consumer.assignment()  # (assigned meanwhile: on_assigned decided)
         for tp in tps:
+            if tp in held:
+                continue
             self.unsettled.pop(tp, None)
             in_store = stored.get((tp.topic, tp.partition))
             committed = group.get(tp, (noted.get((tp.topic, tp.partition)), False))[0]
