@@ -114,6 +114,14 @@ class PassageConfig:
     # stock phrases), and a passage's bin whose list is one counts as neither a collision
     # nor an empty bin (dupalign.passages). Frozen: results depend on it.
     max_list: int = 256
+    # Text repeated inside an earlier page (tables, logs, a block pasted many times) puts
+    # a passage's min-hashes at every repeat, and aligning the passage to all of them made
+    # a page's cost grow with the square of its length (tests/bench/bench_repeats.py). A
+    # list holding more than this many windows of one earlier page gives the passage its
+    # first this-many, and those where the passage's rarer units (lists with fewer) place
+    # it in that page (dupalign.passage_align._gather_matched): a block repeated more often
+    # is found at its first places, other text as before. Not frozen (align reads it).
+    max_repeats: int = 8
     tf_mode: str = "log"  # weighted mode only
     # Report the tight alignment inside the scan's padded detections (dupalign.span_refine);
     # false: the scan's merged spans. Reporting only: matched pages are the same either way.
@@ -131,6 +139,7 @@ class PassageConfig:
         _check_range("passage.max_matches", self.max_matches, 1, 100_000)
         _check_range("passage.max_list", self.max_list, 1, 100_000_000)
         _check_range("passage.max_list_read", self.max_list_read, 1, 100_000_000)
+        _check_range("passage.max_repeats", self.max_repeats, 1, 100_000_000)
         _check_choice("passage.tf_mode", self.tf_mode, PASSAGE_TF_MODES)
 
     @property

@@ -206,23 +206,72 @@ def _push(buf: I64, m: int, i_lo: int, i_hi: int, j_lo: int, j_hi: int, w: int,
     return m + 1
 
 
+NO_CAP = 1 << 62  # a ``max_repeats`` that reads every window
+
+
 @njit(cache=True, nogil=True)
 def _gather_matched(
     buf: I64, p: int, o: int, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
-    w_match: int, min_len: int,
+    w_match: int, min_len: int, max_repeats: int,
 ) -> int:  # fmt: skip
     """Rectangles of page ``o``'s windows in passage ``p``'s lists (rows of ``rects``,
     ordinals in ``ords``) into ``buf``, weight ``w_match``, those covering a subsequence of
-    ``min_len`` or more (``_push``); returns their count."""
+    ``min_len`` or more (``_push``); returns their count.
+
+    A list that holds more than ``max_repeats`` windows of page ``o`` (a unit repeated in
+    that page) gives only its first ``max_repeats`` and those whose start interval meets
+    the start interval of a window of the other lists (the ones with at most
+    ``max_repeats``: where the passage's rarer units place it in page ``o``). Text
+    repeated in page ``o`` is then aligned at its first places, and the work per passage
+    no longer grows with the repeats; a page without such lists is read whole."""
+    k = lid.shape[1]
     m = 0
-    for b in range(lid.shape[1]):
+    runs = np.zeros((k, 2), dtype=np.int64)  # page o's windows in each bin's list
+    n_rare = 0
+    n_over = 0
+    for b in range(k):
         x = lid[p, b]
         if x >= 0:
             seg = ords[start[x]:start[x] + n_before[x]]
-            for r in range(start[x] + np.searchsorted(seg, o),
-                           start[x] + np.searchsorted(seg, o, side="right")):
+            a = start[x] + np.searchsorted(seg, o)
+            z = start[x] + np.searchsorted(seg, o, side="right")
+            runs[b, 0], runs[b, 1] = a, z
+            if z - a > max_repeats:
+                n_over += 1
+                continue
+            n_rare += z - a
+            for r in range(a, z):
                 m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3], w_match,
                           min_len)
+    if n_over == 0:
+        return m
+    # the start intervals of the other lists' windows, as sorted disjoint half-open spans
+    lo = np.empty(n_rare, dtype=np.int64)
+    hi = np.empty(n_rare, dtype=np.int64)
+    y = 0
+    for b in range(k):
+        if runs[b, 1] - runs[b, 0] <= max_repeats:
+            for r in range(runs[b, 0], runs[b, 1]):
+                lo[y], hi[y] = rects[r, 0], rects[r, 1] + 1
+                y += 1
+    order = np.argsort(lo)
+    s_lo = np.empty(n_rare, dtype=np.int64)
+    s_hi = np.empty(n_rare, dtype=np.int64)
+    n_s = 0
+    for y in order:
+        if n_s and lo[y] <= s_hi[n_s - 1]:
+            s_hi[n_s - 1] = max(s_hi[n_s - 1], hi[y])
+        else:
+            s_lo[n_s], s_hi[n_s] = lo[y], hi[y]
+            n_s += 1
+    s_lo, s_hi = s_lo[:n_s], s_hi[:n_s]
+    for b in range(k):
+        a, z = runs[b, 0], runs[b, 1]
+        if z - a > max_repeats:
+            for r in range(a, z):
+                if r - a < max_repeats or _meets(s_lo, s_hi, rects[r, 0], rects[r, 1]):
+                    m = _push(buf, m, rects[r, 0], rects[r, 1], rects[r, 2], rects[r, 3],
+                              w_match, min_len)
     return m
 
 
@@ -394,7 +443,7 @@ def _keep_reachable(buf: I64, m: int, m_min: int,
 @njit(cache=True, nogil=True)
 def viable_tasks(
     task_p: I64, task_o: I64, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
-    q_empty: Bools, w_match: int, w_empty: int, need: int,
+    q_empty: Bools, w_match: int, w_empty: int, need: int, max_repeats: int,
 ) -> Bools:  # fmt: skip
     """Which tasks may still hold a similar cell, judged from their matched windows alone
     (before their empty windows are read): some start position and some end position must
@@ -411,7 +460,7 @@ def viable_tasks(
             continue
         # every window, whatever its length: the decision stays the one documented above
         m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match,
-                            _ANY_LENGTH)
+                            _ANY_LENGTH, max_repeats)
         out[t] = _any_reachable(buf, m, -(-rest // w_match), scratch)
     return out
 
@@ -438,7 +487,7 @@ def _any_reachable(buf: I64, m: int, m_min: int, scratch: I64) -> bool:
 def scan_tasks(
     task_p: I64, task_o: I64, lid: I64, n_before: I64, start: I64, ords: I64, rects: Ints,
     q_empty: Bools, empty_keys: I64, empty_off: I64, empty_lr: I64,
-    w_match: int, w_empty: int, need: int, min_len: int, k: int,
+    w_match: int, w_empty: int, need: int, min_len: int, k: int, max_repeats: int,
 ) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:  # fmt: skip
     """Interval scan of every (passage, candidate page) task over the rectangles of its
     matched windows and collided empty windows that can be part of a similar cell.
@@ -460,7 +509,7 @@ def scan_tasks(
     for t in range(task_p.shape[0]):
         p = task_p[t]
         m = _gather_matched(buf, p, task_o[t], lid, n_before, start, ords, rects, w_match,
-                            min_len)
+                            min_len, max_repeats)
         rest = need - w_empty * n_empty[p]
         m, i_s, i_e, j_s, j_e = _keep_reachable(buf, m, max(1, -(-rest // w_match)), scratch)
         if w_empty:

@@ -353,12 +353,12 @@ class PassageIndex:
         then the interval scan of the tasks left; hits name tasks of ``t``."""
         keep = np.flatnonzero(passage_align.viable_tasks(
             t.t_p, t.t_o, t.lid, t.count, t.start, t.ords, t.rects, t.q_empty, self.w_match,
-            self.w_empty, self.need))
+            self.w_empty, self.need, self.cfg.max_repeats))
         t.gather_empty(keep)  # (when gathered with empty_later)
         h_t, h_s, h_e, h_x = passage_align.scan_tasks(
             t.t_p[keep], t.t_o[keep], t.lid, t.count, t.start, t.ords, t.rects, t.q_empty,
             t.empty_keys, t.empty_off, t.empty_lr, self.w_match, self.w_empty, self.need,
-            self.cfg.min_len, self.k)
+            self.cfg.min_len, self.k, self.cfg.max_repeats)
         return keep[h_t], h_s, h_e, h_x
 
     def find_tasks(

@@ -237,3 +237,39 @@ def test_max_list_read_keeps_a_subset_of_the_uncapped_matches(tmp_path: Path) ->
     assert sum(map(len, found[4][20:])) >= 10 * 4  # still finds the earliest copies
     for got, want in zip(found[4], found[100_000], strict=True):
         assert {m.match_doc_id for m in got} <= {m.match_doc_id for m in want}
+
+
+def _repeated_copy_work(store: Path, repeats: int, max_repeats: int
+                        ) -> tuple[float, list[Match]]:
+    """A page that is one 300-word block written ``repeats`` times, then an edited copy
+    of it: the interval scan's hits per task of the copy's align, and the copy's
+    matches."""
+    block = rfc_words("rfc5321.txt", 2000, 300)
+    page = block * repeats
+    copy = edit(page, 0.03, seed=12)
+    cfg = EngineConfig(near=NearConfig(enabled=False),
+                       passage=PassageConfig(max_repeats=max_repeats)).validate()
+    with Engine.open(store, cfg) as engine:
+        engine.process(Page("page", " ".join(page)))
+        c = engine.aligner.counters
+        found = engine.process(Page("copy", " ".join(copy)))
+    return c.hits / c.tasks, found
+
+
+def test_max_repeats_keeps_the_work_on_text_repeated_inside_a_page_flat(
+        tmp_path: Path) -> None:
+    """Each passage of a copy of a page made of one block repeated N times meets the page's
+    windows at every repeat: its scan's work grew with N, a page's with N squared. With
+    ``passage.max_repeats`` = 2 a passage meets a list's first 2 windows of the page (and
+    those where its rarer units place it), so the hits per passage stay flat as N doubles,
+    and the copy is still found."""
+    hits = {}
+    for cap in (2, 100_000):
+        (few, found_few), (many, found_many) = (
+            _repeated_copy_work(tmp_path / f"{cap}-{n}", n, cap) for n in (6, 12))
+        for found in (found_few, found_many):
+            assert [(m.kind, m.match_doc_id) for m in found] == [("passage", "page")]
+        hits[cap] = (few, many)
+    (few, many), (few_all, many_all) = hits[2], hits[100_000]
+    assert many <= few and many_all > 1.3 * few_all, hits  # uncapped they grow with N
+    assert many < many_all / 4, hits

@@ -122,10 +122,10 @@ def test_scan_tasks_equal_pairwise_alignment(
     need = k * p_
     task_p = np.repeat(np.arange(len(passages), dtype=np.int64), len(pages))
     task_o = np.tile(np.arange(len(pages), dtype=np.int64), len(passages))
-    viable = pa.viable_tasks(task_p, task_o, *batch.kernel_args(), q_, p_, need)
+    viable = pa.viable_tasks(task_p, task_o, *batch.kernel_args(), q_, p_, need, pa.NO_CAP)
     h_t, h_s, h_e, h_x = pa.scan_tasks(
         task_p, task_o, *batch.kernel_args(), batch.empty_keys, batch.empty_off,
-        batch.empty_lr, q_, p_, need, min_len, k)
+        batch.empty_lr, q_, p_, need, min_len, k, pa.NO_CAP)
     for t in range(len(task_p)):
         want = batch.pairwise(int(task_p[t]), int(task_o[t]), (p_, q_), min_len)
         got = [(int(s), int(e), float(x)) for s, e, x in zip(
@@ -134,6 +134,50 @@ def test_scan_tasks_equal_pairwise_alignment(
         assert [x for *_, x in got] == pytest.approx([x for *_, x in want])
         if not viable[t]:  # a necessary condition only: what it drops has no result
             assert not want
+
+
+def _capped_rows(batch: Batch, p: int, o: int, cap: int, min_len: int) -> list[list[int]]:
+    """The rows ``_gather_matched`` gives with ``max_repeats`` = ``cap``, the obvious way: a
+    list with at most ``cap`` windows of page ``o`` gives them all; a list with more gives
+    its first ``cap`` and those whose start interval shares a position with the start
+    interval of a window of the first kind; those covering a subsequence of ``min_len``."""
+    per_list = []
+    for b in range(batch.k):
+        x = int(batch.lid[p, b])
+        if x >= 0:
+            rows = range(int(batch.start[x]), int(batch.start[x] + batch.n_before[x]))
+            per_list.append([batch.rects[r].tolist() for r in rows if batch.ords[r] == o])
+    rare = [w for ws in per_list if len(ws) <= cap for w in ws]
+    at_rare = {i for w in rare for i in range(w[0], w[1] + 1)}
+    kept = rare + [w for ws in per_list if len(ws) > cap for y, w in enumerate(ws)
+                   if y < cap or at_rare & set(range(w[0], w[1] + 1))]
+    return [w for w in kept if w[0] <= w[1] and w[2] <= w[3] and w[3] - w[0] + 1 >= min_len]
+
+
+@settings(max_examples=200, deadline=None)
+@given(pages=st.lists(word_lists, min_size=1, max_size=3), data=st.data(),
+       k=st.integers(2, 16), cap=st.integers(1, 4), min_len=st.integers(1, 8))
+def test_max_repeats_gathers_the_first_windows_and_those_where_rarer_units_are(
+    pages: list[list[int]], data: st.DataObject, k: int, cap: int, min_len: int
+) -> None:
+    """``passage.max_repeats`` in the kernels' gather, against its obvious twin (pages
+    of few distinct words, so that units repeat and the cap binds); the viability filter
+    stays a necessary condition of the capped scan."""
+    passages = [pages[data.draw(st.integers(0, len(pages) - 1))][:data.draw(
+        st.integers(1, 70))] for _ in range(data.draw(st.integers(1, 3)))]
+    batch = Batch(pages, passages, k, set())
+    buf = np.empty((max(1, int(batch.n_before.sum())), 5), dtype=np.int64)
+    for p in range(len(passages)):
+        for o in range(len(pages)):
+            m = pa._gather_matched(buf, p, o, batch.lid, batch.n_before, batch.start,
+                                   batch.ords, batch.rects, 7, min_len, cap)
+            assert buf[:m, :4].tolist() == _capped_rows(batch, p, o, cap, min_len)
+    task_p = np.repeat(np.arange(len(passages), dtype=np.int64), len(pages))
+    task_o = np.tile(np.arange(len(pages), dtype=np.int64), len(passages))
+    viable = pa.viable_tasks(task_p, task_o, *batch.kernel_args(), 10, 3, 3 * k, cap)
+    h_t, *_ = pa.scan_tasks(task_p, task_o, *batch.kernel_args(), batch.empty_keys,
+                            batch.empty_off, batch.empty_lr, 10, 3, 3 * k, min_len, k, cap)
+    assert not set(h_t.tolist()) - set(np.flatnonzero(viable).tolist())
 
 
 def _brute_reachable(rects: np.ndarray, col: int, m_min: int) -> set[int]:
