@@ -62,13 +62,39 @@ def spans_of_hit_arrays(
     bits, as in its positions record). Only the best ``passage.max_matches`` pages
     (``rank_pages``) get spans: the span work of a page stays bounded however many earlier
     pages its passages hit; pages whose spans come out empty are left out."""
+    return [(r.ordinal, r.spans) for r in ranked_spans(index, hits, starts, ends, tokens,
+                                                       units, counters) if r.spans]
+
+
+@dataclass
+class RankedPage:
+    """An earlier page among the best ``passage.max_matches`` a request's hits name, with
+    the keys ``rank_pages`` orders by (its spans may be empty). The keys of a page depend
+    on its own hits only, so the best pages of a request split by earlier page are the
+    best of its parts' best (``merge_ranked``)."""
+
+    ordinal: int
+    covered: int
+    best_est: float
+    spans: list[Span]
+    doc_id: str = ""
+
+
+def ranked_spans(
+    index: PassageIndex, hits: tuple[I64, I64, I64, I64, npt.NDArray[np.float64]],
+    starts: Any, ends: Any, tokens: Tokens, units: Any,
+    counters: AlignCounters | None = None,
+) -> list[RankedPage]:
+    """``spans_of_hit_arrays`` keeping the pages whose spans come out empty, and the rank
+    keys of each, in page order."""
     h_p, h_o, h_s, h_e, h_x = hits
     if not len(h_p):  # (a page too short for passages has no starts either)
         return []
     starts = np.asarray(starts, dtype=np.int64)
     ends = np.asarray(ends, dtype=np.int64)
-    pages = rank_pages(h_p, h_o, h_x, starts, ends)
-    kept = np.sort(pages[: index.cfg.max_matches])
+    pages, covered, best_est = rank_keys(h_p, h_o, h_x, starts, ends)
+    top = np.argsort(pages[: index.cfg.max_matches], kind="stable")
+    kept = pages[top]
     if counters is not None:
         counters.hits += len(h_p)
         counters.pages_hit += len(pages)
@@ -88,7 +114,18 @@ def spans_of_hit_arrays(
     else:
         found = {other: index._spans(other, boxes, ests, tokens, q_units)
                  for other, boxes, ests in groups}
-    return [(other, found[other]) for other, _, _ in groups if found[other]]
+    return [RankedPage(other, c, x, found[other]) for other, c, x in zip(
+        kept.tolist(), covered[top].tolist(), best_est[top].tolist(), strict=True)]
+
+
+def merge_ranked(parts: list[list[RankedPage]], max_matches: int
+                 ) -> list[tuple[str, list[Span]]]:
+    """The passage matches of a request aligned in parts (split by earlier page, each part
+    giving its best ``max_matches`` pages): the best ``max_matches`` of them all, those
+    with spans, in page order: what one ``Aligner.align`` of the whole request returns."""
+    pages = sorted((p for part in parts for p in part),
+                   key=lambda p: (-p.covered, -p.best_est, p.ordinal))[:max_matches]
+    return [(p.doc_id, p.spans) for p in sorted(pages, key=lambda p: p.ordinal) if p.spans]
 
 
 def _refined_spans(index: PassageIndex, groups: list[tuple[int, I64, npt.NDArray[np.float64]]],
@@ -146,12 +183,19 @@ def _refined_spans(index: PassageIndex, groups: list[tuple[int, I64, npt.NDArray
 
 def rank_pages(h_p: I64, h_o: I64, h_x: npt.NDArray[np.float64], starts: I64,
                ends: I64) -> I64:
+    """``rank_keys``' pages only."""
+    return rank_keys(h_p, h_o, h_x, starts, ends)[0]
+
+
+def rank_keys(h_p: I64, h_o: I64, h_x: npt.NDArray[np.float64], starts: I64, ends: I64
+              ) -> tuple[I64, I64, npt.NDArray[np.float64]]:
     """The earlier pages named by the hits, best first: most units of the query page
     covered by its passages that hit the page, then the highest estimate of a hit, then
     the earliest page. Deterministic (a function of the hits alone), and cheap: the cap
     on matches is applied before any span is computed."""
     if not len(h_o):
-        return np.empty(0, dtype=np.int64)
+        return (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64),
+                np.empty(0, dtype=np.float64))
     n_p = len(starts)
     pairs = np.unique(h_o * n_p + h_p)  # by page, then passage
     o, p = pairs // n_p, pairs % n_p
@@ -163,7 +207,8 @@ def rank_pages(h_p: I64, h_o: I64, h_x: npt.NDArray[np.float64], starts: I64,
     covered = np.add.reduceat(gain, first)
     best_est = np.full(len(pages), -np.inf)
     np.maximum.at(best_est, np.searchsorted(pages, h_o), h_x)
-    return pages[np.lexsort((pages, -best_est, -covered))]
+    order = np.lexsort((pages, -best_est, -covered))
+    return pages[order], covered[order], best_est[order]
 
 
 class _ForwardRecords:
@@ -215,6 +260,12 @@ class Aligner:
     def align(self, request: Any) -> list[tuple[str, list[Span]]]:
         """Passage matches of ``request`` (an ``index.AlignRequest``): (earlier page id,
         spans) per earlier page, in ordinal order."""
+        return [(p.doc_id, p.spans) for p in self.align_ranked(request) if p.spans]
+
+    def align_ranked(self, request: Any) -> list[RankedPage]:
+        """The best ``passage.max_matches`` earlier pages of ``request`` with their rank
+        keys and spans (empty ones too), in ordinal order: a part of a request split by
+        earlier page (``AlignRequest.split``) answers with these (``merge_ranked``)."""
         idx = self.spans
         carried = request.has_forward
         t = request.tasks.gather(self.read_forward, self.records, empty_later=True)
@@ -227,15 +278,15 @@ class Aligner:
         q_starts, q_ends, q_units = _unpack_positions(request.positions)
         tokens = Tokens("", None, q_starts.astype(np.int64), q_ends.astype(np.int64))
         try:
-            found = spans_of_hit_arrays(idx, (t.t_p[h_t], t.t_o[h_t], h_s, h_e, h_x),
-                                        request.starts, request.ends, tokens, q_units,
-                                        self.counters)
+            found = ranked_spans(idx, (t.t_p[h_t], t.t_o[h_t], h_s, h_e, h_x),
+                                 request.starts, request.ends, tokens, q_units,
+                                 self.counters)
         finally:
             self.forward.positions = None
-        if carried:
-            ids = dict(zip(others, request.other_ids, strict=True))
-            return [(ids[other], spans) for other, spans in found]
-        return [(self._doc_id(other), spans) for other, spans in found]
+        ids = dict(zip(others, request.other_ids, strict=True)) if carried else None
+        for page in found:
+            page.doc_id = ids[page.ordinal] if ids is not None else self._doc_id(page.ordinal)
+        return found
 
     def _doc_id(self, ordinal: int) -> str:
         assert self.store is not None

@@ -81,6 +81,21 @@ class AlignRequest:
         """Whether the candidates' forward data is attached (``Indexer.with_forward``)."""
         return self.tasks.gathered and len(self.other_positions) == len(self.others)
 
+    def split(self, parts: int) -> dict[int, AlignRequest]:
+        """The request split by earlier page, for align shards keyed by page: part ``p``
+        holds the tasks against the pages whose ordinal is ``p`` modulo ``parts`` (only
+        the parts with tasks; none carries forward data). Each part's ``Aligner.
+        align_ranked``, merged by ``align.merge_ranked``, gives the whole's matches."""
+        t = self.tasks
+        owner = t.t_o % parts
+        out = {}
+        for part in np.unique(owner).tolist():
+            mine = owner == part
+            tasks = Tasks(t.t_p[mine], t.t_o[mine], t.lid, t.q_empty, t.list_bin, t.list_key)
+            out[part] = AlignRequest(self.ordinal, self.starts, self.ends, self.positions,
+                                     tasks)
+        return out
+
     def to_dict(self, forward: bool = True) -> dict[str, Any]:
         """``forward=False``: the tasks as the index found them; ``forward=True`` adds the
         candidates' forward data (it must be attached: ``Indexer.with_forward``)."""
@@ -270,6 +285,9 @@ class Indexer:
         # candidates' forward records kept between align requests that carry them
         # (``with_forward``: the topology's index role), as the align stage keeps them
         self.forward_records = RecordCache(config.cache.forward_mb << 20)
+        # told the ordinals of every page removed from the store (the topology's index
+        # role empties the align shards' copies of their forward records)
+        self.on_removed: Callable[[list[int]], None] | None = None
         self.engine_info = {
             "name": ENGINE_NAME,
             "h": config.near.hamming,
@@ -578,6 +596,8 @@ class Indexer:
 
     def _commit_removal(self, removal: Removal) -> None:
         ordinals = removal.ordinals.tolist()
+        if self.on_removed is not None:
+            self.on_removed(ordinals)
         self.near.commit_removal(ordinals)
         self.passages.commit_removal(removal)
         self.alive -= len(ordinals)

@@ -388,10 +388,17 @@ class Store:
                             if family in PREFIX_LENGTHS else _total_order(), self.path)
 
     def items(self, family: str) -> Iterator[tuple[bytes, bytes]]:
+        return self.items_from(family, None)
+
+    def items_from(self, family: str, start: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+        """The family's entries in key order, from key ``start`` on (None: all)."""
         cf = self._cfs[family]
         try:
             it = cf.iter(_total_order())
-            it.seek_to_first()
+            if start is None:
+                it.seek_to_first()
+            else:
+                it.seek(start)
             while it.valid():
                 yield it.key(), it.value()
                 it.next()

@@ -113,7 +113,9 @@ def test_topology_manifests_run_each_role_with_the_topology_config() -> None:
         roles[role] = roles.get(role, 0) + 1
         mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
         assert mounts[args.config] == "./k8s-topology/topology.toml", name
-        assert (args.store is not None) == (role == "index"), name
+        assert (args.store is not None) == (role in ("index", "align")), name
+        if args.store is not None:
+            assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
     assert roles == {"sketch": 2, "index": 2, "align": 2}
     kinds = {}
     for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]:
@@ -124,10 +126,10 @@ def test_topology_manifests_run_each_role_with_the_topology_config() -> None:
         kinds[role] = (doc["kind"], doc["spec"]["replicas"])
         mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert args.config == f"{mount['config']}/topology.toml"
-        if role == "index":
+        if role in ("index", "align"):
             assert args.store.startswith(mount["store"] + "/")
     assert kinds == {"sketch": ("Deployment", 2), "index": ("StatefulSet", 2),
-                     "align": ("Deployment", 2)}
+                     "align": ("StatefulSet", 2)}
 
 
 def topology_dashboard() -> dict[str, Any]:
@@ -206,7 +208,7 @@ def test_the_sharded_topology_runs_a_fan_in_and_one_shard_process_per_shard() ->
         mounts = {v.split(":")[1]: v.split(":")[0] for v in base.get(name, {}).get("volumes", [])}
         mounts.update({v.split(":")[1]: v.split(":")[0] for v in override[name]["volumes"]})
         assert mounts[args.config] == "./k8s-topology-sharded/topology.toml", name
-        assert (args.store is not None) == (role in ("index", "shard")), name
+        assert (args.store is not None) == (role in ("index", "shard", "align")), name
         if args.store is not None:
             assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
     roles = sorted(running.values())
@@ -264,7 +266,12 @@ def test_the_compose_topics_service_keeps_the_retained_topics_compressed(
         created[args[args.index("--topic") + 1]] = configs
     retained = retained_topics(config.kafka)
     assert retained <= set(created)
+    assert created[config.kafka.forward_topic] == {  # kept: the align shards' records
+        "cleanup.policy": "compact", "compression.type": "zstd",
+        "max.message.bytes": "33554432"}
     for topic, configs in created.items():
+        if topic == config.kafka.forward_topic:
+            continue
         if topic in retained:
             assert (configs["retention.ms"], configs["compression.type"]) == ("-1", "zstd")
         elif topic != config.kafka.input_topic:  # (the crawl's own topic, kept too)

@@ -14,12 +14,13 @@ from worker.role_align import AlignRole
 from worker.topology import decode_aligned, ordinal_header
 
 
-def test_an_align_request_it_cannot_read_is_dead_lettered_and_answered_empty() -> None:
+def test_an_align_request_it_cannot_read_is_dead_lettered_and_left_to_the_index() -> None:
     """A request of another wire version (retained requests after an upgrade) made the
     role raise: the process stopped at that offset, and so did every one that took the
     partition after it, while the index waited for that page's answer. Now: a dead letter
-    with the record, and an empty answer, so the index publishes the page's other matches
-    and goes on; a record without an ordinal is only dead-lettered."""
+    with the record, and the answer "not aligned here" for its part, so the index aligns
+    the page itself (no passage lost) and goes on; a record without an ordinal is only
+    dead-lettered."""
     role = AlignRole(Config())
     kc = role.kc
     tp = TopicPartition(kc.align_topic, 0)
@@ -35,4 +36,5 @@ def test_an_align_request_it_cannot_read_is_dead_lettered_and_answered_empty() -
     assert [(d["source"]["offset"], d["error"]) for d in letters] == [(0, "internal_error"),
                                                            (1, "internal_error")]
     assert "align request" in letters[0]["detail"]
-    assert decode_aligned(out[1].value) == (5, [])
+    answer = decode_aligned(out[1].value)
+    assert (answer.ordinal, answer.part, answer.ranked, answer.passages) == (5, 0, None, None)

@@ -96,6 +96,9 @@ async def test_two_of_each_role_give_the_matches_of_scan_across_align_join_and_l
         got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
         assert {k[1] for k in expected} == {"exact", "near", "passage"}
         assert got == expected
+        # every part was aligned by the align shard owning its candidates, from its store
+        assert topo.log_lines("not in this store") == []
+        assert topo.log_lines("align request") == []
     finally:
         topo.stop_all()
 
@@ -109,7 +112,7 @@ async def test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_no
     try:
         sketch, _ = topo.start("sketch")
         topo.start("sketch")
-        align, _ = topo.start("align")
+        align, _ = topo.start("align", tmp_path / "align-a")  # keeps its store
         topo.start("align")
         owner, owner_log = topo.start("index", tmp_path / "index-a")
         await wait_log(owner_log, "index shard owned", 120)
@@ -125,7 +128,7 @@ async def test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_no
         at = await progressed(topo, at + 10)
         align.send_signal(signal.SIGKILL)
         align.wait(30)
-        topo.start("align")
+        topo.start("align", tmp_path / "align-a")  # back on its store: goes on from it
 
         at = await progressed(topo, at + 10)
         owner.send_signal(signal.SIGKILL)  # the shard moves to the standby's empty store
@@ -142,6 +145,7 @@ async def test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_no
         twice = [k for k, n in got.items() if n > expected[k]]
         assert not twice, f"published twice: {twice[:5]}"
         assert got == expected
+        assert topo.log_lines("not in this store") == []
     finally:
         topo.stop_all()
 

@@ -52,7 +52,7 @@ class Topology:
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
         names = ("pages", "matches", "dlq", "sequence", "sketches", "align", "aligned",
-                 "keys", "partials")
+                 "forward", "keys", "partials")
         self.topic = {n: f"{n}-{tag}" for n in names}
         t = self.topic
         self.config_path = tmp / f"topology-{tag}.toml"
@@ -66,6 +66,7 @@ sequence_topic = "{t['sequence']}"
 sketch_topic = "{t['sketches']}"
 align_topic = "{t['align']}"
 aligned_topic = "{t['aligned']}"
+forward_topic = "{t['forward']}"
 keys_topic = "{t['keys']}"
 partials_topic = "{t['partials']}"
 index_shards = {index_shards}
@@ -123,6 +124,11 @@ enabled = false
             code = proc.poll()
             if code is not None and code not in (0, -signal.SIGKILL, -signal.SIGTERM):
                 raise AssertionError(f"{log.name} exited {code}:\n{log.read_text()[-4000:]}")
+
+    def log_lines(self, text: str) -> list[str]:
+        """Every line of every role process's log that contains ``text``."""
+        return [line for _, log in self.procs for line in log.read_text().splitlines()
+                if text in line]
 
     def logs(self) -> str:
         return "\n".join(f"== {log.name}\n{log.read_text()[-3000:]}" for _, log in self.procs)

@@ -61,6 +61,9 @@ class KafkaConfig:
     sketch_topic: str = field(default="pages.sketches", metadata={"nonempty": True})
     align_topic: str = field(default="pages.align", metadata={"nonempty": True})
     aligned_topic: str = field(default="pages.aligned", metadata={"nonempty": True})
+    # align shards keyed by earlier page: the forward records of the pages partition p of
+    # ``align_topic`` owns (ordinal % its partition count), compacted, as many partitions
+    forward_topic: str = field(default="pages.forward", metadata={"nonempty": True})
     # index shards: fixed per deployment. 1: the index role holds the whole index. S > 1:
     # the index role is the fan-in (the page directory) and S shard processes (``--roles
     # shard``) hold the keyed index, one partition of ``keys_topic`` each; they answer on
@@ -116,7 +119,7 @@ class KafkaConfig:
         if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
             raise ConfigError("kafka.output_topic", "input, output and DLQ topics must differ")
         topology = (self.input_topic, self.output_topic, self.dlq_topic, self.sequence_topic,
-                    self.sketch_topic, self.align_topic, self.aligned_topic,
+                    self.sketch_topic, self.align_topic, self.aligned_topic, self.forward_topic,
                     self.keys_topic, self.partials_topic)
         if len(set(topology)) != len(topology):
             raise ConfigError("kafka.sequence_topic", "the topology's topics must differ from "

@@ -1,30 +1,46 @@
-"""The align role: alignment requests in, passages out. Stateless: a request carries the
-candidate pages' forward records (``AlignRequest.to_bytes(forward=True)``), so no store is
-needed and any number of copies share the ``pages.align`` partitions. Its result is a pure
-function of the request, so which copy aligns a page, or how often after a crash, does not
-change it; the index takes the first result per ordinal and drops the others.
+"""The align role: align shards keyed by earlier page. Partition p of ``pages.align`` owns
+the pages whose ordinal is p modulo its partition count: the index sends each stored page's
+forward record to partition p of the compacted ``pages.forward`` topic, and each request
+split by its candidates' owners (``AlignRequest.split``), the part for p to partition p
+of ``pages.align``. A process copies its partitions' forward records into its store
+(``worker.align_store``) and, before it aligns a fetched batch of requests, reads its forward
+partition up to the end committed now: a request's candidates were committed with it or
+before it, so they are there. Its answer is each part's best pages with their rank keys
+(``Aligner.align_ranked``); the index merges a page's parts (``align.merge_ranked``).
+A pure function of the request and the forward records, so which copy aligns a part, or
+how often after a crash, does not change it; the index takes the first answer per part.
+
+A request that carries its candidates' forward records (an index from before align
+shards) is aligned from them and answered as before (a whole request).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from dupalign.align import Aligner
 from dupalign.index import AlignRequest
 from worker import messages
+from worker.align_store import AlignStore
 from worker.config import Config
 from worker.role_base import StatelessRole
 from worker.role_metrics import RoleMetrics
 from worker.topology import (
     Outgoing,
     encode_aligned,
+    encode_aligned_part,
     ordinal_header,
     record_ordinal,
     send_all,
+    stop_quietly,
 )
 
 log = logging.getLogger("dupalign.roles.align")
@@ -33,10 +49,75 @@ log = logging.getLogger("dupalign.roles.align")
 class AlignRole(StatelessRole):
     name = "align"
 
-    def __init__(self, config: Config, metrics: RoleMetrics | None = None) -> None:
+    def __init__(self, config: Config, metrics: RoleMetrics | None = None,
+                 store_dir: str | Path | None = None) -> None:
         super().__init__(config, metrics)
+        # without a store directory: a temporary one, filled from the forward topic at
+        # every start (a deployment keeps one per process to start fast)
+        self.temporary = store_dir is None
+        self.store_dir = Path(tempfile.mkdtemp(prefix="dupalign-align-") if store_dir is None
+                              else Path(store_dir) / "align")
+        self.store: AlignStore | None = None
         self.aligner = Aligner(config.engine)
+        self.forward: AIOKafkaConsumer | None = None  # this process's forward partitions
+        self.held: set[int] = set()
         self.requests = 0
+
+    async def on_start(self) -> None:
+        self.store = AlignStore(self.store_dir)
+        self.aligner = Aligner(self.config.engine, store=self.store)  # type: ignore[arg-type]
+        kc = self.kc
+        self.forward = AIOKafkaConsumer(
+            **kc.client_kwargs(), group_id=None, enable_auto_commit=False,
+            isolation_level="read_committed", fetch_max_bytes=kc.fetch_max_bytes,
+            max_partition_fetch_bytes=kc.max_partition_fetch_bytes)
+        await self.forward.start()
+        log.info("align store %s", self.store_dir)
+
+    async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
+        self.held.add(tp.partition)
+        await self._assign_forward()  # (caught up before its first batch: ``before``)
+        return committed
+
+    async def release(self, tps: Iterable[TopicPartition]) -> None:
+        self.held -= {tp.partition for tp in tps}
+        if self.forward is not None and not self.stopping.is_set():
+            await self._assign_forward()
+
+    async def _assign_forward(self) -> None:
+        assert self.forward is not None and self.store is not None
+        tps = [TopicPartition(self.kc.forward_topic, p) for p in sorted(self.held)]
+        self.forward.assign(tps)
+        for ftp in tps:  # where the store is (every apply notes it)
+            offset = self.store.offset(ftp.partition)
+            if offset is None:
+                await self.forward.seek_to_beginning(ftp)
+            else:
+                self.forward.seek(ftp, offset)
+
+    async def catch_up(self, tp: TopicPartition) -> None:
+        """The forward records of partition ``tp.partition`` up to the end committed now,
+        in the store: those of every candidate of the requests fetched so far."""
+        assert self.forward is not None and self.store is not None
+        ftp = TopicPartition(self.kc.forward_topic, tp.partition)
+        end = (await self.forward.end_offsets([ftp]))[ftp]
+        while (position := await self.forward.position(ftp)) < end:
+            got = (await self.forward.getmany(ftp, timeout_ms=500, max_records=2000)).get(ftp, [])
+            self.store.apply(ftp.partition, got, await self.forward.position(ftp))
+            if not got and await self.forward.position(ftp) == position:
+                end = (await self.forward.end_offsets([ftp]))[ftp]  # (compaction moved it?)
+
+    async def before(self, tp: TopicPartition, records: list[Any]) -> None:
+        await self.catch_up(tp)
+
+    async def _close(self) -> None:
+        await super()._close()
+        await stop_quietly(self.forward)
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self.temporary:
+            shutil.rmtree(self.store_dir, ignore_errors=True)
 
     @property
     def input_topic(self) -> str:
@@ -51,17 +132,29 @@ class AlignRole(StatelessRole):
                 out.append(self._dead_letter(tp, rec, exc))
                 continue
             try:
-                passages = self.aligner.align(AlignRequest.from_bytes(rec.value or b""))
+                request = AlignRequest.from_bytes(rec.value or b"")
+                if request.has_forward:  # (an index from before align shards)
+                    answer = encode_aligned(ordinal, self.aligner.align(request))
+                elif self.store is None or not self.store.has_all(request.others.tolist()):
+                    # not here (a page whose forward record was too big to send; a stale
+                    # request read again after its candidates left): the index aligns it
+                    log.warning("align request %s:%d:%d: a candidate's forward record is not "
+                                "in this store; the index aligns page %d", tp.topic,
+                                tp.partition, rec.offset, ordinal)
+                    answer = encode_aligned_part(ordinal, tp.partition, None)
+                else:
+                    answer = encode_aligned_part(ordinal, tp.partition,
+                                                 self.aligner.align_ranked(request))
             except Exception as exc:  # unreadable (another wire version), or a defect it
-                # triggers: recurs on every replay. Dead-lettered, and answered with no
-                # passages, so the index publishes the page's other matches and goes on
+                # triggers: recurs on every replay. Dead-lettered, and answered "not
+                # aligned here", so the index aligns the page itself and goes on
                 log.exception("align request %s:%d:%d failed (sent to DLQ)",
                               tp.topic, tp.partition, rec.offset)
                 out.append(self._dead_letter(tp, rec, exc))
-                passages = []
+                answer = encode_aligned_part(ordinal, tp.partition, None)
             # back to the index shard that asked (one shard: partition 0)
-            out.append(Outgoing(self.kc.aligned_topic, encode_aligned(ordinal, passages),
-                                partition=0, headers=[ordinal_header(ordinal)]))
+            out.append(Outgoing(self.kc.aligned_topic, answer, partition=0,
+                                headers=[ordinal_header(ordinal)]))
         return out
 
     def _dead_letter(self, tp: TopicPartition, rec: Any, exc: Exception) -> Outgoing:

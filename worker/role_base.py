@@ -84,6 +84,9 @@ class StatelessRole:
     async def release(self, tps: Iterable[TopicPartition]) -> None:
         """Partitions revoked (their producers stopped)."""
 
+    async def before(self, tp: TopicPartition, records: list[Any]) -> None:
+        """Before a fetched batch of ``tp`` is prepared (roles with state catch up here)."""
+
     def stop(self) -> None:
         self.stopping.set()
 
@@ -107,6 +110,7 @@ class StatelessRole:
                         continue
                     producer = self.producers[tp]  # made on assignment, before resume
                     self.metrics.consumed(self.name, tp.topic, records)
+                    await self.before(tp, records)
                     prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
                                                           records)
                     async with self.metrics.transaction(self.name), hop(

@@ -46,18 +46,22 @@ import numpy as np
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
+from dupalign.align import RankedPage, merge_ranked
 from dupalign.engine import Engine
 from dupalign.errors import PageRejected
 from dupalign.index import IndexResult
 from dupalign.match import Match, Span
 from dupalign.shard import FanInIndexer, Partial
 from dupalign.sketch import PageSketch
+from dupalign.store import read_u64, u64
 from worker import messages
+from worker.align_store import encode_forward
 from worker.config import Config
 from worker.role_base import RoleListener, turns
 from worker.role_metrics import RoleMetrics
 from worker.topology import (
     RECORD_OVERHEAD,
+    Aligned,
     Outgoing,
     TopologyError,
     checkpoint,
@@ -79,6 +83,12 @@ from worker.topology import (
 
 log = logging.getLogger("dupalign.roles.index")
 
+# in the index's store: the store's next ordinal at its last commit (the forward records of
+# the pages below it are in the forward topic), and the align partition count it keys by
+FORWARD_SENT = b"topology_forward_sent"
+ALIGN_PARTITIONS = b"topology_align_partitions"
+FORWARD_CHUNK = 500  # forward records per transaction when sent again at a takeover
+
 Source = tuple[str, int, int]
 
 
@@ -91,6 +101,8 @@ class Waiting:
     sketch_offset: int
     result: IndexResult
     passages: list[tuple[str, list[Span]]] | None = None  # align's answer, once it came
+    parts: dict[int, list[RankedPage]] | None = None  # align shards' answers, by partition
+    expected_parts: frozenset[int] = frozenset()  # the align partitions asked
     undecided: bool = False  # index shards: waiting for the partials of its shards
     align_here: bool = False  # align's answer was unreadable: aligned by the index itself
 
@@ -110,6 +122,10 @@ class IndexRole:
         self.started = False  # consuming (for /readyz; a standby is ready too)
         self.kc = kc = config.kafka
         self.align_limit = kc.max_request_size  # the largest align request (see run)
+        self.forward_limit = kc.max_request_size  # the largest forward record
+        self.align_parts = kc.align_partitions  # the align topic's partitions (see run)
+        self.tombstones: list[int] = []  # pages removed from the store this turn
+        self.sent_below = 0  # the store's next ordinal when the turn's records were made
         self.store_dir = Path(store_dir)
         self.group_id = f"{kc.group_id}-index"
         self.seq_tp = TopicPartition(kc.sequence_topic, 0)
@@ -150,6 +166,7 @@ class IndexRole:
         self.resend: list[Outgoing] = []  # index shards: messages sent again on a takeover
         self.floor = start  # sketches of lower ordinals are not needed
         self.silent_below = silent_below  # rebuilding: publish nothing below this ordinal
+        self.applying = start  # the sequence record being applied (its removals' owner)
         self.rebuilt = False
         self.seq_read = start  # the sequence consumer's position (next offset it returns)
         self.read_ahead = 0  # the most sequence records read and not applied yet
@@ -162,8 +179,10 @@ class IndexRole:
 
     # -- life cycle -----------------------------------------------------------------------
     async def run(self) -> None:
-        await ensure_topics(self.kc, topology_topics(self.kc))
+        counts = await ensure_topics(self.kc, topology_topics(self.kc))
+        self.align_parts = counts[self.kc.align_topic]
         self.align_limit = await record_limit(self.kc, self.kc.align_topic)
+        self.forward_limit = await record_limit(self.kc, self.kc.forward_topic)
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.turn_records,
             # co-partitioning: partition i of every input topic to the same member
@@ -198,6 +217,9 @@ class IndexRole:
                                          None if self.kc.transactions else consumer)
                     self.metrics.produced(self.name, out)
                     self.last_offsets = offsets
+                    if self.engine is not None:  # every page below has its forward record out
+                        await loop.run_in_executor(self.executor, self._note_forward_sent,
+                                                   self.sent_below)
                     if offsets[self.seq_tp] != self.published and self.engine is not None:
                         # the resume point should the group lose its offsets
                         await loop.run_in_executor(
@@ -251,6 +273,11 @@ class IndexRole:
                 self.executor, functools.partial(
                     Engine.open, self.store_dir, self.config.engine, shards=self.n_shards,
                     remote_shards=self.n_shards > 1))
+            await self._keyed_by(self.align_parts)
+            self.engine.indexer.on_removed = self._removed
+            # the forward records of pages stored after the last commit (their transaction
+            # may have aborted) and, the first time, of every stored page
+            await self._send_forward_again(producer, consumer)
             stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
                       ).get((self.seq_tp.topic, 0))
             indexer = self.engine.indexer
@@ -346,7 +373,7 @@ class IndexRole:
                 waiting = self.by_ordinal.get(ordinal)
                 if waiting is not None and waiting.passages is None:
                     try:
-                        waiting.passages = decode_aligned(rec.value)[1]
+                        self._answer(waiting, decode_aligned(rec.value))
                     except Exception:  # another wire version (an upgrade), a broken
                         # record: it would stop the role at every start; aligned here
                         log.exception("aligned record %s:%d:%d unreadable: page %d is "
@@ -389,6 +416,7 @@ class IndexRole:
             self.floor = ordinal + 1
             if isinstance(indexer, FanInIndexer):
                 indexer.begin(ordinal)  # the shards' messages of this sequence record
+            self.applying = ordinal  # (removals from here on are this page's)
             if self._lifecycle(ordinal, sk):
                 self._to_shards(out, ordinal)
                 continue
@@ -407,6 +435,8 @@ class IndexRole:
                     indexer.finish(result, engine.align(result))
                 continue
             result = indexer.index(sk, at)
+            if result.ordinal is not None and ordinal >= self.silent_below:
+                self._forward(out, result.ordinal, sk.id)
             waiting = Waiting(ordinal, source, sketch_offset, result)
             if self._to_shards(out, ordinal):
                 waiting.undecided = True  # decided once its shards' partials are in
@@ -429,6 +459,10 @@ class IndexRole:
         for waiting in self.waiting:
             if waiting.align_here and waiting.passages is None:
                 waiting.passages = engine.align(waiting.result)
+        out.extend(Outgoing(self.kc.forward_topic, None, key=u64(o),
+                            partition=o % self.align_parts) for o in self.tombstones)
+        self.tombstones = []
+        self.sent_below = indexer.next_ordinal
         now = int(time.time() * 1000)
         while self.waiting and self.waiting[0].ready:
             waiting = self.waiting.popleft()
@@ -499,13 +533,111 @@ class IndexRole:
         result, ordinal = waiting.result, waiting.ordinal
         if result.align is None:
             return
-        request = self.engine.indexer.with_forward(result.align).to_bytes(forward=True)
-        if len(request) > self.align_limit - RECORD_OVERHEAD:
-            # too big for one record (a huge page's candidates): aligned here
+        # one part per align shard that owns some of its candidates (their forward records)
+        parts = {p: r.to_bytes(forward=False)
+                 for p, r in result.align.split(self.align_parts).items()}
+        if not parts or max(map(len, parts.values())) > self.align_limit - RECORD_OVERHEAD:
+            # too big for one record (a huge page's passages): aligned here
             waiting.passages = self.engine.align(result)
-        else:
-            out.append(Outgoing(self.kc.align_topic, request, key=struct.pack(">q", ordinal),
-                                headers=[ordinal_header(ordinal)]))
+            return
+        waiting.parts, waiting.expected_parts = {}, frozenset(parts)
+        out.extend(Outgoing(self.kc.align_topic, raw, key=struct.pack(">q", ordinal),
+                            partition=p, headers=[ordinal_header(ordinal)])
+                   for p, raw in parts.items())
+
+    def _answer(self, waiting: Waiting, answer: Aligned) -> None:
+        """An align answer for a page waiting for it: a whole one (an align process from
+        before align shards), a part's best pages (the page's passages once every part
+        it asked answered: ``merge_ranked``), or "not aligned there": aligned here."""
+        if answer.part is None:
+            waiting.passages = answer.passages
+        elif answer.ranked is None:
+            waiting.align_here = True
+        elif waiting.parts is not None and answer.part in waiting.expected_parts:
+            waiting.parts.setdefault(answer.part, answer.ranked)
+            if len(waiting.parts) == len(waiting.expected_parts):
+                waiting.passages = merge_ranked(list(waiting.parts.values()),
+                                                self.config.engine.passage.max_matches)
+
+    def _forward(self, out: list[Outgoing], ordinal: int, doc_id: str) -> None:
+        """The forward record of the page stored at ``ordinal`` (internal ordinal: what
+        requests name candidates by), to the align shard that owns it. A page without
+        passages has none; one too big for a record is not sent: a request naming it is
+        answered "not aligned there" and aligned here."""
+        assert self.engine is not None
+        store = self.engine.indexer.store
+        windows = store.get("forward", u64(ordinal))
+        positions = store.get("positions", u64(ordinal))
+        if windows is None or positions is None:
+            return
+        value = encode_forward(doc_id, windows, positions)
+        if len(value) > self.forward_limit - RECORD_OVERHEAD:
+            log.warning("page %r: its forward record (%d bytes) is over the forward topic's "
+                        "record limit; the pages that name it are aligned by the index",
+                        doc_id, len(value))
+            return
+        out.append(Outgoing(self.kc.forward_topic, value, key=u64(ordinal),
+                            partition=ordinal % self.align_parts))
+
+    def _removed(self, ordinals: list[int]) -> None:
+        """Pages that left the store (``Indexer.on_removed``): their forward records leave
+        the align shards (tombstones; not while rebuilding: sent before)."""
+        if self.applying >= self.silent_below:
+            self.tombstones.extend(ordinals)
+
+    def _note_forward_sent(self, below: int) -> None:
+        assert self.engine is not None
+        self.engine.indexer.store.put("meta", FORWARD_SENT, u64(below))
+
+    async def _keyed_by(self, parts: int) -> None:
+        """The align partition count is fixed per deployment: the forward topic is keyed
+        by it."""
+        assert self.engine is not None
+        store = self.engine.indexer.store
+        raw = store.get("meta", ALIGN_PARTITIONS)
+        if raw is None:
+            store.put("meta", ALIGN_PARTITIONS, u64(parts))
+        elif read_u64(raw) != parts:
+            raise TopologyError(
+                f"topic {self.kc.align_topic!r} has {parts} partitions, but this index store "
+                f"was built with {read_u64(raw)}: the align shards hold pages by ordinal "
+                "modulo that count. Changing it means new align and forward topics and "
+                "a rebuild by replay (docs/topology.md)")
+
+    async def _send_forward_again(self, producer: AIOKafkaProducer, consumer: Any) -> None:
+        """Takeover: the forward records of the stored pages from the mark on (all of
+        them in a store from before align shards), in transactions of ``FORWARD_CHUNK``
+        records that commit no offsets. Sending one again is harmless: keyed by ordinal."""
+        assert self.engine is not None
+        indexer = self.engine.indexer
+        store = indexer.store
+        raw = store.get("meta", FORWARD_SENT)
+        first = 0 if raw is None else read_u64(raw)
+        loop = asyncio.get_running_loop()
+
+        def chunk(start: int) -> tuple[list[Outgoing], int | None]:
+            out: list[Outgoing] = []
+            for key, _ in store.items_from("docs", u64(start)):
+                o = read_u64(key)
+                if len(out) >= FORWARD_CHUNK:
+                    return out, o
+                self._forward(out, o, indexer.doc_id(o))
+            return out, None
+
+        sent, at = 0, first
+        while True:
+            out, at_next = await loop.run_in_executor(self.executor, chunk, at)
+            if out:
+                await checkpoint(producer, self.group_id, out, {},
+                                 None if self.kc.transactions else consumer)
+                sent += len(out)
+            if at_next is None:
+                break
+            at = at_next
+        await loop.run_in_executor(self.executor, self._note_forward_sent, indexer.next_ordinal)
+        if sent:
+            log.info("index: %d forward records sent again (stored pages from ordinal %d)",
+                     sent, first)
 
     async def _offsets(self) -> dict[TopicPartition, int]:
         consumer = self.consumer

@@ -95,7 +95,7 @@ class RoleMetrics:
     def produced(self, role: str, outgoing: Iterable[Outgoing]) -> None:
         for o in outgoing:
             self.records.labels(role, "out", o.topic).inc()
-            self.bytes.labels(role, "out", o.topic).inc(len(o.value))
+            self.bytes.labels(role, "out", o.topic).inc(len(o.value or b""))
 
     @contextlib.asynccontextmanager
     async def transaction(self, role: str) -> AsyncIterator[None]:

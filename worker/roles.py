@@ -60,7 +60,7 @@ def make_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | N
             raise ValueError("the shard role needs --store")
         out.append(ShardRole(config, store_dir, metrics))
     if "align" in roles:
-        out.append(AlignRole(config, metrics))
+        out.append(AlignRole(config, metrics, store_dir))
     return out
 
 

@@ -31,6 +31,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import CommitFailedError, TopicAlreadyExistsError, for_code
 
+from dupalign.align import RankedPage
 from dupalign.match import Span
 from worker.config import KafkaConfig
 
@@ -49,7 +50,7 @@ class TopologyError(RuntimeError):
 @dataclass
 class Outgoing:
     topic: str
-    value: bytes
+    value: bytes | None  # None: a tombstone (the forward topic)
     key: bytes | None = None
     partition: int | None = None
     headers: list[tuple[str, bytes]] = field(default_factory=list)
@@ -62,7 +63,7 @@ def topology_topics(kc: KafkaConfig) -> dict[str, int | None]:
         kc.input_topic: None, kc.output_topic: None, kc.dlq_topic: None,
         kc.sequence_topic: 1,  # one order: the ordinal is the offset
         kc.sketch_topic: 1, kc.aligned_topic: 1,  # the index role's (the fan-in's)
-        kc.align_topic: None,
+        kc.align_topic: None, kc.forward_topic: None,  # as many as each other
     }
     if kc.index_shards > 1:  # partition s of keys: shard s's input
         topics[kc.keys_topic] = kc.index_shards
@@ -80,6 +81,9 @@ def retained_topics(kc: KafkaConfig) -> set[str]:
 
 
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+# the forward topic keeps each live page's last record (its key: the ordinal) forever, and
+# a removed page's tombstone for a day
+COMPACTED = {"cleanup.policy": "compact"}
 
 
 async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[str, int]:
@@ -96,9 +100,16 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[
             # with its candidates' forward records): the topic takes what the producer sends
             retained = retained_topics(kc)
             kept = {**KEEP_FOREVER, "compression.type": kc.retained_compression}
-            new = [NewTopic(t, wanted[t] or _default_partitions(kc, t), kc.replication_factor,
+            compacted = {**COMPACTED, "compression.type": kc.retained_compression}
+            if kc.align_topic in counts:  # made elsewhere: the forward topic follows it
+                counts_for_new = {kc.forward_topic: counts[kc.align_topic]}
+            else:
+                counts_for_new = {}
+            new = [NewTopic(t, wanted[t] or counts_for_new.get(t, _default_partitions(kc, t)),
+                            kc.replication_factor,
                             topic_configs={"max.message.bytes": str(kc.max_request_size),
-                                           **(kept if t in retained else {})})
+                                           **(kept if t in retained else {}),
+                                           **(compacted if t == kc.forward_topic else {})})
                    for t in missing]
             response = await admin.create_topics(new)
             for name, code, *_ in response.topic_errors:  # the admin client does not raise
@@ -123,6 +134,13 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[
                     f"the keys topic one per index shard: kafka.index_shards = "
                     f"{kc.index_shards}). Changing the shard count means new topics and a "
                     "rebuild by replay (docs/topology.md)")
+        if kc.align_topic in wanted and counts[kc.forward_topic] != counts[kc.align_topic]:
+            raise TopologyError(
+                f"topic {kc.forward_topic!r} has {counts[kc.forward_topic]} partitions and "
+                f"{kc.align_topic!r} {counts[kc.align_topic]}: an align shard reads the "
+                "forward records of the pages its align partition owns from the same "
+                "partition of the forward topic, so both need the same count (fixed per "
+                "deployment: docs/topology.md)")
         await _warn_unretained(admin, sorted(retained_topics(kc) & set(wanted)))
         return counts
     finally:
@@ -189,7 +207,9 @@ async def require_retained(consumer: AIOKafkaConsumer, tp: TopicPartition, start
 
 
 def _default_partitions(kc: KafkaConfig, topic: str) -> int:
-    return kc.align_partitions if topic == kc.align_topic else kc.topic_partitions
+    if topic in (kc.align_topic, kc.forward_topic):
+        return kc.align_partitions
+    return kc.topic_partitions
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]
@@ -384,19 +404,49 @@ async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 
 
 
 def encode_aligned(ordinal: int, passages: list[tuple[str, list[Span]]]) -> bytes:
-    """An ``aligned`` record: what align found for the page at ``ordinal``."""
+    """An ``aligned`` record (version 1): what align found for a whole request, one that
+    carried its candidates' forward records."""
     return bytes(msgpack.packb({
         "v": WIRE_VERSION, "ordinal": ordinal,
         "passages": [[other, [s.to_dict() for s in spans]] for other, spans in passages]},
         use_bin_type=True))
 
 
-def decode_aligned(raw: bytes) -> tuple[int, list[tuple[str, list[Span]]]]:
+def encode_aligned_part(ordinal: int, part: int, ranked: list[RankedPage] | None) -> bytes:
+    """An ``aligned`` record (version 2): the best pages of one part of a request (its
+    align partition ``part``), with their rank keys (``align.merge_ranked``); None: the
+    part could not be aligned here (a candidate's forward record is missing), the index
+    aligns the page itself."""
+    pages = None if ranked is None else [
+        [r.ordinal, r.doc_id, r.covered, r.best_est, [s.to_dict() for s in r.spans]]
+        for r in ranked]
+    return bytes(msgpack.packb({"v": 2, "ordinal": ordinal, "part": part, "pages": pages},
+                               use_bin_type=True))
+
+
+@dataclass
+class Aligned:
+    """An ``aligned`` record read: a whole request's passages (version 1, ``part`` None)
+    or a part's best pages (``ranked``; None: not aligned, ``encode_aligned_part``)."""
+
+    ordinal: int
+    part: int | None
+    passages: list[tuple[str, list[Span]]] | None = None
+    ranked: list[RankedPage] | None = None
+
+
+def decode_aligned(raw: bytes) -> Aligned:
     d = msgpack.unpackb(raw, raw=False)
-    if d.get("v") != WIRE_VERSION:
-        raise ValueError(f"aligned record version {d.get('v')!r}, expected {WIRE_VERSION}")
-    return int(d["ordinal"]), [(str(o), [Span.from_dict(s) for s in spans])
-                               for o, spans in d["passages"]]
+    if d.get("v") == WIRE_VERSION:
+        return Aligned(int(d["ordinal"]), None, passages=[
+            (str(o), [Span.from_dict(s) for s in spans]) for o, spans in d["passages"]])
+    if d.get("v") != 2:
+        raise ValueError(f"aligned record version {d.get('v')!r}, expected 1 or 2")
+    pages = d["pages"]
+    ranked = None if pages is None else [
+        RankedPage(int(o), int(c), float(x), [Span.from_dict(s) for s in spans], str(i))
+        for o, i, c, x, spans in pages]
+    return Aligned(int(d["ordinal"]), int(d["part"]), ranked=ranked)
 
 
 def source_header(source: tuple[str, int, int]) -> tuple[str, bytes]:

@@ -52,7 +52,8 @@ from tests.topology_harness import Topology, wait_log
 from worker import messages
 
 ROLES = ("sketch", "index", "align", "shard")
-TOPICS = ("pages", "sequence", "sketches", "align", "aligned", "matches", "keys", "partials")
+TOPICS = ("pages", "sequence", "sketches", "align", "aligned", "forward", "matches", "keys",
+          "partials")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
