@@ -111,6 +111,8 @@ async def test_two_index_shards_as_processes_give_the_matches_of_scan_across_a_j
             assert "shard role assigned ['" in log.read_text()
         assert "rebuilt up to offset" in log_c.read_text()
         assert not (tmp_path / "fan-in" / "shards").exists()
+        # the fan-in sent its pages' forward records: every part aligned by its align shard
+        assert topo.log_lines("not in this store") == []
     finally:
         topo.stop_all()
 

@@ -428,6 +428,69 @@ async def test_groups_without_offsets_resume_where_the_sequence_and_the_store_sa
     assert got == expected
 
 
+async def test_an_index_store_from_before_align_shards_sends_every_forward_record_once(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The upgrade: an index store without the forward mark (made before align shards) and
+    an empty forward topic (a new one here). At its first takeover the index sends the
+    forward record of every page it stores, so the align shards can align the later pages
+    against them: no part is answered "not aligned here" (the index would align those
+    pages itself: the same matches, which is why the log is checked)."""
+    from worker.role_index import FORWARD_SENT
+
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    pages = clough_pages()
+    store = tmp_path / "index"
+    try:
+        procs = [topo.start("sketch")[0], topo.start("align")[0], topo.start("index", store)[0]]
+        await topo.send(pages[:60])
+        await topo.published(60, timeout=180)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+        with Engine.open(store, topo.engine) as engine:
+            batch = engine.store.batch()
+            batch.delete("meta", FORWARD_SENT)
+            engine.store.write(batch)
+            with_forward = sum(1 for _ in engine.store.keys("forward"))
+        old, new = topo.topic["forward"], topo.topic["forward"] + "-new"
+        topo.config_path.write_text(topo.config_path.read_text().replace(
+            f'forward_topic = "{old}"', f'forward_topic = "{new}"'))
+        topo.topic["forward"] = new
+        topo.partitions[new] = topo.partitions[old]
+        topo.start("sketch")
+        topo.start("align")
+        _, index_log = topo.start("index", store)
+        await wait_log(index_log, "index shard owned", 120)
+        assert f"{with_forward} forward records sent again (stored pages from ordinal 0)" \
+            in index_log.read_text()
+        await topo.send(pages[60:])
+        published = await topo.published(len(pages), timeout=180)
+        assert topo.log_lines("not in this store") == []
+    finally:
+        topo.stop_all()
+    expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
+    got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
+    later = {p.id for p in pages[60:]}
+    assert sum(n for k, n in expected.items() if k[0] in later and k[1] == "passage") > 5
+    assert got == expected
+    assert len(await topo.read("forward")) >= with_forward > 20
+
+
+async def test_a_forward_topic_with_another_partition_count_than_align_stops_the_role(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    topo = Topology(kafka_bootstrap, tmp_path)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topo.topic["forward"], 3, 1)])
+    finally:
+        await admin.close()
+    proc, log = topo.start("align")
+    assert proc.wait(120) == 1
+    assert (f"topic {topo.topic['forward']!r} has 3 partitions and {topo.topic['align']!r} 4"
+            in log.read_text())
+
+
 async def test_last_sequenced_reads_the_sequence_backwards_window_by_window(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """The sketch role's resume point: each input partition's last offset in ``sequence``

@@ -3,10 +3,11 @@ the pages whose ordinal is p modulo its partition count: the index sends each st
 forward record to partition p of the compacted ``pages.forward`` topic, and each request
 split by its candidates' owners (``AlignRequest.split``), the part for p to partition p
 of ``pages.align``. A process copies its partitions' forward records into its store
-(``worker.align_store``) and, before it aligns a fetched batch of requests, reads its forward
-partition up to the end committed now: a request's candidates were committed with it or
-before it, so they are there. Its answer is each part's best pages with their rank keys
-(``Aligner.align_ranked``); the index merges a page's parts (``align.merge_ranked``).
+(``worker.align_store``) as they come; a fetched batch of requests whose candidates are not
+all there yet waits until the forward partition is read up to its end committed now: a
+request's candidates were committed with it or before it, so they are there. Its answer
+is each part's best pages with their rank keys (``Aligner.align_ranked``); the index
+merges a page's parts (``align.merge_ranked``).
 A pure function of the request and the forward records, so which copy aligns a part, or
 how often after a crash, does not change it; the index takes the first answer per part.
 
@@ -16,6 +17,8 @@ shards) is aligned from them and answered as before (a whole request).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
@@ -61,6 +64,8 @@ class AlignRole(StatelessRole):
         self.aligner = Aligner(config.engine)
         self.forward: AIOKafkaConsumer | None = None  # this process's forward partitions
         self.held: set[int] = set()
+        self.follower: asyncio.Future[None] | None = None
+        self.applied = asyncio.Event()
         self.requests = 0
 
     async def on_start(self) -> None:
@@ -69,49 +74,85 @@ class AlignRole(StatelessRole):
         kc = self.kc
         self.forward = AIOKafkaConsumer(
             **kc.client_kwargs(), group_id=None, enable_auto_commit=False,
-            isolation_level="read_committed", fetch_max_bytes=kc.fetch_max_bytes,
+            isolation_level="read_committed", auto_offset_reset="earliest",
+            fetch_max_bytes=kc.fetch_max_bytes,
             max_partition_fetch_bytes=kc.max_partition_fetch_bytes)
         await self.forward.start()
+        self.applied = asyncio.Event()  # set (and replaced) after each apply
+        self.follower = asyncio.ensure_future(self._follow())
         log.info("align store %s", self.store_dir)
 
     async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
         self.held.add(tp.partition)
-        await self._assign_forward()  # (caught up before its first batch: ``before``)
+        self._assign_forward()
         return committed
 
     async def release(self, tps: Iterable[TopicPartition]) -> None:
         self.held -= {tp.partition for tp in tps}
         if self.forward is not None and not self.stopping.is_set():
-            await self._assign_forward()
+            self._assign_forward()
 
-    async def _assign_forward(self) -> None:
+    def _assign_forward(self) -> None:
+        """The forward partitions of the align partitions held, each from where the store
+        is (every apply notes it; a new store: the beginning)."""
         assert self.forward is not None and self.store is not None
         tps = [TopicPartition(self.kc.forward_topic, p) for p in sorted(self.held)]
         self.forward.assign(tps)
-        for ftp in tps:  # where the store is (every apply notes it)
+        for ftp in tps:
             offset = self.store.offset(ftp.partition)
-            if offset is None:
-                await self.forward.seek_to_beginning(ftp)
-            else:
+            if offset is not None:
                 self.forward.seek(ftp, offset)
 
-    async def catch_up(self, tp: TopicPartition) -> None:
-        """The forward records of partition ``tp.partition`` up to the end committed now,
-        in the store: those of every candidate of the requests fetched so far."""
+    async def _follow(self) -> None:
+        """Copies the held forward partitions into the store as their records come, so a
+        request's candidates are usually there before it is read."""
         assert self.forward is not None and self.store is not None
-        ftp = TopicPartition(self.kc.forward_topic, tp.partition)
-        end = (await self.forward.end_offsets([ftp]))[ftp]
-        while (position := await self.forward.position(ftp)) < end:
-            got = (await self.forward.getmany(ftp, timeout_ms=500, max_records=2000)).get(ftp, [])
-            self.store.apply(ftp.partition, got, await self.forward.position(ftp))
-            if not got and await self.forward.position(ftp) == position:
-                end = (await self.forward.end_offsets([ftp]))[ftp]  # (compaction moved it?)
+        while not self.stopping.is_set():
+            if not self.held:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                got = await self.forward.getmany(timeout_ms=200, max_records=2000)
+            except Exception as exc:  # the role stops with it (``before`` raises it)
+                self.failure = exc
+                self.applied.set()
+                return
+            for ftp, records in got.items():  # (no await before they are applied)
+                if records and ftp.partition in self.held:
+                    self.store.apply(ftp.partition, records, records[-1].offset + 1)
+            self.applied.set()
+            self.applied = asyncio.Event()
 
     async def before(self, tp: TopicPartition, records: list[Any]) -> None:
-        await self.catch_up(tp)
+        """The forward records of the batch's candidates in the store: the follower has
+        usually copied them already; otherwise wait until it has read the forward
+        partition up to its end committed now (they were committed before the requests:
+        a candidate still missing then is answered "not aligned here" by ``prepare``)."""
+        assert self.forward is not None and self.store is not None
+        needed: set[int] = set()
+        for rec in records:
+            with contextlib.suppress(Exception):  # (``prepare`` answers what it cannot read)
+                request = AlignRequest.from_bytes(rec.value or b"")
+                if not request.has_forward:
+                    needed.update(request.others.tolist())
+        if self.store.has_all(sorted(needed)):
+            return
+        ftp = TopicPartition(self.kc.forward_topic, tp.partition)
+        end = (await self.forward.end_offsets([ftp]))[ftp]
+        while not self.store.has_all(sorted(needed)) and (
+                await self.forward.position(ftp)) < end:
+            if self.failure is not None:
+                raise self.failure
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.applied.wait(), 0.5)
 
     async def _close(self) -> None:
+        self.stopping.set()
         await super()._close()
+        if self.follower is not None:
+            self.follower.cancel()
+            with contextlib.suppress(BaseException):
+                await self.follower
         await stop_quietly(self.forward)
         if self.store is not None:
             self.store.close()

@@ -105,22 +105,33 @@ class StatelessRole:
         loop = asyncio.get_running_loop()
         try:
             async for batches in turns(self, consumer, self.config.worker.batch_size):
+                hops = []
                 for tp, records in batches.items():
                     if not records:
                         continue
-                    producer = self.producers[tp]  # made on assignment, before resume
                     self.metrics.consumed(self.name, tp.topic, records)
                     await self.before(tp, records)
                     prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
                                                           records)
-                    async with self.metrics.transaction(self.name), hop(
-                            producer, self.group_id, self.offsets(tp, records),
-                            None if self.kc.transactions else consumer):
-                        await self.produce(producer, prepared)
-                    self.metrics.produced(self.name, self.outgoing(prepared))
-                    self.batches += 1
+                    # each partition has its own producer and transaction: they commit
+                    # concurrently, while the next partition's batch is prepared (an align
+                    # request's parts are on several partitions). At-least-once, the
+                    # consumer commits each partition's offsets in turn.
+                    hops.append(asyncio.ensure_future(self._hop(tp, records, prepared)))
+                    if not self.kc.transactions:
+                        await hops[-1]
+                await asyncio.gather(*hops)
         finally:
             await self._close()
+
+    async def _hop(self, tp: TopicPartition, records: list[Any], prepared: Any) -> None:
+        producer = self.producers[tp]  # made on assignment, before resume
+        async with self.metrics.transaction(self.name), hop(
+                producer, self.group_id, self.offsets(tp, records),
+                None if self.kc.transactions else self.consumer):
+            await self.produce(producer, prepared)
+        self.metrics.produced(self.name, self.outgoing(prepared))
+        self.batches += 1
 
     async def _close(self) -> None:
         held = list(self.producers)
