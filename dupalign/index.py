@@ -283,7 +283,8 @@ class Indexer:
         self.counters = LifecycleCounters()
         self.times = IndexTimes()
         # candidates' forward records kept between align requests that carry them
-        # (``with_forward``: the topology's index role), as the align stage keeps them
+        # (``with_forward``: benchmarks and tests; the topology's align shards read their
+        # own copies), as the align stage keeps them
         self.forward_records = RecordCache(config.cache.forward_mb << 20)
         # told the ordinals of every page removed from the store (the topology's index
         # role empties the align shards' copies of their forward records)

@@ -476,21 +476,6 @@ async def test_an_index_store_from_before_align_shards_sends_every_forward_recor
     assert len(await topo.read("forward")) >= with_forward > 20
 
 
-async def test_a_forward_topic_with_another_partition_count_than_align_stops_the_role(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
-    topo = Topology(kafka_bootstrap, tmp_path)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topo.topic["forward"], 3, 1)])
-    finally:
-        await admin.close()
-    proc, log = topo.start("align")
-    assert proc.wait(120) == 1
-    assert (f"topic {topo.topic['forward']!r} has 3 partitions and {topo.topic['align']!r} 4"
-            in log.read_text())
-
-
 async def test_last_sequenced_reads_the_sequence_backwards_window_by_window(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """The sketch role's resume point: each input partition's last offset in ``sequence``
@@ -540,19 +525,24 @@ async def test_last_sequenced_reads_the_sequence_backwards_window_by_window(
         await plain.stop()
 
 
+@pytest.mark.parametrize(("name", "partitions", "role", "says"), [
+    ("sequence", 2, "sketch", "topic {sequence!r} has 2 partitions; the topology needs exactly 1"),
+    # an align shard reads the same partition of both
+    ("forward", 3, "align", "topic {forward!r} has 3 partitions and {align!r} 4"),
+])
 async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, tmp_path: Path, name: str, partitions: int, role: str,
+        says: str) -> None:
     topo = Topology(kafka_bootstrap, tmp_path)
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topo.topic["sequence"], 2, 1)])
+        await admin.create_topics([NewTopic(topo.topic[name], partitions, 1)])
     finally:
         await admin.close()
-    proc, log = topo.start("sketch")
+    proc, log = topo.start(role)
     assert proc.wait(120) == 1
-    assert (f"topic {topo.topic['sequence']!r} has 2 partitions; the topology needs "
-            "exactly 1") in log.read_text()
+    assert says.format(**topo.topic) in log.read_text()
 
 
 async def test_a_sketch_over_the_sketches_topic_s_own_limit_is_dead_lettered(

@@ -55,20 +55,22 @@ class AlignRole(StatelessRole):
     def __init__(self, config: Config, metrics: RoleMetrics | None = None,
                  store_dir: str | Path | None = None) -> None:
         super().__init__(config, metrics)
-        # without a store directory: a temporary one, filled from the forward topic at
-        # every start (a deployment keeps one per process to start fast)
-        self.temporary = store_dir is None
-        self.store_dir = Path(tempfile.mkdtemp(prefix="dupalign-align-") if store_dir is None
-                              else Path(store_dir) / "align")
+        # without a store directory: a temporary one (made at start), filled from the
+        # forward topic at every start (a deployment keeps one per process to start fast)
+        self.store_dir = None if store_dir is None else Path(store_dir) / "align"
+        self.temporary: Path | None = None
         self.store: AlignStore | None = None
         self.aligner = Aligner(config.engine)
         self.forward: AIOKafkaConsumer | None = None  # this process's forward partitions
         self.held: set[int] = set()
         self.follower: asyncio.Future[None] | None = None
-        self.applied = asyncio.Event()
+        self.applied = asyncio.Event()  # set (and replaced) after each apply
+        self.decoded: dict[int, AlignRequest | Exception] = {}  # the batch's, by offset
         self.requests = 0
 
     async def on_start(self) -> None:
+        if self.store_dir is None:
+            self.store_dir = self.temporary = Path(tempfile.mkdtemp(prefix="dupalign-align-"))
         self.store = AlignStore(self.store_dir)
         self.aligner = Aligner(self.config.engine, store=self.store)  # type: ignore[arg-type]
         kc = self.kc
@@ -78,7 +80,6 @@ class AlignRole(StatelessRole):
             fetch_max_bytes=kc.fetch_max_bytes,
             max_partition_fetch_bytes=kc.max_partition_fetch_bytes)
         await self.forward.start()
-        self.applied = asyncio.Event()  # set (and replaced) after each apply
         self.follower = asyncio.ensure_future(self._follow())
         log.info("align store %s", self.store_dir)
 
@@ -129,12 +130,12 @@ class AlignRole(StatelessRole):
         partition up to its end committed now (they were committed before the requests:
         a candidate still missing then is answered "not aligned here" by ``prepare``)."""
         assert self.forward is not None and self.store is not None
+        # decoded once, here: ``prepare`` takes them (and answers what could not be read)
+        self.decoded = {rec.offset: _decode(rec) for rec in records}
         needed: set[int] = set()
-        for rec in records:
-            with contextlib.suppress(Exception):  # (``prepare`` answers what it cannot read)
-                request = AlignRequest.from_bytes(rec.value or b"")
-                if not request.has_forward:
-                    needed.update(request.others.tolist())
+        for request in self.decoded.values():
+            if isinstance(request, AlignRequest) and not request.has_forward:
+                needed.update(request.others.tolist())
         if self.store.has_all(sorted(needed)):
             return
         ftp = TopicPartition(self.kc.forward_topic, tp.partition)
@@ -157,8 +158,8 @@ class AlignRole(StatelessRole):
         if self.store is not None:
             self.store.close()
             self.store = None
-        if self.temporary:
-            shutil.rmtree(self.store_dir, ignore_errors=True)
+        if self.temporary is not None:
+            shutil.rmtree(self.temporary, ignore_errors=True)
 
     @property
     def input_topic(self) -> str:
@@ -173,7 +174,9 @@ class AlignRole(StatelessRole):
                 out.append(self._dead_letter(tp, rec, exc))
                 continue
             try:
-                request = AlignRequest.from_bytes(rec.value or b"")
+                request = self.decoded.pop(rec.offset, None) or _decode(rec)
+                if isinstance(request, Exception):
+                    raise request
                 if request.has_forward:  # (an index from before align shards)
                     answer = encode_aligned(ordinal, self.aligner.align(request))
                 elif self.store is None or not self.store.has_all(request.others.tolist()):
@@ -212,3 +215,10 @@ class AlignRole(StatelessRole):
 
     def outgoing(self, prepared: list[Outgoing]) -> list[Outgoing]:
         return prepared
+
+
+def _decode(rec: Any) -> AlignRequest | Exception:
+    try:
+        return AlignRequest.from_bytes(rec.value or b"")
+    except Exception as exc:  # answered by ``prepare``
+        return exc

@@ -957,7 +957,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
                         help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
     parser.add_argument("--store", metavar="DIR",
-                        help="RocksDB store directory (needed by the index role)")
+                        help="RocksDB store directory (needed by the index and shard roles; "
+                             "the align role keeps its forward records under DIR/align, "
+                             "else in a temporary directory)")
     parser.add_argument("--roles", default="sketch,index,align", metavar="ROLES",
                         help="comma-separated roles of the topology to run here: sketch, "
                         "index, shard (kafka.index_shards > 1), align (default sketch,index,"
