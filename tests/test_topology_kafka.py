@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -26,10 +27,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from prometheus_client.parser import text_string_to_metric_families
 
+from dupalign.align import Aligner
 from dupalign.config import EngineConfig, RetentionConfig
 from dupalign.engine import Engine
+from dupalign.index import AlignRequest
 from dupalign.page import Page
 from tests.bench.bench_worker import corpus
+from tests.test_align_caps import dense_pages
+from tests.test_align_parts import forward_record
 from tests.test_ops_prometheus import (
     PROM_DIR,
     LiveStack,
@@ -50,15 +55,19 @@ from tests.topology_harness import (
     wait_log,
 )
 from worker import messages
+from worker.align_store import AlignStore
 from worker.produce import new_producer
 from worker.role_sketch import SketchRole
 from worker.topology import (
     SOURCE_HEADER,
+    decode_aligned,
     decode_sequence,
     encode_sequence,
     header,
     last_sequenced,
+    ordinal_header,
     send_all,
+    stop_quietly,
 )
 from worker.topology import new_producer as new_topology_producer
 
@@ -100,6 +109,72 @@ async def test_two_of_each_role_give_the_matches_of_scan_across_align_join_and_l
         assert topo.log_lines("not in this store") == []
         assert topo.log_lines("align request") == []
     finally:
+        topo.stop_all()
+
+
+@pytest.mark.testdata
+async def test_a_request_read_before_its_candidates_commit_marker_waits_for_them(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Kafka writes a transaction's commit markers partition by partition, so an align
+    request can be readable before the forward records written in the same transaction
+    (CI saw it: the first two parts were answered "not aligned here", and the index
+    aligned them itself). Here the candidates' forward records stay in an open
+    transaction while the request is committed: the align process answers nothing until
+    they are committed, then the part's alignment from them."""
+    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    kc = topo.config.kafka
+    forward: dict[int, Any] = {}
+    with Engine.open(tmp_path / "index", topo.engine) as engine:
+        for page in dense_pages(30, 3):
+            result = engine.index(engine.sketch(page))
+            if result.align is not None:
+                break
+            engine.indexer.finish(result, engine.align(result))
+            assert result.ordinal is not None
+            forward[result.ordinal] = forward_record(engine, result.ordinal, page.id)
+        else:
+            raise AssertionError("no page of the stream asked for an alignment")
+    assert result.ordinal is not None
+    p, part = next(iter(result.align.split(topo.partitions[kc.align_topic]).items()))
+    store = AlignStore(tmp_path / "local")
+    try:
+        store.apply(p, [forward[o] for o in part.others.tolist()], 0)
+        want = Aligner(topo.engine, store=store).align_ranked(  # type: ignore[arg-type]
+            AlignRequest.from_bytes(part.to_bytes(forward=False)))
+    finally:
+        store.close()
+    assert want and want[0].spans
+
+    # (a transaction open longer than its timeout is aborted by the broker: then the
+    # process rightly answers "not aligned here")
+    held = new_topology_producer(dataclasses.replace(kc, transaction_timeout_ms=120_000),
+                                 f"held-{topo.tag}")
+    plain = new_producer(kc)
+    await held.start()
+    await plain.start()
+    try:
+        _, log = topo.start("align")
+        await wait_log(log, "align role assigned ['", 120)
+        await held.begin_transaction()
+        for o in part.others.tolist():
+            await (await held.send(kc.forward_topic, forward[o].value, key=forward[o].key,
+                                   partition=p))
+        await (await plain.send(kc.align_topic, part.to_bytes(forward=False), partition=p,
+                                key=struct.pack(">q", result.ordinal),
+                                headers=[ordinal_header(result.ordinal)]))
+        await asyncio.sleep(5)  # read by now; its candidates' transaction still open
+        topo.check_alive()
+        assert await topo.read("aligned") == []
+        await held.commit_transaction()
+        deadline = time.monotonic() + 60
+        while not (answers := await topo.read("aligned")):
+            assert time.monotonic() < deadline, topo.logs()
+            await asyncio.sleep(0.5)
+        got = [decode_aligned(r.value) for r in answers]
+        assert [(a.ordinal, a.part, a.ranked) for a in got] == [(result.ordinal, p, want)]
+        assert topo.log_lines("not in this store") == []
+    finally:
+        await stop_quietly(held, plain)
         topo.stop_all()
 
 

@@ -4,8 +4,10 @@ forward record to partition p of the compacted ``pages.forward`` topic, and each
 split by its candidates' owners (``AlignRequest.split``), the part for p to partition p
 of ``pages.align``. A process copies its partitions' forward records into its store
 (``worker.align_store``) as they come; a fetched batch of requests whose candidates are not
-all there yet waits until the forward partition is read up to its end committed now: a
-request's candidates were committed with it or before it, so they are there. Its answer
+all there yet waits until the forward partition is read up to the end of what was written
+to it now, committed or not: a request's candidates were written with it or before it, and
+the commit marker of their transaction may reach the forward partition after the request's
+(the coordinator writes a transaction's markers partition by partition). Its answer
 is each part's best pages with their rank keys (``Aligner.align_ranked``); the index
 merges a page's parts (``align.merge_ranked``).
 A pure function of the request and the forward records, so which copy aligns a part, or
@@ -62,6 +64,7 @@ class AlignRole(StatelessRole):
         self.store: AlignStore | None = None
         self.aligner = Aligner(config.engine)
         self.forward: AIOKafkaConsumer | None = None  # this process's forward partitions
+        self.written: AIOKafkaConsumer | None = None  # asks for their ends, committed or not
         self.held: set[int] = set()
         self.follower: asyncio.Future[None] | None = None
         self.applied = asyncio.Event()  # set (and replaced) after each apply
@@ -80,6 +83,10 @@ class AlignRole(StatelessRole):
             fetch_max_bytes=kc.fetch_max_bytes,
             max_partition_fetch_bytes=kc.max_partition_fetch_bytes)
         await self.forward.start()
+        self.written = AIOKafkaConsumer(**kc.client_kwargs(), group_id=None,
+                                        enable_auto_commit=False,
+                                        isolation_level="read_uncommitted")
+        await self.written.start()
         self.follower = asyncio.ensure_future(self._follow())
         log.info("align store %s", self.store_dir)
 
@@ -127,9 +134,15 @@ class AlignRole(StatelessRole):
     async def before(self, tp: TopicPartition, records: list[Any]) -> None:
         """The forward records of the batch's candidates in the store: the follower has
         usually copied them already; otherwise wait until it has read the forward
-        partition up to its end committed now (they were committed before the requests:
-        a candidate still missing then is answered "not aligned here" by ``prepare``)."""
-        assert self.forward is not None and self.store is not None
+        partition up to the end of what was written to it now. The candidates were written
+        before the requests were committed, but their transaction's commit marker may not
+        be on the forward partition yet (markers are written partition by partition); the
+        follower passes that end once every transaction open in it now has ended, which is
+        bounded by the transaction timeout. A candidate still missing then (a forward
+        record too big to send, a page that left the index) is answered "not aligned
+        here" by ``prepare``."""
+        assert self.forward is not None and self.written is not None
+        assert self.store is not None
         # decoded once, here: ``prepare`` takes them (and answers what could not be read)
         self.decoded = {rec.offset: _decode(rec) for rec in records}
         needed: set[int] = set()
@@ -139,7 +152,7 @@ class AlignRole(StatelessRole):
         if self.store.has_all(sorted(needed)):
             return
         ftp = TopicPartition(self.kc.forward_topic, tp.partition)
-        end = (await self.forward.end_offsets([ftp]))[ftp]
+        end = (await self.written.end_offsets([ftp]))[ftp]
         while not self.store.has_all(sorted(needed)) and (
                 await self.forward.position(ftp)) < end:
             if self.failure is not None:
@@ -155,6 +168,7 @@ class AlignRole(StatelessRole):
             with contextlib.suppress(BaseException):
                 await self.follower
         await stop_quietly(self.forward)
+        await stop_quietly(self.written)
         if self.store is not None:
             self.store.close()
             self.store = None
