@@ -1,14 +1,21 @@
-"""The align role (worker/role_align.py) on a record it cannot align: no Kafka needed."""
+"""The align role (worker/role_align.py) on a record it cannot align, and its temporary
+store: no Kafka needed."""
 
 from __future__ import annotations
 
+import signal
 import struct
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import msgpack
 from aiokafka import TopicPartition
 
+from tests.topology_harness import REPO
 from worker import messages
+from worker.align_store import TEMPORARY_PREFIX, TemporaryStoreDir
 from worker.config import Config
 from worker.role_align import AlignRole
 from worker.topology import decode_aligned, ordinal_header
@@ -38,3 +45,50 @@ def test_an_align_request_it_cannot_read_is_dead_lettered_and_left_to_the_index(
     assert "align request" in letters[0]["detail"]
     answer = decode_aligned(out[1].value)
     assert (answer.ordinal, answer.part, answer.ranked, answer.passages) == (5, 0, None, None)
+
+
+_KILLED_WITH_A_TEMPORARY_STORE = """
+import os, signal, sys
+from worker.align_store import TemporaryStoreDir
+t = TemporaryStoreDir(sys.argv[1])
+t.store.mkdir()
+(t.store / "000001.sst").write_bytes(b"x" * 4096)
+print(t.path, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+_REMOVE_ORPHANS = """
+import sys
+from pathlib import Path
+from worker.align_store import remove_orphaned_stores
+print(len(remove_orphaned_stores(Path(sys.argv[1]))))
+"""
+
+
+def test_a_temporary_align_store_of_a_killed_process_is_removed_by_the_next_one(
+        tmp_path: Path) -> None:
+    """An align process without ``--store`` fills a temporary directory with its partitions'
+    forward records. One killed by SIGKILL (the OOM killer) left it behind, and each
+    restart made another: a disk filled by restarts. Now each one made first removes
+    those whose owner is gone, and never one whose owner lives (its lock is held)."""
+    def run(code: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", code, str(tmp_path)], text=True,
+                              capture_output=True, cwd=REPO, timeout=60)
+
+    killed = run(_KILLED_WITH_A_TEMPORARY_STORE)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    dead = Path(killed.stdout.strip())
+    assert (dead / "store" / "000001.sst").exists()
+    not_ours = tmp_path / (TEMPORARY_PREFIX + "no-lock")  # (no lock file: left alone)
+    not_ours.mkdir()
+
+    live = TemporaryStoreDir(tmp_path)
+    try:
+        assert not dead.exists() and live.path.exists() and not_ours.exists()
+        other = run(_REMOVE_ORPHANS)  # another process's start, while this one lives
+        assert other.returncode == 0, other.stderr
+        assert other.stdout.split() == ["0"] and live.path.exists()
+    finally:
+        live.remove()
+    assert not live.path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [not_ours.name]

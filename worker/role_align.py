@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,7 +32,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from dupalign.align import Aligner
 from dupalign.index import AlignRequest
 from worker import messages
-from worker.align_store import AlignStore
+from worker.align_store import AlignStore, TemporaryStoreDir
 from worker.config import Config
 from worker.role_base import StatelessRole
 from worker.role_metrics import RoleMetrics
@@ -60,7 +58,7 @@ class AlignRole(StatelessRole):
         # without a store directory: a temporary one (made at start), filled from the
         # forward topic at every start (a deployment keeps one per process to start fast)
         self.store_dir = None if store_dir is None else Path(store_dir) / "align"
-        self.temporary: Path | None = None
+        self.temporary: TemporaryStoreDir | None = None
         self.store: AlignStore | None = None
         self.aligner = Aligner(config.engine)
         self.forward: AIOKafkaConsumer | None = None  # this process's forward partitions
@@ -73,7 +71,8 @@ class AlignRole(StatelessRole):
 
     async def on_start(self) -> None:
         if self.store_dir is None:
-            self.store_dir = self.temporary = Path(tempfile.mkdtemp(prefix="dupalign-align-"))
+            self.temporary = TemporaryStoreDir()
+            self.store_dir = self.temporary.store
         self.store = AlignStore(self.store_dir)
         self.aligner = Aligner(self.config.engine, store=self.store)  # type: ignore[arg-type]
         kc = self.kc
@@ -173,7 +172,7 @@ class AlignRole(StatelessRole):
             self.store.close()
             self.store = None
         if self.temporary is not None:
-            shutil.rmtree(self.temporary, ignore_errors=True)
+            self.temporary.remove()
 
     @property
     def input_topic(self) -> str:
