@@ -273,7 +273,7 @@ class IndexRole:
                 self.executor, functools.partial(
                     Engine.open, self.store_dir, self.config.engine, shards=self.n_shards,
                     remote_shards=self.n_shards > 1))
-            await self._keyed_by(self.align_parts)
+            self._keyed_by(self.align_parts)
             self.engine.indexer.on_removed = self._removed
             # the forward records of pages stored after the last commit (their transaction
             # may have aborted) and, the first time, of every stored page
@@ -589,7 +589,7 @@ class IndexRole:
         assert self.engine is not None
         self.engine.indexer.store.put("meta", FORWARD_SENT, u64(below))
 
-    async def _keyed_by(self, parts: int) -> None:
+    def _keyed_by(self, parts: int) -> None:
         """The align partition count is fixed per deployment: the forward topic is keyed
         by it."""
         assert self.engine is not None

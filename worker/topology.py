@@ -101,11 +101,10 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[
             retained = retained_topics(kc)
             kept = {**KEEP_FOREVER, "compression.type": kc.retained_compression}
             compacted = {**COMPACTED, "compression.type": kc.retained_compression}
-            if kc.align_topic in counts:  # made elsewhere: the forward topic follows it
-                counts_for_new = {kc.forward_topic: counts[kc.align_topic]}
-            else:
-                counts_for_new = {}
-            new = [NewTopic(t, wanted[t] or counts_for_new.get(t, _default_partitions(kc, t)),
+            # an align topic made elsewhere: the forward topic follows its count
+            follows = ({kc.forward_topic: counts[kc.align_topic]}
+                       if kc.align_topic in counts else {})
+            new = [NewTopic(t, wanted[t] or follows.get(t, _default_partitions(kc, t)),
                             kc.replication_factor,
                             topic_configs={"max.message.bytes": str(kc.max_request_size),
                                            **(kept if t in retained else {}),
