@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections import deque
@@ -52,6 +50,7 @@ from dupalign.errors import StoreError
 from dupalign.idf import IdfTable
 from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match, Span
+from dupalign.owned_dir import OwnedTempDir
 from dupalign.page import Page
 from dupalign.sketch import PageSketch, Sketcher
 from dupalign.store import Store
@@ -74,6 +73,7 @@ SKETCH_CHUNK = 4  # pages per call of the sketch stage in a worker (sketch_chunk
 # so catching up replays only their part of the log: not the ~1,600 inverted-list entries
 # a page adds, which cost it as much as they cost the writer.
 ALIGN_FAMILIES = ("meta", "docs", "forward", "positions")
+SECONDARY_PREFIX = "dupalign-pool-secondary-"  # a pool process's secondary instance's files
 
 
 def default_jobs() -> int:
@@ -121,11 +121,12 @@ def _worker_store() -> Store:
         return store
     path, params = store
     # the secondary's own files (its info log) live in a directory of this process,
-    # removed when it exits with the pool (multiprocessing runs Finalize, not atexit)
-    here = tempfile.mkdtemp(prefix="dupalign-align-")
-    secondary = Store(path, params, secondary=here, block_cache_bytes=64 << 20,
+    # removed when it exits with the pool (multiprocessing runs Finalize, not atexit), or
+    # by a later pool process if this one is killed (it cannot remove its own then)
+    here = OwnedTempDir(SECONDARY_PREFIX)
+    secondary = Store(path, params, secondary=here.path, block_cache_bytes=64 << 20,
                       only=ALIGN_FAMILIES)
-    Finalize(secondary, shutil.rmtree, args=(here, True), exitpriority=1)
+    Finalize(secondary, here.remove, exitpriority=1)
     Finalize(secondary, secondary.close, exitpriority=2)
     return secondary
 

@@ -409,10 +409,8 @@ def _children(pid: int) -> set[int]:
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_pool_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None:
     """SIGKILL of the engine's process (or the OOM killer) leaves no pool process behind."""
-    import signal
     import subprocess
     import sys
-    import time
 
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_PARENT, str(tmp_path / "s")],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -422,13 +420,70 @@ def test_pool_processes_exit_when_their_parent_is_killed(tmp_path: Path) -> None
         children = _children(proc.pid)
         assert len(children) >= 2, "the pool has its processes"
     finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        alive = _kill_and_wait(proc, children)
+    assert not alive, f"pool processes outlived their parent: {alive}"
+
+
+def _kill_and_wait(proc: Any, children: set[int]) -> list[int]:
+    """SIGKILL ``proc``; its ``children`` left alive 20 s later."""
+    import signal
+    import time
+
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and any(Path(f"/proc/{c}").exists() for c in children):
         time.sleep(0.2)
-    alive = [c for c in children if Path(f"/proc/{c}").exists()]
-    assert not alive, f"pool processes outlived their parent: {alive}"
+    return [c for c in children if Path(f"/proc/{c}").exists()]
+
+
+_ALIGNS_THEN_WAITS = """
+import sys
+from dupalign.engine import Engine
+from tests.test_pipeline import random_pages
+with Engine.open(sys.argv[1]) as engine:
+    for _ in engine.process_many(((p, None) for p in random_pages(4, 40)), jobs=2):
+        pass
+    print("aligned", flush=True)
+    if sys.argv[2] == "wait":
+        sys.stdin.read()  # until killed
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_secondary_files_of_a_killed_pool_are_removed_by_the_next_pool(tmp_path: Path) -> None:
+    """Each pool process keeps its secondary instance's files in a temporary directory,
+    removed when the pool ends. Killed (SIGKILL, the OOM killer), its processes could not
+    remove them, and every restart left more; now the next pool process removes the
+    directories whose process is gone."""
+    import os
+    import subprocess
+    import sys
+
+    from dupalign.pipeline import SECONDARY_PREFIX
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", _ALIGNS_THEN_WAITS, str(tmp_path / "a"),
+                             "wait"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            cwd=repo, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "aligned"
+        children = _children(proc.pid)
+        left = sorted(tmp.glob(SECONDARY_PREFIX + "*"))
+        assert left, "the pool processes aligned, each on its own secondary instance"
+    finally:
+        _kill_and_wait(proc, children)
+    assert all(p.exists() for p in left), "killed, the pool could not remove its files"
+
+    again = subprocess.run([sys.executable, "-c", _ALIGNS_THEN_WAITS, str(tmp_path / "b"),
+                            "exit"], capture_output=True, text=True, timeout=120, cwd=repo,
+                           env=env)
+    assert again.returncode == 0 and again.stdout.split() == ["aligned"], again.stderr[-3000:]
+    assert not any(p.exists() for p in left)
+    assert not list(tmp.glob(SECONDARY_PREFIX + "*")), "its own are removed at its end"
 
 
 _DIES_WHILE_SENDING = """

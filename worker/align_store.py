@@ -10,17 +10,13 @@ noted with the records.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import Any, cast
 
 import msgpack
 from rocksdict import Options, Rdict, WriteBatch
 
+from dupalign.owned_dir import OwnedTempDir, remove_orphaned
 from dupalign.store import read_u64, u64
 
 # the families ``Aligner`` reads, each a key prefix here
@@ -28,7 +24,6 @@ _PREFIX = {"forward": b"f", "positions": b"p", "docs": b"d"}
 _OFFSET = b"o"  # + partition (u64): the next forward-topic offset to apply
 WIRE_VERSION = 1
 TEMPORARY_PREFIX = "dupalign-align-store-"
-_OWNER = "owner.lock"
 
 
 def encode_forward(doc_id: str, windows: bytes, positions: bytes) -> bytes:
@@ -94,42 +89,16 @@ class AlignStore:
         self._db.close()
 
 
-class TemporaryStoreDir:
+class TemporaryStoreDir(OwnedTempDir):
     """The store directory of an align process run without one: a temporary directory that
-    holds a copy of its partitions' forward records (gigabytes on a large crawl), locked
-    (``flock``) while its process lives. A process killed by SIGKILL or the OOM killer
-    cannot remove its own, and a restarted one makes a new one: so each one made first
-    removes those whose lock is free (their process is gone), or the disk would fill with
-    a copy per restart. A lock, not a process id: ids are per PID namespace (containers
-    sharing /tmp) and are reused."""
+    holds a copy of its partitions' forward records (gigabytes on a large crawl), removed
+    by the next one made if its process is killed (dupalign.owned_dir)."""
 
     def __init__(self, parent: str | Path | None = None) -> None:
-        parent = Path(parent or tempfile.gettempdir())
-        remove_orphaned_stores(parent)
-        self.path = Path(tempfile.mkdtemp(prefix=TEMPORARY_PREFIX, dir=parent))
-        # locked before it has its name, so no other process ever finds it free
-        fd, name = tempfile.mkstemp(dir=self.path)
-        self._lock: IO[bytes] | None = os.fdopen(fd, "wb")
-        fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.rename(name, self.path / _OWNER)
+        super().__init__(TEMPORARY_PREFIX, parent)
         self.store = self.path / "store"
-
-    def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
 
 
 def remove_orphaned_stores(parent: Path) -> list[Path]:
-    """Remove the temporary align stores under ``parent`` whose process is gone (their
-    lock is free); the ones removed. A directory without a lock file is left alone (one
-    being made, or not ours)."""
-    removed = []
-    for path in parent.glob(TEMPORARY_PREFIX + "*"):
-        # no lock file, or its lock held (its process lives): left
-        with contextlib.suppress(OSError), open(path / _OWNER, "rb") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(path)
-            removed.append(path)
-    return removed
+    """Remove the temporary align stores under ``parent`` whose process is gone."""
+    return remove_orphaned(parent, TEMPORARY_PREFIX)
