@@ -1,8 +1,11 @@
 """The three stages over a stream of pages on several cores: sketch ∥ index ∥ align.
 
-``sketch`` and ``align`` need no shared index state, so they run in a pool of ``jobs``
+``sketch`` and ``align`` need no shared index state, so they run in a pool of ``jobs - 1``
 worker processes (or threads: ``executor="thread"``; CPython holds the GIL in most of
-their Python and numba code, so processes are what spreads them over cores). Their
+their Python and numba code, so processes are what spreads them over cores), and on the
+calling thread: whenever it would wait for a worker, it cancels work no worker has
+started and does it itself (``steal``), so it is the ``jobs``-th core instead of an idle
+one (what it takes is neither pickled nor read from a secondary instance). Their
 messages (``PageSketch``, ``AlignRequest``) cross the process boundary pickled, which
 copies the numpy arrays once (their msgpack forms, ``to_bytes``, cost more and are for
 other transports: Kafka). An ``AlignRequest`` names the candidate pages only: each worker
@@ -28,7 +31,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import (
     BrokenExecutor,
     Executor,
@@ -38,6 +41,7 @@ from concurrent.futures import (
 )
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
+from functools import partial
 from itertools import islice
 from multiprocessing.util import Finalize
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
@@ -239,6 +243,27 @@ class WorkerPool:
             thread.join(10)
 
 
+def _run_here(work: Callable[[], T]) -> Future[T]:
+    """``work()`` run now, as a done future (its result, or the exception it raised)."""
+    future: Future[T] = Future()
+    try:
+        future.set_result(work())
+    except Exception as exc:
+        future.set_exception(exc)
+    return future
+
+
+def _sketch_here(engine: Engine, pages: list[Page]) -> list[PageSketch | Exception]:
+    """``sketch_chunk_in_worker`` in the calling thread (the same sketch: no store read)."""
+    out: list[PageSketch | Exception] = []
+    for page in pages:
+        try:
+            out.append(engine.sketcher.sketch(page, engine.near.idf))
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
 def _aligned(engine: Engine, result: IndexResult, future: Future[Any], pool: WorkerPool
              ) -> Any:
     """The worker's passage matches; if the worker failed (its view of the store, say a
@@ -268,15 +293,43 @@ def run_pipeline(
                 yield page, exc
         return
     depth = depth or max(DEPTH, 4 * jobs)
+    # the calling thread is one of the ``jobs``: it indexes, and runs the pool's work
+    # itself whenever it would wait for it (``steal``)
+    workers = jobs - 1
     chunk = max(1, min(SKETCH_CHUNK, depth // jobs))  # every worker gets a chunk
     indexer = engine.indexer
-    pool = engine.worker_pool(executor, jobs)
+    pool = engine.worker_pool(executor, workers)
     # a page, its source, and its chunk's future with its place in the chunk
     sketches: deque[tuple[Page, Source | None, Future[list[Any]], int, WorkerPool]] = deque()
     aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
     pool_of: dict[Future[Any], WorkerPool] = {}  # the pool each align future runs in
+    # work taken back from the pool (cancelled before a worker started it) and done here:
+    # the cancelled future -> a future done with its result
+    stolen: dict[Future[Any], Future[Any]] = {}
     pending = iter(items)
     more = True
+
+    def now(future: Future[T]) -> Future[T]:
+        return stolen.get(future, future)
+
+    def steal(waited: Future[Any]) -> bool:
+        """While ``waited`` is not done, run here one piece of work no worker has started
+        (cancelled in the pool): the earliest alignment, else the earliest sketch chunk;
+        ``waited`` is among them unless a worker has it. The calling thread, idle
+        otherwise, is one of the ``jobs``. False: nothing left to take."""
+        if now(waited).done():
+            return False
+        for _, result, future in aligns:
+            if future is not None and future not in stolen and future.cancel():
+                assert isinstance(result, IndexResult)
+                stolen[future] = _run_here(partial(engine.align, result))
+                return True
+        for _, _, future, _, _ in sketches:
+            if future not in stolen and future.cancel():
+                pages = [p for p, _, f, _, _ in sketches if f is future]
+                stolen[future] = _run_here(partial(_sketch_here, engine, pages))
+                return True
+        return False
 
     def finish() -> tuple[Page, list[Match] | BaseException]:
         page, result, future = aligns.popleft()
@@ -284,7 +337,10 @@ def run_pipeline(
             return page, result
         engine.report_pipelined(result)
         try:
-            found = [] if future is None else _aligned(engine, result, future,
+            if future is not None:
+                while steal(future):
+                    pass
+            found = [] if future is None else _aligned(engine, result, now(future),
                                                        pool_of.pop(future))
             return page, indexer.finish(result, found)
         except StoreError:
@@ -314,7 +370,9 @@ def run_pipeline(
                 continue
             page, source, sketched, at, sketched_by = sketches.popleft()
             try:
-                sk = sketched_by.result(sketched)[at]
+                while steal(sketched):
+                    pass
+                sk = sketched_by.result(now(sketched))[at]
                 if isinstance(sk, Exception):
                     raise sk
                 # a page that removes a stored one (a new version, a delete) waits for the
@@ -339,7 +397,7 @@ def run_pipeline(
                 pool_of[future] = pool
             aligns.append((page, result, future))
             if engine.near.idf.version != pool.version:  # an idf freeze: new workers
-                pool = engine.worker_pool(executor, jobs)
+                pool = engine.worker_pool(executor, workers)
     finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
         # indexed are finished (their matches stored, for a replay to find)
         for _, _, sketched, _, _ in sketches:

@@ -24,7 +24,7 @@ from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.passages import query_lists, window_lists
 from dupalign.pipeline import ExecutorKind
-from dupalign.sketch import PageSketch
+from dupalign.sketch import PageSketch, Sketcher
 from tests.test_engine import edit, rfc_words
 from worker import messages
 
@@ -89,6 +89,64 @@ def test_matches_do_not_depend_on_the_number_of_workers(tmp_path: Path, seed: in
     assert any(r[1] == "rejected" for r in one)
 
 
+_SLOW_WORKER = """
+import os, sys, time
+from pathlib import Path
+from dupalign import pipeline
+from dupalign.engine import Engine
+from tests.test_pipeline import random_pages
+
+calls = Path(sys.argv[2])
+real_sketch, real_align = pipeline.sketch_chunk_in_worker, pipeline.align_in_worker
+
+def slow(name):  # (forked into the pool: only its process runs this)
+    with calls.open("a") as f:
+        f.write(name + chr(10))
+    time.sleep(2)
+
+def slow_sketch(pages):
+    slow("sketch")
+    return real_sketch(pages)
+
+def slow_align(request):
+    slow("align")
+    return real_align(request)
+
+pipeline.sketch_chunk_in_worker = slow_sketch
+pipeline.align_in_worker = slow_align
+with Engine.open(sys.argv[1]) as engine:
+    n = sum(1 for _ in engine.process_many(((p, None) for p in random_pages(6, 60)), jobs=2))
+print(n)
+"""
+
+
+def test_the_calling_thread_takes_back_the_work_of_a_slow_pool(tmp_path: Path) -> None:
+    """With ``jobs`` = 2 the pool has one process and the calling thread is the second
+    core: whenever it would wait for the pool it cancels work no worker has started and
+    does it itself. A pool process that takes 2 s per call does a few calls, the calling
+    thread all the rest, and the matches are those of one thread."""
+    import subprocess
+    import sys
+
+    calls = tmp_path / "calls"
+    run_ = subprocess.run([sys.executable, "-c", _SLOW_WORKER, str(tmp_path / "slow"),
+                           str(calls)], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    pages = random_pages(6, 60)
+    assert run_.returncode == 0 and run_.stdout.split() == [str(len(pages))], run_.stderr[-3000:]
+    pool_calls = calls.read_text().split()
+    with Engine.open(tmp_path / "slow") as engine:
+        slow = _stored_matches(engine)
+    with Engine.open(tmp_path / "one") as engine:
+        for _ in engine.process_many(((p, None) for p in pages), jobs=1):
+            pass
+        assert slow == _stored_matches(engine)
+    assert any(v[1] and any(m["kind"] == "passage" for m in v[1]) for v in slow.values())
+    # 16 chunks of 4 sketches and the alignments: the pool's process, which holds two
+    # calls at a time (CPython's call queue), did a few
+    assert 1 <= len(pool_calls) <= 8, pool_calls
+
+
 def lifecycle_pages(seed: int, n: int) -> list[Page]:
     """``random_pages`` with revisits (the same words in other bytes: unchanged; edited:
     changed) and deletes of earlier ids mixed in."""
@@ -117,14 +175,15 @@ def test_a_broken_pool_stops_the_stream_before_the_page_it_could_not_sketch(
     unbroken run."""
     pages = [p for p in random_pages(8, 40) if not p.id.startswith("bad")]
     victim = pages[17].id
-    sketch = pipeline.sketch_in_worker
+    sketch = Sketcher.sketch
 
-    def dying(page: Page) -> PageSketch:
+    def dying(self: Sketcher, page: Page, *args: Any) -> PageSketch:
+        # (the page's chunk may be sketched by the pool or taken back by the caller)
         if page.id == victim:
             raise BrokenProcessPool("a child process terminated abruptly")
-        return sketch(page)
+        return sketch(self, page, *args)
 
-    monkeypatch.setattr(pipeline, "sketch_in_worker", dying)
+    monkeypatch.setattr(Sketcher, "sketch", dying)
     items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
     with Engine.open(tmp_path / "broken") as engine:
         with pytest.raises(BrokenProcessPool):
@@ -132,7 +191,7 @@ def test_a_broken_pool_stops_the_stream_before_the_page_it_could_not_sketch(
                 pass
         assert engine.stored_offsets()[("pages", 0)] == 17
         assert engine.indexer.current(victim) is None
-    monkeypatch.setattr(pipeline, "sketch_in_worker", sketch)
+    monkeypatch.setattr(Sketcher, "sketch", sketch)
     with Engine.open(tmp_path / "broken") as engine:  # the restart, from the stored offset
         for _ in engine.process_many(items[17:], jobs=2, executor="thread"):
             pass
@@ -344,7 +403,6 @@ def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
     """Workers without a view of the store (as if their secondary instance failed) cannot
     read the candidates' forward records: those pages are aligned by the calling process,
     and the matches stay those of one process."""
-    from dupalign import pipeline
 
     monkeypatch.setattr(pipeline, "_worker_store", lambda: None)  # forked into the workers
     pages = random_pages(7, 30)
@@ -393,7 +451,7 @@ from dupalign.engine import Engine
 from tests.test_pipeline import random_pages
 with Engine.open(sys.argv[1]) as engine:
     items = ((p, None) for p in random_pages(4, 40))
-    next(iter(engine.process_many(items, jobs=2)))
+    next(iter(engine.process_many(items, jobs=3)))  # two pool processes
     print("running", flush=True)
     sys.stdin.read()  # until killed
 """

@@ -269,7 +269,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                       help="progress lines on stderr even when it is not a terminal")
     scan.add_argument("--quiet", action="store_true", help="no progress bar")
     scan.add_argument("--jobs", type=int, default=0,
-                      help="cores for the sketch and align stages (default: all)")
+                      help="cores for the sketch and align stages: N - 1 processes and this one "
+                           "(default: all)")
     scan.add_argument("--shards", type=int, default=None,
                       help="index shards by key (dupalign.shard); fixed when the store is "
                            "made (default: the store's, 1 for a new store)")
