@@ -278,11 +278,13 @@ def _aligned(engine: Engine, result: IndexResult, future: Future[Any], pool: Wor
 
 def run_pipeline(
     engine: Engine, items: Iterable[tuple[Page, Source | None]], jobs: int,
-    executor: ExecutorKind = "process", depth: int | None = None,
+    executor: ExecutorKind = "process", depth: int | None = None, caller_works: bool = True,
 ) -> Iterator[tuple[Page, list[Match] | BaseException]]:
-    """``engine.process`` over ``items`` with sketch and align on ``jobs`` workers; yields
+    """``engine.process`` over ``items`` with sketch and align on ``jobs`` cores; yields
     each page with its matches or its exception, in input order. A ``StoreError`` is
-    raised instead: it is no fault of the page, and no later page may be indexed past it."""
+    raised instead: it is no fault of the page, and no later page may be indexed past it.
+    ``caller_works=False``: ``jobs`` pool processes and a calling thread that only
+    indexes and waits (the shape before it took work back: benchmarks compare them)."""
     if jobs <= 1:
         for page, source in items:
             try:
@@ -295,7 +297,7 @@ def run_pipeline(
     depth = depth or max(DEPTH, 4 * jobs)
     # the calling thread is one of the ``jobs``: it indexes, and runs the pool's work
     # itself whenever it would wait for it (``steal``)
-    workers = jobs - 1
+    workers = jobs - 1 if caller_works else jobs
     chunk = max(1, min(SKETCH_CHUNK, depth // jobs))  # every worker gets a chunk
     indexer = engine.indexer
     pool = engine.worker_pool(executor, workers)
@@ -317,7 +319,7 @@ def run_pipeline(
         (cancelled in the pool): the earliest alignment, else the earliest sketch chunk;
         ``waited`` is among them unless a worker has it. The calling thread, idle
         otherwise, is one of the ``jobs``. False: nothing left to take."""
-        if now(waited).done():
+        if not caller_works or now(waited).done():
             return False
         for _, result, future in aligns:
             if future is not None and future not in stolen and future.cancel():

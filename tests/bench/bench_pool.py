@@ -1,5 +1,8 @@
 """Where the CPU of ``--jobs N`` goes: the staged engine (``Engine.process_many``) on
-llvm-13-doc vs llvm-14-doc with ``--jobs 1`` and ``--jobs N``, side by side in one run.
+llvm-13-doc vs llvm-14-doc with ``--jobs 1`` and ``--jobs N``, side by side in one run;
+``--jobs N`` twice: as it runs (N - 1 pool processes, the calling thread taking back
+the work it would wait for) and in the shape before (N pool processes, a calling thread
+that only indexes and waits: ``run_pipeline(caller_works=False)``).
 
 Per page: wall time; CPU of the calling thread (index, finish, the pool's bookkeeping),
 of the calling process's other threads (RocksDB's flushes and compactions, the pool's
@@ -24,6 +27,7 @@ from pathlib import Path
 from dupalign.config import EngineConfig, TextConfig
 from dupalign.engine import Engine
 from dupalign.page import Page
+from dupalign.pipeline import run_pipeline
 from tests.bench.bench_scan import load_pages, main_text, warm_up
 from tests.corpora import LLVM_DOCS
 
@@ -33,14 +37,16 @@ def _rusage(who: int) -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run(pages: list[Page], jobs: int, store: Path) -> dict[str, float]:
+def run(pages: list[Page], jobs: int, store: Path, caller_works: bool = True
+        ) -> dict[str, float]:
     """Seconds per page of wall time and of CPU by where it ran."""
     config = EngineConfig(text=TextConfig(main_content=True)).validate()
     warm_up(pages, config, store)
     kids0 = _rusage(resource.RUSAGE_CHILDREN)
     with Engine.open(store, config) as engine:
         t0, p0, c0 = time.perf_counter(), _rusage(resource.RUSAGE_SELF), time.thread_time()
-        for _ in engine.process_many(((p, None) for p in pages), jobs=jobs):
+        for _ in run_pipeline(engine, ((p, None) for p in pages), jobs,
+                              caller_works=caller_works):
             pass
         wall, thread = time.perf_counter() - t0, time.thread_time() - c0
         process = _rusage(resource.RUSAGE_SELF) - p0
@@ -66,7 +72,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-pool-"))
     try:
         print(f"{len(html)} llvm pages; ms per page\n")
-        print(f"{'input':<6}{'jobs':>5}{'wall':>8}{'calling thread':>16}{'other threads':>15}"
+        print(f"{'input':<6}{'jobs':>9}{'wall':>8}{'calling thread':>16}{'other threads':>15}"
               f"{'workers':>9}{'all CPU':>9}{'bound':>8}{'ratio':>7}{'bound ratio':>13}")
         for form, make_pages in forms.items():
             if args.only and form != args.only:
@@ -74,10 +80,12 @@ def main() -> int:
             pages = make_pages()
             one = run(pages, 1, tmp / f"{form}-1")
             many = run(pages, args.jobs, tmp / f"{form}-{args.jobs}")
-            for jobs, r in ((1, one), (args.jobs, many)):
+            before = run(pages, args.jobs, tmp / f"{form}-{args.jobs}-before", False)
+            for jobs, label, r in ((1, "1", one), (args.jobs, str(args.jobs), many),
+                                   (args.jobs, f"{args.jobs} (old)", before)):
                 cpu = r["thread"] + r["others"] + r["workers"]
                 bound = max(cpu / jobs, r["thread"]) if jobs > 1 else r["wall"]
-                print(f"{form:<6}{jobs:>5}{r['wall'] * 1e3:8.2f}{r['thread'] * 1e3:16.2f}"
+                print(f"{form:<6}{label:>9}{r['wall'] * 1e3:8.2f}{r['thread'] * 1e3:16.2f}"
                       f"{r['others'] * 1e3:15.2f}{r['workers'] * 1e3:9.2f}{cpu * 1e3:9.2f}"
                       f"{bound * 1e3:8.2f}{one['wall'] / r['wall']:7.2f}x"
                       f"{one['wall'] / bound:12.2f}x")
