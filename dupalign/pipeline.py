@@ -305,8 +305,9 @@ def run_pipeline(
     sketches: deque[tuple[Page, Source | None, Future[list[Any]], int, WorkerPool]] = deque()
     aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
     pool_of: dict[Future[Any], WorkerPool] = {}  # the pool each align future runs in
+    chunk_pages: dict[Future[Any], list[Page]] = {}  # the pages of each sketch chunk
     # work taken back from the pool (cancelled before a worker started it) and done here:
-    # the cancelled future -> a future done with its result
+    # the cancelled future -> a future done with its result (until its pages are done)
     stolen: dict[Future[Any], Future[Any]] = {}
     pending = iter(items)
     more = True
@@ -314,24 +315,34 @@ def run_pipeline(
     def now(future: Future[T]) -> Future[T]:
         return stolen.get(future, future)
 
-    def steal(waited: Future[Any]) -> bool:
+    def steal(waited: Future[Any], result: IndexResult | None = None) -> bool:
         """While ``waited`` is not done, run here one piece of work no worker has started
-        (cancelled in the pool): the earliest alignment, else the earliest sketch chunk;
-        ``waited`` is among them unless a worker has it. The calling thread, idle
-        otherwise, is one of the ``jobs``. False: nothing left to take."""
+        (cancelled in the pool): ``waited`` itself (the alignment of ``result``, or a
+        chunk of sketches), else the earliest alignment, else the earliest chunk of
+        sketches. The calling thread, idle otherwise, is one of the ``jobs``. False:
+        nothing left to take."""
         if not caller_works or now(waited).done():
             return False
-        for _, result, future in aligns:
-            if future is not None and future not in stolen and future.cancel():
-                assert isinstance(result, IndexResult)
-                stolen[future] = _run_here(partial(engine.align, result))
+        if result is not None and _take(waited, partial(engine.align, result)):
+            return True
+        for _, queued, future in aligns:
+            if (future is not None and isinstance(queued, IndexResult)
+                    and _take(future, partial(engine.align, queued))):
                 return True
+        if waited in chunk_pages and _take(waited, partial(_sketch_here, engine,
+                                                           chunk_pages[waited])):
+            return True
         for _, _, future, _, _ in sketches:
-            if future not in stolen and future.cancel():
-                pages = [p for p, _, f, _, _ in sketches if f is future]
-                stolen[future] = _run_here(partial(_sketch_here, engine, pages))
+            # the whole chunk: its first pages may have left ``sketches`` already
+            if _take(future, partial(_sketch_here, engine, chunk_pages[future])):
                 return True
         return False
+
+    def _take(future: Future[Any], work: Callable[[], Any]) -> bool:
+        if future in stolen or not future.cancel():
+            return False
+        stolen[future] = _run_here(work)
+        return True
 
     def finish() -> tuple[Page, list[Match] | BaseException]:
         page, result, future = aligns.popleft()
@@ -339,11 +350,12 @@ def run_pipeline(
             return page, result
         engine.report_pipelined(result)
         try:
+            found = []
             if future is not None:
-                while steal(future):
+                while steal(future, result):
                     pass
-            found = [] if future is None else _aligned(engine, result, now(future),
-                                                       pool_of.pop(future))
+                found = _aligned(engine, result, stolen.pop(future, future),
+                                 pool_of.pop(future))
             return page, indexer.finish(result, found)
         except StoreError:
             raise
@@ -357,7 +369,9 @@ def run_pipeline(
                 if not batch:
                     more = False
                     break
-                sketched = pool.executor.submit(sketch_chunk_in_worker, [p for p, _ in batch])
+                pages = [p for p, _ in batch]
+                sketched = pool.executor.submit(sketch_chunk_in_worker, pages)
+                chunk_pages[sketched] = pages
                 sketches.extend((page, source, sketched, x, pool)
                                 for x, (page, source) in enumerate(batch))
             while aligns and (aligns[0][2] is None or aligns[0][2].done()):
@@ -374,7 +388,11 @@ def run_pipeline(
             try:
                 while steal(sketched):
                     pass
-                sk = sketched_by.result(now(sketched))[at]
+                chunk_sketches = sketched_by.result(now(sketched))
+                if at == len(chunk_sketches) - 1:  # the chunk's last page
+                    del chunk_pages[sketched]
+                    stolen.pop(sketched, None)
+                sk = chunk_sketches[at]
                 if isinstance(sk, Exception):
                     raise sk
                 # a page that removes a stored one (a new version, a delete) waits for the

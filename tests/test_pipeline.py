@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import random
+import time
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,23 @@ def test_the_calling_thread_takes_back_the_work_of_a_slow_pool(tmp_path: Path) -
     # 16 chunks of 4 sketches and the alignments: the pool's process, which holds two
     # calls at a time (CPython's call queue), did a few
     assert 1 <= len(pool_calls) <= 8, pool_calls
+
+
+def test_work_taken_back_is_the_whole_chunk_of_sketches(tmp_path: Path) -> None:
+    """The calling thread takes back the chunk of sketches of the page it waits for when no
+    worker has started it, with its first pages already off the queue: it sketches the
+    whole chunk, so that every page gets its own sketch. Here the pool's one worker is
+    busy with other work when the run starts, so the first chunk waits in the pool."""
+    pages = random_pages(9, 40)
+    items = [(p, None) for p in pages]
+    with Engine.open(tmp_path / "two") as engine:
+        engine.worker_pool("thread", 1).executor.submit(time.sleep, 1.0)  # busy
+        two = [(p.id, repr(f) if isinstance(f, BaseException) else [m.to_dict() for m in f])
+               for p, f in pipeline.run_pipeline(engine, items, 2, "thread", depth=8)]
+    with Engine.open(tmp_path / "one") as engine:
+        one = [(p.id, repr(f) if isinstance(f, BaseException) else [m.to_dict() for m in f])
+               for p, f in engine.process_many(items, jobs=1)]
+    assert two == one
 
 
 def lifecycle_pages(seed: int, n: int) -> list[Page]:
@@ -498,9 +516,11 @@ def _kill_and_wait(proc: Any, children: set[int]) -> list[int]:
 _ALIGNS_THEN_WAITS = """
 import sys
 from dupalign.engine import Engine
+from dupalign.pipeline import run_pipeline
 from tests.test_pipeline import random_pages
-with Engine.open(sys.argv[1]) as engine:
-    for _ in engine.process_many(((p, None) for p in random_pages(4, 40)), jobs=2):
+with Engine.open(sys.argv[1]) as engine:  # (all the work in the pool: none taken back)
+    items = ((p, None) for p in random_pages(4, 40))
+    for _ in run_pipeline(engine, items, 2, caller_works=False):
         pass
     print("aligned", flush=True)
     if sys.argv[2] == "wait":
@@ -569,8 +589,8 @@ pages = random_pages(4, 30)
 pages[12] = dataclasses.replace(pages[12], id="victim")
 items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
 with tempfile.TemporaryDirectory() as tmp, Engine.open(Path(tmp) / "s") as engine:
-    try:
-        for _ in engine.process_many(items, jobs=2):
+    try:  # (all the work in the pool, the victim's too: none taken back by the caller)
+        for _ in pipeline.run_pipeline(engine, items, 2, caller_works=False):
             pass
         print("finished", flush=True)
     except Exception as exc:
