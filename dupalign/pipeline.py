@@ -364,8 +364,9 @@ def run_pipeline(
 
     try:
         while True:
-            while more and len(sketches) < depth:
-                batch = list(islice(pending, min(chunk, depth - len(sketches))))
+            # whole chunks only: refilled a page at a time, a call could carry one page
+            while more and len(sketches) + chunk <= depth:
+                batch = list(islice(pending, chunk))
                 if not batch:
                     more = False
                     break
