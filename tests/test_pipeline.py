@@ -143,9 +143,10 @@ def test_the_calling_thread_takes_back_the_work_of_a_slow_pool(tmp_path: Path) -
             pass
         assert slow == _stored_matches(engine)
     assert any(v[1] and any(m["kind"] == "passage" for m in v[1]) for v in slow.values())
-    # 16 chunks of 4 sketches and the alignments: the pool's process, which holds two
-    # calls at a time (CPython's call queue), did a few
-    assert 1 <= len(pool_calls) <= 8, pool_calls
+    # 16 chunks of 4 sketches and ~35 alignments (51 calls in all when the pool does
+    # everything): the pool's process, which holds two calls at a time (CPython's call
+    # queue), did a few (5-6 here, unloaded)
+    assert 1 <= len(pool_calls) <= 12, pool_calls
 
 
 def test_work_taken_back_is_the_whole_chunk_of_sketches(tmp_path: Path) -> None:
