@@ -323,22 +323,23 @@ def run_pipeline(
         nothing left to take."""
         if not caller_works or now(waited).done():
             return False
-        if result is not None and _take(waited, partial(engine.align, result)):
+        if result is not None and take(waited, partial(engine.align, result)):
             return True
         for _, queued, future in aligns:
             if (future is not None and isinstance(queued, IndexResult)
-                    and _take(future, partial(engine.align, queued))):
+                    and take(future, partial(engine.align, queued))):
                 return True
-        if waited in chunk_pages and _take(waited, partial(_sketch_here, engine,
-                                                           chunk_pages[waited])):
+        if waited in chunk_pages and take(
+                waited, partial(_sketch_here, engine, chunk_pages[waited])):
             return True
         for _, _, future, _, _ in sketches:
             # the whole chunk: its first pages may have left ``sketches`` already
-            if _take(future, partial(_sketch_here, engine, chunk_pages[future])):
+            if take(future, partial(_sketch_here, engine, chunk_pages[future])):
                 return True
         return False
 
-    def _take(future: Future[Any], work: Callable[[], Any]) -> bool:
+    def take(future: Future[Any], work: Callable[[], Any]) -> bool:
+        """Cancel ``future`` in the pool and do its ``work`` here, if no worker has it."""
         if future in stolen or not future.cancel():
             return False
         stolen[future] = _run_here(work)
@@ -423,5 +424,6 @@ def run_pipeline(
         # indexed are finished (their matches stored, for a replay to find)
         for _, _, sketched, _, _ in sketches:
             sketched.cancel()
+        sketches.clear()  # (nor are they sketched here while the alignments finish)
         while aligns:
             finish()
