@@ -146,10 +146,16 @@ def sketch_chunk_in_worker(pages: list[Page]) -> list[PageSketch | Exception]:
     costs the calling process its own work (the pool's feeder and manager threads wake
     for it, ~0.3 ms on llvm), so pages travel in chunks. A page whose sketch fails gets
     its exception, the others their sketches."""
+    return _sketch_each(sketch_in_worker, pages)
+
+
+def _sketch_each(sketch: Callable[[Page], PageSketch], pages: list[Page]
+                 ) -> list[PageSketch | Exception]:
+    """``sketch`` of each page, or the exception it raised for that page."""
     out: list[PageSketch | Exception] = []
     for page in pages:
         try:
-            out.append(sketch_in_worker(page))
+            out.append(sketch(page))
         except Exception as exc:
             out.append(exc)
     return out
@@ -255,13 +261,7 @@ def _run_here(work: Callable[[], T]) -> Future[T]:
 
 def _sketch_here(engine: Engine, pages: list[Page]) -> list[PageSketch | Exception]:
     """``sketch_chunk_in_worker`` in the calling thread (the same sketch: no store read)."""
-    out: list[PageSketch | Exception] = []
-    for page in pages:
-        try:
-            out.append(engine.sketcher.sketch(page, engine.near.idf))
-        except Exception as exc:
-            out.append(exc)
-    return out
+    return _sketch_each(lambda page: engine.sketcher.sketch(page, engine.near.idf), pages)
 
 
 def _aligned(engine: Engine, result: IndexResult, future: Future[Any], pool: WorkerPool
@@ -305,7 +305,9 @@ def run_pipeline(
     sketches: deque[tuple[Page, Source | None, Future[list[Any]], int, WorkerPool]] = deque()
     aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
     pool_of: dict[Future[Any], WorkerPool] = {}  # the pool each align future runs in
-    chunk_pages: dict[Future[Any], list[Page]] = {}  # the pages of each sketch chunk
+    # the pages of each sketch chunk not done yet, in submission order (its first pages
+    # may have left ``sketches`` already)
+    chunk_pages: dict[Future[Any], list[Page]] = {}
     # work taken back from the pool (cancelled before a worker started it) and done here:
     # the cancelled future -> a future done with its result (until its pages are done)
     stolen: dict[Future[Any], Future[Any]] = {}
@@ -317,9 +319,9 @@ def run_pipeline(
 
     def steal(waited: Future[Any], result: IndexResult | None = None) -> bool:
         """While ``waited`` is not done, run here one piece of work no worker has started
-        (cancelled in the pool): ``waited`` itself (the alignment of ``result``, or a
-        chunk of sketches), else the earliest alignment, else the earliest chunk of
-        sketches. The calling thread, idle otherwise, is one of the ``jobs``. False:
+        (cancelled in the pool): the alignment ``waited`` (of ``result``), else the
+        earliest alignment, else the earliest chunk of sketches (the one ``waited``, when
+        it is a chunk). The calling thread, idle otherwise, is one of the ``jobs``. False:
         nothing left to take."""
         if not caller_works or now(waited).done():
             return False
@@ -329,12 +331,8 @@ def run_pipeline(
             if (future is not None and isinstance(queued, IndexResult)
                     and take(future, partial(engine.align, queued))):
                 return True
-        if waited in chunk_pages and take(
-                waited, partial(_sketch_here, engine, chunk_pages[waited])):
-            return True
-        for _, _, future, _, _ in sketches:
-            # the whole chunk: its first pages may have left ``sketches`` already
-            if take(future, partial(_sketch_here, engine, chunk_pages[future])):
+        for future, pages in chunk_pages.items():
+            if take(future, partial(_sketch_here, engine, pages)):
                 return True
         return False
 
@@ -425,5 +423,6 @@ def run_pipeline(
         for _, _, sketched, _, _ in sketches:
             sketched.cancel()
         sketches.clear()  # (nor are they sketched here while the alignments finish)
+        chunk_pages.clear()
         while aligns:
             finish()

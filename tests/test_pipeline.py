@@ -91,7 +91,7 @@ def test_matches_do_not_depend_on_the_number_of_workers(tmp_path: Path, seed: in
 
 
 _SLOW_WORKER = """
-import os, sys, time
+import sys, time
 from pathlib import Path
 from dupalign import pipeline
 from dupalign.engine import Engine
@@ -422,7 +422,6 @@ def test_a_page_whose_worker_fails_is_aligned_on_the_store(tmp_path: Path,
     """Workers without a view of the store (as if their secondary instance failed) cannot
     read the candidates' forward records: those pages are aligned by the calling process,
     and the matches stay those of one process."""
-
     monkeypatch.setattr(pipeline, "_worker_store", lambda: None)  # forked into the workers
     pages = random_pages(7, 30)
     blind = run(tmp_path / "blind", pages, 2, EngineConfig())

@@ -60,8 +60,9 @@ os.kill(os.getpid(), signal.SIGKILL)
 _REMOVE_ORPHANS = """
 import sys
 from pathlib import Path
-from worker.align_store import remove_orphaned_stores
-print(len(remove_orphaned_stores(Path(sys.argv[1]))))
+from dupalign.owned_dir import remove_orphaned
+from worker.align_store import TEMPORARY_PREFIX
+print(len(remove_orphaned(Path(sys.argv[1]), TEMPORARY_PREFIX)))
 """
 
 

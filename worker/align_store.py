@@ -16,7 +16,7 @@ from typing import Any, cast
 import msgpack
 from rocksdict import Options, Rdict, WriteBatch
 
-from dupalign.owned_dir import OwnedTempDir, remove_orphaned
+from dupalign.owned_dir import OwnedTempDir
 from dupalign.store import read_u64, u64
 
 # the families ``Aligner`` reads, each a key prefix here
@@ -97,8 +97,3 @@ class TemporaryStoreDir(OwnedTempDir):
     def __init__(self, parent: str | Path | None = None) -> None:
         super().__init__(TEMPORARY_PREFIX, parent)
         self.store = self.path / "store"
-
-
-def remove_orphaned_stores(parent: Path) -> list[Path]:
-    """Remove the temporary align stores under ``parent`` whose process is gone."""
-    return remove_orphaned(parent, TEMPORARY_PREFIX)
