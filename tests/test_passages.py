@@ -748,3 +748,11 @@ def test_distinct_lists_with_long_bins_equals_a_lexsort(pairs: list[tuple[int, i
     assert list(zip(l_bins.tolist(), l_keys.tolist(), strict=True)) == uniq
     where = {p: x for x, p in enumerate(uniq)}
     assert inverse.tolist() == [where[p] for p in pairs]
+
+
+@given(st.lists(st.integers(1, 300) | st.integers(1, 2**31), max_size=60))
+def test_list_entry_values_are_empty_for_one_window_else_the_count(counts: list[int]) -> None:
+    """The values ``stage`` writes (looked up in a table for small counts): the twin is
+    the loop over every list."""
+    expected = [b"" if n == 1 else passages._COUNT.pack(n) for n in counts]
+    assert passages._count_values(np.array(counts, dtype=np.int64)) == expected
