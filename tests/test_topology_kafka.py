@@ -113,14 +113,20 @@ async def test_two_of_each_role_give_the_matches_of_scan_across_align_join_and_l
 
 
 @pytest.mark.testdata
+@pytest.mark.parametrize("stopped", [False, True], ids=["waits", "stopped while waiting"])
 async def test_a_request_read_before_its_candidates_commit_marker_waits_for_them(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
+        kafka_bootstrap: str, tmp_path: Path, stopped: bool) -> None:
     """Kafka writes a transaction's commit markers partition by partition, so an align
     request can be readable before the forward records written in the same transaction
     (CI saw it: the first two parts were answered "not aligned here", and the index
     aligned them itself). Here the candidates' forward records stay in an open
     transaction while the request is committed: the align process answers nothing until
-    they are committed, then the part's alignment from them."""
+    they are committed, then the part's alignment from them.
+
+    ``stopped``: a SIGTERM while it waits. The process waited forever (its follower,
+    which would have read the candidates, had stopped; CI saw the join-and-leave test time
+    out on it); it exits now without answering, and the request, not committed, is
+    aligned by the partition's next owner."""
     topo = await Topology(kafka_bootstrap, tmp_path).create()
     kc = topo.config.kafka
     forward: dict[int, Any] = {}
@@ -153,7 +159,7 @@ async def test_a_request_read_before_its_candidates_commit_marker_waits_for_them
     await held.start()
     await plain.start()
     try:
-        _, log = topo.start("align")
+        first, log = topo.start("align")
         await wait_log(log, "align role assigned ['", 120)
         await held.begin_transaction()
         for o in part.others.tolist():
@@ -165,6 +171,12 @@ async def test_a_request_read_before_its_candidates_commit_marker_waits_for_them
         await asyncio.sleep(5)  # read by now; its candidates' transaction still open
         topo.check_alive()
         assert await topo.read("aligned") == []
+        if stopped:
+            first.send_signal(signal.SIGTERM)
+            assert first.wait(30) == 0
+            assert await topo.read("aligned") == []
+            _, log = topo.start("align")
+            await wait_log(log, "align role assigned ['", 120)
         await held.commit_transaction()
         deadline = time.monotonic() + 60
         while not (answers := await topo.read("aligned")):

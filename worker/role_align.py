@@ -139,7 +139,9 @@ class AlignRole(StatelessRole):
         follower passes that end once every transaction open in it now has ended, which is
         bounded by the transaction timeout. A candidate still missing then (a forward
         record too big to send, a page that left the index) is answered "not aligned
-        here" by ``prepare``."""
+        here" by ``prepare``. A stop while it waits ends the wait (the follower has
+        stopped: the partition would never be read further) and the role drops the batch,
+        uncommitted, for the partition's next owner."""
         assert self.forward is not None and self.written is not None
         assert self.store is not None
         # decoded once, here: ``prepare`` takes them (and answers what could not be read)
@@ -156,6 +158,8 @@ class AlignRole(StatelessRole):
                 await self.forward.position(ftp)) < end:
             if self.failure is not None:
                 raise self.failure
+            if self.stopping.is_set():
+                return
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.applied.wait(), 0.5)
 

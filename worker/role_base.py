@@ -85,7 +85,8 @@ class StatelessRole:
         """Partitions revoked (their producers stopped)."""
 
     async def before(self, tp: TopicPartition, records: list[Any]) -> None:
-        """Before a fetched batch of ``tp`` is prepared (roles with state catch up here)."""
+        """Before a fetched batch of ``tp`` is prepared (roles with state catch up here). A
+        wait here must end when the role stops: the batch is then dropped."""
 
     def stop(self) -> None:
         self.stopping.set()
@@ -111,6 +112,8 @@ class StatelessRole:
                         continue
                     self.metrics.consumed(self.name, tp.topic, records)
                     await self.before(tp, records)
+                    if self.stopping.is_set():  # (a wait in ``before`` ended by the stop)
+                        break  # the rest of the batch is not committed: fetched again
                     prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
                                                           records)
                     # each partition has its own producer and transaction: they commit
