@@ -5,8 +5,10 @@ and records, with one monotonic clock for every process, each call a pool proces
 (a chunk of sketches, an alignment) and, in the calling thread, each ``index`` and each
 piece of work it takes back from the pool (``_run_here``). Prints how busy the pool
 processes were, their idle time by the length of the idle gap, and what the calling
-thread was doing during it. (The pipeline's functions are wrapped from here, before the
-pool forks: nothing in the engine knows about it.)
+thread was doing during it; and, for the longer idle stretches, whether work submitted to
+the pool was still waiting in the executor, not handed to the pool's process (its manager
+thread hands it over when it gets the GIL). (The pipeline's functions are wrapped from
+here, before the pool forks: nothing in the engine knows about it.)
 
     python -m tests.bench.pool_timeline [--only html|text] [--jobs 2] [--limit N]
 """
@@ -31,13 +33,18 @@ from dupalign.page import Page
 from tests.bench.bench_scan import load_pages, main_text, warm_up
 from tests.corpora import LLVM_DOCS
 
-Event = tuple[float, float, str]  # start, end, what
-GAPS_MS = (1, 5, 20)  # idle gaps are counted by length: < 1 ms, < 5 ms, < 20 ms, longer
+Event = tuple[float, float, int, str]  # start, end, work waiting (-1: not known), what
+# work submitted to the pool and not yet handed to its processes (the executor's manager
+# thread hands it over when it gets the GIL): known in the calling process once the pool
+# is made (private to ProcessPoolExecutor: this is a diagnostic)
+_waiting: list[Callable[[], int]] = []
+GAPS_MS = (1, 5, 20)
+LONG_GAP_S = 0.005  # idle gaps are counted by length: < 1 ms, < 5 ms, < 20 ms, longer
 
 
-def _record(where: Path, what: str, start: float) -> None:
+def _record(where: Path, what: str, start: float, waiting: int) -> None:
     with open(where / str(os.getpid()), "a") as fh:
-        fh.write(f"{start!r} {time.perf_counter()!r} {what}\n")
+        fh.write(f"{start!r} {time.perf_counter()!r} {waiting} {what}\n")
 
 
 def _traced(where: Path, what: str | Callable[[tuple[Any, ...]], str],
@@ -45,10 +52,11 @@ def _traced(where: Path, what: str | Callable[[tuple[Any, ...]], str],
     @functools.wraps(fn)  # (same name: the pool pickles the function by its name)
     def traced(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
+        waiting = _waiting[0]() if _waiting else -1
         try:
             return fn(*args, **kwargs)
         finally:
-            _record(where, what(args) if callable(what) else what, start)
+            _record(where, what(args) if callable(what) else what, start, waiting)
     return traced
 
 
@@ -72,15 +80,15 @@ def trace(where: Path) -> None:
 def events(where: Path) -> dict[int, list[Event]]:
     out: dict[int, list[Event]] = {}
     for f in where.iterdir():
-        rows = (line.split(" ", 2) for line in f.read_text().splitlines())
-        out[int(f.name)] = sorted((float(a), float(b), w) for a, b, w in rows)
+        rows = (line.split(" ", 3) for line in f.read_text().splitlines())
+        out[int(f.name)] = sorted((float(a), float(b), int(n), w) for a, b, n, w in rows)
     return out
 
 
 def idle_gaps(busy: list[Event], t0: float, t1: float) -> list[tuple[float, float]]:
     """The stretches of [t0, t1] covered by none of ``busy`` (sorted by start)."""
     gaps, at = [], t0
-    for start, end, _ in busy:
+    for start, end, _, _ in busy:
         if start > at:
             gaps.append((at, min(start, t1)))
         at = max(at, end)
@@ -99,12 +107,13 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
     print(f"\n{form}: {wall:.2f} s wall")
     doing: dict[str, float] = collections.defaultdict(float)  # seconds
     gap_len: dict[str, float] = collections.defaultdict(float)
+    long_gaps: dict[str, float] = collections.defaultdict(float)
     for pid, rows in sorted(evs.items()):
         if pid == caller:
             continue
         rows = [e for e in rows if e[0] >= t0]
         spent: dict[str, float] = collections.defaultdict(float)
-        for start, end, what in rows:
+        for start, end, _, what in rows:
             spent[what] += end - start
         print(f"  pool process {pid}: busy {sum(spent.values()) / wall:.0%} of the wall time ("
               + ", ".join(f"{w[6:]} {s / wall:.0%}" for w, s in sorted(spent.items())) + ")")
@@ -112,8 +121,14 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
             ms = (g1 - g0) * 1e3
             gap_len[next((f"< {b} ms" for b in GAPS_MS if ms < b), f">= {GAPS_MS[-1]} ms")] += (
                 g1 - g0)
+            if g1 - g0 >= LONG_GAP_S:
+                # the calling thread's last piece of work begun before the pool ran dry:
+                # was there work for the pool then that it had not been handed?
+                before = [e for e in mine if e[0] <= g0]
+                long_gaps["work not handed to the pool yet" if before and before[-1][2] > 0
+                          else "none"] += g1 - g0
             covered = 0.0
-            for start, end, what in mine:
+            for start, end, _, what in mine:
                 overlap = min(end, g1) - max(start, g0)
                 if overlap > 0:
                     doing[what] += overlap
@@ -122,7 +137,7 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
     idle = sum(gap_len.values())
     labels = [f"< {b} ms" for b in GAPS_MS] + [f">= {GAPS_MS[-1]} ms"]
     spent = collections.defaultdict(float)
-    for start, end, what in mine:
+    for start, end, _, what in mine:
         spent[what] += end - start
     print("  calling thread: " + ", ".join(f"{w} {s / wall:.0%}" for w, s in _by_size(spent))
           + " of the wall time")
@@ -131,6 +146,11 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
               + ", ".join(f"{k} {gap_len[k] / idle:.0%}" for k in labels if k in gap_len))
         print("  the calling thread meanwhile: "
               + ", ".join(f"{w} {s / idle:.0%}" for w, s in _by_size(doing)))
+    if long_gaps:
+        total = sum(long_gaps.values())
+        print(f"  idle stretches of {LONG_GAP_S * 1e3:.0f} ms or more ({total:.2f} s), by what "
+              "the executor held when the calling thread began its last piece of work: "
+              + ", ".join(f"{w} {s / total:.0%}" for w, s in _by_size(long_gaps)))
 
 
 def main() -> int:
@@ -159,13 +179,15 @@ def main() -> int:
             trace(where)
             try:
                 with Engine.open(tmp / f"{form}-store", config) as engine:
-                    engine.worker_pool("process", args.jobs - 1)  # forked now: traced
+                    pool = engine.worker_pool("process", args.jobs - 1)  # forks: traced
+                    _waiting[:] = [pool.executor._work_ids.qsize]  # type: ignore[attr-defined]
                     t0 = time.perf_counter()
                     for _ in pipeline.run_pipeline(engine, ((p, None) for p in pages),
                                                    args.jobs):
                         pass
                     t1 = time.perf_counter()
             finally:
+                _waiting.clear()
                 (pipeline.sketch_chunk_in_worker, pipeline.align_in_worker,
                  pipeline._run_here, Engine.index) = saved  # type: ignore[method-assign]
             report(form, events(where), os.getpid(), t0, t1)
