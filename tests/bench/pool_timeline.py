@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,13 @@ def _traced(where: Path, what: str | Callable[[tuple[Any, ...]], str],
         finally:
             _record(where, what(args) if callable(what) else what, start, waiting)
     return traced
+
+
+def _not_handed_over(executor: Any) -> int:
+    """Work submitted to the pool that its manager thread has not handed to a process yet
+    (its future neither running, nor done, nor cancelled: taken back)."""
+    return sum(1 for item in list(executor._pending_work_items.values())
+               if not (item.future.running() or item.future.done()))
 
 
 def _taken_back(work: Any) -> str:
@@ -180,7 +188,7 @@ def main() -> int:
             try:
                 with Engine.open(tmp / f"{form}-store", config) as engine:
                     pool = engine.worker_pool("process", args.jobs - 1)  # forks: traced
-                    _waiting[:] = [pool.executor._work_ids.qsize]  # type: ignore[attr-defined]
+                    _waiting[:] = [partial(_not_handed_over, pool.executor)]
                     t0 = time.perf_counter()
                     for _ in pipeline.run_pipeline(engine, ((p, None) for p in pages),
                                                    args.jobs):
