@@ -5,10 +5,12 @@ and records, with one monotonic clock for every process, each call a pool proces
 (a chunk of sketches, an alignment) and, in the calling thread, each ``index`` and each
 piece of work it takes back from the pool (``_run_here``). Prints how busy the pool
 processes were, their idle time by the length of the idle gap, and what the calling
-thread was doing during it; and, for the longer idle stretches, whether work submitted to
-the pool was still waiting in the executor, not handed to the pool's process (its manager
-thread hands it over when it gets the GIL). (The pipeline's functions are wrapped from
-here, before the pool forks: nothing in the engine knows about it.)
+thread was doing during it; how much of the idle time the pool's next call had already
+been submitted (``submit`` is timed too: the executor's manager and feeder threads hand a
+call to the pool's process when they get the GIL); and, for the longer idle stretches,
+whether the executor held work not handed over when the calling thread began its last
+piece of work. (The pipeline's functions are wrapped from here, before the pool forks:
+nothing in the engine knows about it.)
 
     python -m tests.bench.pool_timeline [--only html|text] [--jobs 2] [--limit N]
 """
@@ -22,6 +24,7 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -34,7 +37,8 @@ from dupalign.page import Page
 from tests.bench.bench_scan import load_pages, main_text, warm_up
 from tests.corpora import LLVM_DOCS
 
-Event = tuple[float, float, int, str]  # start, end, work waiting (-1: not known), what
+Event = tuple[float, float, int, int, str]  # start, end, work waiting (-1: not known),
+# the work's key (a pool call's, and its submission's: -1 for others), what
 # work submitted to the pool and not yet handed to its processes (the executor's manager
 # thread hands it over when it gets the GIL): known in the calling process once the pool
 # is made (private to ProcessPoolExecutor: this is a diagnostic)
@@ -43,9 +47,18 @@ GAPS_MS = (1, 5, 20)
 LONG_GAP_S = 0.005  # idle gaps are counted by length: < 1 ms, < 5 ms, < 20 ms, longer
 
 
-def _record(where: Path, what: str, start: float, waiting: int) -> None:
+def _record(where: Path, what: str, start: float, waiting: int, key: int = -1) -> None:
     with open(where / str(os.getpid()), "a") as fh:
-        fh.write(f"{start!r} {time.perf_counter()!r} {waiting} {what}\n")
+        fh.write(f"{start!r} {time.perf_counter()!r} {waiting} {key} {what}\n")
+
+
+def _key(fn: Any, arg: Any) -> int:
+    """A pool call's key: its first page's id (a chunk of sketches) or its page's ordinal
+    (an alignment)."""
+    name = getattr(fn, "__name__", "")
+    if name == "sketch_chunk_in_worker":
+        return zlib.crc32(arg[0].id.encode("utf-8"))
+    return 1 << 40 | int(getattr(arg, "ordinal", 0)) if name == "align_in_worker" else -1
 
 
 def _traced(where: Path, what: str | Callable[[tuple[Any, ...]], str],
@@ -57,7 +70,16 @@ def _traced(where: Path, what: str | Callable[[tuple[Any, ...]], str],
         try:
             return fn(*args, **kwargs)
         finally:
-            _record(where, what(args) if callable(what) else what, start, waiting)
+            _record(where, what(args) if callable(what) else what, start, waiting,
+                    _key(fn, args[0]) if args else -1)
+    return traced
+
+
+def _traced_submit(where: Path, submit: Callable[..., Any]) -> Callable[..., Any]:
+    """The executor's ``submit``, noting when each pool call was submitted."""
+    def traced(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        _record(where, "submit", time.perf_counter(), -1, _key(fn, args[0]))
+        return submit(fn, *args, **kwargs)
     return traced
 
 
@@ -88,15 +110,16 @@ def trace(where: Path) -> None:
 def events(where: Path) -> dict[int, list[Event]]:
     out: dict[int, list[Event]] = {}
     for f in where.iterdir():
-        rows = (line.split(" ", 3) for line in f.read_text().splitlines())
-        out[int(f.name)] = sorted((float(a), float(b), int(n), w) for a, b, n, w in rows)
+        rows = (line.split(" ", 4) for line in f.read_text().splitlines())
+        out[int(f.name)] = sorted((float(a), float(b), int(n), int(k), w)
+                                  for a, b, n, k, w in rows)
     return out
 
 
 def idle_gaps(busy: list[Event], t0: float, t1: float) -> list[tuple[float, float]]:
     """The stretches of [t0, t1] covered by none of ``busy`` (sorted by start)."""
     gaps, at = [], t0
-    for start, end, _, _ in busy:
+    for start, end, _, _, _ in busy:
         if start > at:
             gaps.append((at, min(start, t1)))
         at = max(at, end)
@@ -111,7 +134,9 @@ def _by_size(seconds: dict[str, float]) -> list[tuple[str, float]]:
 
 def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: float) -> None:
     wall = t1 - t0
-    mine = [e for e in evs.get(caller, []) if e[0] >= t0]
+    mine = [e for e in evs.get(caller, []) if e[0] >= t0 and e[4] != "submit"]
+    submitted = {e[3]: e[0] for e in evs.get(caller, []) if e[4] == "submit"}
+    handover: list[float] = []  # per pool call: idle while it was submitted, not started
     print(f"\n{form}: {wall:.2f} s wall")
     doing: dict[str, float] = collections.defaultdict(float)  # seconds
     gap_len: dict[str, float] = collections.defaultdict(float)
@@ -121,10 +146,15 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
             continue
         rows = [e for e in rows if e[0] >= t0]
         spent: dict[str, float] = collections.defaultdict(float)
-        for start, end, _, what in rows:
+        for start, end, _, _, what in rows:
             spent[what] += end - start
         print(f"  pool process {pid}: busy {sum(spent.values()) / wall:.0%} of the wall time ("
               + ", ".join(f"{w[6:]} {s / wall:.0%}" for w, s in sorted(spent.items())) + ")")
+        free_at = t0
+        for start, end, _, key, _ in rows:
+            if key in submitted and start > free_at:
+                handover.append(start - max(submitted[key], free_at))
+            free_at = max(free_at, end)
         for g0, g1 in idle_gaps(rows, t0, t1):
             ms = (g1 - g0) * 1e3
             gap_len[next((f"< {b} ms" for b in GAPS_MS if ms < b), f">= {GAPS_MS[-1]} ms")] += (
@@ -136,7 +166,7 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
                 long_gaps["work not handed to the pool yet" if before and before[-1][2] > 0
                           else "none"] += g1 - g0
             covered = 0.0
-            for start, end, _, what in mine:
+            for start, end, _, _, what in mine:
                 overlap = min(end, g1) - max(start, g0)
                 if overlap > 0:
                     doing[what] += overlap
@@ -145,7 +175,7 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
     idle = sum(gap_len.values())
     labels = [f"< {b} ms" for b in GAPS_MS] + [f">= {GAPS_MS[-1]} ms"]
     spent = collections.defaultdict(float)
-    for start, end, _, what in mine:
+    for start, end, _, _, what in mine:
         spent[what] += end - start
     print("  calling thread: " + ", ".join(f"{w} {s / wall:.0%}" for w, s in _by_size(spent))
           + " of the wall time")
@@ -154,6 +184,12 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
               + ", ".join(f"{k} {gap_len[k] / idle:.0%}" for k in labels if k in gap_len))
         print("  the calling thread meanwhile: "
               + ", ".join(f"{w} {s / idle:.0%}" for w, s in _by_size(doing)))
+    if idle and handover:
+        waits = sorted(handover)
+        print(f"  pool idle with its next call already submitted: {sum(waits):.2f} s "
+              f"({sum(waits) / idle:.0%} of its idle time), over {len(waits)} calls; median "
+              f"{waits[len(waits) // 2] * 1e3:.2f} ms, 90th percentile "
+              f"{waits[len(waits) * 9 // 10] * 1e3:.2f} ms, longest {waits[-1] * 1e3:.1f} ms")
     if long_gaps:
         total = sum(long_gaps.values())
         print(f"  idle stretches of {LONG_GAP_S * 1e3:.0f} ms or more ({total:.2f} s), by what "
@@ -189,6 +225,8 @@ def main() -> int:
                 with Engine.open(tmp / f"{form}-store", config) as engine:
                     pool = engine.worker_pool("process", args.jobs - 1)  # forks: traced
                     _waiting[:] = [partial(_not_handed_over, pool.executor)]
+                    pool.executor.submit = _traced_submit(  # type: ignore[method-assign]
+                        where, pool.executor.submit)
                     t0 = time.perf_counter()
                     for _ in pipeline.run_pipeline(engine, ((p, None) for p in pages),
                                                    args.jobs):
