@@ -844,8 +844,8 @@ def _as_bytes(records: npt.NDArray[Any]) -> list[bytes]:
 
 
 # a list entry's value by its page's number of windows in the list: empty for one (most
-# lists), else the count; looked up by numpy for the common counts (a Python loop over a
-# page's ~350 lists with several windows cost 0.1 ms a passage page on llvm)
+# lists), else the count; looked up by numpy for the common counts (not packed one by one
+# in a Python loop: a templated llvm page has hundreds of lists with several windows)
 _COUNT_VALUES = np.array([b"", b""] + [_COUNT.pack(n) for n in range(2, 256)], dtype=object)
 
 

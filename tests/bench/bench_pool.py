@@ -22,6 +22,7 @@ import resource
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dupalign.config import EngineConfig, TextConfig
@@ -57,26 +58,36 @@ def run(pages: list[Page], jobs: int, store: Path, caller_works: bool = True
             "workers": kids / n}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str) -> argparse.Namespace:
+    """The options of the pool benchmarks (this one and pool_timeline)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--docs", type=Path, default=LLVM_DOCS)
     ap.add_argument("--only", choices=["html", "text"])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--limit", type=int, default=None, help="pages per release (default all)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def page_forms(args: argparse.Namespace) -> tuple[int, dict[str, Callable[[], list[Page]]]]:
+    """The number of llvm pages, and the pages as HTML and as their extracted text
+    (extracted only when asked for): the forms ``--only`` selects."""
     old, new = load_pages(args.docs, args.limit)
     html = old + new
-    forms = {"html": lambda: html,  # the text is extracted only when it is measured
+    forms = {"html": lambda: html,
              "text": lambda: [Page(id=p.id, body=main_text(p), content_type="text/plain")
                               for p in html]}
+    return len(html), {form: make for form, make in forms.items() if args.only in (None, form)}
+
+
+def main() -> int:
+    args = arguments(__doc__)
+    n_pages, forms = page_forms(args)
     tmp = Path(tempfile.mkdtemp(prefix="bench-pool-"))
     try:
-        print(f"{len(html)} llvm pages; ms per page\n")
+        print(f"{n_pages} llvm pages; ms per page\n")
         print(f"{'input':<6}{'jobs':>9}{'wall':>8}{'calling thread':>16}{'other threads':>15}"
               f"{'workers':>9}{'all CPU':>9}{'bound':>8}{'ratio':>7}{'bound ratio':>13}")
         for form, make_pages in forms.items():
-            if args.only and form != args.only:
-                continue
             pages = make_pages()
             one = run(pages, 1, tmp / f"{form}-1")
             many = run(pages, args.jobs, tmp / f"{form}-{args.jobs}")

@@ -17,7 +17,6 @@ nothing in the engine knows about it.)
 
 from __future__ import annotations
 
-import argparse
 import collections
 import functools
 import os
@@ -33,16 +32,15 @@ from typing import Any
 from dupalign import pipeline
 from dupalign.config import EngineConfig, TextConfig
 from dupalign.engine import Engine
-from dupalign.page import Page
-from tests.bench.bench_scan import load_pages, main_text, warm_up
-from tests.corpora import LLVM_DOCS
+from tests.bench.bench_pool import arguments, page_forms
+from tests.bench.bench_scan import warm_up
 
 Event = tuple[float, float, int, int, str]  # start, end, work waiting (-1: not known),
 # the work's key (a pool call's, and its submission's: -1 for others), what
 # work submitted to the pool and not yet handed to its processes (the executor's manager
 # thread hands it over when it gets the GIL): known in the calling process once the pool
 # is made (private to ProcessPoolExecutor: this is a diagnostic)
-_waiting: list[Callable[[], int]] = []
+_waiting: dict[int, Callable[[], int]] = {}  # by the calling process's id
 GAPS_MS = (1, 5, 20)
 LONG_GAP_S = 0.005  # idle gaps are counted by length: < 1 ms, < 5 ms, < 20 ms, longer
 
@@ -66,7 +64,8 @@ def _traced(where: Path, what: str | Callable[[tuple[Any, ...]], str],
     @functools.wraps(fn)  # (same name: the pool pickles the function by its name)
     def traced(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        waiting = _waiting[0]() if _waiting else -1
+        count = _waiting.get(os.getpid())  # (not in the pool's processes)
+        waiting = count() if count is not None else -1
         try:
             return fn(*args, **kwargs)
         finally:
@@ -198,22 +197,13 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--docs", type=Path, default=LLVM_DOCS)
-    ap.add_argument("--only", choices=["html", "text"])
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--limit", type=int, default=None, help="pages per release (default all)")
-    args = ap.parse_args()
-    old, new = load_pages(args.docs, args.limit)
-    html = old + new
+    args = arguments(__doc__)
+    n_pages, forms = page_forms(args)
     tmp = Path(tempfile.mkdtemp(prefix="pool-timeline-"))
     try:
-        print(f"{len(html)} llvm pages, --jobs {args.jobs}")
-        for form in ("html", "text"):
-            if args.only and form != args.only:
-                continue
-            pages = html if form == "html" else [
-                Page(id=p.id, body=main_text(p), content_type="text/plain") for p in html]
+        print(f"{n_pages} llvm pages, --jobs {args.jobs}")
+        for form, make_pages in forms.items():
+            pages = make_pages()
             config = EngineConfig(text=TextConfig(main_content=True)).validate()
             warm_up(pages, config, tmp / f"{form}-store")
             where = tmp / f"{form}-events"
@@ -224,7 +214,7 @@ def main() -> int:
             try:
                 with Engine.open(tmp / f"{form}-store", config) as engine:
                     pool = engine.worker_pool("process", args.jobs - 1)  # forks: traced
-                    _waiting[:] = [partial(_not_handed_over, pool.executor)]
+                    _waiting[os.getpid()] = partial(_not_handed_over, pool.executor)
                     pool.executor.submit = _traced_submit(  # type: ignore[method-assign]
                         where, pool.executor.submit)
                     t0 = time.perf_counter()
