@@ -5,7 +5,9 @@ worker processes (or threads: ``executor="thread"``; CPython holds the GIL in mo
 their Python and numba code, so processes are what spreads them over cores), and on the
 calling thread: whenever it would wait for a worker, it cancels work no worker has
 started and does it itself (``steal``), so it is the ``jobs``-th core instead of an idle
-one (what it takes is neither pickled nor read from a secondary instance). Their
+one (what it takes is not read from a secondary instance). The process pool
+(dupalign.pool) needs no thread of this process to hand calls over or take results back,
+and keeps every call cancellable until a worker starts it. Their
 messages (``PageSketch``, ``AlignRequest``) cross the process boundary pickled, which
 copies the numpy arrays once (their msgpack forms, ``to_bytes``, cost more and are for
 other transports: Kafka). An ``AlignRequest`` names the candidate pages only: each worker
@@ -32,15 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import (
-    BrokenExecutor,
-    Executor,
-    Future,
-    ProcessPoolExecutor,
-    ThreadPoolExecutor,
-)
-from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
+from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
 from functools import partial
 from itertools import islice
 from multiprocessing.util import Finalize
@@ -56,6 +50,7 @@ from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match, Span
 from dupalign.owned_dir import OwnedTempDir
 from dupalign.page import Page
+from dupalign.pool import Call, ProcessPool
 from dupalign.sketch import PageSketch, Sketcher
 from dupalign.store import Store
 
@@ -64,13 +59,13 @@ if TYPE_CHECKING:
 
 ExecutorKind = Literal["process", "thread"]
 T = TypeVar("T")
+Pending = Call | Future[Any]  # a call into the pool (processes | threads)
 # Pages in flight per queue. Pages are finished in order, so one page whose alignment is
 # slow (a templated llvm page: tens of ms) holds back those behind it; a shallow queue then
 # fills and idles the other workers. On llvm-13/14 from text, --jobs 2, depth 64 against 8:
 # 1.10-1.14x the pages/s (one run of each of three executor shapes). A page in flight holds
 # its PageSketch (~90 KB on llvm) and align request (~17 KB): 64 pages are a few MB.
 DEPTH = 64
-_POLL_S = 1.0  # how often a wait on a worker checks that the pool's processes live
 SKETCH_CHUNK = 4  # pages per call of the sketch stage in a worker (sketch_chunk_in_worker)
 # What align reads of the store (dupalign.align: the candidates' forward records and ids;
 # meta: the parameters checked at open). A worker's secondary instance opens only these,
@@ -143,8 +138,8 @@ def sketch_in_worker(page: Page) -> PageSketch:
 
 def sketch_chunk_in_worker(pages: list[Page]) -> list[PageSketch | Exception]:
     """The sketch stage in a worker for a few pages at once: each call through the pool
-    costs the calling process its own work (the pool's feeder and manager threads wake
-    for it, ~0.3 ms on llvm), so pages travel in chunks. A page whose sketch fails gets
+    costs the calling thread its own work (pickling, a write, a read, a claim), so pages
+    travel in chunks. A page whose sketch fails gets
     its exception, the others their sketches."""
     return _sketch_each(sketch_in_worker, pages)
 
@@ -195,58 +190,23 @@ class WorkerPool:
                  store: Store):
         self.kind, self.jobs, self.version = kind, jobs, idf.version
         args = (config, idf, store if kind == "thread" else (str(store.path), store.params))
-        self.executor: Executor = (
-            ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=args)
+        self.executor: ProcessPool | ThreadPoolExecutor = (
+            ProcessPool(jobs, initializer=_init_worker, initargs=args)
             if kind == "process" else
             ThreadPoolExecutor(jobs, initializer=_init_worker, initargs=args))
 
     def close(self, wait: bool = True) -> None:
         """``wait=False``: the work already submitted still runs (the pipeline waits for
         it), then the workers exit."""
-        self.executor.shutdown(wait=wait)
+        if isinstance(self.executor, ProcessPool):
+            self.executor.close(wait=wait)
+        else:
+            self.executor.shutdown(wait=wait)
 
     @property
     def broken(self) -> bool:
-        """A worker died (the executor marked itself broken): no more work runs here."""
-        return bool(getattr(self.executor, "_broken", False))
-
-    def _processes(self) -> list[multiprocessing.process.BaseProcess]:
-        return list((getattr(self.executor, "_processes", None) or {}).values())
-
-    def result(self, future: Future[T]) -> T:
-        """``future.result()``, or BrokenProcessPool if a worker process dies meanwhile.
-
-        A process killed (the OOM killer, say) while it sends a result back leaves a
-        half-written message in the result pipe: the executor's manager thread then waits
-        on it forever and never marks the pool broken (a limit of CPython's process pool),
-        so the caller, and the process at exit, would wait forever too."""
-        while True:
-            try:
-                return future.result(timeout=_POLL_S)
-            except FutureTimeout:
-                if any(p.exitcode not in (None, 0) for p in self._processes()):
-                    self._condemn()
-                    if future.done():
-                        return future.result()  # finished first, or failed as broken
-                    raise BrokenProcessPool("a worker process died (killed or crashed) "
-                                            "while the pipeline waited on it") from None
-
-    def _condemn(self) -> None:
-        """Kill the other workers and close this process's end of the result pipe: the
-        manager thread, blocked on the half-written message, reads the pipe's end, marks
-        the pool broken, fails its futures and exits."""
-        processes = self._processes()
-        for p in processes:
-            if p.exitcode is None:
-                p.kill()
-        for p in processes:
-            p.join(10)
-        writer = getattr(getattr(self.executor, "_result_queue", None), "_writer", None)
-        if writer is not None:
-            writer.close()
-        thread = getattr(self.executor, "_executor_manager_thread", None)
-        if thread is not None:
-            thread.join(10)
+        """A worker died: no more work runs here."""
+        return isinstance(self.executor, ProcessPool) and self.executor.broken
 
 
 def _run_here(work: Callable[[], T]) -> Future[T]:
@@ -264,14 +224,13 @@ def _sketch_here(engine: Engine, pages: list[Page]) -> list[PageSketch | Excepti
     return _sketch_each(lambda page: engine.sketcher.sketch(page, engine.near.idf), pages)
 
 
-def _aligned(engine: Engine, result: IndexResult, future: Future[Any], pool: WorkerPool
-             ) -> Any:
+def _aligned(engine: Engine, result: IndexResult, future: Pending) -> Any:
     """The worker's passage matches; if the worker failed (its view of the store, say a
     secondary instance that could not catch up), the page is aligned here, on the store
     itself, so that no page's result depends on a worker: an error of the page's own
     raises here the same way."""
     try:
-        return pool.result(future)
+        return future.result()
     except Exception:
         return engine.align(result)
 
@@ -302,22 +261,21 @@ def run_pipeline(
     indexer = engine.indexer
     pool = engine.worker_pool(executor, workers)
     # a page, its source, and its chunk's future with its place in the chunk
-    sketches: deque[tuple[Page, Source | None, Future[list[Any]], int, WorkerPool]] = deque()
-    aligns: deque[tuple[Page, IndexResult | BaseException, Future[Any] | None]] = deque()
-    pool_of: dict[Future[Any], WorkerPool] = {}  # the pool each align future runs in
+    sketches: deque[tuple[Page, Source | None, Pending, int]] = deque()
+    aligns: deque[tuple[Page, IndexResult | BaseException, Pending | None]] = deque()
     # the pages of each sketch chunk not done yet, in submission order (its first pages
     # may have left ``sketches`` already)
-    chunk_pages: dict[Future[Any], list[Page]] = {}
+    chunk_pages: dict[Pending, list[Page]] = {}
     # work taken back from the pool (cancelled before a worker started it) and done here:
     # the cancelled future -> a future done with its result (until its pages are done)
-    stolen: dict[Future[Any], Future[Any]] = {}
+    stolen: dict[Pending, Future[Any]] = {}
     pending = iter(items)
     more = True
 
-    def now(future: Future[T]) -> Future[T]:
+    def now(future: Pending) -> Pending:
         return stolen.get(future, future)
 
-    def steal(waited: Future[Any], result: IndexResult | None = None) -> bool:
+    def steal(waited: Pending, result: IndexResult | None = None) -> bool:
         """While ``waited`` is not done, run here one piece of work no worker has started
         (cancelled in the pool): the alignment ``waited`` (of ``result``), else the
         earliest alignment, else the earliest chunk of sketches (the one ``waited``, when
@@ -336,7 +294,7 @@ def run_pipeline(
                 return True
         return False
 
-    def take(future: Future[Any], work: Callable[[], Any]) -> bool:
+    def take(future: Pending, work: Callable[[], Any]) -> bool:
         """Cancel ``future`` in the pool and do its ``work`` here, if no worker has it."""
         if future in stolen or not future.cancel():
             return False
@@ -353,8 +311,7 @@ def run_pipeline(
             if future is not None:
                 while steal(future, result):
                     pass
-                found = _aligned(engine, result, stolen.pop(future, future),
-                                 pool_of.pop(future))
+                found = _aligned(engine, result, stolen.pop(future, future))
             return page, indexer.finish(result, found)
         except StoreError:
             raise
@@ -372,7 +329,7 @@ def run_pipeline(
                 pages = [p for p, _ in batch]
                 sketched = pool.executor.submit(sketch_chunk_in_worker, pages)
                 chunk_pages[sketched] = pages
-                sketches.extend((page, source, sketched, x, pool)
+                sketches.extend((page, source, sketched, x)
                                 for x, (page, source) in enumerate(batch))
             while aligns and (aligns[0][2] is None or aligns[0][2].done()):
                 yield finish()
@@ -384,11 +341,11 @@ def run_pipeline(
             if len(aligns) >= depth:
                 yield finish()
                 continue
-            page, source, sketched, at, sketched_by = sketches.popleft()
+            page, source, sketched, at = sketches.popleft()
             try:
                 while steal(sketched):
                     pass
-                chunk_sketches = sketched_by.result(now(sketched))
+                chunk_sketches = now(sketched).result()
                 if at == len(chunk_sketches) - 1:  # the chunk's last page
                     del chunk_pages[sketched]
                     stolen.pop(sketched, None)
@@ -414,13 +371,12 @@ def run_pipeline(
             future = None
             if isinstance(result, IndexResult) and result.align is not None:
                 future = pool.executor.submit(align_in_worker, result.align)
-                pool_of[future] = pool
             aligns.append((page, result, future))
             if engine.near.idf.version != pool.version:  # an idf freeze: new workers
                 pool = engine.worker_pool(executor, workers)
     finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
         # indexed are finished (their matches stored, for a replay to find)
-        for _, _, sketched, _, _ in sketches:
+        for _, _, sketched, _ in sketches:
             sketched.cancel()
         sketches.clear()  # (nor are they sketched here while the alignments finish)
         chunk_pages.clear()

@@ -5,12 +5,9 @@ and records, with one monotonic clock for every process, each call a pool proces
 (a chunk of sketches, an alignment) and, in the calling thread, each ``index`` and each
 piece of work it takes back from the pool (``_run_here``). Prints how busy the pool
 processes were, their idle time by the length of the idle gap, and what the calling
-thread was doing during it; how much of the idle time the pool's next call had already
-been submitted (``submit`` is timed too: the executor's manager and feeder threads hand a
-call to the pool's process when they get the GIL); and, for the longer idle stretches,
-whether the executor held work not handed over when the calling thread began its last
-piece of work. (The pipeline's functions are wrapped from here, before the pool forks:
-nothing in the engine knows about it.)
+thread was doing during it; and how much of the idle time the pool's next call had
+already been submitted (``submit`` is timed too). (The pipeline's functions are wrapped
+from here, before the pool forks: nothing in the engine knows about it.)
 
     python -m tests.bench.pool_timeline [--only html|text] [--jobs 2] [--limit N]
 """
@@ -25,7 +22,6 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,19 +31,14 @@ from dupalign.engine import Engine
 from tests.bench.bench_pool import arguments, page_forms
 from tests.bench.bench_scan import warm_up
 
-Event = tuple[float, float, int, int, str]  # start, end, work waiting (-1: not known),
-# the work's key (a pool call's, and its submission's: -1 for others), what
-# work submitted to the pool and not yet handed to its processes (the executor's manager
-# thread hands it over when it gets the GIL): known in the calling process once the pool
-# is made (private to ProcessPoolExecutor: this is a diagnostic)
-_waiting: dict[int, Callable[[], int]] = {}  # by the calling process's id
-GAPS_MS = (1, 5, 20)
-LONG_GAP_S = 0.005  # idle gaps are counted by length: < 1 ms, < 5 ms, < 20 ms, longer
+Event = tuple[float, float, int, str]  # start, end, the work's key (a pool call's, and
+# its submission's: -1 for others), what
+GAPS_MS = (1, 5, 20)  # idle gaps are counted by length: < 1 ms, < 5 ms, < 20 ms, longer
 
 
-def _record(where: Path, what: str, start: float, waiting: int, key: int = -1) -> None:
+def _record(where: Path, what: str, start: float, key: int = -1) -> None:
     with open(where / str(os.getpid()), "a") as fh:
-        fh.write(f"{start!r} {time.perf_counter()!r} {waiting} {key} {what}\n")
+        fh.write(f"{start!r} {time.perf_counter()!r} {key} {what}\n")
 
 
 def _key(fn: Any, arg: Any) -> int:
@@ -64,29 +55,20 @@ def _traced(where: Path, what: str | Callable[[tuple[Any, ...]], str],
     @functools.wraps(fn)  # (same name: the pool pickles the function by its name)
     def traced(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
-        count = _waiting.get(os.getpid())  # (not in the pool's processes)
-        waiting = count() if count is not None else -1
         try:
             return fn(*args, **kwargs)
         finally:
-            _record(where, what(args) if callable(what) else what, start, waiting,
+            _record(where, what(args) if callable(what) else what, start,
                     _key(fn, args[0]) if args else -1)
     return traced
 
 
 def _traced_submit(where: Path, submit: Callable[..., Any]) -> Callable[..., Any]:
-    """The executor's ``submit``, noting when each pool call was submitted."""
+    """The pool's ``submit``, noting when each pool call was submitted."""
     def traced(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        _record(where, "submit", time.perf_counter(), -1, _key(fn, args[0]))
+        _record(where, "submit", time.perf_counter(), _key(fn, args[0]))
         return submit(fn, *args, **kwargs)
     return traced
-
-
-def _not_handed_over(executor: Any) -> int:
-    """Work submitted to the pool that its manager thread has not handed to a process yet
-    (its future neither running, nor done, nor cancelled: taken back)."""
-    return sum(1 for item in list(executor._pending_work_items.values())
-               if not (item.future.running() or item.future.done()))
 
 
 def _taken_back(work: Any) -> str:
@@ -109,16 +91,15 @@ def trace(where: Path) -> None:
 def events(where: Path) -> dict[int, list[Event]]:
     out: dict[int, list[Event]] = {}
     for f in where.iterdir():
-        rows = (line.split(" ", 4) for line in f.read_text().splitlines())
-        out[int(f.name)] = sorted((float(a), float(b), int(n), int(k), w)
-                                  for a, b, n, k, w in rows)
+        rows = (line.split(" ", 3) for line in f.read_text().splitlines())
+        out[int(f.name)] = sorted((float(a), float(b), int(k), w) for a, b, k, w in rows)
     return out
 
 
 def idle_gaps(busy: list[Event], t0: float, t1: float) -> list[tuple[float, float]]:
     """The stretches of [t0, t1] covered by none of ``busy`` (sorted by start)."""
     gaps, at = [], t0
-    for start, end, _, _, _ in busy:
+    for start, end, _, _ in busy:
         if start > at:
             gaps.append((at, min(start, t1)))
         at = max(at, end)
@@ -133,24 +114,23 @@ def _by_size(seconds: dict[str, float]) -> list[tuple[str, float]]:
 
 def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: float) -> None:
     wall = t1 - t0
-    mine = [e for e in evs.get(caller, []) if e[0] >= t0 and e[4] != "submit"]
-    submitted = {e[3]: e[0] for e in evs.get(caller, []) if e[4] == "submit"}
+    mine = [e for e in evs.get(caller, []) if e[0] >= t0 and e[3] != "submit"]
+    submitted = {e[2]: e[0] for e in evs.get(caller, []) if e[3] == "submit"}
     handover: list[float] = []  # per pool call: idle while it was submitted, not started
     print(f"\n{form}: {wall:.2f} s wall")
     doing: dict[str, float] = collections.defaultdict(float)  # seconds
     gap_len: dict[str, float] = collections.defaultdict(float)
-    long_gaps: dict[str, float] = collections.defaultdict(float)
     for pid, rows in sorted(evs.items()):
         if pid == caller:
             continue
         rows = [e for e in rows if e[0] >= t0]
         spent: dict[str, float] = collections.defaultdict(float)
-        for start, end, _, _, what in rows:
+        for start, end, _, what in rows:
             spent[what] += end - start
         print(f"  pool process {pid}: busy {sum(spent.values()) / wall:.0%} of the wall time ("
               + ", ".join(f"{w[6:]} {s / wall:.0%}" for w, s in sorted(spent.items())) + ")")
         free_at = t0
-        for start, end, _, key, _ in rows:
+        for start, end, key, _ in rows:
             if key in submitted and start > free_at:
                 handover.append(start - max(submitted[key], free_at))
             free_at = max(free_at, end)
@@ -158,23 +138,17 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
             ms = (g1 - g0) * 1e3
             gap_len[next((f"< {b} ms" for b in GAPS_MS if ms < b), f">= {GAPS_MS[-1]} ms")] += (
                 g1 - g0)
-            if g1 - g0 >= LONG_GAP_S:
-                # the calling thread's last piece of work begun before the pool ran dry:
-                # was there work for the pool then that it had not been handed?
-                before = [e for e in mine if e[0] <= g0]
-                long_gaps["work not handed to the pool yet" if before and before[-1][2] > 0
-                          else "none"] += g1 - g0
             covered = 0.0
-            for start, end, _, _, what in mine:
+            for start, end, _, what in mine:
                 overlap = min(end, g1) - max(start, g0)
                 if overlap > 0:
                     doing[what] += overlap
                     covered += overlap
-            doing["waiting, bookkeeping, the pool's threads"] += (g1 - g0) - covered
+            doing["waiting, bookkeeping"] += (g1 - g0) - covered
     idle = sum(gap_len.values())
     labels = [f"< {b} ms" for b in GAPS_MS] + [f">= {GAPS_MS[-1]} ms"]
     spent = collections.defaultdict(float)
-    for start, end, _, _, what in mine:
+    for start, end, _, what in mine:
         spent[what] += end - start
     print("  calling thread: " + ", ".join(f"{w} {s / wall:.0%}" for w, s in _by_size(spent))
           + " of the wall time")
@@ -189,11 +163,6 @@ def report(form: str, evs: dict[int, list[Event]], caller: int, t0: float, t1: f
               f"({sum(waits) / idle:.0%} of its idle time), over {len(waits)} calls; median "
               f"{waits[len(waits) // 2] * 1e3:.2f} ms, 90th percentile "
               f"{waits[len(waits) * 9 // 10] * 1e3:.2f} ms, longest {waits[-1] * 1e3:.1f} ms")
-    if long_gaps:
-        total = sum(long_gaps.values())
-        print(f"  idle stretches of {LONG_GAP_S * 1e3:.0f} ms or more ({total:.2f} s), by what "
-              "the executor held when the calling thread began its last piece of work: "
-              + ", ".join(f"{w} {s / total:.0%}" for w, s in _by_size(long_gaps)))
 
 
 def main() -> int:
@@ -214,7 +183,6 @@ def main() -> int:
             try:
                 with Engine.open(tmp / f"{form}-store", config) as engine:
                     pool = engine.worker_pool("process", args.jobs - 1)  # forks: traced
-                    _waiting[os.getpid()] = partial(_not_handed_over, pool.executor)
                     pool.executor.submit = _traced_submit(  # type: ignore[method-assign]
                         where, pool.executor.submit)
                     t0 = time.perf_counter()
@@ -223,7 +191,6 @@ def main() -> int:
                         pass
                     t1 = time.perf_counter()
             finally:
-                _waiting.clear()
                 (pipeline.sketch_chunk_in_worker, pipeline.align_in_worker,
                  pipeline._run_here, Engine.index) = saved  # type: ignore[method-assign]
             report(form, events(where), os.getpid(), t0, t1)

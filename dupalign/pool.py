@@ -1,0 +1,355 @@
+"""A process pool whose hand-over needs no thread of the calling process.
+
+CPython's ProcessPoolExecutor hands a call to its processes with a feeder thread and
+takes results back with a manager thread, both in the calling process and both needing
+its GIL. The pipeline's calling thread holds the GIL for milliseconds at a time (it
+indexes, and does pool work itself: an HTML parse holds it throughout), so calls waited
+in the executor and results in a full pipe while the pool's process sat idle (by the
+pipeline's timeline, ``tests/bench/pool_timeline.py``, most of its idle time began with
+its next call submitted but not handed over, and a worker spent ~8 % of its time blocked
+writing a result).
+
+Here the calling thread writes each call into the task pipe itself, at submit (never
+blocking: what does not fit waits in an outbox, written at its next call into the pool),
+and reads results itself when it asks whether a call is done or waits for one. A worker
+reads every call as soon as it is free, and hands its results to a thread of its own that
+writes them, so it never waits for the calling process. Every call submitted stays
+cancellable until a worker starts it: a slot per call in shared memory, claimed under a
+lock by the worker that runs it or by the caller that takes it back (``Call.cancel``).
+
+Only the thread that submits may use a pool's calls (``done``, ``cancel``, ``result``);
+``close(wait=False)`` leaves a thread that delivers the rest of the calls and results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import multiprocessing
+import os
+import pickle
+import queue
+import select
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+_HEADER = struct.Struct("<qq")  # a message: (call id, payload bytes), then the payload
+_STOP = -1  # the call id that ends a worker
+_QUEUED, _RUNNING, _TAKEN = 0, 1, 2  # a slot holds id * 4 + state (ids of older calls
+# that used the slot do not match: their messages may still be in the pipe)
+_SLOTS = 1 << 12  # calls in flight at most (the pipeline has ~2 * depth)
+_PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ
+_F_SETPIPE_SZ = 1031
+_CHECK_S = 0.5  # how often a wait checks that the workers live
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    with contextlib.suppress(OSError):  # (a lower limit here: the default size works too)
+        fcntl.fcntl(w, _F_SETPIPE_SZ, _PIPE_BYTES)
+    return r, w
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    parts, left = [], n
+    while left:
+        part = os.read(fd, left)
+        if not part:
+            raise EOFError("the pool's pipe closed")
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class _Shared:
+    """What the calling process and its workers share: the pipes, the slots, the locks."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.tasks_r, self.tasks_w = _pipe()
+        self.results_r, self.results_w = _pipe()
+        self.slots = ctx.RawArray(ctypes.c_int64, _SLOTS)
+        self.claim = ctx.Lock()  # a slot's state changes under it
+        self.reading = ctx.Lock()  # one worker reads a whole message at a time
+        self.writing = ctx.Lock()  # one worker writes a whole result at a time
+
+    def take(self, call_id: int, state: int) -> bool:
+        """Move call ``call_id`` from queued to ``state``; False if it was not queued."""
+        slot = call_id % _SLOTS
+        with self.claim:
+            if self.slots[slot] != call_id * 4 + _QUEUED:
+                return False
+            self.slots[slot] = call_id * 4 + state
+            return True
+
+
+def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]
+           ) -> None:
+    """A worker: run the calls it claims, until told to stop."""
+    os.close(shared.tasks_w)
+    os.close(shared.results_r)
+    if initializer is not None:
+        initializer(*initargs)
+    out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def send() -> None:  # (blocks on a full pipe without holding up the calls)
+        while (data := out.get()) is not None:
+            with shared.writing:
+                _write_all(shared.results_w, data)
+
+    sender = threading.Thread(target=send, name="dupalign-pool-results")
+    sender.start()
+    try:
+        while True:
+            try:
+                with shared.reading:
+                    call_id, n = _HEADER.unpack(_read_exact(shared.tasks_r, _HEADER.size))
+                    payload = _read_exact(shared.tasks_r, n)
+            except EOFError:  # the calling process is gone (killed): nothing to answer
+                break
+            if call_id == _STOP:
+                break
+            if not shared.take(call_id, _RUNNING):
+                continue  # taken back by the caller
+            try:
+                fn, arg = pickle.loads(payload)
+                result: tuple[bool, Any] = (True, fn(arg))
+            except BaseException as exc:  # the caller gets it, as from any executor
+                result = (False, exc)
+            try:
+                data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as exc:
+                data = pickle.dumps((False, RuntimeError(
+                    f"the pool could not send a result back: {exc!r}")))
+            out.put(_HEADER.pack(call_id, len(data)) + data)
+    finally:
+        out.put(None)
+        sender.join()
+
+
+class Call:
+    """A call submitted to a ``ProcessPool``: a Future's ``done``, ``cancel`` and
+    ``result`` for the thread that submitted it."""
+
+    __slots__ = ("_pool", "_state", "_value", "id")
+
+    def __init__(self, pool: ProcessPool, call_id: int) -> None:
+        self.id, self._pool = call_id, pool
+        self._state = _QUEUED  # _QUEUED (not answered yet), _TAKEN (cancelled), or done
+        self._value: tuple[bool, Any] | None = None
+
+    def done(self) -> bool:
+        if self._value is None and self._state == _QUEUED:
+            self._pool._pump(0.0)
+        return self._value is not None or self._state == _TAKEN
+
+    def cancel(self) -> bool:
+        """Take the call back if no worker has started it (it never runs then)."""
+        if self._value is not None:
+            return False
+        if self._state == _TAKEN:
+            return True
+        if not self._pool._shared.take(self.id, _TAKEN):
+            return False
+        self._state = _TAKEN
+        self._pool._calls.pop(self.id, None)
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._state == _TAKEN:
+            raise RuntimeError("the call was cancelled")
+        if self._value is None:
+            self._pool._wait_for(self, timeout)
+        assert self._value is not None
+        ok, value = self._value
+        if ok:
+            return value
+        raise value
+
+    def _set(self, value: tuple[bool, Any]) -> None:
+        self._value = value
+
+
+class ProcessPool:
+    """``workers`` processes (forked) that each run ``initializer(*initargs)`` once, then
+    the calls submitted to them."""
+
+    def __init__(self, workers: int, initializer: Callable[..., None] | None = None,
+                 initargs: tuple[Any, ...] = ()) -> None:
+        ctx = multiprocessing.get_context("fork")
+        self._shared = _Shared(ctx)
+        self.processes = [ctx.Process(target=_serve, args=(self._shared, initializer, initargs),
+                                      daemon=True, name=f"dupalign-pool-{x}")
+                          for x in range(workers)]
+        for p in self.processes:
+            p.start()
+        os.close(self._shared.tasks_r)
+        os.close(self._shared.results_w)
+        os.set_blocking(self._shared.tasks_w, False)
+        os.set_blocking(self._shared.results_r, False)
+        self._next = 0
+        self._calls: dict[int, Call] = {}  # submitted, not answered nor taken back
+        self._outbox: deque[memoryview] = deque()  # messages not in the task pipe yet
+        self._inbox = bytearray()  # results read, not whole yet
+        self._chunk = bytearray(_PIPE_BYTES)  # (os.read would allocate this much per call)
+        self._lock = threading.Lock()  # the pipes' parent ends, once a closer runs too
+        self._broken: str | None = None
+        self._closed = False
+
+    @property
+    def broken(self) -> bool:
+        return self._broken is not None
+
+    def submit(self, fn: Callable[[Any], Any], arg: Any) -> Call:
+        """``fn(arg)`` in a worker (``fn`` a module's function: it is pickled by name)."""
+        if self._broken is not None:
+            raise BrokenProcessPool(self._broken)
+        if self._closed:
+            raise RuntimeError("submit to a closed pool")
+        call_id = self._next
+        if call_id - _SLOTS in self._calls:
+            raise RuntimeError(f"more than {_SLOTS} calls in flight")
+        self._next += 1
+        payload = pickle.dumps((fn, arg), protocol=pickle.HIGHEST_PROTOCOL)
+        self._shared.slots[call_id % _SLOTS] = call_id * 4 + _QUEUED  # (before its message)
+        call = self._calls[call_id] = Call(self, call_id)
+        with self._lock:
+            self._outbox.append(memoryview(_HEADER.pack(call_id, len(payload))))
+            self._outbox.append(memoryview(payload))
+            self._flush()
+            self._read()
+        return call
+
+    def _flush(self) -> None:
+        """Write what the task pipe takes now."""
+        box = self._outbox
+        while box:
+            try:
+                n = os.write(self._shared.tasks_w, box[0])
+            except BlockingIOError:
+                return
+            if n == len(box[0]):
+                box.popleft()
+            else:
+                box[0] = box[0][n:]
+
+    def _read(self) -> None:
+        """Read the results the result pipe holds now, and answer their calls."""
+        while True:
+            try:
+                n = os.readv(self._shared.results_r, [self._chunk])
+            except BlockingIOError:
+                break
+            if not n:
+                break
+            self._inbox += self._chunk[:n]
+        inbox, at = self._inbox, 0
+        while len(inbox) - at >= _HEADER.size:
+            call_id, n = _HEADER.unpack_from(inbox, at)
+            end = at + _HEADER.size + n
+            if len(inbox) < end:
+                break
+            with memoryview(inbox) as view:
+                value = pickle.loads(view[at + _HEADER.size:end])
+            call = self._calls.pop(call_id, None)
+            if call is not None:
+                call._set(value)
+            at = end
+        if at:
+            del inbox[:at]
+
+    def _pump(self, timeout: float) -> None:
+        """Hand over what waits in the outbox and take in results, waiting up to
+        ``timeout`` seconds for one when none is there."""
+        if timeout > 0:
+            want = select.POLLIN
+            poll = select.poll()
+            poll.register(self._shared.results_r, select.POLLIN)
+            if self._outbox:
+                poll.register(self._shared.tasks_w, select.POLLOUT)
+                want |= select.POLLOUT
+            poll.poll(timeout * 1000)
+        with self._lock:
+            self._flush()
+            self._read()
+
+    def _wait_for(self, call: Call, timeout: float | None) -> None:
+        """Until ``call`` is answered; FutureTimeout after ``timeout`` seconds; the pool
+        broken (BrokenProcessPool) if a worker process dies meanwhile."""
+        end = None if timeout is None else time.monotonic() + timeout
+        checked = time.monotonic()
+        while call._value is None:
+            if self._broken is not None:
+                raise BrokenProcessPool(self._broken)
+            now = time.monotonic()
+            left = _CHECK_S if end is None else min(_CHECK_S, end - now)
+            if left <= 0:
+                raise FutureTimeout()
+            self._pump(left)
+            if call._value is not None or time.monotonic() - checked < _CHECK_S:
+                continue
+            checked = time.monotonic()
+            if any(p.exitcode not in (None, 0) for p in self.processes):
+                self._pump(0.0)  # (what it sent before it died)
+                if call._value is None:
+                    self.condemn("a worker process died (killed or crashed) while the "
+                                 "pipeline waited on it")
+
+    def condemn(self, why: str) -> None:
+        """Mark the pool broken and end its workers: every call not answered fails."""
+        self._broken = why
+        for p in self.processes:
+            if p.exitcode is None:
+                p.kill()
+        for p in self.processes:
+            p.join(10)
+        for call in list(self._calls.values()):
+            call._set((False, BrokenProcessPool(why)))
+        self._calls.clear()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        with self._lock:
+            for fd in (self._shared.tasks_w, self._shared.results_r):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._shared.tasks_w = self._shared.results_r = -1
+
+    def close(self, wait: bool = True) -> None:
+        """End the workers once they have run every call not taken back. ``wait=False``:
+        a thread of this process hands over the rest and reads the results (answering
+        the calls), and closes the pipes when the workers have exited."""
+        if self._closed or self._broken is not None:
+            return
+        self._closed = True
+        with self._lock:
+            for _ in self.processes:
+                self._outbox.append(memoryview(_HEADER.pack(_STOP, 0)))
+        if wait:
+            self._finish()
+        else:
+            threading.Thread(target=self._finish, daemon=True,
+                             name="dupalign-pool-closer").start()
+
+    def _finish(self) -> None:
+        while any(p.is_alive() for p in self.processes):
+            self._pump(0.05)
+        self._pump(0.0)
+        for p in self.processes:
+            p.join()
+        for call in list(self._calls.values()):  # (none, unless a worker died)
+            call._set((False, BrokenProcessPool("the pool ended before answering")))
+        self._calls.clear()
+        self._close_pipes()
