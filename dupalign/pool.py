@@ -10,8 +10,10 @@ its next call submitted but not handed over, and a worker spent ~8 % of its time
 writing a result).
 
 Here the calling thread writes each call into the task pipe itself, at submit (never
-blocking: what does not fit waits in an outbox, written at its next call into the pool),
-and reads results itself when it asks whether a call is done or waits for one. A worker
+blocking: what does not fit waits in an outbox, written at its next call into the pool;
+a call larger than 32 KB, a chunk of HTML pages, goes into a file in memory and its
+message only names it, so the pipe does not fill), and reads results itself when it asks
+whether a call is done or waits for one. A worker
 reads every call as soon as it is free, and hands its results to a thread of its own that
 writes them, so it never waits for the calling process. Every call submitted stays
 cancellable until a worker starts it: a slot per call in shared memory, claimed under a
@@ -32,6 +34,7 @@ import pickle
 import queue
 import select
 import struct
+import tempfile
 import threading
 import time
 from collections import deque
@@ -40,12 +43,20 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-_HEADER = struct.Struct("<qq")  # a message: (call id, payload bytes), then the payload
+from dupalign.owned_dir import OwnedTempDir
+
+_HEADER = struct.Struct("<qq")  # a message: (call id, payload bytes), then the payload;
+# -bytes: the payload is in the file named by the call id in the pool's spill directory
 _STOP = -1  # the call id that ends a worker
 _QUEUED, _RUNNING, _TAKEN = 0, 1, 2  # a slot holds id * 4 + state (ids of older calls
 # that used the slot do not match: their messages may still be in the pipe)
 _SLOTS = 1 << 12  # calls in flight at most (the pipeline has ~2 * depth)
 _PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ
+# A call larger than this goes through a file (in memory: /dev/shm) and its message only
+# names it: a few HTML pages fill a pipe, and the rest would wait in the outbox while the
+# calling thread works (the pool idle meanwhile: most of its idle time, from HTML)
+_SPILL_BYTES = 32 << 10
+SPILL_PREFIX = "dupalign-pool-calls-"
 _F_SETPIPE_SZ = 1031
 _CHECK_S = 0.5  # how often a wait checks that the workers live
 
@@ -74,10 +85,17 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-class _Shared:
-    """What the calling process and its workers share: the pipes, the slots, the locks."""
+def _spill_parent() -> str:
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
 
-    def __init__(self, ctx: Any) -> None:
+
+class _Shared:
+    """What the calling process and its workers share: the pipes, the slots, the locks,
+    the directory of the calls too large for the pipe."""
+
+    def __init__(self, ctx: Any, spill: str) -> None:
+        self.spill = spill
         self.tasks_r, self.tasks_w = _pipe()
         self.results_r, self.results_w = _pipe()
         self.slots = ctx.RawArray(ctypes.c_int64, _SLOTS)
@@ -116,14 +134,21 @@ def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: t
             try:
                 with shared.reading:
                     call_id, n = _HEADER.unpack(_read_exact(shared.tasks_r, _HEADER.size))
-                    payload = _read_exact(shared.tasks_r, n)
+                    payload = _read_exact(shared.tasks_r, n) if n >= 0 else b""
             except EOFError:  # the calling process is gone (killed): nothing to answer
                 break
             if call_id == _STOP:
                 break
-            if not shared.take(call_id, _RUNNING):
-                continue  # taken back by the caller
+            mine = shared.take(call_id, _RUNNING)
             try:
+                if n < 0:
+                    spilled = os.path.join(shared.spill, str(call_id))
+                    if mine:
+                        with open(spilled, "rb") as fh:
+                            payload = fh.read()
+                    os.unlink(spilled)
+                if not mine:
+                    continue  # taken back by the caller
                 fn, arg = pickle.loads(payload)
                 result: tuple[bool, Any] = (True, fn(arg))
             except BaseException as exc:  # the caller gets it, as from any executor
@@ -189,7 +214,8 @@ class ProcessPool:
     def __init__(self, workers: int, initializer: Callable[..., None] | None = None,
                  initargs: tuple[Any, ...] = ()) -> None:
         ctx = multiprocessing.get_context("fork")
-        self._shared = _Shared(ctx)
+        self._spill = OwnedTempDir(SPILL_PREFIX, _spill_parent())
+        self._shared = _Shared(ctx, str(self._spill.path))
         self.processes = [ctx.Process(target=_serve, args=(self._shared, initializer, initargs),
                                       daemon=True, name=f"dupalign-pool-{x}")
                           for x in range(workers)]
@@ -225,9 +251,18 @@ class ProcessPool:
         payload = pickle.dumps((fn, arg), protocol=pickle.HIGHEST_PROTOCOL)
         self._shared.slots[call_id % _SLOTS] = call_id * 4 + _QUEUED  # (before its message)
         call = self._calls[call_id] = Call(self, call_id)
+        message = [_HEADER.pack(call_id, len(payload)), payload]
+        if len(payload) > _SPILL_BYTES:
+            spilled = os.path.join(self._shared.spill, str(call_id))
+            try:
+                with open(spilled, "wb") as fh:
+                    fh.write(payload)
+                message = [_HEADER.pack(call_id, -len(payload))]
+            except OSError:  # (a full /dev/shm, say: through the pipe then)
+                with contextlib.suppress(OSError):
+                    os.unlink(spilled)
         with self._lock:
-            self._outbox.append(memoryview(_HEADER.pack(call_id, len(payload))))
-            self._outbox.append(memoryview(payload))
+            self._outbox.extend(memoryview(part) for part in message)
             self._flush()
             self._read()
         return call
@@ -254,7 +289,7 @@ class ProcessPool:
                 break
             if not n:
                 break
-            self._inbox += self._chunk[:n]
+            self._inbox += memoryview(self._chunk)[:n]
         inbox, at = self._inbox, 0
         while len(inbox) - at >= _HEADER.size:
             call_id, n = _HEADER.unpack_from(inbox, at)
@@ -318,14 +353,16 @@ class ProcessPool:
         for call in list(self._calls.values()):
             call._set((False, BrokenProcessPool(why)))
         self._calls.clear()
-        self._close_pipes()
+        self._release()
 
-    def _close_pipes(self) -> None:
+    def _release(self) -> None:
+        """Close the pipes and remove the spill directory (the workers have exited)."""
         with self._lock:
             for fd in (self._shared.tasks_w, self._shared.results_r):
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._shared.tasks_w = self._shared.results_r = -1
+        self._spill.remove()
 
     def close(self, wait: bool = True) -> None:
         """End the workers once they have run every call not taken back. ``wait=False``:
@@ -352,4 +389,4 @@ class ProcessPool:
         for call in list(self._calls.values()):  # (none, unless a worker died)
             call._set((False, BrokenProcessPool("the pool ended before answering")))
         self._calls.clear()
-        self._close_pipes()
+        self._release()

@@ -30,6 +30,10 @@ def big(n: int) -> bytes:
     return bytes([n % 256]) * (n * 1000)
 
 
+def length(data: bytes) -> int:
+    return len(data)
+
+
 def fail(message: str) -> None:
     raise ValueError(message)
 
@@ -67,6 +71,16 @@ def test_every_call_not_taken_back_runs_once_and_is_answered(tmp_path: Path, wor
         calls = [(x, pool.submit(record_and_square, (where, x))) for x in range(300)]
         cancelled = {x for x, call in calls if rng.random() < 0.3 and call.cancel()}
         bigs = [(n, pool.submit(big, n)) for n in (1500, 3000, 700)]  # 1.5, 3, 0.7 MB
+        # calls larger than a pipe go through files: some taken back, all the others run
+        large = [(n, pool.submit(length, b"x" * n)) for n in range(100_000, 3_000_000, 97_000)]
+        large_cancelled = {n for n, call in large[::3] if call.cancel()}
+        for n, call in large:
+            assert call.result(timeout=60) == n if n not in large_cancelled else call.done()
+        spill = Path(pool._shared.spill)
+        deadline = time.monotonic() + 10  # (a worker that skipped a file may unlink it late)
+        while len(list(spill.iterdir())) > 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [p.name for p in spill.iterdir()] == ["owner.lock"], "every call file read"
         for x, call in calls:
             if x in cancelled:
                 assert call.done() and call.cancel()  # (taken back: stays so)
@@ -76,6 +90,7 @@ def test_every_call_not_taken_back_runs_once_and_is_answered(tmp_path: Path, wor
             assert call.result(timeout=60) == bytes([n % 256]) * (n * 1000)
     finally:
         pool.close()
+    assert not spill.exists()
     ran = [int(x) for x in Path(where).read_text().split()]
     assert sorted(ran) == sorted(set(range(300)) - cancelled)
     assert cancelled, "some calls were taken back before a worker started them"
