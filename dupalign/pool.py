@@ -308,15 +308,17 @@ class ProcessPool:
     def _pump(self, timeout: float) -> None:
         """Hand over what waits in the outbox and take in results, waiting up to
         ``timeout`` seconds for one when none is there."""
-        if timeout > 0:
-            want = select.POLLIN
+        results, tasks = self._shared.results_r, self._shared.tasks_w
+        if timeout > 0 and results >= 0:
             poll = select.poll()
-            poll.register(self._shared.results_r, select.POLLIN)
-            if self._outbox:
-                poll.register(self._shared.tasks_w, select.POLLOUT)
-                want |= select.POLLOUT
+            with contextlib.suppress(ValueError):  # (-1: released meanwhile; see below)
+                poll.register(results, select.POLLIN)
+                if self._outbox:
+                    poll.register(tasks, select.POLLOUT)
             poll.poll(timeout * 1000)
         with self._lock:
+            if self._shared.results_r < 0:  # released by the closer thread: all answered
+                return
             self._flush()
             self._read()
 
