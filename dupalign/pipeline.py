@@ -28,10 +28,8 @@ restarted with the new table so that this stays rare.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
@@ -90,19 +88,6 @@ def _init_worker(config: EngineConfig, idf: IdfTable, store: Store | tuple[str, 
     """``store``: the store itself (threads), or its path and parameters (processes: each
     opens a secondary instance when it first aligns)."""
     _local.config, _local.idf, _local.store = config, idf, store
-    parent = multiprocessing.parent_process()
-    if parent is not None:  # a pool process: it must not outlive its parent
-        threading.Thread(target=_exit_with_parent, args=(parent.pid,), daemon=True,
-                         name="dupalign-parent-watch").start()
-
-
-def _exit_with_parent(parent_pid: int | None) -> None:
-    """End this pool process once its parent is gone. A parent killed by SIGKILL (or the
-    OOM killer) cannot shut its pool down, and the orphans would keep their memory and
-    their secondary instances of the store open forever."""
-    while os.getppid() == parent_pid:
-        time.sleep(0.5)
-    os._exit(1)
 
 
 def _stage(name: str) -> Any:

@@ -19,6 +19,9 @@ writes them, so it never waits for the calling process. Every call submitted sta
 cancellable until a worker starts it: a slot per call in shared memory, claimed under a
 lock by the worker that runs it or by the caller that takes it back (``Call.cancel``).
 
+A worker ends when the calling process is gone, killed too (SIGKILL, the OOM killer):
+it reads the end of the task pipe once the call it runs is done.
+
 Only the thread that submits may use a pool's calls (``done``, ``cancel``, ``result``);
 ``close(wait=False)`` leaves a thread that delivers the rest of the calls and results.
 """
@@ -124,7 +127,7 @@ def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: t
 
     def send() -> None:  # (blocks on a full pipe without holding up the calls)
         while (data := out.get()) is not None:
-            with shared.writing:
+            with shared.writing, contextlib.suppress(BrokenPipeError):  # (caller gone)
                 _write_all(shared.results_w, data)
 
     sender = threading.Thread(target=send, name="dupalign-pool-results")
