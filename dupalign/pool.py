@@ -4,20 +4,19 @@ CPython's ProcessPoolExecutor hands a call to its processes with a feeder thread
 takes results back with a manager thread, both in the calling process and both needing
 its GIL. The pipeline's calling thread holds the GIL for milliseconds at a time (it
 indexes, and does pool work itself: an HTML parse holds it throughout), so calls waited
-in the executor and results in a full pipe while the pool's process sat idle (by the
-pipeline's timeline, ``tests/bench/pool_timeline.py``, most of its idle time began with
-its next call submitted but not handed over, and a worker spent ~8 % of its time blocked
-writing a result).
+in the executor, and results in a full pipe, while the pool's process sat idle
+(``tests/bench/pool_timeline.py``).
 
-Here the calling thread writes each call into the task pipe itself, at submit (never
-blocking: what does not fit waits in an outbox, written at its next call into the pool;
-a call larger than 32 KB, a chunk of HTML pages, goes into a file in memory and its
-message only names it, so the pipe does not fill), and reads results itself when it asks
-whether a call is done or waits for one. A worker
-reads every call as soon as it is free, and hands its results to a thread of its own that
-writes them, so it never waits for the calling process. Every call submitted stays
-cancellable until a worker starts it: a slot per call in shared memory, claimed under a
-lock by the worker that runs it or by the caller that takes it back (``Call.cancel``).
+Here the calling thread writes each call into the task pipe itself, at submit, and reads
+the results itself when it asks whether a call is done or waits for one. A call larger
+than 32 KB (a chunk of HTML pages) goes into a file in memory (/dev/shm) that its message
+names, so the pipe does not fill while the calling thread is busy (what does not fit
+waits in an outbox, written at its next call into the pool); a worker does the same with
+every result larger than PIPE_BUF, so its messages are written whole at once and it never
+waits for the calling process. A worker reads the next call as soon as it is free. Every
+call submitted stays cancellable until a worker starts it: a slot per call in shared
+memory, claimed under a lock by the worker that runs it or by the caller that takes it
+back (``Call.cancel``).
 
 A worker ends when the calling process is gone, killed too (SIGKILL, the OOM killer):
 it reads the end of the task pipe once the call it runs is done.
@@ -34,7 +33,6 @@ import fcntl
 import multiprocessing
 import os
 import pickle
-import queue
 import select
 import struct
 import tempfile
@@ -60,6 +58,7 @@ _PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ
 # calling thread works (the pool idle meanwhile: most of its idle time, from HTML)
 _SPILL_BYTES = 32 << 10
 SPILL_PREFIX = "dupalign-pool-calls-"
+_INLINE_RESULT = select.PIPE_BUF - _HEADER.size  # a result message is written whole
 _F_SETPIPE_SZ = 1031
 _CHECK_S = 0.5  # how often a wait checks that the workers live
 
@@ -93,6 +92,32 @@ def _spill_parent() -> str:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
 
 
+def _message(spill: str, name: str, call_id: int, data: bytes, inline: int) -> list[bytes]:
+    """The message of ``data``: inline, or, above ``inline`` bytes, in the file ``name`` of
+    the directory ``spill`` (the pipe's, if the file cannot be written: a full /dev/shm)."""
+    if len(data) > inline:
+        path = os.path.join(spill, name)
+        try:
+            with open(path, "wb") as fh:
+                fh.write(data)
+            return [_HEADER.pack(call_id, -len(data))]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return [_HEADER.pack(call_id, len(data)), data]
+
+
+def _unspill(spill: str, name: str, keep: bool = True) -> bytes:
+    """The data of a message in a file, which is removed (read only if ``keep``)."""
+    path = os.path.join(spill, name)
+    data = b""
+    if keep:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    os.unlink(path)
+    return data
+
+
 class _Shared:
     """What the calling process and its workers share: the pipes, the slots, the locks,
     the directory of the calls too large for the pipe."""
@@ -123,48 +148,39 @@ def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: t
     os.close(shared.results_r)
     if initializer is not None:
         initializer(*initargs)
-    out: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-
-    def send() -> None:  # (blocks on a full pipe without holding up the calls)
-        while (data := out.get()) is not None:
-            with shared.writing, contextlib.suppress(BrokenPipeError):  # (caller gone)
-                _write_all(shared.results_w, data)
-
-    sender = threading.Thread(target=send, name="dupalign-pool-results")
-    sender.start()
-    try:
-        while True:
+    while True:
+        try:
+            with shared.reading:
+                call_id, n = _HEADER.unpack(_read_exact(shared.tasks_r, _HEADER.size))
+                payload = _read_exact(shared.tasks_r, n) if n >= 0 else b""
+        except EOFError:  # the calling process is gone (killed): nothing to answer
+            return
+        if call_id == _STOP:
+            return
+        mine = shared.take(call_id, _RUNNING)
+        try:
+            if n < 0:
+                payload = _unspill(shared.spill, f"c{call_id}", keep=mine)
+            if not mine:
+                continue  # taken back by the caller
+            fn, arg = pickle.loads(payload)
+            result: tuple[bool, Any] = (True, fn(arg))
+        except BaseException as exc:  # the caller gets it, as from any executor
+            result = (False, exc)
+        try:
+            data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            data = pickle.dumps((False, RuntimeError(
+                f"the pool could not send a result back: {exc!r}")))
+        # a message of at most PIPE_BUF bytes is written whole at once, and one that big
+        # waits on a full pipe only if the caller has not read thousands of them: the
+        # worker never waits for the calling process (a larger result goes into a file)
+        message = _message(shared.spill, f"r{call_id}", call_id, data, _INLINE_RESULT)
+        with shared.writing:
             try:
-                with shared.reading:
-                    call_id, n = _HEADER.unpack(_read_exact(shared.tasks_r, _HEADER.size))
-                    payload = _read_exact(shared.tasks_r, n) if n >= 0 else b""
-            except EOFError:  # the calling process is gone (killed): nothing to answer
-                break
-            if call_id == _STOP:
-                break
-            mine = shared.take(call_id, _RUNNING)
-            try:
-                if n < 0:
-                    spilled = os.path.join(shared.spill, str(call_id))
-                    if mine:
-                        with open(spilled, "rb") as fh:
-                            payload = fh.read()
-                    os.unlink(spilled)
-                if not mine:
-                    continue  # taken back by the caller
-                fn, arg = pickle.loads(payload)
-                result: tuple[bool, Any] = (True, fn(arg))
-            except BaseException as exc:  # the caller gets it, as from any executor
-                result = (False, exc)
-            try:
-                data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
-            except Exception as exc:
-                data = pickle.dumps((False, RuntimeError(
-                    f"the pool could not send a result back: {exc!r}")))
-            out.put(_HEADER.pack(call_id, len(data)) + data)
-    finally:
-        out.put(None)
-        sender.join()
+                _write_all(shared.results_w, b"".join(message))
+            except BrokenPipeError:  # the calling process is gone
+                return
 
 
 class Call:
@@ -254,16 +270,7 @@ class ProcessPool:
         payload = pickle.dumps((fn, arg), protocol=pickle.HIGHEST_PROTOCOL)
         self._shared.slots[call_id % _SLOTS] = call_id * 4 + _QUEUED  # (before its message)
         call = self._calls[call_id] = Call(self, call_id)
-        message = [_HEADER.pack(call_id, len(payload)), payload]
-        if len(payload) > _SPILL_BYTES:
-            spilled = os.path.join(self._shared.spill, str(call_id))
-            try:
-                with open(spilled, "wb") as fh:
-                    fh.write(payload)
-                message = [_HEADER.pack(call_id, -len(payload))]
-            except OSError:  # (a full /dev/shm, say: through the pipe then)
-                with contextlib.suppress(OSError):
-                    os.unlink(spilled)
+        message = _message(self._shared.spill, f"c{call_id}", call_id, payload, _SPILL_BYTES)
         with self._lock:
             self._outbox.extend(memoryview(part) for part in message)
             self._flush()
@@ -296,11 +303,14 @@ class ProcessPool:
         inbox, at = self._inbox, 0
         while len(inbox) - at >= _HEADER.size:
             call_id, n = _HEADER.unpack_from(inbox, at)
-            end = at + _HEADER.size + n
+            end = at + _HEADER.size + max(n, 0)
             if len(inbox) < end:
                 break
-            with memoryview(inbox) as view:
-                value = pickle.loads(view[at + _HEADER.size:end])
+            if n < 0:  # (in a file)
+                value = pickle.loads(_unspill(self._shared.spill, f"r{call_id}"))
+            else:
+                with memoryview(inbox) as view:
+                    value = pickle.loads(view[at + _HEADER.size:end])
             call = self._calls.pop(call_id, None)
             if call is not None:
                 call._set(value)
