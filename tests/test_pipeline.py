@@ -524,6 +524,7 @@ with Engine.open(sys.argv[1]) as engine:  # (all the work in the pool: none take
         pass
     print("aligned", flush=True)
     if sys.argv[2] == "wait":
+        print(engine._pool.executor._shared.spill, flush=True)  # its large calls' files
         sys.stdin.read()  # until killed
 """
 
@@ -531,9 +532,9 @@ with Engine.open(sys.argv[1]) as engine:  # (all the work in the pool: none take
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_secondary_files_of_a_killed_pool_are_removed_by_the_next_pool(tmp_path: Path) -> None:
     """Each pool process keeps its secondary instance's files in a temporary directory,
-    removed when the pool ends. Killed (SIGKILL, the OOM killer), its processes could not
-    remove them, and every restart left more; now the next pool process removes the
-    directories whose process is gone."""
+    and the pool its large calls' files in another (in /dev/shm), removed when the pool
+    ends. Killed (SIGKILL, the OOM killer), its processes could not remove them, and every
+    restart left more; now the next pool removes the directories whose process is gone."""
     import os
     import signal
     import subprocess
@@ -550,9 +551,10 @@ def test_secondary_files_of_a_killed_pool_are_removed_by_the_next_pool(tmp_path:
                             cwd=repo, env=env)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "aligned"
+        spill = Path(proc.stdout.readline().strip())
         children = _children(proc.pid)
-        left = sorted(tmp.glob(SECONDARY_PREFIX + "*"))
-        assert left, "the pool processes aligned, each on its own secondary instance"
+        left = [*sorted(tmp.glob(SECONDARY_PREFIX + "*")), spill]
+        assert len(left) > 1, "the pool processes aligned, each on its own secondary instance"
     finally:  # all of them at once (a container's OOM kill): none can clean up
         for child in children:
             os.kill(child, signal.SIGKILL)

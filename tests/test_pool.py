@@ -169,3 +169,16 @@ def test_closed_without_waiting_the_pool_still_answers_its_calls() -> None:
     while any(p.exitcode is None for p in pool.processes) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert all(p.exitcode == 0 for p in pool.processes)
+
+
+def test_a_call_that_cannot_go_into_a_file_goes_through_the_pipe(tmp_path: Path) -> None:
+    """A full /dev/shm (a container's 64 MB, say): the message carries the data itself."""
+    from dupalign.pool import _HEADER, _message, _unspill
+
+    data = b"x" * 100_000
+    full = _message(str(tmp_path / "missing"), "c1", 1, data, 1000)  # cannot be written
+    assert full == [_HEADER.pack(1, len(data)), data]
+    spilled = _message(str(tmp_path), "c2", 2, data, 1000)
+    assert spilled == [_HEADER.pack(2, -len(data))]
+    assert _unspill(str(tmp_path), "c2") == data and not (tmp_path / "c2").exists()
+    assert _message(str(tmp_path), "c3", 3, b"small", 1000) == [_HEADER.pack(3, 5), b"small"]
