@@ -553,8 +553,9 @@ def test_secondary_files_of_a_killed_pool_are_removed_by_the_next_pool(tmp_path:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "aligned"
         spill = Path(proc.stdout.readline().strip())
         children = _children(proc.pid)
-        left = [*sorted(tmp.glob(SECONDARY_PREFIX + "*")), spill]
-        assert len(left) > 1, "the pool processes aligned, each on its own secondary instance"
+        left = sorted(tmp.glob(SECONDARY_PREFIX + "*"))
+        assert left, "the pool processes aligned, each on its own secondary instance"
+        assert spill.is_dir()
     finally:  # all of them at once (a container's OOM kill): none can clean up
         for child in children:
             os.kill(child, signal.SIGKILL)
@@ -565,7 +566,8 @@ def test_secondary_files_of_a_killed_pool_are_removed_by_the_next_pool(tmp_path:
                             "exit"], capture_output=True, text=True, timeout=120, cwd=repo,
                            env=env)
     assert again.returncode == 0 and again.stdout.split() == ["aligned"], again.stderr[-3000:]
-    assert not any(p.exists() for p in left)
+    # (in /dev/shm, shared with other tests: their pools may remove it first)
+    assert not any(p.exists() for p in [*left, spill])
     assert not list(tmp.glob(SECONDARY_PREFIX + "*")), "its own are removed at its end"
 
 
