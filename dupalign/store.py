@@ -238,6 +238,10 @@ class Store:
         opts = _options()
         if self.secondary:  # keeps every table file open: the writer may delete them
             opts.set_max_open_files(-1)
+            # a catch-up opens the writer's new table files on threads it starts and joins
+            # each time (16 by default), which took longer than opening the files: one
+            # here, the reading thread itself
+            opts.set_max_file_opening_threads(1)
         if read_only:
             if (missing := missing_store(self.path)) is not None:
                 raise StoreUnavailable(missing)
