@@ -354,10 +354,10 @@ class ProcessPool:
             if any(p.exitcode not in (None, 0) for p in self.processes):
                 self._pump(0.0)  # (what it sent before it died)
                 if call._value is None:
-                    self.condemn("a worker process died (killed or crashed) while the "
+                    self._condemn("a worker process died (killed or crashed) while the "
                                  "pipeline waited on it")
 
-    def condemn(self, why: str) -> None:
+    def _condemn(self, why: str) -> None:
         """Mark the pool broken and end its workers: every call not answered fails."""
         self._broken = why
         for p in self.processes:
@@ -365,13 +365,14 @@ class ProcessPool:
                 p.kill()
         for p in self.processes:
             p.join(10)
+        self._release(why)
+
+    def _release(self, why: str) -> None:
+        """Fail the calls still unanswered with ``why``, close the pipes and remove the
+        spill directory (the workers have exited)."""
         for call in list(self._calls.values()):
             call._set((False, BrokenProcessPool(why)))
         self._calls.clear()
-        self._release()
-
-    def _release(self) -> None:
-        """Close the pipes and remove the spill directory (the workers have exited)."""
         with self._lock:
             for fd in (self._shared.tasks_w, self._shared.results_r):
                 with contextlib.suppress(OSError):
@@ -401,7 +402,4 @@ class ProcessPool:
         self._pump(0.0)
         for p in self.processes:
             p.join()
-        for call in list(self._calls.values()):  # (none, unless a worker died)
-            call._set((False, BrokenProcessPool("the pool ended before answering")))
-        self._calls.clear()
-        self._release()
+        self._release("the pool ended before answering")  # (none left, unless one died)

@@ -8,6 +8,7 @@ import signal
 import time
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -66,8 +67,7 @@ def test_every_call_not_taken_back_runs_once_and_is_answered(tmp_path: Path, wor
     exactly once and gets its own result (results larger than the pipes included)."""
     rng = random.Random(workers)
     where = str(tmp_path / "ran")
-    pool = ProcessPool(workers)
-    try:
+    with closing(ProcessPool(workers)) as pool:
         calls = [(x, pool.submit(record_and_square, (where, x))) for x in range(300)]
         cancelled = {x for x, call in calls if rng.random() < 0.3 and call.cancel()}
         bigs = [(n, pool.submit(big, n)) for n in (1500, 3000, 700)]  # 1.5, 3, 0.7 MB
@@ -88,8 +88,6 @@ def test_every_call_not_taken_back_runs_once_and_is_answered(tmp_path: Path, wor
                 assert call.result(timeout=60) == x * x
         for n, call in bigs:
             assert call.result(timeout=60) == bytes([n % 256]) * (n * 1000)
-    finally:
-        pool.close()
     assert not spill.exists()
     ran = [int(x) for x in Path(where).read_text().split()]
     assert sorted(ran) == sorted(set(range(300)) - cancelled)
@@ -97,8 +95,7 @@ def test_every_call_not_taken_back_runs_once_and_is_answered(tmp_path: Path, wor
 
 
 def test_a_call_started_cannot_be_taken_back() -> None:
-    pool = ProcessPool(1)
-    try:
+    with closing(ProcessPool(1)) as pool:
         running = pool.submit(sleep_then, (0.5, 7))
         deadline = time.monotonic() + 10
         while not running.done() and time.monotonic() < deadline:
@@ -107,43 +104,31 @@ def test_a_call_started_cannot_be_taken_back() -> None:
                 break
         assert not running.cancel()
         assert running.result(timeout=10) == 7
-    finally:
-        pool.close()
 
 
 def test_an_exception_is_the_callers_and_the_pool_goes_on() -> None:
-    pool = ProcessPool(2)
-    try:
+    with closing(ProcessPool(2)) as pool:
         failed = pool.submit(fail, "page 7 is bad")
         with pytest.raises(ValueError, match="page 7 is bad"):
             failed.result(timeout=10)
         assert pool.submit(square, 9).result(timeout=10) == 81
-    finally:
-        pool.close()
 
 
 def test_a_wait_times_out_without_losing_the_call() -> None:
-    pool = ProcessPool(1)
-    try:
+    with closing(ProcessPool(1)) as pool:
         slow = pool.submit(sleep_then, (1.0, 3))
         with pytest.raises(FutureTimeout):
             slow.result(timeout=0.1)
         assert slow.result(timeout=10) == 3
-    finally:
-        pool.close()
 
 
 def test_each_worker_runs_the_initializer() -> None:
-    pool = ProcessPool(2, initializer=_remember, initargs=(42,))
-    try:
+    with closing(ProcessPool(2, initializer=_remember, initargs=(42,))) as pool:
         assert {pool.submit(worker_state, None).result(timeout=10) for _ in range(8)} == {42}
-    finally:
-        pool.close()
 
 
 def test_a_worker_killed_breaks_the_pool_and_fails_the_calls_in_flight() -> None:
-    pool = ProcessPool(2)
-    try:
+    with closing(ProcessPool(2)) as pool:
         waiting = pool.submit(sleep_then, (30.0, 1))
         dying = pool.submit(die, None)
         with pytest.raises(BrokenProcessPool):
@@ -153,8 +138,6 @@ def test_a_worker_killed_breaks_the_pool_and_fails_the_calls_in_flight() -> None
             waiting.result(timeout=1)
         with pytest.raises(BrokenProcessPool):
             pool.submit(square, 2)
-    finally:
-        pool.close()
     assert all(p.exitcode is not None for p in pool.processes)
 
 
