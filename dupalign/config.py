@@ -171,10 +171,11 @@ class CacheConfig:
 # with: a store that did not record one was built with this value.
 # (Stores before format 5 did not freeze max_list; 256 was the default.)
 IMPLIED_PARAMS = {"near_shingle": 3, "passage_max_list": 256}
-# Older values of frozen parameters that a store can be upgraded from in place (none
-# now: format 6 moved every window out of the inverted lists into forward records, and
-# older stores are refused with a message saying how to rebuild them).
-PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {}
+# Older values of frozen parameters that a store can be upgraded from in place: format 6
+# (its replay values only lack the reading, and answer any). Older formats are refused with
+# a message saying how to rebuild them (format 6 moved every window out of the inverted
+# lists into forward records).
+PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (6,)}
 
 
 @dataclass(frozen=True)
@@ -267,7 +268,9 @@ class EngineConfig:
 #    windows (family ``forward``), no ``oph_empty``; the forward record names every list
 #    that holds the page and its docs record keeps its replay key, so that a page can be
 #    removed (revisits, deletes, retention)
-STORE_FORMAT = 6
+# 7: a replay value is the ordinal and how the page was read (dupalign.text.reading): a
+#    format 6 reader would take such a page for removed and index it again
+STORE_FORMAT = 7
 # frozen parameter (as recorded in the store) -> (config section or None, field)
 FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
     "seed": (None, "seed"),

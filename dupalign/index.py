@@ -253,6 +253,14 @@ class Query:
         return None if self.original is not None else self.sk.passage
 
 
+def _read_alike(replay_value: bytes, sk: PageSketch) -> bool:
+    """Whether the stored page that ``replay_value`` names was read into text as ``sk``'s
+    page is: the same id and body with another type or charset is another text, a new
+    version (a replay would answer it with the old text's matches and never index it).
+    Values of stores written before say nothing after the ordinal, and answer any."""
+    return len(replay_value) == 8 or replay_value[8:] == sk.read_as.encode("utf-8")
+
+
 # The ordinal after the last one ever given: an ordinal is never given twice, even when
 # the newest pages were removed (read back from the last "docs" key, a reopened store
 # would give their ordinals again, and a copy that replays the same records without the
@@ -309,7 +317,8 @@ class Indexer:
         result = IndexResult(sk.id, source, times=times)
         if sk.replay_key is not None:
             seen = self.store.get("replay", sk.replay_key)
-            if seen is not None and self.store.get("docs", seen) is not None:  # not removed
+            if (seen is not None and _read_alike(seen, sk)
+                    and self.store.get("docs", seen[:8]) is not None):  # not removed
                 result.replay_of = read_u64(seen)
                 return self._maybe_done(result)
         if sk.deleted:
@@ -421,7 +430,7 @@ class Indexer:
         }
         batch.put("docs", u64(ordinal), msgpack.packb(record))
         batch.put("ids", sk.id.encode("utf-8"), u64(ordinal))
-        batch.put("replay", sk.replay_key, u64(ordinal))
+        batch.put("replay", sk.replay_key, u64(ordinal) + sk.read_as.encode("utf-8"))
         batch.put("exact", sk.content_hash + u64(ordinal), b"")
         batch.put("meta", NEXT_ORDINAL, u64(ordinal + 1))
         if matches is not None:

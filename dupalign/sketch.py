@@ -27,7 +27,7 @@ from dupalign.idf import IdfTable
 from dupalign.near import NearState, near_sketch
 from dupalign.page import Page, check_unicode
 from dupalign.passages import I64, U64, PassageIndex, PassageState, Rects
-from dupalign.text import page_text, tokenize
+from dupalign.text import page_text, reading, tokenize
 
 WIRE_VERSION = 1
 
@@ -46,6 +46,9 @@ class PageSketch:
     deleted: bool = False  # a tombstone: remove the page ``id``
     # the content hash equals the stored version's: near and passage were not sketched
     unchanged: bool = False
+    # how its body was read into text (dupalign.text.reading): the replay check answers
+    # only a page read the same way as the stored one
+    read_as: str = ""
 
     # -- between the pipeline's processes ---------------------------------------------------
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
@@ -55,12 +58,15 @@ class PageSketch:
         Unpickled, every array has its dtype again."""
         return (_unpickle, (self.id, self.url, self.fetched_at, self.replay_key, self.rejected,
                             self.n_tokens, self.content_hash, self.near,
-                            _pack_passage(self.passage), self.deleted, self.unchanged))
+                            _pack_passage(self.passage), self.deleted, self.unchanged,
+                            self.read_as))
 
     # -- wire form ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"v": WIRE_VERSION, "id": self.id, "url": self.url,
                                "fetched_at": self.fetched_at, "replay_key": self.replay_key}
+        if self.read_as:
+            out["read_as"] = self.read_as
         if self.deleted:
             out["deleted"] = True
             return out
@@ -85,7 +91,8 @@ class PageSketch:
         d = msgpack.unpackb(raw, raw=False)
         if d.get("v") != WIRE_VERSION:
             raise ValueError(f"page sketch version {d.get('v')!r}, expected {WIRE_VERSION}")
-        sk = cls(d["id"], d["url"], d["fetched_at"], d["replay_key"])
+        sk = cls(d["id"], d["url"], d["fetched_at"], d["replay_key"],
+                 read_as=d.get("read_as", ""))
         if d.get("deleted"):
             sk.deleted = True
             return sk
@@ -130,7 +137,7 @@ def _unpack_lists(packed: tuple[Any, ...] | None) -> tuple[I64, U64, I64] | None
 def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: bytes | None,
               rejected: tuple[str, str] | None, n_tokens: int, content_hash: bytes,
               near: NearState | None, passage: tuple[Any, ...] | None, deleted: bool,
-              unchanged: bool) -> PageSketch:
+              unchanged: bool, read_as: str) -> PageSketch:
     state = None
     if passage is not None and len(passage) == 1:
         state = PassageState(None, passage[0])
@@ -142,7 +149,7 @@ def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: byt
                                    rect[3], empty), n_units, positions, bounds[0], bounds[1],
                              keys, q_empty, _unpack_lists(lists), _unpack_lists(window_lists))
     return PageSketch(id_, url, fetched_at, replay_key, rejected, n_tokens, content_hash, near,
-                      state, deleted, unchanged)
+                      state, deleted, unchanged, read_as)
 
 
 class Sketcher:
@@ -165,7 +172,8 @@ class Sketcher:
             return PageSketch(page.id, None, page.fetched_at, None, (exc.reason, exc.detail))
         if page.deleted:
             return PageSketch(page.id, page.url, page.fetched_at, None, deleted=True)
-        sk = PageSketch(page.id, page.url, page.fetched_at, replay_key(page))
+        sk = PageSketch(page.id, page.url, page.fetched_at, replay_key(page),
+                        read_as=reading(page))
         try:
             text = page_text(page, cfg.text.main_content, cfg.text.max_page_bytes)
             tokens = tokenize(text, cfg.text.max_tokens)

@@ -44,7 +44,9 @@ FAMILIES = (
     # every page's matches
     "docs",  # ordinal -> doc record (msgpack)
     "ids",  # doc id -> latest ordinal
-    "replay",  # 16-byte hash of (doc id, body) -> ordinal: a page seen before
+    "replay",  # 16-byte hash of (doc id, body) -> ordinal ‖ how the body was read
+    # (dupalign.text.reading; nothing after the ordinal in stores written before): a page
+    # seen before
     "matches",  # ordinal -> the matches the page produced (msgpack), returned on replay
     "exact",  # content hash (16 B) ‖ ordinal -> b""
     "simhash",  # fingerprint ‖ ordinal -> b""

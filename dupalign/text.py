@@ -162,14 +162,25 @@ def html_to_text(html: str, main_content: bool = False) -> str:
     )
 
 
+def _main_type(page: Page) -> str:
+    return (page.content_type or "text/plain").split(";")[0].strip().lower()
+
+
+def reading(page: Page) -> str:
+    """What ``page_text`` takes of the page besides its body: read as HTML or as plain
+    text, and the charset it declares (bytes only). One body read two ways is two texts."""
+    kind = "html" if _main_type(page) in HTML_TYPES else "plain"
+    charset = _known_codec(page.encoding) if isinstance(page.body, bytes) else None
+    return f"{kind};{charset or ''}"
+
+
 def page_text(page: Page, main_content: bool = False, max_bytes: int = 1 << 30) -> str:
     """The text of a page that tokens and spans refer to."""
     size = len(page.body) if isinstance(page.body, bytes) else len(page.body.encode("utf-8"))
     if size > max_bytes:
         raise PageRejected("too_large", f"body is {size} bytes, limit is {max_bytes}")
-    ctype = (page.content_type or "text/plain").split(";")[0].strip().lower()
-    is_html = ctype in HTML_TYPES
-    if not is_html and ctype not in PLAIN_TYPES:
+    is_html = _main_type(page) in HTML_TYPES
+    if not is_html and _main_type(page) not in PLAIN_TYPES:
         raise PageRejected("unsupported_type", f"content_type {page.content_type!r}")
     text = decode_body(page.body, page.encoding, html=is_html)
     return html_to_text(text, main_content) if is_html else text

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from dupalign.config import STORE_FORMAT
 from dupalign.page import Page
 from dupalign.store import Store
 from tests.corpora import DEMO
@@ -82,7 +83,7 @@ def _store_not_writable(tmp: Path) -> list[str]:
 
 
 def _store_other_params(tmp: Path) -> list[str]:
-    Store(tmp / "s", {"format": 6, "seed": 1}).close()
+    Store(tmp / "s", {"format": STORE_FORMAT, "seed": 1}).close()
     return ["scan", str(RFC2821), "--store", "s"]
 
 
@@ -198,7 +199,8 @@ CASES = [
          "removes pages anyway"),
     Case("store of another version", _store_other_version, Exit.STORE,
          "store s has format 1, which this version of dupalign does not read (it reads "
-         "format 6 and the ones it upgrades): rebuild it by processing the pages again"),
+         f"format {STORE_FORMAT} and the ones it upgrades): rebuild it by processing the "
+         "pages again"),
     Case("stats on a store of another version", _stats_other_version, Exit.STORE,
          "store s has format 1, which this version of dupalign does not read"),
     Case("query without a store", _query_missing_store, Exit.STORE, "no store at nostore"),

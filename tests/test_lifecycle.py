@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mmh3
 import msgpack
@@ -27,7 +27,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dupalign.config import EngineConfig, NearConfig, PassageConfig, RetentionConfig
+from dupalign.config import (
+    STORE_FORMAT,
+    EngineConfig,
+    NearConfig,
+    PassageConfig,
+    RetentionConfig,
+)
 from dupalign.engine import Engine
 from dupalign.match import Match
 from dupalign.page import Page
@@ -353,6 +359,47 @@ def test_the_same_id_and_body_is_still_a_replay(engine: Engine) -> None:
     # the first body again: its version was replaced, so it is a new version, not a replay
     again = engine.process(Page("b", base + " w5 w6 w7"))
     assert again[0].revisit == "changed" and again[1:] == first
+
+
+def test_one_body_read_another_way_is_a_new_version_not_a_replay(engine: Engine) -> None:
+    """The same id and bytes with another charset (a crawler that corrects one) or type are
+    another text: indexed as a new version, not answered with the first reading's matches
+    (which would leave the first text indexed for good). Read the same way again: a replay."""
+    body = (_words(200, 6) + " café naïve façade").encode("utf-8")
+    engine.process(Page("a", body, encoding="latin-1"))  # read as "cafÃ©"
+    fixed = engine.process(Page("a", body, encoding="utf-8"))
+    assert not engine.last_report.replayed
+    assert [(m.kind, m.revisit) for m in fixed] == [("revisit", "changed")]
+    assert engine.process(Page("a", body, encoding="UTF8")) == fixed  # the same charset
+    assert engine.last_report.replayed
+    markup = f"<html><body><p>{_words(200, 7)}</p></body></html>"
+    engine.process(Page("h", markup, content_type="text/plain"))
+    as_html = engine.process(Page("h", markup, content_type="text/html; charset=utf-8"))
+    assert not engine.last_report.replayed and as_html[0].revisit == "changed"
+    # (a str body has no charset to declare; xhtml is read as HTML)
+    engine.process(Page("h", markup, content_type="application/xhtml+xml", encoding="ascii"))
+    assert engine.last_report.replayed
+
+
+def test_a_format_6_store_is_upgraded_in_place_and_its_pages_replay_as_before(
+        tmp_path: Path) -> None:
+    """Format 6 kept no reading in its replay values: such a store is read as it is,
+    upgraded when opened for writing, and its pages replay however they are read (as
+    they did), so a worker restarted on a new version still answers the pages it stored
+    but had not published."""
+    markup = f"<html><body><p>{_words(200, 8)}</p></body></html>"
+    with Engine.open(tmp_path / "s", config("oph")) as engine:
+        first = engine.process(Page("h", markup, content_type="text/html"))
+        key = replay_key(Page("h", markup))
+        engine.store.put("replay", key, cast(bytes, engine.store.get("replay", key))[:8])
+        engine.store.put("meta", b"params",
+                         msgpack.packb({**engine.store.params, "format": 6}))
+    with Engine.open(tmp_path / "s", config("oph"), read_only=True) as reader:
+        assert reader.store.params["format"] == 6
+    with Engine.open(tmp_path / "s", config("oph")) as engine:
+        assert engine.store.params["format"] == STORE_FORMAT
+        assert engine.process(Page("h", markup, content_type="text/plain")) == first
+        assert engine.last_report.replayed
 
 
 def test_an_id_with_a_nul_is_never_taken_for_another_page_s_replay(engine: Engine) -> None:
