@@ -269,7 +269,8 @@ class EngineConfig:
 #    that holds the page and its docs record keeps its replay key, so that a page can be
 #    removed (revisits, deletes, retention)
 # 7: a replay value is the ordinal and how the page was read (dupalign.text.reading): a
-#    format 6 reader would take such a page for removed and index it again
+#    format 6 reader would take such a page for removed and index it again; forward
+#    records of pages under 65,536 units have <u2 positions (dupalign.forward)
 STORE_FORMAT = 7
 # frozen parameter (as recorded in the store) -> (config section or None, field)
 FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {

@@ -12,6 +12,12 @@ from hypothesis import strategies as st
 from dupalign import forward
 
 
+def positions() -> st.SearchStrategy[st.SearchStrategy[int]]:
+    """A record's positions: those of a page of fewer than 65,536 units (written narrow,
+    as <u2), or any int32 (as <i4)."""
+    return st.sampled_from([st.integers(0, 0xFFFF), st.integers(-2**31, 2**31 - 1)])
+
+
 @st.composite
 def records(draw: st.DrawFn) -> tuple[np.ndarray, list[bytes], np.ndarray, np.ndarray,
                                       np.ndarray]:
@@ -26,7 +32,7 @@ def records(draw: st.DrawFn) -> tuple[np.ndarray, list[bytes], np.ndarray, np.nd
         # few distinct keys (so windows share lists), above 2^63 too
         keys = np.array([draw(st.sampled_from([0, 5, 2**63 + 7])) for _ in range(n)] + [0] * m,
                         dtype=np.uint64)
-        rects = np.array(draw(st.lists(st.tuples(*[st.integers(-2**31, 2**31 - 1)] * 4),
+        rects = np.array(draw(st.lists(st.tuples(*[draw(positions())] * 4),
                                        min_size=n + m, max_size=n + m)),
                          dtype=np.int64).reshape(-1, 4)
         empty = np.arange(n + m) >= n
@@ -138,7 +144,7 @@ def test_pack_rects_equals_pack_windows_of_the_windows_kept(data: st.DataObject)
     keys = np.array(data.draw(st.lists(st.sampled_from([0, 5, 2**63 + 7, 2**64 - 1]),
                                        min_size=n, max_size=n)), dtype=np.uint64)
     keys[empty] = 0
-    rects = np.array(data.draw(st.lists(st.tuples(*[st.integers(-2**31, 2**31 - 1)] * 4),
+    rects = np.array(data.draw(st.lists(st.tuples(*[data.draw(positions())] * 4),
                                         min_size=n, max_size=n)),
                      dtype=np.int64).reshape(-1, 4)
     drop = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)),
@@ -149,3 +155,20 @@ def test_pack_rects_equals_pack_windows_of_the_windows_kept(data: st.DataObject)
     got = forward.pack_rects(bins, keys, rects[:, 0], rects[:, 1], rects[:, 2], rects[:, 3],
                              empty, full)
     assert got == expect
+
+
+def test_a_record_is_narrow_when_every_position_fits_two_bytes() -> None:
+    """Positions 0..65535 are written as <u2 (a page of fewer than 65,536 units), others as
+    <i4; either way the record reads back as written."""
+    bins = np.array([1, 2, 2], dtype=np.int64)
+    keys = np.array([5, 0, 0], dtype=np.uint64)
+    empty = np.array([False, True, True])
+    for top, narrow in ((0xFFFF, True), (0x10000, False), (-1, False)):
+        rects = np.array([[0, 3, 3, top], [7, 0, 0, 9], [10, 0, 0, 12]], dtype=np.int64)
+        raw = forward.pack_windows(bins, keys, rects, empty)
+        assert bool(int.from_bytes(raw[:4], "little") & forward.NARROW) == narrow
+        # head 8, key 8, 8 positions, 3 bins 6, to a multiple of 8
+        assert len(raw) == (40 if narrow else 56)
+        b, k, r, e_bins, lr = forward.unpack_windows(raw)
+        assert (b.tolist(), k.tolist(), r.tolist()) == ([1], [5], [[0, 3, 3, top]])
+        assert (e_bins.tolist(), lr.tolist()) == ([2, 2], [[7, 9], [10, 12]])
