@@ -22,7 +22,7 @@ import numpy.typing as npt
 from dupalign import forward, span_refine
 from dupalign.config import EngineConfig
 from dupalign.match import Span
-from dupalign.passages import _UNITS_MARK, PassageIndex, _unpack_positions
+from dupalign.passages import PassageIndex, _unpack_positions, has_units
 from dupalign.store import Store, read_u64, u64
 from dupalign.text import Tokens
 
@@ -141,7 +141,7 @@ def _refined_spans(index: PassageIndex, groups: list[tuple[int, I64, npt.NDArray
         raw = index.store.get("positions", u64(other))
         if raw is None:
             out[other] = []
-        elif not raw.endswith(_UNITS_MARK):  # no units: the scan's spans
+        elif not has_units(raw):  # no units: the scan's spans
             out[other] = index._spans(other, boxes, ests, tokens, q_units)
         else:
             batch.append((other, boxes, _unpack_positions(raw)))

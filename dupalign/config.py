@@ -270,7 +270,8 @@ class EngineConfig:
 #    removed (revisits, deletes, retention)
 # 7: a replay value is the ordinal and how the page was read (dupalign.text.reading): a
 #    format 6 reader would take such a page for removed and index it again; forward
-#    records of pages under 65,536 units have <u2 positions (dupalign.forward)
+#    records of pages under 65,536 units have <u2 positions (dupalign.forward), and
+#    positions records keep <u2 steps between offsets when they fit (dupalign.passages)
 STORE_FORMAT = 7
 # frozen parameter (as recorded in the store) -> (config section or None, field)
 FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {

@@ -756,3 +756,32 @@ def test_list_entry_values_are_empty_for_one_window_else_the_count(counts: list[
     the loop over every list."""
     expected = [b"" if n == 1 else passages._COUNT.pack(n) for n in counts]
     assert passages._count_values(np.array(counts, dtype=np.int64)) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_positions_records_read_back_as_written(data: st.DataObject) -> None:
+    """A page's token offsets and units come back from its positions record: written as
+    2-byte steps when every gap and length fits (most pages), else as int32 pairs; records
+    of either kind, and those written before units were kept, are read."""
+    n = data.draw(st.integers(0, 30))
+    big = data.draw(st.booleans())  # a gap or a token longer than 65,535 characters
+    steps = data.draw(st.lists(st.integers(0, 70_000 if big else 40), min_size=2 * n,
+                               max_size=2 * n))
+    bounds = np.cumsum(np.array(steps, dtype=np.int64))
+    starts, ends = bounds[0::2], bounds[1::2]
+    units = np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n)),
+                     dtype=np.uint64)
+    raw = passages._pack_positions(Tokens("", None, starts, ends), units)
+    assert passages.has_units(raw)
+    assert raw.endswith(passages._STEPS_MARK) == (max(steps, default=0) <= 0xFFFF)
+    got_starts, got_ends, got_units = passages._unpack_positions(raw)
+    assert got_units is not None
+    assert (got_starts.tolist(), got_ends.tolist(), got_units.tolist()) == (
+        starts.tolist(), ends.tolist(), (units & np.uint64(0xFFFFFFFF)).tolist())
+    # records written before units were kept: the int32 pairs alone
+    old = np.empty(2 * n, dtype="<i4")
+    old[0::2], old[1::2] = starts, ends
+    got_starts, got_ends, got_units = passages._unpack_positions(old.tobytes())
+    assert got_units is None and not passages.has_units(old.tobytes())
+    assert (got_starts.tolist(), got_ends.tolist()) == (starts.tolist(), ends.tolist())
