@@ -113,10 +113,15 @@ class AlignRequest:
             if not self.has_forward:
                 raise ValueError("the candidates' forward data is not attached "
                                  "(Indexer.with_forward)")
+            # the narrowest types that hold them (ordinals below 2^32, positions of pages
+            # under 65,536 units: most requests), said by the message
+            ord_type = _narrowest(("<u4", "<u8"), t.ords)
+            pos_type = _narrowest(("<u2", "<i4"), t.rects, t.empty_lr)
             d.update({
-                "count": _b(t.count, "<u4"), "ords": _b(t.ords, "<u8"),
-                "rects": _b(t.rects, "<i4"), "empty_keys": _b(t.empty_keys, "<u8"),
-                "empty_off": _b(t.empty_off, "<u4"), "empty_lr": _b(t.empty_lr, "<i4"),
+                "count": _b(t.count, "<u4"), "ord_type": ord_type,
+                "ords": _b(t.ords, ord_type), "pos_type": pos_type,
+                "rects": _b(t.rects, pos_type), "empty_keys": _b(t.empty_keys, "<u8"),
+                "empty_off": _b(t.empty_off, "<u4"), "empty_lr": _b(t.empty_lr, pos_type),
                 "others": _b(self.others, "<u8"), "other_ids": self.other_ids,
                 "other_positions": self.other_positions})
         return d
@@ -134,11 +139,12 @@ class AlignRequest:
             count = _a(d["count"], "<u4")
             tasks.gathered = True
             tasks.start, tasks.count = np.cumsum(count) - count, count
-            tasks.ords = _a(d["ords"], "<u8")
-            tasks.rects = np.frombuffer(d["rects"], "<i4").astype(np.int32).reshape(-1, 4)
+            pos_type = d.get("pos_type", "<i4")  # (requests of earlier versions: wide)
+            tasks.ords = _a(d["ords"], d.get("ord_type", "<u8"))
+            tasks.rects = np.frombuffer(d["rects"], pos_type).astype(np.int32).reshape(-1, 4)
             tasks.empty_keys = _a(d["empty_keys"], "<u8")
             tasks.empty_off = _a(d["empty_off"], "<u4")
-            tasks.empty_lr = _a(d["empty_lr"], "<i4").reshape(-1, 2)
+            tasks.empty_lr = _a(d["empty_lr"], pos_type).reshape(-1, 2)
         return cls(d["ordinal"], _a(d["starts"], "<i4"), _a(d["ends"], "<i4"), d["positions"],
                    tasks, list(d.get("other_ids", [])), list(d.get("other_positions", [])))
 
@@ -661,6 +667,13 @@ def _versioned(raw: bytes) -> dict[str, Any]:
 
 def _b(a: npt.NDArray[Any], dtype: str) -> bytes:
     return np.ascontiguousarray(a, dtype=dtype).tobytes()
+
+
+def _narrowest(dtypes: tuple[str, str], *arrays: npt.NDArray[Any]) -> str:
+    """The first of (narrow, wide) integer ``dtypes`` that holds every value of ``arrays``."""
+    info = np.iinfo(np.dtype(dtypes[0]))
+    fits = all(not a.size or (a.min() >= info.min and a.max() <= info.max) for a in arrays)
+    return dtypes[0] if fits else dtypes[1]
 
 
 def _a(raw: bytes, dtype: str) -> I64:

@@ -286,6 +286,7 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
                     messages.validate("align_request", {"v": 2, **broken})
                 wire = AlignRequest.from_bytes(carried.to_bytes())
                 assert wire.to_bytes() == carried.to_bytes()
+                _assert_every_width_round_trips(AlignRequest.from_bytes(carried.to_bytes()))
                 no_store = Aligner(engine.config)  # the Kafka align role's view
                 assert (no_store.align(wire) == engine.aligner.align(bare)
                         == engine.aligner.align(result.align))
@@ -294,6 +295,31 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
             with contextlib.suppress(PageRejected):
                 engine.indexer.finish(result, engine.align(result))
         assert requests
+
+
+def _assert_every_width_round_trips(request: AlignRequest) -> None:
+    """The gathered windows go in the narrowest types that hold them (u2 positions, u4
+    ordinals: small pages, few pages), else wide; requests of earlier versions, which
+    name no types (i4 positions, u8 ordinals), read as before."""
+    t = request.tasks
+
+    def fields(r: AlignRequest) -> list[Any]:
+        return [r.tasks.ords.tolist(), r.tasks.rects.tolist(), r.tasks.empty_lr.tolist()]
+
+    d = request.to_dict()
+    assert (d["pos_type"], d["ord_type"]) == ("<u2", "<u4")
+    earlier = {**d, "ords": t.ords.astype("<u8").tobytes(),
+               "rects": t.rects.astype("<i4").tobytes(),
+               "empty_lr": t.empty_lr.astype("<i4").tobytes()}
+    del earlier["pos_type"], earlier["ord_type"]
+    assert fields(AlignRequest.from_dict(earlier)) == fields(request)
+    if len(t.ords):
+        t.rects = t.rects.copy()
+        t.rects[0, 3] = 70_000
+        t.ords = t.ords + 2**32
+        d = request.to_dict()
+        assert (d["pos_type"], d["ord_type"]) == ("<i4", "<u8")
+        assert fields(AlignRequest.from_dict(d)) == fields(request)
 
 
 def _assert_same(a: Any, b: Any) -> None:
