@@ -22,6 +22,10 @@ here also covers the kernel modules beside the kernel's file and every module of
 folder they import, so any such change compiles the kernels again (an edit of the engine,
 the pipeline or the index, which hold no kernel, does not).
 
+numba also names compiled code by a number each process counts from 1, so that code cached
+by two processes could share a name and a third process that loads both would call one
+for the other (``_names_apart``): each process counts from a random start.
+
 A process that finds the kernels missing (a fresh install or clone, a kernel's source
 changed) compiles them on first use: about two minutes of one core on the 2-core test
 machine, in every process that starts before the cache is written (a ``scan --jobs N``
@@ -34,13 +38,15 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import itertools
 import os
 import re
+import secrets
 from collections.abc import Iterator
 from typing import Any
 
 from numba import njit, vectorize
-from numba.core import caching, sigutils
+from numba.core import bytecode, caching, sigutils
 
 __all__ = ["kernels_cached", "njit", "vectorize"]
 
@@ -142,7 +148,24 @@ def _install_guards() -> None:
     locator.get_source_stamp = stamp  # type: ignore[method-assign]
 
 
+def _names_apart() -> None:
+    """numba names the machine code of every function it compiles (its kernels' callees
+    too, numba's own sorts among them) by the function's name, argument types and a number
+    counted from 1 in each process, and the cache keeps those names. Two processes can so
+    give one name to different code: numba's sort and argsort of an int64 array are two
+    closures of one factory, alike in name and types, and which one gets a number depends
+    on what the process compiled before. A process that loads kernels of both processes
+    from the cache links every call of that name to the code loaded first: CI saw
+    ``keys.sort()`` leave keys unsorted after the test workers had cached kernels beside
+    those of ``make warm-kernels``. Each process counts from a random start instead."""
+    ids = getattr(bytecode.FunctionIdentity, "_unique_ids", None)
+    if isinstance(ids, itertools.count):
+        bytecode.FunctionIdentity._unique_ids = itertools.count(
+            1 + secrets.randbits(48))
+
+
 _install_guards()
+_names_apart()
 
 
 def kernels_cached() -> bool | None:

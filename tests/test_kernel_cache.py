@@ -4,6 +4,7 @@ for another, forced here step by step, and a cache already written that way."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -121,3 +122,57 @@ def test_a_change_to_a_kernel_s_callee_alone_compiles_the_caller_again(tmp_path:
     assert run() == "11"  # from the cache
     callee.write_text(callee.read_text().replace("x * 2", "x * 3"))
     assert run() == "16"
+
+
+
+_SORTS = {  # two kernels whose machine code calls numba's quicksort of an int64 array
+    "sorting": "def run(x):\n    y = x.copy()\n    y.sort()\n    return y\n",
+    "ordering": "def run(x):\n    return np.argsort(x)\n",
+}
+_X = [4, 3, 9, 1, 7, 2, 8, 0, 5, 6, 11, 10, 13, 12, 15, 14, 17, 16, 19, 18]
+_COUNTED = f"""
+import itertools, json, re, sys
+from numba.core import bytecode
+bytecode.FunctionIdentity._unique_ids = itertools.count(int(sys.argv[1]))
+import numpy as np
+for name in sys.argv[2].split(","):
+    run = __import__(name).run
+    found = run(np.array({_X}))
+    numbers = sorted({{int(n) for ll in run.inspect_llvm().values()
+                      for n in re.findall(r"run_quicksortB\\d+v(\\d+)", ll)}})
+    print(json.dumps([found.tolist(), numbers]))
+"""
+
+
+def test_kernels_cached_by_two_processes_never_call_each_other_s_code(tmp_path: Path) -> None:
+    """numba names compiled code by function name, argument types and a number each
+    process counts from 1, and the cache keeps the names: numba's quicksort of an int64
+    array in a sort and in an argsort are two closures of one factory, so two processes
+    can name them alike, and a process that loads both from the cache linked the sort to
+    the argsort's code (CI saw ``keys.sort()`` leave keys unsorted). Here two processes
+    count so that their quicksorts would take one name; a third loads the argsort, then
+    the sort, which must still sort."""
+    for name, body in _SORTS.items():
+        (tmp_path / f"plain_{name}.py").write_text(
+            f"import numpy as np\nfrom numba import njit\n\n@njit\n{body}")
+        (tmp_path / f"{name}.py").write_text(
+            "import numpy as np\nfrom dupalign.kernel_cache import njit\n\n"
+            f"@njit(cache=True)\n{body}")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}",
+               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run(start: int, modules: str) -> list[tuple[list[int], list[int]]]:
+        done = subprocess.run([sys.executable, "-c", _COUNTED, str(start), modules],
+                              capture_output=True, text=True, env=env, cwd=tmp_path,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr
+        return [tuple(json.loads(line)) for line in done.stdout.splitlines()]
+
+    # numba's numbering from 1, as in every process: the number each quicksort gets
+    [(_, [sort_n])] = run(1, "plain_sorting")
+    [(_, [order_n])] = run(1, "plain_ordering")
+    run(1, "sorting")  # compiled and cached by one process,
+    run(1 + sort_n - order_n, "ordering")  # the argsort by another, counting to that number
+    [(order, _), (ordered, _)] = run(1, "ordering,sorting")  # both loaded by a third
+    assert order == sorted(range(len(_X)), key=_X.__getitem__)
+    assert ordered == sorted(_X)
