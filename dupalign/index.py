@@ -49,7 +49,12 @@ from dupalign.store import (
 
 I64 = npt.NDArray[np.int64]
 ENGINE_NAME = "dupalign"
-WIRE_VERSION = 2  # 2: lists named by (bin, key); the candidates' windows from their forward records
+# 2: lists named by (bin, key); the candidates' windows from their forward records; 3: the
+# gathered windows in the narrowest types (pos_type, ord_type), positions records of 2-byte
+# steps (store format 7). Version 2 is read too (``unfinished`` records of format 6 stores,
+# requests of earlier index roles); earlier readers refuse 3, which they would misread.
+WIRE_VERSION = 3
+_READS = (2, 3)
 
 
 @dataclass
@@ -660,8 +665,8 @@ def _put_offset(batch: Any, source: tuple[str, int, int]) -> None:
 
 def _versioned(raw: bytes) -> dict[str, Any]:
     d: dict[str, Any] = msgpack.unpackb(raw, raw=False)
-    if d.get("v") != WIRE_VERSION:
-        raise ValueError(f"message version {d.get('v')!r}, expected {WIRE_VERSION}")
+    if d.get("v") not in _READS:
+        raise ValueError(f"message version {d.get('v')!r}, expected one of {_READS}")
     return d
 
 

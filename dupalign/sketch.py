@@ -29,7 +29,10 @@ from dupalign.page import Page, check_unicode
 from dupalign.passages import I64, U64, PassageIndex, PassageState, Rects
 from dupalign.text import page_text, reading, tokenize
 
-WIRE_VERSION = 1
+# 2: read_as, positions records of 2-byte steps (store format 7); version 1 is read too,
+# and earlier readers refuse 2, which they would misread
+WIRE_VERSION = 2
+_READS = (1, 2)
 
 
 @dataclass
@@ -89,8 +92,8 @@ class PageSketch:
     @classmethod
     def from_bytes(cls, raw: bytes) -> PageSketch:
         d = msgpack.unpackb(raw, raw=False)
-        if d.get("v") != WIRE_VERSION:
-            raise ValueError(f"page sketch version {d.get('v')!r}, expected {WIRE_VERSION}")
+        if d.get("v") not in _READS:
+            raise ValueError(f"page sketch version {d.get('v')!r}, expected one of {_READS}")
         sk = cls(d["id"], d["url"], d["fetched_at"], d["replay_key"],
                  read_as=d.get("read_as", ""))
         if d.get("deleted"):

@@ -258,6 +258,12 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path) -> None:
             messages.validate("page_sketch", msgpack.unpackb(sk.to_bytes(), raw=False))
             back = PageSketch.from_bytes(sk.to_bytes())
             assert back.to_bytes() == sk.to_bytes()
+            # a sketch of the version before (no reading) is read; the one before, refused
+            earlier = {k: v for k, v in msgpack.unpackb(sk.to_bytes(), raw=False).items()
+                       if k != "read_as"}
+            assert PageSketch.from_bytes(msgpack.packb({**earlier, "v": 1})).read_as == ""
+            with pytest.raises(ValueError, match="page sketch version 0"):
+                PageSketch.from_bytes(msgpack.packb({**earlier, "v": 0}))
             if sk.passage is not None and sk.passage.rects is not None:
                 # the distinct lists the sketch stage found for the index are not on the
                 # wire: the index finds the same ones from the sketches
@@ -313,6 +319,11 @@ def _assert_every_width_round_trips(request: AlignRequest) -> None:
                "empty_lr": t.empty_lr.astype("<i4").tobytes()}
     del earlier["pos_type"], earlier["ord_type"]
     assert fields(AlignRequest.from_dict(earlier)) == fields(request)
+    # as the wire gives it: version 2 read, version 1 (older still) refused
+    wire = msgpack.packb({**earlier, "v": 2}, use_bin_type=True)
+    assert fields(AlignRequest.from_bytes(wire)) == fields(request)
+    with pytest.raises(ValueError, match="message version 1"):
+        AlignRequest.from_bytes(msgpack.packb({**earlier, "v": 1}, use_bin_type=True))
     if len(t.ords):
         t.rects = t.rects.copy()
         t.rects[0, 3] = 70_000

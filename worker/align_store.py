@@ -22,7 +22,10 @@ from dupalign.store import read_u64, u64
 # the families ``Aligner`` reads, each a key prefix here
 _PREFIX = {"forward": b"f", "positions": b"p", "docs": b"d"}
 _OFFSET = b"o"  # + partition (u64): the next forward-topic offset to apply
-WIRE_VERSION = 1
+# 2: forward records with 2-byte positions, positions records of 2-byte steps (store
+# format 7); version 1 is read too, and earlier readers refuse 2, which they would misread
+WIRE_VERSION = 2
+_READS = (1, 2)
 TEMPORARY_PREFIX = "dupalign-align-store-"
 
 
@@ -76,9 +79,9 @@ class AlignStore:
                     wb.delete(prefix + key)
                 continue
             d = msgpack.unpackb(rec.value, raw=False)
-            if d.get("v") != WIRE_VERSION:
-                raise ValueError(f"forward record version {d.get('v')!r}, expected "
-                                 f"{WIRE_VERSION}")
+            if d.get("v") not in _READS:
+                raise ValueError(f"forward record version {d.get('v')!r}, expected one of "
+                                 f"{_READS}")
             wb.put(_PREFIX["forward"] + key, d["forward"])
             wb.put(_PREFIX["positions"] + key, d["positions"])
             wb.put(_PREFIX["docs"] + key, msgpack.packb({"id": d["id"]}))
