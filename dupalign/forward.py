@@ -44,7 +44,6 @@ I32 = npt.NDArray[np.int32]
 U8 = npt.NDArray[np.uint8]
 _HEAD = struct.Struct("<II")
 NARROW = 1 << 31  # in the first word of a record whose positions are <u2
-_U2_MAX = 0xFFFF
 
 # ordinals -> their forward (windows) values, None where a page has none
 ReadForward = Callable[[list[int]], list[bytes | None]]
@@ -74,9 +73,16 @@ def pack_rects(bins: I64, keys: U64, i_lo: I64, i_hi: I64, j_lo: I64, j_hi: I64,
     return _packed(keys[full], rects, lr, bins[full], bins[emp])
 
 
+def fits(dtype: str, *arrays: npt.NDArray[Any]) -> bool:
+    """Whether every value of ``arrays`` is in the range of the integer ``dtype``: what a
+    record (or a message carrying records' data) may be written narrow in."""
+    info = np.iinfo(np.dtype(dtype))
+    return all(not a.size or (a.min() >= info.min and a.max() <= info.max) for a in arrays)
+
+
 def _packed(keys: U64, rects: I64, lr: I64, bins: I64, e_bins: I64) -> bytes:
     """The windows value of the given columns, narrow when every position fits <u2."""
-    narrow = all(not len(a) or (a.min() >= 0 and a.max() <= _U2_MAX) for a in (rects, lr))
+    narrow = fits("<u2", rects, lr)
     positions = "<u2" if narrow else "<i4"
     raw = b"".join((
         _HEAD.pack(len(keys) | (NARROW if narrow else 0), len(lr)),

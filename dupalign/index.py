@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
-from dupalign.forward import RecordCache
+from dupalign.forward import RecordCache, fits
 from dupalign.match import Match, Span, best_span
 from dupalign.near import NearIndex, NearState
 from dupalign.passages import PassageIndex, PassageState, Removal, Tasks
@@ -120,8 +120,8 @@ class AlignRequest:
                                  "(Indexer.with_forward)")
             # the narrowest types that hold them (ordinals below 2^32, positions of pages
             # under 65,536 units: most requests), said by the message
-            ord_type = _narrowest(("<u4", "<u8"), t.ords)
-            pos_type = _narrowest(("<u2", "<i4"), t.rects, t.empty_lr)
+            ord_type = "<u4" if fits("<u4", t.ords) else "<u8"
+            pos_type = "<u2" if fits("<u2", t.rects, t.empty_lr) else "<i4"
             d.update({
                 "count": _b(t.count, "<u4"), "ord_type": ord_type,
                 "ords": _b(t.ords, ord_type), "pos_type": pos_type,
@@ -672,13 +672,6 @@ def _versioned(raw: bytes) -> dict[str, Any]:
 
 def _b(a: npt.NDArray[Any], dtype: str) -> bytes:
     return np.ascontiguousarray(a, dtype=dtype).tobytes()
-
-
-def _narrowest(dtypes: tuple[str, str], *arrays: npt.NDArray[Any]) -> str:
-    """The first of (narrow, wide) integer ``dtypes`` that holds every value of ``arrays``."""
-    info = np.iinfo(np.dtype(dtypes[0]))
-    fits = all(not a.size or (a.min() >= info.min and a.max() <= info.max) for a in arrays)
-    return dtypes[0] if fits else dtypes[1]
 
 
 def _a(raw: bytes, dtype: str) -> I64:

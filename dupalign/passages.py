@@ -917,7 +917,7 @@ def _pack_positions(tokens: Tokens, units: U64) -> bytes:
     steps = np.empty(2 * len(starts), dtype=np.int64)
     steps[0::2] = starts - np.concatenate(([0], ends[:-1]))
     steps[1::2] = ends - starts
-    if not len(steps) or (steps.min() >= 0 and steps.max() <= 0xFFFF):
+    if forward.fits("<u2", steps):
         return steps.astype("<u2").tobytes() + tail + _STEPS_MARK
     both = np.empty(2 * len(starts), dtype="<i4")
     both[0::2], both[1::2] = starts, ends

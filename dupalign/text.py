@@ -179,8 +179,9 @@ def page_text(page: Page, main_content: bool = False, max_bytes: int = 1 << 30) 
     size = len(page.body) if isinstance(page.body, bytes) else len(page.body.encode("utf-8"))
     if size > max_bytes:
         raise PageRejected("too_large", f"body is {size} bytes, limit is {max_bytes}")
-    is_html = _main_type(page) in HTML_TYPES
-    if not is_html and _main_type(page) not in PLAIN_TYPES:
+    ctype = _main_type(page)
+    is_html = ctype in HTML_TYPES
+    if not is_html and ctype not in PLAIN_TYPES:
         raise PageRejected("unsupported_type", f"content_type {page.content_type!r}")
     text = decode_body(page.body, page.encoding, html=is_html)
     return html_to_text(text, main_content) if is_html else text
