@@ -68,6 +68,8 @@ def test_every_call_not_taken_back_runs_once_and_is_answered(tmp_path: Path, wor
     rng = random.Random(workers)
     where = str(tmp_path / "ran")
     with closing(ProcessPool(workers)) as pool:
+        # each worker busy at first, so that the calls behind can surely be taken back
+        blockers = [pool.submit(sleep_then, (0.5, -1)) for _ in range(workers)]
         calls = [(x, pool.submit(record_and_square, (where, x))) for x in range(300)]
         cancelled = {x for x, call in calls if rng.random() < 0.3 and call.cancel()}
         bigs = [(n, pool.submit(big, n)) for n in (1500, 3000, 700)]  # 1.5, 3, 0.7 MB
@@ -88,6 +90,7 @@ def test_every_call_not_taken_back_runs_once_and_is_answered(tmp_path: Path, wor
                 assert call.result(timeout=60) == x * x
         for n, call in bigs:
             assert call.result(timeout=60) == bytes([n % 256]) * (n * 1000)
+        assert [b.result(timeout=60) for b in blockers] == [-1] * workers
     assert not spill.exists()
     ran = [int(x) for x in Path(where).read_text().split()]
     assert sorted(ran) == sorted(set(range(300)) - cancelled)
