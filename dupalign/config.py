@@ -172,10 +172,10 @@ class CacheConfig:
 # (Stores before format 5 did not freeze max_list; 256 was the default.)
 IMPLIED_PARAMS = {"near_shingle": 3, "passage_max_list": 256}
 # Older values of frozen parameters that a store can be upgraded from in place: format 6
-# (its replay values only lack the reading, and answer any). Older formats are refused with
-# a message saying how to rebuild them (format 6 moved every window out of the inverted
-# lists into forward records).
-PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (6,)}
+# (its replay values only lack the reading, and answer any) and 7 (every list entry is in
+# the lists). Older formats are refused with a message saying how to rebuild them (format
+# 6 moved every window out of the inverted lists into forward records).
+PARAM_UPGRADES: dict[str, tuple[Any, ...]] = {"format": (6, 7)}
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,10 @@ class EngineConfig:
 #    format 6 reader would take such a page for removed and index it again; forward
 #    records of pages under 65,536 units have <u2 positions (dupalign.forward), and
 #    positions records keep <u2 steps between offsets when they fit (dupalign.passages)
-STORE_FORMAT = 7
+# 8: the inverted lists may lack the entries of the pages from the meta key lists_through
+#    on (written behind the index thread, dupalign.list_files): read back from their forward
+#    records at open, which a format 7 reader would not do
+STORE_FORMAT = 8
 # frozen parameter (as recorded in the store) -> (config section or None, field)
 FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
     "seed": (None, "seed"),

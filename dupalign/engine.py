@@ -117,12 +117,18 @@ class Engine:
         self.close()
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
-        if isinstance(self.indexer, ShardedIndexer):
-            self.indexer.close()
-        self.store.close()
+        pending = self.indexer.passages.pending
+        try:
+            if pending is not None and not self.read_only:
+                # (if this fails, the next open reads them back from the forward records)
+                pending.drain(into_file=True)
+        finally:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+            if isinstance(self.indexer, ShardedIndexer):
+                self.indexer.close()
+            self.store.close()
 
     def worker_pool(self, kind: ExecutorKind, jobs: int) -> WorkerPool:
         """The pool of sketch and align workers, made again when the idf table in force

@@ -67,6 +67,11 @@ class ListCache:
     def __len__(self) -> int:
         return self.n_slots
 
+    def reset(self) -> None:
+        """Forget every list, keeping the arrays' room (``clear`` starts them small)."""
+        self.n_slots = self.end = self.clock = 0
+        self.table[:, 1] = _EMPTY
+
     @property
     def bytes_used(self) -> int:
         return self.end * ENTRY_BYTES + self.n_slots * SLOT_BYTES

@@ -41,6 +41,7 @@ MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshol
 
 from __future__ import annotations
 
+import shutil
 import struct
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -48,7 +49,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from dupalign import forward, monoactive, passage_align, span_refine
+from dupalign import forward, list_files, monoactive, passage_align, span_refine
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.kernel_cache import njit
@@ -72,7 +73,7 @@ _BIN = struct.Struct(">H")
 _COUNT = struct.Struct("<I")
 # key of an inverted-list entry: bin ‖ min-hash ‖ ordinal, big-endian; its value is empty
 # (one window of the page in the list) or the page's number of windows in it (<u4)
-_LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
+_LIST_KEY = list_files.LIST_KEY
 _LIST_PREFIX = np.dtype([("bin", ">u2"), ("key", ">u8")])
 _LIST_ID = np.dtype([("bin", ">u2"), ("key", ">u8")])  # a list's name: its keys' prefix
 # A run: every entry of a list up to some ordinal packed in one value (the ordinals as
@@ -259,6 +260,11 @@ class PassageIndex:
         # prefix -> (run key, run, keys it replaces)
         self._new_runs: dict[bytes, tuple[bytes, bytes, list[bytes]]] = {}
         self.pack_min = PACK_MIN  # runtime only: packing changes the layout, not the lists
+        # the entries of committed pages not in the store yet (``write_lists_behind``; None:
+        # each page's entries are in its batch, as index shards need)
+        self.pending: list_files.PendingLists | None = None
+        self._entries: tuple[int, npt.NDArray[Any], I64] | None = None  # staged, for commit
+        self._mark: bytes | None = None  # the pending lists' mark in the staged batch
         self.chain_params = span_refine.DEFAULT  # how spans are refined (reporting only)
 
     # -- units: the tokens the alignment sees ------------------------------------------------
@@ -458,6 +464,15 @@ class PassageIndex:
         limit = max_list + 1 + (old_version is not None)
         own = None if old_version is None else u64(old_version)
         prefixes = _list_prefixes(bins[miss], keys[miss])
+        # the entries of committed pages not in the store yet come after the store's
+        n_recent, recent = (self.pending.recent_entries(bins[miss], keys[miss])
+                            if self.pending is not None else (np.zeros(len(miss), np.int64),
+                                                              np.zeros(0, np.int64)))
+        extra = n_recent.copy()  # counted towards a stop list: not the old version's
+        if old_version is not None and len(recent):
+            seen = np.concatenate(([0], np.cumsum(recent == old_version)))
+            ends = np.cumsum(n_recent)
+            extra -= seen[ends] - seen[ends - n_recent]
         # most lists a page names are new: found absent by one seek, nothing more to do
         for y in reader.present(prefixes):
             prefix = prefixes[y]
@@ -485,10 +500,10 @@ class PassageIndex:
                     for k, v in zip(ks, vs, strict=True) if k[len(prefix):] == own)
             else:
                 n_own = 0
-            if n - n_own > max_list:
+            if n - n_own + extra[y] > max_list:
                 long[y] = True
                 self.counters.long_lists += 1
-                self._new_markers[prefix] = n
+                self._new_markers[prefix] = n + int(n_recent[y])
                 continue
             if len(run):
                 runs.append(run)
@@ -500,10 +515,18 @@ class PassageIndex:
             values += vs
         self.counters.lists_read += len(miss)
         off, ords = _assemble_lists(n_run, runs, n_single, key_bytes, values)
-        for y, prefix, replaced in to_pack:
+        for y, prefix, replaced in to_pack:  # (the store's entries only)
             packed = ords[off[y] : off[y + 1]]
             self._new_runs[prefix] = (prefix + u64(int(packed[-1])) + _RUN_SEQ,
                                       _encode_run(packed).tobytes(), replaced)
+        if len(recent):
+            # a list only pending can be long too (more than max_list pages of one file)
+            for y in np.flatnonzero(~long & (n_run + n_single == 0) & (extra > max_list)).tolist():
+                long[y] = True
+                self.counters.long_lists += 1
+                self._new_markers[prefixes[y]] = int(n_recent[y])
+            kept = np.repeat(~long, n_recent)
+            off, ords = _append_lists(off, ords, np.where(long, 0, n_recent), recent[kept])
         slots[miss] = self.cache.insert(bins[miss], keys[miss], long, off, ords)
         return slots
 
@@ -590,6 +613,8 @@ class PassageIndex:
             return
         self._staged = ordinal
         self._write_markers(batch)
+        if self.pending is not None:  # (this batch may pack the marked entries into runs)
+            self._mark = self.pending.mark_into(batch)
         # entries never change once written, so a run stays true too (and writing it again
         # after a failed page is harmless: same key, same value, deletes of deleted keys)
         for run_key, run, replaced in self._new_runs.values():
@@ -625,7 +650,10 @@ class PassageIndex:
         # the page in each list of its non-empty windows, with its number of windows there
         keys = np.empty(len(l_bins), dtype=_LIST_KEY)
         keys["bin"], keys["key"], keys["ordinal"] = l_bins, l_keys, ordinal
-        batch.put_many("oph", _as_bytes(keys), _count_values(n_windows))
+        if self.pending is not None:  # written behind, once committed (dupalign.list_files)
+            self._entries = (ordinal, keys, n_windows)
+        else:
+            batch.put_many("oph", list_files.as_bytes(keys), list_files.count_values(n_windows))
 
     def _write_markers(self, batch: Batch) -> None:
         """Mark the lists found long since the last batch (a mark is never taken back)."""
@@ -638,9 +666,16 @@ class PassageIndex:
         may not be in the store, so the lists in memory may lack its windows: drop them
         (they are read again)."""
         if self._staged is not None:
+            entries = self._entries
+            if (entries is not None and entries[0] == self._staged and self.pending is not None
+                    and self.store.get("forward", u64(self._staged)) is not None):
+                self.pending.marked(self._mark)  # its batch is in the store: as committed
+                self.pending.add(*entries)
             self.cache.clear()
             self._staged = None
         self._append = None
+        self._entries = None
+        self._mark = None  # (still due: the next batch writes it)
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:
         """After the page's batch is written: append its windows to the lists in memory,
@@ -653,9 +688,44 @@ class PassageIndex:
                 nonempty = np.flatnonzero(~r.empty)
                 self.cache.append_page(np.ascontiguousarray(r.bin[nonempty]),
                                        np.ascontiguousarray(r.key[nonempty]), ordinal)
+        if self.pending is not None and self._staged == ordinal:
+            self.pending.marked(self._mark)
+            if self._entries is not None and self._entries[0] == ordinal:
+                self.pending.add(*self._entries)
         self._staged = None
         self._append = None
+        self._entries = None
+        self._mark = None
         self.cache.trim()
+
+    def write_lists_behind(self, read_only: bool = False) -> None:
+        """From now on, committed pages' list entries are written behind the index thread
+        (dupalign.list_files), after those of the pages from the store's mark on are read
+        back from their forward records (a crash left them unwritten): into the store, or
+        (``read_only``) into memory only. A store without the mark has every entry in it."""
+        pending = list_files.PendingLists(self.store)
+        raw = self.store.get("meta", list_files.LISTS_THROUGH)
+        if raw is None:
+            if read_only:
+                return
+            last = self.store.last_key("forward")
+            self.store.put("meta", list_files.LISTS_THROUGH,
+                           u64(0 if last is None else read_u64(last) + 1))
+        else:
+            if not read_only:  # files a crash left before their ingest: read again below
+                shutil.rmtree(pending.incoming, ignore_errors=True)
+            for key, record in self.store.items_from("forward", raw):
+                bins, keys, _, _, _ = forward.unpack_windows(record)
+                l_bins, l_keys, inverse = _distinct_lists(bins, keys.astype(np.uint64))
+                entries = np.empty(len(l_bins), dtype=_LIST_KEY)
+                entries["bin"], entries["key"] = l_bins, l_keys
+                entries["ordinal"] = read_u64(key)
+                pending.remember(read_u64(key), entries,
+                                 np.bincount(inverse, minlength=len(l_bins)))
+            if not read_only:
+                pending.drain()
+        self.pending = pending
+        self.cache.clear()  # (lists read before are without the pending entries)
 
     # -- removal (revisits, deletes, retention) --------------------------------------------
     def stage_removal(self, batch: Batch, ordinals: list[int]) -> Removal:
@@ -670,6 +740,8 @@ class PassageIndex:
         written since are in no list and no forward record), whatever is removed from it;
         the marks of lists found long since the last batch are written here, before the
         removal can shrink them."""
+        if self.pending is not None:  # the lists are read whole from the store below
+            self.pending.drain()
         self._write_markers(batch)
         dead = np.unique(np.asarray(ordinals, dtype=np.int64))
         records = self.read_forward(dead.tolist())
@@ -837,31 +909,11 @@ def _distinct_lists_kernel(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
     return out_bins, out_keys, inverse
 
 
-def _as_bytes(records: npt.NDArray[Any]) -> list[bytes]:
-    """Each record of a structured array as its bytes (as a void dtype: ``S`` would strip
-    trailing zero bytes); a tenth of the cost of slicing them out of ``tobytes`` in Python."""
-    return cast(list[bytes], records.view(f"V{records.dtype.itemsize}").tolist())
-
-
-# a list entry's value by its page's number of windows in the list: empty for one (most
-# lists), else the count; looked up by numpy for the common counts (not packed one by one
-# in a Python loop: a templated llvm page has hundreds of lists with several windows)
-_COUNT_VALUES = np.array([b"", b""] + [_COUNT.pack(n) for n in range(2, 256)], dtype=object)
-
-
-def _count_values(n_windows: I64) -> list[bytes]:
-    """The list entries' values for ``n_windows`` (each >= 1) windows of the page."""
-    values = _COUNT_VALUES[np.minimum(n_windows, len(_COUNT_VALUES) - 1)]
-    for y in np.flatnonzero(n_windows >= len(_COUNT_VALUES)).tolist():
-        values[y] = _COUNT.pack(int(n_windows[y]))
-    return cast(list[bytes], values.tolist())
-
-
 def _list_prefixes(bins: I64, keys: U64) -> list[bytes]:
     """The store key prefix ``bin ‖ min-hash`` of each list."""
     prefixes = np.empty(len(bins), dtype=_LIST_PREFIX)
     prefixes["bin"], prefixes["key"] = bins, keys
-    return _as_bytes(prefixes)
+    return list_files.as_bytes(prefixes)
 
 
 def _merge_hits(hits: list[_Hit]) -> list[_Hit]:
@@ -954,15 +1006,21 @@ def _assemble_lists(n_run: I64, runs: list[I64], n_single: I64, keys: list[bytes
     if not runs:
         return off, single_ords
     ords = np.empty(int(off[-1]), dtype=np.int64)
-    ords[_ranks(off[:-1], n_run)] = np.concatenate(runs)
-    ords[_ranks(off[:-1] + n_run, n_single)] = single_ords
+    ords[list_files.ranks(off[:-1], n_run)] = np.concatenate(runs)
+    ords[list_files.ranks(off[:-1] + n_run, n_single)] = single_ords
     return off, ords
 
 
-def _ranks(starts: I64, counts: I64) -> I64:
-    """``starts[y] + i`` for i in range(counts[y]), for every y in order."""
-    first = np.cumsum(counts) - counts
-    return np.repeat(starts - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+def _append_lists(off: I64, ords: I64, n_more: I64, more: I64) -> tuple[I64, I64]:
+    """CSR lists ``(off, ords)`` with list y's ``n_more[y]`` entries of ``more`` (list by
+    list) after its own."""
+    n_own = np.diff(off)
+    new_off = np.zeros_like(off)
+    np.cumsum(n_own + n_more, out=new_off[1:])
+    out = np.empty(int(new_off[-1]), dtype=np.int64)
+    out[list_files.ranks(new_off[:-1], n_own)] = ords
+    out[list_files.ranks(new_off[:-1] + n_own, n_more)] = more
+    return new_off, out
 
 
 @njit(cache=True)

@@ -256,6 +256,11 @@ def run_pipeline(
     stolen: dict[Pending, Future[Any]] = {}
     pending = iter(items)
     more = True
+    # list files are built by the pool too (dupalign.list_files), by whichever pool is
+    # current: the file in flight is ingested before a pool is replaced, and at the end
+    lists = indexer.passages.pending
+    if lists is not None:
+        lists.submit = lambda fn, arg: pool.executor.submit(fn, arg)
 
     def now(future: Pending) -> Pending:
         return stolen.get(future, future)
@@ -358,6 +363,8 @@ def run_pipeline(
                 future = pool.executor.submit(align_in_worker, result.align)
             aligns.append((page, result, future))
             if engine.near.idf.version != pool.version:  # an idf freeze: new workers
+                if lists is not None:
+                    lists.settle()
                 pool = engine.worker_pool(executor, workers)
     finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
         # indexed are finished (their matches stored, for a replay to find)
@@ -367,3 +374,6 @@ def run_pipeline(
         chunk_pages.clear()
         while aligns:
             finish()
+        if lists is not None:
+            lists.submit = None
+            lists.settle()

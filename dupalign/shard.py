@@ -409,7 +409,10 @@ def open_indexer(store: Store, config: EngineConfig, read_only: bool = False,
     if has is None and not read_only and (n == 1 or remote):
         store.put("meta", SHARDS_KEY, msgpack.packb(n))
     if n == 1:
-        return Indexer(store, config)
+        indexer = Indexer(store, config)
+        # (index shards write their entries in their batches: a shard rolls a page back)
+        indexer.passages.write_lists_behind(read_only)
+        return indexer
     if remote:  # the shards are processes of their own (the Kafka topology)
         if not read_only and store.get("meta", FAN_IN_KEY) is None:  # (also a store made
             store.put("meta", FAN_IN_KEY, msgpack.packb(True))  # before the mark existed)

@@ -27,6 +27,7 @@ from rocksdict import (
     BlockBasedOptions,
     Cache,
     DBCompressionType,
+    IngestExternalFileOptions,
     MemtableFactory,
     Options,
     Rdict,
@@ -169,6 +170,11 @@ def _options(family: str | None = None, cache: Cache | None = None) -> Options:
         opts.set_memtable_factory(MemtableFactory.hash_skip_list(  # type: ignore[call-arg]
             MEMTABLE_BUCKETS, 4, 4))
     return opts
+
+
+def table_file_options(family: str) -> Options:
+    """Options for table files written aside for ``family`` (``Store.ingest``)."""
+    return _options(family)
 
 
 def _total_order() -> ReadOptions:
@@ -439,6 +445,18 @@ class Store:
     def write(self, batch: Batch) -> None:
         try:
             self._db.write(batch._wb)
+        except Exception as exc:
+            raise store_error("write", self.path, exc) from exc
+
+    def ingest(self, family: str, paths: list[str]) -> None:
+        """Table files (rocksdict ``SstFileWriter``, the family's options) into ``family``,
+        moved in, their keys newer than every write before."""
+        opts = IngestExternalFileOptions()
+        opts.set_move_files(True)
+        opts.set_allow_global_seqno(True)  # (files and memtable may share key ranges)
+        opts.set_allow_blocking_flush(True)
+        try:
+            self._cfs[family].ingest_external_file(paths, opts)
         except Exception as exc:
             raise store_error("write", self.path, exc) from exc
 

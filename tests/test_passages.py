@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dupalign import monoactive, passages
+from dupalign import list_files, monoactive, passages
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
 from dupalign.hashing import token_hashes
@@ -446,6 +446,8 @@ def test_packed_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(passages, "PACK_MIN", pack_min)
         with Engine.open(path, cfg) as eng:
             for n, text in enumerate(texts):
+                assert eng.passages.pending is not None
+                eng.passages.pending.drain()  # (entries written behind: into the store now)
                 eng.passages.cache.clear()  # every page reads its lists from the store
                 eng.process(Page(id=f"p{n}", body=text))
             return eng.passages.counters.runs_written
@@ -755,7 +757,7 @@ def test_list_entry_values_are_empty_for_one_window_else_the_count(counts: list[
     """The values ``stage`` writes (looked up in a table for small counts): the twin is
     the loop over every list."""
     expected = [b"" if n == 1 else passages._COUNT.pack(n) for n in counts]
-    assert passages._count_values(np.array(counts, dtype=np.int64)) == expected
+    assert list_files.count_values(np.array(counts, dtype=np.int64)) == expected
 
 
 @settings(max_examples=200, deadline=None)

@@ -694,6 +694,9 @@ def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root
             for v, c in zip(variants, c0, strict=True):
                 c1 = vars(v.engine.passages.counters)
                 dp = max(1, c1["passages"] - c["passages"])
+                pending = getattr(v.engine.passages, "pending", None)
+                if pending is not None:  # (list entries written behind: all in, for the size)
+                    pending.drain(into_file=True)
                 v.engine.store.flush()
                 size = v.engine.store.size_bytes()
                 # the passage index: lists, and the windows (forward records, or empty windows

@@ -49,6 +49,8 @@ def run(pages: list[Page], jobs: int, store: Path, caller_works: bool = True
         for _ in run_pipeline(engine, ((p, None) for p in pages), jobs,
                               caller_works=caller_works):
             pass
+        if engine.passages.pending is not None:  # (the last pages' list entries, as at close)
+            engine.passages.pending.drain(into_file=True)
         wall, thread = time.perf_counter() - t0, time.thread_time() - c0
         process = _rusage(resource.RUSAGE_SELF) - p0
     # the pool's processes have ended with the engine: their CPU is the children's
