@@ -45,11 +45,13 @@ COUNT = struct.Struct("<I")
 LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
 FAMILY = "oph"
 LISTS_THROUGH = b"lists_through"  # meta: u64, every page below has its entries stored
-# pages with entries per table file (~25 MB of entries on llvm; their memory about 3 times
-# that, for the file in flight and the next). RocksDB compacts each ingested file into the
-# level below: at 256 pages a file that work cost 1.2 ms a page more than the memtable's
-# flushes on the scale stream at 10,000 pages, at 1,024 0.4 ms less (bench_passages)
-FILE_PAGES = 1024
+# pages with entries per table file (~50 MB of entries on llvm pages; held in memory with
+# the file in flight and the next). RocksDB compacts each ingested file into the level
+# below, so files must not be small: process CPU on the scale stream (bench_passages) at
+# 60,000 pages was 6.23 ms a page with 1,024-page files and 5.17 with 2,048, against 5.47
+# with the memtable (compacting half as much new data at a time rewrites the level below
+# twice as often)
+FILE_PAGES = 2048
 INCOMING = "lists-incoming"  # the store's subdirectory of files not ingested yet
 
 # a list entry's value by its page's number of windows in the list: empty for one (most
@@ -168,6 +170,12 @@ class PendingLists:
         out[ranks(start + n_f, n_n)] = ords_n
         return n, out
 
+    def holds_any(self, ordinals: list[int]) -> bool:
+        """Whether any of ``ordinals`` may have entries pending."""
+        first = (self.flight[2][0][0] if self.flight is not None
+                 else self.pages[0][0] if self.pages else None)
+        return first is not None and bool(ordinals) and max(ordinals) >= first
+
     def mark_into(self, batch: Batch) -> bytes | None:
         """The mark of the files ingested since the last batch written, into ``batch``;
         returns it, for ``marked`` once the batch is written."""
@@ -188,7 +196,7 @@ class PendingLists:
     def drain(self, into_file: bool = False) -> None:
         """Every pending entry into the store now (the file in flight ingested, the rest
         written in one batch, or ``into_file``: one more file, built here): before a
-        removal reads the lists (a batch: revisits are frequent), and at close (a file)."""
+        page pending is removed (a batch), and at close (a file)."""
         if self.flight is not None:
             self._land()
         if self.pages and into_file:

@@ -740,7 +740,9 @@ class PassageIndex:
         written since are in no list and no forward record), whatever is removed from it;
         the marks of lists found long since the last batch are written here, before the
         removal can shrink them."""
-        if self.pending is not None:  # the lists are read whole from the store below
+        if self.pending is not None and self.pending.holds_any(ordinals):
+            # (a file ingested after this batch would bring their entries back; the entries
+            # of stored pages are deleted below whatever is pending)
             self.pending.drain()
         self._write_markers(batch)
         dead = np.unique(np.asarray(ordinals, dtype=np.int64))

@@ -41,6 +41,8 @@ from dupalign.errors import StoreError, StoreMismatch, StoreUnavailable
 FAMILIES = (
     "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables;
     # b"next_ordinal" -> the ordinal after the last one ever given (dupalign.index);
+    # b"lists_through" -> every page below has its inverted-list entries in ``oph``
+    # (dupalign.list_files: the later pages' are read back from their forward records);
     # b"published/" ‖ topic ‖ partition -> an offset below which the Kafka worker published
     # every page's matches
     "docs",  # ordinal -> doc record (msgpack)
