@@ -60,6 +60,13 @@ INCOMING = "lists-incoming"  # the store's subdirectory of files not ingested ye
 _COUNT_VALUES = np.array([b"", b""] + [COUNT.pack(n) for n in range(2, 256)], dtype=object)
 
 
+def entries(bins: I64, keys: U64, ordinal: int) -> npt.NDArray[Any]:
+    """The page ``ordinal``'s entries in the lists (bin, key), as ``LIST_KEY`` records."""
+    out = np.empty(len(bins), dtype=LIST_KEY)
+    out["bin"], out["key"], out["ordinal"] = bins, keys, ordinal
+    return out
+
+
 def count_values(n_windows: I64) -> list[bytes]:
     """The list entries' values for ``n_windows`` (each >= 1) windows of the page."""
     values = _COUNT_VALUES[np.minimum(n_windows, len(_COUNT_VALUES) - 1)]

@@ -648,8 +648,7 @@ class PassageIndex:
             r.bin, r.key, r.i_lo, r.i_hi, r.j_lo, r.j_hi, r.empty, nonempty))
         batch.put("positions", prefix_ord, state.positions)
         # the page in each list of its non-empty windows, with its number of windows there
-        keys = np.empty(len(l_bins), dtype=_LIST_KEY)
-        keys["bin"], keys["key"], keys["ordinal"] = l_bins, l_keys, ordinal
+        keys = list_files.entries(l_bins, l_keys, ordinal)
         if self.pending is not None:  # written behind, once committed (dupalign.list_files)
             self._entries = (ordinal, keys, n_windows)
         else:
@@ -717,10 +716,8 @@ class PassageIndex:
             for key, record in self.store.items_from("forward", raw):
                 bins, keys, _, _, _ = forward.unpack_windows(record)
                 l_bins, l_keys, inverse = _distinct_lists(bins, keys.astype(np.uint64))
-                entries = np.empty(len(l_bins), dtype=_LIST_KEY)
-                entries["bin"], entries["key"] = l_bins, l_keys
-                entries["ordinal"] = read_u64(key)
-                pending.remember(read_u64(key), entries,
+                ordinal = read_u64(key)
+                pending.remember(ordinal, list_files.entries(l_bins, l_keys, ordinal),
                                  np.bincount(inverse, minlength=len(l_bins)))
             if not read_only:
                 pending.drain()
