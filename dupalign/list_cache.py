@@ -39,8 +39,8 @@ ENTRY_BYTES = 8  # a page ordinal (one per window of the page in the list)
 SLOT_BYTES = 8 * 6 + 2 * 16  # slot arrays + hash table rows (at most half full)
 LONG = -1  # s_len of a list known to be long
 _SLOT_ARRAYS = ("s_start", "s_len", "s_cap", "s_used", "s_bin", "s_key")
-_EMPTY = -1  # hash table row not in use (its second column)
-_BIN_BITS = 16  # bins (OPH) and hash functions (MonoActive) number at most 1024
+EMPTY = -1  # hash table row not in use (its second column)
+BIN_BITS = 16  # bins (OPH) and hash functions (MonoActive) number at most 1024
 
 
 class ListCache:
@@ -60,7 +60,7 @@ class ListCache:
         self.s_bin = np.zeros(1 << 10, dtype=np.int64)
         self.s_key = np.zeros(1 << 10, dtype=np.int64)
         self.n_slots = 0
-        self.table = np.full((1 << 11, 2), _EMPTY, dtype=np.int64)
+        self.table = np.full((1 << 11, 2), EMPTY, dtype=np.int64)
         self.ords = np.zeros(1 << 12, dtype=np.int64)
         self.end = 0  # arena rows in use (including runs of dropped or moved lists)
 
@@ -70,7 +70,7 @@ class ListCache:
     def reset(self) -> None:
         """Forget every list, keeping the arrays' room (``clear`` starts them small)."""
         self.n_slots = self.end = self.clock = 0
-        self.table[:, 1] = _EMPTY
+        self.table[:, 1] = EMPTY
 
     @property
     def bytes_used(self) -> int:
@@ -159,7 +159,7 @@ class ListCache:
             size = len(self.table)
             while 2 * (self.n_slots + new_slots) > size:
                 size *= 2
-            self.table = np.full((size, 2), _EMPTY, dtype=np.int64)
+            self.table = np.full((size, 2), EMPTY, dtype=np.int64)
             _fill(self.table, self.s_bin, self.s_key, self.n_slots)
         if self.end + new_rows > len(self.ords):
             self._grow_arena(max(2 * len(self.ords), self.end + new_rows))
@@ -173,12 +173,12 @@ class ListCache:
         self.n_slots, self.end = _compact(self.s_start, self.s_len, self.s_cap, self.s_used,
                                           self.s_bin, self.s_key, self.n_slots, self.ords,
                                           keep)
-        self.table[:, 1] = _EMPTY
+        self.table[:, 1] = EMPTY
         _fill(self.table, self.s_bin, self.s_key, self.n_slots)
 
 
 @njit(cache=True)
-def _find(table: I64, b: int, key: int) -> tuple[int, int]:
+def probe(table: I64, b: int, key: int) -> tuple[int, int]:
     """``(slot, row)`` of the list (b, key), or ``(-1, free row)`` if it is not in the table."""
     mask = table.shape[0] - 1
     h = (np.uint64(key) ^ (np.uint64(b) * np.uint64(0x9E3779B97F4A7C15))) * np.uint64(
@@ -186,10 +186,10 @@ def _find(table: I64, b: int, key: int) -> tuple[int, int]:
     i = np.int64(h >> np.uint64(32)) & mask
     while True:
         v = table[i, 1]
-        if v == _EMPTY:
+        if v == EMPTY:
             return -1, i
-        if table[i, 0] == key and (v & ((1 << _BIN_BITS) - 1)) == b:
-            return v >> _BIN_BITS, i
+        if table[i, 0] == key and (v & ((1 << BIN_BITS) - 1)) == b:
+            return v >> BIN_BITS, i
         i = (i + 1) & mask
 
 
@@ -197,16 +197,16 @@ def _find(table: I64, b: int, key: int) -> tuple[int, int]:
 def _fill(table: I64, s_bin: I64, s_key: I64, n_slots: int) -> None:
     """Put slots ``0..n_slots-1`` into an empty table."""
     for s in range(n_slots):
-        _, i = _find(table, s_bin[s], s_key[s])
+        _, i = probe(table, s_bin[s], s_key[s])
         table[i, 0] = s_key[s]
-        table[i, 1] = (s << _BIN_BITS) | s_bin[s]
+        table[i, 1] = (s << BIN_BITS) | s_bin[s]
 
 
 @njit(cache=True)
 def _lookup(table: I64, s_used: I64, bins: I64, keys: I64, clock: int) -> I64:
     out = np.full(bins.shape[0], -1, dtype=np.int64)
     for x in range(bins.shape[0]):
-        s, _ = _find(table, bins[x], keys[x])
+        s, _ = probe(table, bins[x], keys[x])
         if s >= 0:
             out[x] = s
             if clock >= 0:
@@ -222,13 +222,13 @@ def _insert(
 ) -> tuple[I64, int, int]:  # fmt: skip
     out = np.empty(bins.shape[0], dtype=np.int64)
     for x in range(bins.shape[0]):
-        s, i = _find(table, bins[x], keys[x])
+        s, i = probe(table, bins[x], keys[x])
         if s < 0:
             s = n_slots
             n_slots += 1
             s_bin[s], s_key[s] = bins[x], keys[x]
             table[i, 0] = keys[x]
-            table[i, 1] = (s << _BIN_BITS) | bins[x]
+            table[i, 1] = (s << BIN_BITS) | bins[x]
         out[x] = s
         s_used[s] = clock
         if long[x]:
@@ -319,7 +319,7 @@ def _compact(
 def _remove(table: I64, s_start: I64, s_len: I64, a_ord: I64, bins: I64, keys: I64,
             dead: I64) -> None:
     for x in range(bins.shape[0]):
-        s, _ = _find(table, bins[x], keys[x])
+        s, _ = probe(table, bins[x], keys[x])
         if s < 0 or s_len[s] == LONG:
             continue
         a, n, w = s_start[s], s_len[s], 0

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from rocksdict import SstFileWriter
 
-from dupalign.list_cache import ListCache
+from dupalign.list_chains import ListChains
 from dupalign.store import Batch, Store, store_error, table_file_options, u64
 
 I64 = npt.NDArray[np.int64]
@@ -134,10 +134,10 @@ class PendingLists:
     def __init__(self, store: Store, file_pages: int = FILE_PAGES) -> None:
         self.store = store
         self.file_pages = file_pages
-        # the pending entries by list, as the list cache keeps lists (an entry per window):
-        # of the pages not in a file yet, and of those in the file in flight
-        self.recent = ListCache(1 << 62)  # (never trimmed: holds at most one file's pages)
-        self.recent_flight = ListCache(1 << 62)
+        # the pending entries by list: of the pages not in a file yet, and of those in the
+        # file in flight
+        self.recent = ListChains()
+        self.recent_flight = ListChains()
         self.pages: list[PendingPage] = []  # not in a file yet
         # the file being built: its handle, last page, pages and build arguments
         self.flight: tuple[Handle, int, list[PendingPage], tuple[str, bytes, bytes]] | None = (
@@ -168,8 +168,8 @@ class PendingLists:
     def recent_entries(self, bins: I64, keys: U64) -> tuple[I64, I64]:
         """Per list (bin, key): the number of pending entries, and all of them in one array
         (list by list, each ascending: those in flight first)."""
-        n_f, ords_f = _entries(self.recent_flight, bins, keys)
-        n_n, ords_n = _entries(self.recent, bins, keys)
+        n_f, ords_f = self.recent_flight.entries(bins, keys)
+        n_n, ords_n = self.recent.entries(bins, keys)
         n = n_f + n_n
         start = np.cumsum(n) - n
         out = np.empty(int(n.sum()), dtype=np.int64)
@@ -231,21 +231,8 @@ class PendingLists:
             return False
         self.last = ordinal
         self.pages.append((ordinal, entries, counts))
-        self._recall(entries, counts, ordinal)
+        self.recent.add(entries["bin"], entries["key"], counts, ordinal)
         return True
-
-    def _recall(self, entries: npt.NDArray[Any], counts: I64, ordinal: int) -> None:
-        """A pending page's entries into ``recent``."""
-        bins = entries["bin"].astype(np.int64)
-        keys = entries["key"].astype(np.uint64)
-        slots = self.recent.lookup(bins, keys, touch=False)
-        new = slots < 0
-        if new.any():
-            n_new = int(np.count_nonzero(new))
-            slots[new] = self.recent.insert(bins[new], keys[new], np.zeros(n_new, np.bool_),
-                                            np.zeros(n_new + 1, np.int64),
-                                            np.zeros(0, np.int64))
-        self.recent.append_slots(np.repeat(slots, counts), ordinal)
 
     def _ship(self, here: bool = False) -> None:
         """The pending pages into a file, built by the pool (``submit``) or here."""
@@ -296,18 +283,6 @@ def _joined(pages: list[PendingPage]) -> bytes:
     """The pages' entries as ``LIST_KEY`` records in one buffer (not ``np.concatenate``:
     it would give them numpy's native byte order, and the keys would no longer sort)."""
     return b"".join(np.ascontiguousarray(e, dtype=LIST_KEY).tobytes() for _, e, _ in pages)
-
-
-def _entries(lists: ListCache, bins: I64, keys: U64) -> tuple[I64, I64]:
-    """Per list (bin, key), the number of its entries in ``lists``, and them all (list by
-    list)."""
-    slots = lists.lookup(bins, keys, touch=False)
-    has = slots >= 0
-    n = np.zeros(len(bins), dtype=np.int64)
-    start = np.zeros(len(bins), dtype=np.int64)
-    n[has] = lists.s_len[slots[has]]
-    start[has] = lists.s_start[slots[has]]
-    return n, lists.ords[ranks(start, n)]
 
 
 def ranks(starts: I64, counts: I64) -> I64:
