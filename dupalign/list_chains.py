@@ -41,10 +41,6 @@ class ListChains:
         self.end = self.n_lists = 0
         self.table[:, 1] = EMPTY
 
-    @property
-    def bytes_used(self) -> int:
-        return self.end * 24 + self.table.nbytes
-
     def add(self, bins: I64, keys: U64, windows: I64, ordinal: int) -> None:
         """Page ``ordinal``'s entries: ``windows[x]`` windows in list (bins[x], keys[x]),
         the lists distinct; ``ordinal`` above every ordinal added before."""
