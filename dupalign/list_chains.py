@@ -5,8 +5,9 @@ A committed page's entries wait in memory until they are written to a table file
 takes a page's entries with one hash probe each and a write at the arena's end: an entry
 (the page's ordinal, its number of windows in the list) points back at the list's entry
 before it, and the hash table row of the list holds its last entry. Nothing moves when a
-list grows (the list cache's runs move and double: that cost the index thread twice as
-much a page), and a page's windows in one list are one entry. Reads, rarer (only lists
+list grows (the list cache's runs move and double: kept there, the pending entries cost
+the index stage more than the list cache itself), and a page's windows in one list are
+one entry. Reads, rarer (only lists
 the cache misses), walk the chains back and lay them out in page order.
 
 The hash table is the list cache's (``probe``): a row is the key, and the list's last
