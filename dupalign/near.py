@@ -32,8 +32,9 @@ from dupalign.config import EngineConfig
 from dupalign.cws import CwsFilter, FilterStats, shingle_minhash_sketch
 from dupalign.idf import IdfBuilder, IdfTable, TfMode, counted_weights
 from dupalign.kernel_cache import njit
-from dupalign.psm import SimhashTable, psm_search_batch
+from dupalign.psm import psm_search_batch
 from dupalign.simhash import weighted_simhash
+from dupalign.simhash_table import SimhashTable
 from dupalign.store import Batch, Store, delete_ordinals, ordinal_ranges, u64
 from dupalign.vosh import VolatilityModel
 

@@ -11,12 +11,12 @@ from hypothesis import strategies as st
 
 from dupalign.bphs import BphsIndex
 from dupalign.psm import (
-    SimhashTable,
     brute_force_batch,
     brute_force_search,
     psm_search,
     psm_search_batch,
 )
+from dupalign.simhash_table import SimhashTable
 from dupalign.vosh import VolatilityModel, vosh_sets
 
 

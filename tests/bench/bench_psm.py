@@ -49,8 +49,9 @@ import numpy.typing as npt
 
 from dupalign.bphs import BphsIndex
 from dupalign.hashing import mix64
-from dupalign.psm import Mode, PsmBatchResult, SimhashTable, brute_force_batch, psm_search_batch
+from dupalign.psm import Mode, PsmBatchResult, brute_force_batch, psm_search_batch
 from dupalign.simhash import weighted_simhash_batch
+from dupalign.simhash_table import SimhashTable
 from dupalign.vosh import VolatilityModel
 
 VOCAB = 1 << 20
