@@ -49,7 +49,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from dupalign import forward, list_files, monoactive, passage_align, span_refine
+from dupalign import forward, list_files, monoactive, monoactive_query, passage_align, span_refine
 from dupalign.config import EngineConfig
 from dupalign.hashing import mix64
 from dupalign.kernel_cache import njit
@@ -245,7 +245,7 @@ class PassageIndex:
             self.w_match, self.w_empty, self.need = self.q, self.p, self.k * self.p
         else:
             self.w_match, self.w_empty = 1, 0
-            self.need = monoactive.threshold_count(self.k, (self.p, self.q))
+            self.need = monoactive_query.threshold_count(self.k, (self.p, self.q))
         self.counters = PassageCounters()
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
         self.cache = ListCache(config.cache.lists_mb << 20)
@@ -434,8 +434,8 @@ class PassageIndex:
             hvals = oph_values(units)
             return passage_align.passage_sketches(hvals, oph_bins(hvals, self.k), starts, ends,
                                                   self.k)
-        keys = monoactive.query_minhashes_many(units, starts, ends, self.k, "weighted",
-                                               tf=self._tf)
+        keys = monoactive_query.query_minhashes_many(units, starts, ends, self.k, "weighted",
+                                                     tf=self._tf)
         return keys, np.zeros(keys.shape, dtype=np.bool_)
 
     # -- store reads ------------------------------------------------------------------------
@@ -602,8 +602,10 @@ class PassageIndex:
         if self.cfg.mode == "oph":
             return span_refine.oph_estimates(a, b, np.array(boxes, dtype=np.int64), self.k)
         r = np.array(boxes, dtype=np.int64).reshape(-1, 4)
-        ka = monoactive.query_minhashes_many(a, r[:, 0], r[:, 1], self.k, "weighted", tf=self._tf)
-        kb = monoactive.query_minhashes_many(b, r[:, 2], r[:, 3], self.k, "weighted", tf=self._tf)
+        ka = monoactive_query.query_minhashes_many(a, r[:, 0], r[:, 1], self.k, "weighted",
+                                                   tf=self._tf)
+        kb = monoactive_query.query_minhashes_many(b, r[:, 2], r[:, 3], self.k, "weighted",
+                                                   tf=self._tf)
         return (np.count_nonzero(ka == kb, axis=1) / self.k).tolist()
 
     # -- writes -----------------------------------------------------------------------------

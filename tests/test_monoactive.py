@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dupalign import monoactive as M
+from dupalign import monoactive_query as Q
 from tests.oracles import monoactive as O
 
 # --- the paper's running example (Figure 1): T = ABABAABBCC with an explicit h(t, x) ---------
@@ -172,7 +173,7 @@ def test_compact_windows_all_functions(
 def test_query_minhashes(
     seq: list[int], k: int, mode: str, tf: M.TfMode, idf: dict[int, float]
 ) -> None:
-    got = M.query_minhashes(np.array(seq, dtype=np.uint64), k, mode, tf, idf)  # type: ignore[arg-type]
+    got = Q.query_minhashes(np.array(seq, dtype=np.uint64), k, mode, tf, idf)  # type: ignore[arg-type]
     for fn in range(k):
         if mode == "weighted":
             assert int(got[fn]) == O.minhash_weighted(seq, O.weighted_value(fn, tf, idf))
@@ -193,7 +194,7 @@ def test_query_minhashes_of_many_ranges_at_once(
                                 .map(lambda r: (min(r[0], r[1] - 1), r[1])), max_size=6))
     starts = np.array([a for a, _ in ranges], dtype=np.int64)
     ends = np.array([b for _, b in ranges], dtype=np.int64)
-    got = M.query_minhashes_many(np.array(seq, dtype=np.uint64), starts, ends, k, mode, tf, idf)  # type: ignore[arg-type]
+    got = Q.query_minhashes_many(np.array(seq, dtype=np.uint64), starts, ends, k, mode, tf, idf)  # type: ignore[arg-type]
     assert got.shape == (len(ranges), k)
     for p, (a, b) in enumerate(ranges):
         for fn in range(k):
@@ -216,7 +217,7 @@ def test_align_matches_brute_force(
 ) -> None:  # fmt: skip
     query = query[:6]
     weighted = mode == "weighted"
-    got = M.align_weighted(
+    got = Q.align_weighted(
         np.array(query, dtype=np.uint64), np.array(text, dtype=np.uint64), k, theta,
         mode, tf, idf, min_len,  # type: ignore[arg-type]
     )  # fmt: skip
@@ -232,10 +233,10 @@ def test_plane_sweep_of_colliding_windows(
     query: list[int], text: list[int], k: int, need: int, min_len: int
 ) -> None:
     w = M.compact_windows(np.array(text, dtype=np.uint64), k)
-    hit = M.colliding(w, M.query_minhashes(np.array(query, dtype=np.uint64), k))
+    hit = Q.colliding(w, Q.query_minhashes(np.array(query, dtype=np.uint64), k))
     rects = list(zip(hit.a.tolist(), hit.b.tolist(), hit.c.tolist(), hit.d.tolist(), strict=True))
     expect = O.brute_scan(rects, need, min_len)
-    got = M._scan(hit, need, min_len) if len(hit) >= need else []
+    got = Q._scan(hit, need, min_len) if len(hit) >= need else []
     assert got == expect
 
 
@@ -243,13 +244,13 @@ def test_plane_sweep_of_colliding_windows(
 
 
 def test_threshold_count_is_exact() -> None:
-    assert M.threshold_count(10, (3, 10)) == 3
-    assert M.threshold_count(64, (1, 3)) == 22
-    assert M.threshold_count(5, (1, 1)) == 5
+    assert Q.threshold_count(10, (3, 10)) == 3
+    assert Q.threshold_count(64, (1, 3)) == 22
+    assert Q.threshold_count(5, (1, 1)) == 5
     with pytest.raises(ValueError):
-        M.threshold_count(8, (0, 1))
+        Q.threshold_count(8, (0, 1))
     with pytest.raises(ValueError):
-        M.threshold_count(8, (3, 2))
+        Q.threshold_count(8, (3, 2))
 
 
 def test_tf_weights() -> None:
@@ -301,8 +302,8 @@ def test_icws_estimates_weighted_jaccard() -> None:
 def test_multiset_hash_estimates_multiset_jaccard() -> None:
     s, t = [1, 1, 1, 2, 3, 3], [1, 2, 2, 3, 4]
     k = 4000
-    qs = M.query_minhashes(np.array(s, dtype=np.uint64), k)
-    qt = M.query_minhashes(np.array(t, dtype=np.uint64), k)
+    qs = Q.query_minhashes(np.array(s, dtype=np.uint64), k)
+    qt = Q.query_minhashes(np.array(t, dtype=np.uint64), k)
     assert abs(np.mean(qs == qt) - float(O.multiset_jaccard(s, t))) < 0.03
 
 
@@ -312,7 +313,7 @@ def test_identical_query_finds_whole_text() -> None:
     q = text[60:110]
     modes: list[M.Mode] = ["multiset", "weighted"]
     for mode in modes:
-        got = M.align_weighted(q, text, 16, (1, 1), mode, "log")
+        got = Q.align_weighted(q, text, 16, (1, 1), mode, "log")
         assert (60, 110) in got or any(s <= 60 and e >= 110 for s, e in got)
 
 

@@ -1,6 +1,6 @@
 """The passage index over a real RocksDB store against pairwise alignment, and on real text.
 
-The pairwise aligners (``interval_scan.align`` for OPH, ``monoactive.align_weighted`` for
+The pairwise aligners (``interval_scan.align`` for OPH, ``monoactive_query.align_weighted`` for
 weighted Jaccard) are themselves tested against brute force in test_interval_scan.py and
 test_monoactive.py. Here the store path (inverted lists by (bin, min-hash), per-page
 candidate pruning, then empty windows of the surviving pages only) must report, per earlier
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dupalign import list_files, monoactive, passages
+from dupalign import list_files, monoactive, monoactive_query, passages
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
 from dupalign.hashing import token_hashes
@@ -96,7 +96,7 @@ class Pairwise:
             if self.cfg.mode == "oph":
                 found = align(oph_values(q_units), self.oph[o], k, self.theta, min_len)
             else:
-                found = monoactive.align_weighted(
+                found = monoactive_query.align_weighted(
                     q_units, u, k, self.theta, "weighted", tf=self.cfg.tf_mode,  # type: ignore[arg-type]
                     min_len=min_len, windows=self.mono[o])
             out |= {(o, s, e) for s, e in found}
@@ -114,8 +114,8 @@ class Pairwise:
                         and (b, int(qm[b])) not in self.stop)
             return n_mat / (k - n_emp)
         tf = self.cfg.tf_mode
-        a = monoactive.query_minhashes(q_units, k, "weighted", tf=tf)  # type: ignore[arg-type]
-        b = monoactive.query_minhashes(t_units, k, "weighted", tf=tf)  # type: ignore[arg-type]
+        a = monoactive_query.query_minhashes(q_units, k, "weighted", tf=tf)  # type: ignore[arg-type]
+        b = monoactive_query.query_minhashes(t_units, k, "weighted", tf=tf)  # type: ignore[arg-type]
         return sum(1 for f in range(k) if a[f] == b[f] and (f, int(a[f])) not in self.stop) / k
 
 
@@ -675,7 +675,7 @@ def test_span_estimates_equal_sketches_of_the_spans(mode: str, tmp_path: Path) -
         def sketch_of(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if mode == "oph":
                 return oph_sketch(oph_values(units), 16)
-            return (monoactive.query_minhashes(units, 16, "weighted", tf=idx._tf),
+            return (monoactive_query.query_minhashes(units, 16, "weighted", tf=idx._tf),
                     np.zeros(16, dtype=np.bool_))
 
         got = idx._estimates(a, b, boxes)

@@ -20,6 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dupalign import monoactive as M
+from dupalign import monoactive_query as Q
 from dupalign.hashing import token_hashes
 from tests.corpora import RFC
 from tests.oracles import monoactive as O
@@ -85,14 +86,14 @@ def alignment(quick: bool) -> None:
     hashes = token_hashes(words)
     k, theta = 16, (1, 2)
     for mode, tf in (("multiset", "raw"), ("weighted", "log")):  # numba warm-up
-        M.align_weighted(hashes[:8], hashes[:20], k, theta, mode, tf)  # type: ignore[arg-type]
+        Q.align_weighted(hashes[:8], hashes[:20], k, theta, mode, tf)  # type: ignore[arg-type]
     for n in [20, 40] if quick else [20, 40, 80]:
         text = hashes[100 : 100 + n]
         query = np.concatenate([text[5:9], hashes[:1], text[10:13]])  # 8 tokens, one edited
         for mode, tf in (("multiset", "raw"), ("weighted", "log")):
             weighted = mode == "weighted"
             t0 = time.perf_counter()
-            got = M.align_weighted(query, text, k, theta, mode, tf)  # type: ignore[arg-type]
+            got = Q.align_weighted(query, text, k, theta, mode, tf)  # type: ignore[arg-type]
             t1 = time.perf_counter()
             values = [
                 O.weighted_value(fn, tf) if weighted else O.multiset_value(fn) for fn in range(k)

@@ -1,7 +1,7 @@
-"""Brute-force twins for dupalign.monoactive: min-hashes of every subsequence computed from the
-definitions (Equations 1 and 4 of the MonoActive paper), all keys (Algorithm 3), active keys
-by Definition 12, vanilla Monotonic Partitioning over all keys with a plain sorted-list
-skyline (Algorithm 4), and alignment by enumerating every subsequence.
+"""Brute-force twins for dupalign.monoactive and dupalign.monoactive_query: min-hashes of every
+subsequence computed from the definitions (Equations 1 and 4 of the MonoActive paper), all
+keys (Algorithm 3), active keys by Definition 12, vanilla Monotonic Partitioning over all keys
+with a plain sorted-list skyline (Algorithm 4), and alignment by enumerating every subsequence.
 
 A "value function" ``value(t, x) -> (order, key)`` gives the hash value of the x-th occurrence
 of token t (multiset) or of token t at its weight for frequency x (weighted): ``order`` is a
