@@ -36,6 +36,7 @@ class InputError:
     code: str | None = None
     doc_id: str | None = None
     raw: bytes = b""
+    offset: int | None = None  # the record's byte offset in the file
 
 
 def is_warc(path: str | Path) -> bool:
@@ -189,10 +190,12 @@ class _OlderWarc(Exception):
     """fastwarc cannot read the file's first record header (a WARC version before 1.0)."""
 
 
-def _cut(where: str, got: int, declared: int, doc_id: str | None, raw: bytes) -> InputError:
+def _cut(where: str, got: int, declared: int, doc_id: str | None, raw: bytes,
+         offset: int) -> InputError:
     return InputError(
         where, f"truncated WARC record: the file holds {got} of its {declared} bytes "
-        "(Content-Length); not stored", code="truncated_warc", doc_id=doc_id, raw=raw)
+        "(Content-Length); not stored", code="truncated_warc", doc_id=doc_id, raw=raw,
+        offset=offset)
 
 
 def _iter_fastwarc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
@@ -219,7 +222,7 @@ def _iter_fastwarc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
                         raise _OlderWarc  # fastwarc read no header line of the first record
                     whole = True
                     uri = _clean_uri(rec.headers.get("WARC-Target-URI"))
-                    item = _fastwarc_record(rec, where, uri, is_response)
+                    item = _fastwarc_record(rec, where, uri, is_response, pos)
                     if isinstance(item, InputError) and item.code is not None:
                         last_cut = True
                         yield number, item
@@ -235,7 +238,8 @@ def _iter_fastwarc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
                     yield number, InputError(
                         f"{path} after byte {after - 1}",
                         f"corrupt or cut WARC data ({exc}): not stored; the records after "
-                        "it that can be found are read", code="corrupt_warc")
+                        "it that can be found are read", code="corrupt_warc",
+                        offset=after - 1)
                 if resume is None:
                     return
                 start, last = resume, None
@@ -246,7 +250,8 @@ def _iter_fastwarc(path: str | Path) -> Iterator[tuple[int, Page | InputError]]:
                     yield number, InputError(
                         f"{path} at byte {tail}",
                         "truncated WARC record: the file ends inside a record's first bytes "
-                        "(its header or gzip member); not stored", code="truncated_warc")
+                        "(its header or gzip member); not stored", code="truncated_warc",
+                        offset=tail)
             return
 
 
@@ -255,7 +260,7 @@ def _record_type(rec: WarcRecord) -> str:
 
 
 def _fastwarc_record(
-    rec: WarcRecord, where: str, uri: str | None, is_response: bool
+    rec: WarcRecord, where: str, uri: str | None, is_response: bool, pos: int
 ) -> Page | InputError | None:
     """The page of a response record, an InputError with a code for a record the file
     holds only part of, None for a whole record of another type; checks lengths (and a sha1
@@ -263,22 +268,22 @@ def _fastwarc_record(
     declared = rec.content_length  # the WARC Content-Length, before anything is read
     if rec.headers.get("Content-Length") is None:  # the file ends inside the header
         return InputError(where, "truncated WARC record: the file ends inside its header; "
-                          "not stored", code="truncated_warc", doc_id=uri)
+                          "not stored", code="truncated_warc", doc_id=uri, offset=pos)
     digest = rec.headers.get("WARC-Block-Digest") or ""
     if digest.lower().startswith("sha1:") and not rec.verify_block_digest():
         if rec.content_length < declared:  # fastwarc has buffered what the file holds
-            return _cut(where, rec.content_length, declared, uri, rec.reader.read())
+            return _cut(where, rec.content_length, declared, uri, rec.reader.read(), pos)
         return InputError(where, "WARC-Block-Digest does not match the record's content "
                           "(a corrupt record); not stored", code="corrupt_warc", doc_id=uri,
-                          raw=rec.reader.read())
+                          raw=rec.reader.read(), offset=pos)
     if not is_response:
         got = len(rec.reader.read())
-        return _cut(where, got, declared, uri, b"") if got < declared else None
+        return _cut(where, got, declared, uri, b"", pos) if got < declared else None
     rec.parse_http()
     remaining = rec.content_length  # the block after the HTTP header parse_http has read
     body = rec.reader.read()
     if len(body) < remaining:
-        return _cut(where, declared - remaining + len(body), declared, uri, body)
+        return _cut(where, declared - remaining + len(body), declared, uri, body, pos)
     if rec.http_headers is not None:
         if rec.http_headers.status_code not in (None, 200):
             return InputError(where, f"HTTP status {rec.http_headers.status_code}")
@@ -405,10 +410,10 @@ def _iter_legacy_warc(path: str | Path) -> Iterator[tuple[int, Page | InputError
                 where = (f"{path}#record {number} ({at} {pos})" if is_response
                          else f"{path} at {at} {pos}")
                 yield number, (
-                    _cut(where, len(block), length, uri, block) if length >= 0
+                    _cut(where, len(block), length, uri, block, pos) if length >= 0
                     else InputError(where, "truncated WARC record: the file ends inside it "
                                     "(its header or gzip member); not stored",
-                                    code="truncated_warc", doc_id=uri))
+                                    code="truncated_warc", doc_id=uri, offset=pos))
                 return
             if not is_response:
                 continue
