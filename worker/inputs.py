@@ -394,17 +394,18 @@ def _iter_legacy_warc(path: str | Path) -> Iterator[tuple[int, Page | InputError
             headers: dict[str, str] | None = None
             block, length = b"", -1
             try:
-                headers = _read_warc_headers(fh)
+                pos, headers = _read_warc_headers(fh)
                 if headers is None:
                     return
                 length = int(headers.get("content-length", "0") or 0)
                 block = fh.read(length)
             except EOFError:  # the file (or its gzip stream) ends inside the record
-                length = -1
+                length = -1  # what was read of it is not known
             is_response = headers is not None and headers.get("warc-type") == "response"
             if is_response:
                 number += 1
-            cut = headers is None or "content-length" not in headers or len(block) < length
+            cut = (headers is None or "content-length" not in headers or length < 0
+                   or len(block) < length)
             if cut:
                 uri = None if headers is None else _clean_uri(headers.get("warc-target-uri"))
                 where = (f"{path}#record {number} ({at} {pos})" if is_response
@@ -432,14 +433,16 @@ def _iter_legacy_warc(path: str | Path) -> Iterator[tuple[int, Page | InputError
             yield number, _page_or_error(where, uri, ctype, body, None)
 
 
-def _read_warc_headers(fh: IO[bytes] | gzip.GzipFile) -> dict[str, str] | None:
-    """A record's WARC headers, None at the end of the file; raises EOFError if the file
-    ends inside them (a cut record)."""
+def _read_warc_headers(fh: IO[bytes] | gzip.GzipFile) -> tuple[int, dict[str, str] | None]:
+    """Where the next record starts and its WARC headers (None at the end of the file);
+    raises EOFError if the file ends inside them (a cut record)."""
+    start = fh.tell()
     line = fh.readline()
     while line and not line.strip():
+        start = fh.tell()
         line = fh.readline()
     if not line:
-        return None
+        return start, None
     if not line.startswith(b"WARC/"):
         raise OSError(f"not a WARC record header: {line[:40]!r}")
     lines = []
@@ -450,7 +453,7 @@ def _read_warc_headers(fh: IO[bytes] | gzip.GzipFile) -> dict[str, str] | None:
         if not line.strip():
             break
         lines.append(line)
-    return _parse_header_lines(lines)
+    return start, _parse_header_lines(lines)
 
 
 def _parse_header_lines(lines: list[bytes]) -> dict[str, str]:
