@@ -29,7 +29,7 @@ SUPPORTED_TYPES = ("text/html", "application/xhtml+xml", "text/plain")
 class InputError:
     """An input item that is not a usable page, with why."""
 
-    where: str  # "file.jsonl:12" or "file.warc.gz#record 7"
+    where: str  # "file.jsonl:12" or "file.warc.gz#record 7 (byte 35216)"
     reason: str
     # set for input that is lost, not merely unusable (a WARC record cut or corrupt):
     # a machine code (``truncated_warc``, ``corrupt_warc``) and what could be read of it
