@@ -2,7 +2,9 @@
 
 Each page becomes one msgpack ``page`` message (validated against the schema before it is
 sent), keyed by the page id so that all versions of a document land in one partition, in
-order. Items that are not usable pages are reported on stderr and skipped. The producer is
+order. Items that are not usable pages are reported on stderr and skipped; those that are
+input lost rather than merely unusable (a WARC record the file holds only part of) are also
+sent to the dead-letter topic, so that nothing is dropped silently. The producer is
 idempotent (acks=all); every send is acknowledged before the command exits 0.
 """
 
@@ -12,9 +14,10 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError, KafkaError
@@ -33,6 +36,7 @@ class ProduceStats:
     sent: int = 0
     skipped: int = 0
     bytes: int = 0
+    dead_letters: int = 0  # of the skipped: sent to the dead-letter topic
 
 
 def new_producer(kafka: KafkaConfig) -> AIOKafkaProducer:
@@ -74,11 +78,30 @@ async def send_pages(
     return stats
 
 
+def file_dead_letter(
+    item: InputError, path: str, number: int, raw_max_bytes: int | None
+) -> dict[str, Any]:
+    """The dead letter of an input record lost in a file (``item.code`` set): its source is
+    the file, the record's byte offset and its number, not a Kafka record."""
+    dl = messages.dead_letter_to_wire(
+        error=item.code or "input", detail=f"{item.where}: {item.reason}", topic=path,
+        partition=0, offset=0, raw=item.raw,
+        key=None if item.doc_id is None else item.doc_id.encode("utf-8"),
+        failed_at_ms=int(time.time() * 1000), doc_id=item.doc_id, raw_max_bytes=raw_max_bytes)
+    dl["source"] = {"file": path, "offset": item.offset or 0, "record": number or None}
+    messages.validate("dead_letter", dl)
+    return dl
+
+
 async def produce_files(
     paths: list[str], kafka: KafkaConfig, topic: str, limit: int | None = None,
     progress: Progress | None = None, err: IO[str] = sys.stderr,
+    dlq_raw_max_bytes: int | None = None,
 ) -> ProduceStats:
+    """Send the pages of ``paths`` to ``topic``; records lost in a file (an InputError with a
+    code) also go to ``kafka.dlq_topic`` as dead letters."""
     stats = ProduceStats()
+    dead: list[asyncio.Future[object]] = []
 
     def report(message: str) -> None:
         if progress is not None:
@@ -94,6 +117,12 @@ async def produce_files(
                 if isinstance(item, InputError):
                     stats.skipped += 1
                     report(f"skipped {item.where}: {item.reason}")
+                    if item.code is not None:
+                        dl = file_dead_letter(item, path, number, dlq_raw_max_bytes)
+                        dead.append(await producer.send(
+                            kafka.dlq_topic, messages.pack(dl),
+                            key=messages.dead_letter_key(dl["key"])))
+                        stats.dead_letters += 1
                     continue
                 try:
                     _check_encodable(item)
@@ -109,6 +138,7 @@ async def produce_files(
     try:
         await producer.start()
         await send_pages(producer, topic, pages(), stats, progress)
+        await asyncio.gather(*dead)
     finally:
         await producer.stop()
         if progress is not None:
@@ -153,13 +183,17 @@ def run_produce(args: argparse.Namespace) -> int:
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
-        stats = asyncio.run(produce_files(args.inputs, config.kafka, topic, args.limit, progress))
+        stats = asyncio.run(produce_files(args.inputs, config.kafka, topic, args.limit, progress,
+                                          dlq_raw_max_bytes=config.worker.dlq_raw_max_bytes))
     except KafkaConnectionError as exc:
         raise CliError(f"cannot reach the Kafka broker at {config.kafka.bootstrap_servers} "
                        f"({exc}): {KAFKA_HINT}", Exit.KAFKA) from None
     except KafkaError as exc:
         raise CliError(f"Kafka error: {exc!r}", Exit.KAFKA) from None
-    print(f"produced {stats.sent} pages to {topic}, skipped {stats.skipped}", file=sys.stderr)
+    dead = (f" ({stats.dead_letters} of them cut or corrupt records, sent to "
+            f"{config.kafka.dlq_topic})" if stats.dead_letters else "")
+    print(f"produced {stats.sent} pages to {topic}, skipped {stats.skipped}{dead}",
+          file=sys.stderr)
     if stats.sent == 0:
         raise CliError("nothing was produced: no usable page in the inputs", Exit.NOTHING_DONE)
     return 0
