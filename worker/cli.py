@@ -79,9 +79,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.out:
         _check_out_path(args.out)
     pages = new = matches = errors = 0
-    if not args.quiet:
-        _note_first_compile("scan")
-    progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages")
+    compiling = not args.quiet and _note_first_compile("scan")
+    progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages",
+                        waiting=COMPILING if compiling else None)
     where: dict[int, str] = {}  # id(page) -> "path:line", for the rejection messages
 
     def pages_in() -> Iterator[tuple[Page, None]]:
@@ -127,14 +127,20 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _note_first_compile(command: str) -> None:
-    """A first run compiles the engine's numba kernels before its first page: say so."""
+COMPILING = "compiling kernels (first run, ~2 min)…"  # the progress bar's, until a page is done
+
+
+def _note_first_compile(command: str) -> bool:
+    """A first run compiles the engine's numba kernels before its first page: say so
+    (True: it does)."""
     from dupalign.kernel_cache import kernels_cached
 
-    if kernels_cached() is False:
-        print(f"dupalign {command}: compiling the engine's kernels on this first run (about "
-              "two minutes of CPU per process; cached, later runs start in seconds)",
-              file=sys.stderr)
+    if kernels_cached() is not False:
+        return False
+    print(f"dupalign {command}: compiling the engine's kernels on this first run (about "
+          "two minutes of CPU per process; cached, later runs start in seconds)",
+          file=sys.stderr)
+    return True
 
 
 def cmd_query(args: argparse.Namespace) -> int:
