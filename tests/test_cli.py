@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -139,6 +140,62 @@ def test_progress_off_a_terminal_is_whole_lines() -> None:
             "skipped x.jsonl:3: bad"]
 
 
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_lines_count_the_rate_from_the_first_page(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first run compiles for minutes before its first page: the rate counts from that
+    page (it read "0.0 pages/s" with the compile time in it), and no rate is shown before
+    a second page gives one."""
+    import io
+
+    from worker import progress as progress_module
+    from worker.cli import COMPILING
+
+    clock = _Clock()
+    monkeypatch.setattr(progress_module.time, "monotonic", clock)
+    stream = io.StringIO()
+    progress = progress_module.Progress(stream, lines=True, every_s=1, waiting=COMPILING)
+    clock.now += 120  # compiling
+    progress.update(1, "0 matches")
+    for _ in range(4):
+        clock.now += 0.5
+        progress.update(1, "0 matches")
+    progress.close()
+    assert stream.getvalue().splitlines() == ["3 pages, 2.0 pages/s, 0 matches",
+                                              "5 pages, 2.0 pages/s, 0 matches"]
+    assert progress.rate() == 2.0  # a page every 0.5 s
+
+
+def test_progress_bar_says_it_compiles_until_the_first_page() -> None:
+    """On a terminal (a fake one here), the bar names the wait instead of a rate, and
+    drops it once a page is done."""
+    import io
+
+    from worker.cli import COMPILING
+    from worker.progress import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = Progress(stream, waiting=COMPILING)
+    before = stream.getvalue().split("\r")[-1]
+    assert before.startswith(f"{COMPILING}: 0 pages") and "? pages/s" in before, before
+    progress.update(1, "2 matches")
+    progress.close()
+    after = stream.getvalue().split("\r")[-1]
+    assert after.startswith("1 pages") and "compiling" not in after and "2 matches" in after, after
+
+
 def test_stats_is_a_table_or_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = str(tmp_path / "s")
     assert main(["scan", str(DEMO / "rfc"), "--store", store, "--quiet"]) == 0
@@ -152,17 +209,37 @@ def test_stats_is_a_table_or_json(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert stats["pages"] == 4 and stats["params"]["seed"] == 24301
 
 
-def test_help_imports_neither_the_engine_nor_kafka() -> None:
-    """`dupalign --help` stays fast (README: about 0.1 s) because it imports no heavy module;
-    timed by hand, not here: this checks the cause."""
+def _commands() -> list[str]:
+    from worker.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sorted(sub.choices)
+
+
+@pytest.mark.parametrize("command", ["", *_commands()])
+def test_help_imports_neither_the_engine_nor_kafka(command: str) -> None:
+    """Every `--help` stays fast (issue 40: under 0.5 s; `worker --help` took 5 s) because
+    it imports no heavy module: timed by hand, not here, this checks the cause. The help
+    still lists every option of the command."""
     code = ("import sys\nfrom worker.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
-            "heavy = {'dupalign.engine', 'numba', 'numpy', 'rocksdict', 'aiokafka', 'fastwarc'}\n"
+            f"try:\n    main({[command, '--help'] if command else ['--help']!r})\n"
+            "except SystemExit as e:\n    assert e.code == 0\n"
+            "heavy = {'dupalign.engine', 'numba', 'numpy', 'rocksdict', 'aiokafka', 'fastwarc',"
+            " 'worker.service', 'worker.produce'}\n"
             "print(sorted(heavy & set(sys.modules)))\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=False)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout
+    *shown, imported = run.stdout.strip().splitlines()
+    assert imported == "[]", run.stdout
+    assert shown[0].startswith(f"usage: dupalign {command}".rstrip())
+    if command:
+        from worker.cli import build_parser
+
+        sub = next(a for a in build_parser()._actions
+                   if isinstance(a, argparse._SubParsersAction))
+        options = [o for a in sub.choices[command]._actions for o in a.option_strings]
+        assert "--help" in options and all(o in "\n".join(shown) for o in options)
 
 
 def _with_numba_cache(cache: Path, *args: str, code: str | None = None

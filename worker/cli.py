@@ -79,9 +79,9 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.out:
         _check_out_path(args.out)
     pages = new = matches = errors = 0
-    if not args.quiet:
-        _note_first_compile("scan")
-    progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages")
+    compiling = not args.quiet and _note_first_compile("scan")
+    progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages",
+                        waiting=COMPILING if compiling else None)
     where: dict[int, str] = {}  # id(page) -> "path:line", for the rejection messages
 
     def pages_in() -> Iterator[tuple[Page, None]]:
@@ -127,14 +127,20 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _note_first_compile(command: str) -> None:
-    """A first run compiles the engine's numba kernels before its first page: say so."""
+COMPILING = "compiling kernels (first run, ~2 min)…"  # the progress bar's, until a page is done
+
+
+def _note_first_compile(command: str) -> bool:
+    """A first run compiles the engine's numba kernels before its first page: say so
+    (True: it does)."""
     from dupalign.kernel_cache import kernels_cached
 
-    if kernels_cached() is False:
-        print(f"dupalign {command}: compiling the engine's kernels on this first run (about "
-              "two minutes of CPU per process; cached, later runs start in seconds)",
-              file=sys.stderr)
+    if kernels_cached() is not False:
+        return False
+    print(f"dupalign {command}: compiling the engine's kernels on this first run (about "
+          "two minutes of CPU per process; cached, later runs start in seconds)",
+          file=sys.stderr)
+    return True
 
 
 def cmd_query(args: argparse.Namespace) -> int:
@@ -245,7 +251,7 @@ def stats_table(store: str, stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dupalign",
         description="Streaming near-duplicate and copied-passage detection for web crawls.",
@@ -312,36 +318,21 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                               "stored: wrong matches); without it that exits 7")
     compact.set_defaults(func=cmd_compact)
 
-    # The Kafka commands import aiokafka: only when one of them is asked for.
-    chosen = _command_in(argv)
-    _add_kafka_command(sub, chosen, "worker", "worker.service", "add_worker_arguments",
-                       "run_worker", "run the Kafka worker service")
-    _add_kafka_command(sub, chosen, "produce", "worker.produce", "add_produce_arguments",
-                       "run_produce", "publish pages from files to a Kafka topic")
+    # Their arguments are defined apart (worker.kafka_args): the commands' modules import
+    # aiokafka and the engine, seconds of CPU that --help must not cost.
+    from worker.kafka_args import add_produce_arguments, add_worker_arguments
+
+    worker = sub.add_parser("worker", help="run the Kafka worker service")
+    add_worker_arguments(worker)
+    worker.set_defaults(func=_run_worker)
+    produce = sub.add_parser("produce", help="publish pages from files to a Kafka topic")
+    add_produce_arguments(produce)
+    produce.set_defaults(func=_run_produce)
     return parser
 
 
-def _command_in(argv: Sequence[str] | None) -> str | None:
-    args = sys.argv[1:] if argv is None else list(argv)
-    return next((a for a in args if not a.startswith("-")), None)
-
-
-def _add_kafka_command(sub: Any, chosen: str | None, name: str, module: str, add: str,
-                       run: str, help_: str) -> None:
-    p = sub.add_parser(name, help=help_)
-    if chosen != name:  # listed in --help, never parsed: its module is not imported
-        return
-    import importlib
-
-    mod = importlib.import_module(module)
-    getattr(mod, add)(p)
-    if name == "worker":
-        p.set_defaults(func=lambda args: _run_worker(mod, args))
-    else:
-        p.set_defaults(func=getattr(mod, run))
-
-
-def _run_worker(service: Any, args: argparse.Namespace) -> int:
+def _run_worker(args: argparse.Namespace) -> int:
+    from worker import service
     from worker.exits import check_broker_reachable
 
     check_broker_reachable(service.config_from_args(args).kafka.bootstrap_servers)
@@ -350,8 +341,14 @@ def _run_worker(service: Any, args: argparse.Namespace) -> int:
     return int(service.run_worker(args))
 
 
+def _run_produce(args: argparse.Namespace) -> int:
+    from worker.produce import run_produce
+
+    return run_produce(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser(argv).parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -159,18 +159,6 @@ def _check_encodable(page: Page) -> None:
                                ) from None
 
 
-def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("inputs", nargs="+", metavar="FILE",
-                        help="JSON Lines (.jsonl[.gz]), WARC (.warc[.gz]), a directory of "
-                        ".txt/.html files, or one document (page ids as for `scan`)")
-    parser.add_argument("--bootstrap", metavar="HOST:PORT",
-                        help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
-    parser.add_argument("--topic", help="target topic (default: kafka.input_topic, 'pages')")
-    parser.add_argument("--config", metavar="FILE", help="TOML config (its [kafka] table)")
-    parser.add_argument("--limit", type=int, help="stop after this many pages")
-    parser.add_argument("--quiet", action="store_true", help="no progress line")
-
-
 def run_produce(args: argparse.Namespace) -> int:
     """Raises ConfigError, InputsUnusable or CliError (one-line errors, see worker.exits)."""
     overrides = {"kafka": {"bootstrap_servers": args.bootstrap}} if args.bootstrap else {}

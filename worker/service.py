@@ -101,6 +101,7 @@ from dupalign.pipeline import default_jobs
 from worker import messages
 from worker.config import Config, load_config
 from worker.http import HttpServer
+from worker.kafka_args import add_worker_arguments
 from worker.log_repeats import RepeatFolder
 from worker.messages import MessageRejected
 from worker.metrics import WorkerMetrics
@@ -951,26 +952,6 @@ def setup_logging(level: str, fmt: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLevelName(level)))
-
-
-def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap", metavar="HOST:PORT",
-                        help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
-    parser.add_argument("--store", metavar="DIR",
-                        help="RocksDB store directory (needed by the index and shard roles; "
-                             "the align role keeps its forward records under DIR/align, "
-                             "else in a temporary directory)")
-    parser.add_argument("--roles", default="sketch,index,align", metavar="ROLES",
-                        help="comma-separated roles of the topology to run here: sketch, "
-                        "index, shard (kafka.index_shards > 1), align (default sketch,index,"
-                        "align: the single worker; docs/topology.md)")
-    parser.add_argument("--config", metavar="FILE",
-                        help="TOML config ([kafka], [worker], [metrics], [engine]); "
-                        "DUPALIGN_<TABLE>_<KEY> environment variables override it")
-    parser.add_argument("--group", help="consumer group id (overrides kafka.group_id)")
-    parser.add_argument("--metrics-port", type=int,
-                        help="HTTP port for /metrics, /healthz, /readyz (0 = any free port)")
-    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
