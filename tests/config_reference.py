@@ -13,7 +13,7 @@ import ast
 import importlib
 import inspect
 import re
-from dataclasses import MISSING, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,7 +45,7 @@ def _engine_checks() -> dict[str, str]:
         if node.func.id not in ("_check_range", "_check_choice") or not node.args:
             continue
         key = node.args[0]
-        if not isinstance(key, ast.Constant):
+        if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
             continue
         if node.func.id == "_check_range":
             lo, hi = (_value(a) for a in node.args[2:4])
@@ -104,13 +104,15 @@ def rows() -> dict[str, list[tuple[str, str, str, str]]]:
                 allowed = "increasing positive page counts"
             if (section, f.name) in frozen:
                 allowed = f"{allowed}; frozen" if allowed else "frozen"
-            items.append((f"engine.{section}.{f.name}", _type(default), _show(default), allowed or "any"))
+            items.append((f"engine.{section}.{f.name}", _type(default), _show(default),
+                          allowed or "any"))
         tables[f"[engine.{section}]"] = items
     svc = service_config()
     for table, cls in svc.TABLES.items():
+        defaults = cls()
         items = []
         for f in fields(cls):
-            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            default = getattr(defaults, f.name)
             meta = f.metadata
             if "range" in meta:
                 allowed = f"{meta['range'][0]} – {meta['range'][1]}"
@@ -134,26 +136,28 @@ def meanings(text: str) -> dict[str, str]:
 
 HEAD = """# Configuration reference
 
-Every key once. One TOML file (`--config FILE`): the engine reads its `[engine]` table (and the sub-tables
-below); the worker and the roles also read `[kafka]`, `[worker]` and `[metrics]`. `dupalign scan`, `query`,
-`delete` and `compact` read `[engine]` only. An example file: [deploy/dupalign.toml](../deploy/dupalign.toml).
+Every key once. One TOML file (`--config FILE`): the engine reads its `[engine]` table (and the
+sub-tables below); the worker and the roles also read `[kafka]`, `[worker]` and `[metrics]`.
+`dupalign scan`, `query`, `delete` and `compact` read `[engine]` only. An example file:
+[deploy/dupalign.toml](../deploy/dupalign.toml).
 
 **Precedence**: defaults < the TOML file < environment variables < command-line flags.
 
-**Environment**: `DUPALIGN_<TABLE>_<KEY>` overrides a key, e.g. `DUPALIGN_KAFKA_BOOTSTRAP_SERVERS=broker:9092`,
-`DUPALIGN_WORKER_BATCH_SIZE=128`; engine keys take their section: `DUPALIGN_ENGINE_NEAR_HAMMING=4` is
-`[engine.near] hamming`, `DUPALIGN_ENGINE_SEED=7` is `[engine] seed`. String keys take the value verbatim (a
-password may look like a number); other keys parse it as a TOML value. An unknown key, in the file or the
+**Environment**: `DUPALIGN_<TABLE>_<KEY>` overrides a key, e.g.
+`DUPALIGN_KAFKA_BOOTSTRAP_SERVERS=broker:9092`, `DUPALIGN_WORKER_BATCH_SIZE=128`; engine keys take
+their section: `DUPALIGN_ENGINE_NEAR_HAMMING=4` is `[engine.near] hamming`,
+`DUPALIGN_ENGINE_SEED=7` is `[engine] seed`. String keys take the value verbatim (a password may
+look like a number); other keys parse it as a TOML value. An unknown key, in the file or the
 environment, stops start-up.
 
-**Checks**: every value is checked at start-up; a bad one stops it with one line naming the key and what is
-allowed (exit code 2). "Frozen" keys are recorded in the store when it is made: opening it with other values
-fails with a message listing them (exit code 4), and readers (`query`, `stats`) take them from the store.
-Other keys may change between runs. Cache sizes change speed only, never results.
+**Checks**: every value is checked at start-up; a bad one stops it with one line naming the key
+and what is allowed (exit code 2). "Frozen" keys are recorded in the store when it is made:
+opening it with other values fails with a message listing them (exit code 4), and readers
+(`query`, `stats`) take them from the store. Other keys may change between runs. Cache sizes
+change speed only, never results.
 
-This file is checked against the code by `tests/test_docs.py`; after changing a key, run
-`python -m tests.config_reference --write` and fill in the meaning of any new key.
-"""
+This file is checked against the code by `tests/test_docs.py`; after changing a key, run `python
+-m tests.config_reference --write` and fill in the meaning of any new key."""
 
 
 def render(old: str) -> str:

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 # a relative Markdown link target, or a repository path named in code spans
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+COMMAND = re.compile(r"python -m tests\.bench|make (bench|demo)|[Cc]ommand|script not kept")
 CODE_PATH = re.compile(r"`((?:deploy|docs|demo|tests)/[\w./-]+)`")
 
 
@@ -39,8 +40,7 @@ def test_performance_pages_are_narrow_and_give_commands() -> None:
         assert not wide, f"{page.name}: lines over 200 characters: {wide}"
     for page in (p for p in pages if p.name != "README.md"):
         sections = page.read_text(encoding="utf-8").split("\n## ")[1:]
-        bare = [s.splitlines()[0] for s in sections
-                if not re.search(r"python -m tests\.bench|make (bench|demo)|[Cc]ommand|script not kept", s)]
+        bare = [s.splitlines()[0] for s in sections if not COMMAND.search(s)]
         assert not bare, f"{page.name}: sections without a command: {bare}"
 
 
