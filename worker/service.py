@@ -1,73 +1,8 @@
 """The Kafka worker: pages in, matches and dead letters out, one page at a time through the
 engine, offsets committed only after the page's output is durable.
 
-Pipeline (one event loop, one engine thread)::
-
-    fetcher ──(micro-batches per partition, bounded: partitions pause when full)──▶
-    processor ──▶ engine thread: decode → validate → Engine.process (store WriteBatch)
-              ──▶ publish matches / dead letters ──▶ commit the batch's offsets
-
-Delivery guarantee. For every input record the order is: (1) the engine writes the page and
-the partition's next offset to RocksDB in one WriteBatch; (2) the batch's matches and dead
-letters are produced; (3) the consumed offset is committed. A crash anywhere before (3)
-makes the record be consumed again from the last committed offset; the engine recognises a
-page it has already stored and returns exactly the matches it returned the first time, so
-nothing is lost and the output is the same. A page removed from the store is no longer
-recognised, so nothing removes a page whose batch is not committed: a batch is cut into
-parts, each committed before the next, before any record that deletes or replaces a page
-stored earlier in the same part (``removal_cut``), and the retention sweep runs only
-before a part, when everything stored earlier is committed (after a restart: once the
-pages the store holds past the group's commit are published again).
-
-* ``kafka.transactions = true`` (default): (2) and (3) are one Kafka transaction
-  (``send_offsets_to_transaction``) on a transactional producer per input partition (aiokafka
-  is pre-KIP-447, so one transactional id per partition fences a previous owner).
-  Consumers reading ``matches`` with ``isolation.level=read_committed`` see every match
-  exactly once: an aborted or unfinished transaction's messages are never visible, and the
-  replay republishes them in a new one.
-* ``kafka.transactions = false``: idempotent producer, offsets committed after all sends are
-  acknowledged. At-least-once: a crash between (2) and (3) republishes that batch's output;
-  every duplicate is byte-identical except ``detected_at`` and carries the same
-  ``dupalign-source`` header (topic:partition:offset), so consumers can drop it.
-
-Failures. Only what is wrong with one record (undecodable, schema, size, no text: a
-``MessageRejected`` or the engine's ``PageRejected``) becomes a dead letter. A store failure
-(``StoreError``: disk full, I/O error, read-only file system, corruption, lock), a Kafka or
-producer failure, or any other unexpected exception stops the worker: the batch in hand is
-not committed (a transaction already open is aborted), ``/healthz`` answers 503, and the
-process exits with code 1 after one log line naming the cause and the offsets it committed
-last. Dead-lettering instead would commit past pages that were never stored, whose matches
-would then never be published. (An exception inside ``Engine.process`` that is not a
-store failure is a defect the page triggers and would recur on every restart:
-``worker.on_engine_error`` chooses between a dead letter, the default, and stopping.)
-
-Resuming. On start and on every assignment the worker resumes from the group's committed
-offset C, compared with the store's next offset S for that partition:
-
-* S >= C: seek C. Pages in [C, S) are in the store but their batch was not committed; the
-  engine replays their stored matches, which are published now (once, in a transaction).
-* No C (the group has no offset for the partition) but S: the store's note of the offset
-  below which this worker published everything (written after every commit) stands for C:
-  the group's offsets expired (``offsets.retention.minutes`` after the group emptied), were
-  deleted, or the group id changed. Without that note the partition's first pages were
-  stored and a crash came before their commit, so nothing of it was published: the worker
-  reads it from its beginning (replays, published now). Resuming at S would lose them.
-* S < C: the store lacks pages that the group has committed: a store restored from a
-  backup, a power loss that dropped unsynced RocksDB writes (the WAL is not fsynced per
-  page), a store that did not own the partition, or a commit made by something other than
-  this worker (an offset reset; older versions of this worker committed past pages they
-  dead-lettered when the store failed). The worker re-reads [S, C) to rebuild its index, and
-  must know whether the matches of that range were published. The store cannot know: what
-  it records about a batch (its pages, S) and anything it could record about the batch's
-  publication travel in the same stream of RocksDB writes, so whatever lost the pages of
-  [S, C) lost that record too, and a record the store holds only ever covers offsets below
-  S. The commit can: every commit of this worker carries the metadata ``PUBLISHED``, and is
-  made in the transaction that publishes the batch's output (transactional mode) or after
-  every send of the batch was acknowledged (otherwise), so a commit carrying it proves that
-  everything below C was published. With the mark, [S, C) is rebuilt silently; without it
-  (not known published) its output is published while it is rebuilt. While rebuilding
-  silently the worker commits nothing below C, so a crash during the rebuild resumes it,
-  again silently.
+The delivery guarantee (write, produce, commit), what stops the worker and how it resumes from
+the group's committed offset and the store's own: docs/delivery.md.
 """
 
 from __future__ import annotations
