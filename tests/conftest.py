@@ -77,9 +77,9 @@ def _skip_without_corpora(item: pytest.Item) -> None:
 
 
 class _SharedReads:
-    """The paths under the shared folder read while ``watching`` (one per process: audit
-    hooks cannot be removed, so the hook stays and is off between watches; each xdist worker
-    imports this conftest and installs its own)."""
+    """The paths under the shared folder read between ``watch`` and ``stop``. One per
+    process: audit hooks cannot be removed, so the hook stays, off between watches; each
+    xdist worker imports this conftest and installs its own."""
 
     _EVENTS = frozenset({"open", "os.scandir", "os.listdir", "subprocess.Popen"})
 
@@ -134,7 +134,10 @@ class _SharedReads:
         return list(dict.fromkeys(self.found))
 
 
-_shared_reads = _SharedReads(SHARED)
+# a shared folder holding the repository (DUPALIGN_SHARED=$HOME, say): its testdata/ only,
+# or every test would read it
+_shared_reads = _SharedReads(
+    TESTDATA if REPO.resolve().is_relative_to(SHARED.resolve()) else SHARED)
 
 
 def _unmarked_read_message(where: str, paths: list[str], advice: str) -> str:
