@@ -16,7 +16,12 @@ podman; they take minutes, so they run only with DUPALIGN_CONTAINER_TESTS=1.
 
 Tests marked ``testdata`` read the shared corpora in ``$DUPALIGN_SHARED/testdata`` (default
 ``../shared/testdata``): without them they are skipped with that reason, except under CI=true,
-where they fail.
+where they fail. A test that reads the shared folder without the marker fails, wherever the
+corpora are (``_SharedReads``): while an unmarked test's setup, call and teardown run, an audit
+hook notes every file opened and every directory listed under it, and every subprocess given
+a path under it; while a test module is imported, every file opened under it. Not seen: what
+a subprocess finds there on its own (from an inherited DUPALIGN_SHARED or a config file), and
+C/C++ code opening files directly (RocksDB).
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.corpora import TESTDATA
+from tests.corpora import SHARED, TESTDATA
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SH = REPO / "deploy" / "kafka" / "broker.sh"
@@ -61,13 +67,139 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         _stop_broker(broker_dir)
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
+def _skip_without_corpora(item: pytest.Item) -> None:
     if item.get_closest_marker("testdata") is not None and not TESTDATA.is_dir():
         message = (f"needs the shared test corpora: {TESTDATA} not found "
                    "(set DUPALIGN_SHARED to the folder holding testdata/)")
         if _in_ci():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)
+
+
+class _SharedReads:
+    """The paths under the shared folder read between ``watch`` and ``stop``. One per
+    process: audit hooks cannot be removed, so the hook stays, off between watches; each
+    xdist worker imports this conftest and installs its own."""
+
+    _EVENTS = frozenset({"open", "os.scandir", "os.listdir", "subprocess.Popen"})
+
+    def __init__(self, shared: Path) -> None:
+        roots = {os.path.abspath(shared), os.path.realpath(shared)}
+        self.prefixes = tuple(root.rstrip(os.sep) + os.sep for root in roots)
+        self.roots = frozenset(root.rstrip(os.sep) for root in roots)
+        self.events: frozenset[str] = frozenset()  # the events noted now: none between watches
+        self.found: list[str] = []
+        sys.addaudithook(self._audit)
+
+    def _under(self, path: object) -> str | None:
+        if isinstance(path, os.PathLike):
+            path = os.fspath(path)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not isinstance(path, str):  # a file descriptor, or None (the working directory)
+            return None
+        if not path.startswith(self.prefixes) and path not in self.roots:
+            if os.path.isabs(path) and ".." not in path:  # the common case: quick
+                return None
+            path = os.path.abspath(path)
+            if not path.startswith(self.prefixes) and path not in self.roots:
+                return None
+        return path
+
+    def _audit(self, event: str, args: tuple[object, ...]) -> None:
+        # on every audit event of the process (files opened by imports included): the
+        # set lookup first, which is all it costs between watches
+        if event not in self.events:
+            return
+        if event == "subprocess.Popen":  # (executable, args, cwd, env): an argument naming
+            _, argv, cwd, _ = args       # a path under the folder, or run in it
+            argv = [argv] if isinstance(argv, str | bytes | os.PathLike) else argv or []
+            for arg in [*argv, cwd]:
+                text = os.fsdecode(os.fspath(arg)) if isinstance(
+                    arg, str | bytes | os.PathLike) else ""
+                if any(root in text for root in self.roots):
+                    self.found.append(f"{text} (given to a subprocess)")
+                    return
+            return
+        path = self._under(args[0])
+        if path is not None:
+            self.found.append(path)
+
+    def watch(self, events: frozenset[str]) -> None:
+        self.found = []
+        self.events = events
+
+    def stop(self) -> list[str]:
+        self.events = frozenset()
+        return list(dict.fromkeys(self.found))
+
+
+# a shared folder holding the repository (DUPALIGN_SHARED=$HOME, say): its testdata/ only,
+# or every test would read it
+_shared_reads = _SharedReads(
+    TESTDATA if REPO.resolve().is_relative_to(SHARED.resolve()) else SHARED)
+
+
+def _unmarked_read_message(where: str, paths: list[str], advice: str) -> str:
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return (f"{where} reads the shared folder {SHARED} without @pytest.mark.testdata: {shown}. "
+            f"{advice} so that it is skipped where the corpora are missing.")
+
+
+def _watched(item: pytest.Item) -> Generator[None, None, None]:
+    """Runs one phase of an unmarked test (the hook's yield) with the reads noted; fails it
+    if it read the shared folder (also when the phase failed: the reason comes first)."""
+    if item.get_closest_marker("testdata") is not None:
+        return (yield)
+    _shared_reads.watch(_SharedReads._EVENTS)
+    try:
+        return (yield)
+    finally:
+        found = _shared_reads.stop()
+        if found:
+            pytest.fail(_unmarked_read_message(
+                item.nodeid, found, "Add @pytest.mark.testdata to the test (or a pytestmark "
+                "to its module)"), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    _skip_without_corpora(item)
+    return (yield from _watched(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _watched(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _watched(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[
+        None, pytest.CollectReport, pytest.CollectReport]:
+    """A test module that opens a file of the shared folder while it is imported fails to
+    collect: whether its tests are marked is not known then (listing the folder to
+    parametrize marked tests is fine: tests/test_cli.py)."""
+    if not isinstance(collector, pytest.Module):
+        return (yield)
+    _shared_reads.watch(frozenset({"open"}))
+    try:
+        report = yield
+    finally:
+        found = _shared_reads.stop()
+    if found:
+        message = _unmarked_read_message(
+            f"{collector.nodeid} (at import)", found,
+            "Read it in a test or fixture marked @pytest.mark.testdata instead")
+        if report.outcome == "failed":  # the read itself failed: the reason comes first
+            message += f"\n\n{report.longrepr}"
+        report.outcome = "failed"
+        report.longrepr = message
+    return report
 
 
 def _start_broker(broker_dir: Path) -> tuple[int, str]:

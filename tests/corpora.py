@@ -3,7 +3,9 @@ corpora of the shared test data (Clough, RFCs, WARC crawls) and the llvm docs.
 
 The shared test data lives in ``$DUPALIGN_SHARED/testdata``, by default ``../shared`` beside
 the repository. Tests that need it carry ``@pytest.mark.testdata``: without it they are
-skipped with the reason, except under ``CI=true``, where they fail (tests/conftest.py).
+skipped with the reason, except under ``CI=true``, where they fail (tests/conftest.py). A
+test that reads it without the marker fails, also where it is present: the helpers here read
+it when called, never at import, so only the tests calling them need the marker.
 
 Text comes back exactly as the engine sees it (``dupalign.text.page_text``), so character
 ranges in a Match's spans index into the strings returned here.

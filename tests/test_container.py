@@ -120,6 +120,7 @@ def topology_env(topo: Topology) -> dict[str, str]:
     return env
 
 
+@pytest.mark.testdata
 async def test_the_compose_topology_from_the_image_gives_the_matches_of_scan(
     image: tuple[str, list[str]], kafka_bootstrap: str, tmp_path: Path
 ) -> None:

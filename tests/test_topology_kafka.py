@@ -442,6 +442,7 @@ class _StopsBetweenItsSends(SketchRole):
         raise RuntimeError("stopped between the sequence and sketch sends")
 
 
+@pytest.mark.testdata
 async def test_at_least_once_a_sketch_process_stopped_between_its_sends_stalls_nothing(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """``kafka.transactions = false``: a batch's pages are sequenced, and the sketch process
@@ -515,6 +516,7 @@ async def test_groups_without_offsets_resume_where_the_sequence_and_the_store_sa
     assert got == expected
 
 
+@pytest.mark.testdata
 async def test_an_index_store_from_before_align_shards_sends_every_forward_record_once(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """The upgrade: an index store without the forward mark (made before align shards) and
