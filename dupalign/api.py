@@ -118,7 +118,7 @@ class Detector:
 
     def __len__(self) -> int:
         """How many pages the store holds (current versions; deleted pages left)."""
-        return self._engine.indexer.alive
+        return self._engine.alive
 
     def stats(self) -> dict[str, Any]:
         """What ``dupalign stats --json`` prints: sizes, frozen parameters, counters."""

@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dupalign.kernel_cache import njit
-from dupalign.psm import PsmBatchResult, grow, popcount64
+from dupalign.psm import PsmBatchResult, bit_count64, grow
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -91,7 +91,7 @@ def _bphs_one(tables, tords, src_shift, widths, dst_shift, low_masks, prior_mask
             diff = px ^ tab[r]
             if diff & ~low:
                 break  # header mismatch: past the range
-            d = popcount64(diff)
+            d = bit_count64(diff)
             if d <= h:
                 dup = False
                 for i2 in range(i):

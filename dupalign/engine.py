@@ -13,7 +13,7 @@ returned).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -21,21 +21,25 @@ from typing import Any
 
 from dupalign.align import Aligner
 from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES, EngineConfig
-from dupalign.index import Indexer, IndexResult, IndexTimes
-from dupalign.match import Match, best_span
+from dupalign.index import Indexer, IndexResult, IndexTimes, StoredVersion
+from dupalign.match import Match, Span, best_span
 from dupalign.near import NearIndex
 from dupalign.page import Page
 from dupalign.passages import PassageIndex
 from dupalign.pipeline import ExecutorKind, WorkerPool, run_pipeline
-from dupalign.shard import ShardedIndexer, open_indexer
+from dupalign.shard import RemoteIndexer, ShardedIndexer, open_indexer
 from dupalign.sketch import PageSketch, Sketcher
 from dupalign.store import (
     ORDINAL_FAMILIES,
     PUBLISHED_PREFIX,
     Store,
+    forward_record,
+    get_note,
     offsets_key,
     parse_offsets_key,
+    put_note,
     read_u64,
+    stored_ordinals,
     u64,
 )
 from dupalign.text import tokenize
@@ -63,12 +67,14 @@ class Engine:
     """The duplicate engine over one store. Not thread-safe: call from one thread."""
 
     def __init__(self, store: Store, config: EngineConfig, read_only: bool = False,
-                 shards: int | None = None, remote_shards: bool = False) -> None:
+                 shards: int | None = None, remote_shards: RemoteIndexer | None = None
+                 ) -> None:
         self.config = config
         self.store = store
         self.read_only = read_only
         # one Indexer, or index shards (dupalign.shard); ``shards``: None takes the store's
-        # (``remote_shards``: the index role of the Kafka topology, its shards elsewhere)
+        # (``remote_shards``: builds the index stage of the Kafka topology's index role, its
+        # shards elsewhere)
         self.indexer: Indexer = open_indexer(store, config, read_only, shards, remote_shards)
         self.sketcher = Sketcher(config)
         self.aligner = Aligner(config, store)  # reads forward records from the store
@@ -93,7 +99,7 @@ class Engine:
     @classmethod
     def open(
         cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False,
-        shards: int | None = None, remote_shards: bool = False,
+        shards: int | None = None, remote_shards: RemoteIndexer | None = None,
     ) -> Engine:
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
@@ -176,8 +182,11 @@ class Engine:
             self.indexer.finish(self.indexer.skip(page.id, source), [])
             raise
 
-    def index(self, sk: PageSketch, source: Source | None = None) -> IndexResult:
-        return self.indexer.index(sk, source)
+    def index(self, sk: PageSketch, source: Source | None = None, defer: bool = False
+              ) -> IndexResult:
+        """The index stage; ``defer``: the page's matches are stored by ``finish`` (after
+        align) rather than now when it has no passage tasks."""
+        return self.indexer.index(sk, source, defer)
 
     def align(self, result: IndexResult) -> list[tuple[str, list[Any]]]:
         return [] if result.align is None else self.aligner.align(result.align)
@@ -258,29 +267,72 @@ class Engine:
             out[parse_offsets_key(key)] = read_u64(value)
         return out
 
-    def published_offsets(self) -> dict[tuple[str, int], int]:
-        """Per input partition, the offset below which every page's matches are recorded as
-        published (``note_published``)."""
+    def checkpoints(self) -> dict[tuple[str, int], int]:
+        """Per input partition, the caller's checkpoint (``set_checkpoint``)."""
         n = len(PUBLISHED_PREFIX)
         return {parse_offsets_key(key[n:]): read_u64(value)
                 for key, value in self.store.prefix("meta", PUBLISHED_PREFIX)}
 
-    def unpublished(self) -> dict[tuple[str, int], tuple[int, int]]:
-        """Per input partition whose stored offset is ahead of its published note: (note,
-        stored). A Kafka worker that restarts reads those records again and answers their
-        pages from the store as replays, so nothing may remove them before (the worker's
-        own sweep waits too). Empty for a store filled by ``scan``: it stores no offsets."""
-        noted = self.published_offsets()
+    def ahead_of_checkpoints(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Per input partition whose stored offset is ahead of its checkpoint: (checkpoint,
+        stored). A caller that restarts from its checkpoint reads those pages again and
+        gets them from the store as replays, so nothing may remove them before. Empty for
+        a store filled without checkpoints (``scan``: it stores no offsets)."""
+        noted = self.checkpoints()
         return {tp: (noted.get(tp, 0), stored) for tp, stored in self.stored_offsets().items()
                 if stored > noted.get(tp, 0)}
 
-    def note_published(self, topic: str, partition: int, offset: int) -> None:
-        """Record that the matches of every page of (topic, partition) below ``offset`` are
-        published: the Kafka worker's resume point when its group has lost its offsets. A
-        lower bound: written after the commit, so a crash between leaves the older one."""
+    def set_checkpoint(self, stream: str, partition: int, position: int) -> None:
+        """Record the caller's checkpoint of an input partition: the outputs of every page
+        read below ``position`` are delivered (the engine only keeps it: a resume point for
+        a caller that lost its own, and the bound ``ahead_of_checkpoints`` reports)."""
         if self.read_only:
             raise RuntimeError("engine opened read-only")
-        self.store.put("meta", PUBLISHED_PREFIX + offsets_key(topic, partition), u64(offset))
+        self.store.put("meta", PUBLISHED_PREFIX + offsets_key(stream, partition),
+                       u64(position))
+
+    # -- what a service reads and keeps beside the pages ---------------------------------------
+    @property
+    def alive(self) -> int:
+        """Pages stored (not removed)."""
+        return self.indexer.alive
+
+    def stored_ordinals(self, start: int = 0) -> Iterator[int]:
+        """The ordinals of the pages stored, from ``start`` on, ascending."""
+        return stored_ordinals(self.store, start)
+
+    def forward_record(self, ordinal: int) -> tuple[bytes, bytes] | None:
+        """The stored page's forward record, as the align stage reads it: its windows and
+        positions (None: a page without passages)."""
+        return forward_record(self.store, ordinal)
+
+    def note(self, name: str) -> bytes | None:
+        """A caller's value kept in the store (``dupalign.store.NOTES`` names them)."""
+        return get_note(self.store, name)
+
+    def put_note(self, name: str, value: bytes) -> None:
+        if self.read_only:
+            raise RuntimeError("engine opened read-only")
+        put_note(self.store, name, value)
+
+    def on_removed(self, callback: Callable[[list[int]], None] | None) -> None:
+        """Call ``callback`` with the ordinals of the pages that leave the store (deletes,
+        replaced versions, retention), after they left."""
+        self.indexer.on_removed = callback
+
+    def removes(self, sk: PageSketch) -> list[int]:
+        """The stored page that indexing ``sk`` removes, if any (``Indexer.removes``)."""
+        return self.indexer.removes(sk)
+
+    def expired(self, max_pages: int, max_age_s: int, now_ms: int | None, limit: int
+                ) -> list[StoredVersion]:
+        """The pages retention removes now, at most ``limit`` (``Indexer.expired``)."""
+        return self.indexer.expired(max_pages, max_age_s, now_ms, limit)
+
+    def finish(self, result: IndexResult, passages: list[tuple[str, list[Span]]]
+               ) -> list[Match]:
+        """Store the page's matches (the index stage's last step, after align)."""
+        return self.indexer.finish(result, passages)
 
     def stats(self) -> dict[str, Any]:
         c = self.indexer.counters

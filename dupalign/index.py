@@ -46,15 +46,10 @@ from dupalign.store import (
     read_u64,
     u64,
 )
+from dupalign.wire import INDEX_MESSAGE, pack_array, unpack_array
 
 I64 = npt.NDArray[np.int64]
 ENGINE_NAME = "dupalign"
-# 2: lists named by (bin, key); the candidates' windows from their forward records; 3: the
-# gathered windows in the narrowest types (pos_type, ord_type), positions records of 2-byte
-# steps (store format 7). Version 2 is read too (``unfinished`` records of format 6 stores,
-# requests of earlier index roles); earlier readers refuse 3, which they would misread.
-WIRE_VERSION = 3
-_READS = (2, 3)
 
 
 @dataclass
@@ -107,12 +102,13 @@ class AlignRequest:
         t = self.tasks
         lid_type = "<i2" if t.list_bin.shape[0] < (1 << 15) else "<i4"
         d = {
-            "ordinal": self.ordinal, "starts": _b(self.starts, "<i4"),
-            "ends": _b(self.ends, "<i4"), "positions": self.positions,
-            "k": int(t.lid.shape[1]), "lid_type": lid_type, "lid": _b(t.lid, lid_type),
+            "ordinal": self.ordinal, "starts": pack_array(self.starts, "<i4"),
+            "ends": pack_array(self.ends, "<i4"), "positions": self.positions,
+            "k": int(t.lid.shape[1]), "lid_type": lid_type, "lid": pack_array(t.lid, lid_type),
             "q_empty": np.packbits(t.q_empty).tobytes(),
-            "t_p": _b(t.t_p, "<u4"), "t_o": _b(t.t_o, "<u8"),
-            "list_bin": _b(t.list_bin, "<u2"), "list_key": _b(t.list_key, "<u8"),
+            "t_p": pack_array(t.t_p, "<u4"), "t_o": pack_array(t.t_o, "<u8"),
+            "list_bin": pack_array(t.list_bin, "<u2"),
+            "list_key": pack_array(t.list_key, "<u8"),
         }
         if forward:
             if not self.has_forward:
@@ -123,38 +119,40 @@ class AlignRequest:
             ord_type = "<u4" if fits("<u4", t.ords) else "<u8"
             pos_type = "<u2" if fits("<u2", t.rects, t.empty_lr) else "<i4"
             d.update({
-                "count": _b(t.count, "<u4"), "ord_type": ord_type,
-                "ords": _b(t.ords, ord_type), "pos_type": pos_type,
-                "rects": _b(t.rects, pos_type), "empty_keys": _b(t.empty_keys, "<u8"),
-                "empty_off": _b(t.empty_off, "<u4"), "empty_lr": _b(t.empty_lr, pos_type),
-                "others": _b(self.others, "<u8"), "other_ids": self.other_ids,
+                "count": pack_array(t.count, "<u4"), "ord_type": ord_type,
+                "ords": pack_array(t.ords, ord_type), "pos_type": pos_type,
+                "rects": pack_array(t.rects, pos_type),
+                "empty_keys": pack_array(t.empty_keys, "<u8"),
+                "empty_off": pack_array(t.empty_off, "<u4"),
+                "empty_lr": pack_array(t.empty_lr, pos_type),
+                "others": pack_array(self.others, "<u8"), "other_ids": self.other_ids,
                 "other_positions": self.other_positions})
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AlignRequest:
         k = d["k"]
-        lid = _a(d["lid"], d["lid_type"]).reshape(-1, k)
+        lid = _ints(d["lid"], d["lid_type"]).reshape(-1, k)
         q_empty = np.unpackbits(np.frombuffer(d["q_empty"], dtype=np.uint8),
                                 count=lid.size).astype(np.bool_).reshape(-1, k)
-        tasks = Tasks(_a(d["t_p"], "<u4"), _a(d["t_o"], "<u8"), lid, q_empty,
-                      _a(d["list_bin"], "<u2"),
+        tasks = Tasks(_ints(d["t_p"], "<u4"), _ints(d["t_o"], "<u8"), lid, q_empty,
+                      _ints(d["list_bin"], "<u2"),
                       np.frombuffer(d["list_key"], dtype="<u8").astype(np.uint64))
         if "rects" in d:
-            count = _a(d["count"], "<u4")
+            count = _ints(d["count"], "<u4")
             tasks.gathered = True
             tasks.start, tasks.count = np.cumsum(count) - count, count
             pos_type = d.get("pos_type", "<i4")  # (requests of earlier versions: wide)
-            tasks.ords = _a(d["ords"], d.get("ord_type", "<u8"))
+            tasks.ords = _ints(d["ords"], d.get("ord_type", "<u8"))
             tasks.rects = np.frombuffer(d["rects"], pos_type).astype(np.int32).reshape(-1, 4)
-            tasks.empty_keys = _a(d["empty_keys"], "<u8")
-            tasks.empty_off = _a(d["empty_off"], "<u4")
-            tasks.empty_lr = _a(d["empty_lr"], pos_type).reshape(-1, 2)
-        return cls(d["ordinal"], _a(d["starts"], "<i4"), _a(d["ends"], "<i4"), d["positions"],
+            tasks.empty_keys = _ints(d["empty_keys"], "<u8")
+            tasks.empty_off = _ints(d["empty_off"], "<u4")
+            tasks.empty_lr = _ints(d["empty_lr"], pos_type).reshape(-1, 2)
+        return cls(d["ordinal"], _ints(d["starts"], "<i4"), _ints(d["ends"], "<i4"), d["positions"],
                    tasks, list(d.get("other_ids", [])), list(d.get("other_positions", [])))
 
     def to_bytes(self, forward: bool = True) -> bytes:
-        return bytes(msgpack.packb({"v": WIRE_VERSION, **self.to_dict(forward)},
+        return bytes(msgpack.packb({"v": INDEX_MESSAGE.writes, **self.to_dict(forward)},
                                    use_bin_type=True))
 
     @classmethod
@@ -221,7 +219,7 @@ class IndexResult:
                                                             compare=False)
 
     def to_bytes(self) -> bytes:
-        d = {"v": WIRE_VERSION, "doc_id": self.doc_id,
+        d = {"v": INDEX_MESSAGE.writes, "doc_id": self.doc_id,
              "source": None if self.source is None else list(self.source),
              "ordinal": self.ordinal,
              "rejected": None if self.rejected is None else list(self.rejected),
@@ -374,7 +372,7 @@ class Indexer:
         """The page's matches and alignment tasks: the revisit relation to the version it
         replaces, then the exact match, or the near search and the passage tasks (``q``:
         what ``index`` found in the page directory). True: decided now; the index fan-in
-        of the Kafka topology (dupalign.shard ``FanInIndexer``) decides later, from its
+        of the Kafka topology (worker.fan_in ``FanInIndexer``) decides later, from its
         shards' partials, and returns False."""
         result, sk, prev, ordinal, times = q.result, q.sk, q.prev, q.ordinal, self.times
         skip = q.skip
@@ -488,7 +486,7 @@ class Indexer:
     def unfinished_results(self) -> list[IndexResult]:
         """Pages whose first batch was written but not their matches (a crash came
         between); ``self.unfinished`` counts them until they are finished."""
-        if "unfinished" not in self.store._cfs:  # a store opened read-only, made before it
+        if not self.store.has_family("unfinished"):  # a store opened read-only, made before it
             return []
         out = [IndexResult.from_bytes(v) for _, v in self.store.items("unfinished")]
         self.unfinished = len(out)
@@ -665,14 +663,10 @@ def _put_offset(batch: Any, source: tuple[str, int, int]) -> None:
 
 def _versioned(raw: bytes) -> dict[str, Any]:
     d: dict[str, Any] = msgpack.unpackb(raw, raw=False)
-    if d.get("v") not in _READS:
-        raise ValueError(f"message version {d.get('v')!r}, expected one of {_READS}")
+    INDEX_MESSAGE.check(d.get("v"))
     return d
 
 
-def _b(a: npt.NDArray[Any], dtype: str) -> bytes:
-    return np.ascontiguousarray(a, dtype=dtype).tobytes()
-
-
-def _a(raw: bytes, dtype: str) -> I64:
-    return np.frombuffer(raw, dtype=dtype).astype(np.int64)
+def _ints(raw: bytes, dtype: str) -> I64:
+    """An array of the wire as int64 (the stage's working type)."""
+    return unpack_array(raw, dtype, np.int64)

@@ -60,7 +60,9 @@ DEFAULT_BUDGET = 64
 
 
 @njit(cache=True)
-def popcount64(x: np.uint64) -> int:
+def bit_count64(x: np.uint64) -> int:
+    """The set bits of one uint64 inside a kernel (numba has no ``int.bit_count``; arrays:
+    ``simhash.popcount64``)."""
     x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
     x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
     x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
@@ -84,7 +86,7 @@ def scan_range(fps, ords, lo, hi, x, h, out_o, out_h, n, first, before):
     this loop at ~2 ns per row (reassigning arrays in a hot loop costs ~30×).
     """
     for i in range(lo, hi):
-        d = popcount64(x ^ fps[i])
+        d = bit_count64(x ^ fps[i])
         if d <= h and ords[i] < before:
             if n == out_o.shape[0]:
                 return n, i
@@ -402,7 +404,7 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
                 for i in range(kq):
                     used = i + 1
                     for r in range(los[sc, i], his[sc, i]):
-                        d = popcount64(x ^ fps[r])
+                        d = bit_count64(x ^ fps[r])
                         if d <= h and ords[r] < bound:
                             res_ord[n] = ords[r]
                             res_ham[n] = d

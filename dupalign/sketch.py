@@ -19,7 +19,6 @@ from typing import Any
 import mmh3
 import msgpack
 import numpy as np
-import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
@@ -28,11 +27,7 @@ from dupalign.near import NearState, near_sketch
 from dupalign.page import Page, check_unicode
 from dupalign.passages import I64, U64, PassageIndex, PassageState, Rects
 from dupalign.text import page_text, reading, tokenize
-
-# 2: read_as, positions records of 2-byte steps (store format 7); version 1 is read too,
-# and earlier readers refuse 2, which they would misread
-WIRE_VERSION = 2
-_READS = (1, 2)
+from dupalign.wire import PAGE_SKETCH, pack_array, unpack_array
 
 
 @dataclass
@@ -66,7 +61,7 @@ class PageSketch:
 
     # -- wire form ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"v": WIRE_VERSION, "id": self.id, "url": self.url,
+        out: dict[str, Any] = {"v": PAGE_SKETCH.writes, "id": self.id, "url": self.url,
                                "fetched_at": self.fetched_at, "replay_key": self.replay_key}
         if self.read_as:
             out["read_as"] = self.read_as
@@ -92,8 +87,7 @@ class PageSketch:
     @classmethod
     def from_bytes(cls, raw: bytes) -> PageSketch:
         d = msgpack.unpackb(raw, raw=False)
-        if d.get("v") not in _READS:
-            raise ValueError(f"page sketch version {d.get('v')!r}, expected one of {_READS}")
+        PAGE_SKETCH.check(d.get("v"))
         sk = cls(d["id"], d["url"], d["fetched_at"], d["replay_key"],
                  read_as=d.get("read_as", ""))
         if d.get("deleted"):
@@ -213,29 +207,18 @@ def replay_key(page: Page) -> bytes:
     return bytes(mmh3.hash_bytes(doc_id + b"\x00" + body))
 
 
-# -- numpy arrays on the wire: little-endian bytes of a fixed dtype --------------------------
-def _b(a: npt.NDArray[Any] | None, dtype: str) -> bytes | None:
-    return None if a is None else np.ascontiguousarray(a, dtype=dtype).tobytes()
-
-
-def _a(raw: bytes | None, dtype: str, out: str | None = None) -> Any:
-    if raw is None:
-        return None
-    a = np.frombuffer(raw, dtype=dtype)
-    return a.astype(out) if out is not None else a.astype(a.dtype.newbyteorder("="))
-
-
 def _near_dict(s: NearState) -> dict[str, Any]:
-    return {"indexed": s.indexed, "unique": _b(s.unique, "<u8"), "counts": _b(s.counts, "<u4"),
+    return {"indexed": s.indexed, "unique": pack_array(s.unique, "<u8"),
+            "counts": pack_array(s.counts, "<u4"),
             "idf_version": s.idf_version, "fingerprint": s.fingerprint,
-            "W": _b(s.W, "<f8"), "sketch": _b(s.sketch, "<u8")}
+            "W": pack_array(s.W, "<f8"), "sketch": pack_array(s.sketch, "<u8")}
 
 
 def _near_from(d: dict[str, Any]) -> NearState:
-    return NearState(indexed=d["indexed"], unique=_a(d["unique"], "<u8"),
-                     counts=_a(d["counts"], "<u4", "int64"), idf_version=d["idf_version"],
-                     fingerprint=d["fingerprint"], W=_a(d["W"], "<f8"),
-                     sketch=_a(d["sketch"], "<u8"))
+    return NearState(indexed=d["indexed"], unique=unpack_array(d["unique"], "<u8"),
+                     counts=unpack_array(d["counts"], "<u4", "int64"), idf_version=d["idf_version"],
+                     fingerprint=d["fingerprint"], W=unpack_array(d["W"], "<f8"),
+                     sketch=unpack_array(d["sketch"], "<u8"))
 
 
 def _passage_dict(s: PassageState) -> dict[str, Any]:
@@ -245,12 +228,13 @@ def _passage_dict(s: PassageState) -> dict[str, Any]:
     r = s.rects
     assert s.keys is not None
     out.update({
-        "windows": {"bin": _b(r.bin, "<u2"), "key": _b(r.key, "<u8"),
-                    "rect": _b(np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1), "<i4"),
-                    "empty": _b(r.empty, "u1")},
+        "windows": {"bin": pack_array(r.bin, "<u2"), "key": pack_array(r.key, "<u8"),
+                    "rect": pack_array(np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1), "<i4"),
+                    "empty": pack_array(r.empty, "u1")},
         "positions": s.positions,
-        "starts": _b(s.starts, "<i4"), "ends": _b(s.ends, "<i4"),
-        "k": int(s.keys.shape[1]), "keys": _b(s.keys, "<u8"), "empty": _b(s.empty, "u1"),
+        "starts": pack_array(s.starts, "<i4"), "ends": pack_array(s.ends, "<i4"),
+        "k": int(s.keys.shape[1]), "keys": pack_array(s.keys, "<u8"),
+        "empty": pack_array(s.empty, "u1"),
     })
     return out
 
@@ -259,11 +243,14 @@ def _passage_from(d: dict[str, Any]) -> PassageState:
     if "windows" not in d:
         return PassageState(None, d["n_units"])
     w = d["windows"]
-    rect = _a(w["rect"], "<i4", "int64").reshape(-1, 4)
-    rects = Rects(_a(w["bin"], "<u2", "int64"), _a(w["key"], "<u8"), rect[:, 0].copy(),
+    rect = unpack_array(w["rect"], "<i4", "int64").reshape(-1, 4)
+    rects = Rects(unpack_array(w["bin"], "<u2", "int64"), unpack_array(w["key"], "<u8"),
+                  rect[:, 0].copy(),
                   rect[:, 1].copy(), rect[:, 2].copy(), rect[:, 3].copy(),
-                  _a(w["empty"], "u1", "bool"))
+                  unpack_array(w["empty"], "u1", "bool"))
     k = d["k"]
-    return PassageState(rects, d["n_units"], d["positions"], _a(d["starts"], "<i4", "int64"),
-                        _a(d["ends"], "<i4", "int64"), _a(d["keys"], "<u8").reshape(-1, k),
-                        _a(d["empty"], "u1", "bool").reshape(-1, k))
+    return PassageState(rects, d["n_units"], d["positions"],
+                        unpack_array(d["starts"], "<i4", "int64"),
+                        unpack_array(d["ends"], "<i4", "int64"),
+                        unpack_array(d["keys"], "<u8").reshape(-1, k),
+                        unpack_array(d["empty"], "u1", "bool").reshape(-1, k))

@@ -20,6 +20,7 @@ from dupalign.page import Page
 from dupalign.store import Store
 from tests.corpora import DEMO
 from worker.exits import Exit
+from worker.fan_in import FanInIndexer
 
 DUPALIGN = Path(sys.executable).with_name("dupalign")
 RFC2821 = DEMO / "rfc" / "rfc2821.txt"
@@ -103,7 +104,7 @@ def worker_store_ahead_of_its_commit(path: Path) -> None:
     with Engine.open(path) as engine:
         for offset, page in enumerate(_ahead_pages()):
             engine.process(page, ("pages", 0, offset))
-        engine.note_published("pages", 0, 1)
+        engine.set_checkpoint("pages", 0, 1)
 
 
 def _ahead_pages() -> list[Page]:
@@ -125,7 +126,8 @@ def _delete_ahead_of_commit(tmp: Path) -> list[str]:
 def _compact_fan_in(tmp: Path) -> list[str]:
     from dupalign.engine import Engine
 
-    Engine.open(tmp / "s", shards=2, remote_shards=True).close()  # the topology's index role
+    # the topology's index role
+    Engine.open(tmp / "s", shards=2, remote_shards=FanInIndexer).close()
     return ["compact", "--store", "s"]
 
 
@@ -338,7 +340,7 @@ def test_compact_and_delete_leave_the_pages_a_restarted_worker_reads_again(
         again = [[(m.kind, m.match_doc_id) for m in engine.process(page, ("pages", 0, n))]
                  for n, page in enumerate(_ahead_pages()) if n >= 1]
         assert again == [[("near", "p0")], [("exact", "p1")]]
-        engine.note_published("pages", 0, 3)  # and commits them
+        engine.set_checkpoint("pages", 0, 3)  # and commits them
     assert main(["delete", "p0", "--store", store]) == 0
     worker_store_ahead_of_its_commit(tmp_path / "forced")
     assert main(["compact", "--store", str(tmp_path / "forced"), "--max-pages", "1",

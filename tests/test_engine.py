@@ -103,11 +103,11 @@ def test_replay_returns_the_same_matches_and_writes_nothing(tmp_path: Path) -> N
 def test_published_offsets_are_kept_apart_from_the_stored_ones(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "s") as engine:
         engine.process(page("a", rfc_words("rfc2821.txt", 300)), source=("pages", 0, 6))
-        engine.note_published("pages", 0, 4)
-        engine.note_published("pages", 0, 7)  # a later commit replaces the note
-        engine.note_published("other", 3, 2)
+        engine.set_checkpoint("pages", 0, 4)
+        engine.set_checkpoint("pages", 0, 7)  # a later commit replaces the note
+        engine.set_checkpoint("other", 3, 2)
     with Engine.open(tmp_path / "s") as engine:
-        assert engine.published_offsets() == {("pages", 0): 7, ("other", 3): 2}
+        assert engine.checkpoints() == {("pages", 0): 7, ("other", 3): 2}
         assert engine.stored_offsets() == {("pages", 0): 7}
 
 

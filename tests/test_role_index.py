@@ -11,13 +11,14 @@ from typing import Any
 from dupalign.config import EngineConfig, RetentionConfig
 from dupalign.engine import Engine
 from dupalign.page import Page
-from dupalign.shard import FanInIndexer, ShardMessage, ShardStore
 from tests.test_lifecycle import config as lifecycle_config
 from tests.test_lifecycle import text_of
 from tests.test_shard import _body, config
 from worker import messages
 from worker.config import Config, KafkaConfig, WorkerConfig
+from worker.fan_in import FanInIndexer
 from worker.role_index import IndexRole, Waiting
+from worker.shard_protocol import ShardMessage, ShardStore
 from worker.topology import (
     Outgoing,
     encode_aligned,
@@ -37,7 +38,8 @@ def test_a_fan_in_rebuilding_holds_the_pages_from_e_on_until_the_replay_is_over(
     cfg = config("oph", 4, 16)
     role = IndexRole(Config(kafka=KafkaConfig(index_shards=2), engine=cfg), tmp_path / "fan-in")
     with Engine.open(tmp_path / "sketcher", cfg) as sketcher, \
-            Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+            Engine.open(tmp_path / "fan-in", cfg, shards=2,
+                        remote_shards=role._open_fan_in) as engine:
         role.engine = engine
         role._reset(0, 3)
         role.owner = True
@@ -82,9 +84,10 @@ def test_a_fan_in_keeps_a_page_that_a_decided_page_matched_until_that_one_is_pub
     cfg = config("oph", 4, 16)
     role = IndexRole(Config(kafka=KafkaConfig(index_shards=2), engine=cfg), tmp_path / "fan-in")
     shards = [ShardStore(tmp_path / "shards", cfg, s, 2, kept=8) for s in range(2)]
-    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
-        ix = engine.indexer
-        assert isinstance(ix, FanInIndexer)
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2,
+                     remote_shards=role._open_fan_in) as engine:
+        ix = role.fan_in
+        assert ix is not None
         results = []
         for seq, doc in enumerate(["d0", "d1"]):
             ix.begin(seq)
@@ -166,7 +169,7 @@ class FanInTurns:
         self.role = IndexRole(Config(kafka=KafkaConfig(index_shards=2), engine=cfg),
                               root / "fan-in")
         self.engine = self.role.engine = Engine.open(root / "fan-in", cfg, shards=2,
-                                                     remote_shards=True)
+                                                     remote_shards=self.role._open_fan_in)
         self.shards, self.sketcher = shards, sketcher
         self.aligning = False
         self.requests: list[int] = []  # ordinals whose align request is not answered

@@ -30,23 +30,18 @@ from dupalign.page import Page
 from dupalign.passages import PassageState, Rects
 from dupalign.shard import (
     FAN_IN_KEY,
-    OUTBOX_PREFIX,
     SHARDS_KEY,
-    FanInIndexer,
     IndexShard,
-    Partial,
     ShardedIndexer,
-    ShardMessage,
-    ShardStore,
-    answer,
     owned_part,
     owned_parts,
-    settle,
     shard_dir,
 )
-from dupalign.store import Store, u64
+from dupalign.store import LOGS, Store, u64
 from tests.corpora import demo_pages
 from tests.test_lifecycle import _CHUNKS, _VOCAB, text_of
+from worker.fan_in import FanInIndexer
+from worker.shard_protocol import Partial, ShardMessage, ShardStore, answer, settle
 
 ops = st.lists(st.one_of(
     st.tuples(st.just("add"), st.lists(st.integers(0, len(_CHUNKS) - 1), min_size=1,
@@ -373,7 +368,7 @@ def test_the_shards_as_processes_give_the_matches_of_the_single_indexer(
     with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
         with Engine.open(Path(tmp) / "single", cfg) as single:
             want = run(single, sequence)
-        with Engine.open(Path(tmp) / "fan-in", cfg, shards=n, remote_shards=True) as engine:
+        with Engine.open(Path(tmp) / "fan-in", cfg, shards=n, remote_shards=FanInIndexer) as engine:
             assert isinstance(engine.indexer, FanInIndexer)
             engine.indexer = Loopback(engine.store, cfg, n)
             try:
@@ -422,7 +417,7 @@ def test_a_shard_store_reads_its_keys_again_after_a_crash_and_answers_the_same(
     move to an empty directory (a rebuild from the first keys message): every message
     read again is answered with the partial it had, and the store ends as it was."""
     cfg = config("oph", 4, 16)
-    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=FanInIndexer) as engine:
         engine.indexer = ix = Recording(engine.store, cfg, 2, tmp_path / "a")
         try:
             for i in range(24):  # copies and near copies of 4 bodies, then deletes
@@ -513,7 +508,7 @@ def test_keys_messages_of_version_1_are_answered_as_version_2_and_2_is_smaller(
     reading version 1 messages (retained before an upgrade) answers the same partials and
     holds the same lists; version 2 is under half the bytes."""
     cfg = config("oph", 4, 16)
-    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=FanInIndexer) as engine:
         engine.indexer = ix = TwoWires(engine.store, cfg, 2, tmp_path)
         try:
             for i in range(24):
@@ -615,7 +610,7 @@ def _fan_in_with_a_sweep(path: Path, cut: int | None) -> tuple[list[Any], list[A
             ix.decide(seq, partials)
         found.append([m.to_dict() for m in ix.finish(result, engine.align(result))])
 
-    with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=FanInIndexer) as engine:
         for seq in range(4):
             record(engine, seq, False)
         if cut is None:
@@ -628,7 +623,7 @@ def _fan_in_with_a_sweep(path: Path, cut: int | None) -> tuple[list[Any], list[A
     if cut is None:
         first = 5
     else:
-        with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+        with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=FanInIndexer) as engine:
             ix = engine.indexer
             assert isinstance(ix, FanInIndexer)
             stored, again = ix.recover(engine.stored_offsets().get(("sequence", 0)), 4)
@@ -637,7 +632,7 @@ def _fan_in_with_a_sweep(path: Path, cut: int | None) -> tuple[list[Any], list[A
             assert (stored, again) == (4, [])
             record(engine, 4, True)
         first = 5
-    with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(path / "fan-in", cfg, shards=2, remote_shards=FanInIndexer) as engine:
         for seq in range(first, 10):
             record(engine, seq, seq == 8)
     contents = [_contents(s.store) for s in shards]
@@ -674,7 +669,7 @@ def test_a_takeover_takes_a_record_for_one_cut_short_only_if_its_entry_is_not_ma
     an unfinished page, so cut short and not counted."""
     cfg = config("oph", 4, 16)
     shards = [ShardStore(tmp_path / "shards", cfg, s, 2, kept=8) for s in range(2)]
-    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=FanInIndexer) as engine:
         ix = engine.indexer
         assert isinstance(ix, FanInIndexer)
         for seq, body in enumerate([0, 1, 1]):
@@ -689,13 +684,13 @@ def test_a_takeover_takes_a_record_for_one_cut_short_only_if_its_entry_is_not_ma
                 ix.finish(result, [])
         assert result.replay_of is not None
         if not marked:
-            for key, raw in list(engine.store.prefix("meta", OUTBOX_PREFIX)):
+            for key, raw in list(engine.store.prefix("meta", LOGS["outbox"])):
                 entry = msgpack.unpackb(raw, raw=False)
                 del entry["complete"]
                 engine.store.put("meta", key, msgpack.packb(entry, use_bin_type=True))
     for shard in shards:
         shard.close()
-    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(tmp_path / "fan-in", cfg, shards=2, remote_shards=FanInIndexer) as engine:
         ix = engine.indexer
         assert isinstance(ix, FanInIndexer)
         stored = engine.stored_offsets().get(("sequence", 0))
@@ -720,7 +715,7 @@ def test_the_fan_in_of_the_kafka_topology_is_not_opened_with_local_shards(
     fan_in = tmp_path / "fan-in"
     shard_root = fan_in if layout == "shards under the fan-in" else tmp_path / "shards"
     shards = [ShardStore(shard_root, cfg, s, 2, kept=8) for s in range(2)]
-    with Engine.open(fan_in, cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(fan_in, cfg, shards=2, remote_shards=FanInIndexer) as engine:
         ix = engine.indexer
         assert isinstance(ix, FanInIndexer)
         for seq in range(2):
@@ -746,7 +741,7 @@ def test_the_fan_in_of_the_kafka_topology_is_not_opened_with_local_shards(
         with pytest.raises(StoreMismatch, match="shards/0 is missing"):
             Engine.open(fan_in, cfg, read_only=True)
         assert not (fan_in / "shards").exists()
-    with Engine.open(fan_in, cfg, shards=2, remote_shards=True) as engine:
+    with Engine.open(fan_in, cfg, shards=2, remote_shards=FanInIndexer) as engine:
         ix = engine.indexer
         assert isinstance(ix, FanInIndexer)
         ix.recover(engine.stored_offsets().get(("sequence", 0)), 1)

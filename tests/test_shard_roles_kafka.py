@@ -17,7 +17,6 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dupalign.config import EngineConfig, RetentionConfig
-from dupalign.shard import ShardMessage
 from tests.test_topology_kafka import alive_ids, delete_before, lifecycle_key
 from tests.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import (
@@ -29,7 +28,8 @@ from tests.topology_harness import (
     wait_log,
 )
 from worker import messages
-from worker.produce import new_producer
+from worker.shard_protocol import ShardMessage
+from worker.topology import new_producer
 
 pytestmark = pytest.mark.kafka
 

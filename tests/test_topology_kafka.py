@@ -56,7 +56,7 @@ from tests.topology_harness import (
 )
 from worker import messages
 from worker.align_store import AlignStore
-from worker.produce import new_producer
+from worker.fan_in import FanInIndexer
 from worker.role_sketch import SketchRole
 from worker.topology import (
     SOURCE_HEADER,
@@ -65,11 +65,11 @@ from worker.topology import (
     encode_sequence,
     header,
     last_sequenced,
+    new_producer,
     ordinal_header,
     send_all,
     stop_quietly,
 )
-from worker.topology import new_producer as new_topology_producer
 
 pytestmark = pytest.mark.kafka
 DASHBOARD_DIR = REPO / "deploy" / "grafana" / "dashboards"
@@ -153,7 +153,7 @@ async def test_a_request_read_before_its_candidates_commit_marker_waits_for_them
 
     # (a transaction open longer than its timeout is aborted by the broker: then the
     # process rightly answers "not aligned here")
-    held = new_topology_producer(dataclasses.replace(kc, transaction_timeout_ms=120_000),
+    held = new_producer(dataclasses.replace(kc, transaction_timeout_ms=120_000),
                                  f"held-{topo.tag}")
     plain = new_producer(kc)
     await held.start()
@@ -282,7 +282,7 @@ def lifecycle_key(d: dict[str, Any]) -> tuple[Any, ...]:
 def alive_ids(store: Path, shards: int | None = None) -> list[str]:
     """The ids a store holds (``shards``: an index fan-in's store, opened read-only)."""
     with Engine.open(store, EngineConfig(), read_only=shards is not None, shards=shards,
-                     remote_shards=shards is not None) as engine:
+                     remote_shards=None if shards is None else FanInIndexer) as engine:
         return sorted(bytes(k).decode() for k, _ in engine.store.items("ids"))
 
 
@@ -524,7 +524,7 @@ async def test_an_index_store_from_before_align_shards_sends_every_forward_recor
     forward record of every page it stores, so the align shards can align the later pages
     against them: no part is answered "not aligned here" (the index would align those
     pages itself: the same matches, which is why the log is checked)."""
-    from worker.role_index import FORWARD_SENT
+    from dupalign.store import NOTES
 
     topo = await Topology(kafka_bootstrap, tmp_path).create()
     pages = clough_pages()
@@ -538,7 +538,7 @@ async def test_an_index_store_from_before_align_shards_sends_every_forward_recor
             assert proc.wait(60) == 0
         with Engine.open(store, topo.engine) as engine:
             batch = engine.store.batch()
-            batch.delete("meta", FORWARD_SENT)
+            batch.delete("meta", NOTES["forward_sent"])
             engine.store.write(batch)
             with_forward = sum(1 for _ in engine.store.keys("forward"))
         old, new = topo.topic["forward"], topo.topic["forward"] + "-new"
@@ -594,7 +594,7 @@ async def test_last_sequenced_reads_the_sequence_backwards_window_by_window(
         assert await last_sequenced(kc, tp, window=3, skip=skip) == want
     # a page sequenced while another producer's transaction is open sits above the last
     # stable offset: it is found once that transaction ends (here: commits a second later)
-    open_txn = new_topology_producer(kc, f"{topo.group}-test-open")
+    open_txn = new_producer(kc, f"{topo.group}-test-open")
     plain = new_producer(kc)
     await open_txn.start()
     await plain.start()
@@ -670,7 +670,7 @@ async def test_every_compression_type_the_config_offers_round_trips_through_the_
     topo = await Topology(kafka_bootstrap, tmp_path).create()
     kc = dataclasses.replace(topo.config.kafka, compression_type=codec)
     value = np.random.default_rng(1).integers(0, 1 << 16, 20_000, dtype=np.uint16).tobytes()
-    producer = new_topology_producer(kc, None)
+    producer = new_producer(kc, None)
     await producer.start()
     try:
         await producer.send_and_wait(kc.sequence_topic, value, partition=0)

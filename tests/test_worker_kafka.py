@@ -33,8 +33,9 @@ from tests.corpora import CLOUGH, demo_pages
 from tests.test_lifecycle import _words
 from worker import messages
 from worker.config import Config, KafkaConfig, load_config
-from worker.produce import new_producer, send_pages
+from worker.produce import send_pages
 from worker.service import SOURCE_HEADER, Worker
+from worker.topology import new_producer
 
 pytestmark = pytest.mark.kafka
 

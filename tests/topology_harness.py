@@ -28,8 +28,8 @@ from tests.corpora import RFC, rfc_numbers, words
 from tests.test_worker_kafka import match_key
 from worker import messages
 from worker.config import load_config
-from worker.produce import new_producer, send_pages
-from worker.topology import decode_sequence, ensure_topics, topology_topics
+from worker.produce import send_pages
+from worker.topology import decode_sequence, ensure_topics, new_producer, topology_topics
 
 REPO = Path(__file__).resolve().parent.parent
 BIG = 32 << 20  # a large RFC's align request carries MBs of candidates' forward records

@@ -18,20 +18,17 @@ from rocksdict import Options, Rdict, WriteBatch
 
 from dupalign.owned_dir import OwnedTempDir
 from dupalign.store import read_u64, u64
+from dupalign.wire import FORWARD_RECORD
 
 # the families ``Aligner`` reads, each a key prefix here
 _PREFIX = {"forward": b"f", "positions": b"p", "docs": b"d"}
 _OFFSET = b"o"  # + partition (u64): the next forward-topic offset to apply
-# 2: forward records with 2-byte positions, positions records of 2-byte steps (store
-# format 7); version 1 is read too, and earlier readers refuse 2, which they would misread
-WIRE_VERSION = 2
-_READS = (1, 2)
 TEMPORARY_PREFIX = "dupalign-align-store-"
 
 
 def encode_forward(doc_id: str, windows: bytes, positions: bytes) -> bytes:
     """A ``pages.forward`` record's value (its key: the page's ordinal, ``u64``)."""
-    return bytes(msgpack.packb({"v": WIRE_VERSION, "id": doc_id, "forward": windows,
+    return bytes(msgpack.packb({"v": FORWARD_RECORD.writes, "id": doc_id, "forward": windows,
                                 "positions": positions}, use_bin_type=True))
 
 
@@ -79,9 +76,7 @@ class AlignStore:
                     wb.delete(prefix + key)
                 continue
             d = msgpack.unpackb(rec.value, raw=False)
-            if d.get("v") not in _READS:
-                raise ValueError(f"forward record version {d.get('v')!r}, expected one of "
-                                 f"{_READS}")
+            FORWARD_RECORD.check(d.get("v"))
             wb.put(_PREFIX["forward"] + key, d["forward"])
             wb.put(_PREFIX["positions"] + key, d["positions"])
             wb.put(_PREFIX["docs"] + key, msgpack.packb({"id": d["id"]}))

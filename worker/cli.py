@@ -172,7 +172,7 @@ def _check_committed(engine: Engine, store: str, force: bool) -> None:
     """A Kafka worker's store may hold pages past its group's commit (a crash, a failed
     commit): the restarted worker reads their records again and answers them from the
     store, so removing pages now would index them again as new pages (wrong matches)."""
-    if force or not (ahead := engine.unpublished()):
+    if force or not (ahead := engine.ahead_of_checkpoints()):
         return
     (topic, partition), (noted, stored) = min(ahead.items())
     more = f" (and {len(ahead) - 1} more partition(s))" if len(ahead) > 1 else ""
@@ -207,7 +207,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
         removed = engine.compact()
         engine.store.compact()
         after = engine.store.size_bytes()
-        alive = engine.indexer.alive
+        alive = engine.alive
     print(f"{removed} pages removed by retention, {alive} left; store {before >> 20} MB -> "
           f"{after >> 20} MB", file=sys.stderr)
     return 0

@@ -22,9 +22,10 @@ import msgpack
 
 from dupalign.match import Match
 from dupalign.page import Page
+from dupalign.wire import SERVICE_MESSAGE
 
 SCHEMA_NAMES = ("page", "match", "dead_letter", "page_sketch", "align_request")
-VERSION = 1
+VERSION = SERVICE_MESSAGE.writes
 # A dead letter carries the record's key (in its value, and as its own key) and the page
 # id at most this long: a page id is at most 8,192 characters (schemas/page.json), and a
 # record whose key alone was near the broker's limit made a dead letter over it, refused

@@ -29,6 +29,7 @@ from worker.config import KafkaConfig, load_config
 from worker.exits import KAFKA_HINT, CliError, Exit, check_broker_reachable
 from worker.inputs import InputError, check_inputs, iter_input
 from worker.progress import Progress
+from worker.topology import new_producer
 
 
 @dataclass
@@ -37,14 +38,6 @@ class ProduceStats:
     skipped: int = 0
     bytes: int = 0
     dead_letters: int = 0  # of the skipped: sent to the dead-letter topic
-
-
-def new_producer(kafka: KafkaConfig) -> AIOKafkaProducer:
-    return AIOKafkaProducer(
-        **kafka.client_kwargs(), enable_idempotence=True, acks="all",
-        linger_ms=max(kafka.linger_ms, 5), max_request_size=kafka.max_request_size,
-        compression_type=None if kafka.compression_type == "none" else kafka.compression_type,
-    )
 
 
 async def send_pages(
@@ -134,7 +127,8 @@ async def produce_files(
                 yield item
                 await asyncio.sleep(0)  # let the producer's sender run
 
-    producer = new_producer(kafka)
+    # no transaction; lingering at least 5 ms sends a stream of pages in batches
+    producer = new_producer(kafka, linger_ms=max(kafka.linger_ms, 5))
     try:
         await producer.start()
         await send_pages(producer, topic, pages(), stats, progress)

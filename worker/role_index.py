@@ -47,18 +47,20 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from dupalign.align import RankedPage, merge_ranked
-from dupalign.engine import Engine
+from dupalign.config import EngineConfig
+from dupalign.engine import Engine, Source
 from dupalign.errors import PageRejected
 from dupalign.index import IndexResult
 from dupalign.match import Match, Span
-from dupalign.shard import FanInIndexer, Partial
 from dupalign.sketch import PageSketch
-from dupalign.store import read_u64, u64
+from dupalign.store import Store, read_u64, u64
 from worker import messages
 from worker.align_store import encode_forward
 from worker.config import Config
+from worker.fan_in import FanInIndexer
 from worker.role_base import RoleListener, turns
 from worker.role_metrics import RoleMetrics
+from worker.shard_protocol import Partial
 from worker.topology import (
     RECORD_OVERHEAD,
     Aligned,
@@ -83,13 +85,10 @@ from worker.topology import (
 
 log = logging.getLogger("dupalign.roles.index")
 
-# in the index's store: the store's next ordinal at its last commit (the forward records of
-# the pages below it are in the forward topic), and the align partition count it keys by
-FORWARD_SENT = b"topology_forward_sent"
-ALIGN_PARTITIONS = b"topology_align_partitions"
+# (notes in the index's store: "forward_sent", the store's next ordinal at its last commit:
+# the forward records of the pages below it are in the forward topic; "align_partitions",
+# the align partition count it keys by)
 FORWARD_CHUNK = 500  # forward records per transaction when sent again at a takeover
-
-Source = tuple[str, int, int]
 
 
 @dataclass
@@ -152,6 +151,7 @@ class IndexRole:
         self.turn_records = max(1, config.worker.batch_size) * (
             3 + (self.n_shards if self.n_shards > 1 else 0))
         self.published = 0  # pages whose matches were committed, this process
+        self.fan_in: FanInIndexer | None = None  # the engine's index stage with shards
         self._reset(0, 0)
 
     def _reset(self, start: int, silent_below: int) -> None:
@@ -223,7 +223,7 @@ class IndexRole:
                     if offsets[self.seq_tp] != self.published and self.engine is not None:
                         # the resume point should the group lose its offsets
                         await loop.run_in_executor(
-                            self.executor, self.engine.note_published, self.seq_tp.topic,
+                            self.executor, self.engine.set_checkpoint, self.seq_tp.topic,
                             0, offsets[self.seq_tp])
                     self.published = offsets[self.seq_tp]
         finally:
@@ -239,7 +239,7 @@ class IndexRole:
         await stop_quietly(self.producer)
         self.producer = None
         if self.engine is not None:
-            engine, self.engine = self.engine, None
+            engine, self.engine, self.fan_in = self.engine, None, None
             await asyncio.get_running_loop().run_in_executor(self.executor, engine.close)
 
     # -- ownership of the shard -----------------------------------------------------------
@@ -272,31 +272,31 @@ class IndexRole:
             self.engine = await loop.run_in_executor(
                 self.executor, functools.partial(
                     Engine.open, self.store_dir, self.config.engine, shards=self.n_shards,
-                    remote_shards=self.n_shards > 1))
+                    remote_shards=self._open_fan_in if self.n_shards > 1 else None))
             self._keyed_by(self.align_parts)
-            self.engine.indexer.on_removed = self._removed
+            self.engine.on_removed(self._removed)
             # the forward records of pages stored after the last commit (their transaction
             # may have aborted) and, the first time, of every stored page
             await self._send_forward_again(producer, consumer)
             stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
                       ).get((self.seq_tp.topic, 0))
-            indexer = self.engine.indexer
+            fan_in = self.fan_in
             committed = await committed_offsets(consumer, assigned)
             # a group without offsets (expired after offsets.retention.minutes, deleted, a
             # new group id) resumes where this store noted every page's matches published
             # (none noted: from the start, publishing again what the store holds)
-            noted = (await loop.run_in_executor(self.executor, self.engine.published_offsets)
+            noted = (await loop.run_in_executor(self.executor, self.engine.checkpoints)
                      ).get((self.seq_tp.topic, 0), 0)
             published = committed.get(self.seq_tp, noted)
             again: list[tuple[int, int, Any]] = []
             first = None  # a fan-in's first page not finished
-            if isinstance(indexer, FanInIndexer):
+            if fan_in is not None:
                 # its pages not finished are stored too; the shard messages of the records
                 # from E on, whether their transaction committed or not (a shard answers
                 # what it applied from its store)
                 stored, again = await loop.run_in_executor(
-                    self.executor, indexer.recover, stored, published)
-                first = indexer.first_resumable()
+                    self.executor, fan_in.recover, stored, published)
+                first = fan_in.first_resumable()
             applied_below = stored  # every sequence record below it is in the store
             if first is not None and first < published:
                 # another fan-in published past pages this store left unfinished (it took
@@ -355,12 +355,12 @@ class IndexRole:
             if tp == self.partials_tp:
                 partial = Partial.from_bytes(rec.value)
                 waiting = self.by_ordinal.get(partial.seq)
-                indexer = None if self.engine is None else self.engine.indexer
+                fan_in = None if self.engine is None else self.fan_in
                 # a page it waits for, or one to resume after a takeover, whose partial
                 # can come before the page is read again, or (rebuilding) a page the
                 # replay has not reached; the first one wins
                 if (waiting is not None and waiting.undecided) or (
-                        isinstance(indexer, FanInIndexer) and indexer.will_resume(partial.seq)
+                        fan_in is not None and fan_in.will_resume(partial.seq)
                 ) or self.floor <= partial.seq < self.silent_below:
                     self.partials.setdefault(partial.seq, {}).setdefault(partial.shard, partial)
                 continue
@@ -386,7 +386,7 @@ class IndexRole:
         then publish the matches of the waiting pages that are ready, in order."""
         engine = self.engine
         assert engine is not None
-        indexer = engine.indexer
+        fan_in = self.fan_in
         out: list[Outgoing] = []
         if not self._rebuilding():  # (a rebuilding turn commits nothing: sent after it)
             out, self.resend = self.resend, []
@@ -414,27 +414,26 @@ class IndexRole:
             self._pop_expected()
             sketch_offset, _ = self.sketches.pop(ordinal)
             self.floor = ordinal + 1
-            if isinstance(indexer, FanInIndexer):
-                indexer.begin(ordinal)  # the shards' messages of this sequence record
+            if fan_in is not None:
+                fan_in.begin(ordinal)  # the shards' messages of this sequence record
             self.applying = ordinal  # (removals from here on are this page's)
             if self._lifecycle(ordinal, sk):
                 self._to_shards(out, ordinal)
                 continue
-            if isinstance(indexer, FanInIndexer) and (
-                    resumed := indexer.resume(ordinal, sk)) is not None:
+            if fan_in is not None and (resumed := fan_in.resume(ordinal, sk)) is not None:
                 # indexed before a crash, not finished: decided from its partials again
                 waiting = Waiting(ordinal, source, sketch_offset, resumed, undecided=True)
                 self.waiting.append(waiting)
                 self.by_ordinal[ordinal] = waiting
                 continue
             at = (self.seq_tp.topic, 0, ordinal)
-            if ordinal < self.silent_below and not isinstance(indexer, FanInIndexer):
+            if ordinal < self.silent_below and fan_in is None:
                 # rebuilding what was published (the fan-in: below, from the partials)
-                result = indexer.index(sk, at, defer=True)
+                result = engine.index(sk, at, defer=True)
                 with contextlib.suppress(PageRejected):
-                    indexer.finish(result, engine.align(result))
+                    engine.finish(result, engine.align(result))
                 continue
-            result = indexer.index(sk, at)
+            result = engine.index(sk, at)
             if result.ordinal is not None and ordinal >= self.silent_below:
                 self._forward(out, result.ordinal, sk.id)
             waiting = Waiting(ordinal, source, sketch_offset, result)
@@ -444,11 +443,11 @@ class IndexRole:
                 self._request(waiting, out)
             self.waiting.append(waiting)
             self.by_ordinal[ordinal] = waiting
-        if isinstance(indexer, FanInIndexer):
+        if fan_in is not None:
             for waiting in self.waiting:  # the pages whose partials are all in
                 got = self.partials.get(waiting.ordinal, {})
                 if waiting.undecided and len(got) == self.n_shards:
-                    indexer.decide(waiting.ordinal, list(got.values()))
+                    fan_in.decide(waiting.ordinal, list(got.values()))
                     del self.partials[waiting.ordinal]
                     waiting.undecided = False
                     if waiting.ordinal < self.silent_below:  # rebuilding: aligned here
@@ -462,13 +461,13 @@ class IndexRole:
         out.extend(Outgoing(self.kc.forward_topic, None, key=u64(o),
                             partition=o % self.align_parts) for o in self.tombstones)
         self.tombstones = []
-        self.sent_below = indexer.next_ordinal
+        self.sent_below = engine.next_ordinal
         now = int(time.time() * 1000)
         while self.waiting and self.waiting[0].ready:
             waiting = self.waiting.popleft()
             del self.by_ordinal[waiting.ordinal]
             try:
-                matches = indexer.finish(waiting.result, waiting.passages or [])
+                matches = engine.finish(waiting.result, waiting.passages or [])
             except PageRejected:  # the sketch role dead-letters these: never sequenced
                 matches = []
             if waiting.ordinal < self.silent_below:
@@ -514,15 +513,14 @@ class IndexRole:
         (the shards applied them before the matches below ``silent_below`` were
         published): the page is decided from the partials they answered then, read from
         the retained partials topic."""
-        assert self.engine is not None
-        indexer = self.engine.indexer
-        if not isinstance(indexer, FanInIndexer):
+        fan_in = self.fan_in
+        if fan_in is None:
             return False
-        taken = indexer.take()
+        taken = fan_in.take()
         if ordinal >= self.silent_below:
             out.extend(Outgoing(self.kc.keys_topic, message.to_bytes(), partition=shard,
                                 headers=[ordinal_header(ordinal)]) for shard, message in taken)
-        if indexer.awaits(ordinal):
+        if fan_in.awaits(ordinal):
             return True
         self.partials.pop(ordinal, None)
         return False
@@ -565,12 +563,10 @@ class IndexRole:
         passages has none; one too big for a record is not sent: a request naming it is
         answered "not aligned there" and aligned here."""
         assert self.engine is not None
-        store = self.engine.indexer.store
-        windows = store.get("forward", u64(ordinal))
-        positions = store.get("positions", u64(ordinal))
-        if windows is None or positions is None:
+        record = self.engine.forward_record(ordinal)
+        if record is None:
             return
-        value = encode_forward(doc_id, windows, positions)
+        value = encode_forward(doc_id, *record)
         if len(value) > self.forward_limit - RECORD_OVERHEAD:
             log.warning("page %r: its forward record (%d bytes) is over the forward topic's "
                         "record limit; the pages that name it are aligned by the index",
@@ -578,6 +574,12 @@ class IndexRole:
             return
         out.append(Outgoing(self.kc.forward_topic, value, key=u64(ordinal),
                             partition=ordinal % self.align_parts))
+
+    def _open_fan_in(self, store: Store, config: EngineConfig, n_shards: int) -> FanInIndexer:
+        """The engine's index stage when the index is split over shard processes, kept
+        here to drive it (``Engine.open``'s ``remote_shards``)."""
+        self.fan_in = FanInIndexer(store, config, n_shards)
+        return self.fan_in
 
     def _removed(self, ordinals: list[int]) -> None:
         """Pages that left the store (``Indexer.on_removed``): their forward records leave
@@ -587,16 +589,15 @@ class IndexRole:
 
     def _note_forward_sent(self, below: int) -> None:
         assert self.engine is not None
-        self.engine.indexer.store.put("meta", FORWARD_SENT, u64(below))
+        self.engine.put_note("forward_sent", u64(below))
 
     def _keyed_by(self, parts: int) -> None:
         """The align partition count is fixed per deployment: the forward topic is keyed
         by it."""
         assert self.engine is not None
-        store = self.engine.indexer.store
-        raw = store.get("meta", ALIGN_PARTITIONS)
+        raw = self.engine.note("align_partitions")
         if raw is None:
-            store.put("meta", ALIGN_PARTITIONS, u64(parts))
+            self.engine.put_note("align_partitions", u64(parts))
         elif read_u64(raw) != parts:
             raise TopologyError(
                 f"topic {self.kc.align_topic!r} has {parts} partitions, but this index store "
@@ -608,20 +609,18 @@ class IndexRole:
         """Takeover: the forward records of the stored pages from the mark on (all of
         them in a store from before align shards), in transactions of ``FORWARD_CHUNK``
         records that commit no offsets. Sending one again is harmless: keyed by ordinal."""
-        assert self.engine is not None
-        indexer = self.engine.indexer
-        store = indexer.store
-        raw = store.get("meta", FORWARD_SENT)
+        engine = self.engine
+        assert engine is not None
+        raw = engine.note("forward_sent")
         first = 0 if raw is None else read_u64(raw)
         loop = asyncio.get_running_loop()
 
         def chunk(start: int) -> tuple[list[Outgoing], int | None]:
             out: list[Outgoing] = []
-            for key, _ in store.items_from("docs", u64(start)):
-                o = read_u64(key)
+            for o in engine.stored_ordinals(start):
                 if len(out) >= FORWARD_CHUNK:
                     return out, o
-                self._forward(out, o, indexer.doc_id(o))
+                self._forward(out, o, engine.doc_id(o))
             return out, None
 
         sent, at = 0, first
@@ -634,7 +633,7 @@ class IndexRole:
             if at_next is None:
                 break
             at = at_next
-        await loop.run_in_executor(self.executor, self._note_forward_sent, indexer.next_ordinal)
+        await loop.run_in_executor(self.executor, self._note_forward_sent, engine.next_ordinal)
         if sent:
             log.info("index: %d forward records sent again (stored pages from ordinal %d)",
                      sent, first)
@@ -732,13 +731,13 @@ class IndexRole:
         or, with index shards, names as its exact or near match."""
         if ordinal < self.applied_below or not self.waiting:
             return False
-        assert self.engine is not None
-        indexer = self.engine.indexer
-        removed = [(o, sk.id) for o in indexer.removes(sk)]  # mostly []: one read
+        engine = self.engine
+        assert engine is not None
+        removed = [(o, sk.id) for o in engine.removes(sk)]  # mostly []: one read
         if self._sweep_due(ordinal):  # before the page: both must wait
             r = self.config.engine.retention
-            removed += [(v.ordinal, v.doc_id) for v in indexer.expired(
-                r.max_pages, r.max_age, self.sequenced_at[ordinal], indexer.alive + 1)]
+            removed += [(v.ordinal, v.doc_id) for v in engine.expired(
+                r.max_pages, r.max_age, self.sequenced_at[ordinal], engine.alive + 1)]
         if not removed:
             return False
         if any(w.undecided for w in self.waiting):
@@ -751,7 +750,7 @@ class IndexRole:
         # (index shards) a decided page read again after a crash is decided again from its
         # partials, which name its exact and near matches by ordinal: they must still be
         # in the directory then (a single index stores the decided matches instead)
-        fan_in = isinstance(indexer, FanInIndexer)
+        fan_in = self.fan_in is not None
 
         def reads_removed(w: Waiting) -> bool:
             result = w.result

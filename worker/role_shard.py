@@ -1,6 +1,7 @@
 """The shard role (``--roles shard``): index shard s of S holds the keyed part of the index
 (dupalign/shard.py: the verification sketches of the pages it owns, the inverted lists of
-the keys it owns) and answers the index role (the fan-in) with its partial per page.
+the keys it owns) and answers the index role (the fan-in) with its partial per page
+(worker/shard_protocol.py: the messages).
 
 Input: partition s of the ``keys`` topic (S partitions), written by the fan-in in sequence
 order: per sequence record, what the shard must remove, the page's query and its windows
@@ -29,10 +30,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from dupalign.shard import ShardMessage, ShardStore
 from worker.config import Config
 from worker.role_base import StatelessRole
 from worker.role_metrics import RoleMetrics
+from worker.shard_protocol import ShardMessage, ShardStore
 from worker.topology import (
     Outgoing,
     TopologyError,

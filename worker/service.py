@@ -40,6 +40,7 @@ from worker.kafka_args import add_worker_arguments
 from worker.log_repeats import RepeatFolder
 from worker.messages import MessageRejected
 from worker.metrics import WorkerMetrics
+from worker.topology import Outgoing, fetch_committed, new_producer
 
 log = logging.getLogger("dupalign.worker")
 
@@ -52,14 +53,6 @@ PUBLISHED = "dupalign:published"
 # per input offset: (page, its matches or the exception it raised, its report), or why the
 # record never became a page
 EngineOut = dict[int, "tuple[Page, list[Match] | BaseException, PageReport] | MessageRejected"]
-
-
-@dataclass
-class Outgoing:
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: list[tuple[str, bytes]]
 
 
 @dataclass
@@ -146,7 +139,7 @@ class Worker:
             if self.kc.create_topics:
                 await self._create_topics()
             if not self.kc.transactions:
-                self.producer = self._new_producer(None)
+                self.producer = new_producer(self.kc, None)
                 await self.producer.start()
             self.consumer = AIOKafkaConsumer(
                 **self.kc.client_kwargs(),
@@ -283,22 +276,6 @@ class Worker:
         return True, f"consuming {assigned} partitions"
 
     # -- Kafka clients --------------------------------------------------------------------
-    def _new_producer(self, transactional_id: str | None) -> AIOKafkaProducer:
-        kw: dict[str, Any] = {}
-        if transactional_id is not None:
-            kw["transactional_id"] = transactional_id
-            kw["transaction_timeout_ms"] = self.kc.transaction_timeout_ms
-        return AIOKafkaProducer(
-            **self.kc.client_kwargs(),
-            enable_idempotence=True,
-            acks="all",
-            linger_ms=self.kc.linger_ms,
-            max_request_size=self.kc.max_request_size,
-            compression_type=None if self.kc.compression_type == "none"
-            else self.kc.compression_type,
-            **kw,
-        )
-
     def transactional_id(self, tp: TopicPartition) -> str:
         return f"{self.kc.transactional_id_prefix}-{self.kc.group_id}-{tp.topic}-{tp.partition}"
 
@@ -359,10 +336,10 @@ class Worker:
         self.consumer.pause(*assigned)
         loop = asyncio.get_running_loop()
         stored = await loop.run_in_executor(self.executor, self.engine.stored_offsets)
-        noted = await loop.run_in_executor(self.executor, self.engine.published_offsets)
+        noted = await loop.run_in_executor(self.executor, self.engine.checkpoints)
         for tp in sorted(assigned):
             if self.kc.transactions and tp not in self.txn_producers:
-                producer = self._new_producer(self.transactional_id(tp))
+                producer = new_producer(self.kc, self.transactional_id(tp))
                 await producer.start()  # InitProducerId fences a previous owner of this id
                 self.txn_producers[tp] = producer
         group = await self._group_offsets(assigned)  # after the fencing: no pending commit
@@ -478,7 +455,7 @@ class Worker:
         ``AIOKafkaConsumer.committed`` drops the metadata; the group coordinator's fetch,
         which it calls, keeps it (and retries retriable errors the same way)."""
         assert self.consumer is not None
-        found = await self.consumer._coordinator.fetch_committed_offsets(list(tps))
+        found = await fetch_committed(self.consumer, tps)
         return {tp: (om.offset, om.metadata == PUBLISHED) for tp, om in found.items()
                 if om.offset >= 0}
 
@@ -663,8 +640,8 @@ class Worker:
                 offset=rec.offset, raw=value, key=rec.key, failed_at_ms=_now_ms(),
                 doc_id=exc.doc_id or doc_id, raw_max_bytes=self.wc.dlq_raw_max_bytes,
             )
-            return [Outgoing(self.kc.dlq_topic, messages.dead_letter_key(rec.key),
-                             messages.pack(dl), _headers(source))]
+            return [Outgoing(self.kc.dlq_topic, messages.pack(dl),
+                             key=messages.dead_letter_key(rec.key), headers=_headers(source))]
         if page.deleted:
             result.outcomes["deleted"] += 1
         elif report.replayed:
@@ -684,8 +661,8 @@ class Worker:
             result.matches[match.kind] += 1
             if match.revisit is not None:
                 m.lifecycle.labels(f"revisit_{match.revisit}").inc()
-            out.append(Outgoing(self.kc.output_topic, key, messages.encode_match(match, now),
-                                _headers(source)))
+            out.append(Outgoing(self.kc.output_topic, messages.encode_match(match, now),
+                                key=key, headers=_headers(source)))
         return out
 
     async def _publish_and_commit(self, result: BatchResult) -> None:
@@ -722,18 +699,18 @@ class Worker:
                 return
             # Still ours: the next batch would commit past this one, whose output is lost.
             if isinstance(exc, MessageSizeTooLargeError):
-                largest = max(result.outgoing, key=lambda o: len(o.value), default=None)
+                largest = max(result.outgoing, key=lambda o: len(o.value or b""), default=None)
                 if largest is not None:
                     raise FatalError(
                         f"the broker refused a batch of {tp}: its largest record is "
-                        f"{len(largest.value)} bytes for topic {largest.topic}, over that "
+                        f"{len(largest.value or b'')} bytes for topic {largest.topic}, over that "
                         "topic's max.message.bytes or kafka.max_request_size; raise them "
                         f"({exc!r})") from exc
             raise
         done = time.perf_counter()
         if self.engine is not None:  # the resume point should the group lose its offsets
             await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.engine.note_published, tp.topic, tp.partition,
+                self.executor, self.engine.set_checkpoint, tp.topic, tp.partition,
                 result.next_offset)
         m = self.metrics
         m.stage_seconds.labels("publish").observe(t1 - t0)

@@ -30,16 +30,17 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import CommitFailedError, TopicAlreadyExistsError, for_code
+from aiokafka.structs import OffsetAndMetadata
 
 from dupalign.align import RankedPage
 from dupalign.match import Span
+from dupalign.wire import ALIGNED, ALIGNED_WHOLE, SEQUENCE_RECORD
 from worker.config import KafkaConfig
 
 log = logging.getLogger("dupalign.topology")
 
 ORDINAL_HEADER = "dupalign-ordinal"  # the page's offset in the sequence topic
 SOURCE_HEADER = "dupalign-source"  # topic:partition:offset of the page in the input topic
-WIRE_VERSION = 1
 RECORD_OVERHEAD = 4096  # room for a record's key, headers and batch framing
 
 
@@ -224,13 +225,17 @@ async def _partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]
 
 
 # -- clients --------------------------------------------------------------------------------
-def new_producer(kc: KafkaConfig, transactional_id: str | None) -> AIOKafkaProducer:
+def new_producer(kc: KafkaConfig, transactional_id: str | None = None,
+                 linger_ms: int | None = None) -> AIOKafkaProducer:
+    """The one way every process makes a producer: idempotent, acks from all replicas;
+    transactional with ``transactional_id``; ``linger_ms``: None takes kc's."""
     kw: dict[str, Any] = {}
     if transactional_id is not None:
         kw["transactional_id"] = transactional_id
         kw["transaction_timeout_ms"] = kc.transaction_timeout_ms
     return AIOKafkaProducer(
-        **kc.client_kwargs(), enable_idempotence=True, acks="all", linger_ms=kc.linger_ms,
+        **kc.client_kwargs(), enable_idempotence=True, acks="all",
+        linger_ms=kc.linger_ms if linger_ms is None else linger_ms,
         max_request_size=kc.max_request_size,
         compression_type=None if kc.compression_type == "none" else kc.compression_type, **kw)
 
@@ -256,10 +261,25 @@ def transactional_id(kc: KafkaConfig, group_id: str, tp: TopicPartition) -> str 
     return f"{kc.transactional_id_prefix}-{group_id}-{tp.topic}-{tp.partition}"
 
 
+async def fetch_committed(consumer: AIOKafkaConsumer, tps: Iterable[TopicPartition]
+                          ) -> dict[TopicPartition, OffsetAndMetadata]:
+    """The group's committed offsets with their metadata, in one request (offset -1: never
+    committed). ``AIOKafkaConsumer.committed`` asks per partition and drops the metadata;
+    its group coordinator's fetch, which it calls, keeps both, and retries retriable errors.
+    The coordinator is private to aiokafka: this is the one place that reaches it
+    (tests/test_aiokafka_privates.py fails if aiokafka changes it)."""
+    coordinator = consumer._coordinator
+    if coordinator is None:
+        raise RuntimeError("the consumer is not started: it has no group coordinator")
+    found: dict[TopicPartition, OffsetAndMetadata] = (
+        await coordinator.fetch_committed_offsets(list(tps)))
+    return found
+
+
 async def committed_offsets(consumer: AIOKafkaConsumer, tps: Iterable[TopicPartition]
                             ) -> dict[TopicPartition, int]:
     """The group's committed offsets (absent: never committed)."""
-    found = await consumer._coordinator.fetch_committed_offsets(list(tps))
+    found = await fetch_committed(consumer, tps)
     return {tp: om.offset for tp, om in found.items() if om.offset >= 0}
 
 
@@ -332,14 +352,13 @@ def record_ordinal(record: Any) -> int:
 def encode_sequence(page_id: str, source: tuple[str, int, int]) -> bytes:
     """A ``sequence`` record: the page id and where the page is in the input topic (enough
     to replay the order with ``scan``)."""
-    return bytes(msgpack.packb({"v": WIRE_VERSION, "id": page_id, "source": list(source)},
+    return bytes(msgpack.packb({"v": SEQUENCE_RECORD.writes, "id": page_id, "source": list(source)},
                                use_bin_type=True))
 
 
 def decode_sequence(raw: bytes) -> tuple[str, tuple[str, int, int]]:
     d = msgpack.unpackb(raw, raw=False)
-    if d.get("v") != WIRE_VERSION:
-        raise ValueError(f"sequence record version {d.get('v')!r}, expected {WIRE_VERSION}")
+    SEQUENCE_RECORD.check(d.get("v"))
     s = d["source"]
     return d["id"], (s[0], int(s[1]), int(s[2]))
 
@@ -403,24 +422,24 @@ async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 
 
 
 def encode_aligned(ordinal: int, passages: list[tuple[str, list[Span]]]) -> bytes:
-    """An ``aligned`` record (version 1): what align found for a whole request, one that
+    """An ``aligned`` record (``ALIGNED_WHOLE``): what align found for a whole request, one that
     carried its candidates' forward records."""
     return bytes(msgpack.packb({
-        "v": WIRE_VERSION, "ordinal": ordinal,
+        "v": ALIGNED_WHOLE, "ordinal": ordinal,
         "passages": [[other, [s.to_dict() for s in spans]] for other, spans in passages]},
         use_bin_type=True))
 
 
 def encode_aligned_part(ordinal: int, part: int, ranked: list[RankedPage] | None) -> bytes:
-    """An ``aligned`` record (version 2): the best pages of one part of a request (its
+    """An ``aligned`` record (``ALIGNED.writes``): the best pages of one part of a request (its
     align partition ``part``), with their rank keys (``align.merge_ranked``); None: the
     part could not be aligned here (a candidate's forward record is missing), the index
     aligns the page itself."""
     pages = None if ranked is None else [
         [r.ordinal, r.doc_id, r.covered, r.best_est, [s.to_dict() for s in r.spans]]
         for r in ranked]
-    return bytes(msgpack.packb({"v": 2, "ordinal": ordinal, "part": part, "pages": pages},
-                               use_bin_type=True))
+    return bytes(msgpack.packb({"v": ALIGNED.writes, "ordinal": ordinal, "part": part,
+                                "pages": pages}, use_bin_type=True))
 
 
 @dataclass
@@ -436,11 +455,9 @@ class Aligned:
 
 def decode_aligned(raw: bytes) -> Aligned:
     d = msgpack.unpackb(raw, raw=False)
-    if d.get("v") == WIRE_VERSION:
+    if ALIGNED.check(d.get("v")) == ALIGNED_WHOLE:
         return Aligned(int(d["ordinal"]), None, passages=[
             (str(o), [Span.from_dict(s) for s in spans]) for o, spans in d["passages"]])
-    if d.get("v") != 2:
-        raise ValueError(f"aligned record version {d.get('v')!r}, expected 1 or 2")
     pages = d["pages"]
     ranked = None if pages is None else [
         RankedPage(int(o), int(c), float(x), [Span.from_dict(s) for s in spans], str(i))

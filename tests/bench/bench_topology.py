@@ -77,7 +77,7 @@ async def last_sequence_offset(topo: Topology) -> int:
 
 
 async def send_paced(topo: Topology, pages: list[Page], rate: float) -> None:
-    from worker.produce import new_producer
+    from worker.topology import new_producer
 
     producer = new_producer(topo.config.kafka)
     await producer.start()
