@@ -129,7 +129,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 def _note_first_compile(command: str) -> None:
     """A first run compiles the engine's numba kernels before its first page: say so."""
-    from dupalign.kernel_cache import kernels_cached
+    from dupalign.kernel_status import kernels_cached
 
     if kernels_cached() is False:
         print(f"dupalign {command}: compiling the engine's kernels on this first run (about "
