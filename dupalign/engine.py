@@ -26,7 +26,7 @@ from dupalign.match import Match, best_span
 from dupalign.near import NearIndex
 from dupalign.page import Page
 from dupalign.passages import PassageIndex
-from dupalign.pipeline import ExecutorKind, WorkerPool, run_pipeline
+from dupalign.pipeline import ExecutorKind, Source, Stages, WorkerPool, run_pipeline
 from dupalign.shard import ShardedIndexer, open_indexer
 from dupalign.sketch import PageSketch, Sketcher
 from dupalign.store import (
@@ -55,8 +55,6 @@ class PageReport(IndexTimes):
     cpu_index: float = 0.0
     cpu_align: float = 0.0
 
-
-Source = tuple[str, int, int]
 
 
 class Engine:
@@ -189,7 +187,21 @@ class Engine:
         """``process`` over a stream, in order, sketch and align on ``jobs`` workers: each
         page with its matches or the exception its processing raised (PageRejected...).
         Same matches whatever ``jobs`` (dupalign.pipeline)."""
-        return run_pipeline(self, items, jobs, executor)
+        return run_pipeline(self.stages(), items, jobs, executor)
+
+    def stages(self) -> Stages:
+        """The stages as ``run_pipeline`` drives them, on this engine's thread."""
+        indexer = self.indexer
+
+        def skip(doc_id: str, source: Source | None) -> None:
+            indexer.finish(indexer.skip(doc_id, source), [])
+
+        return Stages(
+            process=self.process,
+            sketch=lambda page: self.sketcher.sketch(page, self.near.idf),
+            index=self.index, align=self.align, finish=indexer.finish, skip=skip,
+            removes=indexer.removes, reported=self.report_pipelined, pool=self.worker_pool,
+            idf_version=lambda: self.near.idf.version, lists=indexer.passages.pending)
 
     def _report(self, result: IndexResult, sketch_s: float, align_s: float,
                 finish_s: float) -> None:
