@@ -25,6 +25,7 @@ from dupalign.index import Indexer, IndexResult, IndexTimes
 from dupalign.match import Match, best_span
 from dupalign.near import NearIndex
 from dupalign.page import Page
+from dupalign.passage_query import PassageQuery
 from dupalign.passages import PassageIndex
 from dupalign.pipeline import ExecutorKind, Source, Stages, WorkerPool, run_pipeline
 from dupalign.shard import ShardedIndexer, open_indexer
@@ -222,7 +223,8 @@ class Engine:
         """Passages of ``text`` aligned against the store (nothing is written)."""
         tokens = tokenize(text, self.config.text.max_tokens)
         hashes = tokens.hashes(self.config.seed)
-        found, _ = self.passages.search(hashes, tokens, self.next_ordinal)
+        query = PassageQuery(self.sketcher.passages, self.passages, self.aligner)
+        found, _ = query.search(hashes, tokens, self.next_ordinal)
         out = []
         for other, spans in found:
             best = best_span(spans)

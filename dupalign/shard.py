@@ -53,13 +53,8 @@ from dupalign.hashing import mix64
 from dupalign.index import Indexer, IndexResult, Query, StoredVersion
 from dupalign.match import Match
 from dupalign.near import NearIndex, NearState
-from dupalign.passages import (
-    PassageIndex,
-    PassageState,
-    Rects,
-    Removal,
-    query_lists,
-)
+from dupalign.passage_sketch import PassageState, Rects, query_lists
+from dupalign.passages import PassageIndex, Removal
 from dupalign.sketch import PageSketch
 from dupalign.store import (
     Batch,

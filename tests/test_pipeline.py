@@ -23,7 +23,7 @@ from dupalign.errors import ConfigError, PageRejected
 from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match
 from dupalign.page import Page
-from dupalign.passages import query_lists, window_lists
+from dupalign.passage_sketch import query_lists, window_lists
 from dupalign.pipeline import ExecutorKind
 from dupalign.sketch import PageSketch, Sketcher
 from tests.test_engine import edit, rfc_words
