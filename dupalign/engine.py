@@ -25,8 +25,9 @@ from dupalign.index import Indexer, IndexResult, IndexTimes, StoredVersion
 from dupalign.match import Match, Span, best_span
 from dupalign.near import NearIndex
 from dupalign.page import Page
+from dupalign.passage_query import PassageQuery
 from dupalign.passages import PassageIndex
-from dupalign.pipeline import ExecutorKind, WorkerPool, run_pipeline
+from dupalign.pipeline import ExecutorKind, Source, Stages, WorkerPool, run_pipeline
 from dupalign.shard import RemoteIndexer, ShardedIndexer, open_indexer
 from dupalign.sketch import PageSketch, Sketcher
 from dupalign.store import (
@@ -59,8 +60,6 @@ class PageReport(IndexTimes):
     cpu_index: float = 0.0
     cpu_align: float = 0.0
 
-
-Source = tuple[str, int, int]
 
 
 class Engine:
@@ -198,7 +197,21 @@ class Engine:
         """``process`` over a stream, in order, sketch and align on ``jobs`` workers: each
         page with its matches or the exception its processing raised (PageRejected...).
         Same matches whatever ``jobs`` (dupalign.pipeline)."""
-        return run_pipeline(self, items, jobs, executor)
+        return run_pipeline(self.stages(), items, jobs, executor)
+
+    def stages(self) -> Stages:
+        """The stages as ``run_pipeline`` drives them, on this engine's thread."""
+        indexer = self.indexer
+
+        def skip(doc_id: str, source: Source | None) -> None:
+            indexer.finish(indexer.skip(doc_id, source), [])
+
+        return Stages(
+            process=self.process,
+            sketch=lambda page: self.sketcher.sketch(page, self.near.idf),
+            index=self.index, align=self.align, finish=indexer.finish, skip=skip,
+            removes=indexer.removes, reported=self.report_pipelined, pool=self.worker_pool,
+            idf_version=lambda: self.near.idf.version, lists=indexer.passages.pending)
 
     def _report(self, result: IndexResult, sketch_s: float, align_s: float,
                 finish_s: float) -> None:
@@ -219,7 +232,8 @@ class Engine:
         """Passages of ``text`` aligned against the store (nothing is written)."""
         tokens = tokenize(text, self.config.text.max_tokens)
         hashes = tokens.hashes(self.config.seed)
-        found, _ = self.passages.search(hashes, tokens, self.next_ordinal)
+        query = PassageQuery(self.sketcher.passages, self.passages, self.aligner)
+        found, _ = query.search(hashes, tokens, self.next_ordinal)
         out = []
         for other, spans in found:
             best = best_span(spans)

@@ -36,7 +36,9 @@ from dupalign.errors import PageRejected
 from dupalign.forward import RecordCache, fits
 from dupalign.match import Match, Span, best_span
 from dupalign.near import NearIndex, NearState
-from dupalign.passages import PassageIndex, PassageState, Removal, Tasks
+from dupalign.passage_sketch import PassageState
+from dupalign.passage_tasks import Tasks
+from dupalign.passages import PassageIndex, Removal
 from dupalign.sketch import PageSketch
 from dupalign.store import (
     Store,
@@ -54,7 +56,7 @@ ENGINE_NAME = "dupalign"
 
 @dataclass
 class AlignRequest:
-    """A page's alignment tasks (``passages.Tasks``: candidate pages per passage and the
+    """A page's alignment tasks (``passage_tasks.Tasks``: candidate pages per passage and the
     lists its sketches name, found by the index) and what align needs besides: the page's
     query passages (units ``[starts[p], ends[p])``) and its positions record (token
     character offsets and unit hashes). Align reads the candidates' forward records itself

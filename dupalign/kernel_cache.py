@@ -18,9 +18,9 @@ for another signature is refused (compiled again), which also repairs caches wri
 numba also keys a kernel's cache by its own source file only, while the machine code holds
 the kernels it calls and the module constants it reads, from other files: after a change
 to a callee alone (a ``git pull``, an edit), every later process ran the old code. The key
-here also covers the kernel modules beside the kernel's file and every module of that
-folder they import, so any such change compiles the kernels again (an edit of the engine,
-the pipeline or the index, which hold no kernel, does not).
+here also covers every module of the kernel's top-level package, in all its subpackages
+(a callee may live in any of them), so any change to the package's sources compiles the
+kernels again. A kernel module outside a package is keyed by the modules of its folder.
 
 numba also names compiled code by a number each process counts from 1, so that code cached
 by two processes could share a name and a third process that loads both would call one
@@ -40,7 +40,6 @@ import functools
 import hashlib
 import itertools
 import os
-import re
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -48,7 +47,7 @@ from typing import Any
 from numba import njit, vectorize
 from numba.core import bytecode, caching, sigutils
 
-__all__ = ["kernels_cached", "njit", "vectorize"]
+__all__ = ["njit", "vectorize"]
 
 
 @contextlib.contextmanager
@@ -71,44 +70,39 @@ def _index_locked(index_path: str) -> Iterator[bool]:
         os.close(fd)  # closing releases the lock
 
 
-def _folder_digest(folder: str) -> bytes:
-    """A digest of the kernel modules in ``folder`` and of every module of the folder they
-    import, directly or not (recomputed when a file changes)."""
-    with os.scandir(folder) as entries:
-        files = sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in entries
-                       if e.name.endswith(".py") and e.is_file())
-    return _digest_of(folder, tuple(files))
+def _package_root(folder: str) -> str:
+    """The folder of the top-level package that holds ``folder`` (``folder`` itself when it
+    is no package)."""
+    root = folder
+    if not os.path.isfile(os.path.join(root, "__init__.py")):
+        return root
+    while os.path.isfile(os.path.join(os.path.dirname(root), "__init__.py")):
+        root = os.path.dirname(root)
+    return root
 
 
-_IMPORT = re.compile(r"^\s*(?:from (\w+)\.(\w+) import|import (\w+)\.(\w+)|from (\w+) import "
-                     r"\(?([\w, ]+))", re.MULTILINE)
+def _source_files(root: str) -> list[str]:
+    """The ``.py`` files of the package ``root`` and its subpackages, or of the folder
+    ``root`` alone when it is no package; sorted, relative to ``root``."""
+    if not os.path.isfile(os.path.join(root, "__init__.py")):
+        with os.scandir(root) as entries:
+            return sorted(e.name for e in entries if e.name.endswith(".py") and e.is_file())
+    found = []
+    for folder, subdirs, names in os.walk(root):
+        subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+        rel = os.path.relpath(folder, root)
+        found += [os.path.normpath(os.path.join(rel, n)) for n in names if n.endswith(".py")]
+    return sorted(found)
 
 
-@functools.lru_cache(maxsize=64)
-def _digest_of(folder: str, files: tuple[tuple[str, int, int], ...]) -> bytes:
-    package = os.path.basename(folder)
-    sources = {}
-    for name, *_ in files:
-        with open(os.path.join(folder, name), "rb") as f:
-            sources[name[:-3]] = f.read()
-    # the modules a kernel's machine code may hold something of: the kernel modules (those
-    # that take njit from here) and what they import (callees, constants); the others
-    # (the engine, the pipeline, ...) change no compiled code
-    reached = [m for m, text in sources.items() if b"kernel_cache import" in text]
-    seen = set(reached)
-    while reached:
-        text = sources[reached.pop()].decode("utf-8", "replace")
-        for match in _IMPORT.finditer(text):
-            p1, m1, p2, m2, p3, names = match.groups()
-            found = ([m1] if p1 == package else [m2] if p2 == package else
-                     [n.strip() for n in names.split(",")] if p3 == package else [])
-            for module in found:
-                if module in sources and module not in seen:
-                    seen.add(module)
-                    reached.append(module)
+@functools.cache
+def _package_digest(root: str) -> bytes:
+    """A digest of every source file of the package ``root`` (``_source_files``): taken once
+    per process, from the sources as they were when the process compiled its kernels."""
     digest = hashlib.sha256()
-    for module in sorted(seen):
-        digest.update(module.encode() + b"\0" + hashlib.sha256(sources[module]).digest())
+    for rel in _source_files(root):
+        with open(os.path.join(root, rel), "rb") as f:
+            digest.update(rel.encode() + b"\0" + hashlib.sha256(f.read()).digest())
     return digest.digest()
 
 
@@ -125,7 +119,8 @@ def _install_guards() -> None:
     def stamp(self: Any) -> Any:
         own = own_file_stamp(self)
         try:
-            return (own, _folder_digest(os.path.dirname(os.path.abspath(self._py_file))))
+            return (own, _package_digest(_package_root(os.path.dirname(
+                os.path.abspath(self._py_file)))))
         except OSError:
             return own
 
@@ -166,18 +161,3 @@ def _names_apart() -> None:
 
 _install_guards()
 _names_apart()
-
-
-def kernels_cached() -> bool | None:
-    """False when one of the three costliest kernels to compile (about 60 % of the
-    compile time) has no fresh entry in the cache; None when numba's cache is not laid out
-    as this reads it (a numba version that changed its private layout)."""
-    from dupalign import passage_align, psm, span_refine
-
-    kernels: tuple[Any, ...] = (span_refine.refine_pages, passage_align.scan_tasks,
-                                psm._psm_batch_kernel)
-    try:
-        # the index file of a kernel's compiled versions, empty when missing or stale
-        return all(bool(k._cache._cache_file._load_index()) for k in kernels)
-    except (AttributeError, OSError, ValueError):
-        return None

@@ -25,37 +25,39 @@ earlier pages whose windows collide with its sketch:
    (the earliest pages) of each list only, and drop the pages that cannot reach the
    threshold even if every empty bin of the passage collided (DESIGN.md: this order is what
    makes queries scale, since empty windows are read only for the pages left);
-3. (the align stage) read those pages' forward records: their windows in the named
-   lists and their empty windows in the passage's empty bins, and run the interval scan
-   over the colliding rectangles: the longest subsequences whose estimate is ≥ θ.
-Steps 1-2 are the index stage's (``find_tasks``), step 3 the align stage's (``gather``,
-``scan``). The numba kernels of steps 2-3 are in dupalign.passage_align.
-
-Hits on one earlier page are merged into maximal spans; with ``refine`` (the default) the
-spans reported are the tight alignments inside them (dupalign.span_refine), and every span
-carries the exact Jaccard and containments of its units. Thresholds are exact integers:
-θ = p/q, a matched non-empty window weighs q, a jointly empty bin weighs p, and a
-subsequence is similar when its weight reaches k·p (OPH: N_mat / (k − N_emp) ≥ θ).
-MonoActive (``mode = "weighted"``) has no empty windows: weight 1 each, threshold ⌈kθ⌉.
+3. (the align stage, dupalign.align) read those pages' forward records: their windows in
+   the named lists and their empty windows in the passage's empty bins, and run the
+   interval scan over the colliding rectangles: the longest subsequences whose estimate
+   is ≥ θ.
+Steps 1-2 are this module's (``find_tasks``), step 3 the align stage's (``Tasks.gather``,
+``Aligner.scan``). The numba kernels of steps 2-3 are in dupalign.passage_align; the
+page's passages and their sketches come from the sketch stage (dupalign.passage_sketch).
+Thresholds are exact integers (dupalign.passage_tasks.Weights).
 """
 
 from __future__ import annotations
 
 import shutil
 import struct
-from dataclasses import dataclass, field
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from dupalign import forward, list_files, monoactive, monoactive_query, passage_align, span_refine
+from dupalign import forward, list_files, passage_align
 from dupalign.config import EngineConfig
-from dupalign.hashing import mix64
 from dupalign.kernel_cache import njit
 from dupalign.list_cache import ListCache
-from dupalign.match import Span
-from dupalign.oph import compact_windows, oph_bins, oph_values
+from dupalign.passage_sketch import (
+    I64,
+    U64,
+    PassageState,
+    distinct_lists,
+    query_lists,
+    window_lists,
+)
+from dupalign.passage_tasks import Tasks, Weights
 from dupalign.store import (
     Batch,
     PrefixReader,
@@ -65,10 +67,7 @@ from dupalign.store import (
     read_u64,
     u64,
 )
-from dupalign.text import Tokens
 
-I64 = npt.NDArray[np.int64]
-U64 = npt.NDArray[np.uint64]
 _BIN = struct.Struct(">H")
 _COUNT = struct.Struct("<I")
 # key of an inverted-list entry: bin ‖ min-hash ‖ ordinal, big-endian; its value is empty
@@ -87,115 +86,6 @@ _LIST_ID = np.dtype([("bin", ">u2"), ("key", ">u8")])  # a list's name: its keys
 # later pages].
 _RUN_SEQ = b"\xff\xff\xff\xff"
 PACK_MIN = 8
-_SHINGLE_SALT = 0x5348494E
-
-
-@dataclass
-class Rects:
-    """Windows as rectangles: subsequences T[i..j] with i in [i_lo, i_hi], j in [j_lo, j_hi]
-    (0-based, inclusive), sharing min-hash ``key`` in ``bin`` (OPH bin or MonoActive hash
-    function). ``empty`` marks OPH empty windows (their key is 0)."""
-
-    bin: I64
-    key: U64
-    i_lo: I64
-    i_hi: I64
-    j_lo: I64
-    j_hi: I64
-    empty: npt.NDArray[np.bool_]
-
-    def __len__(self) -> int:
-        return int(self.bin.shape[0])
-
-
-@dataclass
-class PassageState:
-    """The page's passage sketch (``PassageIndex.sketch_page``: pure) and what it adds to the
-    index (written by ``stage``): its windows, its query passages ``[starts, ends)`` (units)
-    with their sketches ``keys[P, k]`` / ``empty[P, k]``, its token character offsets."""
-
-    rects: Rects | None
-    n_units: int
-    positions: bytes = b""  # the page's token character offsets, for spans that cite it
-    starts: I64 | None = None
-    ends: I64 | None = None
-    keys: U64 | None = None
-    empty: npt.NDArray[np.bool_] | None = None
-    # the distinct lists of the passages and of the windows (``query_lists``,
-    # ``window_lists``): page-only, so the sketch stage computes them off the index thread
-    # (and the pickle between the pipeline's processes carries them)
-    lists: tuple[I64, U64, I64] | None = None
-    window_lists: tuple[I64, U64, I64] | None = None
-
-
-@dataclass
-class Tasks:
-    """A page's alignment tasks. The index stage's part (``find_tasks``, from the lists):
-    pairs (passage ``t_p``, earlier page ``t_o``) sorted by passage then page; ``lid[p,
-    b]``, the list named by passage p's min-hash in bin b (-1: an empty bin of the passage,
-    whose ``q_empty[p, b]`` is set), as an index into ``list_bin``/``list_key`` (sorted by
-    bin, then key; list 0 is the empty list that stop lists are mapped to: a stop list is
-    neither a collision nor an empty bin). The align stage's part (``gather``, from the
-    task pages' forward records): the lists restricted to the windows of the task pages
-    (CSR ``start``/``count`` into ``ords``/``rects``, sorted by ordinal, then window), and
-    those pages' empty windows in the passages' empty bins (CSR keyed by ``ordinal << 16 |
-    bin`` with (l, r) rows). Every entry and empty window is keyed by its page, so the
-    tasks split by earlier page for shards of align."""
-
-    t_p: I64
-    t_o: I64
-    lid: I64
-    q_empty: npt.NDArray[np.bool_]
-    list_bin: I64
-    list_key: U64
-    gathered: bool = False
-    start: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    count: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    ords: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    rects: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros((0, 4), np.int32))
-    empty_keys: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    empty_off: I64 = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
-    empty_lr: I64 = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
-    # the task pages' records while their empty windows are not gathered yet
-    _records: tuple[I64, forward.U8, I64] | None = field(default=None, repr=False)
-
-    def __len__(self) -> int:
-        return int(self.t_p.shape[0])
-
-    @property
-    def pages(self) -> I64:
-        """The task pages, ascending: whose forward records ``gather`` reads."""
-        return np.unique(self.t_o)
-
-    def gather(self, read: forward.ReadForward, cache: forward.RecordCache | None = None,
-               empty_later: bool = False) -> Tasks:
-        """Fill in the align stage's part from the task pages' forward records (through
-        ``cache`` when given). ``empty_later``: the empty windows are left for
-        ``gather_empty``, which reads them for some of the tasks only."""
-        if not self.gathered:
-            pages = self.pages
-            if cache is None:
-                buf, at = forward.joined_records(pages.tolist(), read)
-            else:
-                buf, at = cache.records(pages.tolist(), read)
-            (self.start, self.count, self.ords, self.rects) = forward.gather_lists_at(
-                buf, at, pages, self.list_bin, self.list_key)
-            self._records = (pages, buf, at)
-            self.gathered = True
-            if not empty_later:
-                self.gather_empty(np.arange(len(self)))
-        return self
-
-    def gather_empty(self, tasks: I64) -> None:
-        """The empty windows of ``tasks`` (indices, ascending), if ``gather`` left them for
-        later (otherwise nothing to do: every task's are there)."""
-        if self._records is None:
-            return
-        pages, buf, at = self._records
-        self._records = None
-        self.empty_keys = forward.empty_keys(self.t_p, self.t_o, np.asarray(tasks, np.int64),
-                                             self.q_empty)
-        self.empty_off, self.empty_lr = forward.gather_empty_at(buf, at, pages, self.empty_keys)
 
 
 @dataclass
@@ -224,30 +114,15 @@ class PassageCounters:
     entries_cut: int = 0  # list entries past passage.max_list_read, not counted
 
 
-@dataclass
-class _Hit:
-    q_start: int
-    q_end: int
-    t_start: int
-    t_end: int
-    est: float
-
-
 class PassageIndex:
+    """The inverted lists of the passage index and the forward records, in the store and
+    (the lists) in memory: the index stage's part of the passage query, and the writes."""
+
     def __init__(self, store: Store, config: EngineConfig) -> None:
         self.store = store
         self.cfg = config.passage
-        self.seed = config.seed
-        theta = self.cfg.theta_fraction
-        self.p, self.q = theta.numerator, theta.denominator
-        self.k = self.cfg.k
-        if self.cfg.mode == "oph":
-            self.w_match, self.w_empty, self.need = self.q, self.p, self.k * self.p
-        else:
-            self.w_match, self.w_empty = 1, 0
-            self.need = monoactive_query.threshold_count(self.k, (self.p, self.q))
+        self.weights = Weights.of(self.cfg)
         self.counters = PassageCounters()
-        self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
         self.cache = ListCache(config.cache.lists_mb << 20)
         self._staged: int | None = None  # a page staged but not committed yet
         # the staged page's ordinal and the cache slot of the list of each of its non-empty
@@ -265,107 +140,6 @@ class PassageIndex:
         self.pending: list_files.PendingLists | None = None
         self._entries: tuple[int, npt.NDArray[Any], I64] | None = None  # staged, for commit
         self._mark: bytes | None = None  # the pending lists' mark in the staged batch
-        self.chain_params = span_refine.DEFAULT  # how spans are refined (reporting only)
-
-    # -- units: the tokens the alignment sees ------------------------------------------------
-    def units(self, hashes: U64) -> U64:
-        """Word hashes, or hashes of w-word shingles (unit i covers words [i, i + w))."""
-        w = self.cfg.shingle
-        if w == 1 or len(hashes) < w:
-            return hashes if w == 1 else np.empty(0, dtype=np.uint64)
-        acc = np.zeros(len(hashes) - w + 1, dtype=np.uint64)
-        for x in range(w):
-            acc = mix64(acc ^ hashes[x : len(hashes) - w + 1 + x], _SHINGLE_SALT + x)
-        return acc
-
-    def _word_range(self, start: int, end: int) -> tuple[int, int]:
-        return start, end - 1 + self.cfg.shingle
-
-    # -- windows and sketches ---------------------------------------------------------------
-    def windows(self, units: U64) -> Rects:
-        if self.cfg.mode == "oph":
-            w = compact_windows(oph_values(units), self.k)
-            emp = w.empty
-            return Rects(w.bin, w.value, w.l, np.where(emp, w.r, w.c), np.where(emp, w.l, w.c),
-                         w.r, emp)
-        mw = monoactive.compact_windows(units, self.k, "weighted", tf=self._tf)
-        return Rects(mw.fn.astype(np.int64), mw.key, mw.a.astype(np.int64),
-                     mw.b.astype(np.int64), mw.c.astype(np.int64), mw.d.astype(np.int64),
-                     np.zeros(len(mw), dtype=np.bool_))
-
-    # -- the query --------------------------------------------------------------------------
-    def sketch_page(self, hashes: U64, tokens: Tokens) -> PassageState:
-        """Everything the passage index needs from the page alone (no store access)."""
-        if not self.cfg.enabled:
-            return PassageState(None, 0)
-        units = self.units(hashes)
-        n = len(units)
-        if not self.cfg.enabled or n == 0 or n + self.cfg.shingle - 1 < self.cfg.min_len:
-            return PassageState(None, n)
-        starts = np.asarray(_passage_starts(n, self.cfg.query_len, self.cfg.stride),
-                            dtype=np.int64)
-        ends = np.minimum(n, starts + self.cfg.query_len)
-        keys, empty = self._sketches(units, starts, ends)
-        state = PassageState(self.windows(units), n, _pack_positions(tokens, units), starts,
-                             ends, keys, empty)
-        query_lists(state)  # both kept in the state: found here, off the index thread
-        window_lists(state)
-        return state
-
-    def search(
-        self, hashes: U64, tokens: Tokens, ordinal: int, exclude: frozenset[int] = frozenset()
-    ) -> tuple[list[tuple[int, list[Span]]], PassageState]:
-        """Spans of this page copied from pages before ``ordinal``, per earlier page; pages
-        in ``exclude`` (already matched as near duplicates) are not aligned."""
-        from dupalign.align import spans_of_hits  # align builds on this module
-
-        state = self.sketch_page(hashes, tokens)
-        hits = self.align_state(state, ordinal, exclude)
-        units = None if state.positions is None else _unpack_positions(state.positions)[2]
-        return spans_of_hits(self, hits, state.starts, state.ends, tokens, units), state
-
-    def align_state(
-        self, state: PassageState, before: int, exclude: frozenset[int] = frozenset()
-    ) -> list[tuple[int, int, int, int, float]]:
-        """``(passage, page, start, end, estimate)`` of ``state``'s passages (see
-        ``align_passages``)."""
-        if state.rects is None:
-            return []
-        return self._align(state, self.find_tasks(state, before, exclude))
-
-    def align_passages(
-        self, units: U64, starts: I64, ends: I64, before: int,
-        exclude: frozenset[int] = frozenset(),
-    ) -> list[tuple[int, int, int, int, float]]:
-        """Align the passages ``units[starts[p]:ends[p]]`` against the pages before
-        ``before``: ``(passage, page, start, end, estimate)`` for every longest range
-        ``[start, end)`` of the page's units whose estimate is ≥ θ (dupalign.passage_align
-        has the steps)."""
-        keys, empty = self._sketches(units, starts, ends)
-        state = PassageState(None, len(units), b"", starts, ends, keys, empty)
-        return self._align(state, self.find_tasks(state, before, exclude))
-
-    def _align(self, state: PassageState, t: Tasks | None
-               ) -> list[tuple[int, int, int, int, float]]:
-        if t is None:
-            return []
-        h_t, h_s, h_e, h_x = self.scan(t.gather(self.read_forward))
-        return list(zip(t.t_p[h_t].tolist(), t.t_o[h_t].tolist(), h_s.tolist(), h_e.tolist(),
-                        h_x.tolist(), strict=True))
-
-    def scan(self, t: Tasks) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:
-        """The align stage's kernels: the viability filter (from the matched windows alone:
-        on llvm-13/14 it drops 62 % of the tasks before their empty windows are gathered),
-        then the interval scan of the tasks left; hits name tasks of ``t``."""
-        keep = np.flatnonzero(passage_align.viable_tasks(
-            t.t_p, t.t_o, t.lid, t.count, t.start, t.ords, t.rects, t.q_empty, self.w_match,
-            self.w_empty, self.need, self.cfg.max_repeats))
-        t.gather_empty(keep)  # (when gathered with empty_later)
-        h_t, h_s, h_e, h_x = passage_align.scan_tasks(
-            t.t_p[keep], t.t_o[keep], t.lid, t.count, t.start, t.ords, t.rects, t.q_empty,
-            t.empty_keys, t.empty_off, t.empty_lr, self.w_match, self.w_empty, self.need,
-            self.cfg.min_len, self.k, self.cfg.max_repeats)
-        return keep[h_t], h_s, h_e, h_x
 
     def find_tasks(
         self, state: PassageState, before: int, exclude: frozenset[int] = frozenset(),
@@ -389,8 +163,9 @@ class PassageIndex:
         named = lid >= 0
         self.counters.stopped_bins += int(np.count_nonzero(long[lid[named]]))
         excl = np.array(sorted(exclude), dtype=np.int64)
+        w = self.weights
         t_p, t_o, pruned = passage_align.select_candidates(
-            lid, n_before, start, ords, empty, excl, self.w_match, self.w_empty, self.need,
+            lid, n_before, start, ords, empty, excl, w.w_match, w.w_empty, w.need,
             self.cfg.max_candidates)
         # the viability filter runs in align (``scan``), off this thread, with the
         # candidates' windows (their forward records)
@@ -427,16 +202,6 @@ class PassageIndex:
     def read_forward(self, ordinals: list[int]) -> list[bytes | None]:
         """The windows values of pages' forward records (dupalign.forward)."""
         return self.store.multi_get("forward", [u64(o) for o in ordinals])
-
-    def _sketches(self, units: U64, starts: I64, ends: I64) -> tuple[U64, npt.NDArray[np.bool_]]:
-        """The sketch of every passage: ``(mins[P, k], empty[P, k])``."""
-        if self.cfg.mode == "oph":
-            hvals = oph_values(units)
-            return passage_align.passage_sketches(hvals, oph_bins(hvals, self.k), starts, ends,
-                                                  self.k)
-        keys = monoactive_query.query_minhashes_many(units, starts, ends, self.k, "weighted",
-                                                     tf=self._tf)
-        return keys, np.zeros(keys.shape, dtype=np.bool_)
 
     # -- store reads ------------------------------------------------------------------------
     def _list_slots(self, reader: PrefixReader, bins: I64, keys: U64,
@@ -550,63 +315,6 @@ class PassageIndex:
         self.cache.mark_long(over)
         self.counters.long_lists += len(over)
 
-    # -- spans ------------------------------------------------------------------------------
-    def _spans(self, other: int, hit_boxes: I64, hit_ests: npt.NDArray[np.float64],
-               tokens: Tokens, units: U64) -> list[Span]:
-        """The spans reported against one earlier page: the scan's hits (rows (q_start,
-        q_end, t_start, t_end) of ``hit_boxes``, estimates ``hit_ests``) merged into maximal spans
-        or, with ``refine``, the tight alignments inside them (dupalign.span_refine); each
-        with its estimate and the exact similarity of its units."""
-        raw = self.store.get("positions", u64(other))
-        if raw is None:
-            return []
-        o_starts, o_ends, o_units = _unpack_positions(raw)
-        # both sides' units as stored: their hashes' low 32 bits
-        q_units = units & np.uint64(0xFFFFFFFF)
-        t_units = None if o_units is None else o_units.astype(np.uint64)
-        refined = self.cfg.refine and t_units is not None
-        if self.cfg.refine and t_units is not None:
-            # never empty: a hit's estimate reaches θ only through a unit both sides share
-            pieces = span_refine.refine(q_units, t_units, hit_boxes, self.chain_params)
-            boxes = [(p.q_start, p.q_end, p.t_start, p.t_end) for p in pieces]
-            ests = self._estimates(q_units, t_units, boxes)
-        else:  # (pages indexed before units were kept have the scan's spans only)
-            merged = _merge_hits([_Hit(q0, q1, t0, t1, x) for (q0, q1, t0, t1), x in zip(
-                hit_boxes.tolist(), hit_ests.tolist(), strict=True)])
-            boxes = [(h.q_start, h.q_end, h.t_start, h.t_end) for h in merged]
-            ests = [h.est for h in merged]
-        spans = []
-        for x, ((q0, q1, t0, t1), est) in enumerate(zip(boxes, ests, strict=True)):
-            qs, qe = self._word_range(q0, q1)
-            ts, te = self._word_range(t0, t1)
-            if refined and x + 1 < len(boxes):  # pieces are disjoint in units, and in
-                qe = min(qe, boxes[x + 1][0])  # words too: a last shingle's tail is cut
-            sim = (None if t_units is None
-                   else span_refine.similarity(q_units[q0:q1], t_units[t0:t1]))
-            spans.append(Span(
-                tokens=(qs, qe), chars=tokens.char_range(qs, qe),
-                match_tokens=(ts, te),
-                match_chars=(int(o_starts[ts]), int(o_ends[te - 1])) if te > ts else (0, 0),
-                est_jaccard=round(est, 4),
-                jaccard=None if sim is None else round(sim.jaccard, 4),
-                containment=None if sim is None else round(sim.containment, 4),
-                match_containment=None if sim is None else round(sim.match_containment, 4),
-            ))
-        spans.sort(key=lambda s: s.tokens)
-        return spans
-
-    def _estimates(self, a: U64, b: U64, boxes: list[tuple[int, int, int, int]]) -> list[float]:
-        """The sketch estimate of each box's two unit ranges ``a[q0:q1]``, ``b[t0:t1]`` (as
-        the scan's, without stop lists): OPH N_mat / (k - N_emp), MonoActive matched hash
-        functions / k."""
-        if self.cfg.mode == "oph":
-            return span_refine.oph_estimates(a, b, np.array(boxes, dtype=np.int64), self.k)
-        r = np.array(boxes, dtype=np.int64).reshape(-1, 4)
-        ka = monoactive_query.query_minhashes_many(a, r[:, 0], r[:, 1], self.k, "weighted",
-                                                   tf=self._tf)
-        kb = monoactive_query.query_minhashes_many(b, r[:, 2], r[:, 3], self.k, "weighted",
-                                                   tf=self._tf)
-        return (np.count_nonzero(ka == kb, axis=1) / self.k).tolist()
 
     # -- writes -----------------------------------------------------------------------------
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:
@@ -717,7 +425,7 @@ class PassageIndex:
                 shutil.rmtree(pending.incoming, ignore_errors=True)
             for key, record in self.store.items_from("forward", raw):
                 bins, keys, _, _, _ = forward.unpack_windows(record)
-                l_bins, l_keys, inverse = _distinct_lists(bins, keys.astype(np.uint64))
+                l_bins, l_keys, inverse = distinct_lists(bins, keys.astype(np.uint64))
                 ordinal = read_u64(key)
                 pending.remember(ordinal, list_files.entries(l_bins, l_keys, ordinal),
                                  np.bincount(inverse, minlength=len(l_bins)))
@@ -754,7 +462,7 @@ class PassageIndex:
             if raw is None:
                 continue
             bins, keys, _, _, _ = forward.unpack_windows(raw)
-            l_bins, l_keys, _ = _distinct_lists(bins, keys.astype(np.uint64))
+            l_bins, l_keys, _ = distinct_lists(bins, keys.astype(np.uint64))
             for b, key in zip(l_bins.tolist(), l_keys.tolist(), strict=True):
                 prefix = _BIN.pack(b) + u64(key)
                 lo, _ = span.get(prefix, (o, o))
@@ -806,192 +514,11 @@ class PassageIndex:
         }
 
 
-def query_lists(state: PassageState) -> tuple[I64, I64, I64, U64, I64]:
-    """The distinct inverted lists named by the page's passage sketches, in key order
-    (``l_bins``, ``l_keys``), with the (passage, bin) cells that name them (``rows``,
-    ``bins``) and each cell's list (``inverse``): what ``find_tasks`` reads the heads of."""
-    assert state.keys is not None and state.empty is not None
-    rows, bins = np.nonzero(~state.empty)
-    if state.lists is None:
-        state.lists = _distinct_lists(bins.astype(np.int64), state.keys[rows, bins])
-    l_bins, l_keys, inverse = state.lists
-    return rows, bins, l_bins, l_keys, inverse
-
-
-def window_lists(state: PassageState) -> tuple[I64, U64, I64]:
-    """The distinct inverted lists of the page's non-empty windows (in key order), and the
-    list of each such window: the lists ``stage`` appends the page to."""
-    assert state.rects is not None
-    if state.window_lists is None:
-        r = state.rects
-        nonempty = np.flatnonzero(~r.empty)
-        state.window_lists = _distinct_lists(r.bin[nonempty], r.key[nonempty])
-    return state.window_lists
-
-
-def _distinct_lists(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
-    """The distinct lists (bin, key) in key order, and the index of each input among them
-    (np.unique on a structured array sorts several times slower, np.lexsort twice)."""
-    return _distinct_lists_kernel(np.ascontiguousarray(bins, dtype=np.int64),
-                                  np.ascontiguousarray(keys, dtype=np.uint64))
-
-
-_SHORT_RUN = 32  # distinct lists of one bin sorted by insertion up to this many
-
-
-@njit(cache=True)
-def _distinct_lists_kernel(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
-    """The distinct (bin, key) found with a hash table (a page's passages name each list
-    several times: on llvm pages ~2.5 cells per list), then only those sorted: by bin
-    (counting sort: bins are small), then by key within each bin. Half the time of sorting
-    every cell on llvm pages."""
-    n = bins.shape[0]
-    size = 16
-    while size < 2 * n:
-        size <<= 1
-    mask = size - 1
-    table = np.full(size, -1, dtype=np.int64)
-    d_bin = np.empty(n, dtype=np.int64)
-    d_key = np.empty(n, dtype=np.uint64)
-    cell = np.empty(n, dtype=np.int64)  # each input's distinct list, in finding order
-    m = 0
-    n_bins = 0
-    for x in range(n):
-        b, key = bins[x], keys[x]
-        # min-hash keys: their low bits are as good as any
-        h = (np.int64(key & np.uint64(0x7FFFFFFFFFFFFFFF)) ^ (b * 0x9E3779B1)) & mask
-        while True:
-            d = table[h]
-            if d < 0:
-                table[h] = m
-                d_bin[m], d_key[m] = b, key
-                cell[x] = m
-                m += 1
-                n_bins = max(n_bins, b + 1)
-                break
-            if d_bin[d] == b and d_key[d] == key:
-                cell[x] = d
-                break
-            h = (h + 1) & mask
-    off = np.zeros(n_bins + 1, dtype=np.int64)
-    for d in range(m):
-        off[d_bin[d] + 1] += 1
-    for b in range(n_bins):
-        off[b + 1] += off[b]
-    at = off[:-1].copy()
-    order = np.empty(m, dtype=np.int64)
-    out_keys = np.empty(m, dtype=np.uint64)
-    for d in range(m):
-        y = at[d_bin[d]]
-        order[y], out_keys[y] = d, d_key[d]
-        at[d_bin[d]] += 1
-    for b in range(n_bins):
-        lo, hi = off[b], off[b + 1]
-        if hi - lo > _SHORT_RUN:
-            by_key = np.argsort(out_keys[lo:hi])
-            order[lo:hi] = order[lo:hi][by_key]
-            out_keys[lo:hi] = out_keys[lo:hi][by_key]
-            continue
-        for y in range(lo + 1, hi):  # keys are distinct within a bin
-            kv, ov = out_keys[y], order[y]
-            z = y - 1
-            while z >= lo and out_keys[z] > kv:
-                out_keys[z + 1], order[z + 1] = out_keys[z], order[z]
-                z -= 1
-            out_keys[z + 1], order[z + 1] = kv, ov
-    rank = np.empty(m, dtype=np.int64)
-    out_bins = np.empty(m, dtype=np.int64)
-    for y in range(m):
-        rank[order[y]] = y
-        out_bins[y] = d_bin[order[y]]
-    inverse = np.empty(n, dtype=np.int64)
-    for x in range(n):
-        inverse[x] = rank[cell[x]]
-    return out_bins, out_keys, inverse
-
-
 def _list_prefixes(bins: I64, keys: U64) -> list[bytes]:
     """The store key prefix ``bin ‖ min-hash`` of each list."""
     prefixes = np.empty(len(bins), dtype=_LIST_PREFIX)
     prefixes["bin"], prefixes["key"] = bins, keys
     return list_files.as_bytes(prefixes)
-
-
-def _merge_hits(hits: list[_Hit]) -> list[_Hit]:
-    """Maximal spans: hits whose query ranges and text ranges both overlap or touch are
-    merged, transitively (repeated sweeps until nothing merges; each sweep keeps the spans
-    still open on the text axis and merges a hit into every open one it overlaps)."""
-    spans = [_Hit(h.q_start, h.q_end, h.t_start, h.t_end, h.est) for h in hits]
-    while True:
-        spans.sort(key=lambda h: (h.t_start, h.q_start))
-        merged: list[_Hit] = []
-        open_: list[_Hit] = []
-        for h in spans:
-            open_ = [o for o in open_ if o.t_end >= h.t_start]
-            into = [o for o in open_ if h.q_start <= o.q_end and h.q_end >= o.q_start]
-            if not into:
-                merged.append(h)
-                open_.append(h)
-                continue
-            target = into[0]
-            for o in [h, *into[1:]]:
-                target.q_start = min(target.q_start, o.q_start)
-                target.q_end = max(target.q_end, o.q_end)
-                target.t_start = min(target.t_start, o.t_start)
-                target.t_end = max(target.t_end, o.t_end)
-                target.est = max(target.est, o.est)
-            for o in into[1:]:
-                merged.remove(o)
-                open_.remove(o)
-        if len(merged) == len(spans):
-            return merged
-        spans = merged
-
-
-# The positions record of a page: its tokens' (start, end) character offsets, then the low
-# 32 bits of its unit hashes (for span refinement and exact similarity), their number and a
-# marker: ``_UNITS_MARK`` after int32 (start, end) pairs, ``_STEPS_MARK`` after <u2 steps
-# (each token's gap from the previous token's end, then its length) when every step fits
-# (store format 7: 8 bytes a token instead of 12 with its unit); records written before
-# units were kept end with an offset (never negative).
-_UNITS_MARK = b"\xff\xff\xff\xff"
-_STEPS_MARK = b"\xfe\xff\xff\xff"
-
-
-def has_units(positions: bytes) -> bool:
-    """Whether a positions record holds its page's unit hashes."""
-    return positions.endswith(_UNITS_MARK) or positions.endswith(_STEPS_MARK)
-
-
-def _pack_positions(tokens: Tokens, units: U64) -> bytes:
-    low = (units & np.uint64(0xFFFFFFFF)).astype("<u4")
-    tail = low.tobytes() + struct.pack("<i", len(low))
-    starts, ends = np.asarray(tokens.starts, np.int64), np.asarray(tokens.ends, np.int64)
-    steps = np.empty(2 * len(starts), dtype=np.int64)
-    steps[0::2] = starts - np.concatenate(([0], ends[:-1]))
-    steps[1::2] = ends - starts
-    if forward.fits("<u2", steps):
-        return steps.astype("<u2").tobytes() + tail + _STEPS_MARK
-    both = np.empty(2 * len(starts), dtype="<i4")
-    both[0::2], both[1::2] = starts, ends
-    return both.tobytes() + tail + _UNITS_MARK
-
-
-def _unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32],
-                                            npt.NDArray[np.uint32] | None]:
-    """Token starts, ends and unit hashes (None in records without them)."""
-    units = None
-    if has_units(data):
-        steps = data.endswith(_STEPS_MARK)
-        (n_units,) = struct.unpack_from("<i", data, len(data) - 8)
-        at = len(data) - 8 - 4 * n_units
-        units = np.frombuffer(data, dtype="<u4", offset=at, count=n_units)
-        data = data[:at]
-        if steps:
-            bounds = np.cumsum(np.frombuffer(data, dtype="<u2"), dtype=np.int64)
-            return bounds[0::2].astype(np.int32), bounds[1::2].astype(np.int32), units
-    both = np.frombuffer(data, dtype="<i4")
-    return both[0::2], both[1::2], units
 
 
 def _assemble_lists(n_run: I64, runs: list[I64], n_single: I64, keys: list[bytes],
@@ -1058,13 +585,3 @@ def _decode_run(raw: npt.NDArray[np.uint8]) -> I64:
             x += 1
             acc, shift = np.int64(0), 0
     return out
-
-
-def _passage_starts(n: int, length: int, stride: int) -> list[int]:
-    """Starts of query passages covering [0, n): every ``stride``, the last one flush right."""
-    if n <= length:
-        return [0]
-    starts = list(range(0, n - length + 1, stride))
-    if starts[-1] != n - length:
-        starts.append(n - length)
-    return starts

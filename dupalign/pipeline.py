@@ -33,10 +33,11 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from itertools import islice
 from multiprocessing.util import Finalize
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -45,6 +46,7 @@ from dupalign.config import EngineConfig
 from dupalign.errors import StoreError
 from dupalign.idf import IdfTable
 from dupalign.index import AlignRequest, IndexResult
+from dupalign.list_files import PendingLists
 from dupalign.match import Match, Span
 from dupalign.owned_dir import OwnedTempDir
 from dupalign.page import Page
@@ -52,10 +54,9 @@ from dupalign.pool import Call, ProcessPool
 from dupalign.sketch import PageSketch, Sketcher
 from dupalign.store import Store
 
-if TYPE_CHECKING:
-    from dupalign.engine import Engine, Source
-
 ExecutorKind = Literal["process", "thread"]
+Source = tuple[str, int, int]  # where a page was read: (topic or file, partition, offset)
+PassageMatches = list[tuple[str, list[Span]]]  # the align stage's answer for one page
 T = TypeVar("T")
 Pending = Call | Future[Any]  # a call into the pool (processes | threads)
 # Pages in flight per queue. Pages are finished in order, so one page whose alignment is
@@ -194,6 +195,26 @@ class WorkerPool:
         return isinstance(self.executor, ProcessPool) and self.executor.broken
 
 
+@dataclass(frozen=True)
+class Stages:
+    """What ``run_pipeline`` drives: the stages as calls on the thread that owns the index
+    (``Engine.stages`` makes them), the pool of sketch and align workers, and the list
+    files the pool also builds."""
+
+    process: Callable[[Page, Source | None], list[Match]]  # every stage of one page, here
+    sketch: Callable[[Page], PageSketch]  # the sketch stage here, as a worker runs it
+    index: Callable[[PageSketch, Source | None], IndexResult]
+    align: Callable[[IndexResult], PassageMatches]  # the align stage here, on the store
+    finish: Callable[[IndexResult, PassageMatches], list[Match]]  # store the matches
+    skip: Callable[[str, Source | None], object]  # a failed page: its offset advances
+    removes: Callable[[PageSketch], list[int]]  # stored pages that indexing it removes
+    reported: Callable[[IndexResult], None]  # the index stage's times of a page, for metrics
+    # the pool whose workers hold the idf table in force (made again when that changed)
+    pool: Callable[[ExecutorKind, int], WorkerPool]
+    idf_version: Callable[[], int]  # the idf table in force now
+    lists: PendingLists | None  # list files written behind (dupalign.list_files)
+
+
 def _run_here(work: Callable[[], T]) -> Future[T]:
     """``work()`` run now, as a done future (its result, or the exception it raised)."""
     future: Future[T] = Future()
@@ -204,12 +225,12 @@ def _run_here(work: Callable[[], T]) -> Future[T]:
     return future
 
 
-def _sketch_here(engine: Engine, pages: list[Page]) -> list[PageSketch | Exception]:
+def _sketch_here(stages: Stages, pages: list[Page]) -> list[PageSketch | Exception]:
     """``sketch_chunk_in_worker`` in the calling thread (the same sketch: no store read)."""
-    return _sketch_each(lambda page: engine.sketcher.sketch(page, engine.near.idf), pages)
+    return _sketch_each(stages.sketch, pages)
 
 
-def _aligned(engine: Engine, result: IndexResult, future: Pending) -> Any:
+def _aligned(stages: Stages, result: IndexResult, future: Pending) -> Any:
     """The worker's passage matches; if the worker failed (its view of the store, say a
     secondary instance that could not catch up), the page is aligned here, on the store
     itself, so that no page's result depends on a worker: an error of the page's own
@@ -217,14 +238,14 @@ def _aligned(engine: Engine, result: IndexResult, future: Pending) -> Any:
     try:
         return future.result()
     except Exception:
-        return engine.align(result)
+        return stages.align(result)
 
 
 def run_pipeline(
-    engine: Engine, items: Iterable[tuple[Page, Source | None]], jobs: int,
+    stages: Stages, items: Iterable[tuple[Page, Source | None]], jobs: int,
     executor: ExecutorKind = "process", depth: int | None = None, caller_works: bool = True,
 ) -> Iterator[tuple[Page, list[Match] | BaseException]]:
-    """``engine.process`` over ``items`` with sketch and align on ``jobs`` cores; yields
+    """``stages.process`` over ``items`` with sketch and align on ``jobs`` cores; yields
     each page with its matches or its exception, in input order. A ``StoreError`` is
     raised instead: it is no fault of the page, and no later page may be indexed past it.
     ``caller_works=False``: ``jobs`` pool processes and a calling thread that only
@@ -232,7 +253,7 @@ def run_pipeline(
     if jobs <= 1:
         for page, source in items:
             try:
-                yield page, engine.process(page, source)
+                yield page, stages.process(page, source)
             except StoreError:
                 raise
             except Exception as exc:
@@ -243,8 +264,7 @@ def run_pipeline(
     # itself whenever it would wait for it (``steal``)
     workers = jobs - 1 if caller_works else jobs
     chunk = max(1, min(SKETCH_CHUNK, depth // jobs))  # every worker gets a chunk
-    indexer = engine.indexer
-    pool = engine.worker_pool(executor, workers)
+    pool = stages.pool(executor, workers)
     # a page, its source, and its chunk's future with its place in the chunk
     sketches: deque[tuple[Page, Source | None, Pending, int]] = deque()
     aligns: deque[tuple[Page, IndexResult | BaseException, Pending | None]] = deque()
@@ -258,7 +278,7 @@ def run_pipeline(
     more = True
     # list files are built by the pool too (dupalign.list_files), by whichever pool is
     # current: the file in flight is ingested before a pool is replaced, and at the end
-    lists = indexer.passages.pending
+    lists = stages.lists
     if lists is not None:
         lists.submit = lambda fn, arg: pool.executor.submit(fn, arg)
 
@@ -273,14 +293,14 @@ def run_pipeline(
         nothing left to take."""
         if not caller_works or now(waited).done():
             return False
-        if result is not None and take(waited, partial(engine.align, result)):
+        if result is not None and take(waited, partial(stages.align, result)):
             return True
         for _, queued, future in aligns:
             if (future is not None and isinstance(queued, IndexResult)
-                    and take(future, partial(engine.align, queued))):
+                    and take(future, partial(stages.align, queued))):
                 return True
         for future, pages in chunk_pages.items():
-            if take(future, partial(_sketch_here, engine, pages)):
+            if take(future, partial(_sketch_here, stages, pages)):
                 return True
         return False
 
@@ -295,14 +315,14 @@ def run_pipeline(
         page, result, future = aligns.popleft()
         if isinstance(result, BaseException):
             return page, result
-        engine.report_pipelined(result)
+        stages.reported(result)
         try:
             found = []
             if future is not None:
                 while steal(future, result):
                     pass
-                found = _aligned(engine, result, stolen.pop(future, future))
-            return page, indexer.finish(result, found)
+                found = _aligned(stages, result, stolen.pop(future, future))
+            return page, stages.finish(result, found)
         except StoreError:
             raise
         except Exception as exc:
@@ -346,9 +366,9 @@ def run_pipeline(
                 # alignments in flight that read the removed page's records (the lookup
                 # costs two store reads on this serial thread: only when something is)
                 if aligns:
-                    for _ in range(_in_flight_reading(aligns, indexer.removes(sk))):
+                    for _ in range(_in_flight_reading(aligns, stages.removes(sk))):
                         yield finish()
-                result: IndexResult | BaseException = engine.index(sk, source)
+                result: IndexResult | BaseException = stages.index(sk, source)
             except (StoreError, BrokenExecutor):
                 # no fault of the page (a worker process killed, say by the OOM killer,
                 # breaks the pool): no later page may be indexed past it, nor its offset
@@ -357,15 +377,15 @@ def run_pipeline(
             except Exception as exc:
                 # an unexpected sketch or index error: the page's offset still advances
                 result = exc
-                indexer.finish(indexer.skip(page.id, source), [])
+                stages.skip(page.id, source)
             future = None
             if isinstance(result, IndexResult) and result.align is not None:
                 future = pool.executor.submit(align_in_worker, result.align)
             aligns.append((page, result, future))
-            if engine.near.idf.version != pool.version:  # an idf freeze: new workers
+            if stages.idf_version() != pool.version:  # an idf freeze: new workers
                 if lists is not None:
                     lists.settle()
-                pool = engine.worker_pool(executor, workers)
+                pool = stages.pool(executor, workers)
     finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
         # indexed are finished (their matches stored, for a replay to find)
         for _, _, sketched, _ in sketches:

@@ -51,12 +51,8 @@ from dupalign.errors import StoreMismatch
 from dupalign.hashing import mix64
 from dupalign.index import Indexer, IndexResult
 from dupalign.near import NearIndex, NearState
-from dupalign.passages import (
-    PassageIndex,
-    PassageState,
-    Rects,
-    Removal,
-)
+from dupalign.passage_sketch import PassageState, Rects
+from dupalign.passages import PassageIndex, Removal
 from dupalign.sketch import PageSketch
 from dupalign.store import (
     Batch,

@@ -5,7 +5,7 @@ any number of copies run in parallel (threads, processes, later machines). Steps
 and extract text, tokenize (with character offsets), content hash, token hashes, the
 whole-document sketch (weighted simhash + W, verification min-hashes: dupalign.near) and
 the passage sketch (compact windows, query passages and their OPH/MonoActive sketches:
-dupalign.passages). A page that cannot be processed gives a sketch with ``rejected`` set,
+dupalign.passage_sketch). A page that cannot be processed gives a sketch with ``rejected`` set,
 so that the index stage still sees it in order (its offset advances, nothing else).
 
 ``PageSketch.to_bytes`` is the wire form (msgpack, schemas/page_sketch.json).
@@ -25,7 +25,7 @@ from dupalign.errors import PageRejected
 from dupalign.idf import IdfTable
 from dupalign.near import NearState, near_sketch
 from dupalign.page import Page, check_unicode
-from dupalign.passages import I64, U64, PassageIndex, PassageState, Rects
+from dupalign.passage_sketch import I64, U64, PassageSketcher, PassageState, Rects
 from dupalign.text import page_text, reading, tokenize
 from dupalign.wire import PAGE_SKETCH, pack_array, unpack_array
 
@@ -154,8 +154,7 @@ class Sketcher:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        # the passage index's sketch code only: it is given no store and reads none
-        self.passages = PassageIndex(None, config)  # type: ignore[arg-type]
+        self.passages = PassageSketcher(config)
 
     def sketch(self, page: Page, idf: IdfTable, stored_hash: bytes | None = None) -> PageSketch:
         """The page's sketch under ``idf``; a page that cannot be processed comes back with

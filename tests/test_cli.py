@@ -266,12 +266,12 @@ def test_kernels_cached_reads_the_index_numba_writes(tmp_path: Path) -> None:
     """The check reads numba's private cache layout: written here by numba itself (an index
     with one entry per kernel), it answers True; one kernel missing, False."""
     code = """if True:
-        from dupalign import kernel_cache, passage_align, psm, span_refine
-        print(kernel_cache.kernels_cached())
+        from dupalign import kernel_status, passage_align, psm, span_refine
+        print(kernel_status.kernels_cached())
         for k in (span_refine.refine_pages, passage_align.scan_tasks):
             k._cache._cache_file._save_index({"signature": "data file"})
-        print(kernel_cache.kernels_cached())
+        print(kernel_status.kernels_cached())
         psm._psm_batch_kernel._cache._cache_file._save_index({"signature": "data file"})
-        print(kernel_cache.kernels_cached())"""
+        print(kernel_status.kernels_cached())"""
     run = _with_numba_cache(tmp_path / "numba", code=code)
     assert run.stdout.split() == ["False", "False", "True"], run.stderr

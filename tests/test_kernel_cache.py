@@ -124,6 +124,38 @@ def test_a_change_to_a_kernel_s_callee_alone_compiles_the_caller_again(tmp_path:
     assert run() == "16"
 
 
+def test_a_change_to_a_callee_in_a_sibling_subpackage_compiles_the_caller_again(
+    tmp_path: Path,
+) -> None:
+    """The kernel in ``pkg/a`` calls a kernel of ``pkg/b``: a change to that callee alone
+    must reach the caller's cached machine code, wherever in the package it lives (a key
+    over the kernel's own folder kept the old code)."""
+    for sub in ("", "a", "b"):
+        (tmp_path / "pkg" / sub).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pkg" / sub / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a" / "kern.py").write_text(
+        "from dupalign.kernel_cache import njit\nfrom pkg.b.callee import part\n\n"
+        "@njit(cache=True)\ndef whole(x):\n    return part(x) + 1\n")
+    callee = tmp_path / "pkg" / "b" / "callee.py"
+    callee.write_text("from dupalign.kernel_cache import njit\n\n"
+                      "@njit(cache=True)\ndef part(x):\n    return x * 2\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}",
+               NUMBA_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", "from pkg.a import kern; print(kern.whole(5))"],
+            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run() == "11"
+    assert run() == "11"  # from the cache
+    assert list((tmp_path / "cache").rglob("kern.whole-*.nbc"))  # (it was cached)
+    callee.write_text(callee.read_text().replace("x * 2", "x * 3"))
+    assert run() == "16"
+
+
 
 _SORTS = {  # two kernels whose machine code calls numba's quicksort of an int64 array
     "sorting": "def run(x):\n    y = x.copy()\n    y.sort()\n    return y\n",

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dupalign import list_files, monoactive, monoactive_query, passages
+from dupalign import list_files, monoactive, monoactive_query, passages, positions
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.engine import Engine
 from dupalign.hashing import token_hashes
@@ -32,7 +32,9 @@ from dupalign.interval_scan import align
 from dupalign.match import Match, best_span
 from dupalign.oph import OPHWindows, compact_windows, oph_sketch, oph_values
 from dupalign.page import Page
-from dupalign.passages import PassageIndex, _distinct_lists, _passage_starts
+from dupalign.passage_query import PassageQuery
+from dupalign.passage_sketch import PassageSketcher, distinct_lists, passage_starts
+from dupalign.passage_tasks import Weights
 from dupalign.store import read_u64, u64
 from dupalign.text import Tokens, tokenize
 from tests import corpora
@@ -53,7 +55,7 @@ def _config(mode: str, k: int, theta: Fraction, shingle: int, query_len: int, st
     ).validate()
 
 
-def _units(idx: PassageIndex, text: str, seed: int) -> np.ndarray:
+def _units(idx: PassageSketcher, text: str, seed: int) -> np.ndarray:
     return idx.units(token_hashes(tokenize(text).tokens, seed))
 
 
@@ -62,9 +64,10 @@ class Pairwise:
     after dropping the windows in stop lists (lists (bin, min-hash) holding more than
     ``max_list`` windows of these pages: such a bin is neither a collision nor empty)."""
 
-    def __init__(self, idx: PassageIndex, pages: dict[int, np.ndarray]) -> None:
+    def __init__(self, idx: PassageSketcher, pages: dict[int, np.ndarray]) -> None:
         self.idx, self.cfg, self.pages = idx, idx.cfg, pages
-        self.theta = (idx.p, idx.q)
+        w = Weights.of(idx.cfg)
+        self.theta = (w.p, w.q)
         tf = self.cfg.tf_mode
         oph: dict[int, OPHWindows] = {}
         mono: dict[int, monoactive.Windows] = {}
@@ -119,8 +122,8 @@ class Pairwise:
         return sum(1 for f in range(k) if a[f] == b[f] and (f, int(a[f])) not in self.stop) / k
 
 
-def _word_positions(idx: PassageIndex, start: int, end: int) -> set[int]:
-    ws, we = idx._word_range(start, end)
+def _word_positions(idx: PassageSketcher, start: int, end: int) -> set[int]:
+    ws, we = idx.word_range(start, end)
     return set(range(ws, we))
 
 
@@ -134,10 +137,11 @@ def check_store_against_pairwise(
     lists from the store (so that they are marked and packed). Returns (number of reported
     ranges, candidates pruned)."""
     with Engine.open(store_dir, cfg) as eng:
-        idx = eng.passages
+        idx, sk = eng.passages, eng.sketcher.passages
+        query_here = PassageQuery(sk, idx, eng.aligner)
+        spans = eng.aligner.spans  # (the one-thread query's and the align stage's)
         if margin is not None:  # the seeding margin of span refinement
-            for x in (idx, eng.aligner.spans):  # the query's index and the align stage's
-                x.chain_params = replace(x.chain_params, margin=margin)
+            spans.chain_params = replace(spans.chain_params, margin=margin)
         indexed: dict[int, np.ndarray] = {}
         for n, text in enumerate(texts):
             ordinal = eng.next_ordinal
@@ -146,22 +150,22 @@ def check_store_against_pairwise(
             found = eng.process(Page(id=f"p{n}", body=text))
             # an exact duplicate is not indexed again; a page too short has no windows
             if not any(m.kind == "exact" for m in found):
-                units = _units(idx, text, cfg.seed)
+                units = _units(sk, text, cfg.seed)
                 if len(units) and len(units) + cfg.passage.shingle - 1 >= cfg.passage.min_len:
                     indexed[ordinal] = units
-        ref = Pairwise(idx, indexed)
-        q_units = _units(idx, query, cfg.seed)
+        ref = Pairwise(sk, indexed)
+        q_units = _units(sk, query, cfg.seed)
         if len(q_units) == 0:
             return 0, 0
         before = eng.next_ordinal
         expected_q: dict[int, set[int]] = defaultdict(set)
         expected_t: dict[int, set[int]] = defaultdict(set)
-        starts = np.array(_passage_starts(len(q_units), cfg.passage.query_len,
-                                          cfg.passage.stride), dtype=np.int64)
+        starts = np.array(passage_starts(len(q_units), cfg.passage.query_len,
+                                         cfg.passage.stride), dtype=np.int64)
         ends = np.minimum(len(q_units), starts + cfg.passage.query_len)
-        found = idx.align_passages(q_units, starts, ends, before)
+        found = query_here.align_passages(q_units, starts, ends, before)
         idx.cache.clear()  # the same lists, now read from the store
-        assert idx.align_passages(q_units, starts, ends, before) == found
+        assert query_here.align_passages(q_units, starts, ends, before) == found
         assert len(found) == len(set(found))
         n_ranges = 0
         for p, (start, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
@@ -172,8 +176,8 @@ def check_store_against_pairwise(
             for o, s, e, est in got:
                 assert est == pytest.approx(ref.estimate(passage, o, s, e))
                 assert est >= float(cfg.passage.theta_fraction) - 1e-12
-                expected_q[o] |= _word_positions(idx, start, end)
-                expected_t[o] |= _word_positions(idx, s, e)
+                expected_q[o] |= _word_positions(sk, start, end)
+                expected_t[o] |= _word_positions(sk, s, e)
             n_ranges += len(got)
         pruned = idx.counters.candidates_pruned
 
@@ -181,9 +185,9 @@ def check_store_against_pairwise(
         refined = eng.query_text(query)
         # end to end: the scan's merged spans cover exactly the union of the pairwise hits,
         # per page
-        eng.aligner.spans.cfg = replace(eng.aligner.spans.cfg, refine=False)  # process aligns there
+        spans.cfg = replace(spans.cfg, refine=False)  # process aligns there
         matches = eng.process(Page(id="query", body=query))
-        eng.aligner.spans.cfg = replace(eng.aligner.spans.cfg, refine=True)
+        spans.cfg = replace(spans.cfg, refine=True)
         if any(m.kind == "exact" for m in matches):
             return n_ranges, pruned
         ids = {f"p{n}": n for n in range(len(texts))}
@@ -202,7 +206,7 @@ def check_store_against_pairwise(
         # scan's spans grown by the seeding margin (they may bridge small gaps between
         # them), with exact similarity
         assert {m.match_doc_id for m in refined} == {m.match_doc_id for m in matches}
-        margin = idx.chain_params.margin
+        margin = spans.chain_params.margin
 
         def near(span: tuple[int, int], covered: set[int]) -> bool:
             return all(any(abs(x - y) <= margin for y in covered) for x in (span[0], span[1] - 1))
@@ -670,15 +674,15 @@ def test_span_estimates_equal_sketches_of_the_spans(mode: str, tmp_path: Path) -
     boxes = [(40, 200, 0, 160), (10, 90, 100, 250), (150, 151, 7, 8)]
     with Engine.open(tmp_path, _config(mode, k=16, theta=Fraction(3, 10), shingle=2,
                                        query_len=48, stride=24, min_len=24)) as eng:
-        idx = eng.passages
+        spans = eng.aligner.spans
 
         def sketch_of(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if mode == "oph":
                 return oph_sketch(oph_values(units), 16)
-            return (monoactive_query.query_minhashes(units, 16, "weighted", tf=idx._tf),
+            return (monoactive_query.query_minhashes(units, 16, "weighted", tf=spans._tf),
                     np.zeros(16, dtype=np.bool_))
 
-        got = idx._estimates(a, b, boxes)
+        got = spans.estimates(a, b, boxes)
         for (q0, q1, t0, t1), est in zip(boxes, got, strict=True):
             (ka, ea), (kb, eb) = sketch_of(a[q0:q1]), sketch_of(b[t0:t1])
             n_emp = sum(bool(x and y) for x, y in zip(ea, eb, strict=True))
@@ -693,11 +697,11 @@ def test_positions_record_keeps_units_and_reads_old_records() -> None:
     spans are then the scan's, without exact similarity)."""
     tokens = tokenize("one two three four five")
     units = np.array([1, 2 + (7 << 32), 3, 4], dtype=np.uint64)
-    starts, ends, got = passages._unpack_positions(passages._pack_positions(tokens, units))
+    starts, ends, got = positions.unpack_positions(positions.pack_positions(tokens, units))
     assert starts.tolist() == tokens.starts.tolist() and ends.tolist() == tokens.ends.tolist()
     assert got is not None and got.tolist() == [1, 2, 3, 4]
     old = np.stack((tokens.starts, tokens.ends), axis=1).astype("<i4").tobytes()
-    starts, ends, got = passages._unpack_positions(old)
+    starts, ends, got = positions.unpack_positions(old)
     assert starts.tolist() == tokens.starts.tolist() and ends.tolist() == tokens.ends.tolist()
     assert got is None
 
@@ -710,7 +714,7 @@ def test_pages_indexed_before_units_were_kept_get_the_scans_spans(tmp_path: Path
         eng.process(Page(id="src", body=" ".join(words)))
         (new,) = eng.query_text(query)
         assert new.spans and all(s.jaccard is not None for s in new.spans)
-        starts, ends, _ = passages._unpack_positions(eng.store.get("positions", u64(0)) or b"")
+        starts, ends, _ = positions.unpack_positions(eng.store.get("positions", u64(0)) or b"")
         eng.store.put("positions", u64(0),
                       np.stack((starts, ends), axis=1).astype("<i4").tobytes())
         (old,) = eng.query_text(query)
@@ -729,7 +733,7 @@ def test_distinct_lists_equals_a_lexsort(pairs: list[tuple[int, int]]) -> None:
     among them."""
     bins = np.array([b for b, _ in pairs], dtype=np.int64)
     keys = np.array([k for _, k in pairs], dtype=np.uint64)
-    l_bins, l_keys, inverse = _distinct_lists(bins, keys)
+    l_bins, l_keys, inverse = distinct_lists(bins, keys)
     uniq = sorted(set(pairs))
     assert l_bins.dtype == np.int64 and l_keys.dtype == np.uint64
     assert list(zip(l_bins.tolist(), l_keys.tolist(), strict=True)) == uniq
@@ -745,7 +749,7 @@ def test_distinct_lists_with_long_bins_equals_a_lexsort(pairs: list[tuple[int, i
     pairs = pairs + pairs[: len(pairs) // 3]
     bins = np.array([b for b, _ in pairs], dtype=np.int64)
     keys = np.array([k for _, k in pairs], dtype=np.uint64)
-    l_bins, l_keys, inverse = _distinct_lists(bins, keys)
+    l_bins, l_keys, inverse = distinct_lists(bins, keys)
     uniq = sorted(set(pairs))
     assert list(zip(l_bins.tolist(), l_keys.tolist(), strict=True)) == uniq
     where = {p: x for x, p in enumerate(uniq)}
@@ -774,16 +778,16 @@ def test_positions_records_read_back_as_written(data: st.DataObject) -> None:
     starts, ends = bounds[0::2], bounds[1::2]
     units = np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n)),
                      dtype=np.uint64)
-    raw = passages._pack_positions(Tokens("", None, starts, ends), units)
-    assert passages.has_units(raw)
-    assert raw.endswith(passages._STEPS_MARK) == (max(steps, default=0) <= 0xFFFF)
-    got_starts, got_ends, got_units = passages._unpack_positions(raw)
+    raw = positions.pack_positions(Tokens("", None, starts, ends), units)
+    assert positions.has_units(raw)
+    assert raw.endswith(positions._STEPS_MARK) == (max(steps, default=0) <= 0xFFFF)
+    got_starts, got_ends, got_units = positions.unpack_positions(raw)
     assert got_units is not None
     assert (got_starts.tolist(), got_ends.tolist(), got_units.tolist()) == (
         starts.tolist(), ends.tolist(), (units & np.uint64(0xFFFFFFFF)).tolist())
     # records written before units were kept: the int32 pairs alone
     old = np.empty(2 * n, dtype="<i4")
     old[0::2], old[1::2] = starts, ends
-    got_starts, got_ends, got_units = passages._unpack_positions(old.tobytes())
-    assert got_units is None and not passages.has_units(old.tobytes())
+    got_starts, got_ends, got_units = positions.unpack_positions(old.tobytes())
+    assert got_units is None and not positions.has_units(old.tobytes())
     assert (got_starts.tolist(), got_ends.tolist()) == (starts.tolist(), ends.tolist())

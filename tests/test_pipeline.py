@@ -23,7 +23,7 @@ from dupalign.errors import ConfigError, PageRejected
 from dupalign.index import AlignRequest, IndexResult
 from dupalign.match import Match
 from dupalign.page import Page
-from dupalign.passages import query_lists, window_lists
+from dupalign.passage_sketch import query_lists, window_lists
 from dupalign.pipeline import ExecutorKind
 from dupalign.sketch import PageSketch, Sketcher
 from tests.test_engine import edit, rfc_words
@@ -159,7 +159,7 @@ def test_work_taken_back_is_the_whole_chunk_of_sketches(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "two") as engine:
         engine.worker_pool("thread", 1).executor.submit(time.sleep, 1.0)  # busy
         two = [(p.id, repr(f) if isinstance(f, BaseException) else [m.to_dict() for m in f])
-               for p, f in pipeline.run_pipeline(engine, items, 2, "thread", depth=8)]
+               for p, f in pipeline.run_pipeline(engine.stages(), items, 2, "thread", depth=8)]
     with Engine.open(tmp_path / "one") as engine:
         one = [(p.id, repr(f) if isinstance(f, BaseException) else [m.to_dict() for m in f])
                for p, f in engine.process_many(items, jobs=1)]
@@ -557,7 +557,7 @@ from dupalign.pipeline import run_pipeline
 from tests.test_pipeline import random_pages
 with Engine.open(sys.argv[1]) as engine:  # (all the work in the pool: none taken back)
     items = ((p, None) for p in random_pages(4, 40))
-    for _ in run_pipeline(engine, items, 2, caller_works=False):
+    for _ in run_pipeline(engine.stages(), items, 2, caller_works=False):
         pass
     print("aligned", flush=True)
     if sys.argv[2] == "wait":
@@ -634,7 +634,7 @@ pages[12] = dataclasses.replace(pages[12], id="victim")
 items = [(p, ("pages", 0, n)) for n, p in enumerate(pages)]
 with tempfile.TemporaryDirectory() as tmp, Engine.open(Path(tmp) / "s") as engine:
     try:  # (all the work in the pool, the victim's too: none taken back by the caller)
-        for _ in pipeline.run_pipeline(engine, items, 2, caller_works=False):
+        for _ in pipeline.run_pipeline(engine.stages(), items, 2, caller_works=False):
             pass
         print("finished", flush=True)
     except Exception as exc:

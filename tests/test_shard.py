@@ -27,7 +27,7 @@ from dupalign.engine import Engine
 from dupalign.errors import StoreMismatch
 from dupalign.match import Match
 from dupalign.page import Page
-from dupalign.passages import PassageState, Rects
+from dupalign.passage_sketch import PassageState, Rects
 from dupalign.shard import (
     FAN_IN_KEY,
     SHARDS_KEY,

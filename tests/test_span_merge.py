@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dupalign.passages import _Hit, _merge_hits
+from dupalign.align import HitBox, merge_hits
 
 Box = tuple[int, int, int, int]
 
@@ -38,14 +38,14 @@ box = st.tuples(st.integers(0, 40), st.integers(1, 8), st.integers(0, 40), st.in
 @given(st.lists(box, max_size=14))
 @settings(max_examples=500, deadline=None)
 def test_merge_equals_brute_force(raw: list[tuple[int, int, int, int]]) -> None:
-    hits = [_Hit(q, q + ql, t, t + tl, 0.5) for q, ql, t, tl in raw]
-    got = sorted((h.q_start, h.q_end, h.t_start, h.t_end) for h in _merge_hits(hits))
+    hits = [HitBox(q, q + ql, t, t + tl, 0.5) for q, ql, t, tl in raw]
+    got = sorted((h.q_start, h.q_end, h.t_start, h.t_end) for h in merge_hits(hits))
     assert got == brute_merge([(q, q + ql, t, t + tl) for q, ql, t, tl in raw])
 
 
 def test_interleaved_hits_become_one_span() -> None:
     # the greedy "compare with the last span only" merge left the inner hit on its own
-    hits = [_Hit(0, 73, 0, 170, 0.3), _Hit(100, 140, 50, 90, 0.3), _Hit(24, 73, 6, 48, 0.4)]
-    merged = _merge_hits(hits)
+    hits = [HitBox(0, 73, 0, 170, 0.3), HitBox(100, 140, 50, 90, 0.3), HitBox(24, 73, 6, 48, 0.4)]
+    merged = merge_hits(hits)
     assert [(h.q_start, h.q_end, h.t_start, h.t_end, h.est) for h in merged] == [
         (0, 73, 0, 170, 0.4), (100, 140, 50, 90, 0.3)]

@@ -85,7 +85,7 @@ def _as_roles(engine: Engine, pages: list[Page]) -> None:
 
 def warm_all() -> None:
     """Both modes, in parallel processes, when the costliest kernels are not cached."""
-    from dupalign.kernel_cache import kernels_cached
+    from dupalign.kernel_status import kernels_cached
 
     if kernels_cached() is not False:
         return

@@ -133,7 +133,7 @@ COMPILING = "compiling kernels (first run, ~2 min)…"  # the progress bar's, un
 def _note_first_compile(command: str) -> bool:
     """A first run compiles the engine's numba kernels before its first page: say so
     (True: it does)."""
-    from dupalign.kernel_cache import kernels_cached
+    from dupalign.kernel_status import kernels_cached
 
     if kernels_cached() is not False:
         return False

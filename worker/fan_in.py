@@ -18,7 +18,8 @@ from dupalign.errors import StoreMismatch
 from dupalign.index import Indexer, IndexResult, Query, StoredVersion
 from dupalign.match import Match
 from dupalign.near import NearState
-from dupalign.passages import PassageIndex, PassageState, Removal, query_lists
+from dupalign.passage_sketch import PassageState, query_lists
+from dupalign.passages import PassageIndex, Removal
 from dupalign.shard import (
     I64,
     U64,

@@ -25,7 +25,7 @@ import numpy.typing as npt
 from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES, EngineConfig
 from dupalign.errors import StoreMismatch
 from dupalign.near import NearState
-from dupalign.passages import PassageState, Rects
+from dupalign.passage_sketch import PassageState, Rects
 from dupalign.shard import IndexShard, check_shard, shard_dir
 from dupalign.store import (
     Store,

@@ -216,13 +216,13 @@ def accuracy(sets: dict[str, list[Pair]], shingles: tuple[int, ...]) -> None:
           f"{'pairF1':>6} {'noS':>4} {'noR':>4} {'align ms':>8} {'brute ms':>8} {'|T|':>5}")
     k = 64
     with tempfile.TemporaryDirectory() as d, Engine.open(d, EngineConfig()) as eng:
-        units_of = eng.passages.units
+        units_of = eng.sketcher.passages.units
         warm = units_of(token_hashes(["a", "b", "c", "a"], 0))  # compile before timing
         align(oph_values(warm), compact_windows(oph_values(warm), k), k, (1, 2), 1)
         truth_positions(warm, warm, 1, 2)
         for shingle in shingles:
             cfg = PassageConfig(shingle=shingle)
-            eng.passages.cfg = cfg  # only ``units`` is used: it reads cfg.shingle
+            eng.sketcher.passages.cfg = cfg  # only ``units`` is used: it reads cfg.shingle
             for name, pairs in sets.items():
                 enc = [(units_of(token_hashes(p.query, 0)), units_of(token_hashes(p.text, 0)))
                        for p in pairs]
@@ -412,7 +412,7 @@ def pan_accuracy(sets: dict[str, tuple[dict[str, str], list[PanDoc]]]) -> None:
                     for key in (doc.group, "all"):
                         all_cases.setdefault(key, []).extend(cases)
                     for refine in (False, True):
-                        eng.passages.cfg = replace(eng.passages.cfg, refine=refine)
+                        eng.aligner.spans.cfg = replace(eng.aligner.spans.cfg, refine=refine)
                         t = time.thread_time()
                         matches = [m for m in eng.query_text(doc.text)
                                    if m.match_doc_id == doc.src]

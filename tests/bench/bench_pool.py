@@ -46,7 +46,7 @@ def run(pages: list[Page], jobs: int, store: Path, caller_works: bool = True
     kids0 = _rusage(resource.RUSAGE_CHILDREN)
     with Engine.open(store, config) as engine:
         t0, p0, c0 = time.perf_counter(), _rusage(resource.RUSAGE_SELF), time.thread_time()
-        for _ in run_pipeline(engine, ((p, None) for p in pages), jobs,
+        for _ in run_pipeline(engine.stages(), ((p, None) for p in pages), jobs,
                               caller_works=caller_works):
             pass
         if engine.passages.pending is not None:  # (the last pages' list entries, as at close)

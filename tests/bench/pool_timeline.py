@@ -186,7 +186,7 @@ def main() -> int:
                     pool.executor.submit = _traced_submit(  # type: ignore[method-assign]
                         where, pool.executor.submit)
                     t0 = time.perf_counter()
-                    for _ in pipeline.run_pipeline(engine, ((p, None) for p in pages),
+                    for _ in pipeline.run_pipeline(engine.stages(), ((p, None) for p in pages),
                                                    args.jobs):
                         pass
                     t1 = time.perf_counter()
