@@ -4,6 +4,7 @@ codes"), never with a traceback; and no run loses or merges pages silently."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import subprocess
@@ -70,6 +71,22 @@ def _clashing_ids(tmp: Path) -> list[str]:
         (tmp / name).mkdir()
         (tmp / name / "index.txt").write_text(text)
     return ["scan", "a", "b", "--store", "s"]  # both name their page "index.txt"
+
+
+def _warc_gz_not_gzip(tmp: Path) -> list[str]:
+    (tmp / "crawl.warc.gz").write_text("WARC/1.0\r\nWARC-Type: response\r\n\r\n")
+    return ["scan", "crawl.warc.gz", "--store", "s"]
+
+
+def _jsonl_gz_not_gzip(tmp: Path) -> list[str]:
+    _jsonl(tmp, {"id": "a", "body": "some words"}).rename(tmp / "in.jsonl.gz")
+    return ["scan", "in.jsonl.gz", "--store", "s"]
+
+
+def _warc_not_a_warc(tmp: Path) -> list[str]:
+    with gzip.open(tmp / "crawl.warc.gz", "wt") as fh:
+        fh.write("<html>a page saved under a WARC's name</html>\n")
+    return ["scan", "crawl.warc.gz", "--store", "s"]
 
 
 def _store_is_a_file(tmp: Path) -> list[str]:
@@ -178,6 +195,12 @@ CASES = [
          "docs: no .txt/.html/.htm/.xhtml file in this directory"),
     Case("two files, one id", _clashing_ids, Exit.INPUT,
          "page id 'index.txt' names two different files, a/index.txt and b/index.txt"),
+    Case(".warc.gz that is not gzip", _warc_gz_not_gzip, Exit.INPUT,
+         "input crawl.warc.gz is not a gzip file, though its name ends in .gz"),
+    Case(".jsonl.gz that is not gzip", _jsonl_gz_not_gzip, Exit.INPUT,
+         "input in.jsonl.gz is not a gzip file, though its name ends in .gz"),
+    Case(".warc.gz that is not a WARC", _warc_not_a_warc, Exit.INPUT,
+         "input crawl.warc.gz is not a WARC file: it starts with b'<html>a page saved"),
     Case("store is a file", _store_is_a_file, Exit.STORE,
          "store path store is a file, not a directory"),
     Case("store not writable", _store_not_writable, Exit.STORE,
@@ -346,3 +369,48 @@ def test_compact_and_delete_leave_the_pages_a_restarted_worker_reads_again(
     with Engine.open(store, read_only=True) as kept, \
             Engine.open(tmp_path / "forced", read_only=True) as forced:
         assert (kept.indexer.alive, forced.indexer.alive) == (2, 1)
+
+
+# -- the worker's metrics port --------------------------------------------------------------
+
+
+@contextmanager
+def port_in_use() -> Iterator[int]:
+    """A port another process listens on (here: this one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def test_a_metrics_port_in_use_is_a_usage_error_said_before_kafka(tmp_path: Path) -> None:
+    """Issue 40: the worker died with "internal error: OSError [Errno 98]" (exit 1). The
+    broker address here reaches nothing: the port is said first, nothing is opened."""
+    with port_in_use() as port:
+        run = dupalign("worker", "--store", "s", "--bootstrap", f"127.0.0.1:{closed_port()}",
+                       "--metrics-port", str(port), cwd=tmp_path)
+    assert run.returncode == Exit.USAGE, run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith(f"dupalign worker: cannot listen on 127.0.0.1:{port} for /metrics"), \
+        line
+    assert f"is another process using port {port}?" in line
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_http_server_says_which_port_it_cannot_listen_on() -> None:
+    """A port taken between the start-up check and the worker's listen: the same line."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from worker.exits import CliError
+    from worker.http import HttpServer
+
+    def ok() -> tuple[bool, str]:
+        return True, "ok"
+
+    server = HttpServer(CollectorRegistry(), ok, ok)
+    with port_in_use() as port, pytest.raises(CliError) as caught:
+        asyncio.run(server.start("127.0.0.1", port))
+    assert caught.value.code == Exit.USAGE
+    assert f"cannot listen on 127.0.0.1:{port}" in str(caught.value)

@@ -343,8 +343,12 @@ def _add_kafka_command(sub: Any, chosen: str | None, name: str, module: str, add
 
 def _run_worker(service: Any, args: argparse.Namespace) -> int:
     from worker.exits import check_broker_reachable
+    from worker.http import check_port
 
-    check_broker_reachable(service.config_from_args(args).kafka.bootstrap_servers)
+    config = service.config_from_args(args)
+    if config.metrics.enabled:  # a port in use is said before anything else is tried
+        check_port(config.metrics.host, config.metrics.port)
+    check_broker_reachable(config.kafka.bootstrap_servers)
     if "align" in args.roles.split(","):  # (the costliest kernels)
         _note_first_compile("worker")
     return int(service.run_worker(args))
