@@ -771,3 +771,26 @@ async def test_a_first_start_on_topics_the_broker_creates_logs_no_error(
     assert [line for line in lines if " ERROR " in line or " WARNING " in line] == [], lines
     assert any(f" INFO aiokafka.cluster: Topic {topics.pages} not found in cluster metadata "
                "(usual while a worker starts" in line for line in lines), lines
+
+
+async def test_produce_shows_the_first_skipped_lines_and_counts_the_rest(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Issue 40: garbage input gave one stderr line per bad line, without end."""
+    from worker.capped import LIMIT
+
+    topics = await Topics(kafka_bootstrap, partitions=1).create()
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"id": "a", "body": "the one page"}) + "\n"
+                   + "".join(f"garbage {n}\n" for n in range(300)))
+    run = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "produce", str(src), "--bootstrap",
+         kafka_bootstrap, "--topic", topics.pages, "--quiet"],
+        capture_output=True, text=True, timeout=120, cwd=REPO, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [
+        *(f"skipped {src}:{n}: Expecting value: line 1 column 1 (char 0)"
+          for n in range(2, 2 + LIMIT)),
+        f"... and {300 - LIMIT} more skipped (not shown: the first {LIMIT} are)",
+        f"produced 1 pages to {topics.pages}, skipped 300"]
+    assert [messages.decode_page(r.value).id for r in await topics.read(topics.pages)] == ["a"]
