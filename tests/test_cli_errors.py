@@ -485,7 +485,9 @@ def test_ctrl_c_on_scan_says_what_was_stored_and_exits_130(tmp_path: Path) -> No
     src = tmp_path / "in.jsonl"
     with src.open("w") as fh:
         for n in range(5000):
-            fh.write(json.dumps({"id": f"p{n}", "body": " ".join(rng.sample(words, 300))}) + "\n")
+            start = rng.randrange(len(words) - 200)  # slices that overlap: matches
+            body = " ".join(words[start:start + 200] + rng.sample(words, 100))
+            fh.write(json.dumps({"id": f"p{n}", "body": body}) + "\n")
     out = tmp_path / "m.jsonl"
     out.write_text("previous\n")
     scan = subprocess.Popen([str(DUPALIGN), "scan", src.name, "--store", "s", "--out", out.name,

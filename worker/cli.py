@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -84,6 +85,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         _note_first_compile("scan")
     progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages")
     rejects = CappedLines(progress.write)
+    ctrl_c = _CtrlC()
     where: dict[int, str] = {}  # id(page) -> "path:line", for the rejection messages
 
     def pages_in() -> Iterator[tuple[Page, None]]:
@@ -92,6 +94,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
                 if isinstance(item, InputError):
                     rejects.add(f"skipped {item.where}: {item.reason}")
                     continue
+                ctrl_c.check()
                 where[id(item)] = f"{path}:{number}"
                 yield item, None
 
@@ -104,9 +107,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
         # previous output as it was; one that stops early keeps what it found
         out: IO[str] | None = None if args.out else sys.stdout
         interrupted = False
+        ctrl_c.catch()
         try:
             jobs = args.jobs or default_jobs()
             for page, found in engine.process_many(pages_in(), jobs=jobs):
+                ctrl_c.check()
                 at = where.pop(id(page))
                 if isinstance(found, PageRejected):
                     rejects.add(f"rejected {at} ({page.id}): {found}")
@@ -122,10 +127,11 @@ def cmd_scan(args: argparse.Namespace) -> int:
                     out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
                 matches += len(found)
                 progress.update(1, f"{matches} matches, {rejects.count} rejected")
-        except KeyboardInterrupt:
-            interrupted = True
+        except BaseException as exc:
+            interrupted = _interrupted(exc)
             raise
         finally:
+            ctrl_c.release()
             progress.close()
             rejects.close()
             if out is not None and out is not sys.stdout:
@@ -140,6 +146,43 @@ def cmd_scan(args: argparse.Namespace) -> int:
             "no page found"
         raise CliError(f"nothing was processed: {why}", Exit.NOTHING_DONE)
     return 0
+
+
+class _CtrlC:
+    """Ctrl-C during a scan's pages: the first is noted and the scan stops at the next page
+    (raised inside numba's code, a KeyboardInterrupt came out as a SystemError or was taken
+    for one page's failure and lost), the second interrupts at once."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self.previous: Any = None
+
+    def catch(self) -> None:
+        self.previous = signal.signal(signal.SIGINT, self._handler)
+
+    def release(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+
+def _interrupted(exc: BaseException | None) -> bool:
+    """``exc`` is Ctrl-C, or an error it caused (numba wraps it in a SystemError)."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _note_first_compile(command: str) -> None:
@@ -410,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
     except Exception as exc:
+        if _interrupted(exc):
+            return Exit.INTERRUPTED
         code, message = classify(exc)
         if code == Exit.INTERNAL and os.environ.get("DUPALIGN_DEBUG"):
             raise
