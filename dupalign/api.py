@@ -121,7 +121,8 @@ class Detector:
         return self._engine.alive
 
     def stats(self) -> dict[str, Any]:
-        """What ``dupalign stats --json`` prints: sizes, frozen parameters, counters."""
+        """The store's sizes and frozen parameters (what ``dupalign stats --json`` prints),
+        and the counters of what this handle did since it was opened."""
         return self._engine.stats()
 
     def close(self) -> None:

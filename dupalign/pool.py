@@ -34,6 +34,7 @@ import multiprocessing
 import os
 import pickle
 import select
+import signal
 import struct
 import tempfile
 import threading
@@ -144,6 +145,10 @@ class _Shared:
 def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]
            ) -> None:
     """A worker: run the calls it claims, until told to stop."""
+    # Ctrl-C reaches the terminal's whole process group: the calling process handles it
+    # (it stops submitting, then closes the pool, or it dies and the pipe ends); a worker
+    # interrupted mid-answer only broke that pipe (BrokenPipeError in the caller).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.close(shared.tasks_w)
     os.close(shared.results_r)
     if initializer is not None:

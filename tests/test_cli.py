@@ -275,3 +275,59 @@ def test_kernels_cached_reads_the_index_numba_writes(tmp_path: Path) -> None:
         print(kernel_status.kernels_cached())"""
     run = _with_numba_cache(tmp_path / "numba", code=code)
     assert run.stdout.split() == ["False", "False", "True"], run.stderr
+
+
+def test_garbage_input_reports_its_first_rejections_and_counts_the_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 40: 745 bad lines gave 745 stderr lines. The first 20 are shown, the rest counted
+    in one line, and the summary counts them all."""
+    from worker.capped import LIMIT
+
+    src = tmp_path / "in.jsonl"
+    text = " ".join((DEMO / "rfc" / "rfc2821.txt").read_text().split()[:400])
+    src.write_text(json.dumps({"id": "a", "body": text}) + "\n"
+                   + "".join(f"garbage line {n}\n" for n in range(745)))
+    assert main(["scan", str(src), "--store", str(tmp_path / "s"), "--quiet", "--jobs", "1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    skipped = [line for line in err if line.startswith("skipped ")]
+    assert [line.split()[1] for line in skipped] == [f"{src}:{n}:" for n in range(2, 2 + LIMIT)]
+    assert f"... and {745 - LIMIT} more rejected or skipped (not shown: the first {LIMIT} are)" \
+        in err
+    assert err[-1] == "scan: 1 pages (1 new, 0 already in the store), 0 matches, 745 rejected " \
+        "or skipped"
+    assert len(err) == LIMIT + 2
+
+
+def test_every_option_of_every_command_says_what_it_is() -> None:
+    """Issue 40: --store and --config had no help text in query, stats, delete, compact."""
+    import argparse
+
+    from worker.cli import build_parser
+
+    parser = build_parser(["scan"])
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    checked = set()
+    for name in ("scan", "query", "stats", "delete", "compact"):
+        for action in commands.choices[name]._actions:
+            assert action.help, f"dupalign {name} {'/'.join(action.option_strings)}"
+            checked.add((name, action.dest))
+    assert {(c, o) for c in ("query", "stats", "delete", "compact")
+            for o in ("store", "config")} <= checked
+
+
+def test_the_stores_the_readme_examples_make_are_ignored_by_git() -> None:
+    """Issue 40: the README's Python example left rfc.store/ in the repository root."""
+    import re
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    stores = set(re.findall(r'dupalign\.open\("([^"/]+)"', readme))
+    stores |= set(re.findall(r"--store ([\w.-]+\.store)\b", readme))
+    assert "rfc.store" in stores
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    run = subprocess.run(["git", "check-ignore", "--no-index", *(f"{s}/CURRENT" for s in stores)],
+                         cwd=root, capture_output=True, text=True, check=False)
+    assert set(run.stdout.split()) == {f"{s}/CURRENT" for s in stores}, run.stderr

@@ -4,6 +4,7 @@ codes"), never with a traceback; and no run loses or merges pages silently."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import subprocess
@@ -71,6 +72,22 @@ def _clashing_ids(tmp: Path) -> list[str]:
         (tmp / name).mkdir()
         (tmp / name / "index.txt").write_text(text)
     return ["scan", "a", "b", "--store", "s"]  # both name their page "index.txt"
+
+
+def _warc_gz_not_gzip(tmp: Path) -> list[str]:
+    (tmp / "crawl.warc.gz").write_text("WARC/1.0\r\nWARC-Type: response\r\n\r\n")
+    return ["scan", "crawl.warc.gz", "--store", "s"]
+
+
+def _jsonl_gz_not_gzip(tmp: Path) -> list[str]:
+    _jsonl(tmp, {"id": "a", "body": "some words"}).rename(tmp / "in.jsonl.gz")
+    return ["scan", "in.jsonl.gz", "--store", "s"]
+
+
+def _warc_not_a_warc(tmp: Path) -> list[str]:
+    with gzip.open(tmp / "crawl.warc.gz", "wt") as fh:
+        fh.write("<html>a page saved under a WARC's name</html>\n")
+    return ["scan", "crawl.warc.gz", "--store", "s"]
 
 
 def _store_is_a_file(tmp: Path) -> list[str]:
@@ -180,6 +197,12 @@ CASES = [
          "docs: no .txt/.html/.htm/.xhtml file in this directory"),
     Case("two files, one id", _clashing_ids, Exit.INPUT,
          "page id 'index.txt' names two different files, a/index.txt and b/index.txt"),
+    Case(".warc.gz that is not gzip", _warc_gz_not_gzip, Exit.INPUT,
+         "input crawl.warc.gz is not a gzip file, though its name ends in .gz"),
+    Case(".jsonl.gz that is not gzip", _jsonl_gz_not_gzip, Exit.INPUT,
+         "input in.jsonl.gz is not a gzip file, though its name ends in .gz"),
+    Case(".warc.gz that is not a WARC", _warc_not_a_warc, Exit.INPUT,
+         "input crawl.warc.gz is not a WARC file: it starts with b'<html>a page saved"),
     Case("store is a file", _store_is_a_file, Exit.STORE,
          "store path store is a file, not a directory"),
     Case("store not writable", _store_not_writable, Exit.STORE,
@@ -348,3 +371,150 @@ def test_compact_and_delete_leave_the_pages_a_restarted_worker_reads_again(
     with Engine.open(store, read_only=True) as kept, \
             Engine.open(tmp_path / "forced", read_only=True) as forced:
         assert (kept.indexer.alive, forced.indexer.alive) == (2, 1)
+
+
+# -- the worker's metrics port --------------------------------------------------------------
+
+
+@contextmanager
+def port_in_use() -> Iterator[int]:
+    """A port another process listens on (here: this one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def test_a_metrics_port_in_use_is_a_usage_error_said_before_kafka(tmp_path: Path) -> None:
+    """Issue 40: the worker died with "internal error: OSError [Errno 98]" (exit 1). The
+    broker address here reaches nothing: the port is said first, nothing is opened."""
+    with port_in_use() as port:
+        run = dupalign("worker", "--store", "s", "--bootstrap", f"127.0.0.1:{closed_port()}",
+                       "--metrics-port", str(port), cwd=tmp_path)
+    assert run.returncode == Exit.USAGE, run.stderr
+    [line] = run.stderr.strip().splitlines()
+    assert line.startswith(f"dupalign worker: cannot listen on 127.0.0.1:{port} for /metrics"), \
+        line
+    assert f"is another process using port {port}?" in line
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_http_server_says_which_port_it_cannot_listen_on() -> None:
+    """A port taken between the start-up check and the worker's listen: the same line."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from worker.exits import CliError
+    from worker.http import HttpServer
+
+    def ok() -> tuple[bool, str]:
+        return True, "ok"
+
+    server = HttpServer(CollectorRegistry(), ok, ok)
+    with port_in_use() as port, pytest.raises(CliError) as caught:
+        asyncio.run(server.start("127.0.0.1", port))
+    assert caught.value.code == Exit.USAGE
+    assert f"cannot listen on 127.0.0.1:{port}" in str(caught.value)
+
+
+# -- arguments, delete, stats, --out ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("jobs", ["-1", "2000", "two"])
+def test_a_jobs_count_out_of_range_is_a_usage_error(jobs: str, tmp_path: Path) -> None:
+    """Issue 40: --jobs -1 was taken silently. 0 is all cores (the default), like worker.jobs."""
+    run = dupalign("scan", RFC2821, "--store", "s", "--jobs", jobs, cwd=tmp_path)
+    assert run.returncode == Exit.USAGE, run.stderr
+    assert run.stderr.splitlines()[-1] == (f"dupalign scan: error: argument --jobs: {jobs}: give "
+                                           "a count of cores (at most 1024), or 0 for all")
+    assert not (tmp_path / "s").exists()
+
+
+def test_delete_names_the_ids_it_did_not_find_and_succeeds(tmp_path: Path) -> None:
+    """Issue 40: `delete` of an unknown id said "0 of 1 pages deleted". As `rm -f`: an id
+    not stored is already gone, so exit 0, and the ids not found are named."""
+    worker_store_ahead_of_its_commit(tmp_path / "s")
+    run = dupalign("delete", "p0", "nope", "p0", "gone too", "--store", "s", "--force",
+                   cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == [
+        "1 of 3 pages deleted",
+        "not in the store s (nothing to delete): 'nope', 'gone too'"]
+    again = dupalign("delete", "p0", "--store", "s", "--force", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.splitlines() == ["0 of 1 pages deleted",
+                                         "not in the store s (nothing to delete): 'p0'"]
+
+
+def test_stats_shows_the_stores_figures_not_its_own_counters(tmp_path: Path) -> None:
+    """Issue 40: after a delete, `stats --json` said "deletes": 0, a counter of the stats
+    process itself (which only opened the store) that read as a figure of the store."""
+    worker_store_ahead_of_its_commit(tmp_path / "s")
+    assert dupalign("delete", "p0", "--store", "s", "--force", cwd=tmp_path).returncode == 0
+    run = dupalign("stats", "--store", "s", "--json", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    stats = json.loads(run.stdout)
+    assert set(stats) == {"pages", "ordinals", "store_bytes", "near_table_size",
+                          "near_table_bytes", "idf_version", "params"}
+    assert (stats["pages"], stats["ordinals"]) == (2, 3)
+
+
+def test_a_run_that_processes_nothing_leaves_the_previous_output(tmp_path: Path) -> None:
+    """Issue 40: a run whose every page was rejected truncated --out to 0 bytes. A run that
+    processes pages and finds no match writes an empty file: it ran."""
+    out = tmp_path / "matches.jsonl"
+    out.write_text('{"kept": true}\n')
+    run = dupalign(*_every_page_rejected(tmp_path), "--out", out.name, cwd=tmp_path)
+    assert run.returncode == Exit.NOTHING_DONE, run.stderr
+    assert out.read_text() == '{"kept": true}\n'
+    run = dupalign("scan", RFC2821, "--store", "s", "--out", out.name, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert out.read_text() == ""
+
+
+def test_ctrl_c_on_scan_says_what_was_stored_and_exits_130(tmp_path: Path) -> None:
+    """Issue 40: Ctrl-C exited 130 without a word. SIGINT goes to the whole process group
+    (the pool's processes too), as a terminal sends it."""
+    import os
+    import random
+    import re
+    import signal
+    import time
+
+    words = RFC2821.read_text().split()
+    rng = random.Random(40)
+    src = tmp_path / "in.jsonl"
+    with src.open("w") as fh:
+        for n in range(5000):
+            start = rng.randrange(len(words) - 200)  # slices that overlap: matches
+            body = " ".join(words[start:start + 200] + rng.sample(words, 100))
+            fh.write(json.dumps({"id": f"p{n}", "body": body}) + "\n")
+    out = tmp_path / "m.jsonl"
+    out.write_text("previous\n")
+    scan = subprocess.Popen([str(DUPALIGN), "scan", src.name, "--store", "s", "--out", out.name,
+                             "--jobs", "2", "--quiet"], cwd=tmp_path, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while out.read_text() == "previous\n":  # opened at the first page processed
+            assert scan.poll() is None and time.monotonic() < deadline, scan.stderr
+            time.sleep(0.2)
+        time.sleep(1)
+        os.killpg(scan.pid, signal.SIGINT)
+        _, err = scan.communicate(timeout=120)
+    finally:
+        if scan.poll() is None:
+            os.killpg(scan.pid, signal.SIGKILL)
+    assert scan.returncode == Exit.INTERRUPTED, err
+    assert "Traceback" not in err, err
+    [line] = [line for line in err.splitlines() if line.startswith("scan interrupted: ")]
+    got = re.match(r"scan interrupted: (\d+) pages \((\d+) new, 0 already in the store\), "
+                   r"(\d+) matches, 0 rejected or skipped; the store holds (\d+) pages: a run "
+                   r"again answers those from the store, matches included, and goes on$", line)
+    assert got is not None, line
+    pages, stored = int(got[1]), int(got[4])
+    assert 0 < pages <= stored < 5000 and int(got[2]) == pages
+    assert len(out.read_text().splitlines()) == int(got[3])
+    stats = json.loads(dupalign("stats", "--store", "s", "--json", cwd=tmp_path).stdout)
+    assert stats["pages"] == stored

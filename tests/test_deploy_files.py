@@ -277,3 +277,20 @@ def test_the_compose_topics_service_keeps_the_retained_topics_compressed(
         elif topic != config.kafka.input_topic:  # (the crawl's own topic, kept too)
             assert configs["retention.ms"] != "-1", topic
             assert configs["compression.type"] == "producer", topic
+
+
+def test_every_kubernetes_pod_runs_the_local_image_without_pulling_it() -> None:
+    """``dupalign:latest`` is built locally (deploy/README.md); with a ``:latest`` tag and no
+    imagePullPolicy, Kubernetes pulls it at every start, from a registry that has none."""
+    folders: set[str] = set()
+    for path in sorted(DEPLOY.glob("k8s*/*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            pod = (doc or {}).get("spec", {}).get("template", {}).get("spec")
+            if pod is None:
+                continue
+            for container in pod.get("initContainers", []) + pod["containers"]:
+                where = f"{path.relative_to(DEPLOY)}: {container['name']}"
+                assert container["image"] == "dupalign:latest", where
+                assert container.get("imagePullPolicy") == "IfNotPresent", where
+            folders.add(path.parent.name)
+    assert folders == {p.name for p in DEPLOY.glob("k8s*") if p.is_dir()}

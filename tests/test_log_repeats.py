@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from worker.log_repeats import RepeatFolder
 
@@ -42,3 +43,47 @@ def test_other_loggers_pass_untouched() -> None:
         assert line.getMessage() == "batch of p-0 failed"
     assert folder.filter(record("aiokafkax", "same"))
     assert folder.filter(record("aiokafkax", "same"))
+
+
+def test_startup_noise_is_info_while_the_worker_starts_and_an_error_after() -> None:
+    """Issue 40: aiokafka's "Topic ... not found" on a healthy first start was an ERROR."""
+    from worker.log_repeats import StartupGrace
+
+    now = [0.0]
+    grace = StartupGrace(clock=lambda: now[0])
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)  # (the demoted lines go out only if INFO does)
+    try:
+        _check_startup_grace(grace, now)
+    finally:
+        root.setLevel(level)
+
+
+def _check_startup_grace(grace: Any, now: list[float]) -> None:
+    from aiokafka.errors import GroupAuthorizationFailedError, GroupCoordinatorNotAvailableError
+
+    missing = "Topic %s not found in cluster metadata"
+    coordinator = "Group Coordinator Request failed: %s"
+    before = record("aiokafka.cluster", missing, "pages")
+    assert grace.filter(before) and before.levelno == logging.ERROR  # not begun yet
+    grace.begin(grace=60.0)
+    during = [record("aiokafka.cluster", missing, "pages"),
+              record("aiokafka.consumer.group_coordinator", coordinator,
+                     GroupCoordinatorNotAvailableError())]
+    for line in during:
+        assert grace.filter(line) and line.levelname == "INFO", line.getMessage()
+        assert line.getMessage().endswith("(usual while a worker starts on a new topic or "
+                                          "broker)")
+    fatal = record("aiokafka.consumer.group_coordinator", coordinator,
+                   GroupAuthorizationFailedError())
+    other = record("aiokafka.cluster", "'%s' is not a valid topic name", "p@ges")
+    for line in (fatal, other):
+        assert grace.filter(line) and line.levelno == logging.ERROR
+    grace.end()  # the worker has its partitions: a topic missing now is an error
+    after = record("aiokafka.cluster", missing, "pages")
+    assert grace.filter(after) and after.levelno == logging.ERROR
+    grace.begin(grace=60.0)
+    now[0] = 61.0  # or the start took longer than the grace
+    late = record("aiokafka.cluster", missing, "pages")
+    assert grace.filter(late) and late.levelno == logging.ERROR

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -69,6 +70,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     from dupalign.errors import PageRejected
     from dupalign.page import Page
     from dupalign.pipeline import default_jobs
+    from worker.capped import CappedLines
     from worker.inputs import InputError, check_inputs, iter_input
     from worker.progress import Progress
 
@@ -78,56 +80,114 @@ def cmd_scan(args: argparse.Namespace) -> int:
     check_inputs(args.inputs)
     if args.out:
         _check_out_path(args.out)
-    pages = new = matches = errors = 0
+    pages = new = matches = 0
     compiling = not args.quiet and _note_first_compile("scan")
     progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages",
                         waiting=COMPILING if compiling else None)
+    rejects = CappedLines(progress.write)
+    ctrl_c = _CtrlC()
     where: dict[int, str] = {}  # id(page) -> "path:line", for the rejection messages
 
     def pages_in() -> Iterator[tuple[Page, None]]:
-        nonlocal errors
         for path in args.inputs:
             for number, item in iter_input(path):
                 if isinstance(item, InputError):
-                    errors += 1
-                    progress.write(f"skipped {item.where}: {item.reason}")
+                    rejects.add(f"skipped {item.where}: {item.reason}")
                     continue
+                ctrl_c.check()
                 where[id(item)] = f"{path}:{number}"
                 yield item, None
 
+    def summary(head: str) -> str:
+        return (f"{head}: {pages} pages ({new} new, {pages - new} already in the store), "
+                f"{matches} matches, {rejects.count} rejected or skipped")
+
     with _open_engine(args.store, config, shards=args.shards) as engine:
-        out: IO[str] = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+        # --out is opened at the first page processed: a run that processes none leaves the
+        # previous output as it was; one that stops early keeps what it found
+        out: IO[str] | None = None if args.out else sys.stdout
+        interrupted = False
+        ctrl_c.catch()
         try:
             jobs = args.jobs or default_jobs()
             for page, found in engine.process_many(pages_in(), jobs=jobs):
+                ctrl_c.check()
                 at = where.pop(id(page))
                 if isinstance(found, PageRejected):
-                    errors += 1
-                    progress.write(f"rejected {at} ({page.id}): {found}")
+                    rejects.add(f"rejected {at} ({page.id}): {found}")
                     continue
                 if isinstance(found, BaseException):
                     raise found
+                if out is None:
+                    out = open(args.out, "w", encoding="utf-8")  # noqa: SIM115
                 pages += 1
                 new += not engine.last_report.replayed
                 now_ms = int(time.time() * 1000)
                 for match in found:
                     out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
                 matches += len(found)
-                progress.update(1, f"{matches} matches, {errors} rejected")
+                progress.update(1, f"{matches} matches, {rejects.count} rejected")
+        except BaseException as exc:
+            interrupted = _interrupted(exc)
+            raise
         finally:
+            ctrl_c.release()
             progress.close()
-            if out is not sys.stdout:
+            rejects.close()
+            if out is not None and out is not sys.stdout:
                 out.close()
-    replayed = pages - new
-    print(f"scan: {pages} pages ({new} new, {replayed} already in the store), {matches} "
-          f"matches, {errors} rejected or skipped", file=sys.stderr)
+            if interrupted:  # (the store holds pages indexed ahead of their matches too)
+                print(summary("scan interrupted") + f"; the store holds {engine.alive} "
+                      "pages: a run again answers those from the store, matches included, "
+                      "and goes on", file=sys.stderr)
+    print(summary("scan"), file=sys.stderr)
     if pages == 0:
-        why = "every page was rejected or skipped (see above)" if errors else "no page found"
+        why = "every page was rejected or skipped (see above)" if rejects.count else \
+            "no page found"
         raise CliError(f"nothing was processed: {why}", Exit.NOTHING_DONE)
     return 0
 
 
 COMPILING = "compiling kernels (first run, ~2 min)…"  # the progress bar's, until a page is done
+
+
+class _CtrlC:
+    """Ctrl-C during a scan's pages: the first is noted and the scan stops at the next page
+    (raised inside numba's code, a KeyboardInterrupt came out as a SystemError or was taken
+    for one page's failure and lost), the second interrupts at once."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self.previous: Any = None
+
+    def catch(self) -> None:
+        self.previous = signal.signal(signal.SIGINT, self._handler)
+
+    def release(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+
+def _interrupted(exc: BaseException | None) -> bool:
+    """``exc`` is Ctrl-C, or an error it caused (numba wraps it in a SystemError)."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
 
 
 def _note_first_compile(command: str) -> bool:
@@ -186,11 +246,19 @@ def _check_committed(engine: Engine, store: str, force: bool) -> None:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     config = load_engine_config(args.config)
+    ids = list(dict.fromkeys(args.ids))
     with _open_engine(_existing_store(args.store), config) as engine:
         _check_committed(engine, args.store, args.force)
-        removed = engine.delete(list(args.ids))
-    print(f"{removed} of {len(set(args.ids))} pages deleted (the others were not stored)",
-          file=sys.stderr)
+        # like `rm -f`: an id not stored is already where delete would put it, so it is
+        # said, not an error (a retried or repeated removal succeeds)
+        absent = [i for i in ids if engine.store.get("ids", i.encode("utf-8")) is None]
+        removed = engine.delete(ids)
+    print(f"{removed} of {len(ids)} pages deleted", file=sys.stderr)
+    if absent:
+        shown = ", ".join(map(repr, absent[:20]))
+        more = f" and {len(absent) - 20} more" if len(absent) > 20 else ""
+        print(f"not in the store {args.store} (nothing to delete): {shown}{more}",
+              file=sys.stderr)
     return 0
 
 
@@ -216,7 +284,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     config = load_engine_config(args.config)
     with _open_engine(args.store, config, read_only=True) as engine:
-        stats = engine.stats()
+        stats = {k: v for k, v in engine.stats().items() if k in _STORE_FIGURES}
     if args.json:
         print(json.dumps(stats, indent=2, sort_keys=True))
     else:
@@ -224,8 +292,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-# What `dupalign stats` shows as a table; the other figures are this process's counters
-# (zero for a store just opened), in --json only.
+# The store's figures, what `dupalign stats --json` prints. Engine.stats() also counts what
+# the engine did since it was opened (deletes, lookups): nothing, in a process that only
+# opens the store to read these, so those counters would read as store figures of zero.
+_STORE_FIGURES = ("pages", "ordinals", "store_bytes", "near_table_size", "near_table_bytes",
+                  "idf_version", "params")
+# What `dupalign stats` shows as a table
 _STORE_ROWS = (
     ("pages", "pages"),
     ("store_bytes", "store size"),
@@ -251,6 +323,14 @@ def stats_table(store: str, stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+_STORE_HELP = "RocksDB store directory (made by scan or a worker)"
+# a reader takes the store's frozen parameters whatever its config says; a writer must match
+_READ_CONFIG_HELP = ("TOML config file ([engine] table); the store's frozen parameters are "
+                     "its own whatever it says")
+_WRITE_CONFIG_HELP = ("TOML config file ([engine] table): the frozen parameters the store was "
+                      "made with")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dupalign",
@@ -274,9 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--progress", action="store_true",
                       help="progress lines on stderr even when it is not a terminal")
     scan.add_argument("--quiet", action="store_true", help="no progress bar")
-    scan.add_argument("--jobs", type=int, default=0,
+    scan.add_argument("--jobs", type=_jobs, default=0,
                       help="cores for the sketch and align stages: N - 1 processes and this one "
-                           "(default: all)")
+                           "(default, or 0: all)")
     scan.add_argument("--shards", type=int, default=None,
                       help="index shards by key (dupalign.shard); fixed when the store is "
                            "made (default: the store's, 1 for a new store)")
@@ -285,20 +365,21 @@ def build_parser() -> argparse.ArgumentParser:
     query = sub.add_parser("query", help="align one text against a store")
     query.add_argument("text", nargs="?", help="the text (default: --file or stdin)")
     query.add_argument("--file", help="read the text from this file")
-    query.add_argument("--store", required=True)
-    query.add_argument("--config")
+    query.add_argument("--store", required=True, help=_STORE_HELP)
+    query.add_argument("--config", help=_READ_CONFIG_HELP)
     query.set_defaults(func=cmd_query)
 
     stats = sub.add_parser("stats", help="what a store holds")
-    stats.add_argument("--store", required=True)
-    stats.add_argument("--config")
-    stats.add_argument("--json", action="store_true", help="every figure, as JSON")
+    stats.add_argument("--store", required=True, help=_STORE_HELP)
+    stats.add_argument("--config", help=_READ_CONFIG_HELP)
+    stats.add_argument("--json", action="store_true",
+                       help="the store's figures and frozen parameters, as JSON")
     stats.set_defaults(func=cmd_stats)
 
     delete = sub.add_parser("delete", help="remove pages from every index of a store")
     delete.add_argument("ids", nargs="+", metavar="ID", help="page ids")
-    delete.add_argument("--store", required=True)
-    delete.add_argument("--config")
+    delete.add_argument("--store", required=True, help=_STORE_HELP)
+    delete.add_argument("--config", help=_WRITE_CONFIG_HELP)
     delete.add_argument("--force", action="store_true",
                         help="delete even when the store holds pages a Kafka worker stored "
                              "past its commit (it reads them again and expects them "
@@ -306,8 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
     delete.set_defaults(func=cmd_delete)
 
     compact = sub.add_parser("compact", help="apply retention: the oldest pages leave")
-    compact.add_argument("--store", required=True)
-    compact.add_argument("--config", help="TOML config file ([engine.retention] table)")
+    compact.add_argument("--store", required=True, help=_STORE_HELP)
+    compact.add_argument("--config",
+                         help=_WRITE_CONFIG_HELP + ", and [engine.retention]")
     compact.add_argument("--max-pages", type=int,
                          help="keep at most this many pages (retention.max_pages)")
     compact.add_argument("--max-age", type=int, metavar="SECONDS",
@@ -331,11 +413,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _jobs(text: str) -> int:
+    """--jobs: 0 means all cores, as worker.jobs = 0 does, and the same range [0, 1024]."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = -1
+    if not 0 <= jobs <= 1024:
+        raise argparse.ArgumentTypeError(f"{text}: give a count of cores (at most 1024), or 0 "
+                                         "for all")
+    return jobs
+
+
 def _run_worker(args: argparse.Namespace) -> int:
     from worker import service
     from worker.exits import check_broker_reachable
+    from worker.http import check_port
 
-    check_broker_reachable(service.config_from_args(args).kafka.bootstrap_servers)
+    config = service.config_from_args(args)
+    if config.metrics.enabled:  # a port in use is said before anything else is tried
+        check_port(config.metrics.host, config.metrics.port)
+    check_broker_reachable(config.kafka.bootstrap_servers)
     if "align" in args.roles.split(","):  # (the costliest kernels)
         _note_first_compile("worker")
     return int(service.run_worker(args))
@@ -354,6 +452,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return Exit.INTERRUPTED
     except Exception as exc:
+        if _interrupted(exc):
+            return Exit.INTERRUPTED
         code, message = classify(exc)
         if code == Exit.INTERNAL and os.environ.get("DUPALIGN_DEBUG"):
             raise

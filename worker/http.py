@@ -4,12 +4,39 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from worker.exits import CliError, Exit
+
 Check = Callable[[], tuple[bool, str]]
+
+
+def port_error(host: str, port: int, exc: OSError) -> CliError:
+    """The one-line usage error (exit 2) of a metrics port that cannot be listened on."""
+    return CliError(f"cannot listen on {host}:{port} for /metrics, /healthz, /readyz "
+                    f"({exc.strerror or exc}): is another process using port {port}? choose "
+                    "another with --metrics-port or metrics.port (0 = any free port)",
+                    Exit.USAGE)
+
+
+def check_port(host: str, port: int) -> None:
+    """Raise port_error unless host:port can be listened on now: said at start-up, before
+    the store is opened or Kafka is asked anything. (Bound as asyncio binds: with
+    SO_REUSEADDR, so a port in TIME_WAIT passes here as it passes there.)"""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in infos:
+            with socket.socket(family, kind, proto) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind(address)
+    except OSError as exc:
+        raise port_error(host, port, exc) from None
 
 
 class HttpServer:
@@ -44,7 +71,12 @@ class HttpServer:
         self._runner = web.AppRunner(self._app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:  # taken since check_port, or never checked
+            await self._runner.cleanup()
+            self._runner = None
+            raise port_error(host, port, exc) from None
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else port
         return self.port

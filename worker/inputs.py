@@ -99,6 +99,8 @@ def check_inputs(paths: Sequence[str | Path]) -> None:
                     pass
             except OSError as exc:
                 raise InputsUnusable(f"cannot read input {arg}: {exc.strerror}") from None
+            if is_warc(p) or is_jsonl(p):
+                _check_format(p, arg)
             named = [] if is_warc(p) or is_jsonl(p) else [(p.as_posix(), p)]
         for doc_id, file in named:
             first = owners.setdefault(doc_id, file)
@@ -107,6 +109,33 @@ def check_inputs(paths: Sequence[str | Path]) -> None:
                     f"page id {doc_id!r} names two different files, {first} and {file}: "
                     "give them as paths that differ (ids of files in a directory argument "
                     "are relative to it)")
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _check_format(p: Path, arg: str | Path) -> None:
+    """Raise InputsUnusable for a file whose name promises gzip or WARC and whose first
+    bytes are neither: read as named it would fail at its first byte, after the store was
+    opened, as an internal error."""
+    with open(p, "rb") as fh:
+        head = fh.read(2)
+    gz = str(p).lower().endswith(".gz")
+    if gz and head and head != GZIP_MAGIC:
+        raise InputsUnusable(f"input {arg} is not a gzip file, though its name ends in .gz "
+                             "(uncompressed? then name it without .gz)")
+    if not is_warc(p):
+        return
+    try:
+        with (gzip.open(p, "rb") if gz else open(p, "rb")) as fh:
+            line = fh.readline(64)
+            while line and not line.strip():
+                line = fh.readline(64)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise InputsUnusable(f"input {arg} is not a readable gzip file: {exc}") from None
+    if line and not line.startswith(b"WARC/"):
+        raise InputsUnusable(f"input {arg} is not a WARC file: it starts with {line[:24]!r}, "
+                             "not a WARC record header")
 
 
 def _file_page(path: Path, doc_id: str) -> Page | InputError:

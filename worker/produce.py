@@ -25,6 +25,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError
 from dupalign.errors import PageRejected
 from dupalign.page import Page, check_unicode
 from worker import messages
+from worker.capped import CappedLines
 from worker.config import KafkaConfig, load_config
 from worker.exits import KAFKA_HINT, CliError, Exit, check_broker_reachable
 from worker.inputs import InputError, check_inputs, iter_input
@@ -102,6 +103,8 @@ async def produce_files(
         else:
             print(message, file=err)
 
+    shown = CappedLines(report)
+
     async def pages() -> AsyncIterator[Page]:
         for path in paths:
             for number, item in iter_input(path):
@@ -109,7 +112,7 @@ async def produce_files(
                     return
                 if isinstance(item, InputError):
                     stats.skipped += 1
-                    report(f"skipped {item.where}: {item.reason}")
+                    shown.add(f"skipped {item.where}: {item.reason}")
                     if item.code is not None:
                         dl = file_dead_letter(item, path, number, dlq_raw_max_bytes)
                         dead.append(await producer.send(
@@ -122,7 +125,7 @@ async def produce_files(
                     messages.validate("page", messages.page_to_wire(item))
                 except (PageRejected, messages.MessageRejected) as exc:
                     stats.skipped += 1
-                    report(f"skipped {path}:{number} ({item.id}): {exc}")
+                    shown.add(f"skipped {path}:{number} ({item.id}): {exc}")
                     continue
                 yield item
                 await asyncio.sleep(0)  # let the producer's sender run
@@ -137,6 +140,7 @@ async def produce_files(
         await producer.stop()
         if progress is not None:
             progress.close()
+        shown.close("skipped")
     return stats
 
 

@@ -22,6 +22,7 @@ from aiokafka.errors import KafkaError
 from dupalign.errors import StoreError
 from worker.config import Config
 from worker.http import HttpServer
+from worker.log_repeats import STARTUP
 from worker.role_metrics import RoleMetrics
 
 log = logging.getLogger("dupalign.roles")
@@ -129,6 +130,7 @@ async def serve_roles(config: Config, roles: tuple[str, ...], store_dir: str | P
         log.info("http listening", extra={"host": config.metrics.host, "port": port})
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
+    STARTUP.begin(grace=120.0)  # (each role checks its topics, then subscribes)
     tasks += [asyncio.create_task(part.run(), name=part.name) for part in parts]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

@@ -37,7 +37,7 @@ from worker import messages
 from worker.config import Config, load_config
 from worker.http import HttpServer
 from worker.kafka_args import add_worker_arguments
-from worker.log_repeats import RepeatFolder
+from worker.log_repeats import STARTUP, RepeatFolder
 from worker.messages import MessageRejected
 from worker.metrics import WorkerMetrics
 from worker.topology import Outgoing, fetch_committed, new_producer
@@ -154,6 +154,7 @@ class Worker:
                 max_partition_fetch_bytes=self.kc.max_partition_fetch_bytes,
                 fetch_max_bytes=self.kc.fetch_max_bytes,
             )
+            STARTUP.begin()
             self.consumer.subscribe([self.kc.input_topic], listener=_Listener(self))
             await self.consumer.start()
             self.started = True
@@ -330,6 +331,8 @@ class Worker:
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         assert self.consumer is not None and self.engine is not None
         assigned = set(assigned)
+        if assigned:
+            STARTUP.end()
         self.metrics.rebalances.labels("assigned").inc()
         # aiokafka starts fetching as soon as the assignment is set, before this listener
         # returns: hold the partitions until their positions and producers are ready.
@@ -859,6 +862,7 @@ def setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(STARTUP)  # first: the folding counts the lines as they go out
     handler.addFilter(RepeatFolder())
     root = logging.getLogger()
     root.handlers[:] = [handler]
