@@ -33,7 +33,7 @@ test-quick: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not kafka and not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check dupalign worker tests
+	$(VENV)/bin/ruff check dupalign tests
 	$(VENV)/bin/mypy
 
 ## the real thing: local Kafka broker, a real corpus produced, the worker, matches printed

@@ -1,6 +1,6 @@
 """The library API: a persistent store of pages that you add text to and get matches from.
 
-A thin facade over :class:`dupalign.engine.Engine` for programs that use dupalign the way
+A thin facade over :class:`dupalign.runtime.engine.Engine` for programs that use dupalign the way
 one uses datasketch's ``MinHashLSH``, without Kafka and without the command line::
 
     import dupalign
@@ -27,10 +27,10 @@ from typing import Any
 import msgpack
 
 from dupalign.config import EngineConfig
-from dupalign.engine import Engine
 from dupalign.match import Match
 from dupalign.page import Page
-from dupalign.store import read_u64, u64
+from dupalign.runtime.engine import Engine
+from dupalign.store.database import read_u64, u64
 
 
 @dataclass(frozen=True)

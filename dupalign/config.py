@@ -62,7 +62,7 @@ class NearConfig:
     cws_samples: int = 128
     cws_threshold: float = 0.8  # word-shingle Jaccard a near duplicate must reach
     # words per verification shingle: 3 is standard w-shingling; on llvm-13/14 it rejects the
-    # templated pages that share words in another order (dupalign.near)
+    # templated pages that share words in another order (dupalign.near.index)
     shingle: int = 3
     cws_error: float = 1e-3  # e: probability budget of each early-termination bound
     tf_mode: str = "log"
@@ -100,7 +100,7 @@ class PassageConfig:
     max_candidates: int = 16
     # passage matches (earlier pages) reported per page: popular text copied everywhere
     # would otherwise make a page's work and output grow with the crawl; the best are kept,
-    # ranked from the scan's hits before any span is computed (dupalign.align.rank_pages:
+    # ranked from the scan's hits before any span is computed (dupalign.stages.align.rank_pages:
     # most units of the page covered by the passages that hit the page, then the highest
     # estimate, then the earliest page)
     max_matches: int = 16
@@ -112,18 +112,18 @@ class PassageConfig:
     max_list_read: int = 64
     # Inverted lists longer than this are stop lists: they hold common units (boilerplate,
     # stock phrases), and a passage's bin whose list is one counts as neither a collision
-    # nor an empty bin (dupalign.passages). Frozen: results depend on it.
+    # nor an empty bin (dupalign.passage.index). Frozen: results depend on it.
     max_list: int = 256
     # Text repeated inside an earlier page (tables, logs, a block pasted many times) puts
     # a passage's min-hashes at every repeat, and aligning the passage to all of them made
     # a page's cost grow with the square of its length (tests/bench/bench_repeats.py). A
     # list holding more than this many windows of one earlier page gives the passage its
     # first this-many, and those where the passage's rarer units (lists with fewer) place
-    # it in that page (dupalign.passage_align._gather_matched): a block repeated more often
+    # it in that page (dupalign.passage.batch_align._gather_matched): a block repeated more often
     # is found at its first places, other text as before. Not frozen (align reads it).
     max_repeats: int = 8
     tf_mode: str = "log"  # weighted mode only
-    # Report the tight alignment inside the scan's padded detections (dupalign.span_refine);
+    # Report the tight alignment inside the scan's padded detections (dupalign.passage.span_refine);
     # false: the scan's merged spans. Reporting only: matched pages are the same either way.
     refine: bool = True
 
@@ -157,7 +157,7 @@ class CacheConfig:
     lists_mb: int = 1024
     blocks_mb: int = 256  # RocksDB block cache shared by all column families
     # candidate pages' forward records kept by each align worker, and by the topology's
-    # index role for the align requests it builds (dupalign.forward RecordCache): on
+    # index role for the align requests it builds (dupalign.passage.forward RecordCache): on
     # llvm-13/14, 4,059 reads were of 313 pages (39 MB)
     forward_mb: int = 64
 
@@ -268,12 +268,13 @@ class EngineConfig:
 #    windows (family ``forward``), no ``oph_empty``; the forward record names every list
 #    that holds the page and its docs record keeps its replay key, so that a page can be
 #    removed (revisits, deletes, retention)
-# 7: a replay value is the ordinal and how the page was read (dupalign.text.reading): a
+# 7: a replay value is the ordinal and how the page was read (dupalign.text.tokens.reading): a
 #    format 6 reader would take such a page for removed and index it again; forward
-#    records of pages under 65,536 units have <u2 positions (dupalign.forward), and
-#    positions records keep <u2 steps between offsets when they fit (dupalign.passages)
+#    records of pages under 65,536 units have <u2 positions (dupalign.passage.forward), and
+#    positions records keep <u2 steps between offsets when they fit (dupalign.passage.index)
 # 8: the inverted lists may lack the entries of the pages from the meta key lists_through
-#    on (written behind the index thread, dupalign.list_files): read back from their forward
+#    on (written behind the index thread, dupalign.passage.lists.files): read back from their
+#    forward
 #    records at open, which a format 7 reader would not do
 STORE_FORMAT = 8
 # frozen parameter (as recorded in the store) -> (config section or None, field)

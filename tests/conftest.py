@@ -183,7 +183,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[
         None, pytest.CollectReport, pytest.CollectReport]:
     """A test module that opens a file of the shared folder while it is imported fails to
     collect: whether its tests are marked is not known then (listing the folder to
-    parametrize marked tests is fine: tests/test_cli.py)."""
+    parametrize marked tests is fine: tests/service/test_cli.py)."""
     if not isinstance(collector, pytest.Module):
         return (yield)
     _shared_reads.watch(frozenset({"open"}))

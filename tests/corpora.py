@@ -7,7 +7,7 @@ skipped with the reason, except under ``CI=true``, where they fail (tests/confte
 test that reads it without the marker fails, also where it is present: the helpers here read
 it when called, never at import, so only the tests calling them need the marker.
 
-Text comes back exactly as the engine sees it (``dupalign.text.page_text``), so character
+Text comes back exactly as the engine sees it (``dupalign.text.tokens.page_text``), so character
 ranges in a Match's spans index into the strings returned here.
 """
 
@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from dupalign.page import Page
-from dupalign.text import page_text
+from dupalign.text.tokens import page_text
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO = REPO / "demo"  # shipped with the repository: always there
@@ -107,7 +107,7 @@ def containment(part: list[str], whole: list[str], n: int) -> float:
 def demo_pages() -> list[Page]:
     """The demo corpus as `make demo` sends it: LLVM doc pages of two releases, the RFCs, the
     WARC crawl (32 pages with exact, near and passage matches; demo/README.md)."""
-    from worker.inputs import InputError, iter_input
+    from dupalign.service.inputs import InputError, iter_input
 
     pages = []
     for source in (DEMO / "llvm-docs", DEMO / "rfc", DEMO / "web" / "creativecommons.org.warc.gz"):

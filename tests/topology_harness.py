@@ -22,14 +22,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.protocol.admin import DeleteGroupsRequest
 
 from dupalign.config import EngineConfig
-from dupalign.engine import Engine
 from dupalign.page import Page
+from dupalign.runtime.engine import Engine
+from dupalign.service.config import load_config
+from dupalign.service.produce import send_pages
+from dupalign.service.topology import decode_sequence, ensure_topics, new_producer, topology_topics
+from dupalign.wire import messages
 from tests.corpora import RFC, rfc_numbers, words
-from tests.test_worker_kafka import match_key
-from worker import messages
-from worker.config import load_config
-from worker.produce import send_pages
-from worker.topology import decode_sequence, ensure_topics, new_producer, topology_topics
+from tests.service.test_worker_kafka import match_key
 
 REPO = Path(__file__).resolve().parent.parent
 BIG = 32 << 20  # a large RFC's align request carries MBs of candidates' forward records
@@ -106,7 +106,7 @@ enabled = false
               ) -> tuple[subprocess.Popen[bytes], Path]:
         """A role process; with ``metrics_port``, serving /metrics, /healthz and /readyz."""
         log = self.tmp / f"{role}-{len(self.procs)}.log"
-        cmd = [sys.executable, "-m", "worker.cli", "worker", "--roles", role,
+        cmd = [sys.executable, "-m", "dupalign.service.cli", "worker", "--roles", role,
                "--config", str(self.config_path)]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         if store is not None:

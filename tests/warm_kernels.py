@@ -20,13 +20,13 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from dupalign.align import Aligner
 from dupalign.config import EngineConfig, PassageConfig, RetentionConfig
-from dupalign.engine import Engine
 from dupalign.errors import PageRejected
-from dupalign.index import AlignRequest
 from dupalign.page import Page
-from dupalign.sketch import PageSketch
+from dupalign.runtime.engine import Engine
+from dupalign.stages.align import Aligner
+from dupalign.stages.index import AlignRequest
+from dupalign.stages.sketch import PageSketch
 
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("oph", "weighted")
@@ -85,7 +85,7 @@ def _as_roles(engine: Engine, pages: list[Page]) -> None:
 
 def warm_all() -> None:
     """Both modes, in parallel processes, when the costliest kernels are not cached."""
-    from dupalign.kernel_status import kernels_cached
+    from dupalign.runtime.kernel_status import kernels_cached
 
     if kernels_cached() is not False:
         return

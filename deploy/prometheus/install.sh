@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prometheus and promtool from Debian's `prometheus` package, for the ops tests
-# (tests/test_ops_prometheus.py) and for checking the rules by hand. Prints the directory
+# (tests/service/test_ops_prometheus.py) and for checking the rules by hand. Prints the directory
 # that holds both binaries.
 #
 #   deploy/prometheus/install.sh            # e.g. /root/.cache/dupalign/prometheus-2.42.0+ds-5+deb12u1/bin

@@ -66,9 +66,9 @@ def _compact_lists(args: tuple[Any, ...], at: int, rects: bool) -> tuple[Any, ..
 
 def record(pages: Any, config: Any) -> Calls:
     """Run the engine over ``pages`` and keep every kernel call's arguments."""
-    from dupalign import passage_align
-    from dupalign.engine import Engine
     from dupalign.errors import PageRejected
+    from dupalign.passage import batch_align as passage_align
+    from dupalign.runtime.engine import Engine
 
     calls: Calls = {k: [] for k in KERNELS}
     originals = {k: getattr(passage_align, k) for k in KERNELS}
@@ -150,7 +150,7 @@ def _digest(result: Any, h: Any) -> None:
 
 def replay(paths: list[Path], rounds: int) -> dict[str, Any]:
     """Per stream and kernel: calls, best CPU seconds over ``rounds``, output digest."""
-    from dupalign import passage_align
+    from dupalign.passage import batch_align as passage_align
 
     out: dict[str, Any] = {"module": passage_align.__file__}
     for path in paths:
@@ -183,7 +183,7 @@ def thread_scaling(calls: Calls) -> dict[str, float]:
     second the 2 threads used."""
     import multiprocessing
 
-    from dupalign import passage_align
+    from dupalign.passage import batch_align as passage_align
 
     work = [(passage_align.viable_tasks, a) for a in calls["viable_tasks"]]
     work += [(passage_align.scan_tasks, a) for a in calls["scan_tasks"]]
@@ -250,7 +250,7 @@ def run_scan(checkout: Path, jsonl: Path, work: Path) -> tuple[float, float, str
     store, out = work / "store", work / "out.jsonl"
     shutil.rmtree(store, ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=str(checkout))
-    cmd = [sys.executable, "-m", "worker.cli", "scan", str(jsonl), "--store", str(store),
+    cmd = [sys.executable, "-m", "dupalign.service.cli", "scan", str(jsonl), "--store", str(store),
            "--out", str(out), "--quiet"]
     if shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]

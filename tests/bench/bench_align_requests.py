@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from dupalign.config import EngineConfig, TextConfig
-from dupalign.engine import Engine
 from dupalign.errors import PageRejected
-from dupalign.index import AlignRequest
 from dupalign.page import Page
-from dupalign.store import u64
+from dupalign.runtime.engine import Engine
+from dupalign.service.align_store import encode_forward
+from dupalign.stages.index import AlignRequest
+from dupalign.store.database import u64
 from tests.bench.bench_scan import load_pages, main_text, warm_up
 from tests.corpora import LLVM_DOCS
-from worker.align_store import encode_forward
 
 
 def _size(value: Any) -> int:

@@ -29,8 +29,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from dupalign.config import EngineConfig, RetentionConfig
-from dupalign.engine import Engine
 from dupalign.page import Page
+from dupalign.runtime.engine import Engine
 from tests.corpora import DEMO, RFC
 
 

@@ -22,7 +22,7 @@ import time
 import numpy as np
 from rocksdict import MemtableFactory, Options, Rdict, WriteBatch
 
-from dupalign.store import MEMTABLE_BUCKETS, _options
+from dupalign.store.database import MEMTABLE_BUCKETS, _options
 
 _KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
 

@@ -27,9 +27,9 @@ def run_engine(mode: str) -> dict[str, float | int | str]:
     """In a child process: every page through one engine in passage mode ``mode``."""
     import dupalign
     from dupalign.config import EngineConfig, PassageConfig
-    from dupalign.engine import Engine
     from dupalign.page import Page
-    from tests.test_worker_kafka import clough_pages
+    from dupalign.runtime.engine import Engine
+    from tests.service.test_worker_kafka import clough_pages
     from tests.topology_harness import rfc_pages
 
     pages = clough_pages() + rfc_pages(max_bytes=20_000)  # (weighted mode was 0.4 s a page)

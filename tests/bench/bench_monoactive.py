@@ -19,9 +19,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dupalign import monoactive as M
-from dupalign import monoactive_query as Q
-from dupalign.hashing import token_hashes
+from dupalign.passage import monoactive as M
+from dupalign.passage import monoactive_query as Q
+from dupalign.text.hashing import token_hashes
 from tests.corpora import RFC
 from tests.oracles import monoactive as O
 

@@ -27,8 +27,8 @@ HERE = Path(__file__).resolve()
 
 def make_store(path: Path, pages: int) -> None:
     from dupalign.config import EngineConfig
-    from dupalign.engine import Engine
-    from dupalign.store import u64
+    from dupalign.runtime.engine import Engine
+    from dupalign.store.database import u64
 
     with Engine.open(path, EngineConfig().validate()) as engine:
         fps = np.random.default_rng(0).integers(0, 2**63, pages, dtype=np.int64).tolist()
@@ -44,8 +44,8 @@ def load(path: Path) -> dict[str, float | str]:
     """In a child process: NearIndex over the store, timed, its heap traced."""
     import dupalign
     from dupalign.config import EngineConfig
-    from dupalign.near import NearIndex
-    from dupalign.store import Store
+    from dupalign.near.index import NearIndex
+    from dupalign.store.database import Store
 
     config = EngineConfig().validate()
     store = Store(path, {}, read_only=True)  # a reader takes the store's parameters

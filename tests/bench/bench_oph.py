@@ -18,9 +18,8 @@ from functools import partial
 
 import numpy as np
 
-from dupalign.hashing import token_hashes
-from dupalign.interval_scan import align, align_sketch
-from dupalign.oph import (
+from dupalign.passage.interval_scan import align, align_sketch
+from dupalign.passage.oph import (
     U64,
     compact_windows,
     compact_windows_binned,
@@ -28,6 +27,7 @@ from dupalign.oph import (
     oph_sketch,
     oph_values,
 )
+from dupalign.text.hashing import token_hashes
 from tests.corpora import RFC
 
 

@@ -67,12 +67,12 @@ import numpy.typing as npt
 from numba import njit
 
 from dupalign.config import CacheConfig, EngineConfig, NearConfig, PassageConfig
-from dupalign.engine import Engine
-from dupalign.hashing import token_hashes
-from dupalign.interval_scan import align
-from dupalign.oph import compact_windows, oph_values
 from dupalign.page import Page
-from dupalign.text import html_to_text, tokenize
+from dupalign.passage.interval_scan import align
+from dupalign.passage.oph import compact_windows, oph_values
+from dupalign.runtime.engine import Engine
+from dupalign.text.hashing import token_hashes
+from dupalign.text.tokens import html_to_text, tokenize
 from tests import corpora
 from tests.bench.pan import Alignment, pan_scores
 
@@ -376,7 +376,7 @@ def pan_accuracy(sets: dict[str, tuple[dict[str, str], list[PanDoc]]]) -> None:
     """Every suspicious text queried against a store of the sources (default engine, near
     off), its detections against its own source scored with the PAN measures, for the
     scan's merged spans (``passage.refine = false``) and the refined ones."""
-    from dupalign import span_refine
+    from dupalign.passage import span_refine
 
     print("## PAN text alignment, character level in both documents (default engine): "
           "the scan's spans (raw) vs refined spans")

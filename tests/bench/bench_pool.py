@@ -26,9 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dupalign.config import EngineConfig, TextConfig
-from dupalign.engine import Engine
 from dupalign.page import Page
-from dupalign.pipeline import run_pipeline
+from dupalign.runtime.engine import Engine
+from dupalign.runtime.pipeline import run_pipeline
 from tests.bench.bench_scan import load_pages, main_text, warm_up
 from tests.corpora import LLVM_DOCS
 

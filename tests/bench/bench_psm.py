@@ -5,7 +5,7 @@
 
 Data. Documents are weighted feature vectors: a few hundred tokens drawn from a Zipf law
 over a 2^20-token vocabulary, weight (1 + log tf) · idf with idf = -log P(token); their
-weighted simhash (with W) comes from ``dupalign.simhash``. Each query document is a copy of
+weighted simhash (with W) comes from ``dupalign.near.simhash``. Each query document is a copy of
 an original with a few features dropped, added and reweighted, redrawn (gentler) until its
 fingerprint is within Hamming 3 of the original's: the bits that flip are the volatile
 ones, as in the paper. The table holds the originals plus uniformly random background
@@ -47,12 +47,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from dupalign.bphs import BphsIndex
-from dupalign.hashing import mix64
-from dupalign.psm import Mode, PsmBatchResult, brute_force_batch, psm_search_batch
-from dupalign.simhash import weighted_simhash_batch
-from dupalign.simhash_table import SimhashTable
-from dupalign.vosh import VolatilityModel
+from dupalign.near.bphs import BphsIndex
+from dupalign.near.psm import Mode, PsmBatchResult, brute_force_batch, psm_search_batch
+from dupalign.near.simhash import weighted_simhash_batch
+from dupalign.near.simhash_table import SimhashTable
+from dupalign.near.vosh import VolatilityModel
+from dupalign.text.hashing import mix64
 
 VOCAB = 1 << 20
 FEATURE_SALT = 0x51A5

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from dupalign.simhash_table import SimhashTable
+from dupalign.near.simhash_table import SimhashTable
 
 
 def drop_at_once(table: SimhashTable, ordinals: list[int]) -> None:

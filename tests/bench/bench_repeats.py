@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
-from dupalign.engine import Engine
 from dupalign.page import Page
-from tests.test_engine import rfc_words
+from dupalign.runtime.engine import Engine
+from tests.runtime.test_engine import rfc_words
 
 UNCAPPED = 100_000_000
 

@@ -60,13 +60,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dupalign.config import EngineConfig
-from dupalign.engine import Engine
 from dupalign.errors import PageRejected
-from dupalign.index import AlignRequest
 from dupalign.match import Match
 from dupalign.page import Page
-from dupalign.pipeline import ExecutorKind
-from dupalign.text import page_text, tokenize
+from dupalign.runtime.engine import Engine
+from dupalign.runtime.pipeline import ExecutorKind
+from dupalign.stages.index import AlignRequest
+from dupalign.text.tokens import page_text, tokenize
 from tests.corpora import LLVM_DOCS
 
 HERE = Path(__file__).resolve().parents[2]
@@ -258,7 +258,7 @@ def warm_up(pages: list[Page], config: EngineConfig, store: Path) -> None:
 _MAIN_SCRIPT = """
 import json, pickle, sys, time
 from dupalign.config import EngineConfig, PassageConfig, TextConfig
-from dupalign.engine import Engine
+from dupalign.runtime.engine import Engine
 from dupalign.errors import PageRejected
 pages = pickle.load(open(sys.argv[1], "rb"))
 cfg = EngineConfig(text=TextConfig(main_content=True),
@@ -457,7 +457,7 @@ def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
     ratio("dupalign near-only --jobs 1", "rensa RMinHashLSH")
     ratio("dupalign near-only --jobs 1", "datasketch MinHashLSH")
     print("\nstages of the --jobs 1 runs (CPU ms per page; index includes storing the matches;"
-          " list files: building the table files of list entries, dupalign.list_files),"
+          " list files: building the table files of list entries, dupalign.passage.lists.files),"
           " wire bytes per page and per token:")
     for r in runs:
         if not r.stages:

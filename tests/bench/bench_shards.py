@@ -1,4 +1,4 @@
-"""Index shards by key (dupalign.shard), in one process: where the index CPU goes.
+"""Index shards by key (dupalign.stages.shards), in one process: where the index CPU goes.
 
 The same stream of pages (bench_passages' steady stream: real text in blocks, 10% with a
 planted copy of an earlier page's passage) through ``Engine.process`` (``--jobs 1``: every
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from dupalign.engine import Engine
 from dupalign.page import Page
-from dupalign.shard import ShardedIndexer
+from dupalign.runtime.engine import Engine
+from dupalign.stages.shards import ShardedIndexer
 from tests.bench.bench_passages import page_stream
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import numpy as np
 from rocksdict import BlockBasedOptions, DBCompressionType, Options, Rdict, ReadOptions
 
-from dupalign.store import Store, _prefix_upper_bound
+from dupalign.store.database import Store, _prefix_upper_bound
 
 _ENTRY = struct.Struct(">HQQI")  # bin, min-hash, ordinal, window number
 

@@ -46,10 +46,10 @@ from typing import Any
 import numpy as np
 
 from dupalign.page import Page
+from dupalign.wire import messages
 from tests.bench.bench_worker import corpus, run_with_broker
-from tests.test_worker_kafka import match_key
+from tests.service.test_worker_kafka import match_key
 from tests.topology_harness import Topology, wait_log
-from worker import messages
 
 ROLES = ("sketch", "index", "align", "shard")
 TOPICS = ("pages", "sequence", "sketches", "align", "aligned", "forward", "matches", "keys",
@@ -77,7 +77,7 @@ async def last_sequence_offset(topo: Topology) -> int:
 
 
 async def send_paced(topo: Topology, pages: list[Page], rate: float) -> None:
-    from worker.topology import new_producer
+    from dupalign.service.topology import new_producer
 
     producer = new_producer(topo.config.kafka)
     await producer.start()

@@ -34,11 +34,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dupalign.config import EngineConfig
-from dupalign.engine import Engine
 from dupalign.errors import PageRejected
 from dupalign.page import Page
+from dupalign.runtime.engine import Engine
+from dupalign.wire import messages
 from tests.corpora import TESTDATA
-from worker import messages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,7 +135,7 @@ enabled = false
 def start_worker(config: Path, store: Path, log: Path) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
         return subprocess.Popen(
-            [sys.executable, "-m", "worker.service", "--store", str(store), "--config",
+            [sys.executable, "-m", "dupalign.service.worker", "--store", str(store), "--config",
              str(config)], cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )

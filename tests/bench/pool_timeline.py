@@ -25,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from dupalign import pipeline
 from dupalign.config import EngineConfig, TextConfig
-from dupalign.engine import Engine
+from dupalign.runtime import pipeline
+from dupalign.runtime.engine import Engine
 from tests.bench.bench_pool import arguments, page_forms
 from tests.bench.bench_scan import warm_up
 

@@ -1,4 +1,4 @@
-"""Brute-force twins for dupalign.cws: ICWS with one Python loop per (sample, feature) using
+"""Brute-force twins for dupalign.near.cws: ICWS with one Python loop per (sample, feature) using
 hashing.mix64 / to_unit and math.log; exact weighted Jaccard from dicts; binomial tails as
 sums of Fractions; the filter's bounds by scanning every m; and the exact probabilities of
 the filter's sequential decisions by dynamic programming over the match count.
@@ -11,7 +11,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dupalign.hashing import mix64, to_unit
+from dupalign.text.hashing import mix64, to_unit
 
 _MASK64 = (1 << 64) - 1
 
@@ -28,7 +28,7 @@ def icws_twin(weighted: dict[int, float], K: int, seed: int) -> list[tuple[int, 
     """Ioffe's ICWS as written: per sample k, argmin over features of a = c / (y e^r).
 
     Returns (hash of x*, t*) per sample; ties go to the smaller hash. Uses the same salts as
-    dupalign.cws (seed << 4 | stream), since consistency across runs is the point.
+    dupalign.near.cws (seed << 4 | stream), since consistency across runs is the point.
     """
 
     def salt(stream: int) -> int:

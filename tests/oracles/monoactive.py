@@ -1,4 +1,5 @@
-"""Brute-force twins for dupalign.monoactive and dupalign.monoactive_query: min-hashes of every
+"""Brute-force twins for dupalign.passage.monoactive and dupalign.passage.monoactive_query:
+min-hashes of every
 subsequence computed from the definitions (Equations 1 and 4 of the MonoActive paper), all
 keys (Algorithm 3), active keys by Definition 12, vanilla Monotonic Partitioning over all keys
 with a plain sorted-list skyline (Algorithm 4), and alignment by enumerating every subsequence.
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from dupalign.monoactive import icws_hash, multiset_hash
+from dupalign.passage.monoactive import icws_hash, multiset_hash
 
 Order = tuple[float | int, ...]
 ValueFn = Callable[[Hashable, int], tuple[Order, int]]
@@ -36,7 +37,7 @@ TF: dict[str, Callable[[int], float]] = {
 
 
 def multiset_value(fn: int) -> ValueFn:
-    """h_fn(t, x) of dupalign.monoactive, one scalar at a time."""
+    """h_fn(t, x) of dupalign.passage.monoactive, one scalar at a time."""
 
     @cache
     def value(t: Hashable, x: int) -> tuple[Order, int]:

@@ -1,4 +1,5 @@
-"""Brute-force twins of dupalign.oph, dupalign.segtree and dupalign.interval_scan.
+"""Brute-force twins of dupalign.passage.oph, dupalign.passage.segtree and
+dupalign.passage.interval_scan.
 
 Deliberately naive: enumerate every subsequence, every bin, every cell. Positions are 0-based
 and inclusive unless a docstring says half-open.
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dupalign.oph import OPHWindows
+from dupalign.passage.oph import OPHWindows
 
 # (bin, empty, value, l, c, r); value 0 and c -1 for empty windows, as in OPHWindows
 Window = tuple[int, bool, int, int, int, int]

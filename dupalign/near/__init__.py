@@ -1,0 +1,1 @@
+"""Whole-document near duplicates: simhash, VOSH, PSM, BPHS, CWS, idf, the index."""

@@ -1,0 +1,286 @@
+"""Whole-document near duplicates: weighted simhash + PSM lookup + CWS verification.
+
+State kept across pages, and how it survives a restart:
+- the PSM table (fingerprint → ordinal), rebuilt from the ``simhash`` family at open;
+- the volatility model (bit flip probabilities), written to ``meta`` with every page;
+- idf tables: version 0 is uniform; version v is frozen from the document frequencies of
+  the first ``idf_freeze_at[v-1]`` indexed pages and written to ``meta``. Until the last
+  freeze the pages' distinct token hashes are kept in ``idf_pending`` so that the counts
+  can be rebuilt at open. A page's fingerprint is computed with the version current when
+  it arrived; the verification sketch does not depend on idf.
+
+Verification: a candidate is a near duplicate if the resemblance (Jaccard) of the two pages'
+word ``near.shingle``-shingle sets reaches ``cws_threshold``, estimated from K-min-hash sketches
+under the CWS early-termination filter. Shingles and not the weighted bag of words, because
+a bag of words ignores order: on llvm-13/14 docs, 20-word templated pages listing operands
+("src … xnack_mask vcc trap m0 …") and long pages with reordered tables had weighted word
+Jaccard ≥ 0.8 but 5-shingle Jaccard 0.4–0.8, and made most false positives. Binary
+shingles and not ICWS over weighted shingles, because ICWS takes logarithms and
+exponentials for every (feature, sample) and a page has ~1 shingle per token; a min-hash is
+one mix per (feature, sample), and min-hash is consistent sampling with unit weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.config import EngineConfig
+from dupalign.kernel_cache import njit
+from dupalign.near.cws import CwsFilter, FilterStats, shingle_minhash_sketch
+from dupalign.near.idf import IdfBuilder, IdfTable, TfMode, counted_weights
+from dupalign.near.psm import psm_search_batch
+from dupalign.near.simhash import weighted_simhash
+from dupalign.near.simhash_table import SimhashTable
+from dupalign.near.vosh import VolatilityModel
+from dupalign.store.database import Batch, Store, delete_ordinals, ordinal_ranges, u64
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+_META_MODEL = b"volatility"
+_SHINGLE_SALT = 0x5A1
+
+
+def verification_sketch(hashes: U64, K: int, seed: int, shingle: int) -> U64:
+    """The page's K-min-hash sketch of its word ``shingle``-shingles (token order kept)."""
+    return shingle_minhash_sketch(hashes, shingle, _SHINGLE_SALT, K, seed)
+
+
+def _idf_key(version: int) -> bytes:
+    return b"idf/" + u64(version)
+
+
+@dataclass
+class NearState:
+    """The page's whole-document sketch (``near_sketch``: pure) and what it adds to the index,
+    written by ``stage``. ``idf_version`` names the idf table the fingerprint was computed
+    with; the index recomputes it if another table is in force by the page's turn."""
+
+    indexed: bool
+    unique: U64 | None = None  # distinct token hashes (ascending) and their counts
+    counts: npt.NDArray[np.int64] | None = None
+    idf_version: int = 0
+    fingerprint: int | None = None
+    W: npt.NDArray[np.float64] | None = None
+    sketch: U64 | None = None
+    frozen: IdfTable | None = None
+
+
+def distinct_counts(hashes: U64) -> tuple[U64, npt.NDArray[np.int64]]:
+    """``np.unique(hashes, return_counts=True)`` (its twin in the tests) as one sort and one
+    kernel pass: numpy's unique costs more in calls than in work on a page's ~1,000 tokens."""
+    ordered = np.sort(np.asarray(hashes, dtype=np.uint64))
+    uniq = np.empty(ordered.size, dtype=np.uint64)
+    counts = np.empty(ordered.size, dtype=np.int64)
+    n = _runs_kernel(ordered, uniq, counts)
+    return uniq[:n], counts[:n]
+
+
+@njit(cache=True)
+def _runs_kernel(ordered: U64, uniq: U64, counts: npt.NDArray[np.int64]) -> int:
+    n = 0
+    for i in range(ordered.shape[0]):
+        if n and ordered[i] == uniq[n - 1]:
+            counts[n - 1] += 1
+        else:
+            uniq[n] = ordered[i]
+            counts[n] = 1
+            n += 1
+    return n
+
+
+def near_sketch(hashes: U64, idf: IdfTable, config: EngineConfig) -> NearState:
+    """Everything the near index needs from the page alone: simhash + W under ``idf``, the
+    verification sketch, the distinct tokens (idf counts)."""
+    cfg = config.near
+    state = NearState(indexed=cfg.enabled and len(hashes) >= cfg.min_tokens)
+    if not state.indexed:
+        return state
+    state.unique, state.counts = distinct_counts(hashes)
+    _fingerprint(state, idf, cfg.tf_mode)
+    state.sketch = verification_sketch(hashes, cfg.cws_samples, config.seed, cfg.shingle)
+    return state
+
+
+def _fingerprint(state: NearState, idf: IdfTable, tf_mode: str) -> None:
+    assert state.unique is not None and state.counts is not None
+    weights = counted_weights(state.unique, state.counts, idf,
+                              cast(TfMode, tf_mode))  # validated by NearConfig
+    fp, W = weighted_simhash(state.unique, weights)
+    state.fingerprint, state.W, state.idf_version = fp, W, idf.version
+
+
+@dataclass
+class NearCounters:
+    lookups: int = 0
+    probes: int = 0
+    candidates: int = 0
+    filter: FilterStats = field(default_factory=FilterStats)
+
+
+def _load_fingerprints(store: Store, chunk: int = 1 << 16) -> tuple[U64, I64]:
+    """The ``simhash`` family's (fingerprint, ordinal) keys as two arrays, read a chunk of
+    keys at a time: a Python int per fingerprint and ordinal would take ~13 GB at 10^8
+    pages (tests/bench/bench_open.py)."""
+    fps: list[U64] = []
+    ords: list[I64] = []
+    keys: list[bytes] = []
+
+    def convert() -> None:
+        rows = np.frombuffer(b"".join(keys), dtype=">u8").reshape(-1, 2)
+        fps.append(rows[:, 0].astype(np.uint64))
+        ords.append(rows[:, 1].astype(np.int64))
+        keys.clear()
+
+    for key in store.keys("simhash"):
+        keys.append(key)
+        if len(keys) == chunk:
+            convert()
+    if keys:
+        convert()
+    if not fps:
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    return np.concatenate(fps), np.concatenate(ords)
+
+
+class NearIndex:
+    def __init__(self, store: Store, config: EngineConfig, next_ordinal: int) -> None:
+        self.store = store
+        self.cfg = config.near
+        self.seed = config.seed
+        self.filter = CwsFilter(self.cfg.cws_samples, self.cfg.cws_threshold, self.cfg.cws_error)
+        self.counters = NearCounters()
+        self.tables: list[IdfTable] = [IdfTable.uniform()]
+        while (raw := store.get("meta", _idf_key(len(self.tables)))) is not None:
+            self.tables.append(IdfTable.from_bytes(raw))
+        self.builder: IdfBuilder | None = None
+        if len(self.tables) <= len(self.cfg.idf_freeze_at):
+            self.builder = IdfBuilder()
+            for _, value in store.items("idf_pending"):
+                self.builder.add_document(np.frombuffer(value, dtype="<u8"))
+        raw_model = store.get("meta", _META_MODEL)
+        self.model = VolatilityModel.from_bytes(raw_model) if raw_model else VolatilityModel()
+        fps, ords = _load_fingerprints(store)  # in key order: by (fingerprint, ordinal)
+        self.table = SimhashTable.from_arrays(fps, ords, ordered=True)
+        self._staged: dict[int, int] = {}  # ordinal -> fingerprint of a staged removal
+
+    @property
+    def idf(self) -> IdfTable:
+        return self.tables[-1]
+
+    def refresh(self, state: NearState) -> None:
+        """The fingerprint under the idf table in force, if ``state`` was sketched under an
+        older one (before the last freeze, or by the topology's sketch role)."""
+        if state.indexed and state.idf_version != self.idf.version:
+            _fingerprint(state, self.idf, self.cfg.tf_mode)
+
+    def search(self, state: NearState, ordinal: int) -> list[tuple[int, int, float]]:
+        """Verified near duplicates among pages before ``ordinal``: (ordinal, hamming, est)."""
+        return self.verify(state, self.candidates(state, ordinal))
+
+    def candidates(self, state: NearState, ordinal: int) -> list[tuple[int, int]]:
+        """The PSM lookup: (ordinal, hamming) of the pages before ``ordinal`` within the
+        hamming bound in the probed buckets (index shards verify them: dupalign.stages.shards)."""
+        if not state.indexed:
+            return []
+        self.refresh(state)
+        assert state.fingerprint is not None and state.W is not None
+        self.counters.lookups += 1
+        psm = psm_search_batch(self.table, [state.fingerprint], state.W[None, :],
+                               self.cfg.hamming, self.cfg.probe_budget,
+                               self.cfg.mode,  # type: ignore[arg-type]
+                               self.model, before=ordinal)
+        candidates = psm.get(0)
+        self.counters.probes += int(psm.probes[0])
+        self.counters.candidates += len(candidates)
+        return [(other, hamming) for other, hamming in candidates if other < ordinal]
+
+    def verify(self, state: NearState, candidates: list[tuple[int, int]]
+               ) -> list[tuple[int, int, float]]:
+        """The candidates whose stored verification sketch says they are near duplicates
+        (a candidate without one here is skipped: not near-indexed, or another shard's)."""
+        found = []
+        for other, hamming in candidates:
+            other_sketch = self.sketch_of(other)
+            if other_sketch is None:
+                continue
+            assert state.sketch is not None
+            result = self.filter.compare(state.sketch, other_sketch)
+            self.counters.filter.add(result)
+            if result.decision == "similar":
+                found.append((other, hamming, round(result.est_jaccard, 4)))
+        return found
+
+    def stage(self, batch: Batch, ordinal: int, state: NearState | None) -> None:
+        """Put the page's entries into ``batch`` (the in-memory side waits for ``commit``)."""
+        if state is None or not state.indexed or state.fingerprint is None:
+            return
+        assert state.sketch is not None and state.unique is not None and state.W is not None
+        batch.put("simhash", u64(state.fingerprint) + u64(ordinal), b"")
+        self.put_sketch(batch, ordinal, state.sketch)
+        self.model.update(state.W)
+        batch.put("meta", _META_MODEL, self.model.to_bytes())
+        if self.builder is not None:
+            batch.put("idf_pending", u64(ordinal), state.unique.astype("<u8").tobytes())
+            version = len(self.tables)
+            if self.builder.n_docs + 1 >= self.cfg.idf_freeze_at[version - 1]:
+                builder = IdfBuilder.from_bytes(self.builder.to_bytes())
+                builder.add_document(state.unique, distinct=True)
+                state.frozen = builder.freeze(version)
+                batch.put("meta", _idf_key(version), state.frozen.to_bytes())
+                if version == len(self.cfg.idf_freeze_at):
+                    batch.delete_range("idf_pending", u64(0), u64(ordinal + 1))
+
+    def put_sketch(self, batch: Batch, ordinal: int, sketch: U64) -> None:
+        """Store the page's verification sketch (index shards keep it: dupalign.stages.shards)."""
+        batch.put("cws", u64(ordinal), sketch.astype("<u8").tobytes())
+
+    def commit(self, ordinal: int, state: NearState | None) -> None:
+        if state is None or not state.indexed or state.fingerprint is None:
+            return
+        self.table.add(state.fingerprint, ordinal)
+        if self.builder is not None:
+            assert state.unique is not None
+            self.builder.add_document(state.unique, distinct=True)
+            if state.frozen is not None:
+                self.tables.append(state.frozen)
+                if len(self.tables) > len(self.cfg.idf_freeze_at):
+                    self.builder = None
+
+    # -- removal (revisits, deletes, retention) --------------------------------------------
+    def stage_removal(self, batch: Batch, pages: list[tuple[int, int | None]]) -> None:
+        """Delete the entries of ``pages`` (ordinal, fingerprint or None) from ``batch``: the
+        fingerprint row and the verification sketch. Not undone (documented in the README):
+        the volatility model, which only orders probes, and the idf document counts."""
+        for ordinal, fingerprint in pages:
+            if fingerprint is not None:
+                batch.delete("simhash", u64(fingerprint) + u64(ordinal))
+                self._staged[ordinal] = fingerprint
+        for lo, hi in ordinal_ranges(o for o, _ in pages):
+            delete_ordinals(batch, ("cws",), lo, hi)
+
+    def commit_removal(self, ordinals: list[int]) -> None:
+        """After the removal's batch is written: the PSM table without those pages (their
+        fingerprints known from ``stage_removal``: the table finds rows by fingerprint)."""
+        rows = [(self._staged.pop(o), o) for o in ordinals if o in self._staged]
+        self.table.remove([f for f, _ in rows], [o for _, o in rows])
+
+    def sketch_of(self, ordinal: int) -> U64 | None:
+        """A stored page's verification sketch (None: the page is not near-indexed)."""
+        raw = self.store.get("cws", u64(ordinal))
+        return None if raw is None else np.frombuffer(raw, dtype="<u8")
+
+    def stats(self) -> dict[str, Any]:
+        f = self.counters.filter
+        return {
+            "near_table_size": len(self.table),
+            "near_table_bytes": self.table.nbytes,
+            "idf_version": len(self.tables) - 1,
+            "near_lookups": self.counters.lookups,
+            "near_candidates": self.counters.candidates,
+            "cws_pairs": f.pairs,
+            "cws_samples_saved": f.samples_saved,
+        }

@@ -1,0 +1,1 @@
+"""The passage index's inverted lists in memory and on disk."""

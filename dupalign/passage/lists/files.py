@@ -1,0 +1,291 @@
+"""Inverted-list entries written behind the index thread, as table files.
+
+A page with passages adds one entry to each inverted list of its windows (~1,400 on an
+llvm page): written in the page's batch, that was one RocksDB memtable insert each in the
+index thread, which must run alone (rocksdict holds the GIL through a write), and again a
+sort of the whole hash memtable in RocksDB's flush thread: together about a third of the
+index stage and a tenth of all the CPU on llvm (tests/bench/bench_scan.py). Here the
+entries of committed pages wait in memory (``PendingLists``, which reads see through
+``recent``) until ``FILE_PAGES`` pages have some; then they are sorted into a table file
+(``build_list_file``: a pure function, so a pool process can run it) and ingested whole.
+
+Crash safety: the meta key ``LISTS_THROUGH`` says below which ordinal every page's entries
+are in the store. The entries of a page are its forward record's lists (the same pairs,
+counted per list), which is in the page's own batch, so at open the pages from the mark on
+are read back from their forward records (``PassageIndex.write_lists_behind``). A file's
+mark goes into the next batch written after its ingest (``mark_due``): the batch that may
+pack the file's entries into runs, or rewrite them for a removal, so that entries are never
+written again over a run that holds them; a crash before it writes the file's entries
+again: the same keys and values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import numpy as np
+import numpy.typing as npt
+from rocksdict import SstFileWriter
+
+from dupalign.passage.lists.chains import ListChains
+from dupalign.store.database import Batch, Store, store_error, table_file_options, u64
+
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+
+COUNT = struct.Struct("<I")
+# a list entry's key: the list (bin ‖ min-hash) then the page, big-endian so that keys sort
+# by list, then page
+LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
+FAMILY = "oph"
+LISTS_THROUGH = b"lists_through"  # meta: u64, every page below has its entries stored
+# pages with entries per table file (~50 MB of entries on llvm pages; held in memory with
+# the file in flight and the next). RocksDB compacts each ingested file into the level
+# below, so files must not be small: process CPU on the scale stream (bench_passages) at
+# 60,000 pages was 6.23 ms a page with 1,024-page files and 5.17 with 2,048, against 5.47
+# with the memtable (compacting half as much new data at a time rewrites the level below
+# twice as often)
+FILE_PAGES = 2048
+INCOMING = "lists-incoming"  # the store's subdirectory of files not ingested yet
+
+# a list entry's value by its page's number of windows in the list: empty for one (most
+# lists), else the count; looked up by numpy for the common counts (not packed one by one
+# in a Python loop: a templated llvm page has hundreds of lists with several windows)
+_COUNT_VALUES = np.array([b"", b""] + [COUNT.pack(n) for n in range(2, 256)], dtype=object)
+
+
+def entries(bins: I64, keys: U64, ordinal: int) -> npt.NDArray[Any]:
+    """The page ``ordinal``'s entries in the lists (bin, key), as ``LIST_KEY`` records."""
+    out = np.empty(len(bins), dtype=LIST_KEY)
+    out["bin"], out["key"], out["ordinal"] = bins, keys, ordinal
+    return out
+
+
+def count_values(n_windows: I64) -> list[bytes]:
+    """The list entries' values for ``n_windows`` (each >= 1) windows of the page."""
+    values = _COUNT_VALUES[np.minimum(n_windows, len(_COUNT_VALUES) - 1)]
+    for y in np.flatnonzero(n_windows >= len(_COUNT_VALUES)).tolist():
+        values[y] = COUNT.pack(int(n_windows[y]))
+    return cast(list[bytes], values.tolist())
+
+
+def as_bytes(records: npt.NDArray[Any]) -> list[bytes]:
+    """Each record of a structured array as its bytes (as a void dtype: ``S`` would strip
+    trailing zero bytes); a tenth of the cost of slicing them out of ``tobytes`` in Python."""
+    return cast(list[bytes], records.view(f"V{records.dtype.itemsize}").tolist())
+
+
+def build_list_file(arg: tuple[str, bytes, bytes]) -> str:
+    """``(path, entries, counts)`` -> path: the list entries (``LIST_KEY`` records of
+    pages in ascending order, each page's distinct) with their window counts (<u4), as
+    one table file at ``path``, in key order. Pure: runs in any process."""
+    path, raw, raw_counts = arg
+    entries = np.frombuffer(raw, dtype=LIST_KEY)
+    counts = np.frombuffer(raw_counts, dtype="<u4").astype(np.int64)
+    # stable by list: within a list the pages keep their (ascending) order
+    order = np.lexsort((entries["key"].astype(np.uint64), entries["bin"].astype(np.uint64)))
+    keys = as_bytes(entries[order])
+    values = count_values(counts[order])
+    writer = SstFileWriter(options=table_file_options(FAMILY))
+    writer.open(path)
+    for key, value in zip(keys, values, strict=True):
+        writer[key] = value
+    writer.finish()
+    return path
+
+
+class Handle(Protocol):
+    """A submitted build (a pool call or a future)."""
+
+    def done(self) -> bool: ...
+    def cancel(self) -> bool: ...
+    def result(self, timeout: float | None = None) -> Any: ...
+
+
+Submit = Callable[[Callable[[Any], Any], Any], Handle]
+# a page pending: its ordinal, its list entries (``LIST_KEY``), its windows per entry
+PendingPage = tuple[int, npt.NDArray[Any], I64]
+
+
+class _Built:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def done(self) -> bool:
+        return True
+
+    def cancel(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> str:
+        return self.path
+
+
+class PendingLists:
+    """The list entries of committed pages not in the store yet, and the file being built
+    of the ones before (module docstring). One thread, the index's, uses it."""
+
+    def __init__(self, store: Store, file_pages: int = FILE_PAGES) -> None:
+        self.store = store
+        self.file_pages = file_pages
+        # the pending entries by list: of the pages not in a file yet, and of those in the
+        # file in flight
+        self.recent = ListChains()
+        self.recent_flight = ListChains()
+        self.pages: list[PendingPage] = []  # not in a file yet
+        # the file being built: its handle, last page, pages and build arguments
+        self.flight: tuple[Handle, int, list[PendingPage], tuple[str, bytes, bytes]] | None = (
+            None)
+        self.submit: Submit | None = None  # builds elsewhere (a pool); None: here
+        self.build_seconds = 0.0  # thread CPU of the builds run here (benchmarks)
+        # the mark of the last file ingested, for the next batch (``mark_into``)
+        self.mark_due: bytes | None = None
+        self.files = 0
+        self.last = -1  # the last page pending (pages come in ordinal order)
+        self.incoming = Path(store.path) / INCOMING
+
+    def __len__(self) -> int:
+        """Pages whose entries are not in the store yet."""
+        return len(self.pages) + (len(self.flight[2]) if self.flight else 0)
+
+    def add(self, ordinal: int, entries: npt.NDArray[Any], counts: I64) -> None:
+        """A committed page's entries (``LIST_KEY`` records, distinct lists) and windows per
+        entry; a file is started or ingested when its turn comes."""
+        if not self.remember(ordinal, entries, counts):
+            return
+        if self.flight is not None and (self.flight[0].done()
+                                        or len(self.pages) >= self.file_pages):
+            self._land()
+        if self.flight is None and len(self.pages) >= self.file_pages:
+            self._ship()
+
+    def recent_entries(self, bins: I64, keys: U64) -> tuple[I64, I64]:
+        """Per list (bin, key): the number of pending entries, and all of them in one array
+        (list by list, each ascending: those in flight first)."""
+        n_f, ords_f = self.recent_flight.entries(bins, keys)
+        n_n, ords_n = self.recent.entries(bins, keys)
+        n = n_f + n_n
+        start = np.cumsum(n) - n
+        out = np.empty(int(n.sum()), dtype=np.int64)
+        out[ranks(start, n_f)] = ords_f
+        out[ranks(start + n_f, n_n)] = ords_n
+        return n, out
+
+    def holds_any(self, ordinals: list[int]) -> bool:
+        """Whether any of ``ordinals`` may have entries pending."""
+        first = (self.flight[2][0][0] if self.flight is not None
+                 else self.pages[0][0] if self.pages else None)
+        return first is not None and bool(ordinals) and max(ordinals) >= first
+
+    def mark_into(self, batch: Batch) -> bytes | None:
+        """The mark of the files ingested since the last batch written, into ``batch``;
+        returns it, for ``marked`` once the batch is written."""
+        if self.mark_due is not None:
+            batch.put("meta", LISTS_THROUGH, self.mark_due)
+        return self.mark_due
+
+    def marked(self, mark: bytes | None) -> None:
+        """A batch holding ``mark`` (``mark_into``) is written."""
+        if mark is not None and mark == self.mark_due:
+            self.mark_due = None
+
+    def settle(self) -> None:
+        """Ingest the file in flight, if any (before its builder goes away)."""
+        if self.flight is not None:
+            self._land()
+
+    def drain(self, into_file: bool = False) -> None:
+        """Every pending entry into the store now (the file in flight ingested, the rest
+        written in one batch, or ``into_file``: one more file, built here): before a
+        page pending is removed (a batch), and at close (a file)."""
+        if self.flight is not None:
+            self._land()
+        if self.pages and into_file:
+            self._ship(here=True)
+            self._land()
+        if self.pages:
+            entries = np.frombuffer(_joined(self.pages), dtype=LIST_KEY)
+            counts = np.concatenate([c for _, _, c in self.pages])
+            batch = self.store.batch()
+            batch.put_many(FAMILY, as_bytes(entries), count_values(counts))
+            batch.put("meta", LISTS_THROUGH, u64(self.pages[-1][0] + 1))
+            self.store.write(batch)
+            self.pages = []
+            self.recent.reset()
+        elif self.mark_due is not None:
+            batch = self.store.batch()
+            batch.put("meta", LISTS_THROUGH, self.mark_due)
+            self.store.write(batch)
+        self.mark_due = None
+
+    def remember(self, ordinal: int, entries: npt.NDArray[Any], counts: I64) -> bool:
+        """A page's entries pending, nothing else done (False: it has none, or they are
+        pending already: a commit that failed after this is done again)."""
+        if not len(entries) or ordinal <= self.last:
+            return False
+        self.last = ordinal
+        self.pages.append((ordinal, entries, counts))
+        self.recent.add(entries["bin"], entries["key"], counts, ordinal)
+        return True
+
+    def _ship(self, here: bool = False) -> None:
+        """The pending pages into a file, built by the pool (``submit``) or here."""
+        pages = self.pages
+        first, last = pages[0][0], pages[-1][0]
+        self.incoming.mkdir(exist_ok=True)
+        arg = (str(self.incoming / f"{first:016x}-{last:016x}.sst"), _joined(pages),
+               np.concatenate([c for _, _, c in pages]).astype("<u4").tobytes())
+        handle: Handle | None = None
+        if self.submit is not None and not here:
+            with contextlib.suppress(Exception):  # (a broken pool: the pipeline sees it)
+                handle = self.submit(build_list_file, arg)
+        # (a build here that fails leaves the pages pending)
+        self.flight = (handle or self._build_here(arg), last, pages, arg)
+        self.pages = []
+        self.recent_flight, self.recent = self.recent, self.recent_flight  # (reset on land)
+
+    def _build_here(self, arg: tuple[str, bytes, bytes]) -> Handle:
+        t0 = time.thread_time()
+        try:
+            return _Built(build_list_file(arg))
+        except Exception as exc:  # a file in the store's directory: a store failure
+            raise store_error("write", self.store.path, exc) from exc
+        finally:
+            self.build_seconds += time.thread_time() - t0
+
+    def _land(self) -> None:
+        """Ingest the file in flight (built here if no worker has started it, or if the
+        worker failed), then have its mark written by the next batch."""
+        assert self.flight is not None
+        handle, last, _, arg = self.flight
+        if not handle.done() and handle.cancel():
+            handle = self._build_here(arg)
+        try:
+            path = handle.result()
+        except Exception:  # the worker's failure is not the pages': build it here
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(arg[0])
+            path = self._build_here(arg).result()
+        self.store.ingest(FAMILY, [path])  # (failing, the file stays in flight)
+        self.mark_due = u64(last + 1)
+        self.flight = None
+        self.files += 1
+        self.recent_flight.reset()
+
+
+def _joined(pages: list[PendingPage]) -> bytes:
+    """The pages' entries as ``LIST_KEY`` records in one buffer (not ``np.concatenate``:
+    it would give them numpy's native byte order, and the keys would no longer sort)."""
+    return b"".join(np.ascontiguousarray(e, dtype=LIST_KEY).tobytes() for _, e, _ in pages)
+
+
+def ranks(starts: I64, counts: I64) -> I64:
+    """``starts[y] + i`` for i in range(counts[y]), for every y in order."""
+    first = np.cumsum(counts) - counts
+    return np.repeat(starts - first, counts) + np.arange(int(counts.sum()), dtype=np.int64)

@@ -1,0 +1,399 @@
+"""The three stages over a stream of pages on several cores: sketch ∥ index ∥ align.
+
+``sketch`` and ``align`` need no shared index state, so they run in a pool of ``jobs - 1``
+worker processes (or threads: ``executor="thread"``; CPython holds the GIL in most of
+their Python and numba code, so processes are what spreads them over cores), and on the
+calling thread: whenever it would wait for a worker, it cancels work no worker has
+started and does it itself (``steal``), so it is the ``jobs``-th core instead of an idle
+one (what it takes is not read from a secondary instance). The process pool
+(dupalign.runtime.pool) needs no thread of this process to hand calls over or take results back,
+and keeps every call cancellable until a worker starts it. Their
+messages (``PageSketch``, ``AlignRequest``) cross the process boundary pickled, which
+copies the numpy arrays once (their msgpack forms, ``to_bytes``, cost more and are for
+other transports: Kafka). An ``AlignRequest`` names the candidate pages only: each worker
+process reads their forward records (dupalign.passage.forward) from its own RocksDB secondary
+instance of the store, which catches up with this process's writes when a record is
+newer than what it has seen (threads read the store itself). ``index`` runs here, on
+the calling thread, one page at a time in input (ordinal) order, and so does ``finish``,
+which stores each page's matches.
+Both queues are bounded (``depth`` pages each), so memory stays flat whatever the input.
+
+Results never depend on ``jobs``: the index sees the pages in the same order as
+``Engine.process`` one by one, every page's tasks are found against the same index state,
+and align is a pure function of its tasks. The only state the sketch stage reads, the idf
+table, may change while sketches are in flight (an idf freeze): the index recomputes the
+fingerprint of a page sketched under an older table (dupalign.near.index), and the pool is
+restarted with the new table so that this stays rare.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import BrokenExecutor, Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+from multiprocessing.util import Finalize
+from typing import Any, Literal, TypeVar
+
+import numpy as np
+
+from dupalign.config import EngineConfig
+from dupalign.errors import StoreError
+from dupalign.match import Match, Span
+from dupalign.near.idf import IdfTable
+from dupalign.page import Page
+from dupalign.passage.lists.files import PendingLists
+from dupalign.runtime.owned_dir import OwnedTempDir
+from dupalign.runtime.pool import Call, ProcessPool
+from dupalign.stages.align import Aligner
+from dupalign.stages.index import AlignRequest, IndexResult
+from dupalign.stages.sketch import PageSketch, Sketcher
+from dupalign.store.database import Store
+
+ExecutorKind = Literal["process", "thread"]
+Source = tuple[str, int, int]  # where a page was read: (topic or file, partition, offset)
+PassageMatches = list[tuple[str, list[Span]]]  # the align stage's answer for one page
+T = TypeVar("T")
+Pending = Call | Future[Any]  # a call into the pool (processes | threads)
+# Pages in flight per queue. Pages are finished in order, so one page whose alignment is
+# slow (a templated llvm page: tens of ms) holds back those behind it; a shallow queue then
+# fills and idles the other workers. On llvm-13/14 from text, --jobs 2, depth 64 against 8:
+# 1.10-1.14x the pages/s (one run of each of three executor shapes). A page in flight holds
+# its PageSketch (~90 KB on llvm) and align request (~17 KB): 64 pages are a few MB.
+DEPTH = 64
+SKETCH_CHUNK = 4  # pages per call of the sketch stage in a worker (sketch_chunk_in_worker)
+# What align reads of the store (dupalign.stages.align: the candidates' forward records and ids;
+# meta: the parameters checked at open). A worker's secondary instance opens only these,
+# so catching up replays only their part of the log: not the ~1,600 inverted-list entries
+# a page adds, which cost it as much as they cost the writer.
+ALIGN_FAMILIES = ("meta", "docs", "forward", "positions")
+SECONDARY_PREFIX = "dupalign-pool-secondary-"  # a pool process's secondary instance's files
+
+
+def default_jobs() -> int:
+    """All the cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+# -- the worker side: one Sketcher and Aligner per worker (per thread with threads) ----------
+_local = threading.local()
+
+
+def _init_worker(config: EngineConfig, idf: IdfTable, store: Store | tuple[str, dict[str, Any]]
+                 ) -> None:
+    """``store``: the store itself (threads), or its path and parameters (processes: each
+    opens a secondary instance when it first aligns)."""
+    _local.config, _local.idf, _local.store = config, idf, store
+
+
+def _stage(name: str) -> Any:
+    if not hasattr(_local, name):
+        if name == "sketcher":
+            _local.sketcher = Sketcher(_local.config)
+        else:
+            _local.aligner = Aligner(_local.config, _worker_store())
+    return getattr(_local, name)
+
+
+def _worker_store() -> Store:
+    store = _local.store
+    if isinstance(store, Store):
+        return store
+    path, params = store
+    # the secondary's own files (its info log) live in a directory of this process,
+    # removed when it exits with the pool (multiprocessing runs Finalize, not atexit), or
+    # by a later pool process if this one is killed (it cannot remove its own then)
+    here = OwnedTempDir(SECONDARY_PREFIX)
+    secondary = Store(path, params, secondary=here.path, block_cache_bytes=64 << 20,
+                      only=ALIGN_FAMILIES)
+    Finalize(secondary, here.remove, exitpriority=1)
+    Finalize(secondary, secondary.close, exitpriority=2)
+    return secondary
+
+
+def sketch_in_worker(page: Page) -> PageSketch:
+    """The sketch stage in a worker."""
+    sketcher: Sketcher = _stage("sketcher")
+    return sketcher.sketch(page, _local.idf)
+
+
+def sketch_chunk_in_worker(pages: list[Page]) -> list[PageSketch | Exception]:
+    """The sketch stage in a worker for a few pages at once: each call through the pool
+    costs the calling thread its own work (pickling, a write, a read, a claim), so pages
+    travel in chunks. A page whose sketch fails gets
+    its exception, the others their sketches."""
+    return _sketch_each(sketch_in_worker, pages)
+
+
+def _sketch_each(sketch: Callable[[Page], PageSketch], pages: list[Page]
+                 ) -> list[PageSketch | Exception]:
+    """``sketch`` of each page, or the exception it raised for that page."""
+    out: list[PageSketch | Exception] = []
+    for page in pages:
+        try:
+            out.append(sketch(page))
+        except Exception as exc:
+            out.append(exc)
+    return out
+
+
+def align_in_worker(request: AlignRequest) -> list[tuple[str, list[Span]]]:
+    """The align stage in a worker."""
+    aligner: Aligner = _stage("aligner")
+    return aligner.align(request)
+
+
+def _in_flight_reading(aligns: deque[tuple[Page, IndexResult | BaseException, Any]],
+                       removed: list[int]) -> int:
+    """How many of the pages in flight (``aligns``, in order) must finish before the pages
+    ``removed`` leave the store: up to the last one that is one of them, a replay of one
+    (answered from its stored matches, which the removal deletes), or aligns against one
+    of them (align reads the candidates' forward and docs records)."""
+    if not removed:
+        return 0
+    dead = np.asarray(removed, dtype=np.int64)
+    n = 0
+    for x, (_, result, _) in enumerate(aligns):
+        if not isinstance(result, IndexResult):
+            continue
+        if result.ordinal in removed or result.replay_of in removed or (
+                result.align is not None and np.isin(result.align.others, dead).any()):
+            n = x + 1
+    return n
+
+
+# -- the calling side ----------------------------------------------------------------------
+class WorkerPool:
+    """Worker processes (or threads) whose workers hold the idf table in force when it was
+    made; kept by the engine across ``process_many`` calls."""
+
+    def __init__(self, kind: ExecutorKind, jobs: int, config: EngineConfig, idf: IdfTable,
+                 store: Store):
+        self.kind, self.jobs, self.version = kind, jobs, idf.version
+        args = (config, idf, store if kind == "thread" else (str(store.path), store.params))
+        self.executor: ProcessPool | ThreadPoolExecutor = (
+            ProcessPool(jobs, initializer=_init_worker, initargs=args)
+            if kind == "process" else
+            ThreadPoolExecutor(jobs, initializer=_init_worker, initargs=args))
+
+    def close(self, wait: bool = True) -> None:
+        """``wait=False``: the work already submitted still runs (the pipeline waits for
+        it), then the workers exit."""
+        if isinstance(self.executor, ProcessPool):
+            self.executor.close(wait=wait)
+        else:
+            self.executor.shutdown(wait=wait)
+
+    @property
+    def broken(self) -> bool:
+        """A worker died: no more work runs here."""
+        return isinstance(self.executor, ProcessPool) and self.executor.broken
+
+
+@dataclass(frozen=True)
+class Stages:
+    """What ``run_pipeline`` drives: the stages as calls on the thread that owns the index
+    (``Engine.stages`` makes them), the pool of sketch and align workers, and the list
+    files the pool also builds."""
+
+    process: Callable[[Page, Source | None], list[Match]]  # every stage of one page, here
+    sketch: Callable[[Page], PageSketch]  # the sketch stage here, as a worker runs it
+    index: Callable[[PageSketch, Source | None], IndexResult]
+    align: Callable[[IndexResult], PassageMatches]  # the align stage here, on the store
+    finish: Callable[[IndexResult, PassageMatches], list[Match]]  # store the matches
+    skip: Callable[[str, Source | None], object]  # a failed page: its offset advances
+    removes: Callable[[PageSketch], list[int]]  # stored pages that indexing it removes
+    reported: Callable[[IndexResult], None]  # the index stage's times of a page, for metrics
+    # the pool whose workers hold the idf table in force (made again when that changed)
+    pool: Callable[[ExecutorKind, int], WorkerPool]
+    idf_version: Callable[[], int]  # the idf table in force now
+    lists: PendingLists | None  # list files written behind (dupalign.passage.lists.files)
+
+
+def _run_here(work: Callable[[], T]) -> Future[T]:
+    """``work()`` run now, as a done future (its result, or the exception it raised)."""
+    future: Future[T] = Future()
+    try:
+        future.set_result(work())
+    except Exception as exc:
+        future.set_exception(exc)
+    return future
+
+
+def _sketch_here(stages: Stages, pages: list[Page]) -> list[PageSketch | Exception]:
+    """``sketch_chunk_in_worker`` in the calling thread (the same sketch: no store read)."""
+    return _sketch_each(stages.sketch, pages)
+
+
+def _aligned(stages: Stages, result: IndexResult, future: Pending) -> Any:
+    """The worker's passage matches; if the worker failed (its view of the store, say a
+    secondary instance that could not catch up), the page is aligned here, on the store
+    itself, so that no page's result depends on a worker: an error of the page's own
+    raises here the same way."""
+    try:
+        return future.result()
+    except Exception:
+        return stages.align(result)
+
+
+def run_pipeline(
+    stages: Stages, items: Iterable[tuple[Page, Source | None]], jobs: int,
+    executor: ExecutorKind = "process", depth: int | None = None, caller_works: bool = True,
+) -> Iterator[tuple[Page, list[Match] | BaseException]]:
+    """``stages.process`` over ``items`` with sketch and align on ``jobs`` cores; yields
+    each page with its matches or its exception, in input order. A ``StoreError`` is
+    raised instead: it is no fault of the page, and no later page may be indexed past it.
+    ``caller_works=False``: ``jobs`` pool processes and a calling thread that only
+    indexes and waits (the shape before it took work back: benchmarks compare them)."""
+    if jobs <= 1:
+        for page, source in items:
+            try:
+                yield page, stages.process(page, source)
+            except StoreError:
+                raise
+            except Exception as exc:
+                yield page, exc
+        return
+    depth = depth or max(DEPTH, 4 * jobs)
+    # the calling thread is one of the ``jobs``: it indexes, and runs the pool's work
+    # itself whenever it would wait for it (``steal``)
+    workers = jobs - 1 if caller_works else jobs
+    chunk = max(1, min(SKETCH_CHUNK, depth // jobs))  # every worker gets a chunk
+    pool = stages.pool(executor, workers)
+    # a page, its source, and its chunk's future with its place in the chunk
+    sketches: deque[tuple[Page, Source | None, Pending, int]] = deque()
+    aligns: deque[tuple[Page, IndexResult | BaseException, Pending | None]] = deque()
+    # the pages of each sketch chunk not done yet, in submission order (its first pages
+    # may have left ``sketches`` already)
+    chunk_pages: dict[Pending, list[Page]] = {}
+    # work taken back from the pool (cancelled before a worker started it) and done here:
+    # the cancelled future -> a future done with its result (until its pages are done)
+    stolen: dict[Pending, Future[Any]] = {}
+    pending = iter(items)
+    more = True
+    # list files are built by the pool too (dupalign.passage.lists.files), by whichever pool is
+    # current: the file in flight is ingested before a pool is replaced, and at the end
+    lists = stages.lists
+    if lists is not None:
+        lists.submit = lambda fn, arg: pool.executor.submit(fn, arg)
+
+    def now(future: Pending) -> Pending:
+        return stolen.get(future, future)
+
+    def steal(waited: Pending, result: IndexResult | None = None) -> bool:
+        """While ``waited`` is not done, run here one piece of work no worker has started
+        (cancelled in the pool): the alignment ``waited`` (of ``result``), else the
+        earliest alignment, else the earliest chunk of sketches (the one ``waited``, when
+        it is a chunk). The calling thread, idle otherwise, is one of the ``jobs``. False:
+        nothing left to take."""
+        if not caller_works or now(waited).done():
+            return False
+        if result is not None and take(waited, partial(stages.align, result)):
+            return True
+        for _, queued, future in aligns:
+            if (future is not None and isinstance(queued, IndexResult)
+                    and take(future, partial(stages.align, queued))):
+                return True
+        for future, pages in chunk_pages.items():
+            if take(future, partial(_sketch_here, stages, pages)):
+                return True
+        return False
+
+    def take(future: Pending, work: Callable[[], Any]) -> bool:
+        """Cancel ``future`` in the pool and do its ``work`` here, if no worker has it."""
+        if future in stolen or not future.cancel():
+            return False
+        stolen[future] = _run_here(work)
+        return True
+
+    def finish() -> tuple[Page, list[Match] | BaseException]:
+        page, result, future = aligns.popleft()
+        if isinstance(result, BaseException):
+            return page, result
+        stages.reported(result)
+        try:
+            found = []
+            if future is not None:
+                while steal(future, result):
+                    pass
+                found = _aligned(stages, result, stolen.pop(future, future))
+            return page, stages.finish(result, found)
+        except StoreError:
+            raise
+        except Exception as exc:
+            return page, exc
+
+    try:
+        while True:
+            # whole chunks only: refilled a page at a time, a call could carry one page
+            while more and len(sketches) + chunk <= depth:
+                batch = list(islice(pending, chunk))
+                if not batch:
+                    more = False
+                    break
+                pages = [p for p, _ in batch]
+                sketched = pool.executor.submit(sketch_chunk_in_worker, pages)
+                chunk_pages[sketched] = pages
+                sketches.extend((page, source, sketched, x)
+                                for x, (page, source) in enumerate(batch))
+            while aligns and (aligns[0][2] is None or aligns[0][2].done()):
+                yield finish()
+            if not sketches:
+                if not aligns:
+                    return
+                yield finish()
+                continue
+            if len(aligns) >= depth:
+                yield finish()
+                continue
+            page, source, sketched, at = sketches.popleft()
+            try:
+                while steal(sketched):
+                    pass
+                chunk_sketches = now(sketched).result()
+                if at == len(chunk_sketches) - 1:  # the chunk's last page
+                    del chunk_pages[sketched]
+                    stolen.pop(sketched, None)
+                sk = chunk_sketches[at]
+                if isinstance(sk, Exception):
+                    raise sk
+                # a page that removes a stored one (a new version, a delete) waits for the
+                # alignments in flight that read the removed page's records (the lookup
+                # costs two store reads on this serial thread: only when something is)
+                if aligns:
+                    for _ in range(_in_flight_reading(aligns, stages.removes(sk))):
+                        yield finish()
+                result: IndexResult | BaseException = stages.index(sk, source)
+            except (StoreError, BrokenExecutor):
+                # no fault of the page (a worker process killed, say by the OOM killer,
+                # breaks the pool): no later page may be indexed past it, nor its offset
+                # advance as a failed page's does; the caller starts again from it
+                raise
+            except Exception as exc:
+                # an unexpected sketch or index error: the page's offset still advances
+                result = exc
+                stages.skip(page.id, source)
+            future = None
+            if isinstance(result, IndexResult) and result.align is not None:
+                future = pool.executor.submit(align_in_worker, result.align)
+            aligns.append((page, result, future))
+            if stages.idf_version() != pool.version:  # an idf freeze: new workers
+                if lists is not None:
+                    lists.settle()
+                pool = stages.pool(executor, workers)
+    finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
+        # indexed are finished (their matches stored, for a replay to find)
+        for _, _, sketched, _ in sketches:
+            sketched.cancel()
+        sketches.clear()  # (nor are they sketched here while the alignments finish)
+        chunk_pages.clear()
+        while aligns:
+            finish()
+        if lists is not None:
+            lists.submit = None
+            lists.settle()

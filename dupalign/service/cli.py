@@ -1,0 +1,483 @@
+"""The ``dupalign`` command: scan, query, stats (embedded engine) and worker, produce (Kafka).
+
+Start-up stays cheap (``dupalign --help`` imports neither the engine nor aiokafka): each
+command imports what it needs when it runs. Every failure the user can fix is one line on
+stderr and an exit code of ``dupalign.service.exits.Exit`` (README, "Exit codes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from dupalign.service.exits import CliError, Exit
+
+if TYPE_CHECKING:
+    from dupalign.config import EngineConfig
+    from dupalign.runtime.engine import Engine
+
+
+def load_engine_config(path: str | None) -> EngineConfig:
+    """The ``[engine]`` table of a TOML config file (or the whole file if it has none)."""
+    import tomllib
+
+    from dupalign.config import EngineConfig
+    from dupalign.errors import ConfigError
+
+    if path is None:
+        return EngineConfig().validate()
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError("<file>", f"cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("<file>", f"{path} is not valid TOML: {exc}") from exc
+    section = data.get("engine", {}) if any(k in data for k in ("engine", "kafka")) else data
+    return EngineConfig.from_dict(section)
+
+
+def _open_engine(store: str, config: EngineConfig, read_only: bool = False,
+                 shards: int | None = None) -> Engine:
+    if read_only:  # said before the engine's import (numba: about 2 s of CPU)
+        _existing_store(store)
+    from dupalign.runtime.engine import Engine
+
+    return Engine.open(store, config, read_only=read_only, shards=shards)
+
+
+def _check_out_path(out: str) -> None:
+    """--out must be creatable; checked before the store is created or opened."""
+    path = Path(out)
+    if path.is_dir():
+        raise CliError(f"--out {out} is a directory", Exit.USAGE)
+    parent = path.parent
+    if not parent.is_dir():
+        raise CliError(f"--out {out}: directory {parent} does not exist", Exit.USAGE)
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise CliError(f"--out {out} is not writable", Exit.USAGE)
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from dupalign.errors import PageRejected
+    from dupalign.page import Page
+    from dupalign.runtime.pipeline import default_jobs
+    from dupalign.service.capped import CappedLines
+    from dupalign.service.inputs import InputError, check_inputs, iter_input
+    from dupalign.service.progress import Progress
+
+    # Nothing is created or truncated before the config, every input, --out and the store
+    # have been checked or opened: a typo must not cost the previous run's output.
+    config = load_engine_config(args.config)
+    check_inputs(args.inputs)
+    if args.out:
+        _check_out_path(args.out)
+    pages = new = matches = 0
+    compiling = not args.quiet and _note_first_compile("scan")
+    progress = Progress(sys.stderr, enabled=not args.quiet, lines=args.progress, unit="pages",
+                        waiting=COMPILING if compiling else None)
+    rejects = CappedLines(progress.write)
+    ctrl_c = _CtrlC()
+    where: dict[int, str] = {}  # id(page) -> "path:line", for the rejection messages
+
+    def pages_in() -> Iterator[tuple[Page, None]]:
+        for path in args.inputs:
+            for number, item in iter_input(path):
+                if isinstance(item, InputError):
+                    rejects.add(f"skipped {item.where}: {item.reason}")
+                    continue
+                ctrl_c.check()
+                where[id(item)] = f"{path}:{number}"
+                yield item, None
+
+    def summary(head: str) -> str:
+        return (f"{head}: {pages} pages ({new} new, {pages - new} already in the store), "
+                f"{matches} matches, {rejects.count} rejected or skipped")
+
+    with _open_engine(args.store, config, shards=args.shards) as engine:
+        # --out is opened at the first page processed: a run that processes none leaves the
+        # previous output as it was; one that stops early keeps what it found
+        out: IO[str] | None = None if args.out else sys.stdout
+        interrupted = False
+        ctrl_c.catch()
+        try:
+            jobs = args.jobs or default_jobs()
+            for page, found in engine.process_many(pages_in(), jobs=jobs):
+                ctrl_c.check()
+                at = where.pop(id(page))
+                if isinstance(found, PageRejected):
+                    rejects.add(f"rejected {at} ({page.id}): {found}")
+                    continue
+                if isinstance(found, BaseException):
+                    raise found
+                if out is None:
+                    out = open(args.out, "w", encoding="utf-8")  # noqa: SIM115
+                pages += 1
+                new += not engine.last_report.replayed
+                now_ms = int(time.time() * 1000)
+                for match in found:
+                    out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
+                matches += len(found)
+                progress.update(1, f"{matches} matches, {rejects.count} rejected")
+        except BaseException as exc:
+            interrupted = _interrupted(exc)
+            raise
+        finally:
+            ctrl_c.release()
+            progress.close()
+            rejects.close()
+            if out is not None and out is not sys.stdout:
+                out.close()
+            if interrupted:  # (the store holds pages indexed ahead of their matches too)
+                print(summary("scan interrupted") + f"; the store holds {engine.alive} "
+                      "pages: a run again answers those from the store, matches included, "
+                      "and goes on", file=sys.stderr)
+    print(summary("scan"), file=sys.stderr)
+    if pages == 0:
+        why = "every page was rejected or skipped (see above)" if rejects.count else \
+            "no page found"
+        raise CliError(f"nothing was processed: {why}", Exit.NOTHING_DONE)
+    return 0
+
+
+COMPILING = "compiling kernels (first run, ~2 min)…"  # the progress bar's, until a page is done
+
+
+class _CtrlC:
+    """Ctrl-C during a scan's pages: the first is noted and the scan stops at the next page
+    (raised inside numba's code, a KeyboardInterrupt came out as a SystemError or was taken
+    for one page's failure and lost), the second interrupts at once."""
+
+    def __init__(self) -> None:
+        self.pressed = False
+        self.previous: Any = None
+
+    def catch(self) -> None:
+        self.previous = signal.signal(signal.SIGINT, self._handler)
+
+    def release(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+        self.pressed = True
+
+    def check(self) -> None:
+        if self.pressed:
+            raise KeyboardInterrupt
+
+
+def _interrupted(exc: BaseException | None) -> bool:
+    """``exc`` is Ctrl-C, or an error it caused (numba wraps it in a SystemError)."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+
+
+def _note_first_compile(command: str) -> bool:
+    """A first run compiles the engine's numba kernels before its first page: say so
+    (True: it does)."""
+    from dupalign.runtime.kernel_status import kernels_cached
+
+    if kernels_cached() is not False:
+        return False
+    print(f"dupalign {command}: compiling the engine's kernels on this first run (about "
+          "two minutes of CPU per process; cached, later runs start in seconds)",
+          file=sys.stderr)
+    return True
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    config = load_engine_config(args.config)
+    if args.file:
+        try:
+            text = Path(args.file).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise CliError(f"cannot read input {args.file}: {exc.strerror}", Exit.INPUT) from None
+    elif args.text is not None:
+        text = args.text
+    else:
+        text = sys.stdin.read()
+    with _open_engine(args.store, config, read_only=True) as engine:
+        for match in engine.query_text(text):
+            print(json.dumps(match.to_dict(), ensure_ascii=False))
+    return 0
+
+
+def _existing_store(store: str) -> str:
+    from dupalign.store.database import missing_store
+
+    if (missing := missing_store(store)) is not None:
+        raise CliError(missing, Exit.STORE)
+    return store
+
+
+def _check_committed(engine: Engine, store: str, force: bool) -> None:
+    """A Kafka worker's store may hold pages past its group's commit (a crash, a failed
+    commit): the restarted worker reads their records again and answers them from the
+    store, so removing pages now would index them again as new pages (wrong matches)."""
+    if force or not (ahead := engine.ahead_of_checkpoints()):
+        return
+    (topic, partition), (noted, stored) = min(ahead.items())
+    more = f" (and {len(ahead) - 1} more partition(s))" if len(ahead) > 1 else ""
+    raise CliError(
+        f"store {store} holds pages of {topic}:{partition} at offsets {noted} to {stored - 1}"
+        f"{more} that a Kafka worker stored but has not recorded as committed; restarted, it "
+        "reads them again and answers them from the store: run the worker until it has "
+        "caught up, then retry (--force removes pages anyway: wrong matches for those)",
+        Exit.UNCOMMITTED)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    config = load_engine_config(args.config)
+    ids = list(dict.fromkeys(args.ids))
+    with _open_engine(_existing_store(args.store), config) as engine:
+        _check_committed(engine, args.store, args.force)
+        # like `rm -f`: an id not stored is already where delete would put it, so it is
+        # said, not an error (a retried or repeated removal succeeds)
+        absent = [i for i in ids if engine.store.get("ids", i.encode("utf-8")) is None]
+        removed = engine.delete(ids)
+    print(f"{removed} of {len(ids)} pages deleted", file=sys.stderr)
+    if absent:
+        shown = ", ".join(map(repr, absent[:20]))
+        more = f" and {len(absent) - 20} more" if len(absent) > 20 else ""
+        print(f"not in the store {args.store} (nothing to delete): {shown}{more}",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    config = load_engine_config(args.config)
+    retention = {k: v for k, v in (("max_pages", args.max_pages), ("max_age", args.max_age))
+                 if v is not None}
+    if retention:
+        config = replace(config, retention=replace(config.retention, **retention)).validate()
+    with _open_engine(_existing_store(args.store), config) as engine:
+        if config.retention.max_pages or config.retention.max_age:  # (else: files only)
+            _check_committed(engine, args.store, args.force)
+        before = engine.store.size_bytes()
+        removed = engine.compact()
+        engine.store.compact()
+        after = engine.store.size_bytes()
+        alive = engine.alive
+    print(f"{removed} pages removed by retention, {alive} left; store {before >> 20} MB -> "
+          f"{after >> 20} MB", file=sys.stderr)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    config = load_engine_config(args.config)
+    with _open_engine(args.store, config, read_only=True) as engine:
+        stats = {k: v for k, v in engine.stats().items() if k in _STORE_FIGURES}
+    if args.json:
+        print(json.dumps(stats, indent=2, sort_keys=True))
+    else:
+        print(stats_table(args.store, stats))
+    return 0
+
+
+# The store's figures, what `dupalign stats --json` prints. Engine.stats() also counts what
+# the engine did since it was opened (deletes, lookups): nothing, in a process that only
+# opens the store to read these, so those counters would read as store figures of zero.
+_STORE_FIGURES = ("pages", "ordinals", "store_bytes", "near_table_size", "near_table_bytes",
+                  "idf_version", "params")
+# What `dupalign stats` shows as a table
+_STORE_ROWS = (
+    ("pages", "pages"),
+    ("store_bytes", "store size"),
+    ("near_table_size", "simhash table entries"),
+    ("near_table_bytes", "simhash table in memory"),
+    ("idf_version", "idf version in force"),
+)
+
+
+def stats_table(store: str, stats: dict[str, Any]) -> str:
+    def human(key: str, value: Any) -> str:
+        if key.endswith("_bytes") and isinstance(value, int):
+            return f"{value / 2**20:,.1f} MiB" if value >= 2**20 else f"{value:,} B"
+        if isinstance(value, int) and not isinstance(value, bool):
+            return f"{value:,}"
+        return str(value)
+
+    store_rows = [(label, human(key, stats[key])) for key, label in _STORE_ROWS if key in stats]
+    param_rows = [(key, str(value)) for key, value in sorted(stats["params"].items())]
+    width = max(len(label) for label, _ in store_rows + param_rows)
+    lines = [f"store {store}"] + [f"  {label:<{width}}  {v}" for label, v in store_rows]
+    lines += ["frozen parameters"] + [f"  {label:<{width}}  {v}" for label, v in param_rows]
+    return "\n".join(lines)
+
+
+_STORE_HELP = "RocksDB store directory (made by scan or a worker)"
+# a reader takes the store's frozen parameters whatever its config says; a writer must match
+_READ_CONFIG_HELP = ("TOML config file ([engine] table); the store's frozen parameters are "
+                     "its own whatever it says")
+_WRITE_CONFIG_HELP = ("TOML config file ([engine] table): the frozen parameters the store was "
+                      "made with")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dupalign",
+        description="Streaming near-duplicate and copied-passage detection for web crawls.",
+        epilog="Exit codes: 0 ok, 1 internal error, 2 usage or configuration, 3 input, "
+        "4 store, 5 Kafka unreachable, 6 nothing processed, 7 store ahead of its Kafka "
+        "commit (compact, delete), 130 interrupted.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    scan = sub.add_parser("scan", help="embedded mode: pages from files in, matches out",
+                          description="Pages from files through the engine; matches as JSON "
+                          "Lines. Page ids: JSON Lines and WARC carry theirs; a document file "
+                          "is named by its path as given, a file found in a directory by its "
+                          "path relative to that directory.")
+    scan.add_argument("inputs", nargs="+", metavar="INPUT",
+                      help="JSON Lines, WARC, a directory of .txt/.html files, or one document")
+    scan.add_argument("--store", required=True, help="RocksDB store directory")
+    scan.add_argument("--config", help="TOML config file ([engine] table)")
+    scan.add_argument("--out", help="write matches (JSON Lines) here instead of stdout")
+    scan.add_argument("--progress", action="store_true",
+                      help="progress lines on stderr even when it is not a terminal")
+    scan.add_argument("--quiet", action="store_true", help="no progress bar")
+    scan.add_argument("--jobs", type=_jobs, default=0,
+                      help="cores for the sketch and align stages: N - 1 processes and this one "
+                           "(default, or 0: all)")
+    scan.add_argument("--shards", type=int, default=None,
+                      help="index shards by key (dupalign.stages.shards); fixed when the store is "
+                           "made (default: the store's, 1 for a new store)")
+    scan.set_defaults(func=cmd_scan)
+
+    query = sub.add_parser("query", help="align one text against a store")
+    query.add_argument("text", nargs="?", help="the text (default: --file or stdin)")
+    query.add_argument("--file", help="read the text from this file")
+    query.add_argument("--store", required=True, help=_STORE_HELP)
+    query.add_argument("--config", help=_READ_CONFIG_HELP)
+    query.set_defaults(func=cmd_query)
+
+    stats = sub.add_parser("stats", help="what a store holds")
+    stats.add_argument("--store", required=True, help=_STORE_HELP)
+    stats.add_argument("--config", help=_READ_CONFIG_HELP)
+    stats.add_argument("--json", action="store_true",
+                       help="the store's figures and frozen parameters, as JSON")
+    stats.set_defaults(func=cmd_stats)
+
+    delete = sub.add_parser("delete", help="remove pages from every index of a store")
+    delete.add_argument("ids", nargs="+", metavar="ID", help="page ids")
+    delete.add_argument("--store", required=True, help=_STORE_HELP)
+    delete.add_argument("--config", help=_WRITE_CONFIG_HELP)
+    delete.add_argument("--force", action="store_true",
+                        help="delete even when the store holds pages a Kafka worker stored "
+                             "past its commit (it reads them again and expects them "
+                             "stored: wrong matches); without it that exits 7")
+    delete.set_defaults(func=cmd_delete)
+
+    compact = sub.add_parser("compact", help="apply retention: the oldest pages leave")
+    compact.add_argument("--store", required=True, help=_STORE_HELP)
+    compact.add_argument("--config",
+                         help=_WRITE_CONFIG_HELP + ", and [engine.retention]")
+    compact.add_argument("--max-pages", type=int,
+                         help="keep at most this many pages (retention.max_pages)")
+    compact.add_argument("--max-age", type=int, metavar="SECONDS",
+                         help="remove pages fetched longer ago (retention.max_age)")
+    compact.add_argument("--force", action="store_true",
+                         help="sweep even when the store holds pages a Kafka worker stored "
+                              "past its commit (it reads them again and expects them "
+                              "stored: wrong matches); without it that exits 7")
+    compact.set_defaults(func=cmd_compact)
+
+    # Their arguments are defined apart (dupalign.service.kafka_args): the commands' modules import
+    # aiokafka and the engine, seconds of CPU that --help must not cost.
+    from dupalign.service.kafka_args import add_produce_arguments, add_worker_arguments
+
+    worker = sub.add_parser("worker", help="run the Kafka worker service")
+    add_worker_arguments(worker)
+    worker.set_defaults(func=_run_worker)
+    produce = sub.add_parser("produce", help="publish pages from files to a Kafka topic")
+    add_produce_arguments(produce)
+    produce.set_defaults(func=_run_produce)
+    return parser
+
+
+def _jobs(text: str) -> int:
+    """--jobs: 0 means all cores, as worker.jobs = 0 does, and the same range [0, 1024]."""
+    try:
+        jobs = int(text)
+    except ValueError:
+        jobs = -1
+    if not 0 <= jobs <= 1024:
+        raise argparse.ArgumentTypeError(f"{text}: give a count of cores (at most 1024), or 0 "
+                                         "for all")
+    return jobs
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from dupalign.service import worker as service
+    from dupalign.service.exits import check_broker_reachable
+    from dupalign.service.http import check_port
+
+    config = service.config_from_args(args)
+    if config.metrics.enabled:  # a port in use is said before anything else is tried
+        check_port(config.metrics.host, config.metrics.port)
+    check_broker_reachable(config.kafka.bootstrap_servers)
+    if "align" in args.roles.split(","):  # (the costliest kernels)
+        _note_first_compile("worker")
+    return int(service.run_worker(args))
+
+
+def _run_produce(args: argparse.Namespace) -> int:
+    from dupalign.service.produce import run_produce
+
+    return run_produce(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return Exit.INTERRUPTED
+    except Exception as exc:
+        if _interrupted(exc):
+            return Exit.INTERRUPTED
+        code, message = classify(exc)
+        if code == Exit.INTERNAL and os.environ.get("DUPALIGN_DEBUG"):
+            raise
+        print(f"dupalign {args.command}: {message}", file=sys.stderr)
+        return code
+
+
+def classify(exc: BaseException) -> tuple[Exit, str]:
+    """Exit code and one-line message for an exception that ends a command."""
+    from dupalign.errors import ConfigError, StoreError, StoreMismatch
+    from dupalign.service.inputs import InputsUnusable
+
+    if isinstance(exc, CliError):
+        return exc.code, str(exc)
+    if isinstance(exc, ConfigError):
+        return Exit.USAGE, f"invalid configuration: {exc}"
+    if isinstance(exc, InputsUnusable):
+        return Exit.INPUT, str(exc)
+    if isinstance(exc, StoreMismatch | StoreError):  # StoreUnavailable is a StoreError
+        return Exit.STORE, str(exc)
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    return Exit.INTERNAL, (f"internal error: {type(exc).__name__}: {first_line} "
+                           "(DUPALIGN_DEBUG=1 shows the traceback)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

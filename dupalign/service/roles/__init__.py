@@ -1,0 +1,1 @@
+"""The stages as roles of a topology on Kafka."""

@@ -1,0 +1,221 @@
+"""A stateless role (sketch, align): a consumer-group member of one input topic that turns
+each fetched batch of one partition into records, produced in one transaction with the
+batch's offsets (dupalign/service/topology.py ``checkpoint``). Any number of copies run at once: the
+group spreads the partitions, and a partition's transactional id fences its previous owner.
+
+A rebalance waits for the batch in hand (``busy``), then stops the producers of revoked
+partitions; a batch fetched before the assignment changed is dropped (its partitions were
+seeked to the committed offset on assignment, so it is fetched again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+
+from dupalign.service.config import Config
+from dupalign.service.roles.metrics import RoleMetrics
+from dupalign.service.topology import (
+    Outgoing,
+    committed_offsets,
+    ensure_topics,
+    hop,
+    new_consumer,
+    new_producer,
+    stop_quietly,
+    topology_topics,
+    transactional_id,
+)
+
+log = logging.getLogger("dupalign.roles")
+
+
+class StatelessRole:
+    """Subclasses name their input topic and implement ``prepare`` (CPU, in a thread) and
+    ``produce`` (inside the partition's transaction); ``outgoing`` lists what ``produce``
+    sends (counted once committed)."""
+
+    name = "role"
+
+    def __init__(self, config: Config, metrics: RoleMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics if metrics is not None else RoleMetrics()
+        self.metrics.add_role(self.name)
+        self.started = False  # consuming (for /readyz)
+        self.kc = config.kafka
+        self.group_id = f"{self.kc.group_id}-{self.name}"
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producers: dict[TopicPartition, AIOKafkaProducer] = {}
+        self.busy = asyncio.Lock()  # a batch in hand, or a rebalance
+        self.generation = 0  # bumped by every assignment change
+        self.stopping = asyncio.Event()
+        self.batches = 0  # committed
+        self.failure: BaseException | None = None  # raised in a rebalance listener
+
+    @property
+    def input_topic(self) -> str:
+        raise NotImplementedError
+
+    def prepare(self, tp: TopicPartition, records: list[Any]) -> Any:
+        raise NotImplementedError
+
+    async def produce(self, producer: AIOKafkaProducer, prepared: Any) -> None:
+        raise NotImplementedError
+
+    def outgoing(self, prepared: Any) -> list[Outgoing]:
+        raise NotImplementedError
+
+    def offsets(self, tp: TopicPartition, records: list[Any]) -> dict[TopicPartition, int]:
+        """The offsets the batch's transaction commits (a role replaying below the
+        committed offset commits none)."""
+        return {tp: records[-1].offset + 1}
+
+    async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
+        """A partition assigned (its producer started, so its previous owner is fenced):
+        where to read it from (None: the beginning). Roles with state open it here."""
+        return committed
+
+    async def release(self, tps: Iterable[TopicPartition]) -> None:
+        """Partitions revoked (their producers stopped)."""
+
+    async def before(self, tp: TopicPartition, records: list[Any]) -> None:
+        """Before a fetched batch of ``tp`` is prepared (roles with state catch up here). A
+        wait here must end when the role stops: the batch is then dropped."""
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    async def on_start(self) -> None:
+        """Once the topics exist, before the role consumes."""
+
+    async def run(self) -> None:
+        await ensure_topics(self.kc, topology_topics(self.kc))
+        await self.on_start()
+        consumer = self.consumer = new_consumer(self.kc, self.group_id,
+                                                self.config.worker.batch_size)
+        consumer.subscribe([self.input_topic], listener=RoleListener(self))
+        await consumer.start()
+        self.started = True
+        log.info("%s role started (group %s)", self.name, self.group_id)
+        loop = asyncio.get_running_loop()
+        try:
+            async for batches in turns(self, consumer, self.config.worker.batch_size):
+                hops = []
+                for tp, records in batches.items():
+                    if not records:
+                        continue
+                    self.metrics.consumed(self.name, tp.topic, records)
+                    await self.before(tp, records)
+                    if self.stopping.is_set():  # (a wait in ``before`` ended by the stop)
+                        break  # the rest of the batch is not committed: fetched again
+                    prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
+                                                          records)
+                    # each partition has its own producer and transaction: they commit
+                    # concurrently, while the next partition's batch is prepared (an align
+                    # request's parts are on several partitions). At-least-once, the
+                    # consumer commits each partition's offsets in turn.
+                    hops.append(asyncio.ensure_future(self._hop(tp, records, prepared)))
+                    if not self.kc.transactions:
+                        await hops[-1]
+                await asyncio.gather(*hops)
+        finally:
+            await self._close()
+
+    async def _hop(self, tp: TopicPartition, records: list[Any], prepared: Any) -> None:
+        producer = self.producers[tp]  # made on assignment, before resume
+        async with self.metrics.transaction(self.name), hop(
+                producer, self.group_id, self.offsets(tp, records),
+                None if self.kc.transactions else self.consumer):
+            await self.produce(producer, prepared)
+        self.metrics.produced(self.name, self.outgoing(prepared))
+        self.batches += 1
+
+    async def _close(self) -> None:
+        held = list(self.producers)
+        await stop_quietly(self.consumer, *self.producers.values())
+        self.producers.clear()
+        await self.release(held)
+        self.executor.shutdown(wait=True)
+
+    async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        async with self.busy:
+            self.generation += 1
+            await stop_quietly(*(self.producers.pop(tp, None) for tp in revoked))
+            await self.release(revoked)
+            self.metrics.assigned.labels(self.name).set(len(self.producers))
+
+    async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        assert self.consumer is not None
+        assigned = set(assigned)
+        async with self.busy:
+            self.generation += 1
+            self.consumer.pause(*assigned)
+            for tp in sorted(assigned):
+                if tp not in self.producers:
+                    producer = new_producer(self.kc, transactional_id(self.kc, self.group_id, tp))
+                    await producer.start()  # fences the previous owner, aborts its open txn
+                    self.producers[tp] = producer
+            committed = await committed_offsets(self.consumer, assigned)  # after the fencing
+            for tp in sorted(assigned):
+                start = await self.take(tp, committed.get(tp))
+                if start is not None:
+                    self.consumer.seek(tp, start)
+                else:
+                    await self.consumer.seek_to_beginning(tp)
+            self.consumer.resume(*assigned)
+            self.metrics.assigned.labels(self.name).set(len(self.producers))
+        log.info("%s role assigned %s", self.name, sorted(f"{t.topic}:{t.partition}"
+                                                          for t in assigned))
+
+
+async def turns(role: Any, consumer: AIOKafkaConsumer, max_records: int,
+                wanted: Callable[[], list[TopicPartition]] | None = None
+                ) -> AsyncIterator[dict[TopicPartition, list[Any]]]:
+    """The role's fetched batches, each handed over while holding ``role.busy``, and only
+    when no rebalance came since the fetch (those records are fetched again from the
+    positions the assignment set). Raises what a rebalance listener failed with.
+
+    getmany returns records that start at the partitions' positions as they are when it
+    returns (aiokafka drops what a seek made stale), and nothing runs between its return
+    and the next line: the generation read there is the one the records belong to. (Read
+    before the call, it would make a rebalance that ran during the call drop records
+    fetched after its seek, which are then never fetched again.)
+
+    ``wanted``: the partitions to take records from in the next turn (default all). The
+    others keep what was fetched for them: a paused partition drops it, to fetch it again
+    once resumed."""
+    while not role.stopping.is_set():
+        if role.failure is not None:
+            raise role.failure
+        batches = await consumer.getmany(*(wanted() if wanted is not None else ()),
+                                         timeout_ms=200, max_records=max_records)
+        generation = role.generation
+        async with role.busy:
+            if generation == role.generation:
+                yield batches
+
+
+class RoleListener(ConsumerRebalanceListener):
+    """Hands rebalances to a role (``on_revoked``, ``on_assigned``). aiokafka only logs what
+    a listener raises: the error is kept in ``role.failure`` and the role's loop raises it."""
+
+    def __init__(self, role: Any) -> None:
+        self.role = role
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        try:
+            await self.role.on_revoked(revoked)
+        except Exception as exc:
+            self.role.failure = exc
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        try:
+            await self.role.on_assigned(assigned)
+        except Exception as exc:
+            self.role.failure = exc

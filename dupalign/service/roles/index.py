@@ -1,0 +1,788 @@
+"""The index role: the one stage with state. It applies the pages' sketches in ordinal order
+to its store (dupalign.stages.index.Indexer), sends alignment requests, takes back their results
+and publishes each page's matches, finished in ordinal order as ``Engine.process`` does.
+
+Inputs (one consumer, range assignment: partition 0 of the three topics goes to one group
+member, the shard's owner; other index processes are standbys):
+
+* ``sequence``: the order. Its read_committed records are the ordinals to apply, in order;
+  an aborted ordinal is never seen, so never waited for.
+* ``sketches``: ``PageSketch`` per ordinal, in any order (several sketch processes write
+  concurrently); buffered until the sequence reaches them.
+* ``aligned``: align results per ordinal; the first one for a page still waiting is taken.
+
+Checkpoint (one transaction per loop turn, transactional id of the sequence partition):
+the align requests and matches produced, and the offsets: ``sequence`` at the first page
+whose matches are not published yet (E), ``sketches`` at the lowest offset of a sketch of a
+page at or after E, ``aligned`` at its position. The store may run ahead of E (it is written
+first): after a crash, pages from E on are read again and the ones in the store are
+answered from it (the engine's replay check; ``Engine.open`` first finishes, aligning
+locally, any page whose align result never came), so their matches are published exactly
+once. So aligned results are never needed twice.
+
+Recovery of a shard (a standby taking over, a fresh store directory, a store restored from
+a backup): when the store's sequence offset S is below E, the role replays ``sequence`` from
+S and ``sketches`` from the beginning (both retained), indexing and aligning locally and
+publishing nothing below E, then goes on as usual. No other state exists: the store is a
+cache of the retained input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import struct
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+
+from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
+from dupalign.match import Match, Span
+from dupalign.runtime.engine import Engine, Source
+from dupalign.service.align_store import encode_forward
+from dupalign.service.config import Config
+from dupalign.service.roles.base import RoleListener, turns
+from dupalign.service.roles.fan_in import FanInIndexer
+from dupalign.service.roles.metrics import RoleMetrics
+from dupalign.service.roles.shard_protocol import Partial
+from dupalign.service.topology import (
+    RECORD_OVERHEAD,
+    Aligned,
+    Outgoing,
+    TopologyError,
+    checkpoint,
+    committed_offsets,
+    decode_aligned,
+    decode_sequence,
+    ensure_topics,
+    new_consumer,
+    new_producer,
+    ordinal_header,
+    record_limit,
+    record_ordinal,
+    require_retained,
+    source_header,
+    stop_quietly,
+    topology_topics,
+    transactional_id,
+)
+from dupalign.stages.align import RankedPage, merge_ranked
+from dupalign.stages.index import IndexResult
+from dupalign.stages.sketch import PageSketch
+from dupalign.store.database import Store, read_u64, u64
+from dupalign.wire import messages
+
+log = logging.getLogger("dupalign.roles.index")
+
+# (notes in the index's store: "forward_sent", the store's next ordinal at its last commit:
+# the forward records of the pages below it are in the forward topic; "align_partitions",
+# the align partition count it keys by)
+FORWARD_CHUNK = 500  # forward records per transaction when sent again at a takeover
+
+
+@dataclass
+class Waiting:
+    """A page indexed (in the store) whose matches are not published yet."""
+
+    ordinal: int
+    source: Source  # where the page is in the input topic
+    sketch_offset: int
+    result: IndexResult
+    passages: list[tuple[str, list[Span]]] | None = None  # align's answer, once it came
+    parts: dict[int, list[RankedPage]] | None = None  # align shards' answers, by partition
+    expected_parts: frozenset[int] = frozenset()  # the align partitions asked
+    undecided: bool = False  # index shards: waiting for the partials of its shards
+    align_here: bool = False  # align's answer was unreadable: aligned by the index itself
+
+    @property
+    def ready(self) -> bool:
+        return not self.undecided and (self.result.align is None or self.passages is not None)
+
+
+class IndexRole:
+    name = "index"
+
+    def __init__(self, config: Config, store_dir: str | Path,
+                 metrics: RoleMetrics | None = None) -> None:
+        self.config = config
+        self.metrics = metrics if metrics is not None else RoleMetrics()
+        self.metrics.add_role(self.name)
+        self.started = False  # consuming (for /readyz; a standby is ready too)
+        self.kc = kc = config.kafka
+        self.align_limit = kc.max_request_size  # the largest align request (see run)
+        self.forward_limit = kc.max_request_size  # the largest forward record
+        self.align_parts = kc.align_partitions  # the align topic's partitions (see run)
+        self.tombstones: list[int] = []  # pages removed from the store this turn
+        self.sent_below = 0  # the store's next ordinal when the turn's records were made
+        self.store_dir = Path(store_dir)
+        self.group_id = f"{kc.group_id}-index"
+        self.seq_tp = TopicPartition(kc.sequence_topic, 0)
+        self.sketch_tp = TopicPartition(kc.sketch_topic, 0)
+        self.aligned_tp = TopicPartition(kc.aligned_topic, 0)
+        self.tps = {self.seq_tp, self.sketch_tp, self.aligned_tp}
+        # index shards (kafka.index_shards > 1): this role is their fan-in
+        self.n_shards = kc.index_shards
+        self.partials_tp = TopicPartition(kc.partials_topic, 0)
+        if self.n_shards > 1:
+            self.tps.add(self.partials_tp)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="index")
+        self.engine: Engine | None = None
+        self.producer: AIOKafkaProducer | None = None
+        self.consumer: Any = None
+        self.busy = asyncio.Lock()
+        self.generation = 0
+        self.stopping = asyncio.Event()
+        self.failure: BaseException | None = None
+        self.max_waiting = 4 * max(1, config.worker.batch_size) * 8
+        # a turn takes batch_size pages' worth of records: each page brings its sequence
+        # record, its sketch, its align answer and a partial per shard (one transaction a
+        # turn, so batch_size records a turn held the fan-in to ~batch_size / 6 pages)
+        self.turn_records = max(1, config.worker.batch_size) * (
+            3 + (self.n_shards if self.n_shards > 1 else 0))
+        self.published = 0  # pages whose matches were committed, this process
+        self.fan_in: FanInIndexer | None = None  # the engine's index stage with shards
+        self._reset(0, 0)
+
+    def _reset(self, start: int, silent_below: int) -> None:
+        self.expected: deque[tuple[int, Source]] = deque()  # sequence read, not applied
+        # per source (pages topic, partition, offset) in ``expected``: its last ordinal
+        self.latest_of_source: dict[Source, int] = {}
+        self.last_sketch = -1  # the highest ordinal whose sketch was read
+        self.sketches: dict[int, tuple[int, bytes]] = {}  # ordinal -> (offset, sketch)
+        self.waiting: deque[Waiting] = deque()
+        self.by_ordinal: dict[int, Waiting] = {}
+        self.partials: dict[int, dict[int, Partial]] = {}  # ordinal -> shard -> partial
+        self.resend: list[Outgoing] = []  # index shards: messages sent again on a takeover
+        self.floor = start  # sketches of lower ordinals are not needed
+        self.silent_below = silent_below  # rebuilding: publish nothing below this ordinal
+        self.applying = start  # the sequence record being applied (its removals' owner)
+        self.rebuilt = False
+        self.seq_read = start  # the sequence consumer's position (next offset it returns)
+        self.read_ahead = 0  # the most sequence records read and not applied yet
+        self.owner = False
+        self.last_offsets: dict[TopicPartition, int] = {}
+        self._resume_lifecycle(None)
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    # -- life cycle -----------------------------------------------------------------------
+    async def run(self) -> None:
+        counts = await ensure_topics(self.kc, topology_topics(self.kc))
+        self.align_parts = counts[self.kc.align_topic]
+        self.align_limit = await record_limit(self.kc, self.kc.align_topic)
+        self.forward_limit = await record_limit(self.kc, self.kc.forward_topic)
+        consumer = self.consumer = new_consumer(
+            self.kc, self.group_id, self.turn_records,
+            # co-partitioning: partition i of every input topic to the same member
+            partition_assignment_strategy=(RangePartitionAssignor,))
+        consumer.subscribe(sorted(t.topic for t in self.tps), listener=RoleListener(self))
+        await consumer.start()
+        self.started = True
+        log.info("index role started (group %s, store %s)", self.group_id, self.store_dir)
+        loop = asyncio.get_running_loop()
+        try:
+            async for batches in turns(self, consumer, self.turn_records, self._wanted):
+                if not self.owner:
+                    continue
+                for tp, records in batches.items():
+                    self.metrics.consumed(self.name, tp.topic, records)
+                    self._route(tp, records)
+                out = await loop.run_in_executor(self.executor, self._advance)
+                self.seq_read = await consumer.position(self.seq_tp)
+                self._gauges()
+                if self._rebuilding():
+                    assert not out, "a turn still rebuilding produced records"
+                    continue  # nothing to publish, nothing to commit
+                if self.silent_below and not self.rebuilt:
+                    self.rebuilt = True
+                    log.info("index store rebuilt up to ordinal %d (the sequence read at most "
+                             "%d records ahead)", self.silent_below, self.read_ahead)
+                offsets = await self._offsets()
+                if out or offsets != self.last_offsets:
+                    assert self.producer is not None
+                    async with self.metrics.transaction(self.name):
+                        await checkpoint(self.producer, self.group_id, out, offsets,
+                                         None if self.kc.transactions else consumer)
+                    self.metrics.produced(self.name, out)
+                    self.last_offsets = offsets
+                    if self.engine is not None:  # every page below has its forward record out
+                        await loop.run_in_executor(self.executor, self._note_forward_sent,
+                                                   self.sent_below)
+                    if offsets[self.seq_tp] != self.published and self.engine is not None:
+                        # the resume point should the group lose its offsets
+                        await loop.run_in_executor(
+                            self.executor, self.engine.set_checkpoint, self.seq_tp.topic,
+                            0, offsets[self.seq_tp])
+                    self.published = offsets[self.seq_tp]
+        finally:
+            await self._close()
+
+    async def _close(self) -> None:
+        await stop_quietly(self.consumer)
+        await self._release()
+        self.executor.shutdown(wait=True)
+
+    async def _release(self) -> None:
+        self.owner = False
+        await stop_quietly(self.producer)
+        self.producer = None
+        if self.engine is not None:
+            engine, self.engine, self.fan_in = self.engine, None, None
+            await asyncio.get_running_loop().run_in_executor(self.executor, engine.close)
+
+    # -- ownership of the shard -----------------------------------------------------------
+    async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
+        async with self.busy:
+            self.generation += 1
+            self.metrics.assigned.labels(self.name).set(0)
+            if self.owner:
+                await self._release()
+                log.info("index shard released")
+
+    async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        assigned = set(assigned)
+        async with self.busy:
+            self.generation += 1
+            if not assigned:
+                return  # a standby
+            if assigned != self.tps:
+                raise TopologyError(f"index role assigned {sorted(map(str, assigned))}, not "
+                                    "the whole shard: do the input topics have one partition "
+                                    "per shard?")
+            consumer = self.consumer
+            consumer.pause(*assigned)
+            producer = new_producer(self.kc, transactional_id(self.kc, self.group_id,
+                                                              self.seq_tp))
+            await producer.start()  # fences a previous owner: its open transaction aborts
+            self.producer = producer
+            loop = asyncio.get_running_loop()
+            # opening finishes (aligning here) pages whose align answer never came
+            self.engine = await loop.run_in_executor(
+                self.executor, functools.partial(
+                    Engine.open, self.store_dir, self.config.engine, shards=self.n_shards,
+                    remote_shards=self._open_fan_in if self.n_shards > 1 else None))
+            self._keyed_by(self.align_parts)
+            self.engine.on_removed(self._removed)
+            # the forward records of pages stored after the last commit (their transaction
+            # may have aborted) and, the first time, of every stored page
+            await self._send_forward_again(producer, consumer)
+            stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
+                      ).get((self.seq_tp.topic, 0))
+            fan_in = self.fan_in
+            committed = await committed_offsets(consumer, assigned)
+            # a group without offsets (expired after offsets.retention.minutes, deleted, a
+            # new group id) resumes where this store noted every page's matches published
+            # (none noted: from the start, publishing again what the store holds)
+            noted = (await loop.run_in_executor(self.executor, self.engine.checkpoints)
+                     ).get((self.seq_tp.topic, 0), 0)
+            published = committed.get(self.seq_tp, noted)
+            again: list[tuple[int, int, Any]] = []
+            first = None  # a fan-in's first page not finished
+            if fan_in is not None:
+                # its pages not finished are stored too; the shard messages of the records
+                # from E on, whether their transaction committed or not (a shard answers
+                # what it applied from its store)
+                stored, again = await loop.run_in_executor(
+                    self.executor, fan_in.recover, stored, published)
+                first = fan_in.first_resumable()
+            applied_below = stored  # every sequence record below it is in the store
+            if first is not None and first < published:
+                # another fan-in published past pages this store left unfinished (it took
+                # over from this one, then stopped): the replay starts there and finishes
+                # them from their partials (the pages stored after them answer from it)
+                log.warning("index fan-in store: pages from ordinal %d not finished, published "
+                            "since up to %d: finishing them by replay", first, published)
+                stored = first
+            if stored is not None and stored >= published:
+                self._reset(published, 0)
+                starts = {self.seq_tp: published, self.sketch_tp: committed.get(self.sketch_tp),
+                          self.partials_tp: committed.get(self.partials_tp)}
+            else:
+                start = stored or 0
+                if start < published:
+                    log.warning("index store behind the published matches (%d < %d): "
+                                "rebuilding it from the retained sequence and sketches",
+                                start, published)
+                self._reset(start, published)
+                # the sketches (and the shards' partials) of the pages from S on: their
+                # partitions from the beginning (they come in about ordinal order)
+                starts = {self.seq_tp: start, self.sketch_tp: None, self.partials_tp: None}
+            starts[self.aligned_tp] = committed.get(self.aligned_tp)
+            for tp in sorted(self.tps):
+                if tp != self.aligned_tp:  # (align answers are never needed twice)
+                    await require_retained(consumer, tp, starts[tp] or 0, "the index role")
+                await self._seek(tp, starts[tp])
+            self._resume_lifecycle(applied_below)
+            self.resend = [Outgoing(self.kc.keys_topic, m.to_bytes(), partition=shard,
+                                    headers=[ordinal_header(seq)]) for seq, shard, m in again]
+            if again:
+                log.info("index fan-in: %d shard messages from ordinal %d sent again",
+                         len(again), again[0][0])
+            self.owner = True
+            self.metrics.assigned.labels(self.name).set(len(assigned))
+            consumer.resume(*assigned)
+            log.info("index shard owned: published up to ordinal %d, store at %s",
+                     published, stored)
+
+    async def _seek(self, tp: TopicPartition, offset: int | None) -> None:
+        if offset is None:
+            await self.consumer.seek_to_beginning(tp)
+        else:
+            self.consumer.seek(tp, offset)
+
+    # -- the work -------------------------------------------------------------------------
+    def _route(self, tp: TopicPartition, records: list[Any]) -> None:
+        for rec in records:
+            if tp == self.seq_tp:
+                _, source = decode_sequence(rec.value)
+                self.expected.append((rec.offset, source))
+                self.latest_of_source[source] = rec.offset
+                self.read_ahead = max(self.read_ahead, len(self.expected))
+                self.sequenced_at[rec.offset] = rec.timestamp  # retention's clock
+                continue
+            if tp == self.partials_tp:
+                partial = Partial.from_bytes(rec.value)
+                waiting = self.by_ordinal.get(partial.seq)
+                fan_in = None if self.engine is None else self.fan_in
+                # a page it waits for, or one to resume after a takeover, whose partial
+                # can come before the page is read again, or (rebuilding) a page the
+                # replay has not reached; the first one wins
+                if (waiting is not None and waiting.undecided) or (
+                        fan_in is not None and fan_in.will_resume(partial.seq)
+                ) or self.floor <= partial.seq < self.silent_below:
+                    self.partials.setdefault(partial.seq, {}).setdefault(partial.shard, partial)
+                continue
+            ordinal = record_ordinal(rec)
+            if tp == self.sketch_tp:
+                self.last_sketch = max(self.last_sketch, ordinal)
+                if ordinal >= self.floor:
+                    self.sketches[ordinal] = (rec.offset, rec.value)
+            else:
+                waiting = self.by_ordinal.get(ordinal)
+                if waiting is not None and waiting.passages is None:
+                    try:
+                        self._answer(waiting, decode_aligned(rec.value))
+                    except Exception:  # another wire version (an upgrade), a broken
+                        # record: it would stop the role at every start; aligned here
+                        log.exception("aligned record %s:%d:%d unreadable: page %d is "
+                                      "aligned by the index", tp.topic, tp.partition,
+                                      rec.offset, ordinal)
+                        waiting.align_here = True
+
+    def _advance(self) -> list[Outgoing]:
+        """Runs in the index thread: apply the sketches the sequence has reached, in order,
+        then publish the matches of the waiting pages that are ready, in order."""
+        engine = self.engine
+        assert engine is not None
+        fan_in = self.fan_in
+        out: list[Outgoing] = []
+        if not self._rebuilding():  # (a rebuilding turn commits nothing: sent after it)
+            out, self.resend = self.resend, []
+        while self.expected:
+            ordinal, source = self.expected[0]
+            if ordinal not in self.sketches:
+                if not self._superseded(ordinal, source):
+                    break  # its sketch is on its way
+                self._pop_expected()
+                self.sequenced_at.pop(ordinal, None)
+                self.floor = ordinal + 1
+                log.warning("ordinal %d is skipped: its page (%s) was sequenced again at "
+                            "ordinal %d, whose sketch came first; its own never will (an "
+                            "at-least-once sketch process stopped between its sends)",
+                            ordinal, ":".join(map(str, source)),
+                            self.latest_of_source[source])
+                continue
+            if ordinal >= self.silent_below and self._rebuilding():
+                # (the fan-in: pages below E wait for partials) pages from E on send
+                # messages, which a rebuilding turn does not: they wait until it is over
+                break
+            sk = PageSketch.from_bytes(self.sketches[ordinal][1])
+            if self._must_wait(ordinal, sk):
+                break  # until the pages it waits for are published (a later turn)
+            self._pop_expected()
+            sketch_offset, _ = self.sketches.pop(ordinal)
+            self.floor = ordinal + 1
+            if fan_in is not None:
+                fan_in.begin(ordinal)  # the shards' messages of this sequence record
+            self.applying = ordinal  # (removals from here on are this page's)
+            if self._lifecycle(ordinal, sk):
+                self._to_shards(out, ordinal)
+                continue
+            if fan_in is not None and (resumed := fan_in.resume(ordinal, sk)) is not None:
+                # indexed before a crash, not finished: decided from its partials again
+                waiting = Waiting(ordinal, source, sketch_offset, resumed, undecided=True)
+                self.waiting.append(waiting)
+                self.by_ordinal[ordinal] = waiting
+                continue
+            at = (self.seq_tp.topic, 0, ordinal)
+            if ordinal < self.silent_below and fan_in is None:
+                # rebuilding what was published (the fan-in: below, from the partials)
+                result = engine.index(sk, at, defer=True)
+                with contextlib.suppress(PageRejected):
+                    engine.finish(result, engine.align(result))
+                continue
+            result = engine.index(sk, at)
+            if result.ordinal is not None and ordinal >= self.silent_below:
+                self._forward(out, result.ordinal, sk.id)
+            waiting = Waiting(ordinal, source, sketch_offset, result)
+            if self._to_shards(out, ordinal):
+                waiting.undecided = True  # decided once its shards' partials are in
+            else:
+                self._request(waiting, out)
+            self.waiting.append(waiting)
+            self.by_ordinal[ordinal] = waiting
+        if fan_in is not None:
+            for waiting in self.waiting:  # the pages whose partials are all in
+                got = self.partials.get(waiting.ordinal, {})
+                if waiting.undecided and len(got) == self.n_shards:
+                    fan_in.decide(waiting.ordinal, list(got.values()))
+                    del self.partials[waiting.ordinal]
+                    waiting.undecided = False
+                    if waiting.ordinal < self.silent_below:  # rebuilding: aligned here
+                        if waiting.result.align is not None:
+                            waiting.passages = engine.align(waiting.result)
+                    else:
+                        self._request(waiting, out)
+        for waiting in self.waiting:
+            if waiting.align_here and waiting.passages is None:
+                waiting.passages = engine.align(waiting.result)
+        out.extend(Outgoing(self.kc.forward_topic, None, key=u64(o),
+                            partition=o % self.align_parts) for o in self.tombstones)
+        self.tombstones = []
+        self.sent_below = engine.next_ordinal
+        now = int(time.time() * 1000)
+        while self.waiting and self.waiting[0].ready:
+            waiting = self.waiting.popleft()
+            del self.by_ordinal[waiting.ordinal]
+            try:
+                matches = engine.finish(waiting.result, waiting.passages or [])
+            except PageRejected:  # the sketch role dead-letters these: never sequenced
+                matches = []
+            if waiting.ordinal < self.silent_below:
+                continue  # rebuilt: published before
+            self._count_revisits(matches)
+            key = waiting.result.doc_id.encode("utf-8")
+            out.extend(Outgoing(self.kc.output_topic, messages.encode_match(m, now), key=key,
+                                headers=[source_header(waiting.source)]) for m in matches)
+        return out
+
+    def _head_may_be_superseded(self) -> bool:
+        """At-least-once: the first sequence record not applied has no sketch though later
+        ones have theirs, so it may never get one; only a later record of its source,
+        maybe further than the read-ahead bound, can tell (``_superseded``): the sequence
+        is read on. (Memory grows only while such a record holds the head.)"""
+        return (not self.kc.transactions and bool(self.expected)
+                and self.expected[0][0] not in self.sketches
+                and self.last_sketch > self.expected[0][0])
+
+    def _pop_expected(self) -> None:
+        ordinal, source = self.expected.popleft()
+        if self.latest_of_source.get(source) == ordinal:
+            del self.latest_of_source[source]
+
+    def _superseded(self, ordinal: int, source: Source) -> bool:
+        """Whether the sequence record ``ordinal``, whose sketch has not come, never gets
+        one. With transactions a sequence record and its sketch are committed together;
+        at-least-once, a sketch process that stops between sending a batch's sequence
+        records and their sketches leaves ordinals without one, and the next process
+        sequences those pages again (from its group's offset). Once a later ordinal of
+        the same source has its sketch, the earlier one's is not coming: both would be on
+        the one sketches partition, in the order they were sent, and the first process was
+        gone before the second read the page. Decided from the topics' order, so a replay
+        skips the same ordinals (unless the first process was not gone but stalled past
+        its session and sent that sketch after all, late: ignored here, a replay that
+        reads both sketches before deciding applies the first; docs/topology.md)."""
+        later = self.latest_of_source.get(source, ordinal)
+        return later > ordinal and later in self.sketches
+
+    def _to_shards(self, out: list[Outgoing], ordinal: int) -> bool:
+        """The keys messages of the sequence record ``ordinal`` (index shards); whether the
+        page awaits its shards' partials. Rebuilding, the messages are not sent again
+        (the shards applied them before the matches below ``silent_below`` were
+        published): the page is decided from the partials they answered then, read from
+        the retained partials topic."""
+        fan_in = self.fan_in
+        if fan_in is None:
+            return False
+        taken = fan_in.take()
+        if ordinal >= self.silent_below:
+            out.extend(Outgoing(self.kc.keys_topic, message.to_bytes(), partition=shard,
+                                headers=[ordinal_header(ordinal)]) for shard, message in taken)
+        if fan_in.awaits(ordinal):
+            return True
+        self.partials.pop(ordinal, None)
+        return False
+
+    def _request(self, waiting: Waiting, out: list[Outgoing]) -> None:
+        """The align request of a decided page with passage tasks."""
+        assert self.engine is not None
+        result, ordinal = waiting.result, waiting.ordinal
+        if result.align is None:
+            return
+        # one part per align shard that owns some of its candidates (their forward records)
+        parts = {p: r.to_bytes(forward=False)
+                 for p, r in result.align.split(self.align_parts).items()}
+        if not parts or max(map(len, parts.values())) > self.align_limit - RECORD_OVERHEAD:
+            # too big for one record (a huge page's passages): aligned here
+            waiting.passages = self.engine.align(result)
+            return
+        waiting.parts, waiting.expected_parts = {}, frozenset(parts)
+        out.extend(Outgoing(self.kc.align_topic, raw, key=struct.pack(">q", ordinal),
+                            partition=p, headers=[ordinal_header(ordinal)])
+                   for p, raw in parts.items())
+
+    def _answer(self, waiting: Waiting, answer: Aligned) -> None:
+        """An align answer for a page waiting for it: a whole one (an align process from
+        before align shards), a part's best pages (the page's passages once every part
+        it asked answered: ``merge_ranked``), or "not aligned there": aligned here."""
+        if answer.part is None:
+            waiting.passages = answer.passages
+        elif answer.ranked is None:
+            waiting.align_here = True
+        elif waiting.parts is not None and answer.part in waiting.expected_parts:
+            waiting.parts.setdefault(answer.part, answer.ranked)
+            if len(waiting.parts) == len(waiting.expected_parts):
+                waiting.passages = merge_ranked(list(waiting.parts.values()),
+                                                self.config.engine.passage.max_matches)
+
+    def _forward(self, out: list[Outgoing], ordinal: int, doc_id: str) -> None:
+        """The forward record of the page stored at ``ordinal`` (internal ordinal: what
+        requests name candidates by), to the align shard that owns it. A page without
+        passages has none; one too big for a record is not sent: a request naming it is
+        answered "not aligned there" and aligned here."""
+        assert self.engine is not None
+        record = self.engine.forward_record(ordinal)
+        if record is None:
+            return
+        value = encode_forward(doc_id, *record)
+        if len(value) > self.forward_limit - RECORD_OVERHEAD:
+            log.warning("page %r: its forward record (%d bytes) is over the forward topic's "
+                        "record limit; the pages that name it are aligned by the index",
+                        doc_id, len(value))
+            return
+        out.append(Outgoing(self.kc.forward_topic, value, key=u64(ordinal),
+                            partition=ordinal % self.align_parts))
+
+    def _open_fan_in(self, store: Store, config: EngineConfig, n_shards: int) -> FanInIndexer:
+        """The engine's index stage when the index is split over shard processes, kept
+        here to drive it (``Engine.open``'s ``remote_shards``)."""
+        self.fan_in = FanInIndexer(store, config, n_shards)
+        return self.fan_in
+
+    def _removed(self, ordinals: list[int]) -> None:
+        """Pages that left the store (``Indexer.on_removed``): their forward records leave
+        the align shards (tombstones; not while rebuilding: sent before)."""
+        if self.applying >= self.silent_below:
+            self.tombstones.extend(ordinals)
+
+    def _note_forward_sent(self, below: int) -> None:
+        assert self.engine is not None
+        self.engine.put_note("forward_sent", u64(below))
+
+    def _keyed_by(self, parts: int) -> None:
+        """The align partition count is fixed per deployment: the forward topic is keyed
+        by it."""
+        assert self.engine is not None
+        raw = self.engine.note("align_partitions")
+        if raw is None:
+            self.engine.put_note("align_partitions", u64(parts))
+        elif read_u64(raw) != parts:
+            raise TopologyError(
+                f"topic {self.kc.align_topic!r} has {parts} partitions, but this index store "
+                f"was built with {read_u64(raw)}: the align shards hold pages by ordinal "
+                "modulo that count. Changing it means new align and forward topics and "
+                "a rebuild by replay (docs/topology.md)")
+
+    async def _send_forward_again(self, producer: AIOKafkaProducer, consumer: Any) -> None:
+        """Takeover: the forward records of the stored pages from the mark on (all of
+        them in a store from before align shards), in transactions of ``FORWARD_CHUNK``
+        records that commit no offsets. Sending one again is harmless: keyed by ordinal."""
+        engine = self.engine
+        assert engine is not None
+        raw = engine.note("forward_sent")
+        first = 0 if raw is None else read_u64(raw)
+        loop = asyncio.get_running_loop()
+
+        def chunk(start: int) -> tuple[list[Outgoing], int | None]:
+            out: list[Outgoing] = []
+            for o in engine.stored_ordinals(start):
+                if len(out) >= FORWARD_CHUNK:
+                    return out, o
+                self._forward(out, o, engine.doc_id(o))
+            return out, None
+
+        sent, at = 0, first
+        while True:
+            out, at_next = await loop.run_in_executor(self.executor, chunk, at)
+            if out:
+                await checkpoint(producer, self.group_id, out, {},
+                                 None if self.kc.transactions else consumer)
+                sent += len(out)
+            if at_next is None:
+                break
+            at = at_next
+        await loop.run_in_executor(self.executor, self._note_forward_sent, engine.next_ordinal)
+        if sent:
+            log.info("index: %d forward records sent again (stored pages from ordinal %d)",
+                     sent, first)
+
+    async def _offsets(self) -> dict[TopicPartition, int]:
+        consumer = self.consumer
+        if self.waiting:
+            seq = self.waiting[0].ordinal
+        elif self.expected:
+            seq = self.expected[0][0]
+        else:
+            seq = await consumer.position(self.seq_tp)
+        sketch_offsets = [w.sketch_offset for w in self.waiting]
+        sketch_offsets += [offset for offset, _ in self.sketches.values()]
+        sketch = min(sketch_offsets, default=await consumer.position(self.sketch_tp))
+        offsets = {self.seq_tp: seq, self.sketch_tp: sketch,
+                   self.aligned_tp: await consumer.position(self.aligned_tp)}
+        if self.n_shards > 1:
+            offsets[self.partials_tp] = await consumer.position(self.partials_tp)
+        return offsets
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        applied = self.floor - 1
+        seen = self.expected[-1][0] if self.expected else applied
+        m.ordinal_seen.set(seen)
+        m.ordinal_applied.set(applied)
+        m.ordinal_lag.set(seen - applied)
+        m.align_in_flight.set(sum(1 for w in self.waiting
+                                  if w.result.align is not None and w.passages is None))
+        rebuilding = self._rebuilding()
+        m.rebuild_target.set(self.silent_below if rebuilding else 0)
+        m.rebuild_ordinal.set(self.floor if rebuilding else 0)
+
+    def _rebuilding(self) -> bool:
+        """Replaying pages whose matches were published (a store behind E): until the last
+        of them is finished, nothing is published or committed. (The sequence read past
+        E - 1 tells the replay is over: the offsets before E may end with transaction
+        markers, which are no pages.)"""
+        pending = self.expected[0][0] if self.expected else self.seq_read
+        return pending < self.silent_below or bool(
+            self.waiting and self.waiting[0].ordinal < self.silent_below)
+
+    def _wanted(self) -> list[TopicPartition]:
+        """The partitions the next turn takes records from (backpressure; the others keep
+        what was fetched for them, where a paused partition would drop it and fetch it
+        again). No new pages while too many wait for align (their results still flow in:
+        the aligned partition is always read). No more of the sequence while many of its
+        records wait for their sketches: its records are tiny, so one fetch holds
+        thousands (a replay read all of it at once); unless the first of them may never
+        get one (``_head_may_be_superseded``). A fan-in rebuilding reads the
+        partials topic from its beginning: no more of it while it holds many partials of
+        pages not replayed yet, unless a replayed page still waits for one (shards that
+        ran far apart put a page's partials far apart in the topic)."""
+        if not self.owner:
+            return []  # (a standby: nothing assigned)
+        held = set()
+        if len(self.waiting) >= self.max_waiting:
+            held |= {self.seq_tp, self.sketch_tp}
+        if len(self.expected) >= self.max_waiting and not self._head_may_be_superseded():
+            held.add(self.seq_tp)
+        if (self.n_shards > 1 and self._rebuilding() and len(self.partials) >= self.max_waiting
+                and not any(w.undecided for w in self.waiting)):
+            held.add(self.partials_tp)
+        return sorted(self.tps - held)
+
+    # -- lifecycle: deletes, new versions and retention, in ordinal order ------------------
+    # A removal must not undo what a page before it still needs: a page's matches are read
+    # again from the store after a crash (pages from the published ordinal E on), so a page
+    # or a retention sweep that removes stored pages waits until the pages before it that
+    # read them are published and committed (``_must_wait``). Below the store's sequence
+    # offset S (every ordinal below it is in the store), a delete or a sweep read again
+    # after a crash is not done twice: it could remove a later version of the id, or pages
+    # the other processes keep.
+
+    def _resume_lifecycle(self, stored: int | None) -> None:
+        """On taking the shard: ``stored`` is the store's sequence offset S."""
+        self.applied_below = stored or 0
+        self.last_op = self.applied_below - 1  # retention's schedule goes on from here
+        self.sequenced_at: dict[int, int] = {}  # ordinal -> sequence record timestamp (ms)
+
+    def _sweep_due(self, ordinal: int) -> bool:
+        """Retention (``[engine.retention]``) sweeps before the first page at or after each
+        multiple of ``every`` ordinals: at the same pages in every process that replays
+        the sequence, whatever its timing."""
+        r = self.config.engine.retention
+        return bool(r.max_pages or r.max_age) and ordinal // r.every > self.last_op // r.every
+
+    def _must_wait(self, ordinal: int, sk: PageSketch) -> bool:
+        """Whether the page at ``ordinal`` must wait for pages before it (in ``waiting``)
+        to be published: it removes stored pages (a retention sweep due there, or
+        ``Indexer.removes``: the version it replaces or deletes) that a waiting page has
+        the id of (its matches, its revisit message are read from that version after a
+        crash), aligns against (``Engine.open`` aligns an unfinished page from the store)
+        or, with index shards, names as its exact or near match."""
+        if ordinal < self.applied_below or not self.waiting:
+            return False
+        engine = self.engine
+        assert engine is not None
+        removed = [(o, sk.id) for o in engine.removes(sk)]  # mostly []: one read
+        if self._sweep_due(ordinal):  # before the page: both must wait
+            r = self.config.engine.retention
+            removed += [(v.ordinal, v.doc_id) for v in engine.expired(
+                r.max_pages, r.max_age, self.sequenced_at[ordinal], engine.alive + 1)]
+        if not removed:
+            return False
+        if any(w.undecided for w in self.waiting):
+            # (index shards) a page not decided yet may name a removed page in its matches
+            # or align against it: it reads the directory when its partials are in
+            self.metrics.lifecycle_waits.inc()
+            return True
+        ids = {doc_id for _, doc_id in removed}
+        ordinals = np.array([o for o, _ in removed], dtype=np.int64)
+        # (index shards) a decided page read again after a crash is decided again from its
+        # partials, which name its exact and near matches by ordinal: they must still be
+        # in the directory then (a single index stores the decided matches instead)
+        fan_in = self.fan_in is not None
+
+        def reads_removed(w: Waiting) -> bool:
+            result = w.result
+            return (result.doc_id in ids
+                    or (result.align is not None
+                        and bool(np.isin(ordinals, result.align.others).any()))
+                    or (fan_in and any(m.match_doc_id in ids for m in result.matches)))
+
+        wait = any(map(reads_removed, self.waiting))
+        if wait:
+            self.metrics.lifecycle_waits.inc()
+        return wait
+
+    def _lifecycle(self, ordinal: int, sk: PageSketch) -> bool:
+        """Before the page at ``ordinal`` is indexed: the sweep due there. True for a delete
+        that the store already holds (read again after a crash): nothing to do."""
+        due = self._sweep_due(ordinal)
+        self.last_op = max(self.last_op, ordinal)
+        now_ms = self.sequenced_at.pop(ordinal)  # max_age's clock: the same in any replay
+        if ordinal < self.applied_below:
+            return sk.deleted
+        if due:
+            assert self.engine is not None
+            expired = self.engine.compact(now_ms=now_ms)
+            self.metrics.lifecycle.labels("expired").inc(expired)
+            if expired:
+                log.info("retention: %d pages left the store at ordinal %d", expired, ordinal)
+        if sk.deleted:
+            self.metrics.lifecycle.labels("deleted").inc()
+        return False
+
+    def _count_revisits(self, matches: list[Match]) -> None:
+        for m in matches:
+            if m.revisit is not None:
+                self.metrics.lifecycle.labels(f"revisit_{m.revisit}").inc()

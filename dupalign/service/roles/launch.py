@@ -1,0 +1,152 @@
+"""``dupalign worker --roles sketch,index,align``: the stages as roles of a topology on Kafka
+(docs/topology.md). All three roles (the default) is the single worker of
+dupalign/service/worker.py,
+whose behaviour is unchanged; any other choice runs the listed roles in this process, each
+a consumer-group member of its input topics, connected to the others by topics only.
+
+The process serves ``/metrics`` (dupalign/service/roles/metrics.py), ``/healthz`` and ``/readyz``
+like
+the single worker (dupalign/service/http.py, ``[metrics]``): healthy until a role fails, ready once
+every role consumes and until a stop; a failure stops every role, is logged in one line and
+exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from aiokafka.errors import KafkaError
+
+from dupalign.errors import StoreError
+from dupalign.service.config import Config
+from dupalign.service.http import HttpServer
+from dupalign.service.log_repeats import STARTUP
+from dupalign.service.roles.metrics import RoleMetrics
+
+log = logging.getLogger("dupalign.roles")
+
+ROLES = ("sketch", "index", "align")  # all three in one process: the single worker
+ALL_ROLES = ("sketch", "index", "shard", "align")  # shard: kafka.index_shards > 1
+
+
+def parse_roles(text: str) -> tuple[str, ...]:
+    """``"sketch,align"`` -> the roles in the topology's order; ValueError for others."""
+    names = {r.strip() for r in text.split(",") if r.strip()}
+    unknown = names - set(ALL_ROLES)
+    if unknown or not names:
+        raise ValueError(f"unknown roles {sorted(unknown)}: choose among "
+                         f"{', '.join(ALL_ROLES)}")
+    return tuple(r for r in ALL_ROLES if r in names)
+
+
+def make_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None,
+               metrics: RoleMetrics | None = None) -> list[Any]:
+    from dupalign.service.roles.align import AlignRole
+    from dupalign.service.roles.index import IndexRole
+    from dupalign.service.roles.shard import ShardRole
+    from dupalign.service.roles.sketch import SketchRole
+
+    metrics = metrics if metrics is not None else RoleMetrics()
+    out: list[Any] = []
+    if "sketch" in roles:
+        out.append(SketchRole(config, metrics))
+    if "index" in roles:
+        if store_dir is None:
+            raise ValueError("the index role needs --store")
+        out.append(IndexRole(config, store_dir, metrics))
+    if "shard" in roles:
+        if store_dir is None:
+            raise ValueError("the shard role needs --store")
+        out.append(ShardRole(config, store_dir, metrics))
+    if "align" in roles:
+        out.append(AlignRole(config, metrics, store_dir))
+    return out
+
+
+class RoleHealth:
+    """``/healthz`` and ``/readyz`` of a process running roles."""
+
+    def __init__(self, parts: list[Any], tasks: list[asyncio.Task[None]]) -> None:
+        self.parts, self.tasks = parts, tasks
+        self.stopping = False
+
+    def healthy(self) -> tuple[bool, str]:
+        failed = [f"{t.get_name()}: {t.exception()}" for t in self.tasks
+                  if t.done() and not t.cancelled() and t.exception() is not None]
+        if failed:
+            return False, "failed: " + "; ".join(failed)
+        ended = [t.get_name() for t in self.tasks if t.done()]
+        if ended and not self.stopping:
+            return False, f"roles ended: {', '.join(ended)}"
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        if self.stopping:
+            return False, "stopping"
+        ok, reason = self.healthy()
+        if not ok:
+            return False, reason
+        starting = [p.name for p in self.parts if not p.started]
+        if starting:
+            return False, f"starting: {', '.join(starting)}"
+        return True, f"running {', '.join(p.name for p in self.parts)}"
+
+
+def failure_line(role: str, exc: BaseException) -> tuple[str, bool]:
+    """The one log line of a role's failure, and whether it is a known failure (Kafka, the
+    store, the topics) that needs no traceback."""
+    from dupalign.service.topology import TopologyError
+
+    known = isinstance(exc, KafkaError | StoreError | TopologyError)
+    cause = f"Kafka failed: {exc!r}" if isinstance(exc, KafkaError) else (
+        str(exc) if known else f"unexpected {type(exc).__name__}: {exc}")
+    return f"{role} role stopped: {cause}", known
+
+
+async def serve_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None
+                      ) -> int:
+    """Run the roles until SIGTERM/SIGINT (exit 0) or the first failure (exit 1: the
+    transactions in hand abort, and the next owner of the partitions redoes them)."""
+    from dupalign.wire import messages
+
+    messages.compile_all()
+    metrics = RoleMetrics()
+    parts = make_roles(config, roles, store_dir, metrics)
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[None]] = []
+    health = RoleHealth(parts, tasks)
+
+    def stop() -> None:
+        health.stopping = True
+        for part in parts:
+            part.stop()
+
+    http: HttpServer | None = None
+    if config.metrics.enabled:
+        http = HttpServer(metrics.registry, health.healthy, health.ready)
+        port = await http.start(config.metrics.host, config.metrics.port)
+        log.info("http listening", extra={"host": config.metrics.host, "port": port})
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    STARTUP.begin(grace=120.0)  # (each role checks its topics, then subscribes)
+    tasks += [asyncio.create_task(part.run(), name=part.name) for part in parts]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in done if t.exception() is not None]
+        stop()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for task in failed:
+            exc = task.exception()
+            assert exc is not None
+            line, known = failure_line(task.get_name(), exc)
+            log.error("%s", line, exc_info=None if known else exc)
+        return 1 if failed else 0
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        if http is not None:
+            await http.stop()

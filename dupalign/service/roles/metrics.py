@@ -1,0 +1,109 @@
+"""Prometheus metrics of the topology's roles (``dupalign worker --roles ...``), one registry
+per process shared by the roles it runs, labelled by role. Served by dupalign/service/http.py like
+the
+single worker's (dupalign/service/metrics.py); the Grafana dashboard's "Topology" row plots them.
+
+Names are prefixed ``dupalign_role_`` (every role), ``dupalign_index_`` (the index shard) or
+``dupalign_sketch_`` (the sketch role).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from dupalign.service.topology import Outgoing
+
+LIFECYCLE_EVENTS = ("deleted", "revisit_unchanged", "revisit_changed", "expired")
+
+
+class RoleMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.records = Counter(
+            "dupalign_role_records", "Records a role consumed (in) or produced in a committed "
+            "transaction (out), per topic", ["role", "direction", "topic"], registry=r,
+        )
+        self.bytes = Counter(
+            "dupalign_role_bytes", "Value bytes of those records, per topic",
+            ["role", "direction", "topic"], registry=r,
+        )
+        self.transactions = Counter(
+            "dupalign_role_transactions", "Kafka transactions of a role, by outcome (commit, "
+            "abort: a failure or a stop inside it; the input is read again)",
+            ["role", "outcome"], registry=r,
+        )
+        self.assigned = Gauge(
+            "dupalign_role_assigned_partitions", "Input partitions assigned to the role",
+            ["role"], registry=r,
+        )
+        self.ordinal_seen = Gauge(
+            "dupalign_index_ordinal_seen", "Last ordinal read from the sequence topic",
+            registry=r,
+        )
+        self.ordinal_applied = Gauge(
+            "dupalign_index_ordinal_applied", "Last ordinal applied to the index store",
+            registry=r,
+        )
+        self.ordinal_lag = Gauge(
+            "dupalign_index_ordinal_lag", "Last ordinal seen minus last applied (pages "
+            "sequenced whose sketch has not come or not been applied)", registry=r,
+        )
+        self.align_in_flight = Gauge(
+            "dupalign_index_align_in_flight",
+            "Align requests sent whose answer has not come back yet", registry=r,
+        )
+        self.rebuild_target = Gauge(
+            "dupalign_index_rebuild_target_ordinal", "Rebuilding by replay: the ordinal up "
+            "to which the store is being rebuilt (0 when not rebuilding)", registry=r,
+        )
+        self.rebuild_ordinal = Gauge(
+            "dupalign_index_rebuild_ordinal",
+            "Rebuilding by replay: the next ordinal to apply", registry=r,
+        )
+        self.ordinal_sequenced = Gauge(
+            "dupalign_sketch_ordinal_sequenced", "Last ordinal this sketch process gave a "
+            "page (acknowledged by the sequence topic): its max over the sketch processes "
+            "minus the index's applied ordinal is how far the index is behind", registry=r,
+        )
+        self.lifecycle = Counter(
+            "dupalign_index_lifecycle_pages", "Pages by lifecycle event applied by the index "
+            "(deleted, revisit_unchanged, revisit_changed, expired by retention)", ["event"],
+            registry=r,
+        )
+        for event in LIFECYCLE_EVENTS:
+            self.lifecycle.labels(event)
+        self.lifecycle_waits = Counter(
+            "dupalign_index_lifecycle_waits", "Times a removal (delete, new version, "
+            "retention sweep) waited for the pages before it to be published", registry=r,
+        )
+
+    def add_role(self, role: str) -> None:
+        """Series of the role at 0 from the start: rates and increases over them then have
+        data before the first event (an abort may never come)."""
+        for outcome in ("commit", "abort"):
+            self.transactions.labels(role, outcome)
+        self.assigned.labels(role).set(0)
+
+    def consumed(self, role: str, topic: str, records: list[Any]) -> None:
+        self.records.labels(role, "in", topic).inc(len(records))
+        self.bytes.labels(role, "in", topic).inc(sum(len(r.value or b"") for r in records))
+
+    def produced(self, role: str, outgoing: Iterable[Outgoing]) -> None:
+        for o in outgoing:
+            self.records.labels(role, "out", o.topic).inc()
+            self.bytes.labels(role, "out", o.topic).inc(len(o.value or b""))
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, role: str) -> AsyncIterator[None]:
+        """Counts how the transaction run inside the block ends."""
+        try:
+            yield
+        except BaseException:
+            self.transactions.labels(role, "abort").inc()
+            raise
+        self.transactions.labels(role, "commit").inc()

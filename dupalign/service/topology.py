@@ -1,0 +1,470 @@
+"""Kafka plumbing shared by the roles of the topology (dupalign/service/roles/launch.py): the
+topics and their
+partition counts, the records that travel between roles, transactional producers and the
+checkpoint unit (produced records + consumed offsets, one Kafka transaction).
+
+Topics (names from ``[kafka]``)::
+
+    pages ──▶ sketch ──▶ sequence (1 partition: offset = ordinal)  ──┐
+                     ──▶ sketches (1 per index shard)               ──┼─▶ index ──▶ matches
+                                                                     │        └──▶ align (requests)
+    align (requests) ──▶ align ──▶ aligned (1 per index shard) ────────┘
+
+Every record a role produces is sent in the transaction that also commits the input offsets
+it was made from (pre-KIP-447 aiokafka: one transactional id per input partition, so the
+next owner of a partition fences the previous one before it reads the committed offset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+import time
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import CommitFailedError, TopicAlreadyExistsError, for_code
+from aiokafka.structs import OffsetAndMetadata
+
+from dupalign.match import Span
+from dupalign.service.config import KafkaConfig
+from dupalign.stages.align import RankedPage
+from dupalign.wire.versions import ALIGNED, ALIGNED_WHOLE, SEQUENCE_RECORD
+
+log = logging.getLogger("dupalign.topology")
+
+ORDINAL_HEADER = "dupalign-ordinal"  # the page's offset in the sequence topic
+SOURCE_HEADER = "dupalign-source"  # topic:partition:offset of the page in the input topic
+RECORD_OVERHEAD = 4096  # room for a record's key, headers and batch framing
+
+
+class TopologyError(RuntimeError):
+    """A topic is missing or has a partition count that breaks the sharding."""
+
+
+@dataclass
+class Outgoing:
+    topic: str
+    value: bytes | None  # None: a tombstone (the forward topic)
+    key: bytes | None = None
+    partition: int | None = None
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+# -- topics ---------------------------------------------------------------------------------
+def topology_topics(kc: KafkaConfig) -> dict[str, int | None]:
+    """Every topic of the topology and the partition count it must have (None: any)."""
+    topics: dict[str, int | None] = {
+        kc.input_topic: None, kc.output_topic: None, kc.dlq_topic: None,
+        kc.sequence_topic: 1,  # one order: the ordinal is the offset
+        kc.sketch_topic: 1, kc.aligned_topic: 1,  # the index role's (the fan-in's)
+        kc.align_topic: None, kc.forward_topic: None,  # as many as each other
+    }
+    if kc.index_shards > 1:  # partition s of keys: shard s's input
+        topics[kc.keys_topic] = kc.index_shards
+        topics[kc.partials_topic] = 1
+    return topics
+
+
+def retained_topics(kc: KafkaConfig) -> set[str]:
+    """The topics a rebuild by replay reads from their beginning (a store on a fresh
+    directory): kept forever, or the stores built from them cannot be rebuilt."""
+    topics = {kc.sequence_topic, kc.sketch_topic}
+    if kc.index_shards > 1:  # a shard rebuilds from keys, the fan-in from its partials
+        topics |= {kc.keys_topic, kc.partials_topic}
+    return topics
+
+
+KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+# the forward topic keeps each live page's last record (its key: the ordinal) forever, and
+# a removed page's tombstone for a day
+COMPACTED = {"cleanup.policy": "compact"}
+
+
+async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[str, int]:
+    """Check (and with ``kafka.create_topics``, create) ``wanted`` topics; their partition
+    counts. Raises TopologyError for a missing topic (without create_topics) or one whose
+    partition count breaks the sharding."""
+    admin = AIOKafkaAdminClient(**kc.client_kwargs())
+    await admin.start()
+    try:
+        counts = await _partition_counts(admin, wanted)
+        missing = [t for t in wanted if t not in counts]
+        if missing and kc.create_topics:
+            # records between roles can be large (a big page's sketch, an align request
+            # with its candidates' forward records): the topic takes what the producer sends
+            retained = retained_topics(kc)
+            kept = {**KEEP_FOREVER, "compression.type": kc.retained_compression}
+            compacted = {**COMPACTED, "compression.type": kc.retained_compression}
+            # an align topic made elsewhere: the forward topic follows its count
+            follows = ({kc.forward_topic: counts[kc.align_topic]}
+                       if kc.align_topic in counts else {})
+            new = [NewTopic(t, wanted[t] or follows.get(t, _default_partitions(kc, t)),
+                            kc.replication_factor,
+                            topic_configs={"max.message.bytes": str(kc.max_request_size),
+                                           **(kept if t in retained else {}),
+                                           **(compacted if t == kc.forward_topic else {})})
+                   for t in missing]
+            response = await admin.create_topics(new)
+            for name, code, *_ in response.topic_errors:  # the admin client does not raise
+                if code not in (0, TopicAlreadyExistsError.errno):  # raced another process
+                    raise TopologyError(f"creating topic {name!r} failed: "
+                                        f"{for_code(code).__name__}")
+            log.info("created topics %s", missing)
+            for _ in range(50):  # metadata catches up with the creation
+                counts = await _partition_counts(admin, wanted)
+                if all(t in counts for t in wanted):
+                    break
+                await asyncio.sleep(0.1)
+        missing = [t for t in wanted if t not in counts]
+        if missing:
+            raise TopologyError(f"topics {missing} do not exist (create them, or set "
+                                "kafka.create_topics = true)")
+        for topic, need in wanted.items():
+            if need is not None and counts[topic] != need:
+                raise TopologyError(
+                    f"topic {topic!r} has {counts[topic]} partitions; the topology needs "
+                    f"exactly {need} (the sequence, sketch, aligned and partials topics 1, "
+                    f"the keys topic one per index shard: kafka.index_shards = "
+                    f"{kc.index_shards}). Changing the shard count means new topics and a "
+                    "rebuild by replay (docs/topology.md)")
+        if kc.align_topic in wanted and counts[kc.forward_topic] != counts[kc.align_topic]:
+            raise TopologyError(
+                f"topic {kc.forward_topic!r} has {counts[kc.forward_topic]} partitions and "
+                f"{kc.align_topic!r} {counts[kc.align_topic]}: an align shard reads the "
+                "forward records of the pages its align partition owns from the same "
+                "partition of the forward topic, so both need the same count (fixed per "
+                "deployment: docs/topology.md)")
+        await _warn_unretained(admin, sorted(retained_topics(kc) & set(wanted)))
+        return counts
+    finally:
+        await admin.close()
+
+
+async def _warn_unretained(admin: AIOKafkaAdminClient, topics: list[str]) -> None:
+    """Log the retained topics whose records can expire: the role works, but a store
+    rebuilt after they expired cannot be (``require_retained`` stops it then)."""
+    if not topics:
+        return
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t, configs=dict.fromkeys(KEEP_FOREVER))
+                 for t in topics]
+    for response in await admin.describe_configs(resources):
+        for _, _, _, topic, entries in response.resources:
+            expiring = {e[0]: e[1] for e in entries if e[0] in KEEP_FOREVER and e[1] != "-1"}
+            if expiring:
+                log.warning("topic %r expires records (%s): a store rebuilt by replay needs "
+                            "it from its first record; set retention.ms = -1 and "
+                            "retention.bytes = -1 (docs/topology.md)", topic,
+                            ", ".join(f"{k} = {v}" for k, v in sorted(expiring.items())))
+
+
+async def record_limit(kc: KafkaConfig, topic: str) -> int:
+    """The largest record ``topic`` takes: ``kafka.max_request_size``, or the topic's
+    effective ``max.message.bytes`` when that is smaller (a topic made elsewhere). A record
+    over it is refused by the broker, which stops the role that sends it, at the same
+    record after every restart; the roles dead-letter or reroute such records instead."""
+    admin = AIOKafkaAdminClient(**kc.client_kwargs())
+    await admin.start()
+    try:
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic,
+                                  configs={"max.message.bytes": None})
+        limit = None
+        for response in await admin.describe_configs([resource]):
+            for _, _, _, _, entries in response.resources:
+                for entry in entries:
+                    if entry[0] == "max.message.bytes" and entry[1] is not None:
+                        limit = int(entry[1])
+    finally:
+        await admin.close()
+    if limit is None or limit >= kc.max_request_size:
+        return kc.max_request_size
+    log.warning("topic %r takes records of at most %d bytes (max.message.bytes), below "
+                "kafka.max_request_size (%d): larger records are handled as too large",
+                topic, limit, kc.max_request_size)
+    return limit
+
+
+async def require_retained(consumer: AIOKafkaConsumer, tp: TopicPartition, start: int,
+                           reader: str) -> None:
+    """Raise TopologyError when ``tp`` no longer holds its records from ``start`` on (its log
+    starts later: retention or a deletion removed them). Reading it anyway would go on
+    from its log start (auto_offset_reset) and build a store without the pages before."""
+    begin = (await consumer.beginning_offsets([tp]))[tp]
+    if begin > start:
+        raise TopologyError(
+            f"{reader} must read {tp.topic}[{tp.partition}] from offset {start}, but the "
+            f"topic's log starts at {begin}: its records before were deleted (retention.ms "
+            "or retention.bytes, or a deletion). The store cannot be rebuilt from Kafka: "
+            f"restore it from a backup taken at or after offset {begin}, or start a new "
+            "deployment (new topics and stores) from the pages; keep these topics with "
+            "retention.ms = -1 and retention.bytes = -1 (docs/topology.md)")
+
+
+def _default_partitions(kc: KafkaConfig, topic: str) -> int:
+    if topic in (kc.align_topic, kc.forward_topic):
+        return kc.align_partitions
+    return kc.topic_partitions
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]
+                            ) -> dict[str, int]:
+    # describe only topics that exist: a metadata request naming a missing topic makes a
+    # broker with auto.create.topics.enable create it, with the default partition count
+    present = [t for t in topics if t in set(await admin.list_topics())]
+    out: dict[str, int] = {}
+    for t in await admin.describe_topics(present) if present else []:
+        if t["error_code"] == 0 and t["partitions"]:
+            out[t["topic"]] = len(t["partitions"])
+    return out
+
+
+# -- clients --------------------------------------------------------------------------------
+def new_producer(kc: KafkaConfig, transactional_id: str | None = None,
+                 linger_ms: int | None = None) -> AIOKafkaProducer:
+    """The one way every process makes a producer: idempotent, acks from all replicas;
+    transactional with ``transactional_id``; ``linger_ms``: None takes kc's."""
+    kw: dict[str, Any] = {}
+    if transactional_id is not None:
+        kw["transactional_id"] = transactional_id
+        kw["transaction_timeout_ms"] = kc.transaction_timeout_ms
+    return AIOKafkaProducer(
+        **kc.client_kwargs(), enable_idempotence=True, acks="all",
+        linger_ms=kc.linger_ms if linger_ms is None else linger_ms,
+        max_request_size=kc.max_request_size,
+        compression_type=None if kc.compression_type == "none" else kc.compression_type, **kw)
+
+
+def new_consumer(kc: KafkaConfig, group_id: str, max_records: int, **kw: Any
+                 ) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        **kc.client_kwargs(), group_id=group_id, enable_auto_commit=False,
+        auto_offset_reset="earliest", isolation_level="read_committed",
+        max_poll_records=max_records, session_timeout_ms=kc.session_timeout_ms,
+        heartbeat_interval_ms=kc.heartbeat_interval_ms,
+        max_poll_interval_ms=kc.max_poll_interval_ms,
+        max_partition_fetch_bytes=kc.max_partition_fetch_bytes,
+        fetch_max_bytes=kc.fetch_max_bytes, **kw)
+
+
+def transactional_id(kc: KafkaConfig, group_id: str, tp: TopicPartition) -> str | None:
+    """One per input partition (pre-KIP-447 fencing): the next owner of ``tp`` aborts what
+    the previous one left open before it reads the committed offset. None with
+    ``kafka.transactions = false`` (at-least-once: see ``hop``)."""
+    if not kc.transactions:
+        return None
+    return f"{kc.transactional_id_prefix}-{group_id}-{tp.topic}-{tp.partition}"
+
+
+async def fetch_committed(consumer: AIOKafkaConsumer, tps: Iterable[TopicPartition]
+                          ) -> dict[TopicPartition, OffsetAndMetadata]:
+    """The group's committed offsets with their metadata, in one request (offset -1: never
+    committed). ``AIOKafkaConsumer.committed`` asks per partition and drops the metadata;
+    its group coordinator's fetch, which it calls, keeps both, and retries retriable errors.
+    The coordinator is private to aiokafka: this is the one place that reaches it
+    (tests/service/test_aiokafka_privates.py fails if aiokafka changes it)."""
+    coordinator = consumer._coordinator
+    if coordinator is None:
+        raise RuntimeError("the consumer is not started: it has no group coordinator")
+    found: dict[TopicPartition, OffsetAndMetadata] = (
+        await coordinator.fetch_committed_offsets(list(tps)))
+    return found
+
+
+async def committed_offsets(consumer: AIOKafkaConsumer, tps: Iterable[TopicPartition]
+                            ) -> dict[TopicPartition, int]:
+    """The group's committed offsets (absent: never committed)."""
+    found = await fetch_committed(consumer, tps)
+    return {tp: om.offset for tp, om in found.items() if om.offset >= 0}
+
+
+async def checkpoint(producer: AIOKafkaProducer, group_id: str, outgoing: list[Outgoing],
+                     offsets: dict[TopicPartition, int],
+                     at_least_once: AIOKafkaConsumer | None = None) -> None:
+    """The checkpoint unit: ``outgoing``, then the consumed ``offsets`` (``hop``)."""
+    async with hop(producer, group_id, offsets, at_least_once):
+        await send_all(producer, outgoing)
+
+
+@contextlib.asynccontextmanager
+async def hop(producer: AIOKafkaProducer, group_id: str, offsets: dict[TopicPartition, int],
+              at_least_once: AIOKafkaConsumer | None = None) -> AsyncIterator[None]:
+    """What the block sends (and awaits: ``send_all``), then the consumed ``offsets``, in
+    one transaction: a crash before it commits leaves neither visible to read_committed
+    readers. ``at_least_once`` (``kafka.transactions = false``): the consumer whose group
+    commits ``offsets`` once the block's records are acknowledged; a crash in between
+    sends them again (duplicates: docs/topology.md, "At-least-once")."""
+    if at_least_once is not None:
+        yield
+        if offsets:
+            try:
+                await at_least_once.commit(offsets)
+            except CommitFailedError:  # at-least-once allows it: not a failure of the role
+                log.warning("offsets %s not committed: the group rebalanced; their next "
+                            "owner reads them again", offsets)
+        return
+    async with producer.transaction():
+        yield
+        if offsets:
+            await producer.send_offsets_to_transaction(offsets, group_id)
+
+
+async def send_all(producer: AIOKafkaProducer, outgoing: list[Outgoing]) -> list[int]:
+    """Send and wait for every acknowledgement; the offsets the records got."""
+    futures = [await producer.send(o.topic, o.value, key=o.key, partition=o.partition,
+                                   headers=o.headers) for o in outgoing]
+    return [md.offset for md in await asyncio.gather(*futures)]
+
+
+async def stop_quietly(*clients: AIOKafkaConsumer | AIOKafkaProducer | None) -> None:
+    """Stop clients on the way out (a producer flushes); their errors are not the news."""
+    for client in clients:
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.stop()
+
+
+# -- records between roles ------------------------------------------------------------------
+def ordinal_header(ordinal: int) -> tuple[str, bytes]:
+    return ORDINAL_HEADER, struct.pack(">q", ordinal)
+
+
+def header(record: Any, name: str) -> bytes | None:
+    for k, v in record.headers or ():
+        if k == name:
+            return bytes(v)
+    return None
+
+
+def record_ordinal(record: Any) -> int:
+    raw = header(record, ORDINAL_HEADER)
+    if raw is None:
+        raise ValueError(f"record {record.topic}:{record.partition}:{record.offset} has no "
+                         f"{ORDINAL_HEADER} header")
+    return int(struct.unpack(">q", raw)[0])
+
+
+def encode_sequence(page_id: str, source: tuple[str, int, int]) -> bytes:
+    """A ``sequence`` record: the page id and where the page is in the input topic (enough
+    to replay the order with ``scan``)."""
+    return bytes(msgpack.packb({"v": SEQUENCE_RECORD.writes, "id": page_id, "source": list(source)},
+                               use_bin_type=True))
+
+
+def decode_sequence(raw: bytes) -> tuple[str, tuple[str, int, int]]:
+    d = msgpack.unpackb(raw, raw=False)
+    SEQUENCE_RECORD.check(d.get("v"))
+    s = d["source"]
+    return d["id"], (s[0], int(s[1]), int(s[2]))
+
+
+async def _stable_end(kc: KafkaConfig, consumer: AIOKafkaConsumer, seq: TopicPartition) -> int:
+    """``seq``'s end for the read_committed ``consumer`` once every transaction open now has
+    ended: a transaction that committed after another one opened sits above the last stable
+    offset until that one ends (within ``transaction_timeout_ms``, or the broker aborts it),
+    and the page it sequenced must be seen."""
+    peek = AIOKafkaConsumer(**kc.client_kwargs(), group_id=None, enable_auto_commit=False,
+                            isolation_level="read_uncommitted")
+    await peek.start()
+    try:
+        high = (await peek.end_offsets([seq]))[seq]
+    finally:
+        await peek.stop()
+    deadline = time.monotonic() + kc.transaction_timeout_ms / 1000 + 10
+    while (stop := (await consumer.end_offsets([seq]))[seq]) < high:
+        if time.monotonic() > deadline:
+            raise TopologyError(f"{seq.topic}: the last stable offset stays at {stop} below "
+                                f"{high}: a transaction that neither commits nor aborts")
+        await asyncio.sleep(0.2)
+    return int(stop)
+
+
+async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 20_000,
+                         skip: int = 0) -> int | None:
+    """The input offset of the last page of ``source`` (a partition of the pages topic) in
+    the ``sequence`` topic, read backwards ``window`` records at a time (~50 bytes each);
+    None if no page of it is there. Where a sketch role resumes when its group has no
+    offset for ``source`` (expired, deleted): every page after that one is unsequenced.
+    ``skip``: the offset before the last ``skip`` distinct ones instead."""
+    seq = TopicPartition(kc.sequence_topic, 0)
+    consumer = AIOKafkaConsumer(
+        **kc.client_kwargs(), group_id=None, enable_auto_commit=False,
+        isolation_level="read_committed", max_partition_fetch_bytes=kc.max_partition_fetch_bytes,
+        fetch_max_bytes=kc.fetch_max_bytes)
+    await consumer.start()
+    try:
+        consumer.assign([seq])
+        begin = (await consumer.beginning_offsets([seq]))[seq]
+        stop = await _stable_end(kc, consumer, seq)
+        found: set[int] = set()
+        while stop > begin:
+            start = max(begin, stop - window)
+            consumer.seek(seq, start)
+            while await consumer.position(seq) < stop:
+                for records in (await consumer.getmany(seq, timeout_ms=500)).values():
+                    for rec in records:
+                        if rec.offset >= stop:
+                            break
+                        _, (topic, partition, offset) = decode_sequence(rec.value)
+                        if topic == source.topic and partition == source.partition:
+                            found.add(offset)
+            if len(found) > skip:  # (the windows go back in time: the newest are found)
+                return sorted(found, reverse=True)[skip]
+            stop = start
+        return None
+    finally:
+        await consumer.stop()
+
+
+def encode_aligned(ordinal: int, passages: list[tuple[str, list[Span]]]) -> bytes:
+    """An ``aligned`` record (``ALIGNED_WHOLE``): what align found for a whole request, one that
+    carried its candidates' forward records."""
+    return bytes(msgpack.packb({
+        "v": ALIGNED_WHOLE, "ordinal": ordinal,
+        "passages": [[other, [s.to_dict() for s in spans]] for other, spans in passages]},
+        use_bin_type=True))
+
+
+def encode_aligned_part(ordinal: int, part: int, ranked: list[RankedPage] | None) -> bytes:
+    """An ``aligned`` record (``ALIGNED.writes``): the best pages of one part of a request (its
+    align partition ``part``), with their rank keys (``align.merge_ranked``); None: the
+    part could not be aligned here (a candidate's forward record is missing), the index
+    aligns the page itself."""
+    pages = None if ranked is None else [
+        [r.ordinal, r.doc_id, r.covered, r.best_est, [s.to_dict() for s in r.spans]]
+        for r in ranked]
+    return bytes(msgpack.packb({"v": ALIGNED.writes, "ordinal": ordinal, "part": part,
+                                "pages": pages}, use_bin_type=True))
+
+
+@dataclass
+class Aligned:
+    """An ``aligned`` record read: a whole request's passages (version 1, ``part`` None)
+    or a part's best pages (``ranked``; None: not aligned, ``encode_aligned_part``)."""
+
+    ordinal: int
+    part: int | None
+    passages: list[tuple[str, list[Span]]] | None = None
+    ranked: list[RankedPage] | None = None
+
+
+def decode_aligned(raw: bytes) -> Aligned:
+    d = msgpack.unpackb(raw, raw=False)
+    if ALIGNED.check(d.get("v")) == ALIGNED_WHOLE:
+        return Aligned(int(d["ordinal"]), None, passages=[
+            (str(o), [Span.from_dict(s) for s in spans]) for o, spans in d["passages"]])
+    pages = d["pages"]
+    ranked = None if pages is None else [
+        RankedPage(int(o), int(c), float(x), [Span.from_dict(s) for s in spans], str(i))
+        for o, i, c, x, spans in pages]
+    return Aligned(int(d["ordinal"]), int(d["part"]), ranked=ranked)
+
+
+def source_header(source: tuple[str, int, int]) -> tuple[str, bytes]:
+    return SOURCE_HEADER, f"{source[0]}:{source[1]}:{source[2]}".encode()

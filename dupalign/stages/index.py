@@ -1,0 +1,675 @@
+"""The index stage: the only one that reads and writes shared index state, page by page in
+ordinal order. ``PageSketch`` in, ``IndexResult`` out.
+
+For one page: the replay check, the exact lookup, the PSM probes and CWS verification
+(dupalign.near.index), the inverted-list lookups that turn the page's passages into alignment
+tasks naming candidate pages (dupalign.passage.index ``find_tasks``; align reads their windows
+from their forward records, dupalign.passage.forward), then everything
+the page adds to the store in one WriteBatch, then the in-memory indexes. The tasks go to
+the align stage (dupalign.stages.align), possibly on other cores; ``finish`` stores the page's
+matches once they are known, in ordinal order.
+
+Crash safety. When the caller aligns the page before indexing the next one
+(``Engine.process``: ``defer``), the page is written in one batch with its matches. In a
+pipeline, a page with alignment tasks (or one behind such a page) is written in two
+batches: its index entries with its ``IndexResult`` under ``unfinished``, then, after
+align, its matches and offset (deleting the ``unfinished`` record). A page whose first
+batch is in the store is found by the replay check like any stored page; the engine
+finishes every ``unfinished`` page when it opens (its tasks are in the record), so a
+replay always finds the matches the page produced. Other pages write one batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
+from dupalign.match import Match, Span, best_span
+from dupalign.near.index import NearIndex, NearState
+from dupalign.passage.forward import RecordCache, fits
+from dupalign.passage.index import PassageIndex, Removal
+from dupalign.passage.sketch import PassageState
+from dupalign.passage.tasks import Tasks
+from dupalign.stages.sketch import PageSketch
+from dupalign.store.database import (
+    Store,
+    delete_ordinals,
+    offsets_key,
+    ordinal_ranges,
+    read_u64,
+    u64,
+)
+from dupalign.wire.versions import INDEX_MESSAGE, pack_array, unpack_array
+
+I64 = npt.NDArray[np.int64]
+ENGINE_NAME = "dupalign"
+
+
+@dataclass
+class AlignRequest:
+    """A page's alignment tasks (``passage_tasks.Tasks``: candidate pages per passage and the
+    lists its sketches name, found by the index) and what align needs besides: the page's
+    query passages (units ``[starts[p], ends[p])``) and its positions record (token
+    character offsets and unit hashes). Align reads the candidates' forward records itself
+    (``Tasks.gather``) from the store or a secondary instance of it; for an align stage
+    without store access ``Indexer.with_forward`` attaches what it would read: the tasks
+    gathered, and per candidate page (``others``, ascending) its id and positions record.
+    Everything about a candidate is keyed by its ordinal, so a request splits into one
+    ``AlignTask`` per candidate for align shards keyed by page."""
+
+    ordinal: int
+    starts: I64
+    ends: I64
+    positions: bytes
+    tasks: Tasks
+    other_ids: list[str] = field(default_factory=list)
+    other_positions: list[bytes] = field(default_factory=list)
+
+    @property
+    def others(self) -> I64:
+        return self.tasks.pages
+
+    @property
+    def has_forward(self) -> bool:
+        """Whether the candidates' forward data is attached (``Indexer.with_forward``)."""
+        return self.tasks.gathered and len(self.other_positions) == len(self.others)
+
+    def split(self, parts: int) -> dict[int, AlignRequest]:
+        """The request split by earlier page, for align shards keyed by page: part ``p``
+        holds the tasks against the pages whose ordinal is ``p`` modulo ``parts`` (only
+        the parts with tasks; none carries forward data). Each part's ``Aligner.
+        align_ranked``, merged by ``align.merge_ranked``, gives the whole's matches."""
+        t = self.tasks
+        owner = t.t_o % parts
+        out = {}
+        for part in np.unique(owner).tolist():
+            mine = owner == part
+            tasks = Tasks(t.t_p[mine], t.t_o[mine], t.lid, t.q_empty, t.list_bin, t.list_key)
+            out[part] = AlignRequest(self.ordinal, self.starts, self.ends, self.positions,
+                                     tasks)
+        return out
+
+    def to_dict(self, forward: bool = True) -> dict[str, Any]:
+        """``forward=False``: the tasks as the index found them; ``forward=True`` adds the
+        candidates' forward data (it must be attached: ``Indexer.with_forward``)."""
+        t = self.tasks
+        lid_type = "<i2" if t.list_bin.shape[0] < (1 << 15) else "<i4"
+        d = {
+            "ordinal": self.ordinal, "starts": pack_array(self.starts, "<i4"),
+            "ends": pack_array(self.ends, "<i4"), "positions": self.positions,
+            "k": int(t.lid.shape[1]), "lid_type": lid_type, "lid": pack_array(t.lid, lid_type),
+            "q_empty": np.packbits(t.q_empty).tobytes(),
+            "t_p": pack_array(t.t_p, "<u4"), "t_o": pack_array(t.t_o, "<u8"),
+            "list_bin": pack_array(t.list_bin, "<u2"),
+            "list_key": pack_array(t.list_key, "<u8"),
+        }
+        if forward:
+            if not self.has_forward:
+                raise ValueError("the candidates' forward data is not attached "
+                                 "(Indexer.with_forward)")
+            # the narrowest types that hold them (ordinals below 2^32, positions of pages
+            # under 65,536 units: most requests), said by the message
+            ord_type = "<u4" if fits("<u4", t.ords) else "<u8"
+            pos_type = "<u2" if fits("<u2", t.rects, t.empty_lr) else "<i4"
+            d.update({
+                "count": pack_array(t.count, "<u4"), "ord_type": ord_type,
+                "ords": pack_array(t.ords, ord_type), "pos_type": pos_type,
+                "rects": pack_array(t.rects, pos_type),
+                "empty_keys": pack_array(t.empty_keys, "<u8"),
+                "empty_off": pack_array(t.empty_off, "<u4"),
+                "empty_lr": pack_array(t.empty_lr, pos_type),
+                "others": pack_array(self.others, "<u8"), "other_ids": self.other_ids,
+                "other_positions": self.other_positions})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AlignRequest:
+        k = d["k"]
+        lid = _ints(d["lid"], d["lid_type"]).reshape(-1, k)
+        q_empty = np.unpackbits(np.frombuffer(d["q_empty"], dtype=np.uint8),
+                                count=lid.size).astype(np.bool_).reshape(-1, k)
+        tasks = Tasks(_ints(d["t_p"], "<u4"), _ints(d["t_o"], "<u8"), lid, q_empty,
+                      _ints(d["list_bin"], "<u2"),
+                      np.frombuffer(d["list_key"], dtype="<u8").astype(np.uint64))
+        if "rects" in d:
+            count = _ints(d["count"], "<u4")
+            tasks.gathered = True
+            tasks.start, tasks.count = np.cumsum(count) - count, count
+            pos_type = d.get("pos_type", "<i4")  # (requests of earlier versions: wide)
+            tasks.ords = _ints(d["ords"], d.get("ord_type", "<u8"))
+            tasks.rects = np.frombuffer(d["rects"], pos_type).astype(np.int32).reshape(-1, 4)
+            tasks.empty_keys = _ints(d["empty_keys"], "<u8")
+            tasks.empty_off = _ints(d["empty_off"], "<u4")
+            tasks.empty_lr = _ints(d["empty_lr"], pos_type).reshape(-1, 2)
+        return cls(d["ordinal"], _ints(d["starts"], "<i4"), _ints(d["ends"], "<i4"), d["positions"],
+                   tasks, list(d.get("other_ids", [])), list(d.get("other_positions", [])))
+
+    def to_bytes(self, forward: bool = True) -> bytes:
+        return bytes(msgpack.packb({"v": INDEX_MESSAGE.writes, **self.to_dict(forward)},
+                                   use_bin_type=True))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> AlignRequest:
+        return cls.from_dict(_versioned(raw))
+
+
+@dataclass
+class IndexTimes:
+    """Seconds spent by the last ``index`` call, per part, and its near counters."""
+
+    exact: float = 0.0
+    near: float = 0.0
+    passage: float = 0.0
+    store: float = 0.0
+    psm_probes: int = 0
+    near_candidates: int = 0
+    cws_pairs: int = 0
+    cws_samples_saved: int = 0
+
+
+@dataclass
+class StoredVersion:
+    """What the store says of the current version of a page (its ``docs`` record)."""
+
+    ordinal: int
+    doc_id: str
+    content_hash: bytes
+    simhash: int | None
+    url: str | None
+    fetched_at: int | None
+    replay_key: bytes | None  # None in pages of store format <= 5
+
+
+@dataclass
+class LifecycleCounters:
+    """Versions, deletes and removals since the process started (metrics)."""
+
+    unchanged: int = 0  # revisits with the stored content: one revisit message, no work
+    changed: int = 0  # revisits with new content: the new version replaced the old one
+    deletes: int = 0  # pages removed by a delete (tombstone or API)
+    removed: int = 0  # pages removed from every index, for any reason (retention too)
+    expired: int = 0  # pages removed by retention
+
+
+@dataclass
+class IndexResult:
+    """What the index stage made of one page. ``ordinal`` is None for a page that was
+    rejected or replayed (``replay_of``: the stored page it repeats); ``matches`` are the
+    exact and near ones; ``align`` the passage tasks, if any; ``done``: the page's matches
+    and offset are already stored (nothing left for ``finish`` to write)."""
+
+    doc_id: str
+    source: tuple[str, int, int] | None = None
+    ordinal: int | None = None
+    rejected: tuple[str, str] | None = None
+    replay_of: int | None = None
+    matches: list[Match] = field(default_factory=list)
+    align: AlignRequest | None = None
+    done: bool = False
+    times: IndexTimes | None = field(default=None, repr=False, compare=False)  # not on the wire
+    # index(defer=True): writes the page with its matches (not on the wire)
+    deferred: Callable[[list[Match]], None] | None = field(default=None, repr=False,
+                                                            compare=False)
+
+    def to_bytes(self) -> bytes:
+        d = {"v": INDEX_MESSAGE.writes, "doc_id": self.doc_id,
+             "source": None if self.source is None else list(self.source),
+             "ordinal": self.ordinal,
+             "rejected": None if self.rejected is None else list(self.rejected),
+             "replay_of": self.replay_of, "matches": [m.to_dict() for m in self.matches],
+             "align": None if self.align is None else self.align.to_dict(forward=False),
+             "done": self.done}
+        return bytes(msgpack.packb(d, use_bin_type=True))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> IndexResult:
+        d = _versioned(raw)
+        src, rej = d["source"], d["rejected"]
+        return cls(d["doc_id"], None if src is None else (src[0], src[1], src[2]), d["ordinal"],
+                   None if rej is None else (rej[0], rej[1]), d["replay_of"],
+                   [Match.from_dict(m) for m in d["matches"]],
+                   None if d["align"] is None else AlignRequest.from_dict(d["align"]), d["done"])
+
+
+@dataclass
+class Query:
+    """What ``Indexer.index`` found in the page directory for a page that gets an ordinal,
+    and what ``Indexer._decide`` needs to find its matches and tasks."""
+
+    result: IndexResult
+    sk: PageSketch
+    prev: StoredVersion | None  # the version the page replaces
+    original: int | None  # an exact duplicate: the stored page it repeats
+    ordinal: int
+
+    @property
+    def skip(self) -> frozenset[int]:
+        return frozenset() if self.prev is None else frozenset((self.prev.ordinal,))
+
+    @property
+    def near_state(self) -> NearState | None:
+        return None if self.original is not None else self.sk.near
+
+    @property
+    def passage_state(self) -> PassageState | None:
+        return None if self.original is not None else self.sk.passage
+
+
+def _read_alike(replay_value: bytes, sk: PageSketch) -> bool:
+    """Whether the stored page that ``replay_value`` names was read into text as ``sk``'s
+    page is: the same id and body with another type or charset is another text, a new
+    version (a replay would answer it with the old text's matches and never index it).
+    Values of stores written before say nothing after the ordinal, and answer any."""
+    return len(replay_value) == 8 or replay_value[8:] == sk.read_as.encode("utf-8")
+
+
+# The ordinal after the last one ever given: an ordinal is never given twice, even when
+# the newest pages were removed (read back from the last "docs" key, a reopened store
+# would give their ordinals again, and a copy that replays the same records without the
+# reopen, a standby, would number the pages differently from the shards and partials of
+# the first: tests/runtime/test_lifecycle.py)
+NEXT_ORDINAL = b"next_ordinal"
+
+
+def next_ordinal(store: Store) -> int:
+    """The ordinal the store's next page gets (stores written before ``NEXT_ORDINAL`` was
+    kept: after their last page)."""
+    last, mark = store.last_key("docs"), store.get("meta", NEXT_ORDINAL)
+    return max(0 if last is None else read_u64(last) + 1, 0 if mark is None else read_u64(mark))
+
+
+class Indexer:
+    """The index stage over one store. Not thread-safe: one thread calls ``index`` and
+    ``finish``, each in ordinal order."""
+
+    def __init__(self, store: Store, config: EngineConfig) -> None:
+        self.config = config
+        self.store = store
+        self.next_ordinal = next_ordinal(store)
+        self.near = NearIndex(store, config, self.next_ordinal)
+        self.passages = PassageIndex(store, config)
+        self.unfinished = 0  # pages indexed whose matches are not stored yet
+        self.alive = sum(1 for _ in store.keys("ids"))  # pages stored (current versions)
+        self.counters = LifecycleCounters()
+        self.times = IndexTimes()
+        # candidates' forward records kept between align requests that carry them
+        # (``with_forward``: benchmarks and tests; the topology's align shards read their
+        # own copies), as the align stage keeps them
+        self.forward_records = RecordCache(config.cache.forward_mb << 20)
+        # told the ordinals of every page removed from the store (the topology's index
+        # role empties the align shards' copies of their forward records)
+        self.on_removed: Callable[[list[int]], None] | None = None
+        self.engine_info = {
+            "name": ENGINE_NAME,
+            "h": config.near.hamming,
+            "cws_K": config.near.cws_samples,
+            "cws_threshold": config.near.cws_threshold,
+            "passage_mode": config.passage.mode,
+            "k": config.passage.k,
+            "theta": config.passage.theta,
+        }
+
+    def index(self, sk: PageSketch, source: tuple[str, int, int] | None = None,
+              defer: bool = False) -> IndexResult:
+        """Index the page (next ordinal) and find its exact and near matches and passage
+        tasks. A rejected or replayed page gets no ordinal and writes nothing here.
+        ``defer``: the caller aligns the page and calls ``finish`` before indexing another,
+        so a page with tasks can be written in one batch with its matches, by ``finish``."""
+        times = self.times = IndexTimes()
+        result = IndexResult(sk.id, source, times=times)
+        if sk.replay_key is not None:
+            seen = self.store.get("replay", sk.replay_key)
+            if (seen is not None and _read_alike(seen, sk)
+                    and self.store.get("docs", seen[:8]) is not None):  # not removed
+                result.replay_of = read_u64(seen)
+                return self._maybe_done(result)
+        if sk.deleted:
+            self.counters.deletes += self.delete([sk.id])
+            return self._maybe_done(result)
+        if sk.rejected is not None:
+            result.rejected = sk.rejected
+            return self._maybe_done(result)
+        assert sk.replay_key is not None
+        t0 = time.perf_counter()
+        prev = self.current(sk.id)  # the version this page replaces, if any
+        if prev is not None and prev.content_hash == sk.content_hash:
+            self.counters.unchanged += 1
+            result.matches.append(self._revisit(sk, prev, "unchanged", est_jaccard=1.0))
+            return self._maybe_done(result)
+        if sk.unchanged:  # sketched against a version that is no longer the stored one
+            raise RuntimeError(f"page {sk.id!r} was sketched as an unchanged revisit of a "
+                               "version that is no longer stored")
+        if prev is not None:
+            self.counters.changed += 1
+        ordinal = result.ordinal = self.next_ordinal
+        original = self._exact_original(sk.content_hash)
+        t1 = time.perf_counter()
+        times.exact = t1 - t0
+        query = Query(result, sk, prev, original, ordinal)
+        decided = self._decide(query)
+        near_state, passage_state = query.near_state, query.passage_state
+        t3 = time.perf_counter()
+        write = partial(self._write, result, sk, near_state, passage_state, prev)
+        if decided and result.align is None and not self.unfinished:  # one batch
+            result.done = True
+            write(result.matches)
+        elif decided and defer and not self.unfinished:  # finish writes it all, after align
+            result.deferred = write
+        else:
+            self.unfinished += 1
+            write(None)
+        times.store = time.perf_counter() - t3
+        return result
+
+    def _decide(self, q: Query) -> bool:
+        """The page's matches and alignment tasks: the revisit relation to the version it
+        replaces, then the exact match, or the near search and the passage tasks (``q``:
+        what ``index`` found in the page directory). True: decided now; the index fan-in
+        of the Kafka topology (dupalign.service.roles.fan_in ``FanInIndexer``) decides later, from
+        its
+        shards' partials, and returns False."""
+        result, sk, prev, ordinal, times = q.result, q.sk, q.prev, q.ordinal, self.times
+        skip = q.skip
+        t1 = time.perf_counter()
+        if prev is not None:
+            result.matches.append(self._changed(sk, prev))
+        if q.original is not None:
+            result.matches.append(self._match(sk.id, "exact", q.original, est_jaccard=1.0))
+            t2 = t1
+        else:
+            near_state, passage_state = q.near_state, q.passage_state
+            assert near_state is not None and passage_state is not None
+            c = self.near.counters
+            before = (c.probes, c.candidates, c.filter.pairs, c.filter.samples_saved)
+            # never against its own earlier version (removed in the page's batch); in
+            # ordinal order: the order a store without the removed pages finds them in
+            near_found = sorted(x for x in self.near.search(near_state, ordinal)
+                                if x[0] not in skip)
+            times.psm_probes = c.probes - before[0]
+            times.near_candidates = c.candidates - before[1]
+            times.cws_pairs = c.filter.pairs - before[2]
+            times.cws_samples_saved = c.filter.samples_saved - before[3]
+            matched = set()
+            for other, hamming, est in near_found:
+                matched.add(other)
+                result.matches.append(self._match(sk.id, "near", other, hamming=hamming,
+                                                  est_jaccard=est))
+            t2 = time.perf_counter()
+            # one message per matched pair: near duplicates are not aligned again as passages
+            if passage_state.rects is not None:
+                tasks = self.passages.find_tasks(passage_state, ordinal,
+                                                 frozenset(matched) | skip,
+                                                 None if prev is None else prev.ordinal)
+                if tasks is not None:
+                    assert passage_state.starts is not None and passage_state.ends is not None
+                    result.align = AlignRequest(
+                        ordinal, passage_state.starts, passage_state.ends,
+                        passage_state.positions, tasks)
+        t3 = time.perf_counter()
+        times.near, times.passage = t2 - t1, t3 - t2
+        return True
+
+    def _write(self, result: IndexResult, sk: PageSketch, near_state: NearState | None,
+               passage_state: PassageState | None, prev: StoredVersion | None,
+               matches: list[Match] | None) -> None:
+        """One WriteBatch: the removal of the version ``prev`` the page replaces, everything
+        the page adds to the index, then its matches and offset (or, when they are not
+        known yet, its ``unfinished`` record); then the in-memory indexes."""
+        assert result.ordinal is not None and sk.replay_key is not None
+        ordinal = result.ordinal
+        batch = self.store.batch()
+        removal = None if prev is None else self._stage_removal(batch, [prev])
+        self.near.stage(batch, ordinal, near_state)
+        self.passages.stage(batch, ordinal, passage_state)
+        record = {
+            "id": sk.id,
+            "url": sk.url,
+            "n_tokens": sk.n_tokens,
+            "content_hash": sk.content_hash,
+            "simhash": None if near_state is None else near_state.fingerprint,
+            "fetched_at": sk.fetched_at,
+            "source": list(result.source) if result.source is not None else None,
+            "replay_key": sk.replay_key,  # deleted with the page
+        }
+        batch.put("docs", u64(ordinal), msgpack.packb(record))
+        batch.put("ids", sk.id.encode("utf-8"), u64(ordinal))
+        batch.put("replay", sk.replay_key, u64(ordinal) + sk.read_as.encode("utf-8"))
+        batch.put("exact", sk.content_hash + u64(ordinal), b"")
+        batch.put("meta", NEXT_ORDINAL, u64(ordinal + 1))
+        if matches is not None:
+            self._put_matches(batch, ordinal, matches, result.source)
+        else:
+            batch.put("unfinished", u64(ordinal), result.to_bytes())
+        self.store.write(batch)
+        self.next_ordinal = ordinal + 1
+        if removal is not None:
+            self._commit_removal(removal)
+        self.alive += 1
+        self.near.commit(ordinal, near_state)
+        self.passages.commit(ordinal, passage_state)
+
+    def finish(self, result: IndexResult, passages: list[tuple[str, list[Span]]]) -> list[Match]:
+        """Store the page's matches (``passages``: what align found) and return them, in
+        ordinal order; a rejected page raises PageRejected (its offset is stored)."""
+        if result.replay_of is not None:
+            raw = self.store.get("matches", u64(result.replay_of))
+            matches = [] if raw is None else [Match.from_dict(d) for d in msgpack.unpackb(raw)]
+        else:
+            matches = list(result.matches)
+        for other_id, spans in passages:
+            best = best_span(spans)
+            matches.append(Match(doc_id=result.doc_id, kind="passage", match_doc_id=other_id,
+                                 est_jaccard=best.est_jaccard, jaccard=best.jaccard,
+                                 spans=tuple(spans), engine=self.engine_info))
+        if result.deferred is not None:
+            result.deferred(matches)
+        elif not result.done:
+            batch = self.store.batch()
+            if result.ordinal is not None:
+                self._put_matches(batch, result.ordinal, matches, result.source)
+                batch.delete("unfinished", u64(result.ordinal))
+                self.unfinished -= 1
+            elif result.source is not None:
+                _put_offset(batch, result.source)
+            if len(batch):
+                self.store.write(batch)
+        if result.rejected is not None:
+            raise PageRejected(*result.rejected)
+        return matches
+
+    def unfinished_results(self) -> list[IndexResult]:
+        """Pages whose first batch was written but not their matches (a crash came
+        between); ``self.unfinished`` counts them until they are finished."""
+        if not self.store.has_family("unfinished"):  # a store opened read-only, made before it
+            return []
+        out = [IndexResult.from_bytes(v) for _, v in self.store.items("unfinished")]
+        self.unfinished = len(out)
+        return out
+
+    def with_forward(self, request: AlignRequest) -> AlignRequest:
+        """Attach what align would read of the candidate pages' forward records (their
+        windows in the request's lists and empty bins, ids, positions records), for an
+        align stage without store access (``AlignRequest.to_bytes(forward=True)``)."""
+        request.tasks.gather(self.passages.read_forward, self.forward_records)
+        others = request.others.tolist()
+        request.other_ids = [self.doc_id(o) for o in others]
+        request.other_positions = [v or b"" for v in self.store.multi_get(
+            "positions", [u64(o) for o in others])]
+        return request
+
+    def skip(self, doc_id: str, source: tuple[str, int, int] | None) -> IndexResult:
+        """A page that failed before the index: only its offset advances, in order."""
+        return self._maybe_done(IndexResult(doc_id, source))
+
+    # -- versions and removal -------------------------------------------------------------
+    def current(self, doc_id: str) -> StoredVersion | None:
+        """The stored version of the page ``doc_id`` (None: not in the store)."""
+        raw = self.store.get("ids", doc_id.encode("utf-8"))
+        if raw is None:
+            return None
+        return self._version(read_u64(raw))
+
+    def _version(self, ordinal: int) -> StoredVersion | None:
+        rec = self.store.get("docs", u64(ordinal))
+        if rec is None:
+            return None
+        d = msgpack.unpackb(rec)
+        return StoredVersion(ordinal, str(d["id"]), bytes(d["content_hash"]), d.get("simhash"),
+                             d.get("url"), d.get("fetched_at"), d.get("replay_key"))
+
+    def _revisit(self, sk: PageSketch, prev: StoredVersion, status: str,
+                 **fields: Any) -> Match:
+        return Match(doc_id=sk.id, kind="revisit", match_doc_id=prev.doc_id,
+                     engine=self.engine_info, revisit=status, previous_url=prev.url,
+                     previous_fetched_at=prev.fetched_at, **fields)
+
+    def _changed(self, sk: PageSketch, prev: StoredVersion) -> Match:
+        """The relation of a new version to ``prev``: the resemblance of their word shingles
+        (the near index's verification sketches, without the filter's early stop) and the
+        simhash distance; both None when a version is too short to be near-indexed."""
+        est = hamming = None
+        near = sk.near
+        old = self.near.sketch_of(prev.ordinal)
+        if near is not None and near.sketch is not None and old is not None:
+            est = round(float(np.count_nonzero(near.sketch == old)) / len(old), 4)
+            self.near.refresh(near)  # as Engine.process sketches it: the table in force
+            if near.fingerprint is not None and prev.simhash is not None:
+                hamming = (int(near.fingerprint) ^ int(prev.simhash)).bit_count()
+        return self._revisit(sk, prev, "changed", est_jaccard=est, hamming=hamming)
+
+    def removes(self, sk: PageSketch) -> list[int]:
+        """The stored page that indexing ``sk`` removes (the version it replaces or the
+        page it deletes), if any: the pipeline finishes the alignments in flight that read
+        its forward record or docs record first (dupalign.runtime.pipeline)."""
+        if not sk.deleted and (sk.rejected is not None or sk.replay_key is None):
+            return []
+        prev = self.current(sk.id)
+        if prev is None or (not sk.deleted and prev.content_hash == sk.content_hash):
+            return []
+        return [prev.ordinal]
+
+    def delete(self, doc_ids: list[str]) -> int:
+        """Remove the pages ``doc_ids`` from every index (ids not stored are ignored);
+        returns how many were removed. Matches published before stay true."""
+        versions = [v for v in map(self.current, doc_ids) if v is not None]
+        self.remove(versions)
+        return len({v.ordinal for v in versions})
+
+    def remove(self, versions: list[StoredVersion]) -> None:
+        """Remove stored pages from every index in one WriteBatch, then from memory."""
+        if not versions:
+            return
+        versions = list({v.ordinal: v for v in versions}.values())
+        batch = self.store.batch()
+        removal = self._stage_removal(batch, versions)
+        self.store.write(batch)
+        self._commit_removal(removal)
+
+    def expired(self, max_pages: int = 0, max_age_s: int = 0, now_ms: int | None = None,
+                limit: int = 1000) -> list[StoredVersion]:
+        """Retention: the oldest pages (lowest ordinals: ordinals grow with time) that must
+        leave, at most ``limit``: while more than ``max_pages`` are stored, or while the
+        oldest was fetched (``fetched_at``) more than ``max_age_s`` ago. A page without
+        ``fetched_at`` never expires by age (and the age sweep stops at it)."""
+        if not max_pages and not max_age_s:
+            return []
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        cutoff = now_ms - max_age_s * 1000
+        out: list[StoredVersion] = []
+        for key, raw in self.store.items("docs"):
+            if len(out) >= limit:
+                break
+            d = msgpack.unpackb(raw)
+            fetched = d.get("fetched_at")
+            too_many = max_pages and self.alive - len(out) > max_pages
+            too_old = max_age_s and fetched is not None and fetched < cutoff
+            if not (too_many or too_old):
+                break
+            out.append(StoredVersion(read_u64(key), str(d["id"]), bytes(d["content_hash"]),
+                                     d.get("simhash"), d.get("url"), fetched,
+                                     d.get("replay_key")))
+        return out
+
+    def _stage_removal(self, batch: Any, versions: list[StoredVersion]) -> Removal:
+        """Everything the pages ``versions`` hold in the store, deleted in ``batch``: the
+        per-page records (by ordinal ranges), their id, replay and exact keys, then their
+        entries in the near index and the passage index (their own ``stage_removal``)."""
+        ordinals = [v.ordinal for v in versions]
+        for v in versions:
+            batch.delete("ids", v.doc_id.encode("utf-8"))  # a new version puts it after
+            batch.delete("exact", v.content_hash + u64(v.ordinal))
+            if v.replay_key is not None:  # (pages of format <= 5: see index's replay check)
+                batch.delete("replay", v.replay_key)
+        for lo, hi in ordinal_ranges(ordinals):
+            # (a page removed while still being aligned gets its matches record written
+            # by ``finish`` afterwards: an orphan that replay never reads)
+            delete_ordinals(batch, ("docs", "matches", "unfinished"), lo, hi)
+        self.near.stage_removal(batch, [(v.ordinal, v.simhash) for v in versions])
+        return self.passages.stage_removal(batch, ordinals)
+
+    def _commit_removal(self, removal: Removal) -> None:
+        ordinals = removal.ordinals.tolist()
+        if self.on_removed is not None:
+            self.on_removed(ordinals)
+        self.near.commit_removal(ordinals)
+        self.passages.commit_removal(removal)
+        self.alive -= len(ordinals)
+        self.counters.removed += len(ordinals)
+
+    # -- helpers --------------------------------------------------------------------------
+    def _maybe_done(self, result: IndexResult) -> IndexResult:
+        """A page that adds nothing to the index: done at once unless an earlier page is
+        still unfinished (its offset must not be stored before theirs)."""
+        if not self.unfinished:
+            result.done = True
+            if result.source is not None:
+                batch = self.store.batch()
+                _put_offset(batch, result.source)
+                self.store.write(batch)
+        return result
+
+    def _put_matches(self, batch: Any, ordinal: int, matches: list[Match],
+                     source: tuple[str, int, int] | None) -> None:
+        batch.put("matches", u64(ordinal), msgpack.packb([m.to_dict() for m in matches]))
+        if source is not None:
+            _put_offset(batch, source)
+
+    def _match(self, doc_id: str, kind: Any, other: int, **fields: Any) -> Match:
+        return Match(doc_id=doc_id, kind=kind, match_doc_id=self.doc_id(other),
+                     engine=self.engine_info, **fields)
+
+    def doc_id(self, ordinal: int) -> str:
+        raw = self.store.get("docs", u64(ordinal))
+        if raw is None:
+            raise KeyError(f"no document with ordinal {ordinal}")
+        return str(msgpack.unpackb(raw)["id"])
+
+    def _exact_original(self, chash: bytes) -> int | None:
+        for key, _ in self.store.prefix("exact", chash):
+            return read_u64(key, len(chash))
+        return None
+
+
+def _put_offset(batch: Any, source: tuple[str, int, int]) -> None:
+    topic, partition, offset = source
+    batch.put("offsets", offsets_key(topic, partition), u64(offset + 1))
+
+
+def _versioned(raw: bytes) -> dict[str, Any]:
+    d: dict[str, Any] = msgpack.unpackb(raw, raw=False)
+    INDEX_MESSAGE.check(d.get("v"))
+    return d
+
+
+def _ints(raw: bytes, dtype: str) -> I64:
+    """An array of the wire as int64 (the stage's working type)."""
+    return unpack_array(raw, dtype, np.int64)

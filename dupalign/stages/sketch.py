@@ -1,0 +1,255 @@
+"""The sketch stage: a page → everything computable from the page alone (``PageSketch``).
+
+Pure: no store, no index state, only the frozen parameters and the idf table in force, so
+any number of copies run in parallel (threads, processes, later machines). Steps: decode
+and extract text, tokenize (with character offsets), content hash, token hashes, the
+whole-document sketch (weighted simhash + W, verification min-hashes: dupalign.near.index) and
+the passage sketch (compact windows, query passages and their OPH/MonoActive sketches:
+dupalign.passage.sketch). A page that cannot be processed gives a sketch with ``rejected`` set,
+so that the index stage still sees it in order (its offset advances, nothing else).
+
+``PageSketch.to_bytes`` is the wire form (msgpack, dupalign/wire/schemas/page_sketch.json).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import mmh3
+import msgpack
+import numpy as np
+
+from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
+from dupalign.near.idf import IdfTable
+from dupalign.near.index import NearState, near_sketch
+from dupalign.page import Page, check_unicode
+from dupalign.passage.sketch import I64, U64, PassageSketcher, PassageState, Rects
+from dupalign.text.tokens import page_text, reading, tokenize
+from dupalign.wire.versions import PAGE_SKETCH, pack_array, unpack_array
+
+
+@dataclass
+class PageSketch:
+    id: str
+    url: str | None
+    fetched_at: int | None
+    replay_key: bytes | None  # None when the page is rejected before it is hashed
+    rejected: tuple[str, str] | None = None  # (reason, detail)
+    n_tokens: int = 0
+    content_hash: bytes = b""
+    near: NearState | None = None
+    passage: PassageState | None = None
+    deleted: bool = False  # a tombstone: remove the page ``id``
+    # the content hash equals the stored version's: near and passage were not sketched
+    unchanged: bool = False
+    # how its body was read into text (dupalign.text.tokens.reading): the replay check answers
+    # only a page read the same way as the stored one
+    read_as: str = ""
+
+    # -- between the pipeline's processes ---------------------------------------------------
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled with its windows in their wire dtypes and a few arrays instead of seven:
+        the index thread unpickles every page's sketch, and this costs it a quarter of the
+        time of the int64 arrays (llvm pages: 92 -> 51 KB of windows per page, 83 -> 21 µs).
+        Unpickled, every array has its dtype again."""
+        return (_unpickle, (self.id, self.url, self.fetched_at, self.replay_key, self.rejected,
+                            self.n_tokens, self.content_hash, self.near,
+                            _pack_passage(self.passage), self.deleted, self.unchanged,
+                            self.read_as))
+
+    # -- wire form ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"v": PAGE_SKETCH.writes, "id": self.id, "url": self.url,
+                               "fetched_at": self.fetched_at, "replay_key": self.replay_key}
+        if self.read_as:
+            out["read_as"] = self.read_as
+        if self.deleted:
+            out["deleted"] = True
+            return out
+        if self.rejected is not None:
+            out["rejected"] = list(self.rejected)
+            return out
+        out["n_tokens"] = self.n_tokens
+        out["content_hash"] = self.content_hash
+        if self.unchanged:
+            out["unchanged"] = True
+        if self.near is not None:
+            out["near"] = _near_dict(self.near)
+        if self.passage is not None:
+            out["passage"] = _passage_dict(self.passage)
+        return out
+
+    def to_bytes(self) -> bytes:
+        return bytes(msgpack.packb(self.to_dict(), use_bin_type=True))
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> PageSketch:
+        d = msgpack.unpackb(raw, raw=False)
+        PAGE_SKETCH.check(d.get("v"))
+        sk = cls(d["id"], d["url"], d["fetched_at"], d["replay_key"],
+                 read_as=d.get("read_as", ""))
+        if d.get("deleted"):
+            sk.deleted = True
+            return sk
+        if d.get("unchanged"):
+            sk.unchanged = True
+        if "rejected" in d:
+            sk.rejected = (d["rejected"][0], d["rejected"][1])
+            return sk
+        sk.n_tokens, sk.content_hash = d["n_tokens"], d["content_hash"]
+        if "near" in d:
+            sk.near = _near_from(d["near"])
+        if "passage" in d:
+            sk.passage = _passage_from(d["passage"])
+        return sk
+
+
+def _pack_passage(s: PassageState | None) -> tuple[Any, ...] | None:
+    if s is None or s.rects is None:
+        return None if s is None else (s.n_units,)
+    r = s.rects
+    assert s.starts is not None and s.ends is not None
+    return (s.n_units, r.bin.astype(np.uint16), r.key,
+            np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi)).astype(np.int32), r.empty, s.positions,
+            np.stack((s.starts, s.ends)).astype(np.int32), s.keys, s.empty,
+            _pack_lists(s.lists), _pack_lists(s.window_lists))
+
+
+def _pack_lists(lists: tuple[I64, U64, I64] | None) -> tuple[Any, ...] | None:
+    """Distinct lists (bins, keys, inverse) in small dtypes (bins < 2^16, and a page has
+    fewer than 2^31 cells)."""
+    if lists is None:
+        return None
+    return lists[0].astype(np.uint16), lists[1], lists[2].astype(np.int32)
+
+
+def _unpack_lists(packed: tuple[Any, ...] | None) -> tuple[I64, U64, I64] | None:
+    if packed is None:
+        return None
+    return packed[0].astype(np.int64), packed[1], packed[2].astype(np.int64)
+
+
+def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: bytes | None,
+              rejected: tuple[str, str] | None, n_tokens: int, content_hash: bytes,
+              near: NearState | None, passage: tuple[Any, ...] | None, deleted: bool,
+              unchanged: bool, read_as: str) -> PageSketch:
+    state = None
+    if passage is not None and len(passage) == 1:
+        state = PassageState(None, passage[0])
+    elif passage is not None:
+        (n_units, bins, key, rect, empty, positions, bounds, keys, q_empty, lists,
+         window_lists) = passage
+        rect, bounds = rect.astype(np.int64), bounds.astype(np.int64)
+        state = PassageState(Rects(bins.astype(np.int64), key, rect[0], rect[1], rect[2],
+                                   rect[3], empty), n_units, positions, bounds[0], bounds[1],
+                             keys, q_empty, _unpack_lists(lists), _unpack_lists(window_lists))
+    return PageSketch(id_, url, fetched_at, replay_key, rejected, n_tokens, content_hash, near,
+                      state, deleted, unchanged, read_as)
+
+
+class Sketcher:
+    """The sketch stage for one engine configuration (one per process or thread)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.passages = PassageSketcher(config)
+
+    def sketch(self, page: Page, idf: IdfTable, stored_hash: bytes | None = None) -> PageSketch:
+        """The page's sketch under ``idf``; a page that cannot be processed comes back with
+        ``rejected`` set (other exceptions propagate). ``stored_hash``: the content hash of
+        the version of ``page.id`` in the store, if the caller knows it: a page with that
+        content (an unchanged revisit) is only tokenized and hashed, not sketched."""
+        cfg = self.config
+        try:
+            check_unicode(page)
+        except PageRejected as exc:
+            return PageSketch(page.id, None, page.fetched_at, None, (exc.reason, exc.detail))
+        if page.deleted:
+            return PageSketch(page.id, page.url, page.fetched_at, None, deleted=True)
+        sk = PageSketch(page.id, page.url, page.fetched_at, replay_key(page),
+                        read_as=reading(page))
+        try:
+            text = page_text(page, cfg.text.main_content, cfg.text.max_page_bytes)
+            tokens = tokenize(text, cfg.text.max_tokens)
+            if not len(tokens):
+                raise PageRejected("empty", "no words in the page text")
+        except PageRejected as exc:
+            sk.rejected = (exc.reason, exc.detail)
+            return sk
+        sk.n_tokens = len(tokens)
+        sk.content_hash = tokens.content_hash(cfg.seed)
+        if sk.content_hash == stored_hash:
+            sk.unchanged = True
+            return sk
+        hashes = tokens.hashes(cfg.seed)
+        sk.near = near_sketch(hashes, idf, cfg)
+        sk.passage = self.passages.sketch_page(hashes, tokens)
+        return sk
+
+
+_LONG_FORM_SEED = 0x1D0  # replay keys of ids with a NUL (any seed but mmh3's default, 0)
+
+
+def replay_key(page: Page) -> bytes:
+    """Hash of (id, body): the same page seen again is answered from the store."""
+    body = page.body.encode("utf-8") if isinstance(page.body, str) else page.body
+    doc_id = page.id.encode("utf-8")
+    if b"\x00" in doc_id:
+        # id ‖ NUL ‖ body would not say where such an id ends: ("a\0b", T) and ("a",
+        # "b\0" T) would be one page, the second answered with the first's matches. Its
+        # length goes first, under another seed (the keys of other ids, in stores already
+        # written, stay as they were)
+        return bytes(mmh3.hash_bytes(len(doc_id).to_bytes(4, "big") + doc_id + body,
+                                     _LONG_FORM_SEED))
+    return bytes(mmh3.hash_bytes(doc_id + b"\x00" + body))
+
+
+def _near_dict(s: NearState) -> dict[str, Any]:
+    return {"indexed": s.indexed, "unique": pack_array(s.unique, "<u8"),
+            "counts": pack_array(s.counts, "<u4"),
+            "idf_version": s.idf_version, "fingerprint": s.fingerprint,
+            "W": pack_array(s.W, "<f8"), "sketch": pack_array(s.sketch, "<u8")}
+
+
+def _near_from(d: dict[str, Any]) -> NearState:
+    return NearState(indexed=d["indexed"], unique=unpack_array(d["unique"], "<u8"),
+                     counts=unpack_array(d["counts"], "<u4", "int64"), idf_version=d["idf_version"],
+                     fingerprint=d["fingerprint"], W=unpack_array(d["W"], "<f8"),
+                     sketch=unpack_array(d["sketch"], "<u8"))
+
+
+def _passage_dict(s: PassageState) -> dict[str, Any]:
+    out: dict[str, Any] = {"n_units": s.n_units}
+    if s.rects is None:
+        return out
+    r = s.rects
+    assert s.keys is not None
+    out.update({
+        "windows": {"bin": pack_array(r.bin, "<u2"), "key": pack_array(r.key, "<u8"),
+                    "rect": pack_array(np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1), "<i4"),
+                    "empty": pack_array(r.empty, "u1")},
+        "positions": s.positions,
+        "starts": pack_array(s.starts, "<i4"), "ends": pack_array(s.ends, "<i4"),
+        "k": int(s.keys.shape[1]), "keys": pack_array(s.keys, "<u8"),
+        "empty": pack_array(s.empty, "u1"),
+    })
+    return out
+
+
+def _passage_from(d: dict[str, Any]) -> PassageState:
+    if "windows" not in d:
+        return PassageState(None, d["n_units"])
+    w = d["windows"]
+    rect = unpack_array(w["rect"], "<i4", "int64").reshape(-1, 4)
+    rects = Rects(unpack_array(w["bin"], "<u2", "int64"), unpack_array(w["key"], "<u8"),
+                  rect[:, 0].copy(),
+                  rect[:, 1].copy(), rect[:, 2].copy(), rect[:, 3].copy(),
+                  unpack_array(w["empty"], "u1", "bool"))
+    k = d["k"]
+    return PassageState(rects, d["n_units"], d["positions"],
+                        unpack_array(d["starts"], "<i4", "int64"),
+                        unpack_array(d["ends"], "<i4", "int64"),
+                        unpack_array(d["keys"], "<u8").reshape(-1, k),
+                        unpack_array(d["empty"], "u1", "bool").reshape(-1, k))

@@ -1,0 +1,1 @@
+"""The RocksDB store: column families, key layout, formats."""

@@ -1,0 +1,1 @@
+"""Bytes → text → normalized word tokens with offsets; seeded hashing."""

@@ -1,0 +1,314 @@
+"""Page bytes → text → normalized word tokens with character offsets.
+
+Offsets are 0-based, half-open, and refer to the text this module returns (the decoded
+body for text/plain, the extracted plain text for text/html), so spans can be shown to a
+reader in the coordinates of the text they were computed on.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import unicodedata
+
+import charset_normalizer
+import numpy as np
+import numpy.typing as npt
+from resiliparse.extract.html2text import extract_plain_text
+
+from dupalign.errors import PageRejected
+from dupalign.kernel_cache import njit
+from dupalign.page import Page
+from dupalign.text.hashing import content_hash, content_hash_joined, hash_joined, token_hashes
+
+_WORD = re.compile(r"\w+")
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f]")
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+PLAIN_TYPES = ("text/plain",)
+
+
+class Tokens:
+    """Normalized tokens of a text and where each one stands in it.
+
+    ``tokenize`` writes the tokens' UTF-8 bytes, NUL after each but the last (``joined``),
+    without a Python string per token: hashing reads those bytes, and the strings
+    (``tokens``) are made only if asked for (a third of the near-only sketch went to
+    making, splitting and joining them again). Tokens that NFKC or case folding changed
+    are given as strings (``joined`` None)."""
+
+    __slots__ = ("_joined", "_tokens", "ends", "starts", "text")
+
+    def __init__(self, text: str, tokens: list[str] | None, starts: npt.NDArray[np.int64],
+                 ends: npt.NDArray[np.int64], joined: bytes | None = None) -> None:
+        self.text, self.starts, self.ends = text, starts, ends
+        self._tokens, self._joined = tokens, joined
+
+    @property
+    def tokens(self) -> list[str]:
+        if self._tokens is None:
+            self._tokens = self._joined.decode("utf-8").split("\x00") if self._joined else []
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self.starts) if self._tokens is None else len(self._tokens)
+
+    def hashes(self, seed: int) -> npt.NDArray[np.uint64]:
+        """``token_hashes(self.tokens, seed)``."""
+        if self._joined is None:
+            return token_hashes(self.tokens, seed)
+        return hash_joined(self._joined, len(self.starts), seed)
+
+    def content_hash(self, seed: int) -> bytes:
+        """``content_hash(self.tokens, seed)``."""
+        if self._joined is None:
+            return content_hash(self.tokens, seed)
+        return content_hash_joined(self._joined, seed)
+
+    def char_range(self, start: int, end: int) -> tuple[int, int]:
+        """Characters covered by the half-open token range [start, end)."""
+        if end <= start:
+            return (0, 0)
+        return int(self.starts[start]), int(self.ends[end - 1])
+
+
+# Python codecs that decode bytes to str but are no character set of a document: a page
+# declaring one (``charset=undefined`` is seen on the web) is read as if it declared none.
+_NOT_CHARSETS = frozenset({"undefined", "punycode", "idna", "unicode-escape",
+                           "raw-unicode-escape"})
+
+
+def _known_codec(name: str | None) -> str | None:
+    if not name:
+        return None
+    try:
+        info = codecs.lookup(name)
+    except LookupError:
+        return None
+    # bytes-to-bytes codecs (base64, rot13, zlib...) are marked so by Python itself
+    if not getattr(info, "_is_text_encoding", True) or info.name in _NOT_CHARSETS:
+        return None
+    return info.name
+
+
+def decode_body(body: bytes | str, declared: str | None = None, html: bool = False) -> str:
+    """Decode page bytes: BOM, then the declared charset, then an HTML meta charset, then UTF-8,
+    then statistical detection. Binary data raises PageRejected('undecodable')."""
+    if isinstance(body, str):
+        _reject_binary(body)
+        return body
+    candidates: list[str] = []
+    for bom, bom_codec in _BOMS:
+        if body.startswith(bom):
+            candidates.append(bom_codec)
+            break
+    for name in (declared, _sniff_meta_charset(body) if html else None, "utf-8"):
+        codec = _known_codec(name)
+        if codec and codec not in candidates:
+            candidates.append(codec)
+    for candidate in candidates:
+        try:
+            text = body.decode(candidate)
+        except (UnicodeError, LookupError):  # UnicodeError: some codecs raise no subclass
+            continue
+        _reject_binary(text)
+        return text
+    if len(body) < 4096:
+        # Too short for statistics to be reliable; windows-1252 is the web's de facto default.
+        try:
+            text = body.decode("cp1252")
+            _reject_binary(text)
+            return text
+        except UnicodeDecodeError:
+            pass
+    best = charset_normalizer.from_bytes(body[: 1 << 20]).best()
+    if best is None:
+        raise PageRejected("undecodable", "no text encoding fits the bytes (binary content?)")
+    text = body.decode(best.encoding, errors="replace")
+    _reject_binary(text)
+    return text
+
+
+def _sniff_meta_charset(body: bytes) -> str | None:
+    m = _META_CHARSET.search(body[:4096])
+    return m.group(1).decode("ascii") if m else None
+
+
+def _reject_binary(text: str) -> None:
+    sample = text[:65536]
+    if not sample:
+        return
+    controls = len(_CONTROL.findall(sample))
+    if controls > 0.05 * len(sample):
+        raise PageRejected("undecodable", f"{controls} control characters in the first "
+                           f"{len(sample)}: binary content, not text")
+
+
+def html_to_text(html: str, main_content: bool = False) -> str:
+    """Plain text of an HTML page: block-aware, scripts/styles dropped; optionally only the
+    main content (navigation, headers, footers and other boilerplate removed)."""
+    return extract_plain_text(
+        html,
+        main_content=main_content,
+        alt_texts=False,
+        skip_elements=["script", "style", "noscript", "template", "svg", "nav"],
+    )
+
+
+def _main_type(page: Page) -> str:
+    return (page.content_type or "text/plain").split(";")[0].strip().lower()
+
+
+def reading(page: Page) -> str:
+    """What ``page_text`` takes of the page besides its body: read as HTML or as plain
+    text, and the charset it declares (bytes only). One body read two ways is two texts."""
+    kind = "html" if _main_type(page) in HTML_TYPES else "plain"
+    charset = _known_codec(page.encoding) if isinstance(page.body, bytes) else None
+    return f"{kind};{charset or ''}"
+
+
+def page_text(page: Page, main_content: bool = False, max_bytes: int = 1 << 30) -> str:
+    """The text of a page that tokens and spans refer to."""
+    size = len(page.body) if isinstance(page.body, bytes) else len(page.body.encode("utf-8"))
+    if size > max_bytes:
+        raise PageRejected("too_large", f"body is {size} bytes, limit is {max_bytes}")
+    ctype = _main_type(page)
+    is_html = ctype in HTML_TYPES
+    if not is_html and ctype not in PLAIN_TYPES:
+        raise PageRejected("unsupported_type", f"content_type {page.content_type!r}")
+    text = decode_body(page.body, page.encoding, html=is_html)
+    return html_to_text(text, main_content) if is_html else text
+
+
+def normalize_token(token: str) -> str:
+    """Unicode NFKC and case folding; ASCII takes the fast path."""
+    if token.isascii():
+        return token.lower()
+    return unicodedata.normalize("NFKC", token).casefold()
+
+
+# \w for the ASCII range as a lookup table; other code points are classified once per
+# distinct character by the regex itself (and remembered), so the result is exactly ``\w+``.
+_ASCII_WORD = np.array([bool(_WORD.fullmatch(chr(c))) for c in range(128)], dtype=np.bool_)
+_ASCII_WORD_OR_HIGH = np.append(_ASCII_WORD, False)  # index 128: any non-ASCII code point
+_HIGH_IS_WORD: dict[int, bool] = {}
+
+
+def _is_word(cp: int) -> bool:
+    known = _HIGH_IS_WORD.get(cp)
+    if known is None:
+        known = _WORD.fullmatch(chr(cp)) is not None
+        if len(_HIGH_IS_WORD) < 1 << 16:  # bounded, whatever pages come
+            _HIGH_IS_WORD[cp] = known
+    return known
+
+
+def _classify(scanned: str) -> tuple[npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
+                                     npt.NDArray[np.bool_]]:
+    """The code points of ``scanned`` (bytes for ASCII text) and which are word characters."""
+    if scanned.isascii():
+        codes = np.frombuffer(scanned.encode("ascii"), dtype=np.uint8)
+        return codes, _ASCII_WORD[codes]
+    cps = np.frombuffer(scanned.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    mask = _ASCII_WORD_OR_HIGH[np.minimum(cps, 128)]
+    high = np.flatnonzero(cps >= 128)
+    mask[high] = np.fromiter(map(_is_word, cps[high].tolist()), dtype=np.bool_,
+                             count=high.size)
+    return cps, mask
+
+
+@njit(cache=True, nogil=True)
+def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
+                mask: npt.NDArray[np.bool_], lower_ascii: bool, width: int
+                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8],
+                           npt.NDArray[np.bool_]]:
+    """The runs of word characters (``mask``) of the code points ``codes``: their starts,
+    ends, UTF-8 bytes joined by NULs (A-Z lower-cased if ``lower_ascii``) and whether each
+    holds a non-ASCII character. ``width``: the most UTF-8 bytes a code point takes (1 for
+    ASCII text, else 4)."""
+    n = codes.shape[0]
+    starts = np.empty(n // 2 + 1, dtype=np.int64)
+    ends = np.empty(n // 2 + 1, dtype=np.int64)
+    high = np.zeros(n // 2 + 1, dtype=np.bool_)
+    joined = np.empty(width * n, dtype=np.uint8)  # (a NUL replaces a non-word character)
+    m = 0
+    t = 0
+    inside = False
+    for i in range(n):
+        c = np.uint32(codes[i])
+        if mask[i]:
+            if not inside:
+                if t > 0:
+                    joined[m] = 0
+                    m += 1
+                starts[t] = i
+                inside = True
+            if c < 0x80:
+                joined[m] = c + 32 if lower_ascii and 65 <= c <= 90 else c
+                m += 1
+                continue
+            high[t] = True
+            if c < 0x800:
+                joined[m] = 0xC0 | (c >> 6)
+                joined[m + 1] = 0x80 | (c & 0x3F)
+                m += 2
+            elif c < 0x10000:
+                joined[m] = 0xE0 | (c >> 12)
+                joined[m + 1] = 0x80 | ((c >> 6) & 0x3F)
+                joined[m + 2] = 0x80 | (c & 0x3F)
+                m += 3
+            else:
+                joined[m] = 0xF0 | (c >> 18)
+                joined[m + 1] = 0x80 | ((c >> 12) & 0x3F)
+                joined[m + 2] = 0x80 | ((c >> 6) & 0x3F)
+                joined[m + 3] = 0x80 | (c & 0x3F)
+                m += 4
+        elif inside:
+            ends[t] = i
+            t += 1
+            inside = False
+    if inside:
+        ends[t] = n
+        t += 1
+    return starts[:t], ends[:t], joined[:m], high[:t]
+
+
+def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
+    """Word tokens (Unicode ``\\w+``), normalized, with their character offsets in ``text``."""
+    # Lower-casing keeps offsets when it keeps the length (always for ASCII, lower-cased
+    # in the kernel), so one pass serves tokens and offsets; only tokens holding a
+    # non-ASCII character may then need NFKC and case folding.
+    ascii_text = text.isascii()
+    scanned = text if ascii_text else text.lower()
+    lowered = len(scanned) == len(text)
+    if not lowered:
+        scanned = text
+    codes, mask = _classify(scanned)
+    # the tokens as bytes, without a Python string per token: hashing reads those
+    starts, ends, joined, high = _word_bytes(codes, mask, ascii_text,
+                                             1 if codes.dtype == np.uint8 else 4)
+    if max_tokens is not None and len(starts) > max_tokens:
+        raise PageRejected("too_many_tokens", f"{len(starts)} tokens, limit is {max_tokens}")
+    raw = joined.tobytes()
+    if not lowered:  # e.g. "İ" lower-cases to two characters: ASCII tokens need it too
+        tokens = [normalize_token(t) for t in raw.decode("utf-8").split("\x00")] if len(
+            starts) else []
+        return Tokens(text, tokens, starts, ends)
+    odd = []
+    for x in np.flatnonzero(high).tolist():
+        token = scanned[starts[x]:ends[x]]
+        if normalize_token(token) != token:
+            odd.append(x)
+    if odd:  # (rare: a ligature, a sharp s, a final sigma)
+        tokens = raw.decode("utf-8").split("\x00")
+        for x in odd:
+            tokens[x] = normalize_token(tokens[x])
+        return Tokens(text, tokens, starts, ends)
+    return Tokens(text, None, starts, ends, raw)

@@ -1,0 +1,1 @@
+"""Versioned messages on Kafka and their JSON Schemas."""

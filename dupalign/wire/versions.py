@@ -1,0 +1,94 @@
+"""Every versioned binary message: one table of the version each writes and those it reads,
+and the one codec for numpy arrays inside them.
+
+A message is a msgpack map whose ``v`` field is its version. A reader accepts every
+version in ``reads`` (messages retained in a topic or kept in a store from before an
+upgrade are read again after it); a writer writes ``writes``. The engine encodes its stage
+messages (``PageSketch``, ``AlignRequest``, ``IndexResult``); the service encodes the
+topology's (dupalign/service/topology.py, dupalign/service/align_store.py,
+dupalign/service/roles/shard_protocol.py) and the JSON-Schema'd ones of
+dupalign/wire/messages.py. They share this table so that a version is bumped in one place and
+every reader's list is in sight of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, overload
+
+import numpy as np
+import numpy.typing as npt
+
+
+@dataclass(frozen=True)
+class WireVersion:
+    """The version a message is written in and the versions read."""
+
+    name: str  # as error messages call it
+    writes: int
+    reads: tuple[int, ...]
+
+    def check(self, v: Any) -> int:
+        """``v`` if it is read; else a one-line ValueError naming the message."""
+        if v not in self.reads:
+            raise ValueError(f"{self.name} version {v!r}, expected one of {self.reads}")
+        return int(v)
+
+
+# -- the engine's stage messages (dupalign) ----------------------------------------------------
+# 2 adds the page's reading (how its body was decoded) to the replay key's inputs
+PAGE_SKETCH = WireVersion("page sketch", 2, (1, 2))
+# ``AlignRequest`` and ``IndexResult``: 3 carries the align request's steps (store format
+# 7); 2 is read in ``unfinished`` records of format 6 stores and retained align tasks
+INDEX_MESSAGE = WireVersion("message", 3, (2, 3))
+
+# -- the service's messages (worker) -----------------------------------------------------------
+# page, match, dead letter (schemas/*.json)
+SERVICE_MESSAGE = WireVersion("message", 1, (1,))
+# the sequence topic's records (dupalign/service/topology.py)
+SEQUENCE_RECORD = WireVersion("sequence record", 1, (1,))
+# ``aligned`` records: 1 a whole request's passages, 2 one part's best pages; the writer
+# picks the form (dupalign/service/topology.py ``encode_aligned``, ``encode_aligned_part``)
+ALIGNED = WireVersion("aligned record", 2, (1, 2))
+ALIGNED_WHOLE = 1  # the version that carries a whole request's passages
+# a page's forward record for the align role's store (dupalign/service/align_store.py): 2 has 2-byte
+# positions and positions records of 2-byte steps (store format 7)
+FORWARD_RECORD = WireVersion("forward record", 2, (1, 2))
+# keys messages to the index shards: 2 carries a window as its list only (bin <u2,
+# min-hash <u8: 10 bytes, against 49 for version 1's whole rectangle); version 1 messages
+# (retained in the keys topic, or in a fan-in's outbox from before an upgrade) are read too
+KEYS_MESSAGE = WireVersion("keys message", 2, (1, 2))
+# partials: 2 sends the list heads' counts and ordinals as <u4 when they fit (below 4.3e9
+# ordinals), half of version 1's <i8, which is still read (the retained partials topic, and
+# the partials a shard keeps to answer a repeated message). A shard answers a version 1
+# keys message, from a fan-in that predates both, with a version 1 partial: so a rolling
+# upgrade works shards first, then the index processes.
+PARTIAL = WireVersion("partial", 2, (1, 2))
+
+
+# -- numpy arrays on the wire: little-endian bytes of a fixed dtype ----------------------------
+@overload
+def pack_array(a: npt.NDArray[Any], dtype: str) -> bytes: ...
+@overload
+def pack_array(a: None, dtype: str) -> None: ...
+@overload
+def pack_array(a: npt.NDArray[Any] | None, dtype: str) -> bytes | None: ...
+def pack_array(a: npt.NDArray[Any] | None, dtype: str) -> bytes | None:
+    """``a`` as the bytes of ``dtype`` (None stays None)."""
+    return None if a is None else np.ascontiguousarray(a, dtype=dtype).tobytes()
+
+
+@overload
+def unpack_array(raw: bytes, dtype: str, out: Any = None) -> npt.NDArray[Any]: ...
+@overload
+def unpack_array(raw: None, dtype: str, out: Any = None) -> None: ...
+@overload
+def unpack_array(raw: bytes | None, dtype: str, out: Any = None
+                 ) -> npt.NDArray[Any] | None: ...
+def unpack_array(raw: bytes | None, dtype: str, out: Any = None) -> npt.NDArray[Any] | None:
+    """A writable array of the bytes ``raw`` read as ``dtype``, converted to ``out`` (None:
+    the same type in native byte order); None stays None."""
+    if raw is None:
+        return None
+    a = np.frombuffer(raw, dtype=dtype)
+    return a.astype(out) if out is not None else a.astype(a.dtype.newbyteorder("="))

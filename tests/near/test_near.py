@@ -1,0 +1,76 @@
+"""The near sketch's fused steps against their plain compositions; the simhash table's load."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dupalign.config import EngineConfig
+from dupalign.near.cws import minhash_sketch
+from dupalign.near.idf import IdfBuilder, IdfTable, tf_idf_weights
+from dupalign.near.index import _SHINGLE_SALT, _load_fingerprints, distinct_counts, near_sketch
+from dupalign.near.simhash import weighted_simhash
+from dupalign.store.database import Store, read_u64, u64
+from dupalign.text.hashing import shingle_hashes
+
+hashes_st = st.lists(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 20)), max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hashes_st)
+def test_distinct_counts_match_unique(h: list[int]) -> None:
+    arr = np.array(h, dtype=np.uint64)
+    uniq, counts = distinct_counts(arr)
+    exp_u, exp_c = np.unique(arr, return_counts=True)
+    assert uniq.dtype == np.uint64 and counts.dtype == np.int64
+    assert uniq.tolist() == exp_u.tolist() and counts.tolist() == exp_c.tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(hashes_st, st.booleans())
+def test_near_sketch_is_the_composition_of_its_steps(h: list[int], idf_known: bool) -> None:
+    """Fingerprint, W and verification sketch as tf_idf_weights, weighted_simhash and
+    minhash_sketch of shingle_hashes compute them."""
+    cfg = EngineConfig().validate()
+    arr = np.array(h, dtype=np.uint64)
+    idf = IdfTable.uniform()
+    if idf_known:
+        b = IdfBuilder()
+        b.add_document(arr[: len(arr) // 2])
+        b.add_document(arr[len(arr) // 3:])
+        idf = b.freeze(1)
+    state = near_sketch(arr, idf, cfg)
+    if len(arr) < cfg.near.min_tokens:
+        assert not state.indexed
+        return
+    uniq, w = tf_idf_weights(arr, idf, "log")
+    fp, W = weighted_simhash(uniq, w)
+    assert state.unique is not None and state.unique.tolist() == uniq.tolist()
+    assert state.fingerprint == fp and state.W is not None
+    assert state.W.tolist() == W.tolist()
+    sketch = minhash_sketch(shingle_hashes(arr, cfg.near.shingle, _SHINGLE_SALT),
+                            cfg.near.cws_samples, cfg.seed)
+    assert state.sketch is not None and state.sketch.tolist() == sketch.tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**40)),
+                     max_size=40, unique_by=lambda r: r[1]),
+       chunk=st.integers(1, 7))
+def test_fingerprints_load_in_chunks_as_the_keys_read_one_by_one(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[tuple[int, int]], chunk: int
+) -> None:
+    path = tmp_path_factory.mktemp("fp") / "s"
+    store = Store(path, {"t": 1})
+    batch = store.batch()
+    batch.put_many("simhash", [u64(f) + u64(o) for f, o in rows], [b""] * len(rows))
+    store.write(batch)
+    fps, ords = _load_fingerprints(store, chunk)
+    keys = [key for key, _ in store.items("simhash")]
+    store.close()
+    assert fps.dtype == np.uint64 and ords.dtype == np.int64
+    assert fps.tolist() == [read_u64(k) for k in keys]
+    assert ords.tolist() == [read_u64(k, 8) for k in keys]
+    assert sorted(zip(fps.tolist(), ords.tolist(), strict=True)) == sorted(rows)

@@ -1,0 +1,296 @@
+"""What compose and the Kubernetes manifests assume about the image, the worker and each
+other, checked where no cluster or registry is at hand: the configurations load with the
+worker's own loader, and ports, paths, users and mounts agree across the files. (The image
+itself is run by test_container.py, Prometheus and the dashboard by test_ops_prometheus.py.)"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+from dupalign.service.config import load_config
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+
+
+def load_yaml(name: str) -> Any:
+    return yaml.safe_load((DEPLOY / name).read_text())
+
+
+def dockerfile_cmd() -> list[str]:
+    lines = re.findall(r"^CMD (\[.*\])$", (DEPLOY / "Dockerfile").read_text(), re.M)
+    return list(json.loads(lines[-1]))
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_shipped_configurations_load(tmp_path: Path) -> None:
+    compose = load_config(DEPLOY / "dupalign.toml", env={})
+    configmap = tmp_path / "configmap.toml"
+    configmap.write_text(load_yaml("k8s/configmap.yaml")["data"]["dupalign.toml"])
+    k8s = load_config(configmap, env={})
+    for config in (compose, k8s):
+        assert config.metrics.port == 9464 and config.metrics.host == "0.0.0.0"
+
+
+def test_kubernetes_agrees_with_the_image_and_itself() -> None:
+    sts = load_yaml("k8s/statefulset.yaml")
+    pod = sts["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["args"] == dockerfile_cmd()
+    uid = re.search(r"useradd --uid (\d+)", (DEPLOY / "Dockerfile").read_text())
+    assert uid and pod["spec"]["securityContext"]["runAsUser"] == int(uid.group(1))
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    args = container["args"]
+    assert PurePosixPath(flag(args, "--store")).parent == PurePosixPath(mounts["store"])
+    assert PurePosixPath(flag(args, "--config")).parent == PurePosixPath(mounts["config"])
+    assert {c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]} == {"store"}
+    (port,) = container["ports"]
+    service = load_yaml("k8s/service.yaml")
+    assert port["containerPort"] == 9464 == service["spec"]["ports"][0]["port"]
+    assert service["spec"]["ports"][0]["targetPort"] == port["name"]
+    for notes in (pod["metadata"]["annotations"], service["metadata"]["annotations"]):
+        assert notes["prometheus.io/port"] == str(port["containerPort"])
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == port["name"]
+    resources = set(load_yaml("k8s/kustomization.yaml")["resources"])
+    shipped = {p.name for p in (DEPLOY / "k8s").glob("*.yaml")}
+    assert resources == shipped - {"kustomization.yaml", "secret.example.yaml"}
+
+
+def test_compose_mounts_what_the_services_read() -> None:
+    services = load_yaml("docker-compose.yml")["services"]
+    worker = services["worker"]
+    config_mount = {v.split(":")[1]: v.split(":")[0] for v in worker["volumes"]}
+    assert config_mount[flag(dockerfile_cmd(), "--config")] == "./dupalign.toml"
+    assert worker["build"]["dockerfile"] == "deploy/Dockerfile"
+    # Prometheus: the config and the rules it names (relative paths) in one directory, and
+    # the scrape target is the worker service on its metrics port.
+    prom = {v.split(":")[0]: v.split(":")[1] for v in services["prometheus"]["volumes"]}
+    config_in = PurePosixPath(prom["./prometheus/prometheus.yml"])
+    prom_config = load_yaml("prometheus/prometheus.yml")
+    for rule_file in prom_config["rule_files"]:
+        assert str(config_in.parent / rule_file) in prom.values(), rule_file
+    (job,) = prom_config["scrape_configs"]
+    port = load_config(DEPLOY / "dupalign.toml", env={}).metrics.port
+    assert job["static_configs"][0]["targets"] == [f"worker:{port}"]
+    # Grafana: the provisioned dashboard folder is where the dashboards are mounted, and the
+    # datasource is the prometheus service.
+    grafana = {v.split(":")[0]: v.split(":")[1] for v in services["grafana"]["volumes"]}
+    (provider,) = load_yaml("grafana/provisioning/dashboards/dupalign.yml")["providers"]
+    assert grafana["./grafana/dashboards"] == provider["options"]["path"]
+    (source,) = load_yaml("grafana/provisioning/datasources/prometheus.yml")["datasources"]
+    assert source["url"] == "http://prometheus:9090" and "prometheus" in services
+
+
+def test_topology_manifests_run_each_role_with_the_topology_config() -> None:
+    """Compose and Kubernetes run 2 processes of each role, each with args the worker's
+    parser takes, a config mounted where the args say, and the index with a store."""
+    import argparse
+
+    from dupalign.service.roles.launch import parse_roles
+    from dupalign.service.worker import add_worker_arguments
+
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    config = load_config(DEPLOY / "k8s-topology" / "topology.toml", env={})
+    assert config.kafka.max_request_size >= 16 << 20  # sketches of large pages
+    roles: dict[str, int] = {}
+    services = load_yaml("docker-compose.topology.yml")["services"]
+    for name, service in services.items():
+        if "--roles" not in service.get("command", []):
+            continue
+        args = parser.parse_args(service["command"][1:])
+        (role,) = parse_roles(args.roles)
+        roles[role] = roles.get(role, 0) + 1
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+        assert mounts[args.config] == "./k8s-topology/topology.toml", name
+        assert (args.store is not None) == (role in ("index", "align")), name
+        if args.store is not None:
+            assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
+    assert roles == {"sketch": 2, "index": 2, "align": 2}
+    kinds = {}
+    for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]:
+        doc = load_yaml(f"k8s-topology/{name}")
+        container = doc["spec"]["template"]["spec"]["containers"][0]
+        args = parser.parse_args(container["args"][1:])
+        (role,) = parse_roles(args.roles)
+        kinds[role] = (doc["kind"], doc["spec"]["replicas"])
+        mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert args.config == f"{mount['config']}/topology.toml"
+        if role in ("index", "align"):
+            assert args.store.startswith(mount["store"] + "/")
+    assert kinds == {"sketch": ("Deployment", 2), "index": ("StatefulSet", 2),
+                     "align": ("StatefulSet", 2)}
+
+
+def topology_dashboard() -> dict[str, Any]:
+    return dict(json.loads((DEPLOY / "grafana/dashboards/dupalign-topology.json").read_text()))
+
+
+def test_every_role_pod_is_probed_and_scraped_on_the_port_the_roles_serve() -> None:
+    metrics = load_config(DEPLOY / "k8s-topology" / "topology.toml", env={}).metrics
+    assert metrics.enabled and metrics.host == "0.0.0.0"
+    for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]:
+        pod = load_yaml(f"k8s-topology/{name}")["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
+        (port,) = container["ports"]
+        assert port["containerPort"] == metrics.port, name
+        assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true",
+                                                  "prometheus.io/port": str(metrics.port)}
+        for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
+                            ("readinessProbe", "/readyz")):
+            assert container[probe]["httpGet"] == {"path": path, "port": port["name"]}, name
+    # compose: Prometheus scrapes exactly the role services, Grafana gets the dashboards
+    services = load_yaml("docker-compose.topology.yml")["services"]
+    roles = {n for n, s in services.items() if "--roles" in s.get("command", [])}
+    assert "healthcheck" not in services[sorted(roles)[0]]  # the image's HEALTHCHECK applies
+    prom = {v.split(":")[0]: v.split(":")[1] for v in services["prometheus"]["volumes"]}
+    assert prom["./prometheus/prometheus.topology.yml"] == "/etc/prometheus/prometheus.yml"
+    (job,) = load_yaml("prometheus/prometheus.topology.yml")["scrape_configs"]
+    targets = {t for group in job["static_configs"] for t in group["targets"]}
+    assert targets == {f"{n}:{metrics.port}" for n in roles}
+    grafana = {v.split(":")[0]: v.split(":")[1] for v in services["grafana"]["volumes"]}
+    (provider,) = load_yaml("grafana/provisioning/dashboards/dupalign.yml")["providers"]
+    assert grafana["./grafana/dashboards"] == provider["options"]["path"]
+
+
+def test_the_topology_dashboard_plots_every_role_metric_and_only_those() -> None:
+    from dupalign.service.roles.metrics import RoleMetrics
+
+    exposed = {f.name + ("_total" if f.type == "counter" else "")
+               for f in RoleMetrics().registry.collect()}
+    dashboard = topology_dashboard()
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    used = {name for e in exprs for name in re.findall(r"\bdupalign_\w+", e)}
+    assert used - exposed == set(), "panels query metrics the roles do not expose"
+    assert exposed - used == set(), "role metrics no panel shows"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_the_sharded_topology_runs_a_fan_in_and_one_shard_process_per_shard() -> None:
+    """The sharded overlays (compose override, Kubernetes kustomization) load a config with
+    index shards, run the shard role with a store per process, the fan-in and its standby,
+    create the keys topic with one partition per shard and keep it and the partials topic
+    forever (a shard and a fan-in are rebuilt from them), and scrape every process they
+    run."""
+    import argparse
+
+    from dupalign.service.roles.launch import parse_roles
+    from dupalign.service.worker import add_worker_arguments
+
+    parser = argparse.ArgumentParser()
+    add_worker_arguments(parser)
+    config = load_config(DEPLOY / "k8s-topology-sharded" / "topology.toml", env={})
+    shards = config.kafka.index_shards
+    assert shards == 2
+    base = load_yaml("docker-compose.topology.yml")["services"]
+    override = load_yaml("docker-compose.sharded.yml")["services"]
+    running: dict[str, str] = {}
+    for name in sorted(set(base) | set(override)):
+        service = {**base.get(name, {}), **override.get(name, {})}
+        if "--roles" not in service.get("command", []) or "profiles" in override.get(name, {}):
+            continue
+        args = parser.parse_args(service["command"][1:])
+        (role,) = parse_roles(args.roles)
+        running[name] = role
+        # compose merges volumes by their target: the override's config mount wins
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in base.get(name, {}).get("volumes", [])}
+        mounts.update({v.split(":")[1]: v.split(":")[0] for v in override[name]["volumes"]})
+        assert mounts[args.config] == "./k8s-topology-sharded/topology.toml", name
+        assert (args.store is not None) == (role in ("index", "shard", "align")), name
+        if args.store is not None:
+            assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
+    roles = sorted(running.values())
+    assert roles == sorted(["sketch", "index", "align"] * 2 + ["shard"] * shards)
+    topics = override["topics"]["command"][0]
+    assert f"{config.kafka.keys_topic}:{shards}:-1" in topics
+    assert f"{config.kafka.partials_topic}:1:-1" in topics
+    (job,) = load_yaml("prometheus/prometheus.sharded.yml")["scrape_configs"]
+    targets = {t for group in job["static_configs"] for t in group["targets"]}
+    assert targets == {f"{n}:{config.metrics.port}" for n in running}
+    prom = {v.split(":")[1]: v.split(":")[0] for v in override["prometheus"]["volumes"]}
+    assert prom["/etc/prometheus/prometheus.yml"] == "./prometheus/prometheus.sharded.yml"
+    # Kubernetes: the base's pods (the fan-in with its standby), the shard StatefulSet
+    kustomization = load_yaml("k8s-topology-sharded/kustomization.yaml")
+    assert kustomization["resources"] == ["../k8s-topology", "shard.yaml"]
+    (generated,) = kustomization["configMapGenerator"]
+    assert generated["behavior"] == "replace" and generated["files"] == ["topology.toml"]
+    assert generated["name"] == load_yaml("k8s-topology/kustomization.yaml")[
+        "configMapGenerator"][0]["name"]
+    assert "patches" not in kustomization
+    doc = load_yaml("k8s-topology-sharded/shard.yaml")
+    container = doc["spec"]["template"]["spec"]["containers"][0]
+    args = parser.parse_args(container["args"][1:])
+    assert parse_roles(args.roles) == ("shard",)
+    assert (doc["kind"], doc["spec"]["replicas"]) == ("StatefulSet", shards)
+    mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert args.store.startswith(mount["store"] + "/")
+    assert args.config == f"{mount['config']}/topology.toml"
+    assert container["ports"][0]["containerPort"] == config.metrics.port
+
+
+@pytest.mark.parametrize("overlays", [["docker-compose.topology.yml"],
+                                      ["docker-compose.topology.yml",
+                                       "docker-compose.sharded.yml"]])
+def test_the_compose_topics_service_keeps_the_retained_topics_compressed(
+        overlays: list[str]) -> None:
+    """The ``topics`` service's shell loop (run here with ``echo`` for kafka-topics.sh)
+    creates every retained topic of the config (a store is rebuilt from them) with
+    retention.ms = -1 and compression.type = zstd, and the others as their producers
+    send them."""
+    from dupalign.service.topology import retained_topics
+
+    services: dict[str, Any] = {}
+    for name in overlays:
+        services.update(load_yaml(name)["services"])
+    config = load_config(DEPLOY / ("k8s-topology-sharded" if len(overlays) > 1
+                                   else "k8s-topology") / "topology.toml", env={})
+    script = services["topics"]["command"][0].replace("$$", "$").replace(
+        "/opt/kafka/bin/kafka-topics.sh", "echo")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    created = {}
+    for line in out.stdout.splitlines():
+        args = line.split()
+        configs = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--config")
+        created[args[args.index("--topic") + 1]] = configs
+    retained = retained_topics(config.kafka)
+    assert retained <= set(created)
+    assert created[config.kafka.forward_topic] == {  # kept: the align shards' records
+        "cleanup.policy": "compact", "compression.type": "zstd",
+        "max.message.bytes": "33554432"}
+    for topic, configs in created.items():
+        if topic == config.kafka.forward_topic:
+            continue
+        if topic in retained:
+            assert (configs["retention.ms"], configs["compression.type"]) == ("-1", "zstd")
+        elif topic != config.kafka.input_topic:  # (the crawl's own topic, kept too)
+            assert configs["retention.ms"] != "-1", topic
+            assert configs["compression.type"] == "producer", topic
+
+
+def test_every_kubernetes_pod_runs_the_local_image_without_pulling_it() -> None:
+    """``dupalign:latest`` is built locally (deploy/README.md); with a ``:latest`` tag and no
+    imagePullPolicy, Kubernetes pulls it at every start, from a registry that has none."""
+    folders: set[str] = set()
+    for path in sorted(DEPLOY.glob("k8s*/*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            pod = (doc or {}).get("spec", {}).get("template", {}).get("spec")
+            if pod is None:
+                continue
+            for container in pod.get("initContainers", []) + pod["containers"]:
+                where = f"{path.relative_to(DEPLOY)}: {container['name']}"
+                assert container["image"] == "dupalign:latest", where
+                assert container.get("imagePullPolicy") == "IfNotPresent", where
+            folders.add(path.parent.name)
+    assert folders == {p.name for p in DEPLOY.glob("k8s*") if p.is_dir()}
