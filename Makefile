@@ -35,6 +35,7 @@ test-quick: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dupalign tests
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache
 
 ## the real thing: local Kafka broker, a real corpus produced, the worker, matches printed
 demo: $(STAMP)
