@@ -185,8 +185,3 @@ def run_produce(args: argparse.Namespace) -> int:
         raise CliError("nothing was produced: no usable page in the inputs", Exit.NOTHING_DONE)
     return 0
 
-
-if __name__ == "__main__":
-    from dupalign.service.cli import main
-
-    sys.exit(main(["produce", *sys.argv[1:]]))
