@@ -26,12 +26,7 @@ TODO = "TODO"
 
 def service_config() -> ModuleType:
     """The service's configuration module (the Kafka side's [kafka], [worker], [metrics])."""
-    for name in ("dupalign.service.config", "dupalign.service.config"):
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError:
-            continue
-    raise ModuleNotFoundError("no service configuration module")
+    return importlib.import_module("dupalign.service.config")
 
 
 def _engine_checks() -> dict[str, str]:

@@ -13,7 +13,7 @@ README = REPO / "README.md"
 # a relative Markdown link target, or a repository path named in code spans
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 COMMAND = re.compile(r"python -m tests\.bench|make (bench|demo)|[Cc]ommand|script not kept")
-CODE_PATH = re.compile(r"`((?:deploy|docs|demo|tests)/[\w./-]+)`")
+CODE_PATH = re.compile(r"`((?:dupalign|deploy|docs|demo|tests)/[\w./-]+)`")
 
 
 def test_the_readme_is_short_and_narrow() -> None:

@@ -28,7 +28,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--group", help="consumer group id (overrides kafka.group_id)")
     parser.add_argument("--metrics-port", type=int,
                         help="HTTP port for /metrics, /healthz, /readyz (0 = any free port)")
-    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="log level (overrides worker.log_level)")
 
 
 def add_produce_arguments(parser: argparse.ArgumentParser) -> None:
