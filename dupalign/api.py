@@ -30,7 +30,7 @@ from dupalign.config import EngineConfig
 from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
-from dupalign.store.database import read_u64, u64
+from dupalign.store.keys import read_u64, u64
 
 
 @dataclass(frozen=True)

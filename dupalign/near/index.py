@@ -36,7 +36,9 @@ from dupalign.near.psm import psm_search_batch
 from dupalign.near.simhash import weighted_simhash
 from dupalign.near.simhash_table import SimhashTable
 from dupalign.near.vosh import VolatilityModel
-from dupalign.store.database import Batch, Store, delete_ordinals, ordinal_ranges, u64
+from dupalign.store.database import Batch, Store
+from dupalign.store.keys import ordinal_ranges, u64
+from dupalign.store.records import delete_ordinals
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]

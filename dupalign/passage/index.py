@@ -60,15 +60,9 @@ from dupalign.passage.sketch import (
     window_lists,
 )
 from dupalign.passage.tasks import Tasks, Weights
-from dupalign.store.database import (
-    Batch,
-    PrefixReader,
-    Store,
-    delete_ordinals,
-    ordinal_ranges,
-    read_u64,
-    u64,
-)
+from dupalign.store.database import Batch, PrefixReader, Store
+from dupalign.store.keys import ordinal_ranges, read_u64, u64
+from dupalign.store.records import delete_ordinals
 
 _BIN = struct.Struct(">H")
 _COUNT = struct.Struct("<I")

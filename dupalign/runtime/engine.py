@@ -30,19 +30,16 @@ from dupalign.stages.index import Indexer, IndexResult, IndexTimes, StoredVersio
 from dupalign.stages.query import PassageQuery
 from dupalign.stages.shards import RemoteIndexer, ShardedIndexer, open_indexer
 from dupalign.stages.sketch import PageSketch, Sketcher
-from dupalign.store.database import (
+from dupalign.store.database import Store
+from dupalign.store.keys import (
     ORDINAL_FAMILIES,
     PUBLISHED_PREFIX,
-    Store,
-    forward_record,
-    get_note,
     offsets_key,
     parse_offsets_key,
-    put_note,
     read_u64,
-    stored_ordinals,
     u64,
 )
+from dupalign.store.records import forward_record, get_note, put_note, stored_ordinals
 from dupalign.text.tokens import tokenize
 
 
@@ -321,7 +318,7 @@ class Engine:
         return forward_record(self.store, ordinal)
 
     def note(self, name: str) -> bytes | None:
-        """A caller's value kept in the store (``dupalign.store.database.NOTES`` names them)."""
+        """A caller's value kept in the store (``dupalign.store.records.NOTES`` names them)."""
         return get_note(self.store, name)
 
     def put_note(self, name: str, value: bytes) -> None:

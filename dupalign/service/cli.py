@@ -221,7 +221,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def _existing_store(store: str) -> str:
-    from dupalign.store.database import missing_store
+    from dupalign.store.failures import missing_store
 
     if (missing := missing_store(store)) is not None:
         raise CliError(missing, Exit.STORE)

@@ -29,7 +29,8 @@ from dupalign.passage import forward, monoactive, monoactive_query, span_refine
 from dupalign.passage.positions import has_units, unpack_positions
 from dupalign.passage.sketch import U64, word_range
 from dupalign.passage.tasks import Tasks, Weights
-from dupalign.store.database import Store, u64
+from dupalign.store.forward_copy import ForwardReader
+from dupalign.store.keys import u64
 from dupalign.text.tokens import Tokens
 
 Hit = tuple[int, int, int, int, float]  # passage, earlier page, start, end, estimate
@@ -337,7 +338,7 @@ class Aligner:
     instance of it that catches up with the writer when a record is not there yet);
     without one, only requests that carry them can be aligned."""
 
-    def __init__(self, config: EngineConfig, store: Store | None = None) -> None:
+    def __init__(self, config: EngineConfig, store: ForwardReader | None = None) -> None:
         self.store = store
         # the positions records a request carries (``AlignRequest.to_bytes(forward=True)``),
         # while it is aligned: read instead of the store's

@@ -40,14 +40,9 @@ from dupalign.passage.index import PassageIndex, Removal
 from dupalign.passage.sketch import PassageState
 from dupalign.passage.tasks import Tasks
 from dupalign.stages.sketch import PageSketch
-from dupalign.store.database import (
-    Store,
-    delete_ordinals,
-    offsets_key,
-    ordinal_ranges,
-    read_u64,
-    u64,
-)
+from dupalign.store.database import Store
+from dupalign.store.keys import offsets_key, ordinal_ranges, read_u64, u64
+from dupalign.store.records import delete_ordinals
 from dupalign.wire.versions import INDEX_MESSAGE, pack_array, unpack_array
 
 I64 = npt.NDArray[np.int64]

@@ -53,14 +53,9 @@ from dupalign.passage.index import PassageIndex, Removal
 from dupalign.passage.sketch import PassageState, Rects
 from dupalign.stages.index import Indexer, IndexResult
 from dupalign.stages.sketch import PageSketch
-from dupalign.store.database import (
-    Batch,
-    Store,
-    delete_ordinals,
-    ordinal_ranges,
-    read_u64,
-    u64,
-)
+from dupalign.store.database import Batch, Store
+from dupalign.store.keys import ordinal_ranges, read_u64, u64
+from dupalign.store.records import delete_ordinals
 from dupalign.text.hashing import mix64
 
 T = TypeVar("T")

@@ -1,4 +1,5 @@
-"""The RocksDB store: one database, one column family per kind of entry, raw bytes.
+"""The RocksDB store: one database, one column family per kind of entry, raw bytes
+(the families and their keys: ``dupalign.store.keys``).
 
 Keys are big-endian so that byte order is numeric order. rocksdict has no merge operator,
 so everything that grows (inverted lists, offsets) is written as append-style keys and
@@ -14,7 +15,6 @@ wrapped (it fails on programming errors alone).
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import islice, repeat
@@ -24,268 +24,21 @@ from typing import Any, cast
 import msgpack
 from rocksdict import (
     AccessType,
-    BlockBasedOptions,
     Cache,
-    DBCompressionType,
     IngestExternalFileOptions,
-    MemtableFactory,
-    Options,
     Rdict,
     ReadOptions,
-    SliceTransform,
     WriteBatch,
 )
 
-from dupalign.errors import StoreError, StoreMismatch, StoreUnavailable
-
-FAMILIES = (
-    "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables;
-    # b"next_ordinal" -> the ordinal after the last one ever given (dupalign.stages.index);
-    # b"lists_through" -> every page below has its inverted-list entries in ``oph``
-    # (dupalign.passage.lists.files: the later pages' are read back from their forward records);
-    # b"published/" ‖ topic ‖ partition -> an offset below which the Kafka worker published
-    # every page's matches
-    "docs",  # ordinal -> doc record (msgpack)
-    "ids",  # doc id -> latest ordinal
-    "replay",  # 16-byte hash of (doc id, body) -> ordinal ‖ how the body was read
-    # (dupalign.text.tokens.reading; nothing after the ordinal in stores written before): a page
-    # seen before
-    "matches",  # ordinal -> the matches the page produced (msgpack), returned on replay
-    "exact",  # content hash (16 B) ‖ ordinal -> b""
-    "simhash",  # fingerprint ‖ ordinal -> b""
-    "cws",  # ordinal -> K uint64 min-hashes of the page's word shingles (verification)
-    "oph",  # bin ‖ min-hash value ‖ ordinal -> b"" or <u4 n: inverted lists of page
-    # ordinals (the page has 1 or n windows in the list); bin ‖ min-hash value -> u64 n: the
-    # list holds at least n entries (marks long lists); bin ‖ min-hash value ‖ ordinal ‖
-    # 0xFFFFFFFF -> a run: every entry of the list up to that ordinal packed in one value,
-    # varint deltas (dupalign.passage.index: packed when read)
-    "forward",  # ordinal -> the page's windows: non-empty (bin, key, rectangle) and empty
-    # (bin, l, r); with ``positions`` the page's forward record (dupalign.passage.forward)
-    "positions",  # ordinal -> token character offsets (int32 starts, ends) and unit hashes
-    "idf_pending",  # ordinal -> distinct token hashes, kept until the last idf freeze
-    "offsets",  # topic ‖ partition -> next offset to consume
-    "unfinished",  # ordinal -> the page's index result (dupalign.stages.index), until its matches
-    # are stored: written with the page's index entries, finished (aligned) at open if a
-    # crash came first
-)
-
-_U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
-
-
-def u64(value: int) -> bytes:
-    return _U64.pack(value)
-
-
-def read_u64(data: bytes, at: int = 0) -> int:
-    return int(_U64.unpack_from(data, at)[0])
-
-
-def u32(value: int) -> bytes:
-    return _U32.pack(value)
-
-
-def ordinal_ranges(ordinals: Iterable[int]) -> list[tuple[int, int]]:
-    """Ascending distinct ordinals as maximal runs ``(first, last)`` of consecutive ones."""
-    out: list[tuple[int, int]] = []
-    for o in sorted(set(int(x) for x in ordinals)):
-        if out and out[-1][1] + 1 == o:
-            out[-1] = (out[-1][0], o)
-        else:
-            out.append((o, o))
-    return out
-
-
-# the families keyed by ordinal, which removal empties by ordinal ranges
-ORDINAL_FAMILIES = ("docs", "matches", "unfinished", "cws", "forward", "positions")
-
-
-def delete_ordinals(batch: Batch, families: Iterable[str], first: int, last: int) -> None:
-    """Delete the keys ordinal ``first``..``last`` (keys that start with a big-endian u64
-    ordinal) of each family: one point delete per key for a short run, one range delete
-    (cheap to write, compacted away) for a longer one: many small range tombstones would
-    slow reads."""
-    for family in families:
-        if last - first < 8:
-            for o in range(first, last + 1):
-                batch.delete(family, u64(o))
-        else:
-            batch.delete_range(family, u64(first), u64(last + 1))
-
-
-def offsets_key(topic: str, partition: int) -> bytes:
-    return topic.encode("utf-8") + b"\x00" + u32(partition)
-
-
-def parse_offsets_key(key: bytes) -> tuple[str, int]:
-    return key[:-5].decode("utf-8"), int(_U32.unpack_from(key, len(key) - 4)[0])
-
-
-PUBLISHED_PREFIX = b"published/"  # meta keys: PUBLISHED_PREFIX ‖ offsets_key(...)
-
-
-# -- records a service keeps in the engine's store --------------------------------------------
-# They go in ``meta`` beside the engine's own, written in the engine's batches where they must
-# be atomic with a page. Their keys are fixed by the stores already written, so each name maps
-# to its key here: a service names them and never builds a key.
-NOTES = {  # one value each
-    "forward_sent": b"topology_forward_sent",  # the index role's forward records sent below
-    "align_partitions": b"topology_align_partitions",  # the align partition count keyed by
-    "applied_seq": b"applied_seq",  # a shard process's last sequence record applied
-}
-LOGS = {  # values by sequence number
-    "outbox": b"outbox/",  # the index fan-in's keys messages per sequence record
-    "partials": b"partial/",  # a shard process's partials per sequence record
-}
-
-
-def _note_key(name: str) -> bytes:
-    key = NOTES.get(name)
-    if key is None:
-        raise KeyError(f"unknown store note {name!r}; known: {', '.join(NOTES)}")
-    return key
-
-
-def _log_prefix(log: str) -> bytes:
-    prefix = LOGS.get(log)
-    if prefix is None:
-        raise KeyError(f"unknown store log {log!r}; known: {', '.join(LOGS)}")
-    return prefix
-
-
-def get_note(store: Store, name: str) -> bytes | None:
-    return store.get("meta", _note_key(name))
-
-
-def put_note(target: Store | Batch, name: str, value: bytes) -> None:
-    target.put("meta", _note_key(name), value)
-
-
-def log_items(store: Store, log: str) -> Iterator[tuple[int, bytes]]:
-    """(sequence number, value) of ``log``, ascending."""
-    prefix = _log_prefix(log)
-    for key, value in store.prefix("meta", prefix):
-        yield read_u64(key, len(prefix)), value
-
-
-def log_get(store: Store, log: str, seq: int) -> bytes | None:
-    return store.get("meta", _log_prefix(log) + u64(seq))
-
-
-def log_put(batch: Batch, log: str, seq: int, value: bytes) -> None:
-    batch.put("meta", _log_prefix(log) + u64(seq), value)
-
-
-def log_delete(batch: Batch, log: str, seq: int) -> None:
-    batch.delete("meta", _log_prefix(log) + u64(seq))
-
-
-def log_delete_below(batch: Batch, log: str, end: int) -> None:
-    """Delete the entries of ``log`` below sequence number ``end``."""
-    prefix = _log_prefix(log)
-    batch.delete_range("meta", prefix, prefix + u64(end))
-
-
-def get_offset(store: Store, topic: str, partition: int) -> int | None:
-    """The next input offset stored for (topic, partition) (None: none stored)."""
-    raw = store.get("offsets", offsets_key(topic, partition))
-    return None if raw is None else read_u64(raw)
-
-
-def put_offset(batch: Batch, topic: str, partition: int, next_offset: int) -> None:
-    batch.put("offsets", offsets_key(topic, partition), u64(next_offset))
-
-
-def unfinished_records(store: Store) -> Iterator[bytes]:
-    """The ``unfinished`` records (a store opened read-only made before the family: none)."""
-    if store.has_family("unfinished"):
-        for _, value in store.items("unfinished"):
-            yield value
-
-
-def forward_record(store: Store, ordinal: int) -> tuple[bytes, bytes] | None:
-    """The page's forward record as stored: its windows and positions (None: it has none)."""
-    windows = store.get("forward", u64(ordinal))
-    positions = store.get("positions", u64(ordinal))
-    return None if windows is None or positions is None else (windows, positions)
-
-
-def stored_ordinals(store: Store, start: int = 0) -> Iterator[int]:
-    """The ordinals of the pages stored, from ``start`` on, ascending."""
-    for key, _ in store.items_from("docs", u64(start)):
-        yield read_u64(key)
-
-
-# Families read by prefix: the fixed key prefix that names one group (an inverted list is
-# bin ‖ min-hash, 10 bytes). RocksDB keeps Bloom filters of these prefixes, so a seek to a
-# list that does not exist (most lists a new page asks for) reads no data block
-# (tests/bench/bench_store.py).
-PREFIX_LENGTHS = {"oph": 10}
-# Their memtables are hash tables of small skip lists, one per prefix: a page adds ~1,600
-# list entries in one batch, and inserting them into one big skip list cost ~3 µs each
-# (most of the index stage's store write on llvm); a bucket's list is short. Such a
-# memtable answers a seek within one prefix only, so reads that cross prefixes ask for
-# total order (``_total_order``) and RocksDB merges the buckets for them.
-MEMTABLE_BUCKETS = 1 << 20
-
+from dupalign.errors import StoreMismatch, StoreUnavailable
+from dupalign.store.failures import missing_store, open_failure, store_error
+from dupalign.store.keys import FAMILIES, PREFIX_LENGTHS, u64
+from dupalign.store.options import BLOCK_CACHE_BYTES, family_options, total_order
 
 # How to get a store this version reads from one it does not: the pages are not kept.
 REBUILD = ("rebuild it by processing the pages again into a new store (dupalign scan --store "
            "NEW ..., or a worker with a new store.path)")
-
-BLOCK_CACHE_BYTES = 256 << 20  # uncompressed blocks shared by all families (default)
-WAL_BYTES = 128 << 20  # write-ahead log kept at most (about): see _options
-
-
-def _options(family: str | None = None, cache: Cache | None = None) -> Options:
-    opts = Options(raw_mode=True)
-    opts.create_if_missing(True)
-    opts.create_missing_column_families(True)
-    opts.set_compression_type(DBCompressionType.lz4())
-    table = BlockBasedOptions()
-    table.set_bloom_filter(10, False)
-    if cache is not None:
-        # list reads are random over the whole store, so a small per-family cache holds
-        # little of it (tests/bench/bench_store.py compares reads with plain options)
-        table.set_block_cache(cache)
-    opts.set_block_based_table_factory(table)
-    opts.increase_parallelism(2)
-    # A write-ahead log file is deleted only when every family with data in it has been
-    # flushed; small families (ids, offsets, meta) seldom fill a memtable, so without a
-    # bound the logs pile up (tests/bench/bench_lifecycle.py saw 650 MB of them under a
-    # 150 MB store): past this size RocksDB flushes the families that hold the oldest.
-    opts.set_max_total_wal_size(WAL_BYTES)
-    # (one writer thread: concurrent memtable inserts gain nothing, and the hash memtables
-    # below do not support them)
-    opts.set_allow_concurrent_memtable_write(False)
-    if family in PREFIX_LENGTHS:
-        opts.set_prefix_extractor(SliceTransform.create_fixed_prefix(PREFIX_LENGTHS[family]))
-        # (bucket count, skip list height, branching factor; rocksdict's stub omits them)
-        opts.set_memtable_factory(MemtableFactory.hash_skip_list(  # type: ignore[call-arg]
-            MEMTABLE_BUCKETS, 4, 4))
-    return opts
-
-
-def table_file_options(family: str) -> Options:
-    """Options for table files written aside for ``family`` (``Store.ingest``)."""
-    return _options(family)
-
-
-def _total_order() -> ReadOptions:
-    """Read options of a scan that may cross prefixes (see ``MEMTABLE_BUCKETS``)."""
-    ropts = ReadOptions()
-    ropts.set_total_order_seek(True)
-    return ropts
-
-
-def missing_store(path: str | Path) -> str | None:
-    """Why there is no store at ``path`` to open read-only (None: there is one): cheap,
-    so that a command says it before it imports the engine."""
-    path = Path(path)
-    if (path / "CURRENT").exists():
-        return None
-    return f"no store at {path}" + (
-        " (the directory exists but holds no dupalign store)" if path.is_dir() else "")
 
 
 class Batch:
@@ -337,7 +90,7 @@ class Store:
         self.path = Path(path)
         self.secondary = secondary is not None
         read_only = read_only or self.secondary
-        opts = _options()
+        opts = family_options()
         if self.secondary:  # keeps every table file open: the writer may delete them
             opts.set_max_open_files(-1)
             # a catch-up opens the writer's new table files on threads it starts and joins
@@ -359,7 +112,7 @@ class Store:
                                        f"{exc.strerror}") from None
             access = AccessType.read_write()
         cache = Cache(block_cache_bytes)
-        families = {name: _options(name, cache) for name in FAMILIES}
+        families = {name: family_options(name, cache) for name in FAMILIES}
         try:
             if (self.path / "CURRENT").exists():
                 existing = set(Rdict.list_cf(str(self.path), opts))
@@ -367,11 +120,11 @@ class Store:
                     families = {n: o for n, o in families.items() if n in existing
                                 and (only is None or n in only)}
                 else:  # every family must be opened for writing, those of older formats too
-                    families.update({n: _options(n, cache) for n in existing
+                    families.update({n: family_options(n, cache) for n in existing
                                      if n not in families and n != "default"})
             self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
         except Exception as exc:  # rocksdict raises plain Exception("IO error: ...")
-            raise StoreUnavailable(_open_failure(self.path, str(exc))) from None
+            raise StoreUnavailable(open_failure(self.path, str(exc))) from None
         self._handles = {name: self._db.get_column_family_handle(name) for name in families}
         self._cfs = {name: self._db.get_column_family(name) for name in families}
         self._same_prefix = ReadOptions()
@@ -451,7 +204,7 @@ class Store:
 
     def prefix(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """All entries whose key starts with ``prefix``, in key order."""
-        ropts = _total_order()
+        ropts = total_order()
         upper = _prefix_upper_bound(prefix)
         if upper is not None:
             ropts.set_iterate_upper_bound(upper)
@@ -480,7 +233,7 @@ class Store:
                 ropts = ReadOptions()
                 ropts.set_prefix_same_as_start(True)
             else:
-                ropts = _total_order()
+                ropts = total_order()
             upper = _prefix_upper_bound(prefix)
             if upper is not None:
                 ropts.set_iterate_upper_bound(upper)
@@ -494,7 +247,7 @@ class Store:
     def prefix_reader(self, family: str) -> PrefixReader:
         """Many prefix reads through one iterator (see :class:`PrefixReader`)."""
         return PrefixReader(self._cfs[family], self._same_prefix
-                            if family in PREFIX_LENGTHS else _total_order(), self.path)
+                            if family in PREFIX_LENGTHS else total_order(), self.path)
 
     def items(self, family: str) -> Iterator[tuple[bytes, bytes]]:
         return self.items_from(family, None)
@@ -503,7 +256,7 @@ class Store:
         """The family's entries in key order, from key ``start`` on (None: all)."""
         cf = self._cfs[family]
         try:
-            it = cf.iter(_total_order())
+            it = cf.iter(total_order())
             if start is None:
                 it.seek_to_first()
             else:
@@ -520,14 +273,14 @@ class Store:
         ``items`` where values are not needed)."""
         cf = self._cfs[family]
         try:
-            yield from cf.keys(read_opt=_total_order())
+            yield from cf.keys(read_opt=total_order())
         except Exception as exc:
             raise store_error("read", self.path, exc) from exc
 
     def last_key(self, family: str) -> bytes | None:
         cf = self._cfs[family]
         try:
-            it = cf.iter(_total_order())
+            it = cf.iter(total_order())
             it.seek_to_last()
             if it.valid():
                 return bytes(it.key())
@@ -608,65 +361,6 @@ class Store:
         # releases RocksDB's files; the traceback must not keep it.
         del db
         raise error
-
-
-# What RocksDB's messages say, in the words an operator searches for (the message itself,
-# e.g. "IO error: No space left on device: While appending to file: .../000004.log: No
-# space left on device", stays chained to the StoreError).
-_CAUSES = (
-    ("no space left on device", "no space left on device"),
-    ("read-only file system", "read-only file system"),
-    ("input/output error", "input/output error"),
-    ("while lock file", "locked by another process"),
-    ("lock hold by current process", "already open in this process"),
-    ("permission denied", "permission denied"),
-)
-
-
-def store_error(operation: str, path: Path, exc: BaseException) -> StoreError:
-    """The StoreError for rocksdict's exception ``exc`` during ``operation``."""
-    if isinstance(exc, StoreError):
-        return exc
-    text = str(exc).strip() or type(exc).__name__
-    lowered = text.lower()
-    cause = next((short for needle, short in _CAUSES if needle in lowered), text)
-    return StoreError(operation, path, cause)
-
-
-def _open_failure(path: Path, error: str) -> str:
-    """One line saying why RocksDB could not open ``path`` (and who holds its lock)."""
-    if "lock" in error.lower():
-        holder = lock_holder(path / "LOCK")
-        who = f" by {holder}" if holder else " by another process"
-        if "current process" in error:
-            who = " by this process (it is already open)"
-        return (f"store {path} is locked{who}: one process at a time can write a store "
-                "(stop it, or use another --store)")
-    if "Permission denied" in error or "Read-only file system" in error:
-        return f"store {path} is not writable: {error}"
-    return f"cannot open store {path}: {error}"
-
-
-def lock_holder(lock_file: Path) -> str | None:
-    """'pid N (command)' of the process holding a POSIX lock on ``lock_file``, from
-    /proc/locks (Linux); None if unknown."""
-    try:
-        inode = lock_file.stat().st_ino
-        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
-            lines = fh.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:  # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
-        fields = line.split()
-        if len(fields) > 5 and fields[5].rsplit(":", 1)[-1] == str(inode):
-            pid = fields[4]
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    cmd = " ".join(fh.read().decode(errors="replace").replace("\0", " ").split())
-            except OSError:
-                cmd = ""
-            return f"pid {pid}" + (f" ({cmd[:120]})" if cmd else "")
-    return None
 
 
 def _prefix_upper_bound(prefix: bytes) -> bytes | None:

@@ -5,7 +5,7 @@ A message is a msgpack map whose ``v`` field is its version. A reader accepts ev
 version in ``reads`` (messages retained in a topic or kept in a store from before an
 upgrade are read again after it); a writer writes ``writes``. The engine encodes its stage
 messages (``PageSketch``, ``AlignRequest``, ``IndexResult``); the service encodes the
-topology's (dupalign/service/topology.py, dupalign/service/align_store.py,
+topology's (dupalign/service/topology.py, dupalign/wire/forward_record.py,
 dupalign/service/roles/shard_protocol.py) and the JSON-Schema'd ones of
 dupalign/wire/messages.py. They share this table so that a version is bumped in one place and
 every reader's list is in sight of it.
@@ -51,7 +51,7 @@ SEQUENCE_RECORD = WireVersion("sequence record", 1, (1,))
 # picks the form (dupalign/service/topology.py ``encode_aligned``, ``encode_aligned_part``)
 ALIGNED = WireVersion("aligned record", 2, (1, 2))
 ALIGNED_WHOLE = 1  # the version that carries a whole request's passages
-# a page's forward record for the align role's store (dupalign/service/align_store.py): 2 has 2-byte
+# a page's forward record for the align role's store (dupalign/wire/forward_record.py): 2 has 2-byte
 # positions and positions records of 2-byte steps (store format 7)
 FORWARD_RECORD = WireVersion("forward record", 2, (1, 2))
 # keys messages to the index shards: 2 carries a window as its list only (bin <u2,

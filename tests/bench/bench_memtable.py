@@ -22,15 +22,15 @@ import time
 import numpy as np
 from rocksdict import MemtableFactory, Options, Rdict, WriteBatch
 
-from dupalign.store.database import MEMTABLE_BUCKETS, _options
+from dupalign.store.options import MEMTABLE_BUCKETS, family_options
 
 _KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
 
 
 def _memtable(name: str) -> Options:
     if name == "skip list (RocksDB's default)":
-        return _options()  # the store's options without the family's memtable
-    opts = _options("oph")  # the store's options for the list family
+        return family_options()  # the store's options without the family's memtable
+    opts = family_options("oph")  # the store's options for the list family
     if name == "hash linked list":
         opts.set_memtable_factory(MemtableFactory.hash_link_list(MEMTABLE_BUCKETS))
     elif name == "vector":

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve()
 def make_store(path: Path, pages: int) -> None:
     from dupalign.config import EngineConfig
     from dupalign.runtime.engine import Engine
-    from dupalign.store.database import u64
+    from dupalign.store.keys import u64
 
     with Engine.open(path, EngineConfig().validate()) as engine:
         fps = np.random.default_rng(0).integers(0, 2**63, pages, dtype=np.int64).tolist()

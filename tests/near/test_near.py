@@ -12,7 +12,8 @@ from dupalign.near.cws import minhash_sketch
 from dupalign.near.idf import IdfBuilder, IdfTable, tf_idf_weights
 from dupalign.near.index import _SHINGLE_SALT, _load_fingerprints, distinct_counts, near_sketch
 from dupalign.near.simhash import weighted_simhash
-from dupalign.store.database import Store, read_u64, u64
+from dupalign.store.database import Store
+from dupalign.store.keys import read_u64, u64
 from dupalign.text.hashing import shingle_hashes
 
 hashes_st = st.lists(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 20)), max_size=60)

@@ -1,6 +1,6 @@
 """Align shards keyed by earlier page: a request split by its candidates' owners
 (``AlignRequest.split``), each part aligned by an ``Aligner`` on a store that holds only
-the forward records of the pages that part owns (``dupalign.service.align_store.AlignStore``, filled
+the forward records of the pages that part owns (``dupalign.store.forward_copy.ForwardCopy``, filled
 as from the forward topic), the parts' best pages merged (``merge_ranked``): the matches of
 one ``Aligner.align`` of the whole request, with ``passage.max_matches`` binding."""
 
@@ -16,10 +16,12 @@ from hypothesis import strategies as st
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.match import Span
 from dupalign.runtime.engine import Engine
-from dupalign.service.align_store import AlignStore, encode_forward
+from dupalign.service.align_store import forward_changes
 from dupalign.stages.align import Aligner, RankedPage, merge_ranked
 from dupalign.stages.index import AlignRequest
-from dupalign.store.database import u64
+from dupalign.store.forward_copy import ForwardCopy
+from dupalign.store.keys import u64
+from dupalign.wire.forward_record import encode_forward
 from tests.passage.test_align_caps import dense_pages
 
 
@@ -29,10 +31,9 @@ class Record(NamedTuple):  # what the align role reads from the forward topic
 
 
 def forward_record(engine: Engine, ordinal: int, doc_id: str) -> Record:
-    store = engine.indexer.store
-    windows, positions = store.get("forward", u64(ordinal)), store.get("positions", u64(ordinal))
-    assert windows is not None and positions is not None
-    return Record(u64(ordinal), encode_forward(doc_id, windows, positions))
+    record = engine.forward_record(ordinal)
+    assert record is not None
+    return Record(u64(ordinal), encode_forward(doc_id, *record))
 
 
 @pytest.mark.parametrize(("parts", "max_matches", "seed"),
@@ -41,8 +42,8 @@ def test_a_request_aligned_in_parts_gives_the_matches_of_the_whole(
         tmp_path: Path, parts: int, max_matches: int, seed: int) -> None:
     cfg = EngineConfig(near=NearConfig(enabled=False), passage=PassageConfig(
         max_matches=max_matches)).validate()
-    stores = {p: AlignStore(tmp_path / f"align-{p}") for p in range(parts)}
-    aligners = {p: Aligner(cfg, store=s) for p, s in stores.items()}  # type: ignore[arg-type]
+    stores = {p: ForwardCopy(tmp_path / f"align-{p}") for p in range(parts)}
+    aligners = {p: Aligner(cfg, store=s) for p, s in stores.items()}
     capped = 0
     split_pages = 0
     try:
@@ -67,7 +68,8 @@ def test_a_request_aligned_in_parts_gives_the_matches_of_the_whole(
                 engine.indexer.finish(result, whole)
                 if result.ordinal is not None:
                     p = result.ordinal % parts
-                    stores[p].apply(p, [forward_record(engine, result.ordinal, page.id)],
+                    stores[p].apply(p, forward_changes([forward_record(engine, result.ordinal,
+                                                                       page.id)]),
                                     result.ordinal + 1)
     finally:
         for s in stores.values():
@@ -79,12 +81,12 @@ def test_a_request_aligned_in_parts_gives_the_matches_of_the_whole(
 
 
 def test_a_page_that_left_the_index_leaves_the_align_store(tmp_path: Path) -> None:
-    store = AlignStore(tmp_path / "a")
+    store = ForwardCopy(tmp_path / "a")
     try:
-        store.apply(1, [Record(u64(5), encode_forward("p5", b"w", b"pos"))], 7)
+        store.apply(1, forward_changes([Record(u64(5), encode_forward("p5", b"w", b"pos"))]), 7)
         assert store.get("forward", u64(5)) == b"w" and store.offset(1) == 7
         assert store.has_all([5]) and not store.has_all([5, 9])
-        store.apply(1, [Record(u64(5), None)], 8)
+        store.apply(1, forward_changes([Record(u64(5), None)]), 8)
         assert store.get("forward", u64(5)) is None and store.get("docs", u64(5)) is None
         assert store.offset(1) == 8 and store.offset(0) is None
     finally:
@@ -122,14 +124,14 @@ def test_forward_records_of_the_version_before_are_read_and_older_ones_refused(
     is refused, not misread."""
     import msgpack
 
-    store = AlignStore(tmp_path / "a")
+    store = ForwardCopy(tmp_path / "a")
     try:
         for v in (1, 2):
             value = msgpack.packb({"v": v, "id": f"p{v}", "forward": b"w" * 8,
                                    "positions": b"x"}, use_bin_type=True)
-            store.apply(0, [Record(u64(v), value)], v + 1)
+            store.apply(0, forward_changes([Record(u64(v), value)]), v + 1)
             assert store.get("forward", u64(v)) == b"w" * 8
         with pytest.raises(ValueError, match="forward record version 0"):
-            store.apply(0, [Record(u64(9), msgpack.packb({"v": 0}))], 10)
+            store.apply(0, forward_changes([Record(u64(9), msgpack.packb({"v": 0}))]), 10)
     finally:
         store.close()

@@ -36,7 +36,7 @@ from dupalign.passage.sketch import PassageSketcher, distinct_lists, passage_sta
 from dupalign.passage.tasks import Weights
 from dupalign.runtime.engine import Engine
 from dupalign.stages.query import PassageQuery
-from dupalign.store.database import read_u64, u64
+from dupalign.store.keys import read_u64, u64
 from dupalign.text.hashing import token_hashes
 from dupalign.text.tokens import Tokens, tokenize
 from tests import corpora

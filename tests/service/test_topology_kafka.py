@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dupalign.config import EngineConfig, RetentionConfig
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
-from dupalign.service.align_store import AlignStore
+from dupalign.service.align_store import forward_changes
 from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.service.roles.sketch import SketchRole
 from dupalign.service.topology import (
@@ -47,6 +47,7 @@ from dupalign.service.topology import (
 )
 from dupalign.stages.align import Aligner
 from dupalign.stages.index import AlignRequest
+from dupalign.store.forward_copy import ForwardCopy
 from dupalign.wire import messages
 from tests.bench.bench_worker import corpus
 from tests.passage.test_align_caps import dense_pages
@@ -142,10 +143,10 @@ async def test_a_request_read_before_its_candidates_commit_marker_waits_for_them
             raise AssertionError("no page of the stream asked for an alignment")
     assert result.ordinal is not None
     p, part = next(iter(result.align.split(topo.partitions[kc.align_topic]).items()))
-    store = AlignStore(tmp_path / "local")
+    store = ForwardCopy(tmp_path / "local")
     try:
-        store.apply(p, [forward[o] for o in part.others.tolist()], 0)
-        want = Aligner(topo.engine, store=store).align_ranked(  # type: ignore[arg-type]
+        store.apply(p, forward_changes([forward[o] for o in part.others.tolist()]), 0)
+        want = Aligner(topo.engine, store=store).align_ranked(
             AlignRequest.from_bytes(part.to_bytes(forward=False)))
     finally:
         store.close()
@@ -524,7 +525,7 @@ async def test_an_index_store_from_before_align_shards_sends_every_forward_recor
     forward record of every page it stores, so the align shards can align the later pages
     against them: no part is answered "not aligned here" (the index would align those
     pages itself: the same matches, which is why the log is checked)."""
-    from dupalign.store.database import NOTES
+    from dupalign.store.records import NOTES
 
     topo = await Topology(kafka_bootstrap, tmp_path).create()
     pages = clough_pages()

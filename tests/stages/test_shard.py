@@ -39,7 +39,9 @@ from dupalign.stages.shards import (
     owned_parts,
     shard_dir,
 )
-from dupalign.store.database import LOGS, Store, u64
+from dupalign.store.database import Store
+from dupalign.store.keys import u64
+from dupalign.store.records import LOGS
 from tests.corpora import demo_pages
 from tests.runtime.test_lifecycle import _CHUNKS, _VOCAB, text_of
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dupalign.errors import StoreError, StoreMismatch, StoreUnavailable
-from dupalign.store.database import Store, read_u64, u64
+from dupalign.store.database import Store
+from dupalign.store.keys import read_u64, u64
 
 
 def test_prefix_scan_returns_exactly_the_prefix_in_order(tmp_path: Path) -> None:

@@ -34,7 +34,10 @@ import numpy.typing as npt
 from rocksdict import SstFileWriter
 
 from dupalign.passage.lists.chains import ListChains
-from dupalign.store.database import Batch, Store, store_error, table_file_options, u64
+from dupalign.store.database import Batch, Store
+from dupalign.store.failures import store_error
+from dupalign.store.keys import u64
+from dupalign.store.options import table_file_options
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]

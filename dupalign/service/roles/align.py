@@ -30,7 +30,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from dupalign.service.align_store import AlignStore, TemporaryStoreDir
+from dupalign.service.align_store import TemporaryStoreDir, forward_changes
 from dupalign.service.config import Config
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
@@ -45,6 +45,7 @@ from dupalign.service.topology import (
 )
 from dupalign.stages.align import Aligner
 from dupalign.stages.index import AlignRequest
+from dupalign.store.forward_copy import ForwardCopy
 from dupalign.wire import messages
 
 log = logging.getLogger("dupalign.roles.align")
@@ -60,7 +61,7 @@ class AlignRole(StatelessRole):
         # forward topic at every start (a deployment keeps one per process to start fast)
         self.store_dir = None if store_dir is None else Path(store_dir) / "align"
         self.temporary: TemporaryStoreDir | None = None
-        self.store: AlignStore | None = None
+        self.store: ForwardCopy | None = None
         self.aligner = Aligner(config.engine)
         self.forward: AIOKafkaConsumer | None = None  # this process's forward partitions
         self.written: AIOKafkaConsumer | None = None  # asks for their ends, committed or not
@@ -74,8 +75,8 @@ class AlignRole(StatelessRole):
         if self.store_dir is None:
             self.temporary = TemporaryStoreDir()
             self.store_dir = self.temporary.store
-        self.store = AlignStore(self.store_dir)
-        self.aligner = Aligner(self.config.engine, store=self.store)  # type: ignore[arg-type]
+        self.store = ForwardCopy(self.store_dir)
+        self.aligner = Aligner(self.config.engine, store=self.store)
         kc = self.kc
         self.forward = AIOKafkaConsumer(
             **kc.client_kwargs(), group_id=None, enable_auto_commit=False,
@@ -127,7 +128,8 @@ class AlignRole(StatelessRole):
                 return
             for ftp, records in got.items():  # (no await before they are applied)
                 if records and ftp.partition in self.held:
-                    self.store.apply(ftp.partition, records, records[-1].offset + 1)
+                    self.store.apply(ftp.partition, forward_changes(records),
+                                     records[-1].offset + 1)
             self.applied.set()
             self.applied = asyncio.Event()
 

@@ -31,14 +31,8 @@ from dupalign.stages.shards import (
     page_owner,
 )
 from dupalign.stages.sketch import PageSketch
-from dupalign.store.database import (
-    Batch,
-    Store,
-    log_delete_below,
-    log_items,
-    log_put,
-    unfinished_records,
-)
+from dupalign.store.database import Batch, Store
+from dupalign.store.records import log_delete_below, log_items, log_put, unfinished_records
 
 
 class RemoteShard:

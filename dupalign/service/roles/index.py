@@ -50,7 +50,6 @@ from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.match import Match, Span
 from dupalign.runtime.engine import Engine, Source
-from dupalign.service.align_store import encode_forward
 from dupalign.service.config import Config
 from dupalign.service.roles.base import RoleListener, turns
 from dupalign.service.roles.fan_in import FanInIndexer
@@ -80,8 +79,10 @@ from dupalign.service.topology import (
 from dupalign.stages.align import RankedPage, merge_ranked
 from dupalign.stages.index import IndexResult
 from dupalign.stages.sketch import PageSketch
-from dupalign.store.database import Store, read_u64, u64
+from dupalign.store.database import Store
+from dupalign.store.keys import read_u64, u64
 from dupalign.wire import messages
+from dupalign.wire.forward_record import encode_forward
 
 log = logging.getLogger("dupalign.roles.index")
 

@@ -27,8 +27,9 @@ from dupalign.errors import StoreMismatch
 from dupalign.near.index import NearState
 from dupalign.passage.sketch import PassageState, Rects
 from dupalign.stages.shards import IndexShard, check_shard, shard_dir
-from dupalign.store.database import (
-    Store,
+from dupalign.store.database import Store
+from dupalign.store.keys import read_u64, u64
+from dupalign.store.records import (
     get_note,
     get_offset,
     log_delete,
@@ -37,8 +38,6 @@ from dupalign.store.database import (
     log_put,
     put_note,
     put_offset,
-    read_u64,
-    u64,
 )
 from dupalign.wire.versions import KEYS_MESSAGE, PARTIAL, pack_array
 

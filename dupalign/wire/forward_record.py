@@ -1,0 +1,32 @@
+"""A ``pages.forward`` record: the forward record of a page the index stored, sent to the
+align shard that owns the page (docs/topology.md). Its key is the page's ordinal (``u64``,
+big-endian); a null value says the page left the index's store."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import msgpack
+
+from dupalign.wire.versions import FORWARD_RECORD
+
+
+class ForwardRecord(NamedTuple):
+    """A page's id and its forward record as the index's store holds it."""
+
+    doc_id: str
+    windows: bytes
+    positions: bytes
+
+
+def encode_forward(doc_id: str, windows: bytes, positions: bytes) -> bytes:
+    """A ``pages.forward`` record's value."""
+    return bytes(msgpack.packb({"v": FORWARD_RECORD.writes, "id": doc_id, "forward": windows,
+                                "positions": positions}, use_bin_type=True))
+
+
+def decode_forward(value: bytes) -> ForwardRecord:
+    """A ``pages.forward`` record's value, read (ValueError: a version not read)."""
+    d = msgpack.unpackb(value, raw=False)
+    FORWARD_RECORD.check(d.get("v"))
+    return ForwardRecord(d["id"], d["forward"], d["positions"])
