@@ -26,7 +26,8 @@ from dupalign.page import Page
 from dupalign.passage.index import PassageIndex
 from dupalign.runtime.pipeline import ExecutorKind, Source, Stages, WorkerPool, run_pipeline
 from dupalign.stages.align import Aligner
-from dupalign.stages.index import Indexer, IndexResult, IndexTimes, StoredVersion
+from dupalign.stages.index import Indexer
+from dupalign.stages.messages import IndexResult, IndexTimes, StoredVersion
 from dupalign.stages.query import PassageQuery
 from dupalign.stages.shards import RemoteIndexer, ShardedIndexer, open_indexer
 from dupalign.stages.sketch import PageSketch, Sketcher

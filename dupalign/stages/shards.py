@@ -51,7 +51,8 @@ from dupalign.near.index import NearIndex, NearState
 from dupalign.passage import forward
 from dupalign.passage.index import PassageIndex, Removal
 from dupalign.passage.sketch import PassageState, Rects
-from dupalign.stages.index import Indexer, IndexResult
+from dupalign.stages.index import Indexer
+from dupalign.stages.messages import IndexResult
 from dupalign.stages.sketch import PageSketch
 from dupalign.store.database import (
     Batch,

@@ -28,7 +28,7 @@ from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.service.align_store import encode_forward
-from dupalign.stages.index import AlignRequest
+from dupalign.stages.messages import AlignRequest
 from dupalign.store.database import u64
 from tests.bench.bench_scan import load_pages, main_text, warm_up
 from tests.corpora import LLVM_DOCS

@@ -18,7 +18,7 @@ from dupalign.match import Span
 from dupalign.runtime.engine import Engine
 from dupalign.service.align_store import AlignStore, encode_forward
 from dupalign.stages.align import Aligner, RankedPage, merge_ranked
-from dupalign.stages.index import AlignRequest
+from dupalign.stages.messages import AlignRequest
 from dupalign.store.database import u64
 from tests.passage.test_align_caps import dense_pages
 
