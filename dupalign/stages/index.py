@@ -82,16 +82,22 @@ def next_ordinal(store: Store) -> int:
 
 class Indexer:
     """The index stage over one store. Not thread-safe: one thread calls ``index`` and
-    ``finish``, each in ordinal order."""
+    ``finish``, each in ordinal order. ``removal_only``: an index stage that only removes
+    pages (``delete``, ``remove``: ``dupalign delete``), opened without what only indexing
+    needs (``NearIndex``: the PSM table); ``index`` raises."""
 
-    def __init__(self, store: Store, config: EngineConfig) -> None:
+    def __init__(self, store: Store, config: EngineConfig, removal_only: bool = False
+                 ) -> None:
         self.config = config
         self.store = store
+        self.removal_only = removal_only
         self.next_ordinal = next_ordinal(store)
-        self.near = NearIndex(store, config, self.next_ordinal)
+        self.near = NearIndex(store, config, self.next_ordinal, removal_only)
         self.passages = PassageIndex(store, config)
         self.unfinished = 0  # pages indexed whose matches are not stored yet
-        self.alive = sum(1 for _ in store.keys("ids"))  # pages stored (current versions)
+        # pages stored (current versions), counted on first ask (``alive``): a count of
+        # the whole ``ids`` family, which a delete does not need
+        self._alive: int | None = None
         self.counters = LifecycleCounters()
         self.times = IndexTimes()
         # candidates' forward records kept between align requests that carry them
@@ -111,12 +117,26 @@ class Indexer:
             "theta": config.passage.theta,
         }
 
+    @property
+    def alive(self) -> int:
+        """Pages stored (current versions)."""
+        if self._alive is None:
+            self._alive = sum(1 for _ in self.store.keys("ids"))
+        return self._alive
+
+    def _count_alive(self, change: int) -> None:
+        if self._alive is not None:  # (else counted from the store when first asked)
+            self._alive += change
+
     def index(self, sk: PageSketch, source: tuple[str, int, int] | None = None,
               defer: bool = False) -> IndexResult:
         """Index the page (next ordinal) and find its exact and near matches and passage
         tasks. A rejected or replayed page gets no ordinal and writes nothing here.
         ``defer``: the caller aligns the page and calls ``finish`` before indexing another,
         so a page with tasks can be written in one batch with its matches, by ``finish``."""
+        if self.removal_only:  # (a tombstone too: it would be answered out of order)
+            raise RuntimeError("the index stage was opened for removal only: it indexes no "
+                               "page")
         times = self.times = IndexTimes()
         result = IndexResult(sk.id, source, times=times)
         if sk.replay_key is not None:
@@ -246,7 +266,7 @@ class Indexer:
         self.next_ordinal = ordinal + 1
         if removal is not None:
             self._commit_removal(removal)
-        self.alive += 1
+        self._count_alive(1)
         self.near.commit(ordinal, near_state)
         self.passages.commit(ordinal, passage_state)
 
@@ -415,7 +435,7 @@ class Indexer:
             self.on_removed(ordinals)
         self.near.commit_removal(ordinals)
         self.passages.commit_removal(removal)
-        self.alive -= len(ordinals)
+        self._count_alive(-len(ordinals))
         self.counters.removed += len(ordinals)
 
     # -- helpers --------------------------------------------------------------------------
