@@ -25,7 +25,7 @@ from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.stages.align import Aligner
-from dupalign.stages.index import AlignRequest
+from dupalign.stages.messages import AlignRequest
 from dupalign.stages.sketch import PageSketch
 
 REPO = Path(__file__).resolve().parent.parent

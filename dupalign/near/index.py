@@ -149,8 +149,15 @@ def _load_fingerprints(store: Store, chunk: int = 1 << 16) -> tuple[U64, I64]:
 
 
 class NearIndex:
-    def __init__(self, store: Store, config: EngineConfig, next_ordinal: int) -> None:
+    """``removal_only``: for an engine that only removes pages (``dupalign delete``): the PSM
+    table (a read of the whole ``simhash`` family, about 1.4 s at 2M pages) and the idf
+    counts are not loaded, since a removal deletes the pages' rows from the families alone
+    and the next full open builds the table from them; searching or adding pages raises."""
+
+    def __init__(self, store: Store, config: EngineConfig, next_ordinal: int,
+                 removal_only: bool = False) -> None:
         self.store = store
+        self.removal_only = removal_only
         self.cfg = config.near
         self.seed = config.seed
         self.filter = CwsFilter(self.cfg.cws_samples, self.cfg.cws_threshold, self.cfg.cws_error)
@@ -159,15 +166,25 @@ class NearIndex:
         while (raw := store.get("meta", _idf_key(len(self.tables)))) is not None:
             self.tables.append(IdfTable.from_bytes(raw))
         self.builder: IdfBuilder | None = None
-        if len(self.tables) <= len(self.cfg.idf_freeze_at):
+        if len(self.tables) <= len(self.cfg.idf_freeze_at) and not removal_only:
             self.builder = IdfBuilder()
             for _, value in store.items("idf_pending"):
                 self.builder.add_document(np.frombuffer(value, dtype="<u8"))
         raw_model = store.get("meta", _META_MODEL)
         self.model = VolatilityModel.from_bytes(raw_model) if raw_model else VolatilityModel()
-        fps, ords = _load_fingerprints(store)  # in key order: by (fingerprint, ordinal)
-        self.table = SimhashTable.from_arrays(fps, ords, ordered=True)
+        self._table: SimhashTable | None = None
+        if not removal_only:
+            fps, ords = _load_fingerprints(store)  # in key order: by (fingerprint, ordinal)
+            self._table = SimhashTable.from_arrays(fps, ords, ordered=True)
         self._staged: dict[int, int] = {}  # ordinal -> fingerprint of a staged removal
+
+    @property
+    def table(self) -> SimhashTable:
+        """The PSM table: fingerprint -> ordinal of every near-indexed page."""
+        if self._table is None:
+            raise RuntimeError("the near index was opened for removal only: it has no "
+                               "fingerprint table to search or add to")
+        return self._table
 
     @property
     def idf(self) -> IdfTable:
@@ -220,6 +237,8 @@ class NearIndex:
         """Put the page's entries into ``batch`` (the in-memory side waits for ``commit``)."""
         if state is None or not state.indexed or state.fingerprint is None:
             return
+        if self.removal_only:  # (its idf counts are not loaded: it would freeze wrong ones)
+            raise RuntimeError("the near index was opened for removal only: it adds no page")
         assert state.sketch is not None and state.unique is not None and state.W is not None
         batch.put("simhash", u64(state.fingerprint) + u64(ordinal), b"")
         self.put_sketch(batch, ordinal, state.sketch)
@@ -268,7 +287,8 @@ class NearIndex:
         """After the removal's batch is written: the PSM table without those pages (their
         fingerprints known from ``stage_removal``: the table finds rows by fingerprint)."""
         rows = [(self._staged.pop(o), o) for o in ordinals if o in self._staged]
-        self.table.remove([f for f, _ in rows], [o for _, o in rows])
+        if self._table is not None:  # (removal only: the family alone; a full open reads it)
+            self._table.remove([f for f, _ in rows], [o for _, o in rows])
 
     def sketch_of(self, ordinal: int) -> U64 | None:
         """A stored page's verification sketch (None: the page is not near-indexed)."""

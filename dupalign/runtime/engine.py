@@ -26,7 +26,8 @@ from dupalign.page import Page
 from dupalign.passage.index import PassageIndex
 from dupalign.runtime.pipeline import ExecutorKind, Source, Stages, WorkerPool, run_pipeline
 from dupalign.stages.align import Aligner
-from dupalign.stages.index import Indexer, IndexResult, IndexTimes, StoredVersion
+from dupalign.stages.index import Indexer
+from dupalign.stages.messages import IndexResult, IndexTimes, StoredVersion
 from dupalign.stages.query import PassageQuery
 from dupalign.stages.shards import RemoteIndexer, ShardedIndexer, open_indexer
 from dupalign.stages.sketch import PageSketch, Sketcher
@@ -60,18 +61,27 @@ class PageReport(IndexTimes):
 
 
 class Engine:
-    """The duplicate engine over one store. Not thread-safe: call from one thread."""
+    """The duplicate engine over one store. Not thread-safe: call from one thread.
+
+    ``removal_only``: an engine that removes pages (``delete``, ``compact``) and indexes
+    none (``process``, ``sketch``, ``index`` raise), opened at a cost that does not grow
+    with the store (``Indexer``: without the near index's fingerprint table; the store
+    afterwards is the one a full engine's removal leaves)."""
 
     def __init__(self, store: Store, config: EngineConfig, read_only: bool = False,
-                 shards: int | None = None, remote_shards: RemoteIndexer | None = None
-                 ) -> None:
+                 shards: int | None = None, remote_shards: RemoteIndexer | None = None,
+                 removal_only: bool = False) -> None:
+        if removal_only and (read_only or remote_shards is not None):
+            raise ValueError("removal_only is for an engine that writes its own store")
         self.config = config
         self.store = store
         self.read_only = read_only
+        self.removal_only = removal_only
         # one Indexer, or index shards (dupalign.stages.shards); ``shards``: None takes the store's
         # (``remote_shards``: builds the index stage of the Kafka topology's index role, its
         # shards elsewhere)
-        self.indexer: Indexer = open_indexer(store, config, read_only, shards, remote_shards)
+        self.indexer: Indexer = open_indexer(store, config, read_only, shards, remote_shards,
+                                             removal_only)
         self.sketcher = Sketcher(config)
         self.aligner = Aligner(config, store)  # reads forward records from the store
         self.last_report = PageReport()
@@ -96,6 +106,7 @@ class Engine:
     def open(
         cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False,
         shards: int | None = None, remote_shards: RemoteIndexer | None = None,
+        removal_only: bool = False,
     ) -> Engine:
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
@@ -104,7 +115,7 @@ class Engine:
         try:
             if read_only:  # a reader takes the store's frozen parameters, whatever it asked
                 config = config.with_frozen(store.params)
-            return cls(store, config, read_only, shards, remote_shards)
+            return cls(store, config, read_only, shards, remote_shards, removal_only)
         except BaseException:
             store.close()
             raise
@@ -169,6 +180,7 @@ class Engine:
         offset (as a rejection does) before it propagates."""
         if self.read_only:
             raise RuntimeError("engine opened read-only")
+        self._check_indexes()
         try:
             # an unchanged revisit is only tokenized and hashed (see Indexer.index)
             stored = None if page.deleted else self.indexer.current(page.id)
@@ -182,7 +194,12 @@ class Engine:
               ) -> IndexResult:
         """The index stage; ``defer``: the page's matches are stored by ``finish`` (after
         align) rather than now when it has no passage tasks."""
+        self._check_indexes()
         return self.indexer.index(sk, source, defer)
+
+    def _check_indexes(self) -> None:
+        if self.removal_only:
+            raise RuntimeError("engine opened for removal only: it indexes no page")
 
     def align(self, result: IndexResult) -> list[tuple[str, list[Any]]]:
         return [] if result.align is None else self.aligner.align(result.align)
@@ -194,6 +211,7 @@ class Engine:
         """``process`` over a stream, in order, sketch and align on ``jobs`` workers: each
         page with its matches or the exception its processing raised (PageRejected...).
         Same matches whatever ``jobs`` (dupalign.runtime.pipeline)."""
+        self._check_indexes()
         return run_pipeline(self.stages(), items, jobs, executor)
 
     def stages(self) -> Stages:

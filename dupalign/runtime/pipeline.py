@@ -50,7 +50,7 @@ from dupalign.passage.lists.files import PendingLists
 from dupalign.runtime.owned_dir import OwnedTempDir
 from dupalign.runtime.pool import Call, ProcessPool
 from dupalign.stages.align import Aligner
-from dupalign.stages.index import AlignRequest, IndexResult
+from dupalign.stages.messages import AlignRequest, IndexResult
 from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.store.database import Store
 

@@ -46,12 +46,13 @@ def load_engine_config(path: str | None) -> EngineConfig:
 
 
 def _open_engine(store: str, config: EngineConfig, read_only: bool = False,
-                 shards: int | None = None) -> Engine:
+                 shards: int | None = None, removal_only: bool = False) -> Engine:
     if read_only:  # said before the engine's import (numba: about 2 s of CPU)
         _existing_store(store)
     from dupalign.runtime.engine import Engine
 
-    return Engine.open(store, config, read_only=read_only, shards=shards)
+    return Engine.open(store, config, read_only=read_only, shards=shards,
+                       removal_only=removal_only)
 
 
 def _check_out_path(out: str) -> None:
@@ -247,7 +248,8 @@ def _check_committed(engine: Engine, store: str, force: bool) -> None:
 def cmd_delete(args: argparse.Namespace) -> int:
     config = load_engine_config(args.config)
     ids = list(dict.fromkeys(args.ids))
-    with _open_engine(_existing_store(args.store), config) as engine:
+    # removal only: an open that does not read the whole store (the near index's table)
+    with _open_engine(_existing_store(args.store), config, removal_only=True) as engine:
         _check_committed(engine, args.store, args.force)
         # like `rm -f`: an id not stored is already where delete would put it, so it is
         # said, not an error (a retried or repeated removal succeeds)

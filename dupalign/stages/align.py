@@ -1,6 +1,6 @@
 """The align stage: a page's alignment tasks → its passage matches, with no index state.
 
-Input: an ``AlignRequest`` (dupalign.stages.index), the tasks of one page against its earlier
+Input: an ``AlignRequest`` (dupalign.stages.messages), the tasks of one page against its earlier
 candidate pages. Steps: the candidates' windows in the page's lists and empty bins
 gathered from their forward records (dupalign.passage.forward: read from the store or a secondary
 instance of it, or carried by the request), per task the viability cut and the interval

@@ -51,7 +51,8 @@ from dupalign.near.index import NearIndex, NearState
 from dupalign.passage import forward
 from dupalign.passage.index import PassageIndex, Removal
 from dupalign.passage.sketch import PassageState, Rects
-from dupalign.stages.index import Indexer, IndexResult
+from dupalign.stages.index import Indexer
+from dupalign.stages.messages import IndexResult
 from dupalign.stages.sketch import PageSketch
 from dupalign.store.database import Batch, Store
 from dupalign.store.keys import ordinal_ranges, read_u64, u64
@@ -219,8 +220,8 @@ class ShardedNear(NearIndex):
     """The fan-in's near index: the PSM table here, verification sketches in the shards."""
 
     def __init__(self, store: Store, config: EngineConfig, next_ordinal: int,
-                 shards: list[IndexShard]) -> None:
-        super().__init__(store, config, next_ordinal)
+                 shards: list[IndexShard], removal_only: bool = False) -> None:
+        super().__init__(store, config, next_ordinal, removal_only)
         self.shards = shards
 
     def search(self, state: NearState, ordinal: int) -> list[tuple[int, int, float]]:
@@ -342,8 +343,8 @@ class ShardedIndexer(Indexer):
     ``Indexer``, with its near and passage indexes fanned out (module docstring)."""
 
     def __init__(self, store: Store, config: EngineConfig, shard_stores: list[Store],
-                 read_only: bool = False) -> None:
-        super().__init__(store, config)
+                 read_only: bool = False, removal_only: bool = False) -> None:
+        super().__init__(store, config, removal_only)
         n = len(shard_stores)
         self.shards = [IndexShard(s, config, i, n) for i, s in enumerate(shard_stores)]
         for shard in self.shards:
@@ -351,7 +352,7 @@ class ShardedIndexer(Indexer):
                 shard.roll_back(self.next_ordinal)
         # (the plain indexes built by Indexer.__init__ are replaced: a second read of the
         # fingerprint table at open)
-        self.near = ShardedNear(store, config, self.next_ordinal, self.shards)
+        self.near = ShardedNear(store, config, self.next_ordinal, self.shards, removal_only)
         self.passages = ShardedPassages(store, config, self.shards)
 
     def index(self, sk: PageSketch, source: tuple[str, int, int] | None = None,
@@ -382,13 +383,14 @@ service's fan-in, given the page directory's store, the config and S)."""
 
 
 def open_indexer(store: Store, config: EngineConfig, read_only: bool = False,
-                 shards: int | None = None, remote: RemoteIndexer | None = None) -> Indexer:
+                 shards: int | None = None, remote: RemoteIndexer | None = None,
+                 removal_only: bool = False) -> Indexer:
     """The index stage over ``store``: one ``Indexer``, or a ``ShardedIndexer`` over the
     shard stores under ``<store>/shards/`` when the store was built for more than one
     shard. ``shards``: the count asked (None: the store's; 1 for a new one); ``remote``: the
     shards are processes that talk to this one by messages, and this builds the indexer
-    that talks to them (the service's). The count is fixed per store: another one is
-    refused with the rebuild-by-replay command."""
+    that talks to them (the service's); ``removal_only``: ``Indexer``'s. The count is fixed
+    per store: another one is refused with the rebuild-by-replay command."""
     has = stored_shard_count(store)
     n = shards if shards is not None else (has or 1)
     if n < 1:
@@ -401,7 +403,7 @@ def open_indexer(store: Store, config: EngineConfig, read_only: bool = False,
     if has is None and not read_only and (n == 1 or remote is not None):
         store.put("meta", SHARDS_KEY, msgpack.packb(n))
     if n == 1:
-        indexer = Indexer(store, config)
+        indexer = Indexer(store, config, removal_only)
         # (index shards write their entries in their batches: a shard rolls a page back)
         indexer.passages.write_lists_behind(read_only)
         return indexer
@@ -419,7 +421,7 @@ def open_indexer(store: Store, config: EngineConfig, read_only: bool = False,
             check_shard(s, i, n, read_only)
         if has is None and not read_only:  # after its shards: a store that records a
             store.put("meta", SHARDS_KEY, msgpack.packb(n))  # count has their stores
-        return ShardedIndexer(store, config, stores, read_only)
+        return ShardedIndexer(store, config, stores, read_only, removal_only)
     except BaseException:
         for s in stores:
             s.close()

@@ -27,7 +27,7 @@ from dupalign.config import EngineConfig, TextConfig
 from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
-from dupalign.stages.index import AlignRequest
+from dupalign.stages.messages import AlignRequest
 from dupalign.store.keys import u64
 from dupalign.wire.forward_record import encode_forward
 from tests.bench.bench_scan import load_pages, main_text, warm_up

@@ -65,7 +65,7 @@ from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.runtime.pipeline import ExecutorKind
-from dupalign.stages.index import AlignRequest
+from dupalign.stages.messages import AlignRequest
 from dupalign.text.tokens import page_text, tokenize
 from tests.corpora import LLVM_DOCS
 

@@ -18,7 +18,7 @@ from dupalign.match import Span
 from dupalign.runtime.engine import Engine
 from dupalign.service.align_store import forward_changes
 from dupalign.stages.align import Aligner, RankedPage, merge_ranked
-from dupalign.stages.index import AlignRequest
+from dupalign.stages.messages import AlignRequest
 from dupalign.store.forward_copy import ForwardCopy
 from dupalign.store.keys import u64
 from dupalign.wire.forward_record import encode_forward

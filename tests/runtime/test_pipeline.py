@@ -24,7 +24,7 @@ from dupalign.runtime import pipeline
 from dupalign.runtime.engine import Engine
 from dupalign.runtime.pipeline import ExecutorKind
 from dupalign.stages.align import Aligner
-from dupalign.stages.index import AlignRequest, IndexResult
+from dupalign.stages.messages import AlignRequest, IndexResult
 from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.wire import messages
 from tests.runtime.test_engine import edit, rfc_words

@@ -44,7 +44,7 @@ from dupalign.service.topology import (
     stop_quietly,
 )
 from dupalign.stages.align import Aligner
-from dupalign.stages.index import AlignRequest
+from dupalign.stages.messages import AlignRequest
 from dupalign.store.forward_copy import ForwardCopy
 from dupalign.wire import messages
 

@@ -20,7 +20,8 @@ from dupalign.near.index import NearState
 from dupalign.passage.index import PassageIndex, Removal
 from dupalign.passage.sketch import PassageState, query_lists
 from dupalign.service.roles.shard_protocol import Partial, ShardMessage, ShardQuery
-from dupalign.stages.index import Indexer, IndexResult, Query, StoredVersion
+from dupalign.stages.index import Indexer
+from dupalign.stages.messages import IndexResult, Query, StoredVersion
 from dupalign.stages.shards import (
     I64,
     U64,

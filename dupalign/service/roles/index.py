@@ -77,7 +77,7 @@ from dupalign.service.topology import (
     transactional_id,
 )
 from dupalign.stages.align import RankedPage, merge_ranked
-from dupalign.stages.index import IndexResult
+from dupalign.stages.messages import IndexResult
 from dupalign.stages.sketch import PageSketch
 from dupalign.store.database import Store
 from dupalign.store.keys import read_u64, u64
