@@ -1,7 +1,8 @@
 """Kafka plumbing shared by the roles of the topology (dupalign/service/roles/launch.py): the
 topics and their
-partition counts, the records that travel between roles, transactional producers and the
-checkpoint unit (produced records + consumed offsets, one Kafka transaction).
+partition counts, the records that travel between roles and transactional producers. The
+checkpoint unit (produced records + consumed offsets, one Kafka transaction) is
+dupalign/service/loop.py's ``Checkpoint``.
 
 Topics (names from ``[kafka]``)::
 
@@ -22,7 +23,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import CommitFailedError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 from aiokafka.structs import OffsetAndMetadata
 
 from dupalign.match import Span
@@ -256,7 +257,7 @@ def new_consumer(kc: KafkaConfig, group_id: str, max_records: int, **kw: Any
 def transactional_id(kc: KafkaConfig, group_id: str, tp: TopicPartition) -> str | None:
     """One per input partition (pre-KIP-447 fencing): the next owner of ``tp`` aborts what
     the previous one left open before it reads the committed offset. None with
-    ``kafka.transactions = false`` (at-least-once: see ``hop``)."""
+    ``kafka.transactions = false`` (at-least-once: see dupalign/service/loop.py ``Checkpoint``)."""
     if not kc.transactions:
         return None
     return f"{kc.transactional_id_prefix}-{group_id}-{tp.topic}-{tp.partition}"
@@ -282,37 +283,6 @@ async def committed_offsets(consumer: AIOKafkaConsumer, tps: Iterable[TopicParti
     """The group's committed offsets (absent: never committed)."""
     found = await fetch_committed(consumer, tps)
     return {tp: om.offset for tp, om in found.items() if om.offset >= 0}
-
-
-async def checkpoint(producer: AIOKafkaProducer, group_id: str, outgoing: list[Outgoing],
-                     offsets: dict[TopicPartition, int],
-                     at_least_once: AIOKafkaConsumer | None = None) -> None:
-    """The checkpoint unit: ``outgoing``, then the consumed ``offsets`` (``hop``)."""
-    async with hop(producer, group_id, offsets, at_least_once):
-        await send_all(producer, outgoing)
-
-
-@contextlib.asynccontextmanager
-async def hop(producer: AIOKafkaProducer, group_id: str, offsets: dict[TopicPartition, int],
-              at_least_once: AIOKafkaConsumer | None = None) -> AsyncIterator[None]:
-    """What the block sends (and awaits: ``send_all``), then the consumed ``offsets``, in
-    one transaction: a crash before it commits leaves neither visible to read_committed
-    readers. ``at_least_once`` (``kafka.transactions = false``): the consumer whose group
-    commits ``offsets`` once the block's records are acknowledged; a crash in between
-    sends them again (duplicates: docs/topology.md, "At-least-once")."""
-    if at_least_once is not None:
-        yield
-        if offsets:
-            try:
-                await at_least_once.commit(offsets)
-            except CommitFailedError:  # at-least-once allows it: not a failure of the role
-                log.warning("offsets %s not committed: the group rebalanced; their next "
-                            "owner reads them again", offsets)
-        return
-    async with producer.transaction():
-        yield
-        if offsets:
-            await producer.send_offsets_to_transaction(offsets, group_id)
 
 
 async def send_all(producer: AIOKafkaProducer, outgoing: list[Outgoing]) -> list[int]:

@@ -2,7 +2,9 @@
 engine, offsets committed only after the page's output is durable.
 
 The delivery guarantee (write, produce, commit), what stops the worker and how it resumes from
-the group's committed offset and the store's own: docs/delivery.md.
+the group's committed offset and the store's own: docs/delivery.md. Each batch is committed
+with the service's checkpoint unit (dupalign/service/loop.py ``Checkpoint``); the engine side
+of a batch is dupalign/service/worker_batch.py, the rebalances worker_rebalance.py.
 """
 
 from __future__ import annotations
@@ -10,17 +12,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,45 +28,31 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
-from dupalign.errors import ConfigError, PageRejected, StoreError
-from dupalign.match import Match
-from dupalign.page import Page
-from dupalign.runtime.engine import Engine, PageReport
-from dupalign.runtime.pipeline import default_jobs
+from dupalign.errors import ConfigError, StoreError
+from dupalign.runtime.engine import Engine
 from dupalign.service.config import Config, load_config
 from dupalign.service.http import HttpServer
 from dupalign.service.kafka_args import add_worker_arguments
-from dupalign.service.log_repeats import STARTUP, RepeatFolder
+from dupalign.service.log_repeats import STARTUP
+from dupalign.service.logs import setup_logging
+from dupalign.service.loop import Checkpoint
 from dupalign.service.metrics import WorkerMetrics
-from dupalign.service.topology import Outgoing, fetch_committed, new_producer
+from dupalign.service.topology import new_producer
+from dupalign.service.worker_batch import (
+    SOURCE_HEADER,
+    BatchProcessing,
+    BatchResult,
+    FatalError,
+    now_ms,
+    removal_cut,
+)
+from dupalign.service.worker_rebalance import PUBLISHED, Rebalancing
 from dupalign.wire import messages
-from dupalign.wire.messages import MessageRejected
+
+__all__ = ["SOURCE_HEADER", "FatalError", "Worker", "add_worker_arguments", "main",
+           "removal_cut", "run_worker", "serve"]
 
 log = logging.getLogger("dupalign.worker")
-
-SOURCE_HEADER = "dupalign-source"
-ENGINE_STAGES = ("text", "exact", "near", "passage", "store")
-# Metadata of every offset commit: the batch's output was published (see the docstring).
-PUBLISHED = "dupalign:published"
-
-
-# per input offset: (page, its matches or the exception it raised, its report), or why the
-# record never became a page
-EngineOut = dict[int, "tuple[Page, list[Match] | BaseException, PageReport] | MessageRejected"]
-
-
-@dataclass
-class BatchResult:
-    """What the engine thread made of one partition's micro-batch."""
-
-    tp: TopicPartition
-    next_offset: int
-    outgoing: list[Outgoing] = field(default_factory=list)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    matches: Counter[str] = field(default_factory=Counter)
-    dead_letters: Counter[str] = field(default_factory=Counter)
-    suppressed: int = 0
-    timestamps_ms: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -76,15 +62,7 @@ class WorkItem:
     records: list[Any]
 
 
-class FatalError(RuntimeError):
-    """Stop the worker without committing more (e.g. the store cannot be written)."""
-
-
-# Failures of the machine, never of one page: they stop the worker (see the docstring).
-SYSTEM_FAILURES = (StoreError, OSError, MemoryError, FatalError)
-
-
-class Worker:
+class Worker(Rebalancing, BatchProcessing):
     """One worker process: a consumer-group member with its own engine and store."""
 
     def __init__(self, config: Config, store_dir: str | Path) -> None:
@@ -277,9 +255,6 @@ class Worker:
         return True, f"consuming {assigned} partitions"
 
     # -- Kafka clients --------------------------------------------------------------------
-    def transactional_id(self, tp: TopicPartition) -> str:
-        return f"{self.kc.transactional_id_prefix}-{self.kc.group_id}-{tp.topic}-{tp.partition}"
-
     async def _create_topics(self) -> None:
         admin = AIOKafkaAdminClient(**self.kc.client_kwargs())
         await admin.start()
@@ -296,171 +271,6 @@ class Worker:
                 log.info("created topics %s", [t.name for t in new])
         finally:
             await admin.close()
-
-    # -- rebalancing ----------------------------------------------------------------------
-    async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        revoked = set(revoked)
-        self.metrics.rebalances.labels("revoked").inc()
-        # Queued batches of these partitions are abandoned: never committed, so the next
-        # owner (possibly us again) reads them from the committed offset. The batch being
-        # processed right now is finished and committed (bounded: one micro-batch).
-        self.revoking |= revoked
-        if self.inflight in revoked:
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.wc.shutdown_timeout_s)
-            except TimeoutError:
-                log.error("batch of %s still running at revocation; abandoning it", self.inflight)
-        for tp in revoked:
-            self.epochs.pop(tp, None)
-            self.suppress_below.pop(tp, None)
-            # (``unsettled`` stays: the store still holds the partition's pages past the
-            # group's commit, whoever reads it now; a commit that reaches them settles it,
-            # ours or another member's, which ``_lag_loop`` looks for)
-            self.committed.pop(tp, None)
-            self._paused.discard(tp)
-            with contextlib.suppress(KeyError):
-                self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
-            producer = self.txn_producers.pop(tp, None)
-            if producer is not None:
-                with contextlib.suppress(Exception):
-                    await producer.stop()
-        self.revoking -= revoked
-        self.metrics.assigned_partitions.set(len(self.epochs))
-        log.info("partitions revoked", extra={"partitions": _names(revoked)})
-
-    async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        assert self.consumer is not None and self.engine is not None
-        assigned = set(assigned)
-        if assigned:
-            STARTUP.end()
-        self.metrics.rebalances.labels("assigned").inc()
-        # aiokafka starts fetching as soon as the assignment is set, before this listener
-        # returns: hold the partitions until their positions and producers are ready.
-        self.consumer.pause(*assigned)
-        loop = asyncio.get_running_loop()
-        stored = await loop.run_in_executor(self.executor, self.engine.stored_offsets)
-        noted = await loop.run_in_executor(self.executor, self.engine.checkpoints)
-        for tp in sorted(assigned):
-            if self.kc.transactions and tp not in self.txn_producers:
-                producer = new_producer(self.kc, self.transactional_id(tp))
-                await producer.start()  # InitProducerId fences a previous owner of this id
-                self.txn_producers[tp] = producer
-        group = await self._group_offsets(assigned)  # after the fencing: no pending commit
-        # the first offset each partition still holds: pages stored past the commit whose
-        # records the topic's retention deleted are never read again, so they cannot hold
-        # back the retention sweeps (``unsettled``) until a commit reaches them
-        begins = await self.consumer.beginning_offsets(list(assigned))
-        # the store's other partitions of the input topic (another member of the group
-        # holds them, or no one yet): their pages stored past the group's commit are read
-        # again, by us if they come back, and must still be in the store then
-        exists = self.consumer.partitions_for_topic(self.kc.input_topic) or set()
-        elsewhere = {TopicPartition(t, p) for t, p in stored
-                     if t == self.kc.input_topic and p in exists} - assigned
-        await self._settle(elsewhere, stored, noted)
-        self._warn_if_shared(assigned)
-        for tp in sorted(assigned):
-            self.unsettled.pop(tp, None)  # decided again below
-            committed, published = group.get(tp, (None, False))
-            in_store = stored.get((tp.topic, tp.partition))
-            noted_published = noted.get((tp.topic, tp.partition))
-            if committed is not None:
-                self.committed[tp] = committed
-            elif noted_published is not None:
-                log.warning("%s: the group has no committed offset (expired, deleted or a new "
-                            "group id); resuming after the pages it records as published, "
-                            "at offset %d", tp, noted_published)
-                committed, published = noted_published, True
-            elif in_store is not None:
-                # stored before the partition's first commit (a crash came between): their
-                # matches were never published; read again, they are replays, published now
-                log.warning("%s: the group has no committed offset and the store records "
-                            "no publication of its pages (next offset %d); reading the "
-                            "partition from its beginning", tp, in_store)
-                await self.consumer.seek_to_beginning(tp)
-                self._unsettle(tp, 0, in_store, begins[tp])
-                continue
-            if committed is None:
-                continue  # new partition: auto_offset_reset applies
-            if in_store is not None and in_store < committed:
-                if published:
-                    log.warning("%s: store is behind the group (%d < %d), whose commit says "
-                                "that range was published; re-indexing it without publishing",
-                                tp, in_store, committed)
-                    self.suppress_below[tp] = committed
-                else:
-                    log.warning("%s: store is behind the group (%d < %d), whose commit does "
-                                "not say that range was published; re-indexing and publishing "
-                                "it", tp, in_store, committed)
-                self.consumer.seek(tp, in_store)
-            else:
-                if in_store is None:
-                    log.warning("%s: the store has no pages of this partition before offset "
-                                "%d; they cannot be matched", tp, committed)
-                elif in_store > committed:
-                    self._unsettle(tp, committed, in_store, begins[tp])
-                self.consumer.seek(tp, max(committed, begins[tp]))
-        # Only now (producers ready, positions set) do fetched batches of these count.
-        for tp in assigned:
-            self._epoch_counter += 1
-            self.epochs[tp] = self._epoch_counter
-        self.consumer.resume(*assigned)
-        self.metrics.assigned_partitions.set(len(self.epochs))
-        log.info("partitions assigned", extra={"partitions": _names(assigned)})
-
-    def _unsettle(self, tp: TopicPartition, committed: int, in_store: int, begin: int
-                  ) -> None:
-        """The store holds pages of ``tp`` up to ``in_store`` past the commit: no sweep until
-        a commit reaches them, unless the topic no longer holds their records."""
-        if begin < in_store:
-            self.unsettled[tp] = in_store
-        else:
-            log.warning("%s: offsets %d to %d were stored but their matches not committed, "
-                        "and the topic no longer holds them (its log starts at %d): they "
-                        "cannot be published again", tp, committed, in_store - 1, begin)
-
-    async def _settle(self, tps: Iterable[TopicPartition], stored: dict[tuple[str, int], int],
-                      noted: dict[tuple[str, int], int]) -> None:
-        """``unsettled`` of partitions this worker does not hold: the store's next offset
-        while the group's commit (without one, the store's note of what it published) is
-        below it and the topic still holds those records; dropped once a commit reaches it."""
-        tps = sorted(tps)
-        if not tps:
-            return
-        assert self.consumer is not None
-        group = await self._group_offsets(tps)
-        begins = await self.consumer.beginning_offsets(tps)
-        held = self.consumer.assignment()  # (assigned meanwhile: on_assigned decided)
-        for tp in tps:
-            if tp in held:
-                continue
-            self.unsettled.pop(tp, None)
-            in_store = stored.get((tp.topic, tp.partition))
-            committed = group.get(tp, (noted.get((tp.topic, tp.partition)), False))[0]
-            if in_store is not None and (committed is None or committed < in_store):
-                self._unsettle(tp, committed or 0, in_store, begins[tp])
-
-    def _warn_if_shared(self, assigned: set[TopicPartition]) -> None:
-        """The single worker compares a page with the pages of its own store only: another
-        member of its group (a second instance) splits the index between them."""
-        assert self.consumer is not None
-        every = self.consumer.partitions_for_topic(self.kc.input_topic) or set()
-        held = {tp.partition for tp in assigned if tp.topic == self.kc.input_topic}
-        if every and held != every:
-            log.warning("this worker holds partitions %s of %s; another member of group %s "
-                        "holds the others: each single worker matches pages against its own "
-                        "store only. Run one per group (replicas: 1), or the roles "
-                        "(docs/topology.md) to scale out", sorted(held), self.kc.input_topic,
-                        self.kc.group_id)
-
-    async def _group_offsets(self, tps: Iterable[TopicPartition]
-                             ) -> dict[TopicPartition, tuple[int, bool]]:
-        """The group's committed offset per partition, and whether it carries PUBLISHED.
-        ``AIOKafkaConsumer.committed`` drops the metadata; the group coordinator's fetch,
-        which it calls, keeps it (and retries retriable errors the same way)."""
-        assert self.consumer is not None
-        found = await fetch_committed(self.consumer, tps)
-        return {tp: (om.offset, om.metadata == PUBLISHED) for tp, om in found.items()
-                if om.offset >= 0}
 
     # -- the pipeline ---------------------------------------------------------------------
     async def _fetch_loop(self) -> None:
@@ -527,147 +337,6 @@ class Worker:
                 self.inflight = None
                 self._idle.set()
 
-    def _process_batch(self, tp: TopicPartition, records: list[Any],
-                       decoded: list[Page | MessageRejected] | None, suppress_below: int
-                       ) -> tuple[BatchResult, list[Any], list[Page | MessageRejected]]:
-        """Runs in the engine thread: the batch's first part (``removal_cut``), and the
-        records left for the next part with their pages (``decoded``: those of
-        ``records``, None if not decoded yet)."""
-        engine = self.engine
-        if engine is None:
-            raise FatalError("engine closed")
-        # (here every earlier part is committed: a sweep removes no page whose matches a
-        # replay would have to answer from the store)
-        self._retention(engine)
-        m = self.metrics
-        if decoded is None:
-            decoded = self._decode(tp, records)
-        n = removal_cut(decoded)
-        records, rest = records[:n], records[n:]
-        result = BatchResult(tp, next_offset=records[-1].offset + 1)
-        m.batch_records.observe(len(records))
-        engine_out = self._run_engine(engine, tp, records, decoded[:n])
-        for rec in records:
-            out = self._process_record(engine, tp, rec, result, engine_out)
-            if rec.offset < suppress_below:
-                result.suppressed += len(out)
-                continue
-            result.outgoing.extend(out)
-            result.timestamps_ms.append(rec.timestamp)
-        return result, rest, decoded[n:]
-
-    def _retention(self, engine: Engine) -> None:
-        """The retention sweep (``[engine.retention]``), at most every ``every`` seconds, in
-        the engine thread before a part, when every page stored earlier is committed (not
-        while a partition's store is ahead of its commit, ``unsettled``: those pages are
-        answered from the store when read again)."""
-        r = engine.config.retention
-        now = time.monotonic()
-        if not (r.max_pages or r.max_age) or now - self._last_sweep < r.every or self.unsettled:
-            return
-        self._last_sweep = now
-        removed = engine.compact()
-        self.metrics.lifecycle.labels("expired").inc(removed)
-        if removed:
-            log.info("retention: %d pages left the store", removed)
-
-    def _decode(self, tp: TopicPartition, records: list[Any]) -> list[Page | MessageRejected]:
-        """Each record's page, or the MessageRejected of a record that is not one."""
-        out: list[Page | MessageRejected] = []
-        for rec in records:
-            value: bytes = rec.value if rec.value is not None else b""
-            if len(value) > self.wc.max_message_bytes:
-                out.append(MessageRejected(
-                    "too_large", f"{len(value)} bytes > worker.max_message_bytes "
-                    f"({self.wc.max_message_bytes})"))
-                continue
-            t0 = time.perf_counter()
-            try:  # a null value is a tombstone: a delete, handled in order like a page
-                out.append(messages.decode_record(rec.key, rec.value))
-            except MessageRejected as exc:
-                out.append(exc)
-                continue
-            self.metrics.stage_seconds.labels("decode").observe(time.perf_counter() - t0)
-        return out
-
-    def _run_engine(self, engine: Engine, tp: TopicPartition, records: list[Any],
-                    decoded: list[Page | MessageRejected]) -> EngineOut:
-        """The part's pages run through the engine, sketch and align on ``worker.jobs``
-        processes: per offset, the page with its matches or exception and its report, or
-        the MessageRejected of a record that never became a page."""
-        out: EngineOut = {}
-        items = []
-        for rec, page in zip(records, decoded, strict=True):
-            if isinstance(page, MessageRejected):
-                out[rec.offset] = page
-            else:
-                items.append((page, (tp.topic, tp.partition, rec.offset)))
-        jobs = self.wc.jobs or default_jobs()
-        for (page, found), (_, source) in zip(engine.process_many(items, jobs=jobs), items,
-                                              strict=True):
-            out[source[2]] = (page, found, engine.last_report)
-        return out
-
-    def _process_record(self, engine: Engine, tp: TopicPartition, rec: Any,
-                        result: BatchResult,
-                        engine_out: EngineOut) -> list[Outgoing]:
-        m = self.metrics
-        source = (tp.topic, tp.partition, rec.offset)
-        value: bytes = rec.value if rec.value is not None else b""
-        doc_id: str | None = None
-        try:
-            outcome = engine_out[rec.offset]
-            if isinstance(outcome, MessageRejected):
-                raise outcome
-            page, found_or_error, report = outcome
-            doc_id = page.id
-            try:
-                if isinstance(found_or_error, BaseException):
-                    raise found_or_error
-                found = found_or_error
-            except PageRejected as exc:
-                raise MessageRejected(exc.reason, exc.detail, doc_id) from None
-            except SYSTEM_FAILURES:
-                raise
-            except Exception as exc:
-                if self.wc.on_engine_error == "fail":
-                    raise FatalError(f"engine failed on {source}: {exc!r}") from exc
-                log.exception("engine error on %s (sent to DLQ)", source)
-                raise MessageRejected("internal_error", f"{type(exc).__name__}: {exc}",
-                                      doc_id) from None
-        except MessageRejected as exc:
-            result.outcomes["rejected"] += 1
-            result.dead_letters[exc.reason] += 1
-            dl = messages.dead_letter_to_wire(
-                error=exc.reason, detail=exc.detail, topic=tp.topic, partition=tp.partition,
-                offset=rec.offset, raw=value, key=rec.key, failed_at_ms=_now_ms(),
-                doc_id=exc.doc_id or doc_id, raw_max_bytes=self.wc.dlq_raw_max_bytes,
-            )
-            return [Outgoing(self.kc.dlq_topic, messages.pack(dl),
-                             key=messages.dead_letter_key(rec.key), headers=_headers(source))]
-        if page.deleted:
-            result.outcomes["deleted"] += 1
-        elif report.replayed:
-            result.outcomes["replayed"] += 1  # answered from the store
-        else:
-            result.outcomes["processed"] += 1
-            for stage in ENGINE_STAGES:
-                m.stage_seconds.labels(stage).observe(getattr(report, stage))
-            m.psm_probes.observe(report.psm_probes)
-            m.near_candidates.inc(report.near_candidates)
-            m.cws_pairs.inc(report.cws_pairs)
-            m.cws_saved.inc(report.cws_samples_saved)
-        now = _now_ms()
-        key = page.id.encode("utf-8")
-        out = []
-        for match in found:
-            result.matches[match.kind] += 1
-            if match.revisit is not None:
-                m.lifecycle.labels(f"revisit_{match.revisit}").inc()
-            out.append(Outgoing(self.kc.output_topic, messages.encode_match(match, now),
-                                key=key, headers=_headers(source)))
-        return out
-
     async def _publish_and_commit(self, result: BatchResult) -> None:
         tp = result.tp
         if self.epochs.get(tp) is None:
@@ -678,23 +347,25 @@ class Worker:
             # lower offset would lose the mark; the store alone has advanced
             self._count(result)
             return
-        offsets = {tp: (result.next_offset, PUBLISHED)}
-        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+
+        async def noted() -> None:
+            if self.engine is not None:  # the resume point should the group lose its offsets
+                await loop.run_in_executor(self.executor, self.engine.set_checkpoint,
+                                           tp.topic, tp.partition, result.next_offset)
+
+        unit = Checkpoint({tp: (result.next_offset, PUBLISHED)}, result.outgoing, after=noted)
         try:
             if self.kc.transactions:
                 producer = self.txn_producers.get(tp)
                 if producer is None:
                     log.warning("%s: no producer (revoked); not committing", tp)
                     return
-                async with producer.transaction():
-                    await self._send_all(producer, result.outgoing)
-                    t1 = time.perf_counter()
-                    await producer.send_offsets_to_transaction(offsets, self.kc.group_id)
+                await unit.commit(producer, self.kc.group_id)
             else:
                 assert self.producer is not None and self.consumer is not None
-                await self._send_all(self.producer, result.outgoing)
-                t1 = time.perf_counter()
-                await self.consumer.commit(offsets)
+                await unit.commit(self.producer, self.kc.group_id, self.consumer,
+                                  lost_commit_ok=False)
         except KafkaError as exc:
             if self.epochs.get(tp) is None or tp in self.revoking:
                 # Lost the partition (rebalance): the new owner redoes the batch.
@@ -710,14 +381,9 @@ class Worker:
                         "topic's max.message.bytes or kafka.max_request_size; raise them "
                         f"({exc!r})") from exc
             raise
-        done = time.perf_counter()
-        if self.engine is not None:  # the resume point should the group lose its offsets
-            await asyncio.get_running_loop().run_in_executor(
-                self.executor, self.engine.set_checkpoint, tp.topic, tp.partition,
-                result.next_offset)
         m = self.metrics
-        m.stage_seconds.labels("publish").observe(t1 - t0)
-        m.stage_seconds.labels("commit").observe(done - t1)
+        m.stage_seconds.labels("publish").observe(unit.publish_s)
+        m.stage_seconds.labels("commit").observe(unit.commit_s)
         m.last_commit.set(time.time())
         self.committed[tp] = result.next_offset
         if result.next_offset >= self.unsettled.get(tp, result.next_offset):
@@ -736,21 +402,12 @@ class Worker:
             m.dead_letters.labels(reason).inc(n)
         if result.suppressed:
             m.suppressed.inc(result.suppressed)
-        now_ms = _now_ms()
+        now = now_ms()
         for ts in result.timestamps_ms:
             if ts > 0:
-                m.end_to_end.observe(max(0, now_ms - ts) / 1000)
+                m.end_to_end.observe(max(0, now - ts) / 1000)
         if tp in self.suppress_below and result.next_offset >= self.suppress_below[tp]:
             del self.suppress_below[tp]
-
-    @staticmethod
-    async def _send_all(producer: AIOKafkaProducer, outgoing: list[Outgoing]) -> None:
-        futures = [
-            await producer.send(o.topic, o.value, key=o.key, headers=o.headers)
-            for o in outgoing
-        ]
-        if futures:
-            await asyncio.gather(*futures)  # every send acknowledged before the commit
 
     # -- periodic gauges ------------------------------------------------------------------
     async def _lag_loop(self) -> None:
@@ -795,36 +452,6 @@ class _Listener(ConsumerRebalanceListener):
         await self.worker._guard(lambda: self.worker.on_assigned(assigned))
 
 
-def removal_cut(decoded: list[Page | MessageRejected]) -> int:
-    """How many records of a batch go in its first part: up to the first record that
-    would remove a page stored earlier in the part (a tombstone of its id, or its id with
-    another body: a new version). That page's matches are published and committed first:
-    a replay of an uncommitted part after a crash answers its pages from the store by
-    their replay keys, which a removal deletes (read again, the page would be indexed as
-    new and matched with the pages after it)."""
-    bodies: dict[str, bytes | str] = {}
-    for n, page in enumerate(decoded):
-        if isinstance(page, MessageRejected):
-            continue
-        if page.id in bodies and (page.deleted or bodies[page.id] != page.body):
-            return n
-        if not page.deleted:
-            bodies[page.id] = page.body
-    return len(decoded)
-
-
-def _headers(source: tuple[str, int, int]) -> list[tuple[str, bytes]]:
-    return [(SOURCE_HEADER, f"{source[0]}:{source[1]}:{source[2]}".encode())]
-
-
-def _names(tps: Iterable[TopicPartition]) -> list[str]:
-    return sorted(f"{tp.topic}:{tp.partition}" for tp in tps)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 def filesystem_space(path: Path) -> tuple[int, int]:
     """Bytes available to the worker and total bytes of the filesystem holding ``path`` (or
     its nearest existing parent, before the store is created)."""
@@ -841,33 +468,6 @@ def _dir_size(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.stat(os.path.join(root, name)).st_size
     return total
-
-
-# -- logging and command line ---------------------------------------------------------------
-class JsonFormatter(logging.Formatter):
-    _skip = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        out.update({k: v for k, v in record.__dict__.items() if k not in self._skip})
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler.addFilter(STARTUP)  # first: the folding counts the lines as they go out
-    handler.addFilter(RepeatFolder())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

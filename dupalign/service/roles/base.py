@@ -1,7 +1,8 @@
-"""A stateless role (sketch, align): a consumer-group member of one input topic that turns
-each fetched batch of one partition into records, produced in one transaction with the
-batch's offsets (dupalign/service/topology.py ``checkpoint``). Any number of copies run at once: the
-group spreads the partitions, and a partition's transactional id fences its previous owner.
+"""A stateless role (sketch, align, shard): a consumer-group member of one input topic that
+turns each fetched batch of one partition into records, produced in one transaction with
+the batch's offsets (dupalign/service/loop.py: the loop and its ``Checkpoint``). Any number
+of copies run at once: the group spreads the partitions, and a partition's transactional id
+fences its previous owner.
 
 A rebalance waits for the batch in hand (``busy``), then stops the producers of revoked
 partitions; a batch fetched before the assignment changed is dropped (its partitions were
@@ -12,19 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from dupalign.service.config import Config
+from dupalign.service.loop import Checkpoint, Listener, run_loop
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.topology import (
     Outgoing,
     committed_offsets,
     ensure_topics,
-    hop,
     new_consumer,
     new_producer,
     stop_quietly,
@@ -99,41 +100,44 @@ class StatelessRole:
         await self.on_start()
         consumer = self.consumer = new_consumer(self.kc, self.group_id,
                                                 self.config.worker.batch_size)
-        consumer.subscribe([self.input_topic], listener=RoleListener(self))
+        consumer.subscribe([self.input_topic], listener=Listener(self))
         await consumer.start()
         self.started = True
         log.info("%s role started (group %s)", self.name, self.group_id)
-        loop = asyncio.get_running_loop()
         try:
-            async for batches in turns(self, consumer, self.config.worker.batch_size):
-                hops = []
-                for tp, records in batches.items():
-                    if not records:
-                        continue
-                    self.metrics.consumed(self.name, tp.topic, records)
-                    await self.before(tp, records)
-                    if self.stopping.is_set():  # (a wait in ``before`` ended by the stop)
-                        break  # the rest of the batch is not committed: fetched again
-                    prepared = await loop.run_in_executor(self.executor, self.prepare, tp,
-                                                          records)
-                    # each partition has its own producer and transaction: they commit
-                    # concurrently, while the next partition's batch is prepared (an align
-                    # request's parts are on several partitions). At-least-once, the
-                    # consumer commits each partition's offsets in turn.
-                    hops.append(asyncio.ensure_future(self._hop(tp, records, prepared)))
-                    if not self.kc.transactions:
-                        await hops[-1]
-                await asyncio.gather(*hops)
+            await run_loop(self, consumer, self.config.worker.batch_size, self._turn)
         finally:
             await self._close()
 
+    async def _turn(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        loop = asyncio.get_running_loop()
+        hops = []
+        for tp, records in batches.items():
+            if not records:
+                continue
+            self.metrics.consumed(self.name, tp.topic, records)
+            await self.before(tp, records)
+            if self.stopping.is_set():  # (a wait in ``before`` ended by the stop)
+                break  # the rest of the batch is not committed: fetched again
+            prepared = await loop.run_in_executor(self.executor, self.prepare, tp, records)
+            # each partition has its own producer and transaction: they commit
+            # concurrently, while the next partition's batch is prepared (an align
+            # request's parts are on several partitions). At-least-once, the
+            # consumer commits each partition's offsets in turn.
+            hops.append(asyncio.ensure_future(self._hop(tp, records, prepared)))
+            if not self.kc.transactions:
+                await hops[-1]
+        await asyncio.gather(*hops)
+
     async def _hop(self, tp: TopicPartition, records: list[Any], prepared: Any) -> None:
         producer = self.producers[tp]  # made on assignment, before resume
-        async with self.metrics.transaction(self.name), hop(
-                producer, self.group_id, self.offsets(tp, records),
-                None if self.kc.transactions else self.consumer):
-            await self.produce(producer, prepared)
-        self.metrics.produced(self.name, self.outgoing(prepared))
+        outgoing = self.outgoing(prepared)
+        unit = Checkpoint(dict(self.offsets(tp, records)), outgoing,
+                          send=lambda p: self.produce(p, prepared))
+        async with self.metrics.transaction(self.name):
+            await unit.commit(producer, self.group_id,
+                              None if self.kc.transactions else self.consumer)
+        self.metrics.produced(self.name, outgoing)
         self.batches += 1
 
     async def _close(self) -> None:
@@ -172,50 +176,3 @@ class StatelessRole:
             self.metrics.assigned.labels(self.name).set(len(self.producers))
         log.info("%s role assigned %s", self.name, sorted(f"{t.topic}:{t.partition}"
                                                           for t in assigned))
-
-
-async def turns(role: Any, consumer: AIOKafkaConsumer, max_records: int,
-                wanted: Callable[[], list[TopicPartition]] | None = None
-                ) -> AsyncIterator[dict[TopicPartition, list[Any]]]:
-    """The role's fetched batches, each handed over while holding ``role.busy``, and only
-    when no rebalance came since the fetch (those records are fetched again from the
-    positions the assignment set). Raises what a rebalance listener failed with.
-
-    getmany returns records that start at the partitions' positions as they are when it
-    returns (aiokafka drops what a seek made stale), and nothing runs between its return
-    and the next line: the generation read there is the one the records belong to. (Read
-    before the call, it would make a rebalance that ran during the call drop records
-    fetched after its seek, which are then never fetched again.)
-
-    ``wanted``: the partitions to take records from in the next turn (default all). The
-    others keep what was fetched for them: a paused partition drops it, to fetch it again
-    once resumed."""
-    while not role.stopping.is_set():
-        if role.failure is not None:
-            raise role.failure
-        batches = await consumer.getmany(*(wanted() if wanted is not None else ()),
-                                         timeout_ms=200, max_records=max_records)
-        generation = role.generation
-        async with role.busy:
-            if generation == role.generation:
-                yield batches
-
-
-class RoleListener(ConsumerRebalanceListener):
-    """Hands rebalances to a role (``on_revoked``, ``on_assigned``). aiokafka only logs what
-    a listener raises: the error is kept in ``role.failure`` and the role's loop raises it."""
-
-    def __init__(self, role: Any) -> None:
-        self.role = role
-
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        try:
-            await self.role.on_revoked(revoked)
-        except Exception as exc:
-            self.role.failure = exc
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        try:
-            await self.role.on_assigned(assigned)
-        except Exception as exc:
-            self.role.failure = exc

@@ -33,34 +33,29 @@ import asyncio
 import contextlib
 import functools
 import logging
-import struct
 import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
-from dupalign.match import Match, Span
 from dupalign.runtime.engine import Engine, Source
 from dupalign.service.config import Config
-from dupalign.service.roles.base import RoleListener, turns
+from dupalign.service.loop import Checkpoint, Listener, run_loop
 from dupalign.service.roles.fan_in import FanInIndexer
+from dupalign.service.roles.index_align import AlignExchange, Waiting
+from dupalign.service.roles.index_lifecycle import Lifecycle
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.shard_protocol import Partial
 from dupalign.service.topology import (
-    RECORD_OVERHEAD,
-    Aligned,
     Outgoing,
     TopologyError,
-    checkpoint,
     committed_offsets,
     decode_aligned,
     decode_sequence,
@@ -76,42 +71,14 @@ from dupalign.service.topology import (
     topology_topics,
     transactional_id,
 )
-from dupalign.stages.align import RankedPage, merge_ranked
-from dupalign.stages.messages import IndexResult
 from dupalign.stages.sketch import PageSketch
 from dupalign.store.database import Store
-from dupalign.store.keys import read_u64, u64
+from dupalign.store.keys import u64
 from dupalign.wire import messages
-from dupalign.wire.forward_record import encode_forward
 
 log = logging.getLogger("dupalign.roles.index")
 
-# (notes in the index's store: "forward_sent", the store's next ordinal at its last commit:
-# the forward records of the pages below it are in the forward topic; "align_partitions",
-# the align partition count it keys by)
-FORWARD_CHUNK = 500  # forward records per transaction when sent again at a takeover
-
-
-@dataclass
-class Waiting:
-    """A page indexed (in the store) whose matches are not published yet."""
-
-    ordinal: int
-    source: Source  # where the page is in the input topic
-    sketch_offset: int
-    result: IndexResult
-    passages: list[tuple[str, list[Span]]] | None = None  # align's answer, once it came
-    parts: dict[int, list[RankedPage]] | None = None  # align shards' answers, by partition
-    expected_parts: frozenset[int] = frozenset()  # the align partitions asked
-    undecided: bool = False  # index shards: waiting for the partials of its shards
-    align_here: bool = False  # align's answer was unreadable: aligned by the index itself
-
-    @property
-    def ready(self) -> bool:
-        return not self.undecided and (self.result.align is None or self.passages is not None)
-
-
-class IndexRole:
+class IndexRole(AlignExchange, Lifecycle):
     name = "index"
 
     def __init__(self, config: Config, store_dir: str | Path,
@@ -188,47 +155,55 @@ class IndexRole:
             self.kc, self.group_id, self.turn_records,
             # co-partitioning: partition i of every input topic to the same member
             partition_assignment_strategy=(RangePartitionAssignor,))
-        consumer.subscribe(sorted(t.topic for t in self.tps), listener=RoleListener(self))
+        consumer.subscribe(sorted(t.topic for t in self.tps), listener=Listener(self))
         await consumer.start()
         self.started = True
         log.info("index role started (group %s, store %s)", self.group_id, self.store_dir)
-        loop = asyncio.get_running_loop()
         try:
-            async for batches in turns(self, consumer, self.turn_records, self._wanted):
-                if not self.owner:
-                    continue
-                for tp, records in batches.items():
-                    self.metrics.consumed(self.name, tp.topic, records)
-                    self._route(tp, records)
-                out = await loop.run_in_executor(self.executor, self._advance)
-                self.seq_read = await consumer.position(self.seq_tp)
-                self._gauges()
-                if self._rebuilding():
-                    assert not out, "a turn still rebuilding produced records"
-                    continue  # nothing to publish, nothing to commit
-                if self.silent_below and not self.rebuilt:
-                    self.rebuilt = True
-                    log.info("index store rebuilt up to ordinal %d (the sequence read at most "
-                             "%d records ahead)", self.silent_below, self.read_ahead)
-                offsets = await self._offsets()
-                if out or offsets != self.last_offsets:
-                    assert self.producer is not None
-                    async with self.metrics.transaction(self.name):
-                        await checkpoint(self.producer, self.group_id, out, offsets,
-                                         None if self.kc.transactions else consumer)
-                    self.metrics.produced(self.name, out)
-                    self.last_offsets = offsets
-                    if self.engine is not None:  # every page below has its forward record out
-                        await loop.run_in_executor(self.executor, self._note_forward_sent,
-                                                   self.sent_below)
-                    if offsets[self.seq_tp] != self.published and self.engine is not None:
-                        # the resume point should the group lose its offsets
-                        await loop.run_in_executor(
-                            self.executor, self.engine.set_checkpoint, self.seq_tp.topic,
-                            0, offsets[self.seq_tp])
-                    self.published = offsets[self.seq_tp]
+            await run_loop(self, consumer, self.turn_records, self._turn, self._wanted)
         finally:
             await self._close()
+
+    async def _turn(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """Route the turn's records, advance the index, then one checkpoint: the records
+        made and the offsets (``_offsets``), when either changed."""
+        if not self.owner:
+            return
+        loop = asyncio.get_running_loop()
+        for tp, records in batches.items():
+            self.metrics.consumed(self.name, tp.topic, records)
+            self._route(tp, records)
+        out = await loop.run_in_executor(self.executor, self._advance)
+        self.seq_read = await self.consumer.position(self.seq_tp)
+        self._gauges()
+        if self._rebuilding():
+            assert not out, "a turn still rebuilding produced records"
+            return  # nothing to publish, nothing to commit
+        if self.silent_below and not self.rebuilt:
+            self.rebuilt = True
+            log.info("index store rebuilt up to ordinal %d (the sequence read at most "
+                     "%d records ahead)", self.silent_below, self.read_ahead)
+        offsets = await self._offsets()
+        if not out and offsets == self.last_offsets:
+            return
+        assert self.producer is not None
+        sent_below = self.sent_below
+
+        async def noted() -> None:
+            if self.engine is not None:  # every page below has its forward record out
+                await loop.run_in_executor(self.executor, self._note_forward_sent, sent_below)
+            if offsets[self.seq_tp] != self.published and self.engine is not None:
+                # the resume point should the group lose its offsets
+                await loop.run_in_executor(self.executor, self.engine.set_checkpoint,
+                                           self.seq_tp.topic, 0, offsets[self.seq_tp])
+
+        unit = Checkpoint(dict(offsets), out, after=noted)
+        async with self.metrics.transaction(self.name):
+            await unit.commit(self.producer, self.group_id,
+                              None if self.kc.transactions else self.consumer)
+        self.metrics.produced(self.name, out)
+        self.last_offsets = offsets
+        self.published = offsets[self.seq_tp]
 
     async def _close(self) -> None:
         await stop_quietly(self.consumer)
@@ -526,118 +501,11 @@ class IndexRole:
         self.partials.pop(ordinal, None)
         return False
 
-    def _request(self, waiting: Waiting, out: list[Outgoing]) -> None:
-        """The align request of a decided page with passage tasks."""
-        assert self.engine is not None
-        result, ordinal = waiting.result, waiting.ordinal
-        if result.align is None:
-            return
-        # one part per align shard that owns some of its candidates (their forward records)
-        parts = {p: r.to_bytes(forward=False)
-                 for p, r in result.align.split(self.align_parts).items()}
-        if not parts or max(map(len, parts.values())) > self.align_limit - RECORD_OVERHEAD:
-            # too big for one record (a huge page's passages): aligned here
-            waiting.passages = self.engine.align(result)
-            return
-        waiting.parts, waiting.expected_parts = {}, frozenset(parts)
-        out.extend(Outgoing(self.kc.align_topic, raw, key=struct.pack(">q", ordinal),
-                            partition=p, headers=[ordinal_header(ordinal)])
-                   for p, raw in parts.items())
-
-    def _answer(self, waiting: Waiting, answer: Aligned) -> None:
-        """An align answer for a page waiting for it: a whole one (an align process from
-        before align shards), a part's best pages (the page's passages once every part
-        it asked answered: ``merge_ranked``), or "not aligned there": aligned here."""
-        if answer.part is None:
-            waiting.passages = answer.passages
-        elif answer.ranked is None:
-            waiting.align_here = True
-        elif waiting.parts is not None and answer.part in waiting.expected_parts:
-            waiting.parts.setdefault(answer.part, answer.ranked)
-            if len(waiting.parts) == len(waiting.expected_parts):
-                waiting.passages = merge_ranked(list(waiting.parts.values()),
-                                                self.config.engine.passage.max_matches)
-
-    def _forward(self, out: list[Outgoing], ordinal: int, doc_id: str) -> None:
-        """The forward record of the page stored at ``ordinal`` (internal ordinal: what
-        requests name candidates by), to the align shard that owns it. A page without
-        passages has none; one too big for a record is not sent: a request naming it is
-        answered "not aligned there" and aligned here."""
-        assert self.engine is not None
-        record = self.engine.forward_record(ordinal)
-        if record is None:
-            return
-        value = encode_forward(doc_id, *record)
-        if len(value) > self.forward_limit - RECORD_OVERHEAD:
-            log.warning("page %r: its forward record (%d bytes) is over the forward topic's "
-                        "record limit; the pages that name it are aligned by the index",
-                        doc_id, len(value))
-            return
-        out.append(Outgoing(self.kc.forward_topic, value, key=u64(ordinal),
-                            partition=ordinal % self.align_parts))
-
     def _open_fan_in(self, store: Store, config: EngineConfig, n_shards: int) -> FanInIndexer:
         """The engine's index stage when the index is split over shard processes, kept
         here to drive it (``Engine.open``'s ``remote_shards``)."""
         self.fan_in = FanInIndexer(store, config, n_shards)
         return self.fan_in
-
-    def _removed(self, ordinals: list[int]) -> None:
-        """Pages that left the store (``Indexer.on_removed``): their forward records leave
-        the align shards (tombstones; not while rebuilding: sent before)."""
-        if self.applying >= self.silent_below:
-            self.tombstones.extend(ordinals)
-
-    def _note_forward_sent(self, below: int) -> None:
-        assert self.engine is not None
-        self.engine.put_note("forward_sent", u64(below))
-
-    def _keyed_by(self, parts: int) -> None:
-        """The align partition count is fixed per deployment: the forward topic is keyed
-        by it."""
-        assert self.engine is not None
-        raw = self.engine.note("align_partitions")
-        if raw is None:
-            self.engine.put_note("align_partitions", u64(parts))
-        elif read_u64(raw) != parts:
-            raise TopologyError(
-                f"topic {self.kc.align_topic!r} has {parts} partitions, but this index store "
-                f"was built with {read_u64(raw)}: the align shards hold pages by ordinal "
-                "modulo that count. Changing it means new align and forward topics and "
-                "a rebuild by replay (docs/topology.md)")
-
-    async def _send_forward_again(self, producer: AIOKafkaProducer, consumer: Any) -> None:
-        """Takeover: the forward records of the stored pages from the mark on (all of
-        them in a store from before align shards), in transactions of ``FORWARD_CHUNK``
-        records that commit no offsets. Sending one again is harmless: keyed by ordinal."""
-        engine = self.engine
-        assert engine is not None
-        raw = engine.note("forward_sent")
-        first = 0 if raw is None else read_u64(raw)
-        loop = asyncio.get_running_loop()
-
-        def chunk(start: int) -> tuple[list[Outgoing], int | None]:
-            out: list[Outgoing] = []
-            for o in engine.stored_ordinals(start):
-                if len(out) >= FORWARD_CHUNK:
-                    return out, o
-                self._forward(out, o, engine.doc_id(o))
-            return out, None
-
-        sent, at = 0, first
-        while True:
-            out, at_next = await loop.run_in_executor(self.executor, chunk, at)
-            if out:
-                await checkpoint(producer, self.group_id, out, {},
-                                 None if self.kc.transactions else consumer)
-                sent += len(out)
-            if at_next is None:
-                break
-            at = at_next
-        await loop.run_in_executor(self.executor, self._note_forward_sent, engine.next_ordinal)
-        if sent:
-            log.info("index: %d forward records sent again (stored pages from ordinal %d)",
-                     sent, first)
 
     async def _offsets(self) -> dict[TopicPartition, int]:
         consumer = self.consumer
@@ -700,90 +568,3 @@ class IndexRole:
                 and not any(w.undecided for w in self.waiting)):
             held.add(self.partials_tp)
         return sorted(self.tps - held)
-
-    # -- lifecycle: deletes, new versions and retention, in ordinal order ------------------
-    # A removal must not undo what a page before it still needs: a page's matches are read
-    # again from the store after a crash (pages from the published ordinal E on), so a page
-    # or a retention sweep that removes stored pages waits until the pages before it that
-    # read them are published and committed (``_must_wait``). Below the store's sequence
-    # offset S (every ordinal below it is in the store), a delete or a sweep read again
-    # after a crash is not done twice: it could remove a later version of the id, or pages
-    # the other processes keep.
-
-    def _resume_lifecycle(self, stored: int | None) -> None:
-        """On taking the shard: ``stored`` is the store's sequence offset S."""
-        self.applied_below = stored or 0
-        self.last_op = self.applied_below - 1  # retention's schedule goes on from here
-        self.sequenced_at: dict[int, int] = {}  # ordinal -> sequence record timestamp (ms)
-
-    def _sweep_due(self, ordinal: int) -> bool:
-        """Retention (``[engine.retention]``) sweeps before the first page at or after each
-        multiple of ``every`` ordinals: at the same pages in every process that replays
-        the sequence, whatever its timing."""
-        r = self.config.engine.retention
-        return bool(r.max_pages or r.max_age) and ordinal // r.every > self.last_op // r.every
-
-    def _must_wait(self, ordinal: int, sk: PageSketch) -> bool:
-        """Whether the page at ``ordinal`` must wait for pages before it (in ``waiting``)
-        to be published: it removes stored pages (a retention sweep due there, or
-        ``Indexer.removes``: the version it replaces or deletes) that a waiting page has
-        the id of (its matches, its revisit message are read from that version after a
-        crash), aligns against (``Engine.open`` aligns an unfinished page from the store)
-        or, with index shards, names as its exact or near match."""
-        if ordinal < self.applied_below or not self.waiting:
-            return False
-        engine = self.engine
-        assert engine is not None
-        removed = [(o, sk.id) for o in engine.removes(sk)]  # mostly []: one read
-        if self._sweep_due(ordinal):  # before the page: both must wait
-            r = self.config.engine.retention
-            removed += [(v.ordinal, v.doc_id) for v in engine.expired(
-                r.max_pages, r.max_age, self.sequenced_at[ordinal], engine.alive + 1)]
-        if not removed:
-            return False
-        if any(w.undecided for w in self.waiting):
-            # (index shards) a page not decided yet may name a removed page in its matches
-            # or align against it: it reads the directory when its partials are in
-            self.metrics.lifecycle_waits.inc()
-            return True
-        ids = {doc_id for _, doc_id in removed}
-        ordinals = np.array([o for o, _ in removed], dtype=np.int64)
-        # (index shards) a decided page read again after a crash is decided again from its
-        # partials, which name its exact and near matches by ordinal: they must still be
-        # in the directory then (a single index stores the decided matches instead)
-        fan_in = self.fan_in is not None
-
-        def reads_removed(w: Waiting) -> bool:
-            result = w.result
-            return (result.doc_id in ids
-                    or (result.align is not None
-                        and bool(np.isin(ordinals, result.align.others).any()))
-                    or (fan_in and any(m.match_doc_id in ids for m in result.matches)))
-
-        wait = any(map(reads_removed, self.waiting))
-        if wait:
-            self.metrics.lifecycle_waits.inc()
-        return wait
-
-    def _lifecycle(self, ordinal: int, sk: PageSketch) -> bool:
-        """Before the page at ``ordinal`` is indexed: the sweep due there. True for a delete
-        that the store already holds (read again after a crash): nothing to do."""
-        due = self._sweep_due(ordinal)
-        self.last_op = max(self.last_op, ordinal)
-        now_ms = self.sequenced_at.pop(ordinal)  # max_age's clock: the same in any replay
-        if ordinal < self.applied_below:
-            return sk.deleted
-        if due:
-            assert self.engine is not None
-            expired = self.engine.compact(now_ms=now_ms)
-            self.metrics.lifecycle.labels("expired").inc(expired)
-            if expired:
-                log.info("retention: %d pages left the store at ordinal %d", expired, ordinal)
-        if sk.deleted:
-            self.metrics.lifecycle.labels("deleted").inc()
-        return False
-
-    def _count_revisits(self, matches: list[Match]) -> None:
-        for m in matches:
-            if m.revisit is not None:
-                self.metrics.lifecycle.labels(f"revisit_{m.revisit}").inc()
