@@ -26,7 +26,13 @@ from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import load_config
 from dupalign.service.produce import send_pages
-from dupalign.service.topology import decode_sequence, ensure_topics, new_producer, topology_topics
+from dupalign.service.topology import (
+    decode_sequence,
+    ensure_topics,
+    new_producer,
+    page_record_limit,
+    topology_topics,
+)
 from dupalign.wire import messages
 from tests.corpora import RFC, rfc_numbers, words
 from tests.service.test_worker_kafka import match_key
@@ -42,12 +48,14 @@ class Topology:
                  engine: EngineConfig | None = None, engine_toml: str = "",
                  transactions: bool = True, index_shards: int = 1,
                  partials_kept: int = 4096, compression: str = "none",
-                 retained_compression: str = "zstd") -> None:
+                 retained_compression: str = "zstd", default_limits: bool = False) -> None:
         """``engine_toml``: ``[engine...]`` tables for the roles, the same settings as
         ``engine`` (the oracle's configuration); ``transactions``: ``kafka.transactions``;
         ``index_shards``: ``kafka.index_shards`` (> 1: shard processes, ``--roles shard``);
         ``partials_kept``: ``kafka.shard_partials_kept``; ``compression``:
-        ``kafka.compression_type``; ``retained_compression``: the retained topics'."""
+        ``kafka.compression_type``; ``retained_compression``: the retained topics';
+        ``default_limits``: the record and fetch sizes a user gets (else large ones, for
+        requests that carry their candidates' forward records)."""
         tag = uuid.uuid4().hex[:8]
         self.bootstrap, self.tmp, self.tag = bootstrap, tmp, tag
         self.group = f"g-{tag}"
@@ -81,9 +89,9 @@ align_partitions = 4
 session_timeout_ms = 6000
 heartbeat_interval_ms = 500
 transaction_timeout_ms = 15000
-max_request_size = {BIG}
+{'' if default_limits else f'''max_request_size = {BIG}
 max_partition_fetch_bytes = {BIG}
-fetch_max_bytes = {2 * BIG}
+fetch_max_bytes = {2 * BIG}'''}
 [worker]
 batch_size = {batch_size}
 log_format = "text"
@@ -99,7 +107,8 @@ enabled = false
 
     async def create(self) -> Topology:
         self.partitions = await ensure_topics(self.config.kafka,
-                                              topology_topics(self.config.kafka))
+                                              topology_topics(self.config.kafka),
+                                              self.config.worker.max_message_bytes)
         return self
 
     def start(self, role: str, store: Path | None = None, metrics_port: int | None = None
@@ -144,7 +153,9 @@ enabled = false
                 proc.kill()
 
     async def send(self, pages: list[Page]) -> None:
-        producer = new_producer(self.config.kafka)
+        kc = self.config.kafka
+        producer = new_producer(kc, max_request_size=page_record_limit(
+            kc, self.config.worker.max_message_bytes))
         await producer.start()
         try:
             await send_pages(producer, self.topic["pages"], pages)

@@ -52,7 +52,9 @@ class KafkaConfig:
     transactions: bool = True
     transactional_id_prefix: str = field(default="dupalign", metadata={"nonempty": True})
     transaction_timeout_ms: int = field(default=60_000, metadata=_rng(1_000, 900_000))
-    create_topics: bool = False  # create missing topics at start-up
+    # create missing topics at start-up: a first start works as the README shows it; set
+    # false where topics are made by your tooling (and the principal may not create them)
+    create_topics: bool = True
     # The topology (``dupalign worker --roles``, dupalign/service/roles/launch.py): the topics
     # between the
     # sketch, index and align roles. ``sequence_topic`` has one partition (its offsets are

@@ -29,7 +29,7 @@ from dupalign.service.config import KafkaConfig, load_config
 from dupalign.service.exits import KAFKA_HINT, CliError, Exit, check_broker_reachable
 from dupalign.service.inputs import InputError, check_inputs, iter_input
 from dupalign.service.progress import Progress
-from dupalign.service.topology import new_producer
+from dupalign.service.topology import new_producer, page_record_limit
 from dupalign.wire import messages
 
 
@@ -90,10 +90,12 @@ def file_dead_letter(
 async def produce_files(
     paths: list[str], kafka: KafkaConfig, topic: str, limit: int | None = None,
     progress: Progress | None = None, err: IO[str] = sys.stderr,
-    dlq_raw_max_bytes: int | None = None,
+    dlq_raw_max_bytes: int | None = None, max_message_bytes: int = 0,
 ) -> ProduceStats:
     """Send the pages of ``paths`` to ``topic``; records lost in a file (an InputError with a
-    code) also go to ``kafka.dlq_topic`` as dead letters."""
+    code) also go to ``kafka.dlq_topic`` as dead letters. ``max_message_bytes``: the
+    largest page record the worker takes (``worker.max_message_bytes``), which the
+    producer must be able to send."""
     stats = ProduceStats()
     dead: list[asyncio.Future[object]] = []
 
@@ -131,7 +133,8 @@ async def produce_files(
                 await asyncio.sleep(0)  # let the producer's sender run
 
     # no transaction; lingering at least 5 ms sends a stream of pages in batches
-    producer = new_producer(kafka, linger_ms=max(kafka.linger_ms, 5))
+    producer = new_producer(kafka, linger_ms=max(kafka.linger_ms, 5),
+                            max_request_size=page_record_limit(kafka, max_message_bytes))
     try:
         await producer.start()
         await send_pages(producer, topic, pages(), stats, progress)
@@ -171,7 +174,8 @@ def run_produce(args: argparse.Namespace) -> int:
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
         stats = asyncio.run(produce_files(args.inputs, config.kafka, topic, args.limit, progress,
-                                          dlq_raw_max_bytes=config.worker.dlq_raw_max_bytes))
+                                          dlq_raw_max_bytes=config.worker.dlq_raw_max_bytes,
+                                          max_message_bytes=config.worker.max_message_bytes))
     except KafkaConnectionError as exc:
         raise CliError(f"cannot reach the Kafka broker at {config.kafka.bootstrap_servers} "
                        f"({exc}): {KAFKA_HINT}", Exit.KAFKA) from None

@@ -89,10 +89,18 @@ KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 COMPACTED = {"cleanup.policy": "compact"}
 
 
-async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[str, int]:
+def page_record_limit(kc: KafkaConfig, max_message_bytes: int) -> int:
+    """The largest record of the pages topic: a page of ``worker.max_message_bytes``,
+    which the worker takes, must fit, whatever ``kafka.max_request_size`` says."""
+    return max(kc.max_request_size, max_message_bytes + RECORD_OVERHEAD)
+
+
+async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
+                        max_message_bytes: int = 0) -> dict[str, int]:
     """Check (and with ``kafka.create_topics``, create) ``wanted`` topics; their partition
     counts. Raises TopologyError for a missing topic (without create_topics) or one whose
-    partition count breaks the sharding."""
+    partition count breaks the sharding. ``max_message_bytes``: the largest page the
+    input topic must take (``worker.max_message_bytes``)."""
     admin = AIOKafkaAdminClient(**kc.client_kwargs())
     await admin.start()
     try:
@@ -109,7 +117,9 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None]) -> dict[
                        if kc.align_topic in counts else {})
             new = [NewTopic(t, wanted[t] or follows.get(t, _default_partitions(kc, t)),
                             kc.replication_factor,
-                            topic_configs={"max.message.bytes": str(kc.max_request_size),
+                            topic_configs={"max.message.bytes": str(
+                                page_record_limit(kc, max_message_bytes)
+                                if t == kc.input_topic else kc.max_request_size),
                                            **(kept if t in retained else {}),
                                            **(compacted if t == kc.forward_topic else {})})
                    for t in missing]
@@ -228,9 +238,11 @@ async def _partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]
 
 # -- clients --------------------------------------------------------------------------------
 def new_producer(kc: KafkaConfig, transactional_id: str | None = None,
-                 linger_ms: int | None = None) -> AIOKafkaProducer:
+                 linger_ms: int | None = None, max_request_size: int | None = None
+                 ) -> AIOKafkaProducer:
     """The one way every process makes a producer: idempotent, acks from all replicas;
-    transactional with ``transactional_id``; ``linger_ms``: None takes kc's."""
+    transactional with ``transactional_id``; ``linger_ms`` and ``max_request_size``: None
+    takes kc's."""
     kw: dict[str, Any] = {}
     if transactional_id is not None:
         kw["transactional_id"] = transactional_id
@@ -238,7 +250,7 @@ def new_producer(kc: KafkaConfig, transactional_id: str | None = None,
     return AIOKafkaProducer(
         **kc.client_kwargs(), enable_idempotence=True, acks="all",
         linger_ms=kc.linger_ms if linger_ms is None else linger_ms,
-        max_request_size=kc.max_request_size,
+        max_request_size=kc.max_request_size if max_request_size is None else max_request_size,
         compression_type=None if kc.compression_type == "none" else kc.compression_type, **kw)
 
 

@@ -37,7 +37,7 @@ from dupalign.service.log_repeats import STARTUP
 from dupalign.service.logs import setup_logging
 from dupalign.service.loop import Checkpoint
 from dupalign.service.metrics import WorkerMetrics
-from dupalign.service.topology import new_producer
+from dupalign.service.topology import new_producer, page_record_limit
 from dupalign.service.worker_batch import (
     SOURCE_HEADER,
     BatchProcessing,
@@ -260,8 +260,12 @@ class Worker(Rebalancing, BatchProcessing):
         await admin.start()
         try:
             existing = set(await admin.list_topics())
+            # the pages topic takes every page the worker takes
+            pages = {"max.message.bytes": str(page_record_limit(self.kc,
+                                                                self.wc.max_message_bytes))}
             new = [
-                NewTopic(t, self.kc.topic_partitions, self.kc.replication_factor)
+                NewTopic(t, self.kc.topic_partitions, self.kc.replication_factor,
+                         topic_configs=pages if t == self.kc.input_topic else {})
                 for t in (self.kc.input_topic, self.kc.output_topic, self.kc.dlq_topic)
                 if t not in existing
             ]

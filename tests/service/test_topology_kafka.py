@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 import pytest
 import yaml
@@ -61,7 +60,7 @@ from tests.service.test_ops_prometheus import (
 )
 from tests.service.test_ops_prometheus import start as start_process
 from tests.service.test_ops_prometheus import stop as stop_process
-from tests.service.test_worker_kafka import clough_pages, match_key, set_max_message_bytes
+from tests.service.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import (
     REPO,
     Topology,
@@ -633,33 +632,6 @@ async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(
     proc, log = topo.start(role)
     assert proc.wait(120) == 1
     assert says.format(**topo.topic) in log.read_text()
-
-
-async def test_a_sketch_over_the_sketches_topic_s_own_limit_is_dead_lettered(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
-    """A sketches topic made elsewhere takes 64 KB a record, far below
-    kafka.max_request_size: the sketch role dead-letters the page whose sketch is larger
-    and goes on (the broker refused the record, and the role stopped at that page at
-    every restart)."""
-    topo = await Topology(kafka_bootstrap, tmp_path).create()
-    await set_max_message_bytes(kafka_bootstrap, topo.topic["sketches"], 64 << 10)
-    await topo.send([Page("big", " ".join(f"tok{i}" for i in range(1200))),
-                     Page("small", "a small page of a few words")])
-    role = SketchRole(topo.config)
-    task = asyncio.create_task(role.run())
-    try:
-        deadline = time.monotonic() + 120
-        while len(await topo.read("sequence")) < 1 or len(await topo.read("dlq")) < 1:
-            assert not task.done(), task.exception()
-            assert time.monotonic() < deadline, "no sequence record or no dead letter"
-            await asyncio.sleep(0.5)
-    finally:
-        role.stop()
-        await asyncio.wait_for(task, 60)
-    (dead,) = await topo.read("dlq")
-    letter = msgpack.unpackb(dead.value, raw=False)
-    assert letter["error"] == "too_large" and "max.message.bytes" in letter["detail"]
-    assert role.sketch_limit == 64 << 10
 
 
 @pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])

@@ -96,7 +96,8 @@ class StatelessRole:
         """Once the topics exist, before the role consumes."""
 
     async def run(self) -> None:
-        await ensure_topics(self.kc, topology_topics(self.kc))
+        await ensure_topics(self.kc, topology_topics(self.kc),
+                            self.config.worker.max_message_bytes)
         await self.on_start()
         consumer = self.consumer = new_consumer(self.kc, self.group_id,
                                                 self.config.worker.batch_size)

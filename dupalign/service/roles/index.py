@@ -48,6 +48,7 @@ from dupalign.errors import PageRejected
 from dupalign.runtime.engine import Engine, Source
 from dupalign.service.config import Config
 from dupalign.service.loop import Checkpoint, Listener, run_loop
+from dupalign.service.parts import PartsByOrdinal
 from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.service.roles.index_align import AlignExchange, Waiting
 from dupalign.service.roles.index_lifecycle import Lifecycle
@@ -128,6 +129,7 @@ class IndexRole(AlignExchange, Lifecycle):
         self.latest_of_source: dict[Source, int] = {}
         self.last_sketch = -1  # the highest ordinal whose sketch was read
         self.sketches: dict[int, tuple[int, bytes]] = {}  # ordinal -> (offset, sketch)
+        self.sketch_parts = PartsByOrdinal()  # sketches sent as parts, not all read yet
         self.waiting: deque[Waiting] = deque()
         self.by_ordinal: dict[int, Waiting] = {}
         self.partials: dict[int, dict[int, Partial]] = {}  # ordinal -> shard -> partial
@@ -147,7 +149,8 @@ class IndexRole(AlignExchange, Lifecycle):
 
     # -- life cycle -----------------------------------------------------------------------
     async def run(self) -> None:
-        counts = await ensure_topics(self.kc, topology_topics(self.kc))
+        counts = await ensure_topics(self.kc, topology_topics(self.kc),
+                                     self.config.worker.max_message_bytes)
         self.align_parts = counts[self.kc.align_topic]
         self.align_limit = await record_limit(self.kc, self.kc.align_topic)
         self.forward_limit = await record_limit(self.kc, self.kc.forward_topic)
@@ -342,9 +345,9 @@ class IndexRole(AlignExchange, Lifecycle):
                 continue
             ordinal = record_ordinal(rec)
             if tp == self.sketch_tp:
-                self.last_sketch = max(self.last_sketch, ordinal)
-                if ordinal >= self.floor:
-                    self.sketches[ordinal] = (rec.offset, rec.value)
+                if ordinal >= self.floor and (whole := self.sketch_parts.add(ordinal, rec)):
+                    self.last_sketch = max(self.last_sketch, ordinal)
+                    self.sketches[ordinal] = whole
             else:
                 waiting = self.by_ordinal.get(ordinal)
                 if waiting is not None and waiting.passages is None:
@@ -517,6 +520,8 @@ class IndexRole(AlignExchange, Lifecycle):
             seq = await consumer.position(self.seq_tp)
         sketch_offsets = [w.sketch_offset for w in self.waiting]
         sketch_offsets += [offset for offset, _ in self.sketches.values()]
+        if (incomplete := self.sketch_parts.lowest_offset(self.floor)) is not None:
+            sketch_offsets.append(incomplete)
         sketch = min(sketch_offsets, default=await consumer.position(self.sketch_tp))
         offsets = {self.seq_tp: seq, self.sketch_tp: sketch,
                    self.aligned_tp: await consumer.position(self.aligned_tp)}

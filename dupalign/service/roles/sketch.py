@@ -4,7 +4,8 @@ Per batch of one ``pages`` partition, in one transaction: every page that sketch
 to the single-partition ``sequence`` topic (page id + where it is in ``pages``); the offsets
 acknowledged there are the pages' ordinals; then each page's ``PageSketch`` goes to the
 ``sketches`` topic with its ordinal in a header; pages that cannot be processed go to the
-dead-letter topic (they take no ordinal, as in ``scan``); then the batch's offsets. An
+dead-letter topic (they take no ordinal, as in ``scan``); then the batch's offsets. A sketch
+over the topic's record limit goes as parts (dupalign/service/parts.py). An
 aborted transaction leaves gaps in the ordinals, which read_committed readers never see.
 A delete (a tombstone: the page id as key and a null value, or a page with ``deleted:
 true``) is sequenced like a page: its sketch says ``deleted`` and the index removes the
@@ -26,6 +27,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from dupalign.near.idf import UNIFORM_IDF
 from dupalign.service.config import Config
+from dupalign.service.parts import part_header, split
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.topology import (
@@ -48,7 +50,8 @@ log = logging.getLogger("dupalign.roles.sketch")
 @dataclass
 class SketchedBatch:
     sequence: list[Outgoing] = field(default_factory=list)
-    sketches: list[Outgoing] = field(default_factory=list)  # ordinal header added on send
+    # per page, its sketch or the sketch's parts (ordinal header added on send)
+    sketches: list[list[Outgoing]] = field(default_factory=list)
     dead_letters: list[Outgoing] = field(default_factory=list)
 
 
@@ -66,8 +69,8 @@ class SketchRole(StatelessRole):
         return self.kc.input_topic
 
     async def on_start(self) -> None:
-        # a sketch over the topic's limit is dead-lettered, never sent (the broker would
-        # refuse it and stop the role at this page after every restart)
+        # parts fit the topic's own limit too (a topic made elsewhere may take less): a
+        # record over it would stop the role at this page after every restart
         self.sketch_limit = await record_limit(self.kc, self.kc.sketch_topic)
 
     async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
@@ -116,10 +119,6 @@ class SketchRole(StatelessRole):
                 if sk.rejected is not None:
                     raise MessageRejected(sk.rejected[0], sk.rejected[1], page.id)
                 wire = sk.to_bytes()
-                if len(wire) > self.sketch_limit - RECORD_OVERHEAD:
-                    raise MessageRejected("too_large", f"its sketch has {len(wire)} bytes > "
-                                          f"{self.sketch_limit} (kafka.max_request_size or "
-                                          "the topic's max.message.bytes)", page.id)
             except MessageRejected as exc:
                 dl = messages.dead_letter_to_wire(
                     error=exc.reason, detail=exc.detail, topic=tp.topic,
@@ -133,19 +132,28 @@ class SketchRole(StatelessRole):
             headers = [source_header(source)]
             out.sequence.append(Outgoing(self.kc.sequence_topic, encode_sequence(page.id, source),
                                          partition=0, headers=headers))
-            # one index shard holds the whole index (kafka.index_shards = 1)
-            out.sketches.append(Outgoing(self.kc.sketch_topic, wire, partition=0,
-                                         headers=headers))
+            # one index shard holds the whole index (kafka.index_shards = 1); a sketch over
+            # the topic's record limit goes as parts (dupalign/service/parts.py)
+            slices = split(wire, self.sketch_limit - RECORD_OVERHEAD)
+            out.sketches.append([
+                Outgoing(self.kc.sketch_topic, part, partition=0, headers=headers + (
+                    [part_header(i, len(slices))] if len(slices) > 1 else []))
+                for i, part in enumerate(slices)])
         return out
 
     async def produce(self, producer: AIOKafkaProducer, prepared: SketchedBatch) -> None:
         ordinals = await send_all(producer, prepared.sequence)  # acknowledged offsets
-        for sketch, ordinal in zip(prepared.sketches, ordinals, strict=True):
-            sketch.headers = [*sketch.headers, ordinal_header(ordinal)]
-        await send_all(producer, prepared.sketches + prepared.dead_letters)
+        for parts, ordinal in zip(prepared.sketches, ordinals, strict=True):
+            for part in parts:
+                part.headers = [*part.headers, ordinal_header(ordinal)]
+        await send_all(producer, [*_flat(prepared.sketches), *prepared.dead_letters])
         self.pages += len(ordinals)
         if ordinals:  # (an aborted transaction's ordinals are gaps: the end moved anyway)
             self.metrics.ordinal_sequenced.set(max(ordinals))
 
     def outgoing(self, prepared: SketchedBatch) -> list[Outgoing]:
-        return prepared.sequence + prepared.sketches + prepared.dead_letters
+        return [*prepared.sequence, *_flat(prepared.sketches), *prepared.dead_letters]
+
+
+def _flat(sketches: list[list[Outgoing]]) -> list[Outgoing]:
+    return [part for parts in sketches for part in parts]

@@ -1,0 +1,101 @@
+"""Records too large for one Kafka record, sent as parts and put together again.
+
+A big page's sketch is about twelve times its text (positions, unit hashes and windows per
+token), so a page of a few hundred KB already makes a sketch over the producer's and the
+topic's record limit. Such a value goes out as consecutive slices, each record carrying
+the page's ordinal and a ``dupalign-part`` header (index, count); the reader keeps the
+slices per ordinal until all are there. Several processes write the same partition, so
+the parts of one value may be interleaved with other records: the reader keys them by
+ordinal, never by adjacency, and its commit offset stays at or below the first part of a
+value still incomplete (``lowest_offset``), so a restart reads every part again.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+PART_HEADER = "dupalign-part"
+_PART = struct.Struct(">II")  # index, count
+
+
+def split(value: bytes, limit: int) -> list[bytes]:
+    """``value`` as slices of at most ``limit`` bytes (itself when it fits)."""
+    if limit < 1:
+        raise ValueError(f"part limit {limit} < 1")
+    if len(value) <= limit:
+        return [value]
+    return [value[i:i + limit] for i in range(0, len(value), limit)]
+
+
+def part_header(index: int, count: int) -> tuple[str, bytes]:
+    return PART_HEADER, _PART.pack(index, count)
+
+
+def record_part(record: Any) -> tuple[int, int] | None:
+    """(index, count) of a part record; None for a whole one. Raises ValueError for a
+    header that cannot be a part's."""
+    for name, raw in record.headers or ():
+        if name == PART_HEADER:
+            if len(raw) != _PART.size:
+                raise ValueError(f"{PART_HEADER} header of {len(raw)} bytes")
+            index, count = _PART.unpack(bytes(raw))
+            if not 0 <= index < count:
+                raise ValueError(f"{PART_HEADER} header says part {index} of {count}")
+            return index, count
+    return None
+
+
+@dataclass
+class _Pending:
+    count: int
+    first_offset: int
+    slices: dict[int, bytes] = field(default_factory=dict)
+
+
+class PartsByOrdinal:
+    """The values of one partition put together from their parts, per ordinal."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, _Pending] = {}
+        # ordinals put together and not yet below the floor: a part read again (an
+        # at-least-once resend) must not start a value that never completes
+        self._done: set[int] = set()
+
+    def add(self, ordinal: int, record: Any) -> tuple[int, bytes] | None:
+        """The whole value of ``ordinal`` with the lowest offset of its parts, once
+        ``record`` completes it (at once for a whole record); None while parts are
+        missing. A part read twice, or after its value was put together (an at-least-once
+        resend), counts once."""
+        part = record_part(record)
+        value = bytes(record.value or b"")
+        if part is None:
+            self._pending.pop(ordinal, None)  # a whole copy supersedes parts of another
+            return record.offset, value
+        if ordinal in self._done:
+            return None
+        index, count = part
+        pending = self._pending.get(ordinal)
+        if pending is None or pending.count != count:
+            pending = self._pending[ordinal] = _Pending(count, record.offset)
+        pending.first_offset = min(pending.first_offset, record.offset)
+        pending.slices.setdefault(index, value)
+        if len(pending.slices) < count:
+            return None
+        del self._pending[ordinal]
+        self._done.add(ordinal)
+        return pending.first_offset, b"".join(pending.slices[i] for i in range(count))
+
+    def lowest_offset(self, floor: int) -> int | None:
+        """The first offset of a value of ordinal ``floor`` or above still missing parts
+        (where a commit must stop); values below ``floor`` are no longer wanted and are
+        forgotten."""
+        for ordinal in [o for o in self._pending if o < floor]:
+            del self._pending[ordinal]
+        self._done = {o for o in self._done if o >= floor}
+        return min((p.first_offset for p in self._pending.values()), default=None)
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(len(s) for p in self._pending.values() for s in p.slices.values())
