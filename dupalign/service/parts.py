@@ -12,9 +12,12 @@ value still incomplete (``lowest_offset``), so a restart reads every part again.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass, field
 from typing import Any
+
+from dupalign.service.topology import RECORD_OVERHEAD, Outgoing
 
 PART_HEADER = "dupalign-part"
 _PART = struct.Struct(">II")  # index, count
@@ -27,6 +30,19 @@ def split(value: bytes, limit: int) -> list[bytes]:
     if len(value) <= limit:
         return [value]
     return [value[i:i + limit] for i in range(0, len(value), limit)]
+
+
+def in_parts(record: Outgoing, limit: int) -> list[Outgoing]:
+    """``record`` as records that fit a topic taking at most ``limit`` bytes a record:
+    itself, or its value's slices, each with the part header."""
+    if record.value is None:
+        return [record]
+    slices = split(record.value, limit - RECORD_OVERHEAD)
+    if len(slices) == 1:
+        return [record]
+    return [dataclasses.replace(record, value=part,
+                                headers=[*record.headers, part_header(i, len(slices))])
+            for i, part in enumerate(slices)]
 
 
 def part_header(index: int, count: int) -> tuple[str, bytes]:
@@ -59,22 +75,19 @@ class PartsByOrdinal:
 
     def __init__(self) -> None:
         self._pending: dict[int, _Pending] = {}
-        # ordinals put together and not yet below the floor: a part read again (an
-        # at-least-once resend) must not start a value that never completes
-        self._done: set[int] = set()
 
     def add(self, ordinal: int, record: Any) -> tuple[int, bytes] | None:
         """The whole value of ``ordinal`` with the lowest offset of its parts, once
         ``record`` completes it (at once for a whole record); None while parts are
-        missing. A part read twice, or after its value was put together (an at-least-once
-        resend), counts once."""
+        missing. A part read twice within a value counts once; a value sent again (a
+        takeover's resend) is put together again, as a whole record read again is
+        returned again. A resend cut short leaves a value that never completes: the
+        caller's ``floor`` passes it (``lowest_offset``)."""
         part = record_part(record)
         value = bytes(record.value or b"")
         if part is None:
             self._pending.pop(ordinal, None)  # a whole copy supersedes parts of another
             return record.offset, value
-        if ordinal in self._done:
-            return None
         index, count = part
         pending = self._pending.get(ordinal)
         if pending is None or pending.count != count:
@@ -84,7 +97,6 @@ class PartsByOrdinal:
         if len(pending.slices) < count:
             return None
         del self._pending[ordinal]
-        self._done.add(ordinal)
         return pending.first_offset, b"".join(pending.slices[i] for i in range(count))
 
     def lowest_offset(self, floor: int) -> int | None:
@@ -93,7 +105,6 @@ class PartsByOrdinal:
         forgotten."""
         for ordinal in [o for o in self._pending if o < floor]:
             del self._pending[ordinal]
-        self._done = {o for o in self._done if o >= floor}
         return min((p.first_offset for p in self._pending.values()), default=None)
 
     @property

@@ -4,7 +4,9 @@ with nothing dead-lettered; with default settings, up to pages of several MB."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,12 @@ def copying(rng: np.random.Generator, source: list[str], i: int) -> Page:
     return Page(id=f"copy-{i}", body=" ".join(body), content_type="text/plain")
 
 
+def holds_one_partition(log: Path) -> bool:
+    assigned = [line for line in (log.read_text() if log.exists() else "").splitlines()
+                if "sketch role assigned" in line]
+    return bool(assigned) and assigned[-1].count("pages-") == 1
+
+
 async def published_equals_scan(topo: Topology, pages: list[Page], timeout: float) -> None:
     published = await topo.published(len(pages), timeout=timeout)
     topo.stop_all()
@@ -62,11 +70,16 @@ async def test_sketches_over_the_topic_s_limit_go_as_interleaved_parts(
     pages = [Page(id=f"big-{i}", body=" ".join(b), content_type="text/plain")
              for i, b in enumerate(big)]
     pages += [copying(rng, big[i], i) for i in (0, 3, 5)]
-    for _ in range(2):
-        topo.start("sketch")
+    sketchers = [topo.start("sketch")[1] for _ in range(2)]
     topo.start("index", tmp_path / "index")
     topo.start("align")
     try:
+        # pages once each sketch process holds one partition (not while the second joins)
+        deadline = time.monotonic() + 120
+        while not all(holds_one_partition(log) for log in sketchers):
+            topo.check_alive()
+            assert time.monotonic() < deadline, topo.logs()
+            await asyncio.sleep(0.5)
         await topo.send(pages)
         await published_equals_scan(topo, pages, timeout=300)
     finally:
@@ -78,12 +91,15 @@ async def test_sketches_over_the_topic_s_limit_go_as_interleaved_parts(
 
 
 
+@pytest.mark.parametrize("shards", [1, 2])
 async def test_with_default_settings_a_page_of_several_mb_gives_the_single_worker_s_matches(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
-    """Default record and fetch sizes (1 MB records): a 3 MB page, whose sketch is ~36 MB,
-    goes through the topology like any other, and the pages that copy from it match it."""
+        kafka_bootstrap: str, tmp_path: Path, shards: int) -> None:
+    """Default record and fetch sizes (1 MB records): a 3.4 MB page, whose sketch is ~40
+    MB (and with 2 index shards, whose keys messages are several MB), goes through the
+    topology like any other, and the pages that copy from it match it."""
     rng = np.random.default_rng(6)
-    topo = await Topology(kafka_bootstrap, tmp_path, default_limits=True).create()
+    topo = await Topology(kafka_bootstrap, tmp_path, default_limits=True,
+                          index_shards=shards).create()
     big = text(rng, 600_000)
     pages = [Page(id="huge", body=" ".join(big), content_type="text/plain")]
     assert len(pages[0].body) > 3 << 20
@@ -91,8 +107,15 @@ async def test_with_default_settings_a_page_of_several_mb_gives_the_single_worke
     for role in ("sketch", "align"):
         topo.start(role)
     topo.start("index", tmp_path / "index")
+    if shards > 1:
+        topo.start("shard", tmp_path / "shards")
     try:
         await topo.send(pages)
         await published_equals_scan(topo, pages, timeout=600)
     finally:
         topo.stop_all()
+    if shards > 1:
+        keys = await topo.read("keys")
+        assert any(k == PART_HEADER for r in keys for k, _ in r.headers), \
+            "no keys message was sent as parts"
+        assert max(len(r.value) for r in keys) <= 1 << 20

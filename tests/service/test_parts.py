@@ -31,10 +31,10 @@ def records_of(ordinal: int, value: bytes, limit: int) -> list[Sent]:
 @st.composite
 def streams(draw: st.DrawFn) -> tuple[list[Sent], dict[int, bytes]]:
     """Several writers' values, each split, their parts interleaved (each writer's in its
-    own order), some parts read twice (an at-least-once resend)."""
+    own order), some parts read twice (an at-least-once resend), some values sent again."""
     limit = draw(st.integers(1, 8))
     values = draw(st.dictionaries(st.integers(0, 20), st.binary(max_size=40), max_size=6))
-    queues = [records_of(o, v, limit) for o, v in values.items()]
+    queues = [records_of(o, v, limit) * draw(st.integers(1, 2)) for o, v in values.items()]
     out = []
     while any(queues):
         q = draw(st.sampled_from([q for q in queues if q]))
@@ -52,25 +52,26 @@ def test_values_come_whole_once_complete_and_the_commit_stops_before_the_incompl
     records, values = stream
     records = records[:cut % (len(records) + 1)]  # a reader that has read this far
     reader = PartsByOrdinal()
-    got: dict[int, tuple[int, bytes]] = {}
+    got: dict[int, list[tuple[int, bytes]]] = {}
     for offset, (ordinal, value, headers) in enumerate(records):
         whole = reader.add(ordinal, Rec(offset, value, headers))
         if whole is not None:
-            got.setdefault(ordinal, whole)
-    # brute force: an ordinal is whole at the first prefix of the records that holds every
-    # part index of its value; its offset is the first offset of those parts
-    expected: dict[int, tuple[int, bytes]] = {}
+            got.setdefault(ordinal, []).append(whole)
+    # brute force: per ordinal, a value is whole each time the records since the last
+    # whole one hold every part index; its offset is the first of those records
+    expected: dict[int, list[tuple[int, bytes]]] = {}
     incomplete = []
     for ordinal in {o for o, _, _ in records}:
         mine = [(offset, record_part(Rec(offset, v, h)) or (0, 1))
                 for offset, (o, v, h) in enumerate(records) if o == ordinal]
-        count = mine[0][1][1]
+        start = 0
         for end in range(1, len(mine) + 1):
-            if len({index for _, (index, _) in mine[:end]}) == count:
-                expected[ordinal] = (mine[0][0], values[ordinal])
-                break
-        else:
-            incomplete.append(mine[0][0])
+            group = mine[start:end]
+            if len({index for _, (index, _) in group}) == group[0][1][1]:
+                expected.setdefault(ordinal, []).append((group[0][0], values[ordinal]))
+                start = end
+        if start < len(mine):
+            incomplete.append(mine[start][0])
     assert got == expected
     assert reader.lowest_offset(0) == min(incomplete, default=None)
 
@@ -83,6 +84,9 @@ def test_values_below_the_floor_no_longer_hold_the_commit_back() -> None:
     assert reader.lowest_offset(4) == 11  # ordinal 3 was applied from another copy
     assert reader.add(5, Rec(12, b"ef", [part_header(1, 2)])) == (11, b"cdef")
     assert reader.lowest_offset(4) is None
+    assert reader.add(5, Rec(13, b"cd", [part_header(0, 2)])) is None  # sent again, cut short
+    assert reader.lowest_offset(4) == 13
+    assert reader.lowest_offset(6) is None
 
 
 def test_a_whole_record_and_a_split_one_round_trip() -> None:

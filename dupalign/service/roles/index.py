@@ -48,7 +48,7 @@ from dupalign.errors import PageRejected
 from dupalign.runtime.engine import Engine, Source
 from dupalign.service.config import Config
 from dupalign.service.loop import Checkpoint, Listener, run_loop
-from dupalign.service.parts import PartsByOrdinal
+from dupalign.service.parts import PartsByOrdinal, in_parts
 from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.service.roles.index_align import AlignExchange, Waiting
 from dupalign.service.roles.index_lifecycle import Lifecycle
@@ -91,6 +91,7 @@ class IndexRole(AlignExchange, Lifecycle):
         self.kc = kc = config.kafka
         self.align_limit = kc.max_request_size  # the largest align request (see run)
         self.forward_limit = kc.max_request_size  # the largest forward record
+        self.keys_limit = kc.max_request_size  # the largest keys record (index shards)
         self.align_parts = kc.align_partitions  # the align topic's partitions (see run)
         self.tombstones: list[int] = []  # pages removed from the store this turn
         self.sent_below = 0  # the store's next ordinal when the turn's records were made
@@ -154,6 +155,8 @@ class IndexRole(AlignExchange, Lifecycle):
         self.align_parts = counts[self.kc.align_topic]
         self.align_limit = await record_limit(self.kc, self.kc.align_topic)
         self.forward_limit = await record_limit(self.kc, self.kc.forward_topic)
+        if self.n_shards > 1:
+            self.keys_limit = await record_limit(self.kc, self.kc.keys_topic)
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.turn_records,
             # co-partitioning: partition i of every input topic to the same member
@@ -304,8 +307,7 @@ class IndexRole(AlignExchange, Lifecycle):
                     await require_retained(consumer, tp, starts[tp] or 0, "the index role")
                 await self._seek(tp, starts[tp])
             self._resume_lifecycle(applied_below)
-            self.resend = [Outgoing(self.kc.keys_topic, m.to_bytes(), partition=shard,
-                                    headers=[ordinal_header(seq)]) for seq, shard, m in again]
+            self.resend = [part for seq, shard, m in again for part in self._keys(seq, shard, m)]
             if again:
                 log.info("index fan-in: %d shard messages from ordinal %d sent again",
                          len(again), again[0][0])
@@ -497,12 +499,18 @@ class IndexRole(AlignExchange, Lifecycle):
             return False
         taken = fan_in.take()
         if ordinal >= self.silent_below:
-            out.extend(Outgoing(self.kc.keys_topic, message.to_bytes(), partition=shard,
-                                headers=[ordinal_header(ordinal)]) for shard, message in taken)
+            out.extend(part for shard, message in taken
+                       for part in self._keys(ordinal, shard, message))
         if fan_in.awaits(ordinal):
             return True
         self.partials.pop(ordinal, None)
         return False
+
+    def _keys(self, ordinal: int, shard: int, message: Any) -> list[Outgoing]:
+        """A keys message, as parts if it is over the keys topic's record limit (the
+        windows of a big page)."""
+        return in_parts(Outgoing(self.kc.keys_topic, message.to_bytes(), partition=shard,
+                                 headers=[ordinal_header(ordinal)]), self.keys_limit)
 
     def _open_fan_in(self, store: Store, config: EngineConfig, n_shards: int) -> FanInIndexer:
         """The engine's index stage when the index is split over shard processes, kept

@@ -31,6 +31,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from dupalign.service.config import Config
+from dupalign.service.parts import PartsByOrdinal
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.shard_protocol import ShardMessage, ShardStore
@@ -38,6 +39,7 @@ from dupalign.service.topology import (
     Outgoing,
     TopologyError,
     ordinal_header,
+    record_ordinal,
     require_retained,
     send_all,
 )
@@ -57,6 +59,9 @@ class ShardRole(StatelessRole):
         self.store_dir = Path(store_dir)
         self.stores: dict[TopicPartition, ShardStore] = {}
         self.silent_below: dict[TopicPartition, int] = {}  # rebuilding up to this offset
+        # messages over the keys topic's record limit come as parts (a big page's windows)
+        self.parts: dict[TopicPartition, PartsByOrdinal] = {}
+        self.last_seq: dict[TopicPartition, int] = {}  # the last whole message's ordinal
         self.answered = 0
 
     @property
@@ -92,6 +97,7 @@ class ShardRole(StatelessRole):
             log.info("index shard %d owned: store at offset %s, committed %s", tp.partition,
                      stored, committed)
         await require_retained(self.consumer, tp, needed or 0, f"index shard {tp.partition}")
+        self.parts[tp], self.last_seq[tp] = PartsByOrdinal(), -1
         return start
 
     async def release(self, tps: Iterable[TopicPartition]) -> None:
@@ -99,11 +105,18 @@ class ShardRole(StatelessRole):
         for tp in tps:
             store = self.stores.pop(tp, None)
             self.silent_below.pop(tp, None)
+            self.parts.pop(tp, None)
             if store is not None:
                 await loop.run_in_executor(self.executor, store.close)
 
     def offsets(self, tp: TopicPartition, records: list[Any]) -> dict[TopicPartition, int]:
         end = records[-1].offset + 1
+        # not past the first part of a message still incomplete: a restart reads it all
+        # (the fan-in writes a page's messages in sequence order: an older incomplete one
+        # was cut short and sent again whole)
+        incomplete = self.parts[tp].lowest_offset(self.last_seq[tp])
+        if incomplete is not None:
+            end = min(end, incomplete)
         if end <= self.silent_below.get(tp, 0):
             return {}  # rebuilding what was committed: nothing to commit
         return {tp: end}
@@ -112,8 +125,13 @@ class ShardRole(StatelessRole):
         store = self.stores[tp]
         silent = self.silent_below.get(tp, 0)
         out = []
+        parts = self.parts[tp]
         for rec in records:
-            msg = ShardMessage.from_bytes(rec.value)
+            whole = parts.add(record_ordinal(rec), rec)
+            if whole is None:
+                continue
+            msg = ShardMessage.from_bytes(whole[1])
+            self.last_seq[tp] = msg.seq
             partial = store.apply(msg, (tp.topic, tp.partition, rec.offset))
             if partial is not None and rec.offset >= silent:
                 # in the version its fan-in reads (one from before an upgrade: version 1)

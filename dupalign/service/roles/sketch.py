@@ -27,11 +27,10 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 
 from dupalign.near.idf import UNIFORM_IDF
 from dupalign.service.config import Config
-from dupalign.service.parts import part_header, split
+from dupalign.service.parts import in_parts
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.topology import (
-    RECORD_OVERHEAD,
     Outgoing,
     encode_sequence,
     last_sequenced,
@@ -134,11 +133,8 @@ class SketchRole(StatelessRole):
                                          partition=0, headers=headers))
             # one index shard holds the whole index (kafka.index_shards = 1); a sketch over
             # the topic's record limit goes as parts (dupalign/service/parts.py)
-            slices = split(wire, self.sketch_limit - RECORD_OVERHEAD)
-            out.sketches.append([
-                Outgoing(self.kc.sketch_topic, part, partition=0, headers=headers + (
-                    [part_header(i, len(slices))] if len(slices) > 1 else []))
-                for i, part in enumerate(slices)])
+            out.sketches.append(in_parts(Outgoing(self.kc.sketch_topic, wire, partition=0,
+                                                  headers=list(headers)), self.sketch_limit))
         return out
 
     async def produce(self, producer: AIOKafkaProducer, prepared: SketchedBatch) -> None:
