@@ -102,13 +102,14 @@ enabled = false
                                               topology_topics(self.config.kafka))
         return self
 
-    def start(self, role: str, store: Path | None = None, metrics_port: int | None = None
-              ) -> tuple[subprocess.Popen[bytes], Path]:
-        """A role process; with ``metrics_port``, serving /metrics, /healthz and /readyz."""
+    def start(self, role: str, store: Path | None = None, metrics_port: int | None = None,
+              env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+        """A role process; with ``metrics_port``, serving /metrics, /healthz and /readyz;
+        ``env``: more of its environment (``DUPALIGN_KAFKA_*``: another listener, a user)."""
         log = self.tmp / f"{role}-{len(self.procs)}.log"
         cmd = [sys.executable, "-m", "dupalign.service.cli", "worker", "--roles", role,
                "--config", str(self.config_path)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         if store is not None:
             cmd += ["--store", str(store)]
         if metrics_port is not None:

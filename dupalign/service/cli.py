@@ -338,8 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dupalign",
         description="Streaming near-duplicate and copied-passage detection for web crawls.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage or configuration, 3 input, "
-        "4 store, 5 Kafka unreachable, 6 nothing processed, 7 store ahead of its Kafka "
-        "commit (compact, delete), 130 interrupted.",
+        "4 store, 5 Kafka unreachable or refusing (TLS, SASL, ACL), 6 nothing processed, "
+        "7 store ahead of its Kafka commit (compact, delete), 130 interrupted.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -412,7 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     produce = sub.add_parser("produce", help="publish pages from files to a Kafka topic")
     add_produce_arguments(produce)
     produce.set_defaults(func=_run_produce)
+
     return parser
+
 
 
 def _jobs(text: str) -> int:
@@ -436,6 +438,11 @@ def _run_worker(args: argparse.Namespace) -> int:
     if config.metrics.enabled:  # a port in use is said before anything else is tried
         check_port(config.metrics.host, config.metrics.port)
     check_broker_reachable(config.kafka.bootstrap_servers)
+    import asyncio
+
+    from dupalign.service.kafka_security import check_security
+
+    asyncio.run(check_security(config.kafka))
     if "align" in args.roles.split(","):  # (the costliest kernels)
         _note_first_compile("worker")
     return int(service.run_worker(args))
