@@ -26,7 +26,8 @@ from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import load_config
 from dupalign.service.produce import send_pages
-from dupalign.service.topology import decode_sequence, ensure_topics, new_producer, topology_topics
+from dupalign.service.topics import topology_topics
+from dupalign.service.topology import decode_sequence, ensure_topics, new_producer
 from dupalign.wire import messages
 from tests.corpora import RFC, rfc_numbers, words
 from tests.service.test_worker_kafka import match_key

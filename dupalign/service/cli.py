@@ -413,8 +413,51 @@ def build_parser() -> argparse.ArgumentParser:
     add_produce_arguments(produce)
     produce.set_defaults(func=_run_produce)
 
+    acls = sub.add_parser("acls", help="the Kafka ACLs a role needs, as kafka-acls.sh commands",
+                          description="Print the kafka-acls.sh commands that grant PRINCIPAL "
+                          "exactly what ROLE needs on the cluster of the config's [kafka] "
+                          "table (topics, consumer group, transactional ids): least "
+                          "privilege on a cluster with an authorizer (docs/security.md).")
+    acls.add_argument("--role", choices=_ACL_ROLES,
+                      help="worker (the single worker), a topology role, produce, or consumer "
+                           "(a reader of the matches)")
+    acls.add_argument("--principal", metavar="TYPE:NAME", help="e.g. User:sketch")
+    acls.add_argument("--config", metavar="FILE",
+                      help="TOML config ([kafka]: topic names, group, transactional id prefix)")
+    acls.add_argument("--bootstrap", metavar="HOST:PORT",
+                      help="--bootstrap-server of the commands (default kafka.bootstrap_servers)")
+    acls.add_argument("--command-config", metavar="FILE",
+                      help="kafka-acls.sh's --command-config (the admin's client properties)")
+    acls.add_argument("--group", help="consumer role: the reader's group "
+                                      "(default {kafka.group_id}-matches)")
+    acls.add_argument("--table", action="store_true",
+                      help="every role's access as a Markdown table instead")
+    acls.set_defaults(func=cmd_acls)
     return parser
 
+
+# dupalign.service.acls.ROLES (not imported at parse time; tests/service/test_acls.py checks)
+_ACL_ROLES = ("worker", "sketch", "index", "shard", "align", "produce", "consumer")
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    from dupalign.service import acls
+    from dupalign.service.config import load_config
+
+    overrides = {"kafka": {"bootstrap_servers": args.bootstrap}} if args.bootstrap else {}
+    kc = load_config(args.config, overrides=overrides).kafka
+    if args.table:
+        print(acls.table(kc))
+        return 0
+    if not args.role or not args.principal:
+        raise CliError("give --role and --principal (or --table)", Exit.USAGE)
+    if ":" not in args.principal:
+        raise CliError(f"--principal {args.principal}: give TYPE:NAME, e.g. User:sketch",
+                       Exit.USAGE)
+    for line in acls.commands(args.role, args.principal, kc, args.bootstrap,
+                              args.command_config, args.group):
+        print(line)
+    return 0
 
 
 def _jobs(text: str) -> int:

@@ -249,7 +249,7 @@ def test_the_compose_topics_service_keeps_the_retained_topics_compressed(
     creates every retained topic of the config (a store is rebuilt from them) with
     retention.ms = -1 and compression.type = zstd, and the others as their producers
     send them."""
-    from dupalign.service.topology import retained_topics
+    from dupalign.service.topics import retained_topics
 
     services: dict[str, Any] = {}
     for name in overlays:

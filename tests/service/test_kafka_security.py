@@ -9,18 +9,23 @@ listener's super user."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 
+from dupalign.service.config import load_config
 from dupalign.service.exits import Exit
 from dupalign.wire import messages
-from tests.conftest import SecureBroker
+from tests.conftest import BROKER_SH, SecureBroker
 from tests.corpora import demo_pages
 from tests.service.test_ops_prometheus import free_port, http_get
 from tests.service.test_worker_kafka import (
@@ -106,9 +111,11 @@ async def test_misconfigurations_stop_with_one_line_and_lose_nothing_then_the_wo
         assert await topics.read(topics.matches) == []
         assert len(await topics.read(topics.pages)) == len(pages), name  # nothing produced
 
-    # nothing lost: the right settings afterwards give every match of scan
+    # nothing lost: the right settings afterwards give every match of scan, as a user with
+    # only the single worker's ACLs
+    grant(broker, "worker", "worker", config)
     log = tmp_path / "worker.log"
-    await single_worker_until_done(broker, topics, config, store, "admin", len(pages), log)
+    await single_worker_until_done(broker, topics, config, store, "worker", len(pages), log)
     published = [match_key(messages.decode_match(r.value))
                  for r in await topics.read(topics.matches)]
     expected = embedded_matches(pages, tmp_path / "embedded")
@@ -121,22 +128,105 @@ async def test_misconfigurations_stop_with_one_line_and_lose_nothing_then_the_wo
     assert_no_secret(broker, log.read_text(), stats.stdout, stats.stderr)
 
 
-async def test_a_topology_of_one_process_per_role_over_sasl_ssl_gives_the_matches_of_scan(
+# the topics exist (made by the admin side): no role may create one
+NO_CREATE = {"DUPALIGN_KAFKA_CREATE_TOPICS": "false"}
+
+
+def grant(broker: SecureBroker, role: str, user: str, config: Path, *extra: str) -> None:
+    """Apply what ``dupalign acls --role ROLE`` prints, verbatim, with kafka-acls.sh
+    (broker.sh kafka-acls), on the admin side."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "dupalign.service.cli", "acls", "--role", role, "--principal",
+         f"User:{user}", "--config", str(config), "--bootstrap", broker.plaintext, *extra],
+        cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, **NO_CREATE})
+    assert printed.stdout.strip(), printed.stderr
+    for line in printed.stdout.splitlines():
+        tool, *args = shlex.split(line)
+        assert tool == "kafka-acls.sh", line
+        subprocess.run(["bash", str(BROKER_SH), "kafka-acls", str(broker.dir), *args],
+                       check=True, capture_output=True, timeout=120)
+
+
+async def refused(broker: SecureBroker, user: str, write: str | None = None,
+                  read: str | None = None) -> str:
+    """The authorization error ``user`` gets writing to ``write`` or reading ``read``."""
+    kc = load_config(env=broker.kafka_env(user)).kafka
+    client = (AIOKafkaProducer(**kc.client_kwargs()) if write is not None else
+              AIOKafkaConsumer(**kc.client_kwargs(), group_id=None))
+    try:
+        await client.start()
+        if isinstance(client, AIOKafkaProducer):
+            await client.send_and_wait(write, b"not yours")
+        else:
+            client.assign([TopicPartition(str(read), 0)])
+            await client.seek_to_beginning()
+            await client.getmany(timeout_ms=5000)
+    except (TopicAuthorizationFailedError, GroupAuthorizationFailedError) as exc:
+        return type(exc).__name__
+    finally:
+        await client.stop()
+    raise AssertionError(f"{user} was allowed to {'write' if write else 'read'} "
+                         f"{write or read}")
+
+
+async def read_matches_as(broker: SecureBroker, user: str, topic: str, group: str, n: int
+                          ) -> int:
+    """A reader of the matches as ``user`` (the consumer role's ACLs): how many it read."""
+    kc = load_config(env=broker.kafka_env(user)).kafka
+    consumer = AIOKafkaConsumer(topic, **kc.client_kwargs(), group_id=group,
+                                isolation_level="read_committed", auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+    await consumer.start()
+    got = 0
+    try:
+        while got < n:
+            for records in (await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 60)
+                            ).values():
+                got += len(records)
+        await consumer.commit()
+    finally:
+        await consumer.stop()
+    return got
+
+
+async def test_a_topology_of_one_process_per_role_with_only_its_acls_gives_the_matches_of_scan(
         secure_kafka: SecureBroker, tmp_path: Path) -> None:
+    """Over SASL_SSL, each role, ``produce`` and a reader of the matches as a user of its own
+    holding only what ``dupalign acls`` grants it; and none can touch what is not its own."""
     broker = secure_kafka
     topo = await Topology(broker.plaintext, tmp_path).create()
+    config = topo.config_path
+    for role in ("sketch", "index", "align", "produce"):
+        grant(broker, role, role, config)
+    reader_group = f"{topo.group}-reader"
+    grant(broker, "consumer", "reader", config, "--group", reader_group)
     try:
-        env = broker.kafka_env("admin")
-        topo.start("sketch", env=env)
-        topo.start("index", tmp_path / "index", env=env)
-        topo.start("align", env=env)
+        topo.start("sketch", env={**broker.kafka_env("sketch"), **NO_CREATE})
+        topo.start("index", tmp_path / "index", env={**broker.kafka_env("index"), **NO_CREATE})
+        topo.start("align", env={**broker.kafka_env("align"), **NO_CREATE})
+        log = tmp_path / "produce.log"
+        produce = dupalign("produce", *(str(REPO / "demo" / d) for d in DEMO_INPUTS),
+                           "--config", str(config), "--quiet", env=broker.kafka_env("produce"),
+                           log=log)
+        assert produce.wait(120) == 0, log.read_text()
         pages = demo_pages()
-        await topo.send(pages)
         published = await topo.published(len(pages), timeout=600)
         expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
         got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
         assert {k[1] for k in expected} == {"exact", "near", "passage"}
         assert got == expected
+        assert await read_matches_as(broker, "reader", topo.topic["matches"], reader_group,
+                                     len(published)) == len(published)
     finally:
         topo.stop_all()
-    assert_no_secret(broker, *(log.read_text() for _, log in topo.procs))
+    # least privilege: a role cannot write a topic it does not own, nor read one
+    t = topo.topic
+    assert await refused(broker, "sketch", write=t["matches"]) == "TopicAuthorizationFailedError"
+    assert await refused(broker, "align", write=t["sequence"]) == "TopicAuthorizationFailedError"
+    assert await refused(broker, "reader", write=t["matches"]) == "TopicAuthorizationFailedError"
+    assert await refused(broker, "produce", read=t["pages"]) == "TopicAuthorizationFailedError"
+    assert await refused(broker, "index", read=t["pages"]) == "TopicAuthorizationFailedError"
+    assert_no_secret(broker, log.read_text(), *(log.read_text() for _, log in topo.procs))
+
+
+DEMO_INPUTS = ("llvm-docs", "rfc", "web/creativecommons.org.warc.gz")  # demo_pages' order
