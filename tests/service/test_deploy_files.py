@@ -338,3 +338,17 @@ def test_the_kubernetes_sasl_settings_read_the_mounted_secret(config: str, tmp_p
             "name"] == secret, name
         assert spec["securityContext"]["fsGroup"] == 10001, name  # reads the 0440 files
 
+
+@pytest.mark.parametrize("folder", ["k8s", "k8s-topology"])
+def test_only_prometheus_reaches_the_metrics_port(folder: str) -> None:
+    assert "networkpolicy.yaml" in load_yaml(f"{folder}/kustomization.yaml")["resources"]
+    policy = load_yaml(f"{folder}/networkpolicy.yaml")
+    config = (load_yaml("k8s/configmap.yaml")["data"]["dupalign.toml"] if folder == "k8s"
+              else (DEPLOY / "k8s-topology" / "topology.toml").read_text())
+    port = int(re.search(r"^port = (\d+)", config, re.M).group(1))  # type: ignore[union-attr]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "dupalign"}}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+    assert rule["from"][0]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "prometheus"}}
