@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -202,10 +204,12 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Generator[
     return report
 
 
-def _start_broker(broker_dir: Path) -> tuple[int, str]:
-    """(0, bootstrap) or (broker.sh's exit code, the message to fail or skip with)."""
+def _start_broker(broker_dir: Path, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """(0, bootstrap) or (broker.sh's exit code, the message to fail or skip with);
+    ``env``: more of broker.sh's environment (BROKER_SASL_SSL, ...)."""
     proc = subprocess.run(["bash", str(BROKER_SH), "start", str(broker_dir)],
-                          capture_output=True, text=True, timeout=600, check=False)
+                          capture_output=True, text=True, timeout=600, check=False,
+                          env=None if env is None else {**os.environ, **env})
     if proc.returncode == 0:
         return 0, proc.stdout.strip().splitlines()[-1]
     _stop_broker(broker_dir)
@@ -249,6 +253,54 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         if own is not None:
             _stop_broker(own)
+
+
+@dataclass(frozen=True)
+class SecureBroker:
+    """A broker of its own with a SASL_SSL listener (SCRAM-SHA-512, ACLs enforced) beside the
+    plaintext one (anonymous, a super user: the tests' admin side): broker.sh with
+    BROKER_SASL_SSL=1."""
+
+    dir: Path
+    plaintext: str  # bootstrap of the plaintext listener
+    sasl_ssl: str  # bootstrap of the SASL_SSL listener
+    cafile: Path  # the CA that signed the broker's certificate
+    passwords: dict[str, str]  # SCRAM user -> password
+
+    def kafka_env(self, user: str, password: str | None = None) -> dict[str, str]:
+        """A dupalign process's [kafka] security settings for ``user``, as environment."""
+        return {"DUPALIGN_KAFKA_BOOTSTRAP_SERVERS": self.sasl_ssl,
+                "DUPALIGN_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                "DUPALIGN_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                "DUPALIGN_KAFKA_SASL_PLAIN_USERNAME": user,
+                "DUPALIGN_KAFKA_SASL_PLAIN_PASSWORD": (
+                    self.passwords[user] if password is None else password),
+                "DUPALIGN_KAFKA_SSL_CAFILE": str(self.cafile)}
+
+
+# the SCRAM users of ``secure_kafka``: a super user, one a role or command, one without ACLs
+SECURE_USERS = ("admin", "worker", "sketch", "index", "align", "shard", "produce", "reader",
+                "nobody")
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    """Its own broker per process that needs it (xdist workers too): its users differ."""
+    broker_dir = tmp_path_factory.mktemp("kafka-sasl")
+    passwords = {u: f"{u}-{secrets.token_urlsafe(12)}" for u in SECURE_USERS}
+    code, found = _start_broker(broker_dir, {
+        "BROKER_SASL_SSL": "1",
+        "BROKER_SCRAM_USERS": " ".join(f"{u}:{p}" for u, p in passwords.items())})
+    if code != 0:
+        if code == TOOLS_MISSING and not _in_ci():
+            pytest.skip(found.strip())
+        pytest.fail(found, pytrace=False)
+    try:
+        sasl = broker_dir / "sasl"
+        yield SecureBroker(broker_dir, found, (sasl / "bootstrap").read_text().strip(),
+                           sasl / "ca.pem", passwords)
+    finally:
+        _stop_broker(broker_dir)
 
 
 @pytest.fixture(scope="session")

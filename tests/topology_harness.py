@@ -26,12 +26,12 @@ from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import load_config
 from dupalign.service.produce import send_pages
+from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     decode_sequence,
     ensure_topics,
     new_producer,
     page_record_limit,
-    topology_topics,
 )
 from dupalign.wire import messages
 from tests.corpora import RFC, rfc_numbers, words
@@ -111,13 +111,14 @@ enabled = false
                                               self.config.worker.max_message_bytes)
         return self
 
-    def start(self, role: str, store: Path | None = None, metrics_port: int | None = None
-              ) -> tuple[subprocess.Popen[bytes], Path]:
-        """A role process; with ``metrics_port``, serving /metrics, /healthz and /readyz."""
+    def start(self, role: str, store: Path | None = None, metrics_port: int | None = None,
+              env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+        """A role process; with ``metrics_port``, serving /metrics, /healthz and /readyz;
+        ``env``: more of its environment (``DUPALIGN_KAFKA_*``: another listener, a user)."""
         log = self.tmp / f"{role}-{len(self.procs)}.log"
         cmd = [sys.executable, "-m", "dupalign.service.cli", "worker", "--roles", role,
                "--config", str(self.config_path)]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         if store is not None:
             cmd += ["--store", str(store)]
         if metrics_port is not None:

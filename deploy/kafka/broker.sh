@@ -8,12 +8,30 @@
 #   broker.sh stop DIR     stop it (SIGTERM, then SIGKILL after BROKER_STOP_TIMEOUT seconds)
 #   broker.sh status DIR   exit 0 and print the bootstrap address if it is running
 #   broker.sh classpath    only resolve and cache the jars (e.g. to warm a CI cache)
+#   broker.sh kafka-acls DIR ARGS...
+#                          run kafka-acls.sh (org.apache.kafka.tools.AclCommand) with ARGS as
+#                          given, e.g. what `dupalign acls` prints
+#
+# With BROKER_SASL_SSL=1 when DIR is first started, the broker also has a SASL_SSL listener
+# (SCRAM-SHA-512 over TLS) and the standard authorizer with allow.everyone.if.no.acl.found=
+# false: on it, a user may do only what an ACL grants. The plaintext listener stays as it
+# is, its (anonymous) principal a super user, so the admin side and every other client
+# work unchanged. Made on the spot in DIR/sasl/:
+#   ca.pem        the CA certificate a client trusts (kafka.ssl_cafile)
+#   ca.p12, broker.p12   the CA's and the broker's keys (PKCS12, password in store.password)
+#   bootstrap     the SASL_SSL listener's address (127.0.0.1:PORT; the certificate names
+#                 127.0.0.1 and localhost)
+#   users         the SCRAM users, one NAME:PASSWORD a line (mode 600)
+# BROKER_SCRAM_USERS="alice:secret1 bob:secret2" names the users (default: one user "admin"
+# with a random password); `admin` is a super user as well when it is one of them.
 #
 # Environment:
 #   KAFKA_BROKER_CACHE   where the jars are cached (default ~/.cache/dupalign/kafka-<pom hash>)
 #   KAFKA_HEAP_OPTS        JVM heap (default -Xmx512m -Xms128m)
 #   BROKER_START_TIMEOUT   seconds to wait for readiness (default 120)
 #   BROKER_STOP_TIMEOUT    seconds to wait for a clean stop (default 30)
+#   BROKER_SASL_SSL        1: the SASL_SSL listener above (read when DIR is first started)
+#   BROKER_SCRAM_USERS     its SCRAM-SHA-512 users, NAME:PASSWORD separated by spaces
 #
 # Exit codes: 0 ok, 1 usage/state error, 2 Java or Maven missing, 3 artifact resolution failed,
 # 4 broker did not start (the tail of DIR/broker.log is printed).
@@ -100,20 +118,30 @@ pid_of() {
 }
 
 write_config() {
-  local dir=$1 bport cport
+  local dir=$1 bport cport sport=""
   bport=$(free_port)
   cport=$(free_port)
   while [[ "$cport" == "$bport" ]]; do cport=$(free_port); done
+  local listeners="PLAINTEXT://127.0.0.1:$bport,CONTROLLER://127.0.0.1:$cport"
+  local advertised="PLAINTEXT://127.0.0.1:$bport"
+  local protocols="PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+  if [[ "${BROKER_SASL_SSL:-0}" == 1 ]]; then
+    sport=$(free_port)
+    while [[ "$sport" == "$bport" || "$sport" == "$cport" ]]; do sport=$(free_port); done
+    listeners+=",SASL_SSL://127.0.0.1:$sport"
+    advertised+=",SASL_SSL://127.0.0.1:$sport"
+    protocols+=",SASL_SSL:SASL_SSL"
+  fi
   cat >"$dir/server.properties" <<EOF
 # Written by deploy/kafka/broker.sh: single-node KRaft broker for tests/development.
 process.roles=broker,controller
 node.id=1
 controller.quorum.bootstrap.servers=127.0.0.1:$cport
-listeners=PLAINTEXT://127.0.0.1:$bport,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$bport
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=$protocols
 log.dirs=$dir/data
 num.network.threads=2
 num.io.threads=2
@@ -130,6 +158,7 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 log.retention.hours=24
 EOF
+  if [[ -n "$sport" ]]; then write_sasl_config "$dir" "$sport"; fi
   cat >"$dir/log4j2.properties" <<EOF
 status = warn
 appender.file.type = File
@@ -145,6 +174,70 @@ logger.request.name = kafka.request.logger
 logger.request.level = WARN
 EOF
   echo "127.0.0.1:$bport" >"$dir/bootstrap.next"
+}
+
+# The SASL_SSL listener's keys, users and settings (BROKER_SASL_SSL=1), made once per DIR.
+write_sasl_config() {
+  local dir=$1 sport=$2 sdir="$1/sasl" pass users
+  mkdir -p "$sdir"
+  chmod 700 "$sdir"
+  pass=$(head -c 18 /dev/urandom | base64 | tr '+/' '-_')
+  echo "$pass" >"$sdir/store.password"
+  make_certificates "$sdir" "$pass"
+  users=${BROKER_SCRAM_USERS:-"admin:$(head -c 12 /dev/urandom | base64 | tr '+/' '-_')"}
+  (umask 077; tr ' ' '\n' <<<"$users" | grep -v '^$' >"$sdir/users")
+  if grep -q -v '^[A-Za-z0-9._-]\+:[^][,=[:space:]]\+$' "$sdir/users"; then
+    die 1 "BROKER_SCRAM_USERS: give NAME:PASSWORD pairs (no spaces, commas, = or brackets)"
+  fi
+  echo "127.0.0.1:$sport" >"$sdir/bootstrap"
+  cat >>"$dir/server.properties" <<EOF
+# SASL_SSL (BROKER_SASL_SSL=1): SCRAM-SHA-512 over TLS, ACLs enforced; the plaintext and
+# controller listeners' anonymous principal is a super user (the admin side).
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$sdir/broker.p12
+ssl.keystore.password=$pass
+ssl.key.password=$pass
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:ANONYMOUS;User:admin
+EOF
+}
+
+# A CA and a broker certificate signed by it (for 127.0.0.1 and localhost), with the JDK's
+# keytool: ca.pem for the clients, broker.p12 (the broker's key and chain) for the broker.
+make_certificates() {
+  local sdir=$1 kt=(keytool -noprompt -storetype PKCS12 -storepass "$2" -keypass "$2")
+  command -v keytool >/dev/null 2>&1 || die 2 "keytool not found on PATH (part of the JDK)"
+  rm -f "$sdir"/ca.p12 "$sdir"/broker.p12
+  "${kt[@]}" -genkeypair -keystore "$sdir/ca.p12" -alias ca -keyalg RSA -keysize 2048 \
+    -validity 3650 -dname "CN=dupalign test CA" -ext bc:c >/dev/null 2>&1 \
+    || die 4 "keytool could not make the CA"
+  "${kt[@]}" -exportcert -keystore "$sdir/ca.p12" -alias ca -rfc -file "$sdir/ca.pem" \
+    >/dev/null 2>&1 || die 4 "keytool could not export the CA certificate"
+  "${kt[@]}" -genkeypair -keystore "$sdir/broker.p12" -alias broker -keyalg RSA -keysize 2048 \
+    -validity 3650 -dname "CN=localhost" >/dev/null 2>&1 || die 4 "keytool: broker key"
+  "${kt[@]}" -certreq -keystore "$sdir/broker.p12" -alias broker -file "$sdir/broker.csr" \
+    >/dev/null 2>&1 || die 4 "keytool: broker certificate request"
+  "${kt[@]}" -gencert -keystore "$sdir/ca.p12" -alias ca -infile "$sdir/broker.csr" -rfc \
+    -validity 3650 -ext "SAN=IP:127.0.0.1,DNS:localhost" -ext "EKU=serverAuth" \
+    -outfile "$sdir/broker.pem" >/dev/null 2>&1 || die 4 "keytool: signing the broker certificate"
+  "${kt[@]}" -importcert -keystore "$sdir/broker.p12" -alias ca -file "$sdir/ca.pem" \
+    >/dev/null 2>&1 || die 4 "keytool: importing the CA"
+  "${kt[@]}" -importcert -keystore "$sdir/broker.p12" -alias broker -file "$sdir/broker.pem" \
+    >/dev/null 2>&1 || die 4 "keytool: importing the broker certificate"
+  rm -f "$sdir/broker.csr"
+}
+
+# StorageTool's --add-scram arguments for DIR/sasl/users, one a line (none without it).
+scram_args() {
+  local dir=$1 name pass
+  [[ -f "$dir/sasl/users" ]] || return 0
+  while IFS=: read -r name pass; do
+    [[ -n "$name" ]] && printf '%s\n' "--add-scram" "SCRAM-SHA-512=[name=$name,password=$pass]"
+  done <"$dir/sasl/users"
 }
 
 start() {
@@ -164,9 +257,11 @@ start() {
     # base64url of 16 random bytes may begin with '-': pass it as --cluster-id=ID so the
     # argument parser cannot mistake it for an option (a CI run failed on exactly that).
     cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
+    local scram=()
+    mapfile -t scram < <(scram_args "$dir")
     if ! java -Xmx256m -cp "$cp" -Dlog4j2.configurationFile="file:$dir/log4j2.properties" \
         kafka.tools.StorageTool format --cluster-id="$cluster_id" \
-        --config "$dir/server.properties" --standalone >"$dir/format.log" 2>&1; then
+        --config "$dir/server.properties" --standalone "${scram[@]}" >"$dir/format.log" 2>&1; then
       cat "$dir/format.log" >&2
       die 4 "storage format failed"
     fi
@@ -237,5 +332,14 @@ case "${1:-}" in
   stop) [[ $# -eq 2 ]] || die 1 "usage: broker.sh stop DIR"; stop "$2" ;;
   status) [[ $# -eq 2 ]] || die 1 "usage: broker.sh status DIR"; status "$2" ;;
   classpath) need_tools; resolve_classpath ;;
-  *) die 1 "usage: broker.sh {start|stop|status} DIR | broker.sh classpath" ;;
+  kafka-acls)
+    [[ $# -ge 2 ]] || die 1 "usage: broker.sh kafka-acls DIR ARGS..."
+    need_tools
+    [[ -d "$2" ]] || die 1 "no such directory: $2"
+    lib=$(resolve_classpath)
+    shift 2
+    # (log4j2 without a configuration: errors only, on the console)
+    exec java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$lib/*" -Dlog4j2.statusLoggerLevel=OFF \
+      org.apache.kafka.tools.AclCommand "$@" ;;
+  *) die 1 "usage: broker.sh {start|stop|status} DIR | broker.sh kafka-acls DIR ARGS... | broker.sh classpath" ;;
 esac

@@ -338,8 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dupalign",
         description="Streaming near-duplicate and copied-passage detection for web crawls.",
         epilog="Exit codes: 0 ok, 1 internal error, 2 usage or configuration, 3 input, "
-        "4 store, 5 Kafka unreachable, 6 nothing processed, 7 store ahead of its Kafka "
-        "commit (compact, delete), 130 interrupted.",
+        "4 store, 5 Kafka unreachable or refusing (TLS, SASL, ACL), 6 nothing processed, "
+        "7 store ahead of its Kafka commit (compact, delete), 130 interrupted.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -412,7 +412,52 @@ def build_parser() -> argparse.ArgumentParser:
     produce = sub.add_parser("produce", help="publish pages from files to a Kafka topic")
     add_produce_arguments(produce)
     produce.set_defaults(func=_run_produce)
+
+    acls = sub.add_parser("acls", help="the Kafka ACLs a role needs, as kafka-acls.sh commands",
+                          description="Print the kafka-acls.sh commands that grant PRINCIPAL "
+                          "exactly what ROLE needs on the cluster of the config's [kafka] "
+                          "table (topics, consumer group, transactional ids): least "
+                          "privilege on a cluster with an authorizer (docs/security.md).")
+    acls.add_argument("--role", choices=_ACL_ROLES,
+                      help="worker (the single worker), a topology role, produce, or consumer "
+                           "(a reader of the matches)")
+    acls.add_argument("--principal", metavar="TYPE:NAME", help="e.g. User:sketch")
+    acls.add_argument("--config", metavar="FILE",
+                      help="TOML config ([kafka]: topic names, group, transactional id prefix)")
+    acls.add_argument("--bootstrap", metavar="HOST:PORT",
+                      help="--bootstrap-server of the commands (default kafka.bootstrap_servers)")
+    acls.add_argument("--command-config", metavar="FILE",
+                      help="kafka-acls.sh's --command-config (the admin's client properties)")
+    acls.add_argument("--group", help="consumer role: the reader's group "
+                                      "(default {kafka.group_id}-matches)")
+    acls.add_argument("--table", action="store_true",
+                      help="every role's access as a Markdown table instead")
+    acls.set_defaults(func=cmd_acls)
     return parser
+
+
+# dupalign.service.acls.ROLES (not imported at parse time; tests/service/test_acls.py checks)
+_ACL_ROLES = ("worker", "sketch", "index", "shard", "align", "produce", "consumer")
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    from dupalign.service import acls
+    from dupalign.service.config import load_config
+
+    overrides = {"kafka": {"bootstrap_servers": args.bootstrap}} if args.bootstrap else {}
+    kc = load_config(args.config, overrides=overrides).kafka
+    if args.table:
+        print(acls.table(kc))
+        return 0
+    if not args.role or not args.principal:
+        raise CliError("give --role and --principal (or --table)", Exit.USAGE)
+    if ":" not in args.principal:
+        raise CliError(f"--principal {args.principal}: give TYPE:NAME, e.g. User:sketch",
+                       Exit.USAGE)
+    for line in acls.commands(args.role, args.principal, kc, args.bootstrap,
+                              args.command_config, args.group):
+        print(line)
+    return 0
 
 
 def _jobs(text: str) -> int:
@@ -436,6 +481,11 @@ def _run_worker(args: argparse.Namespace) -> int:
     if config.metrics.enabled:  # a port in use is said before anything else is tried
         check_port(config.metrics.host, config.metrics.port)
     check_broker_reachable(config.kafka.bootstrap_servers)
+    import asyncio
+
+    from dupalign.service.kafka_security import check_security
+
+    asyncio.run(check_security(config.kafka))
     if "align" in args.roles.split(","):  # (the costliest kernels)
         _note_first_compile("worker")
     return int(service.run_worker(args))

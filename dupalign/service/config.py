@@ -8,6 +8,7 @@ Tables: ``[kafka]`` (topics, group, client tuning, SASL/SSL pass-through), ``[wo
 
     DUPALIGN_KAFKA_BOOTSTRAP_SERVERS=broker:9092
     DUPALIGN_KAFKA_SASL_PLAIN_PASSWORD=...          # strings stay strings
+    DUPALIGN_KAFKA_SASL_PASSWORD_FILE=/run/secrets/kafka/password   # or from a file
     DUPALIGN_WORKER_BATCH_SIZE=128                  # parsed as a TOML value
     DUPALIGN_ENGINE_NEAR_HAMMING=4                  # [engine.near] hamming
 """
@@ -104,12 +105,16 @@ class KafkaConfig:
     )
     sasl_plain_username: str = ""
     sasl_plain_password: str = ""
+    # a file holding the password instead (a mounted Kubernetes Secret): read at start-up,
+    # its trailing newline dropped; never together with sasl_plain_password
+    sasl_password_file: str = ""
     sasl_kerberos_service_name: str = "kafka"
     sasl_kerberos_domain_name: str = ""
     ssl_cafile: str = ""
     ssl_certfile: str = ""
     ssl_keyfile: str = ""
     ssl_password: str = ""
+    ssl_password_file: str = ""  # as sasl_password_file, for ssl_password
     ssl_check_hostname: bool = True
 
     def validate(self) -> None:
@@ -340,7 +345,33 @@ def load_config(
         engine = EngineConfig.from_dict(dict(engine_data))
     except ConfigError as exc:
         raise ConfigError(f"engine.{exc.key}", exc.message) from None
+    built["kafka"] = _read_secret_files(built["kafka"])
     return Config(engine=engine, **built).validate()
+
+
+SECRET_FILES = {"sasl_password_file": "sasl_plain_password", "ssl_password_file": "ssl_password"}
+
+
+def _read_secret_files(kc: KafkaConfig) -> KafkaConfig:
+    """The passwords named by ``*_password_file`` keys, read into their keys: how
+    Kubernetes mounts a Secret (deploy/k8s). The file's last newline is not part of it."""
+    changes: dict[str, Any] = {}
+    for key, target in SECRET_FILES.items():
+        path = getattr(kc, key)
+        if not path:
+            continue
+        if getattr(kc, target):
+            raise ConfigError(f"kafka.{key}", f"give kafka.{target} or kafka.{key}, not both")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise ConfigError(f"kafka.{key}", f"cannot read {path}: {reason}") from None
+        secret = text[:-1] if text.endswith("\n") else text
+        if not secret:
+            raise ConfigError(f"kafka.{key}", f"{path} is empty")
+        changes[target] = secret
+    return replace(kc, **changes) if changes else kc
 
 
 def with_kafka(config: Config, **changes: Any) -> Config:

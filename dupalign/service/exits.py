@@ -15,7 +15,7 @@ class Exit(IntEnum):
     USAGE = 2  # bad arguments or configuration (argparse also exits 2)
     INPUT = 3  # an input is missing or unreadable, a directory holds no document, ids clash
     STORE = 4  # store missing, not a directory, not writable, locked, other version/params
-    KAFKA = 5  # the Kafka broker cannot be reached
+    KAFKA = 5  # the Kafka broker cannot be reached, or refuses TLS, the login or an ACL
     NOTHING_DONE = 6  # the run processed no page (every page rejected, or none in the inputs)
     UNCOMMITTED = 7  # compact/delete refused: the store holds pages past a Kafka commit
     INTERRUPTED = 130  # Ctrl-C

@@ -28,6 +28,7 @@ from dupalign.service.capped import CappedLines
 from dupalign.service.config import KafkaConfig, load_config
 from dupalign.service.exits import KAFKA_HINT, CliError, Exit, check_broker_reachable
 from dupalign.service.inputs import InputError, check_inputs, iter_input
+from dupalign.service.kafka_security import check_security, refusal
 from dupalign.service.progress import Progress
 from dupalign.service.topology import new_producer, page_record_limit
 from dupalign.wire import messages
@@ -167,6 +168,7 @@ def run_produce(args: argparse.Namespace) -> int:
     config = load_config(args.config, overrides=overrides)
     check_inputs(args.inputs)
     check_broker_reachable(config.kafka.bootstrap_servers)
+    asyncio.run(check_security(config.kafka))
     topic = args.topic or config.kafka.input_topic
     # every failure reaches us as an exception, reported below in one line: aiokafka's own
     # log lines about it would only say it again, in another format
@@ -180,7 +182,8 @@ def run_produce(args: argparse.Namespace) -> int:
         raise CliError(f"cannot reach the Kafka broker at {config.kafka.bootstrap_servers} "
                        f"({exc}): {KAFKA_HINT}", Exit.KAFKA) from None
     except KafkaError as exc:
-        raise CliError(f"Kafka error: {exc!r}", Exit.KAFKA) from None
+        raise CliError(refusal(exc, config.kafka) or f"Kafka error: {exc!r}", Exit.KAFKA
+                       ) from None
     dead = (f" ({stats.dead_letters} of them cut or corrupt records, sent to "
             f"{config.kafka.dlq_topic})" if stats.dead_letters else "")
     print(f"produced {stats.sent} pages to {topic}, skipped {stats.skipped}{dead}",

@@ -36,6 +36,7 @@ from aiokafka.structs import OffsetAndMetadata
 
 from dupalign.match import Span
 from dupalign.service.config import KafkaConfig
+from dupalign.service.topics import retained_topics
 from dupalign.stages.align import RankedPage
 from dupalign.wire.versions import ALIGNED, ALIGNED_WHOLE, SEQUENCE_RECORD
 
@@ -60,29 +61,6 @@ class Outgoing:
 
 
 # -- topics ---------------------------------------------------------------------------------
-def topology_topics(kc: KafkaConfig) -> dict[str, int | None]:
-    """Every topic of the topology and the partition count it must have (None: any)."""
-    topics: dict[str, int | None] = {
-        kc.input_topic: None, kc.output_topic: None, kc.dlq_topic: None,
-        kc.sequence_topic: 1,  # one order: the ordinal is the offset
-        kc.sketch_topic: 1, kc.aligned_topic: 1,  # the index role's (the fan-in's)
-        kc.align_topic: None, kc.forward_topic: None,  # as many as each other
-    }
-    if kc.index_shards > 1:  # partition s of keys: shard s's input
-        topics[kc.keys_topic] = kc.index_shards
-        topics[kc.partials_topic] = 1
-    return topics
-
-
-def retained_topics(kc: KafkaConfig) -> set[str]:
-    """The topics a rebuild by replay reads from their beginning (a store on a fresh
-    directory): kept forever, or the stores built from them cannot be rebuilt."""
-    topics = {kc.sequence_topic, kc.sketch_topic}
-    if kc.index_shards > 1:  # a shard rebuilds from keys, the fan-in from its partials
-        topics |= {kc.keys_topic, kc.partials_topic}
-    return topics
-
-
 KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 # the forward topic keeps each live page's last record (its key: the ordinal) forever, and
 # a removed page's tombstone for a day
@@ -136,8 +114,12 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
                 await asyncio.sleep(0.1)
         missing = [t for t in wanted if t not in counts]
         if missing:
+            # an authorizer hides the topics a principal may not describe
+            acl = ("" if kc.security_protocol == "PLAINTEXT" else
+                   f"; or no ACL lets {kc.sasl_plain_username or 'this client'} describe "
+                   "them: `dupalign acls` prints what a role needs, docs/security.md")
             raise TopologyError(f"topics {missing} do not exist (create them, or set "
-                                "kafka.create_topics = true)")
+                                f"kafka.create_topics = true){acl}")
         for topic, need in wanted.items():
             if need is not None and counts[topic] != need:
                 raise TopologyError(

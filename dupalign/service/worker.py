@@ -31,8 +31,10 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyEx
 from dupalign.errors import ConfigError, StoreError
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import Config, load_config
+from dupalign.service.exits import Exit
 from dupalign.service.http import HttpServer
 from dupalign.service.kafka_args import add_worker_arguments
+from dupalign.service.kafka_security import quiet_refusals, refusal
 from dupalign.service.log_repeats import STARTUP
 from dupalign.service.logs import setup_logging
 from dupalign.service.loop import Checkpoint
@@ -151,7 +153,7 @@ class Worker(Rebalancing, BatchProcessing):
             await self._shutdown()
         if self.failure is not None and not isinstance(self.failure, asyncio.CancelledError):
             self._log_failure(self.failure)
-            return 1
+            return Exit.KAFKA if refusal(self.failure, self.kc) else 1
         return 0
 
     def _log_failure(self, exc: BaseException) -> None:
@@ -165,6 +167,8 @@ class Worker(Rebalancing, BatchProcessing):
             tail = "nothing committed"
         if isinstance(exc, StoreError | FatalError):
             cause = str(exc)
+        elif (refused := refusal(exc, self.kc)) is not None:
+            cause = refused
         elif isinstance(exc, KafkaError):
             cause = f"Kafka failed: {exc!r}"
         else:
@@ -522,6 +526,7 @@ def run_worker(args: argparse.Namespace) -> int:
               "index role holds the whole index)", file=sys.stderr)
         return 2
     setup_logging(config.worker.log_level, config.worker.log_format)
+    quiet_refusals()
     if roles != ROLES:  # a part of the topology (dupalign/service/roles/launch.py)
         return asyncio.run(serve_roles(config, roles, args.store))
     return asyncio.run(serve(config, args.store))

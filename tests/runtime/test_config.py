@@ -85,6 +85,27 @@ def test_env_types_and_secrets_stay_strings() -> None:
     assert cfg.redacted()["kafka"]["sasl_plain_password"] == "***"
 
 
+def test_passwords_from_files_as_kubernetes_mounts_secrets(tmp_path: Path) -> None:
+    (tmp_path / "sasl").write_text("p@ss word 42\n", "utf-8")  # its last newline dropped
+    (tmp_path / "key").write_text("key-pass", "utf-8")
+    env = {"DUPALIGN_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+           "DUPALIGN_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+           "DUPALIGN_KAFKA_SASL_PLAIN_USERNAME": "sketch",
+           "DUPALIGN_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "sasl")}
+    path = write(tmp_path, f'[kafka]\nssl_password_file = "{tmp_path / "key"}"\n')
+    cfg = load_config(path, env=env)
+    assert cfg.kafka.sasl_plain_password == "p@ss word 42"
+    assert cfg.kafka.ssl_password == "key-pass"
+    assert "p@ss word 42" not in str(cfg.redacted()) and "key-pass" not in str(cfg.redacted())
+    for extra, fragment in (({"DUPALIGN_KAFKA_SASL_PLAIN_PASSWORD": "x"}, "not both"),
+                            ({"DUPALIGN_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "no")},
+                             "cannot read"),
+                            ({"DUPALIGN_KAFKA_SASL_PASSWORD_FILE": "/dev/null"}, "is empty")):
+        with pytest.raises(ConfigError) as err:
+            load_config(path, env={**env, **extra})
+        assert err.value.key == "kafka.sasl_password_file" and fragment in err.value.message
+
+
 @pytest.mark.parametrize(
     ("toml", "env", "key", "fragment"),
     [

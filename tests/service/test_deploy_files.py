@@ -28,6 +28,12 @@ def dockerfile_cmd() -> list[str]:
     return list(json.loads(lines[-1]))
 
 
+def role_manifests() -> list[str]:
+    """The k8s-topology resources that run a role (not its NetworkPolicy)."""
+    return [name for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]
+            if load_yaml(f"k8s-topology/{name}")["kind"] in ("Deployment", "StatefulSet")]
+
+
 def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
@@ -118,7 +124,7 @@ def test_topology_manifests_run_each_role_with_the_topology_config() -> None:
             assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
     assert roles == {"sketch": 2, "index": 2, "align": 2}
     kinds = {}
-    for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]:
+    for name in role_manifests():
         doc = load_yaml(f"k8s-topology/{name}")
         container = doc["spec"]["template"]["spec"]["containers"][0]
         args = parser.parse_args(container["args"][1:])
@@ -139,7 +145,7 @@ def topology_dashboard() -> dict[str, Any]:
 def test_every_role_pod_is_probed_and_scraped_on_the_port_the_roles_serve() -> None:
     metrics = load_config(DEPLOY / "k8s-topology" / "topology.toml", env={}).metrics
     assert metrics.enabled and metrics.host == "0.0.0.0"
-    for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]:
+    for name in role_manifests():
         pod = load_yaml(f"k8s-topology/{name}")["spec"]["template"]
         (container,) = pod["spec"]["containers"]
         (port,) = container["ports"]
@@ -249,7 +255,7 @@ def test_the_compose_topics_service_keeps_the_retained_topics_compressed(
     creates every retained topic of the config (a store is rebuilt from them) with
     retention.ms = -1 and compression.type = zstd, and the others as their producers
     send them."""
-    from dupalign.service.topology import retained_topics
+    from dupalign.service.topics import retained_topics
 
     services: dict[str, Any] = {}
     for name in overlays:
@@ -294,3 +300,55 @@ def test_every_kubernetes_pod_runs_the_local_image_without_pulling_it() -> None:
                 assert container.get("imagePullPolicy") == "IfNotPresent", where
             folders.add(path.parent.name)
     assert folders == {p.name for p in DEPLOY.glob("k8s*") if p.is_dir()}
+
+
+SASL_KEYS = ("security_protocol", "sasl_mechanism", "sasl_password_file", "ssl_cafile")
+
+
+@pytest.mark.parametrize("config", ["k8s/configmap.yaml", "k8s-topology/topology.toml"])
+def test_the_kubernetes_sasl_settings_read_the_mounted_secret(config: str, tmp_path: Path
+                                                              ) -> None:
+    """Uncommented, the SASL lines of the shipped configs load with the worker's loader and
+    read the password and the CA from where every pod mounts its Secret."""
+    text = (load_yaml(config)["data"]["dupalign.toml"] if config.endswith(".yaml")
+            else (DEPLOY / config).read_text())
+    on = re.sub(rf"^(\s*)# ({'|'.join(SASL_KEYS)}) = ", r"\1\2 = ", text, flags=re.M)
+    assert on.count("/run/secrets/kafka/") == 2, "the password and CA files"
+    (tmp_path / "password").write_text("from-the-secret\n")
+    (tmp_path / "ca.crt").write_text("a CA\n")
+    path = tmp_path / "config.toml"
+    path.write_text(on.replace("/run/secrets/kafka/", f"{tmp_path}/"))
+    kafka = load_config(path, env={"DUPALIGN_KAFKA_SASL_PLAIN_USERNAME": "sketch"}).kafka
+    assert (kafka.security_protocol, kafka.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert kafka.sasl_plain_password == "from-the-secret"
+    pods = ([("k8s/statefulset.yaml", "dupalign-kafka")] if config.startswith("k8s/") else
+            [(f"k8s-topology/{n}", None) for n in role_manifests()] +
+            [("k8s-topology-sharded/shard.yaml", None)])
+    for name, secret in pods:
+        spec = load_yaml(name)["spec"]["template"]["spec"]
+        (container,) = spec["containers"]
+        role = name.rsplit("/", 1)[-1].removesuffix(".yaml")
+        secret = secret or f"dupalign-kafka-{role}"  # each role its own user
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert mounts["kafka-secret"] == "/run/secrets/kafka", name
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["kafka-secret"]["secret"]["secretName"] == secret, name
+        env = {e["name"]: e for e in container["env"]}
+        assert env["DUPALIGN_KAFKA_SASL_PLAIN_USERNAME"]["valueFrom"]["secretKeyRef"][
+            "name"] == secret, name
+        assert spec["securityContext"]["fsGroup"] == 10001, name  # reads the 0440 files
+
+
+@pytest.mark.parametrize("folder", ["k8s", "k8s-topology"])
+def test_only_prometheus_reaches_the_metrics_port(folder: str) -> None:
+    assert "networkpolicy.yaml" in load_yaml(f"{folder}/kustomization.yaml")["resources"]
+    policy = load_yaml(f"{folder}/networkpolicy.yaml")
+    config = (load_yaml("k8s/configmap.yaml")["data"]["dupalign.toml"] if folder == "k8s"
+              else (DEPLOY / "k8s-topology" / "topology.toml").read_text())
+    port = int(re.search(r"^port = (\d+)", config, re.M).group(1))  # type: ignore[union-attr]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "dupalign"}}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+    assert rule["from"][0]["podSelector"] == {
+        "matchLabels": {"app.kubernetes.io/name": "prometheus"}}

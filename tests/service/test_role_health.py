@@ -9,7 +9,9 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
+from aiokafka.errors import TopicAuthorizationFailedError
 
+from dupalign.service.config import KafkaConfig
 from dupalign.service.roles.launch import RoleHealth, failure_line
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.topology import TopologyError
@@ -46,10 +48,17 @@ async def test_health_is_503_once_a_role_fails_and_ready_503_on_a_stop() -> None
 
 
 def test_a_failure_is_one_line_with_a_traceback_only_when_unforeseen() -> None:
-    assert failure_line("sketch", TopologyError("bad partitions")) == (
+    kc = KafkaConfig(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                     sasl_plain_username="sketcher", sasl_plain_password="s3cret")
+    assert failure_line("sketch", TopologyError("bad partitions"), kc) == (
         "sketch role stopped: bad partitions", True)
-    assert failure_line("align", KeyError("x")) == (
+    assert failure_line("align", KeyError("x"), kc) == (
         "align role stopped: unexpected KeyError: 'x'", False)
+    line, known = failure_line("sketch", TopicAuthorizationFailedError("matches"), kc)
+    assert known and line.startswith(
+        "sketch role stopped: Kafka refused a topic (matches) to user 'sketcher': "
+        "TopicAuthorizationFailedError, no ACL allows it; grant the ACLs `dupalign acls")
+    assert "s3cret" not in line
 
 
 async def test_transactions_are_counted_by_outcome() -> None:

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -286,12 +286,22 @@ async def run_worker_to_the_end(topics: Topics, config_path: Path, store: Path, 
                                 n_pages: int, what: str) -> None:
     """A worker process until it has committed ``n_pages`` input offsets, then SIGTERM: it
     must exit 0."""
-    proc = start_worker_process(config_path, store, log)
+    await stop_when_committed(start_worker_process(config_path, store, log), topics, log,
+                              n_pages, what)
+
+
+async def stop_when_committed(proc: subprocess.Popen[bytes], topics: Topics, log: Path,
+                              n_pages: int, what: str, timeout: float = 120,
+                              before_stop: Callable[[], None] | None = None) -> None:
+    """``proc``, a worker process, until its group has committed ``n_pages`` input offsets;
+    then ``before_stop()`` and SIGTERM: it must exit 0."""
     try:
         async def finished() -> bool:
             assert proc.poll() is None, log.read_text()[-4000:]
             return await topics.committed_total() == n_pages
-        await wait_for(finished, 120, what)
+        await wait_for(finished, timeout, what)
+        if before_stop is not None:
+            before_stop()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-4000:]
     finally:

@@ -22,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from dupalign.service.config import Config
 from dupalign.service.loop import Checkpoint, Listener, run_loop
 from dupalign.service.roles.metrics import RoleMetrics
+from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
     committed_offsets,
@@ -29,7 +30,6 @@ from dupalign.service.topology import (
     new_consumer,
     new_producer,
     stop_quietly,
-    topology_topics,
     transactional_id,
 )
 

@@ -54,6 +54,7 @@ from dupalign.service.roles.index_align import AlignExchange, Waiting
 from dupalign.service.roles.index_lifecycle import Lifecycle
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.shard_protocol import Partial
+from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
     TopologyError,
@@ -69,7 +70,6 @@ from dupalign.service.topology import (
     require_retained,
     source_header,
     stop_quietly,
-    topology_topics,
     transactional_id,
 )
 from dupalign.stages.sketch import PageSketch

@@ -22,8 +22,10 @@ from typing import Any
 from aiokafka.errors import KafkaError
 
 from dupalign.errors import StoreError
-from dupalign.service.config import Config
+from dupalign.service.config import Config, KafkaConfig
+from dupalign.service.exits import Exit
 from dupalign.service.http import HttpServer
+from dupalign.service.kafka_security import refusal
 from dupalign.service.log_repeats import STARTUP
 from dupalign.service.roles.metrics import RoleMetrics
 
@@ -96,14 +98,14 @@ class RoleHealth:
         return True, f"running {', '.join(p.name for p in self.parts)}"
 
 
-def failure_line(role: str, exc: BaseException) -> tuple[str, bool]:
+def failure_line(role: str, exc: BaseException, kc: KafkaConfig) -> tuple[str, bool]:
     """The one log line of a role's failure, and whether it is a known failure (Kafka, the
     store, the topics) that needs no traceback."""
     from dupalign.service.topology import TopologyError
 
     known = isinstance(exc, KafkaError | StoreError | TopologyError)
-    cause = f"Kafka failed: {exc!r}" if isinstance(exc, KafkaError) else (
-        str(exc) if known else f"unexpected {type(exc).__name__}: {exc}")
+    cause = refusal(exc, kc) or (f"Kafka failed: {exc!r}" if isinstance(exc, KafkaError) else (
+        str(exc) if known else f"unexpected {type(exc).__name__}: {exc}"))
     return f"{role} role stopped: {cause}", known
 
 
@@ -139,12 +141,14 @@ async def serve_roles(config: Config, roles: tuple[str, ...], store_dir: str | P
         failed = [t for t in done if t.exception() is not None]
         stop()
         await asyncio.gather(*tasks, return_exceptions=True)
+        refused = False
         for task in failed:
             exc = task.exception()
             assert exc is not None
-            line, known = failure_line(task.get_name(), exc)
+            line, known = failure_line(task.get_name(), exc, config.kafka)
             log.error("%s", line, exc_info=None if known else exc)
-        return 1 if failed else 0
+            refused |= refusal(exc, config.kafka) is not None
+        return (Exit.KAFKA if refused else 1) if failed else 0
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
