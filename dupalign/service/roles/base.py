@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -157,6 +158,7 @@ class StatelessRole:
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         assert self.consumer is not None
         assigned = set(assigned)
+        t0 = time.perf_counter()
         async with self.busy:
             self.generation += 1
             self.consumer.pause(*assigned)
@@ -174,5 +176,5 @@ class StatelessRole:
                     await self.consumer.seek_to_beginning(tp)
             self.consumer.resume(*assigned)
             self.metrics.assigned.labels(self.name).set(len(self.producers))
-        log.info("%s role assigned %s", self.name, sorted(f"{t.topic}:{t.partition}"
-                                                          for t in assigned))
+        log.info("%s role assigned %s (in %.2f s)", self.name,
+                 sorted(f"{t.topic}:{t.partition}" for t in assigned), time.perf_counter() - t0)

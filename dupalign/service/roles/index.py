@@ -239,6 +239,7 @@ class IndexRole(AlignExchange, Lifecycle):
                                     "per shard?")
             consumer = self.consumer
             consumer.pause(*assigned)
+            t0 = time.perf_counter()
             producer = new_producer(self.kc, transactional_id(self.kc, self.group_id,
                                                               self.seq_tp))
             await producer.start()  # fences a previous owner: its open transaction aborts
@@ -309,8 +310,8 @@ class IndexRole(AlignExchange, Lifecycle):
             self.owner = True
             self.metrics.assigned.labels(self.name).set(len(assigned))
             consumer.resume(*assigned)
-            log.info("index shard owned: published up to ordinal %d, store at %s",
-                     published, stored)
+            log.info("index shard owned: published up to ordinal %d, store at %s (taken "
+                     "over in %.2f s)", published, stored, time.perf_counter() - t0)
 
     async def _seek(self, tp: TopicPartition, offset: int | None) -> None:
         if offset is None:
