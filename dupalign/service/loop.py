@@ -27,14 +27,21 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError
+from aiokafka.errors import CommitFailedError, InvalidProducerEpoch, ProducerFenced
 
+from dupalign.service.config import KafkaConfig
 from dupalign.service.topology import Outgoing, send_all
 
 log = logging.getLogger("dupalign.loop")
 
 # an offset to commit, or an offset with the commit's metadata
 Offset = int | tuple[int, str]
+
+# A transactional producer whose id another producer took (the partition's next owner), or
+# whose transaction the broker's coordinator aborted for lasting past
+# ``kafka.transaction_timeout_ms``: that abort bumps the id's epoch too, with no
+# InitProducerId from anyone. A role steps down and rejoins on it (``rejoin``).
+FENCED = (ProducerFenced, InvalidProducerEpoch)
 
 
 @dataclass
@@ -156,3 +163,22 @@ class Listener(ConsumerRebalanceListener):
             await self.owner.on_assigned(assigned)
         except Exception as exc:
             self.owner.failure = exc
+
+
+def rebalance_timeout_ms(kc: KafkaConfig) -> int:
+    """How long a rebalance waits for a member to rejoin: a role rejoins once the turn or
+    takeover in hand is done (``busy``). The consumer's default, the session timeout,
+    expelled a member whose turn outlasted it. Longer is capped by the request timeout:
+    every member's JoinGroup waits for the slowest one, and aiokafka gives it
+    ``kafka.request_timeout_ms`` before it calls the coordinator dead."""
+    return max(kc.session_timeout_ms, kc.request_timeout_ms - 5_000)
+
+
+def rejoin(consumer: AIOKafkaConsumer) -> None:
+    """Ask the group for an assignment again, with the same member id: the listener's
+    ``on_revoked``, then ``on_assigned`` with what the group gives now. aiokafka has no
+    public call for it (tests/service/test_aiokafka_privates.py)."""
+    coordinator = consumer._coordinator
+    if coordinator is None:
+        raise RuntimeError("rejoin: the consumer is not started")
+    coordinator.request_rejoin()

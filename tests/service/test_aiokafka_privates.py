@@ -1,7 +1,7 @@
-"""The one private aiokafka API the service uses (dupalign.service.topology.fetch_committed: the
-group
-coordinator's fetch of committed offsets with their metadata): fails when aiokafka changes
-it, so an upgrade is caught here rather than at a worker's takeover."""
+"""The private aiokafka APIs the service uses: the group coordinator's fetch of committed
+offsets with their metadata (dupalign.service.topology.fetch_committed) and its request to
+rejoin the group (dupalign.service.loop.rejoin, a role stepping down). Fails when aiokafka
+changes them, so an upgrade is caught here rather than at a worker's takeover."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
+from dupalign.service.loop import rejoin
 from dupalign.service.topology import fetch_committed
 
 
@@ -34,3 +35,22 @@ def test_the_coordinator_fetches_committed_offsets_of_a_list_of_partitions() -> 
     fetch = GroupCoordinator.fetch_committed_offsets
     assert inspect.iscoroutinefunction(fetch)
     assert list(inspect.signature(fetch).parameters) == ["self", "partitions"]
+
+
+def test_the_coordinator_rejoins_when_asked_with_the_same_member_id() -> None:
+    request = GroupCoordinator.request_rejoin
+    assert not inspect.iscoroutinefunction(request)
+    assert list(inspect.signature(request).parameters) == ["self"]
+    # it completes the future the coordination routine waits on, which then rejoins
+    assert "self._rejoin_needed_fut.set_result(None)" in inspect.getsource(request)
+    assert "futures.append(self._rejoin_needed_fut)" in inspect.getsource(
+        GroupCoordinator._GroupCoordinator__coordination_routine)  # type: ignore[attr-defined]
+
+    async def unstarted() -> None:
+        consumer = AIOKafkaConsumer(group_id="g", bootstrap_servers="127.0.0.1:9")
+        try:
+            with pytest.raises(RuntimeError, match="not started"):
+                rejoin(consumer)
+        finally:
+            await consumer.stop()
+    asyncio.run(unstarted())

@@ -176,7 +176,7 @@ class FanInTurns:
         self.published: list[dict[str, Any]] = []
 
     def own(self, published: int) -> tuple[int | None, int | None]:
-        """Take the store over from ``published`` on, as ``IndexRole.on_assigned`` does;
+        """Take the store over from ``published`` on, as ``IndexRole._take_over`` does;
         returns the store's sequence offset and the record ``recover`` found cut short."""
         role, ix = self.role, self.engine.indexer
         assert isinstance(ix, FanInIndexer)

@@ -6,13 +6,17 @@ fences its previous owner.
 
 A rebalance waits for the batch in hand (``busy``), then stops the producers of revoked
 partitions; a batch fetched before the assignment changed is dropped (its partitions were
-seeked to the committed offset on assignment, so it is fetched again).
+seeked to the committed offset on assignment, so it is fetched again). Assigned partitions
+stay paused until the next turn has taken them (``_take_all``: outside aiokafka's
+rebalance callback, which sends no heartbeat). A fenced producer steps the role down: it
+lets every partition go and rejoins the group (``_step_down``), rather than exit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,7 +24,14 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from dupalign.service.config import Config
-from dupalign.service.loop import Checkpoint, Listener, run_loop
+from dupalign.service.loop import (
+    FENCED,
+    Checkpoint,
+    Listener,
+    rebalance_timeout_ms,
+    rejoin,
+    run_loop,
+)
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
@@ -58,6 +69,7 @@ class StatelessRole:
         self.stopping = asyncio.Event()
         self.batches = 0  # committed
         self.failure: BaseException | None = None  # raised in a rebalance listener
+        self.pending: set[TopicPartition] = set()  # assigned, not taken yet (``_take_all``)
 
     @property
     def input_topic(self) -> str:
@@ -99,8 +111,9 @@ class StatelessRole:
         await ensure_topics(self.kc, topology_topics(self.kc),
                             self.config.worker.max_message_bytes)
         await self.on_start()
-        consumer = self.consumer = new_consumer(self.kc, self.group_id,
-                                                self.config.worker.batch_size)
+        consumer = self.consumer = new_consumer(
+            self.kc, self.group_id, self.config.worker.batch_size,
+            rebalance_timeout_ms=rebalance_timeout_ms(self.kc))
         consumer.subscribe([self.input_topic], listener=Listener(self))
         await consumer.start()
         self.started = True
@@ -111,6 +124,17 @@ class StatelessRole:
             await self._close()
 
     async def _turn(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """Partitions assigned are taken first (paused until then: nothing was fetched for
+        them); a fenced producer steps down."""
+        try:
+            if self.pending:
+                await self._take_all(self.pending)
+            else:
+                await self._work(batches)
+        except FENCED as exc:
+            await self._step_down(exc)
+
+    async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
         loop = asyncio.get_running_loop()
         hops = []
         for tp, records in batches.items():
@@ -128,7 +152,10 @@ class StatelessRole:
             hops.append(asyncio.ensure_future(self._hop(tp, records, prepared)))
             if not self.kc.transactions:
                 await hops[-1]
-        await asyncio.gather(*hops)
+        failed = [r for r in await asyncio.gather(*hops, return_exceptions=True)
+                  if isinstance(r, BaseException)]
+        if failed:  # (once every hop ended: a step-down stops their producers)
+            raise failed[0]
 
     async def _hop(self, tp: TopicPartition, records: list[Any], prepared: Any) -> None:
         producer = self.producers[tp]  # made on assignment, before resume
@@ -151,29 +178,57 @@ class StatelessRole:
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         async with self.busy:
             self.generation += 1
+            self.pending = set()  # (assigned, never taken)
             await stop_quietly(*(self.producers.pop(tp, None) for tp in revoked))
             await self.release(revoked)
             self.metrics.assigned.labels(self.name).set(len(self.producers))
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
+        """Only notes the partitions, paused: taking them (fencing their previous owners,
+        opening stores, reading offsets) is the loop's next turn, with heartbeats flowing
+        (aiokafka sends none while this callback runs)."""
         assert self.consumer is not None
         assigned = set(assigned)
         async with self.busy:
             self.generation += 1
             self.consumer.pause(*assigned)
-            for tp in sorted(assigned):
-                if tp not in self.producers:
-                    producer = new_producer(self.kc, transactional_id(self.kc, self.group_id, tp))
-                    await producer.start()  # fences the previous owner, aborts its open txn
-                    self.producers[tp] = producer
-            committed = await committed_offsets(self.consumer, assigned)  # after the fencing
-            for tp in sorted(assigned):
-                start = await self.take(tp, committed.get(tp))
-                if start is not None:
-                    self.consumer.seek(tp, start)
-                else:
-                    await self.consumer.seek_to_beginning(tp)
-            self.consumer.resume(*assigned)
-            self.metrics.assigned.labels(self.name).set(len(self.producers))
-        log.info("%s role assigned %s", self.name, sorted(f"{t.topic}:{t.partition}"
-                                                          for t in assigned))
+            self.pending = assigned
+
+    async def _take_all(self, assigned: set[TopicPartition]) -> None:
+        assert self.consumer is not None
+        t0 = time.perf_counter()
+        for tp in sorted(assigned):
+            if tp not in self.producers:
+                producer = new_producer(self.kc, transactional_id(self.kc, self.group_id, tp))
+                await producer.start()  # fences the previous owner, aborts its open txn
+                self.producers[tp] = producer
+        committed = await committed_offsets(self.consumer, assigned)  # after the fencing
+        for tp in sorted(assigned):
+            start = await self.take(tp, committed.get(tp))
+            if start is not None:
+                self.consumer.seek(tp, start)
+            else:
+                await self.consumer.seek_to_beginning(tp)
+        self.pending = set()
+        self.consumer.resume(*assigned)
+        self.metrics.assigned.labels(self.name).set(len(self.producers))
+        log.info("%s role assigned %s (taken in %.2f s)", self.name,
+                 sorted(f"{t.topic}:{t.partition}" for t in assigned), time.perf_counter() - t0)
+
+    async def _step_down(self, exc: BaseException) -> None:
+        """A producer fenced: another process has its partition (this one was expelled
+        while stopped or starved), or the broker aborted a transaction open past
+        ``kafka.transaction_timeout_ms``. Every partition is let go and the group asked
+        again (``rejoin``)."""
+        assert self.consumer is not None
+        log.warning("%s role stepping down: a producer was fenced (%r); rejoining the group",
+                    self.name, exc)
+        self.generation += 1  # (the turn's fetched records are dropped)
+        self.pending = set()
+        held = list(self.producers)
+        await stop_quietly(*self.producers.values())
+        self.producers.clear()
+        await self.release(held)
+        self.metrics.assigned.labels(self.name).set(0)
+        self.consumer.pause(*self.consumer.assignment())
+        rejoin(self.consumer)

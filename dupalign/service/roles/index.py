@@ -31,11 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -47,30 +45,26 @@ from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.runtime.engine import Engine, Source
 from dupalign.service.config import Config
-from dupalign.service.loop import Checkpoint, Listener, run_loop
+from dupalign.service.loop import FENCED, Checkpoint, Listener, rebalance_timeout_ms, run_loop
 from dupalign.service.parts import PartsByOrdinal, in_parts
 from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.service.roles.index_align import AlignExchange, Waiting
 from dupalign.service.roles.index_lifecycle import Lifecycle
+from dupalign.service.roles.index_takeover import Takeover
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.shard_protocol import Partial
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
-    TopologyError,
-    committed_offsets,
     decode_aligned,
     decode_sequence,
     ensure_topics,
     new_consumer,
-    new_producer,
     ordinal_header,
     record_limit,
     record_ordinal,
-    require_retained,
     source_header,
     stop_quietly,
-    transactional_id,
 )
 from dupalign.stages.sketch import PageSketch
 from dupalign.store.database import Store
@@ -79,7 +73,7 @@ from dupalign.wire import messages
 
 log = logging.getLogger("dupalign.roles.index")
 
-class IndexRole(AlignExchange, Lifecycle):
+class IndexRole(AlignExchange, Lifecycle, Takeover):
     name = "index"
 
     def __init__(self, config: Config, store_dir: str | Path,
@@ -114,6 +108,7 @@ class IndexRole(AlignExchange, Lifecycle):
         self.generation = 0
         self.stopping = asyncio.Event()
         self.failure: BaseException | None = None
+        self.taking = False  # the shard assigned, not taken over yet (``Takeover``)
         self.max_waiting = 4 * max(1, config.worker.batch_size) * 8
         # a turn takes batch_size pages' worth of records: each page brings its sequence
         # record, its sketch, its align answer and a partial per shard (one transaction a
@@ -159,6 +154,7 @@ class IndexRole(AlignExchange, Lifecycle):
             self.keys_limit = await record_limit(self.kc, self.kc.keys_topic)
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.turn_records,
+            rebalance_timeout_ms=rebalance_timeout_ms(self.kc),
             # co-partitioning: partition i of every input topic to the same member
             partition_assignment_strategy=(RangePartitionAssignor,))
         consumer.subscribe(sorted(t.topic for t in self.tps), listener=Listener(self))
@@ -171,10 +167,19 @@ class IndexRole(AlignExchange, Lifecycle):
             await self._close()
 
     async def _turn(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """The shard taken over once assigned (its partitions were paused: nothing was
+        fetched for it), then worked on; a fenced producer steps down (``Takeover``)."""
+        try:
+            if self.taking:
+                await self._take_over()
+            elif self.owner:
+                await self._work(batches)
+        except FENCED as exc:
+            await self._step_down(exc)
+
+    async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """Route the turn's records, advance the index, then one checkpoint: the records
         made and the offsets (``_offsets``), when either changed."""
-        if not self.owner:
-            return
         loop = asyncio.get_running_loop()
         for tp, records in batches.items():
             self.metrics.consumed(self.name, tp.topic, records)
@@ -215,113 +220,6 @@ class IndexRole(AlignExchange, Lifecycle):
         await stop_quietly(self.consumer)
         await self._release()
         self.executor.shutdown(wait=True)
-
-    async def _release(self) -> None:
-        self.owner = False
-        await stop_quietly(self.producer)
-        self.producer = None
-        if self.engine is not None:
-            engine, self.engine, self.fan_in = self.engine, None, None
-            await asyncio.get_running_loop().run_in_executor(self.executor, engine.close)
-
-    # -- ownership of the shard -----------------------------------------------------------
-    async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        async with self.busy:
-            self.generation += 1
-            self.metrics.assigned.labels(self.name).set(0)
-            if self.owner:
-                await self._release()
-                log.info("index shard released")
-
-    async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        assigned = set(assigned)
-        async with self.busy:
-            self.generation += 1
-            if not assigned:
-                return  # a standby
-            if assigned != self.tps:
-                raise TopologyError(f"index role assigned {sorted(map(str, assigned))}, not "
-                                    "the whole shard: do the input topics have one partition "
-                                    "per shard?")
-            consumer = self.consumer
-            consumer.pause(*assigned)
-            producer = new_producer(self.kc, transactional_id(self.kc, self.group_id,
-                                                              self.seq_tp))
-            await producer.start()  # fences a previous owner: its open transaction aborts
-            self.producer = producer
-            loop = asyncio.get_running_loop()
-            # opening finishes (aligning here) pages whose align answer never came
-            self.engine = await loop.run_in_executor(
-                self.executor, functools.partial(
-                    Engine.open, self.store_dir, self.config.engine, shards=self.n_shards,
-                    remote_shards=self._open_fan_in if self.n_shards > 1 else None))
-            self._keyed_by(self.align_parts)
-            self.engine.on_removed(self._removed)
-            # the forward records of pages stored after the last commit (their transaction
-            # may have aborted) and, the first time, of every stored page
-            await self._send_forward_again(producer, consumer)
-            stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
-                      ).get((self.seq_tp.topic, 0))
-            fan_in = self.fan_in
-            committed = await committed_offsets(consumer, assigned)
-            # a group without offsets (expired after offsets.retention.minutes, deleted, a
-            # new group id) resumes where this store noted every page's matches published
-            # (none noted: from the start, publishing again what the store holds)
-            noted = (await loop.run_in_executor(self.executor, self.engine.checkpoints)
-                     ).get((self.seq_tp.topic, 0), 0)
-            published = committed.get(self.seq_tp, noted)
-            again: list[tuple[int, int, Any]] = []
-            first = None  # a fan-in's first page not finished
-            if fan_in is not None:
-                # its pages not finished are stored too; the shard messages of the records
-                # from E on, whether their transaction committed or not (a shard answers
-                # what it applied from its store)
-                stored, again = await loop.run_in_executor(
-                    self.executor, fan_in.recover, stored, published)
-                first = fan_in.first_resumable()
-            applied_below = stored  # every sequence record below it is in the store
-            if first is not None and first < published:
-                # another fan-in published past pages this store left unfinished (it took
-                # over from this one, then stopped): the replay starts there and finishes
-                # them from their partials (the pages stored after them answer from it)
-                log.warning("index fan-in store: pages from ordinal %d not finished, published "
-                            "since up to %d: finishing them by replay", first, published)
-                stored = first
-            if stored is not None and stored >= published:
-                self._reset(published, 0)
-                starts = {self.seq_tp: published, self.sketch_tp: committed.get(self.sketch_tp),
-                          self.partials_tp: committed.get(self.partials_tp)}
-            else:
-                start = stored or 0
-                if start < published:
-                    log.warning("index store behind the published matches (%d < %d): "
-                                "rebuilding it from the retained sequence and sketches",
-                                start, published)
-                self._reset(start, published)
-                # the sketches (and the shards' partials) of the pages from S on: their
-                # partitions from the beginning (they come in about ordinal order)
-                starts = {self.seq_tp: start, self.sketch_tp: None, self.partials_tp: None}
-            starts[self.aligned_tp] = committed.get(self.aligned_tp)
-            for tp in sorted(self.tps):
-                if tp != self.aligned_tp:  # (align answers are never needed twice)
-                    await require_retained(consumer, tp, starts[tp] or 0, "the index role")
-                await self._seek(tp, starts[tp])
-            self._resume_lifecycle(applied_below)
-            self.resend = [part for seq, shard, m in again for part in self._keys(seq, shard, m)]
-            if again:
-                log.info("index fan-in: %d shard messages from ordinal %d sent again",
-                         len(again), again[0][0])
-            self.owner = True
-            self.metrics.assigned.labels(self.name).set(len(assigned))
-            consumer.resume(*assigned)
-            log.info("index shard owned: published up to ordinal %d, store at %s",
-                     published, stored)
-
-    async def _seek(self, tp: TopicPartition, offset: int | None) -> None:
-        if offset is None:
-            await self.consumer.seek_to_beginning(tp)
-        else:
-            self.consumer.seek(tp, offset)
 
     # -- the work -------------------------------------------------------------------------
     def _route(self, tp: TopicPartition, records: list[Any]) -> None:
