@@ -85,7 +85,7 @@ def owned_part(state: PassageState, shard: int, n_shards: int) -> PassageState |
 
 def owned_parts(state: PassageState | None, n_shards: int) -> list[PassageState | None]:
     """``owned_part`` for every shard, the owners computed once (the fan-in splits each
-    page S ways: per shard, that was S passes over all the page's windows)."""
+    page S ways: ``owned_part`` per shard would make S passes over all its windows)."""
     if state is None or state.rects is None:
         return [None] * n_shards
     r = state.rects

@@ -1,7 +1,7 @@
 """Inverted-list entries written behind the index thread, as table files.
 
 A page with passages adds one entry to each inverted list of its windows (~1,400 on an
-llvm page): written in the page's batch, that was one RocksDB memtable insert each in the
+llvm page): written in the page's batch, each would be one RocksDB memtable insert in the
 index thread, which must run alone (rocksdict holds the GIL through a write), and again a
 sort of the whole hash memtable in RocksDB's flush thread: together about a third of the
 index stage and a tenth of all the CPU on llvm (tests/bench/bench_scan.py). Here the
