@@ -30,7 +30,7 @@ from dupalign.config import EngineConfig
 from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
-from dupalign.store.keys import read_u64, u64
+from dupalign.store import tables
 
 
 @dataclass(frozen=True)
@@ -101,20 +101,19 @@ class Detector:
     def matches(self, doc_id: str) -> list[Match]:
         """The matches the page ``doc_id`` got when it was added (KeyError if unknown)."""
         ordinal = self._ordinal(doc_id)
-        raw = self._engine.store.get("matches", u64(ordinal))
+        raw = tables.matches.get(self._engine.store, ordinal)
         return [] if raw is None else [Match.from_dict(d) for d in msgpack.unpackb(raw)]
 
     def pages(self) -> Iterator[StoredPage]:
         """Every stored page, in the order they were added."""
-        for key, value in self._engine.store.items("docs"):
+        for ordinal, value in tables.docs.items(self._engine.store):
             record = msgpack.unpackb(value)
-            yield StoredPage(id=record["id"], ordinal=read_u64(key),
+            yield StoredPage(id=record["id"], ordinal=ordinal,
                              n_tokens=record["n_tokens"], url=record.get("url"),
                              fetched_at=record.get("fetched_at"))
 
     def __contains__(self, doc_id: object) -> bool:
-        return isinstance(doc_id, str) and self._engine.store.get(
-            "ids", doc_id.encode("utf-8")) is not None
+        return isinstance(doc_id, str) and self._engine.has_page(doc_id)
 
     def __len__(self) -> int:
         """How many pages the store holds (current versions; deleted pages left)."""
@@ -137,10 +136,10 @@ class Detector:
         self.close()
 
     def _ordinal(self, doc_id: str) -> int:
-        raw = self._engine.store.get("ids", doc_id.encode("utf-8"))
-        if raw is None:
+        ordinal = tables.ids.get(self._engine.store, doc_id)
+        if ordinal is None:
             raise KeyError(doc_id)
-        return read_u64(raw)
+        return ordinal
 
 
 def open(  # as gzip.open: the module names what is opened (shadows the builtin here only)

@@ -36,23 +36,17 @@ from dupalign.near.psm import psm_search_batch
 from dupalign.near.simhash import weighted_simhash
 from dupalign.near.simhash_table import SimhashTable
 from dupalign.near.vosh import VolatilityModel
+from dupalign.store import tables
 from dupalign.store.database import Batch, Store
-from dupalign.store.keys import ordinal_ranges, u64
-from dupalign.store.records import delete_ordinals
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
-_META_MODEL = b"volatility"
 _SHINGLE_SALT = 0x5A1
 
 
 def verification_sketch(hashes: U64, K: int, seed: int, shingle: int) -> U64:
     """The page's K-min-hash sketch of its word ``shingle``-shingles (token order kept)."""
     return shingle_minhash_sketch(hashes, shingle, _SHINGLE_SALT, K, seed)
-
-
-def _idf_key(version: int) -> bytes:
-    return b"idf/" + u64(version)
 
 
 @dataclass
@@ -123,31 +117,6 @@ class NearCounters:
     filter: FilterStats = field(default_factory=FilterStats)
 
 
-def _load_fingerprints(store: Store, chunk: int = 1 << 16) -> tuple[U64, I64]:
-    """The ``simhash`` family's (fingerprint, ordinal) keys as two arrays, read a chunk of
-    keys at a time: a Python int per fingerprint and ordinal would take ~13 GB at 10^8
-    pages (tests/bench/bench_open.py)."""
-    fps: list[U64] = []
-    ords: list[I64] = []
-    keys: list[bytes] = []
-
-    def convert() -> None:
-        rows = np.frombuffer(b"".join(keys), dtype=">u8").reshape(-1, 2)
-        fps.append(rows[:, 0].astype(np.uint64))
-        ords.append(rows[:, 1].astype(np.int64))
-        keys.clear()
-
-    for key in store.keys("simhash"):
-        keys.append(key)
-        if len(keys) == chunk:
-            convert()
-    if keys:
-        convert()
-    if not fps:
-        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(fps), np.concatenate(ords)
-
-
 class NearIndex:
     """``removal_only``: for an engine that only removes pages (``dupalign delete``): the PSM
     table (a read of the whole ``simhash`` family, about 1.4 s at 2M pages) and the idf
@@ -163,18 +132,18 @@ class NearIndex:
         self.filter = CwsFilter(self.cfg.cws_samples, self.cfg.cws_threshold, self.cfg.cws_error)
         self.counters = NearCounters()
         self.tables: list[IdfTable] = [IdfTable.uniform()]
-        while (raw := store.get("meta", _idf_key(len(self.tables)))) is not None:
+        while (raw := tables.idf_tables.get(store, len(self.tables))) is not None:
             self.tables.append(IdfTable.from_bytes(raw))
         self.builder: IdfBuilder | None = None
         if len(self.tables) <= len(self.cfg.idf_freeze_at) and not removal_only:
             self.builder = IdfBuilder()
-            for _, value in store.items("idf_pending"):
+            for _, value in tables.idf_pending.items(store):
                 self.builder.add_document(np.frombuffer(value, dtype="<u8"))
-        raw_model = store.get("meta", _META_MODEL)
+        raw_model = tables.volatility.get(store)
         self.model = VolatilityModel.from_bytes(raw_model) if raw_model else VolatilityModel()
         self._table: SimhashTable | None = None
         if not removal_only:
-            fps, ords = _load_fingerprints(store)  # in key order: by (fingerprint, ordinal)
+            fps, ords = tables.simhash.load(store)  # by (fingerprint, ordinal)
             self._table = SimhashTable.from_arrays(fps, ords, ordered=True)
         self._staged: dict[int, int] = {}  # ordinal -> fingerprint of a staged removal
 
@@ -240,24 +209,24 @@ class NearIndex:
         if self.removal_only:  # (its idf counts are not loaded: it would freeze wrong ones)
             raise RuntimeError("the near index was opened for removal only: it adds no page")
         assert state.sketch is not None and state.unique is not None and state.W is not None
-        batch.put("simhash", u64(state.fingerprint) + u64(ordinal), b"")
+        tables.simhash.put(batch, state.fingerprint, ordinal)
         self.put_sketch(batch, ordinal, state.sketch)
         self.model.update(state.W)
-        batch.put("meta", _META_MODEL, self.model.to_bytes())
+        tables.volatility.put(batch, self.model.to_bytes())
         if self.builder is not None:
-            batch.put("idf_pending", u64(ordinal), state.unique.astype("<u8").tobytes())
+            tables.idf_pending.put(batch, ordinal, state.unique.astype("<u8").tobytes())
             version = len(self.tables)
             if self.builder.n_docs + 1 >= self.cfg.idf_freeze_at[version - 1]:
                 builder = IdfBuilder.from_bytes(self.builder.to_bytes())
                 builder.add_document(state.unique, distinct=True)
                 state.frozen = builder.freeze(version)
-                batch.put("meta", _idf_key(version), state.frozen.to_bytes())
+                tables.idf_tables.put(batch, version, state.frozen.to_bytes())
                 if version == len(self.cfg.idf_freeze_at):
-                    batch.delete_range("idf_pending", u64(0), u64(ordinal + 1))
+                    tables.idf_pending.delete_through(batch, ordinal)
 
     def put_sketch(self, batch: Batch, ordinal: int, sketch: U64) -> None:
         """Store the page's verification sketch (index shards keep it: dupalign.stages.shards)."""
-        batch.put("cws", u64(ordinal), sketch.astype("<u8").tobytes())
+        tables.cws.put(batch, ordinal, sketch.astype("<u8").tobytes())
 
     def commit(self, ordinal: int, state: NearState | None) -> None:
         if state is None or not state.indexed or state.fingerprint is None:
@@ -278,10 +247,9 @@ class NearIndex:
         the volatility model, which only orders probes, and the idf document counts."""
         for ordinal, fingerprint in pages:
             if fingerprint is not None:
-                batch.delete("simhash", u64(fingerprint) + u64(ordinal))
+                tables.simhash.delete(batch, fingerprint, ordinal)
                 self._staged[ordinal] = fingerprint
-        for lo, hi in ordinal_ranges(o for o, _ in pages):
-            delete_ordinals(batch, ("cws",), lo, hi)
+        tables.cws.remove(batch, (o for o, _ in pages))
 
     def commit_removal(self, ordinals: list[int]) -> None:
         """After the removal's batch is written: the PSM table without those pages (their
@@ -292,7 +260,7 @@ class NearIndex:
 
     def sketch_of(self, ordinal: int) -> U64 | None:
         """A stored page's verification sketch (None: the page is not near-indexed)."""
-        raw = self.store.get("cws", u64(ordinal))
+        raw = tables.cws.get(self.store, ordinal)
         return None if raw is None else np.frombuffer(raw, dtype="<u8")
 
     def stats(self) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 The passage index is split as search engines split theirs: inverted lists of page ordinals
 only (key → pages, dupalign.passage.index) to find candidate pages, and one forward record per
-page (page → windows) to align against them. The record of page ``o`` is two values keyed
-by ``u64(o)``: ``forward`` (its windows, this module) and ``positions`` (its token
+page (page → windows) to align against them. The record of a page is two values stored
+by its ordinal: ``forward`` (its windows, this module) and ``positions`` (its token
 character offsets and unit hashes, dupalign.passage.positions). Align reads the
 records of a page's candidates (from the store, a secondary instance of it, or the wire)
 and gathers the rectangles its interval scan needs (``gather``); the index never reads

@@ -38,7 +38,6 @@ Thresholds are exact integers (dupalign.passage.tasks.Weights).
 from __future__ import annotations
 
 import shutil
-import struct
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +45,6 @@ import numpy as np
 import numpy.typing as npt
 
 from dupalign.config import EngineConfig
-from dupalign.kernel_cache import njit
 from dupalign.passage import batch_align as passage_align
 from dupalign.passage import forward
 from dupalign.passage.lists import files as list_files
@@ -60,27 +58,15 @@ from dupalign.passage.sketch import (
     window_lists,
 )
 from dupalign.passage.tasks import Tasks, Weights
+from dupalign.store import lists, tables
 from dupalign.store.database import Batch, PrefixReader, Store
-from dupalign.store.keys import ordinal_ranges, read_u64, u64
-from dupalign.store.records import delete_ordinals
 
-_BIN = struct.Struct(">H")
-_COUNT = struct.Struct("<I")
-# key of an inverted-list entry: bin ‖ min-hash ‖ ordinal, big-endian; its value is empty
-# (one window of the page in the list) or the page's number of windows in it (<u4)
-_LIST_KEY = list_files.LIST_KEY
-_LIST_PREFIX = np.dtype([("bin", ">u2"), ("key", ">u8")])
-_LIST_ID = np.dtype([("bin", ">u2"), ("key", ">u8")])  # a list's name: its keys' prefix
-# A run: every entry of a list up to some ordinal packed in one value (the ordinals as
-# LEB128 varint deltas: a page with several windows in the list repeats, delta 0), under
-# the key bin ‖ min-hash ‖ last ordinal ‖ _RUN_SEQ. Pages append one key per list
-# they are in; a list read from the store with PACK_MIN or more of those (and at
-# least a quarter of its run's length, so that a list is repacked O(log n) times) is packed
-# by the next page's batch, which deletes the keys it replaces: a later read takes one key
-# instead of hundreds (reading an entry through the iterator costs about a microsecond,
-# unpacking it from a run a few nanoseconds). A list is: [long mark] [run] [entries of
-# later pages].
-_RUN_SEQ = b"\xff\xff\xff\xff"
+# Pages append one entry per list they are in; a list read from the store with PACK_MIN or
+# more of those (and at least a quarter of its run's length, so that a list is repacked
+# O(log n) times) is packed into its run (dupalign.store.lists) by the next page's batch,
+# which deletes the keys it replaces: a later read takes one key instead of hundreds
+# (reading an entry through the iterator costs about a microsecond, unpacking it from a run
+# a few nanoseconds).
 PACK_MIN = 8
 
 
@@ -128,14 +114,14 @@ class PassageIndex:
         # removal): once marked a list stays a stop list (module docstring, step 1)
         self._new_markers: dict[bytes, int] = {}
         # lists read with many unpacked entries, packed by the next page staged:
-        # prefix -> (run key, run, keys it replaces)
+        # prefix -> (run key, run, keys it replaces) (``lists.packed``)
         self._new_runs: dict[bytes, tuple[bytes, bytes, list[bytes]]] = {}
         self.pack_min = PACK_MIN  # runtime only: packing changes the layout, not the lists
         # the entries of committed pages not in the store yet (``write_lists_behind``; None:
         # each page's entries are in its batch, as index shards need)
         self.pending: list_files.PendingLists | None = None
         self._entries: tuple[int, npt.NDArray[Any], I64] | None = None  # staged, for commit
-        self._mark: bytes | None = None  # the pending lists' mark in the staged batch
+        self._mark: int | None = None  # the pending lists' mark in the staged batch
 
     def find_tasks(
         self, state: PassageState, before: int, exclude: frozenset[int] = frozenset(),
@@ -184,7 +170,7 @@ class PassageIndex:
         counted entries ``ords[start:start + n]``: those of pages before ``before``, at
         most ``max_list_read`` (none for a stop list). Index shards override this with
         the union of their lists' heads (dupalign.stages.shards)."""
-        reader = self.store.prefix_reader("oph")  # made now: sees every earlier page
+        reader = lists.reader(self.store)  # made now: sees every earlier page
         slots = self._list_slots(reader, bins, keys, old_version=replaced)
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]
         ords = self.cache.ords
@@ -197,7 +183,7 @@ class PassageIndex:
 
     def read_forward(self, ordinals: list[int]) -> list[bytes | None]:
         """The windows values of pages' forward records (dupalign.passage.forward)."""
-        return self.store.multi_get("forward", [u64(o) for o in ordinals])
+        return tables.forward.get_many(self.store, ordinals)
 
     # -- store reads ------------------------------------------------------------------------
     def _list_slots(self, reader: PrefixReader, bins: I64, keys: U64,
@@ -223,8 +209,7 @@ class PassageIndex:
         # at most max_list + 1 keys of pages other than ``old_version``: each key holds at
         # least one entry, and ``old_version`` has at most one key outside the run
         limit = max_list + 1 + (old_version is not None)
-        own = None if old_version is None else u64(old_version)
-        prefixes = _list_prefixes(bins[miss], keys[miss])
+        prefixes = lists.prefixes(bins[miss], keys[miss])
         # the entries of committed pages not in the store yet come after the store's
         n_recent, recent = (self.pending.recent_entries(bins[miss], keys[miss])
                             if self.pending is not None else (np.zeros(len(miss), np.int64),
@@ -237,30 +222,21 @@ class PassageIndex:
         # most lists a page names are new: found absent by one seek, nothing more to do
         for y in reader.present(prefixes):
             prefix = prefixes[y]
-            ks, vs = reader.items(prefix, limit, header=True)
-            if not ks:
+            stored = lists.read(reader, prefix, limit)
+            if stored is None:
                 continue
-            self.counters.keys_read += len(ks)
-            if ks and len(ks[0]) == len(prefix):  # the list's long marker
+            self.counters.keys_read += stored.keys_read()
+            if stored.marked:
                 self.counters.entries_read += 1
                 long[y] = True
                 self.counters.long_lists += 1
                 continue
-            replaced: list[bytes] = []
-            run = np.empty(0, dtype=np.int64)
-            if ks and ks[0][-4:] == _RUN_SEQ:
-                run = _decode_run(np.frombuffer(vs[0], dtype=np.uint8))
-                replaced = ks[:1]
-                ks, vs = ks[1:], vs[1:]
-            singles = sum(1 if not v else _COUNT.unpack(v)[0] for v in vs)
+            run = stored.run
+            singles = stored.windows()
             n = len(run) + singles
             self.counters.entries_read += n
-            if own is not None:  # not counting the old version's entries
-                n_own = int(np.count_nonzero(run == old_version)) + sum(
-                    1 if not v else _COUNT.unpack(v)[0]
-                    for k, v in zip(ks, vs, strict=True) if k[len(prefix):] == own)
-            else:
-                n_own = 0
+            # not counting the old version's entries
+            n_own = 0 if old_version is None else stored.windows_of(old_version)
             if n - n_own + extra[y] > max_list:
                 long[y] = True
                 self.counters.long_lists += 1
@@ -268,18 +244,17 @@ class PassageIndex:
                 continue
             if len(run):
                 runs.append(run)
-            if len(ks) >= max(self.pack_min, len(run) // 4):
-                to_pack.append((y, prefix, replaced + ks))
+            if len(stored.keys) >= max(self.pack_min, len(run) // 4):
+                to_pack.append((y, prefix, stored.stored_keys()))
             n_run[y] = len(run)
             n_single[y] = singles
-            key_bytes += ks
-            values += vs
+            key_bytes += stored.keys
+            values += stored.values
         self.counters.lists_read += len(miss)
         off, ords = _assemble_lists(n_run, runs, n_single, key_bytes, values)
         for y, prefix, replaced in to_pack:  # (the store's entries only)
             packed = ords[off[y] : off[y + 1]]
-            self._new_runs[prefix] = (prefix + u64(int(packed[-1])) + _RUN_SEQ,
-                                      _encode_run(packed).tobytes(), replaced)
+            self._new_runs[prefix] = lists.packed(prefix, packed, replaced)
         if len(recent):
             # a list only pending can be long too (more than max_list pages of one file)
             for y in np.flatnonzero(~long & (n_run + n_single == 0) & (extra > max_list)).tolist():
@@ -306,8 +281,7 @@ class PassageIndex:
             return
         for s, n in zip(over.tolist(), s_len[over].tolist(), strict=True):
             key = int(self.cache.s_key[s]) % 2**64  # stored as int64
-            prefix = _BIN.pack(int(self.cache.s_bin[s])) + u64(key)
-            self._new_markers[prefix] = n
+            self._new_markers[lists.prefix(int(self.cache.s_bin[s]), key)] = n
         self.cache.mark_long(over)
         self.counters.long_lists += len(over)
 
@@ -323,14 +297,11 @@ class PassageIndex:
             self._mark = self.pending.mark_into(batch)
         # entries never change once written, so a run stays true too (and writing it again
         # after a failed page is harmless: same key, same value, deletes of deleted keys)
-        for run_key, run, replaced in self._new_runs.values():
-            batch.put("oph", run_key, run)
-            for key in replaced:
-                batch.delete("oph", key)
+        for run in self._new_runs.values():
+            lists.put_run(batch, run)
         self.counters.runs_written += len(self._new_runs)
         self._new_runs.clear()
         r = state.rects
-        prefix_ord = u64(ordinal)
         # the page's lists: the distinct (bin, key) of its non-empty windows. Windows in
         # lists known to be stop lists are written nowhere: a stop list stays one (it
         # already holds more than max_list entries), and nothing reads its entries
@@ -350,21 +321,20 @@ class PassageIndex:
             l_bins, l_keys, n_windows = l_bins[live], l_keys[live], n_windows[live]
         # the forward record: the other windows (their (bin, key) pairs name every list
         # that holds the page) and the token offsets
-        batch.put("forward", prefix_ord, forward.pack_rects(
+        tables.forward.put(batch, ordinal, forward.pack_rects(
             r.bin, r.key, r.i_lo, r.i_hi, r.j_lo, r.j_hi, r.empty, nonempty))
-        batch.put("positions", prefix_ord, state.positions)
+        tables.positions.put(batch, ordinal, state.positions)
         # the page in each list of its non-empty windows, with its number of windows there
-        keys = list_files.entries(l_bins, l_keys, ordinal)
+        entries = lists.entries(l_bins, l_keys, ordinal)
         # written behind, once committed (dupalign.passage.lists.files)
         if self.pending is not None:
-            self._entries = (ordinal, keys, n_windows)
+            self._entries = (ordinal, entries, n_windows)
         else:
-            batch.put_many("oph", list_files.as_bytes(keys), list_files.count_values(n_windows))
+            lists.put_entries(batch, entries, n_windows)
 
     def _write_markers(self, batch: Batch) -> None:
         """Mark the lists found long since the last batch (a mark is never taken back)."""
-        for prefix, n in self._new_markers.items():
-            batch.put("oph", prefix, u64(n))
+        lists.put_marks(batch, self._new_markers)
         self._new_markers.clear()
 
     def _forget_uncommitted(self) -> None:
@@ -374,7 +344,7 @@ class PassageIndex:
         if self._staged is not None:
             entries = self._entries
             if (entries is not None and entries[0] == self._staged and self.pending is not None
-                    and self.store.get("forward", u64(self._staged)) is not None):
+                    and tables.forward.get(self.store, self._staged) is not None):
                 self.pending.marked(self._mark)  # its batch is in the store: as committed
                 self.pending.add(*entries)
             self.cache.clear()
@@ -410,21 +380,19 @@ class PassageIndex:
         back from their forward records (a crash left them unwritten): into the store, or
         (``read_only``) into memory only. A store without the mark has every entry in it."""
         pending = list_files.PendingLists(self.store)
-        raw = self.store.get("meta", list_files.LISTS_THROUGH)
-        if raw is None:
+        through = tables.lists_through.count(self.store)
+        if through is None:
             if read_only:
                 return
-            last = self.store.last_key("forward")
-            self.store.put("meta", list_files.LISTS_THROUGH,
-                           u64(0 if last is None else read_u64(last) + 1))
+            last = tables.forward.last(self.store)
+            tables.lists_through.put_count(self.store, 0 if last is None else last + 1)
         else:
             if not read_only:  # files a crash left before their ingest: read again below
                 shutil.rmtree(pending.incoming, ignore_errors=True)
-            for key, record in self.store.items_from("forward", raw):
+            for ordinal, record in tables.forward.items(self.store, through):
                 bins, keys, _, _, _ = forward.unpack_windows(record)
                 l_bins, l_keys, inverse = distinct_lists(bins, keys.astype(np.uint64))
-                ordinal = read_u64(key)
-                pending.remember(ordinal, list_files.entries(l_bins, l_keys, ordinal),
+                pending.remember(ordinal, lists.entries(l_bins, l_keys, ordinal),
                                  np.bincount(inverse, minlength=len(l_bins)))
             if not read_only:
                 pending.drain()
@@ -460,34 +428,18 @@ class PassageIndex:
                 continue
             bins, keys, _, _, _ = forward.unpack_windows(raw)
             l_bins, l_keys, _ = distinct_lists(bins, keys.astype(np.uint64))
-            for b, key in zip(l_bins.tolist(), l_keys.tolist(), strict=True):
-                prefix = _BIN.pack(b) + u64(key)
+            for prefix in lists.prefixes(l_bins, l_keys):
                 lo, _ = span.get(prefix, (o, o))
                 span[prefix] = (lo, o)  # ordinals ascend
-        reader = self.store.prefix_reader("oph")
+        reader = lists.reader(self.store)
         gone = set(dead.tolist())
         for prefix, (lo, hi) in sorted(span.items()):
             self._new_runs.pop(prefix, None)  # read before the removal: they hold the pages
-            # the range's own entries, and the list's run if it reaches the range
-            # (a run is keyed by its last ordinal: at most one, then later pages)
-            list_keys, values = reader.items_between(prefix, prefix + u64(lo),
-                                                     prefix + u64(hi + 1))
-            for key, value in zip(list_keys, values, strict=True):
-                if key.endswith(_RUN_SEQ):
-                    run = _decode_run(np.frombuffer(value, dtype=np.uint8))
-                    kept = run[~np.isin(run, dead)]
-                    if len(kept) == len(run):
-                        continue
-                    batch.delete("oph", key)
-                    if len(kept):  # its key names its last ordinal
-                        batch.put("oph", prefix + u64(int(kept[-1])) + _RUN_SEQ,
-                                  _encode_run(kept).tobytes())
-                elif len(key) == _LIST_KEY.itemsize and read_u64(key, len(prefix)) in gone:
-                    batch.delete("oph", key)
-        for lo, hi in ordinal_ranges(dead):
-            delete_ordinals(batch, ("forward", "positions"), lo, hi)
-        named = np.frombuffer(b"".join(sorted(span)), dtype=_LIST_ID)
-        return Removal(dead, named["bin"].astype(np.int64), named["key"].astype(np.uint64))
+            lists.remove_pages(batch, reader, prefix, lo, hi, dead, gone)
+        tables.forward.remove(batch, dead.tolist())
+        tables.positions.remove(batch, dead.tolist())
+        named_bins, named_keys = lists.names(sorted(span))
+        return Removal(dead, named_bins, named_keys)
 
     def commit_removal(self, removal: Removal) -> None:
         """After the removal's batch is written: the cached lists without those pages."""
@@ -511,13 +463,6 @@ class PassageIndex:
         }
 
 
-def _list_prefixes(bins: I64, keys: U64) -> list[bytes]:
-    """The store key prefix ``bin ‖ min-hash`` of each list."""
-    prefixes = np.empty(len(bins), dtype=_LIST_PREFIX)
-    prefixes["bin"], prefixes["key"] = bins, keys
-    return list_files.as_bytes(prefixes)
-
-
 def _assemble_lists(n_run: I64, runs: list[I64], n_single: I64, keys: list[bytes],
                     values: list[bytes]) -> tuple[I64, I64]:
     """Lists read from the store as CSR ``(offsets, ordinals)``: list y is its run's
@@ -526,8 +471,7 @@ def _assemble_lists(n_run: I64, runs: list[I64], n_single: I64, keys: list[bytes
     page with n windows in the list counts n times)."""
     off = np.zeros(len(n_run) + 1, dtype=np.int64)
     np.cumsum(n_run + n_single, out=off[1:])
-    single_ords = np.frombuffer(b"".join(keys), dtype=_LIST_KEY)["ordinal"].astype(np.int64)
-    single_ords = np.repeat(single_ords, [1 if not v else _COUNT.unpack(v)[0] for v in values])
+    single_ords = lists.entry_ordinals(keys, values)
     if not runs:
         return off, single_ords
     ords = np.empty(int(off[-1]), dtype=np.int64)
@@ -546,39 +490,3 @@ def _append_lists(off: I64, ords: I64, n_more: I64, more: I64) -> tuple[I64, I64
     out[list_files.ranks(new_off[:-1], n_own)] = ords
     out[list_files.ranks(new_off[:-1] + n_own, n_more)] = more
     return new_off, out
-
-
-@njit(cache=True)
-def _encode_run(ords: I64) -> npt.NDArray[np.uint8]:
-    """Ascending ordinals as LEB128 varint deltas (the first from 0)."""
-    out = np.empty(10 * ords.shape[0], dtype=np.uint8)
-    n = 0
-    prev = 0
-    for o in ords:
-        d = o - prev
-        prev = o
-        while d >= 0x80:
-            out[n] = (d & 0x7F) | 0x80
-            d >>= 7
-            n += 1
-        out[n] = d
-        n += 1
-    return out[:n]
-
-
-@njit(cache=True)
-def _decode_run(raw: npt.NDArray[np.uint8]) -> I64:
-    n = 0
-    for byte in raw:
-        n += byte < 0x80
-    out = np.empty(n, dtype=np.int64)
-    acc, shift, prev, x = np.int64(0), 0, np.int64(0), 0
-    for byte in raw:
-        acc |= np.int64(byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            prev += acc
-            out[x] = prev
-            x += 1
-            acc, shift = np.int64(0), 0
-    return out

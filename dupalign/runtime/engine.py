@@ -31,16 +31,9 @@ from dupalign.stages.messages import IndexResult, IndexTimes, StoredVersion
 from dupalign.stages.query import PassageQuery
 from dupalign.stages.shards import RemoteIndexer, ShardedIndexer, open_indexer
 from dupalign.stages.sketch import PageSketch, Sketcher
+from dupalign.store import records, tables
 from dupalign.store.database import Store
-from dupalign.store.keys import (
-    ORDINAL_FAMILIES,
-    PUBLISHED_PREFIX,
-    offsets_key,
-    parse_offsets_key,
-    read_u64,
-    u64,
-)
-from dupalign.store.records import forward_record, get_note, put_note, stored_ordinals
+from dupalign.store.forward_reader import StoreForward
 from dupalign.text.tokens import tokenize
 
 
@@ -83,7 +76,7 @@ class Engine:
         self.indexer: Indexer = open_indexer(store, config, read_only, shards, remote_shards,
                                              removal_only)
         self.sketcher = Sketcher(config)
-        self.aligner = Aligner(config, store)  # reads forward records from the store
+        self.aligner = Aligner(config, StoreForward(store))
         self.last_report = PageReport()
         self._pool: WorkerPool | None = None
         if not read_only:
@@ -283,7 +276,7 @@ class Engine:
             # the oldest ordinals leave in ranges: compacting just those ranges keeps the
             # store flat (else the ordinal-keyed families saw up and down with RocksDB's
             # background compaction: 154-301 MB at 10,000 pages kept, bench_lifecycle)
-            self.store.compact_ordinals(ORDINAL_FAMILIES, first, last)
+            tables.compact_pages(self.store, first, last)
         self.indexer.counters.expired += removed
         return removed
 
@@ -291,16 +284,11 @@ class Engine:
         return self.indexer.doc_id(ordinal)
 
     def stored_offsets(self) -> dict[tuple[str, int], int]:
-        out: dict[tuple[str, int], int] = {}
-        for key, value in self.store.items("offsets"):
-            out[parse_offsets_key(key)] = read_u64(value)
-        return out
+        return records.stored_offsets(self.store)
 
     def checkpoints(self) -> dict[tuple[str, int], int]:
         """Per input partition, the caller's checkpoint (``set_checkpoint``)."""
-        n = len(PUBLISHED_PREFIX)
-        return {parse_offsets_key(key[n:]): read_u64(value)
-                for key, value in self.store.prefix("meta", PUBLISHED_PREFIX)}
+        return records.checkpoints(self.store)
 
     def ahead_of_checkpoints(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Per input partition whose stored offset is ahead of its checkpoint: (checkpoint,
@@ -317,8 +305,7 @@ class Engine:
         a caller that lost its own, and the bound ``ahead_of_checkpoints`` reports)."""
         if self.read_only:
             raise RuntimeError("engine opened read-only")
-        self.store.put("meta", PUBLISHED_PREFIX + offsets_key(stream, partition),
-                       u64(position))
+        records.put_checkpoint(self.store, stream, partition, position)
 
     # -- what a service reads and keeps beside the pages ---------------------------------------
     @property
@@ -326,23 +313,27 @@ class Engine:
         """Pages stored (not removed)."""
         return self.indexer.alive
 
+    def has_page(self, doc_id: str) -> bool:
+        """Whether a version of the page ``doc_id`` is stored."""
+        return tables.ids.get(self.store, doc_id) is not None
+
     def stored_ordinals(self, start: int = 0) -> Iterator[int]:
         """The ordinals of the pages stored, from ``start`` on, ascending."""
-        return stored_ordinals(self.store, start)
+        return records.stored_ordinals(self.store, start)
 
     def forward_record(self, ordinal: int) -> tuple[bytes, bytes] | None:
         """The stored page's forward record, as the align stage reads it: its windows and
         positions (None: a page without passages)."""
-        return forward_record(self.store, ordinal)
+        return records.forward_record(self.store, ordinal)
 
-    def note(self, name: str) -> bytes | None:
-        """A caller's value kept in the store (``dupalign.store.records.NOTES`` names them)."""
-        return get_note(self.store, name)
+    def note(self, name: str) -> int | None:
+        """A caller's count kept in the store (``dupalign.store.records.NOTES`` names them)."""
+        return records.get_note(self.store, name)
 
-    def put_note(self, name: str, value: bytes) -> None:
+    def put_note(self, name: str, value: int) -> None:
         if self.read_only:
             raise RuntimeError("engine opened read-only")
-        put_note(self.store, name, value)
+        records.put_note(self.store, name, value)
 
     def on_removed(self, callback: Callable[[list[int]], None] | None) -> None:
         """Call ``callback`` with the ordinals of the pages that leave the store (deletes,

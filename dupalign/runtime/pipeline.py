@@ -53,6 +53,7 @@ from dupalign.stages.align import Aligner
 from dupalign.stages.messages import AlignRequest, IndexResult
 from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.store.database import Store
+from dupalign.store.forward_reader import StoreForward, open_secondary
 
 ExecutorKind = Literal["process", "thread"]
 Source = tuple[str, int, int]  # where a page was read: (topic or file, partition, offset)
@@ -66,11 +67,6 @@ Pending = Call | Future[Any]  # a call into the pool (processes | threads)
 # its PageSketch (~90 KB on llvm) and align request (~17 KB): 64 pages are a few MB.
 DEPTH = 64
 SKETCH_CHUNK = 4  # pages per call of the sketch stage in a worker (sketch_chunk_in_worker)
-# What align reads of the store (dupalign.stages.align: the candidates' forward records and ids;
-# meta: the parameters checked at open). A worker's secondary instance opens only these,
-# so catching up replays only their part of the log: not the ~1,600 inverted-list entries
-# a page adds, which cost it as much as they cost the writer.
-ALIGN_FAMILIES = ("meta", "docs", "forward", "positions")
 SECONDARY_PREFIX = "dupalign-pool-secondary-"  # a pool process's secondary instance's files
 
 
@@ -96,7 +92,7 @@ def _stage(name: str) -> Any:
         if name == "sketcher":
             _local.sketcher = Sketcher(_local.config)
         else:
-            _local.aligner = Aligner(_local.config, _worker_store())
+            _local.aligner = Aligner(_local.config, StoreForward(_worker_store()))
     return getattr(_local, name)
 
 
@@ -109,8 +105,7 @@ def _worker_store() -> Store:
     # removed when it exits with the pool (multiprocessing runs Finalize, not atexit), or
     # by a later pool process if this one is killed (it cannot remove its own then)
     here = OwnedTempDir(SECONDARY_PREFIX)
-    secondary = Store(path, params, secondary=here.path, block_cache_bytes=64 << 20,
-                      only=ALIGN_FAMILIES)
+    secondary = open_secondary(path, params, here.path, 64 << 20)
     Finalize(secondary, here.remove, exitpriority=1)
     Finalize(secondary, secondary.close, exitpriority=2)
     return secondary

@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dupalign.runtime.owned_dir import OwnedTempDir
-from dupalign.store.keys import read_u64
-from dupalign.wire.forward_record import ForwardRecord, decode_forward
+from dupalign.wire.forward_record import ForwardRecord, decode_forward, read_forward_key
 
 TEMPORARY_PREFIX = "dupalign-align-store-"
 
@@ -24,7 +23,7 @@ def forward_changes(records: list[Any]) -> list[tuple[int, ForwardRecord | None]
     """The ``pages.forward`` records read (Kafka records: key, value) as a
     ``ForwardCopy.apply`` takes them: per page ordinal, its forward record or None (a
     tombstone: the page left the index's store)."""
-    return [(read_u64(bytes(rec.key)),
+    return [(read_forward_key(bytes(rec.key)),
              None if rec.value is None else decode_forward(rec.value)) for rec in records]
 
 

@@ -253,7 +253,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
         _check_committed(engine, args.store, args.force)
         # like `rm -f`: an id not stored is already where delete would put it, so it is
         # said, not an error (a retried or repeated removal succeeds)
-        absent = [i for i in ids if engine.store.get("ids", i.encode("utf-8")) is None]
+        absent = [i for i in ids if not engine.has_page(i)]
         removed = engine.delete(ids)
     print(f"{removed} of {len(ids)} pages deleted", file=sys.stderr)
     if absent:

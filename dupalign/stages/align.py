@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
 
@@ -29,8 +28,7 @@ from dupalign.passage import forward, monoactive, monoactive_query, span_refine
 from dupalign.passage.positions import has_units, unpack_positions
 from dupalign.passage.sketch import U64, word_range
 from dupalign.passage.tasks import Tasks, Weights
-from dupalign.store.forward_copy import ForwardReader
-from dupalign.store.keys import u64
+from dupalign.store.forward_reader import ForwardReader
 from dupalign.text.tokens import Tokens
 
 Hit = tuple[int, int, int, int, float]  # passage, earlier page, start, end, estimate
@@ -335,7 +333,8 @@ def rank_keys(h_p: I64, h_o: I64, h_x: npt.NDArray[np.float64], starts: I64, end
 class Aligner:
     """The align stage for one engine configuration (cheap; one per process or thread).
     ``store``: where the candidates' forward records are read (the store, or a secondary
-    instance of it that catches up with the writer when a record is not there yet);
+    instance of it that catches up with the writer when a record is not there yet, as a
+    ``StoreForward``; or the align role's copy);
     without one, only requests that carry them can be aligned."""
 
     def __init__(self, config: EngineConfig, store: ForwardReader | None = None) -> None:
@@ -356,7 +355,7 @@ class Aligner:
             return self._carried.get(ordinal)
         if self.store is None:
             raise KeyError("the align stage has no store to read 'positions' records from")
-        return self.store.get("positions", u64(ordinal))
+        return self.store.positions(ordinal)
 
     def read_forward(self, ordinals: list[int]) -> list[bytes | None]:
         """The candidates' windows values; a secondary instance catches up once if some
@@ -364,10 +363,9 @@ class Aligner:
         if self.store is None:
             raise KeyError("the request carries no forward data and the align stage has no "
                            "store (Indexer.with_forward attaches it)")
-        keys = [u64(o) for o in ordinals]
-        found = self.store.multi_get("forward", keys)
+        found = self.store.windows(ordinals)
         if any(v is None for v in found) and self.store.catch_up():
-            found = self.store.multi_get("forward", keys)
+            found = self.store.windows(ordinals)
         return found
 
     def scan(self, t: Tasks) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:
@@ -417,7 +415,7 @@ class Aligner:
 
     def _doc_id(self, ordinal: int) -> str:
         assert self.store is not None
-        raw = self.store.get("docs", u64(ordinal))
-        if raw is None:
+        doc_id = self.store.doc_id(ordinal)
+        if doc_id is None:
             raise KeyError(f"no document with ordinal {ordinal}")
-        return str(msgpack.unpackb(raw)["id"])
+        return doc_id

@@ -45,34 +45,30 @@ from dupalign.stages.messages import (
     StoredVersion,
 )
 from dupalign.stages.sketch import PageSketch
-from dupalign.store.database import Store
-from dupalign.store.keys import offsets_key, ordinal_ranges, read_u64, u64
-from dupalign.store.records import delete_ordinals
+from dupalign.store import tables
+from dupalign.store.database import Batch, Store
+from dupalign.store.records import put_offset
 
 ENGINE_NAME = "dupalign"
 
 
-def _read_alike(replay_value: bytes, sk: PageSketch) -> bool:
-    """Whether the stored page that ``replay_value`` names was read into text as ``sk``'s
-    page is: the same id and body with another type or charset is another text, a new
-    version (a replay would answer it with the old text's matches and never index it).
-    Values of stores written before say nothing after the ordinal, and answer any."""
-    return len(replay_value) == 8 or replay_value[8:] == sk.read_as.encode("utf-8")
-
-
-# The ordinal after the last one ever given: an ordinal is never given twice, even when
-# the newest pages were removed (read back from the last "docs" key, a reopened store
-# would give their ordinals again, and a copy that replays the same records without the
-# reopen, a standby, would number the pages differently from the shards and partials of
-# the first: tests/runtime/test_lifecycle.py)
-NEXT_ORDINAL = b"next_ordinal"
+def _read_alike(read_as: str | None, sk: PageSketch) -> bool:
+    """Whether the stored page was read into text (``read_as``) as ``sk``'s page is: the
+    same id and body with another type or charset is another text, a new version (a replay
+    would answer it with the old text's matches and never index it). Stores that did not
+    keep how a page was read (None) answer any."""
+    return read_as is None or read_as == sk.read_as
 
 
 def next_ordinal(store: Store) -> int:
-    """The ordinal the store's next page gets (stores written before ``NEXT_ORDINAL`` was
-    kept: after their last page)."""
-    last, mark = store.last_key("docs"), store.get("meta", NEXT_ORDINAL)
-    return max(0 if last is None else read_u64(last) + 1, 0 if mark is None else read_u64(mark))
+    """The ordinal the store's next page gets. An ordinal is never given twice, even when
+    the newest pages were removed: from the last stored page alone, a reopened store would
+    give their ordinals again, and a copy that replays the same records without the reopen,
+    a standby, would number the pages differently from the shards and partials of the
+    first (tests/runtime/test_lifecycle.py). Stores without the mark: after their last
+    page."""
+    last, mark = tables.docs.last(store), tables.next_ordinal.count(store)
+    return max(0 if last is None else last + 1, mark or 0)
 
 
 class Indexer:
@@ -91,7 +87,7 @@ class Indexer:
         self.passages = PassageIndex(store, config)
         self.unfinished = 0  # pages indexed whose matches are not stored yet
         # pages stored (current versions), counted on first ask (``alive``): a count of
-        # the whole ``ids`` family, which a delete does not need
+        # every stored id, which a delete does not need
         self._alive: int | None = None
         self.counters = LifecycleCounters()
         self.times = IndexTimes()
@@ -116,7 +112,7 @@ class Indexer:
     def alive(self) -> int:
         """Pages stored (current versions)."""
         if self._alive is None:
-            self._alive = sum(1 for _ in self.store.keys("ids"))
+            self._alive = tables.ids.count(self.store)
         return self._alive
 
     def _count_alive(self, change: int) -> None:
@@ -135,10 +131,10 @@ class Indexer:
         times = self.times = IndexTimes()
         result = IndexResult(sk.id, source, times=times)
         if sk.replay_key is not None:
-            seen = self.store.get("replay", sk.replay_key)
-            if (seen is not None and _read_alike(seen, sk)
-                    and self.store.get("docs", seen[:8]) is not None):  # not removed
-                result.replay_of = read_u64(seen)
+            seen = tables.replay.get(self.store, sk.replay_key)
+            if (seen is not None and _read_alike(seen[1], sk)
+                    and tables.docs.get(self.store, seen[0]) is not None):  # not removed
+                result.replay_of = seen[0]
                 return self._maybe_done(result)
         if sk.deleted:
             self.counters.deletes += self.delete([sk.id])
@@ -248,15 +244,15 @@ class Indexer:
             "source": list(result.source) if result.source is not None else None,
             "replay_key": sk.replay_key,  # deleted with the page
         }
-        batch.put("docs", u64(ordinal), msgpack.packb(record))
-        batch.put("ids", sk.id.encode("utf-8"), u64(ordinal))
-        batch.put("replay", sk.replay_key, u64(ordinal) + sk.read_as.encode("utf-8"))
-        batch.put("exact", sk.content_hash + u64(ordinal), b"")
-        batch.put("meta", NEXT_ORDINAL, u64(ordinal + 1))
+        tables.docs.put(batch, ordinal, msgpack.packb(record))
+        tables.ids.put(batch, sk.id, ordinal)
+        tables.replay.put(batch, sk.replay_key, ordinal, sk.read_as)
+        tables.exact.put(batch, sk.content_hash, ordinal)
+        tables.next_ordinal.put_count(batch, ordinal + 1)
         if matches is not None:
             self._put_matches(batch, ordinal, matches, result.source)
         else:
-            batch.put("unfinished", u64(ordinal), result.to_bytes())
+            tables.unfinished.put(batch, ordinal, result.to_bytes())
         self.store.write(batch)
         self.next_ordinal = ordinal + 1
         if removal is not None:
@@ -269,7 +265,7 @@ class Indexer:
         """Store the page's matches (``passages``: what align found) and return them, in
         ordinal order; a rejected page raises PageRejected (its offset is stored)."""
         if result.replay_of is not None:
-            raw = self.store.get("matches", u64(result.replay_of))
+            raw = tables.matches.get(self.store, result.replay_of)
             matches = [] if raw is None else [Match.from_dict(d) for d in msgpack.unpackb(raw)]
         else:
             matches = list(result.matches)
@@ -284,7 +280,7 @@ class Indexer:
             batch = self.store.batch()
             if result.ordinal is not None:
                 self._put_matches(batch, result.ordinal, matches, result.source)
-                batch.delete("unfinished", u64(result.ordinal))
+                tables.unfinished.delete(batch, result.ordinal)
                 self.unfinished -= 1
             elif result.source is not None:
                 _put_offset(batch, result.source)
@@ -297,9 +293,9 @@ class Indexer:
     def unfinished_results(self) -> list[IndexResult]:
         """Pages whose first batch was written but not their matches (a crash came
         between); ``self.unfinished`` counts them until they are finished."""
-        if not self.store.has_family("unfinished"):  # a store opened read-only, made before it
+        if not tables.unfinished.in_store(self.store):  # a read-only store made before it
             return []
-        out = [IndexResult.from_bytes(v) for _, v in self.store.items("unfinished")]
+        out = [IndexResult.from_bytes(v) for _, v in tables.unfinished.items(self.store)]
         self.unfinished = len(out)
         return out
 
@@ -310,8 +306,8 @@ class Indexer:
         request.tasks.gather(self.passages.read_forward, self.forward_records)
         others = request.others.tolist()
         request.other_ids = [self.doc_id(o) for o in others]
-        request.other_positions = [v or b"" for v in self.store.multi_get(
-            "positions", [u64(o) for o in others])]
+        request.other_positions = [v or b"" for v in tables.positions.get_many(
+            self.store, others)]
         return request
 
     def skip(self, doc_id: str, source: tuple[str, int, int] | None) -> IndexResult:
@@ -321,13 +317,11 @@ class Indexer:
     # -- versions and removal -------------------------------------------------------------
     def current(self, doc_id: str) -> StoredVersion | None:
         """The stored version of the page ``doc_id`` (None: not in the store)."""
-        raw = self.store.get("ids", doc_id.encode("utf-8"))
-        if raw is None:
-            return None
-        return self._version(read_u64(raw))
+        ordinal = tables.ids.get(self.store, doc_id)
+        return None if ordinal is None else self._version(ordinal)
 
     def _version(self, ordinal: int) -> StoredVersion | None:
-        rec = self.store.get("docs", u64(ordinal))
+        rec = tables.docs.get(self.store, ordinal)
         if rec is None:
             return None
         d = msgpack.unpackb(rec)
@@ -393,7 +387,7 @@ class Indexer:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         cutoff = now_ms - max_age_s * 1000
         out: list[StoredVersion] = []
-        for key, raw in self.store.items("docs"):
+        for ordinal, raw in tables.docs.items(self.store):
             if len(out) >= limit:
                 break
             d = msgpack.unpackb(raw)
@@ -402,25 +396,25 @@ class Indexer:
             too_old = max_age_s and fetched is not None and fetched < cutoff
             if not (too_many or too_old):
                 break
-            out.append(StoredVersion(read_u64(key), str(d["id"]), bytes(d["content_hash"]),
+            out.append(StoredVersion(ordinal, str(d["id"]), bytes(d["content_hash"]),
                                      d.get("simhash"), d.get("url"), fetched,
                                      d.get("replay_key")))
         return out
 
-    def _stage_removal(self, batch: Any, versions: list[StoredVersion]) -> Removal:
+    def _stage_removal(self, batch: Batch, versions: list[StoredVersion]) -> Removal:
         """Everything the pages ``versions`` hold in the store, deleted in ``batch``: the
         per-page records (by ordinal ranges), their id, replay and exact keys, then their
         entries in the near index and the passage index (their own ``stage_removal``)."""
         ordinals = [v.ordinal for v in versions]
         for v in versions:
-            batch.delete("ids", v.doc_id.encode("utf-8"))  # a new version puts it after
-            batch.delete("exact", v.content_hash + u64(v.ordinal))
+            tables.ids.delete(batch, v.doc_id)  # a new version puts it after
+            tables.exact.delete(batch, v.content_hash, v.ordinal)
             if v.replay_key is not None:  # (pages of format <= 5: see index's replay check)
-                batch.delete("replay", v.replay_key)
-        for lo, hi in ordinal_ranges(ordinals):
-            # (a page removed while still being aligned gets its matches record written
-            # by ``finish`` afterwards: an orphan that replay never reads)
-            delete_ordinals(batch, ("docs", "matches", "unfinished"), lo, hi)
+                tables.replay.delete(batch, v.replay_key)
+        # (a page removed while still being aligned gets its matches record written by
+        # ``finish`` afterwards: an orphan that replay never reads)
+        for table in (tables.docs, tables.matches, tables.unfinished):
+            table.remove(batch, ordinals)
         self.near.stage_removal(batch, [(v.ordinal, v.simhash) for v in versions])
         return self.passages.stage_removal(batch, ordinals)
 
@@ -445,9 +439,9 @@ class Indexer:
                 self.store.write(batch)
         return result
 
-    def _put_matches(self, batch: Any, ordinal: int, matches: list[Match],
+    def _put_matches(self, batch: Batch, ordinal: int, matches: list[Match],
                      source: tuple[str, int, int] | None) -> None:
-        batch.put("matches", u64(ordinal), msgpack.packb([m.to_dict() for m in matches]))
+        tables.matches.put(batch, ordinal, msgpack.packb([m.to_dict() for m in matches]))
         if source is not None:
             _put_offset(batch, source)
 
@@ -456,18 +450,16 @@ class Indexer:
                      engine=self.engine_info, **fields)
 
     def doc_id(self, ordinal: int) -> str:
-        raw = self.store.get("docs", u64(ordinal))
+        raw = tables.docs.get(self.store, ordinal)
         if raw is None:
             raise KeyError(f"no document with ordinal {ordinal}")
         return str(msgpack.unpackb(raw)["id"])
 
     def _exact_original(self, chash: bytes) -> int | None:
-        for key, _ in self.store.prefix("exact", chash):
-            return read_u64(key, len(chash))
-        return None
+        return tables.exact.first(self.store, chash)
 
 
-def _put_offset(batch: Any, source: tuple[str, int, int]) -> None:
+def _put_offset(batch: Batch, source: tuple[str, int, int]) -> None:
     topic, partition, offset = source
-    batch.put("offsets", offsets_key(topic, partition), u64(offset + 1))
+    put_offset(batch, topic, partition, offset + 1)
 

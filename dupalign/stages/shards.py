@@ -54,17 +54,13 @@ from dupalign.passage.sketch import PassageState, Rects
 from dupalign.stages.index import Indexer
 from dupalign.stages.messages import IndexResult
 from dupalign.stages.sketch import PageSketch
+from dupalign.store import tables
 from dupalign.store.database import Batch, Store
-from dupalign.store.keys import ordinal_ranges, read_u64, u64
-from dupalign.store.records import delete_ordinals
 from dupalign.text.hashing import mix64
 
 T = TypeVar("T")
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
-SHARDS_KEY = b"index_shards"  # meta of the fan-in's store: the shard count, msgpack int
-SHARD_KEY = b"index_shard"  # meta of a shard's store: [shard, count]
-FAN_IN_KEY = b"index_fan_in"  # meta of the Kafka topology's fan-in store: its shards are roles
 _LIST_SALT = 0x5348415244  # "SHARD"
 REBUILD_BY_REPLAY = ("dupalign scan --store NEW_STORE --shards {n} INPUT... (the pages in "
                      "their original order; in the Kafka topology, the index roles replay "
@@ -89,7 +85,7 @@ def owned_part(state: PassageState, shard: int, n_shards: int) -> PassageState |
 
 def owned_parts(state: PassageState | None, n_shards: int) -> list[PassageState | None]:
     """``owned_part`` for every shard, the owners computed once (the fan-in splits each
-    page S ways: per shard, that was S passes over all the page's windows)."""
+    page S ways: ``owned_part`` per shard would make S passes over all its windows)."""
     if state is None or state.rects is None:
         return [None] * n_shards
     r = state.rects
@@ -194,16 +190,15 @@ class IndexShard:
     @_busy
     def stage_removal(self, ordinals: list[int]) -> Removal:
         batch = self.batch()
-        for lo, hi in ordinal_ranges(ordinals):
-            delete_ordinals(batch, ("cws",), lo, hi)
+        tables.cws.remove(batch, ordinals)
         return self.passages.stage_removal(batch, ordinals)
 
     def roll_back(self, first: int) -> None:
         """Remove what the shard holds of ordinals >= ``first`` (written, then the fan-in's
         batch never was: a crash or a failed page)."""
         self.pending = None
-        ords = {read_u64(key) for family in ("forward", "cws")
-                for key, _ in self.store.items(family) if read_u64(key) >= first}
+        ords = {o for table in (tables.forward, tables.cws)
+                for o in table.ordinals(self.store, first)}
         if not ords:
             return
         removal = self.stage_removal(sorted(ords))
@@ -212,8 +207,8 @@ class IndexShard:
         self.passages.cache.clear()
 
     def needs_roll_back(self, first: int) -> bool:
-        last = [self.store.last_key(f) for f in ("forward", "cws")]
-        return any(k is not None and read_u64(k) >= first for k in last)
+        last = [table.last(self.store) for table in (tables.forward, tables.cws)]
+        return any(o is not None and o >= first for o in last)
 
 
 class ShardedNear(NearIndex):
@@ -302,9 +297,9 @@ class ShardedPassages(PassageIndex):
         """The page's full forward record and positions, in the fan-in's store."""
         if state is not None and state.rects is not None:
             r = state.rects
-            batch.put("forward", u64(ordinal), forward.pack_windows(
+            tables.forward.put(batch, ordinal, forward.pack_windows(
                 r.bin, r.key, np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1), r.empty))
-            batch.put("positions", u64(ordinal), state.positions)
+            tables.positions.put(batch, ordinal, state.positions)
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:
         for shard, mine in zip(self.shards, self._applied, strict=True):
@@ -321,8 +316,8 @@ class ShardedPassages(PassageIndex):
     @staticmethod
     def stage_forward_removal(batch: Batch, ordinals: list[int]) -> I64:
         dead = np.unique(np.asarray(ordinals, dtype=np.int64))
-        for lo, hi in ordinal_ranges(dead):
-            delete_ordinals(batch, ("forward", "positions"), lo, hi)
+        tables.forward.remove(batch, dead.tolist())
+        tables.positions.remove(batch, dead.tolist())
         return dead
 
     def commit_removal(self, removal: Removal) -> None:
@@ -371,10 +366,10 @@ class ShardedIndexer(Indexer):
 def stored_shard_count(store: Store) -> int | None:
     """The shard count a store was built for (None: a new store; stores made before
     sharding are one shard)."""
-    raw = store.get("meta", SHARDS_KEY)
+    raw = tables.shard_count.get(store)
     if raw is not None:
         return int(msgpack.unpackb(raw))
-    return None if store.last_key("docs") is None else 1
+    return None if tables.docs.last(store) is None else 1
 
 
 RemoteIndexer = Callable[[Store, EngineConfig, int], Indexer]
@@ -401,15 +396,15 @@ def open_indexer(store: Store, config: EngineConfig, read_only: bool = False,
             f"shard count is fixed per store (it decides where every key lives); rebuild "
             f"by replay into a new store: {REBUILD_BY_REPLAY.format(n=n)}")
     if has is None and not read_only and (n == 1 or remote is not None):
-        store.put("meta", SHARDS_KEY, msgpack.packb(n))
+        tables.shard_count.put(store, msgpack.packb(n))
     if n == 1:
         indexer = Indexer(store, config, removal_only)
         # (index shards write their entries in their batches: a shard rolls a page back)
         indexer.passages.write_lists_behind(read_only)
         return indexer
     if remote is not None:  # the shards are processes of their own (the Kafka topology)
-        if not read_only and store.get("meta", FAN_IN_KEY) is None:  # (also a store made
-            store.put("meta", FAN_IN_KEY, msgpack.packb(True))  # before the mark existed)
+        if not read_only and tables.fan_in.get(store) is None:  # (also a store made
+            tables.fan_in.put(store, msgpack.packb(True))  # before the mark existed)
         return remote(store, config, n)
     if has is not None:
         _check_local_shards(store, n, read_only)
@@ -420,7 +415,7 @@ def open_indexer(store: Store, config: EngineConfig, read_only: bool = False,
             stores.append(s)
             check_shard(s, i, n, read_only)
         if has is None and not read_only:  # after its shards: a store that records a
-            store.put("meta", SHARDS_KEY, msgpack.packb(n))  # count has their stores
+            tables.shard_count.put(store, msgpack.packb(n))  # count has their stores
         return ShardedIndexer(store, config, stores, read_only, removal_only)
     except BaseException:
         for s in stores:
@@ -437,7 +432,7 @@ def _check_local_shards(store: Store, n: int, read_only: bool) -> None:
     writes nothing: it may read shard roles' stores kept under the fan-in's directory."""
     role = (f"only the index role opens it (dupalign worker --roles index, "
             f"kafka.index_shards = {n})")
-    if not read_only and store.get("meta", FAN_IN_KEY) is not None:
+    if not read_only and tables.fan_in.get(store) is not None:
         raise StoreMismatch(f"store {store.path} is the index fan-in of a Kafka topology: "
                             f"its {n} index shards are the shard roles' stores; {role}")
     missing = next((d for d in (shard_dir(store.path, i) for i in range(n))
@@ -449,11 +444,11 @@ def _check_local_shards(store: Store, n: int, read_only: bool) -> None:
 
 
 def check_shard(store: Store, shard: int, n: int, read_only: bool) -> None:
-    raw = store.get("meta", SHARD_KEY)
+    raw = tables.shard_of.get(store)
     if raw is None:
         if read_only:
             raise StoreMismatch(f"{store.path} is not an index shard store")
-        store.put("meta", SHARD_KEY, msgpack.packb([shard, n]))
+        tables.shard_of.put(store, msgpack.packb([shard, n]))
         return
     if list(msgpack.unpackb(raw)) != [shard, n]:
         raise StoreMismatch(f"{store.path} is shard {list(msgpack.unpackb(raw))} (shard, "

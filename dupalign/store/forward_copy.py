@@ -5,15 +5,15 @@ The align role keeps one per process: the forward records of the pages whose ord
 in its partitions, copied from the ``pages.forward`` topic (dupalign.service.align_store),
 with the topic offset to go on from. It is a cache: a new directory is filled again from the
 topic's beginning. Its keys: a one-byte prefix per family the align stage reads, then the
-family's own key (``u64(ordinal)``); the offsets, ``o`` then ``u64(partition)``. Copies
-written by earlier versions have the same layout.
+family's own key (the page's ordinal, a big-endian u64); the offsets, ``o`` then the
+partition (u64). The layout is fixed: copies already written must open.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol, cast
+from typing import cast
 
 import msgpack
 from rocksdict import Options, Rdict, WriteBatch
@@ -21,26 +21,14 @@ from rocksdict import Options, Rdict, WriteBatch
 from dupalign.store.keys import read_u64, u64
 from dupalign.wire.forward_record import ForwardRecord
 
-
-class ForwardReader(Protocol):
-    """What the align stage reads candidates' forward records and ids from: the engine's
-    ``Store`` (or a secondary instance of it), or a ``ForwardCopy``."""
-
-    def get(self, family: str, key: bytes) -> bytes | None: ...
-
-    def multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]: ...
-
-    def catch_up(self) -> bool: ...
-
-
 # the families the align stage reads, each a key prefix here
 _FAMILY_PREFIX = {"forward": b"f", "positions": b"p", "docs": b"d"}
 _OFFSET = b"o"  # + partition (u64): the next forward-topic offset to apply
 
 
 class ForwardCopy:
-    """Keyed like the engine's store (``u64(ordinal)`` per family), so an align stage
-    opened on it reads a request's candidates exactly as it would read the engine's store."""
+    """A ``ForwardReader`` (dupalign.store.forward_reader): an align stage opened on it reads
+    a request's candidates exactly as it would read the engine's store."""
 
     def __init__(self, path: str | Path) -> None:
         Path(path).mkdir(parents=True, exist_ok=True)
@@ -50,13 +38,20 @@ class ForwardCopy:
         self._db = Rdict(str(path), opts)
 
     # -- read by the align stage ------------------------------------------------------------
-    def get(self, family: str, key: bytes) -> bytes | None:
-        value: bytes | None = self._db.get(_FAMILY_PREFIX[family] + key)
+    def windows(self, ordinals: list[int]) -> list[bytes | None]:
+        return self._many("forward", ordinals)
+
+    def positions(self, ordinal: int) -> bytes | None:
+        value: bytes | None = self._db.get(_FAMILY_PREFIX["positions"] + u64(ordinal))
         return value
 
-    def multi_get(self, family: str, keys: list[bytes]) -> list[bytes | None]:
+    def doc_id(self, ordinal: int) -> str | None:
+        raw = self._db.get(_FAMILY_PREFIX["docs"] + u64(ordinal))
+        return None if raw is None else str(msgpack.unpackb(raw)["id"])
+
+    def _many(self, family: str, ordinals: list[int]) -> list[bytes | None]:
         prefix = _FAMILY_PREFIX[family]
-        return cast(list[bytes | None], self._db.get([prefix + k for k in keys]))
+        return cast(list[bytes | None], self._db.get([prefix + u64(o) for o in ordinals]))
 
     def catch_up(self) -> bool:
         """(A secondary instance of the engine's store catches up; this copy is written in
@@ -65,7 +60,7 @@ class ForwardCopy:
 
     def has_all(self, ordinals: list[int]) -> bool:
         """Whether every page of ``ordinals`` has its forward record here."""
-        return all(v is not None for v in self.multi_get("forward", [u64(o) for o in ordinals]))
+        return all(v is not None for v in self._many("forward", ordinals))
 
     # -- written from the forward topic -----------------------------------------------------
     def offset(self, partition: int) -> int | None:

@@ -8,7 +8,6 @@ are the only code that builds a key.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable
 
 FAMILIES = (
     "meta",  # b"params" -> frozen engine parameters; b"idf/<version>" -> idf tables;
@@ -42,7 +41,6 @@ FAMILIES = (
 )
 
 _U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
 
 
 def u64(value: int) -> bytes:
@@ -52,35 +50,6 @@ def u64(value: int) -> bytes:
 def read_u64(data: bytes, at: int = 0) -> int:
     return int(_U64.unpack_from(data, at)[0])
 
-
-def u32(value: int) -> bytes:
-    return _U32.pack(value)
-
-
-def ordinal_ranges(ordinals: Iterable[int]) -> list[tuple[int, int]]:
-    """Ascending distinct ordinals as maximal runs ``(first, last)`` of consecutive ones."""
-    out: list[tuple[int, int]] = []
-    for o in sorted(set(int(x) for x in ordinals)):
-        if out and out[-1][1] + 1 == o:
-            out[-1] = (out[-1][0], o)
-        else:
-            out.append((o, o))
-    return out
-
-
-# the families keyed by ordinal, which removal empties by ordinal ranges
-ORDINAL_FAMILIES = ("docs", "matches", "unfinished", "cws", "forward", "positions")
-
-
-def offsets_key(topic: str, partition: int) -> bytes:
-    return topic.encode("utf-8") + b"\x00" + u32(partition)
-
-
-def parse_offsets_key(key: bytes) -> tuple[str, int]:
-    return key[:-5].decode("utf-8"), int(_U32.unpack_from(key, len(key) - 4)[0])
-
-
-PUBLISHED_PREFIX = b"published/"  # meta keys: PUBLISHED_PREFIX ‖ offsets_key(...)
 
 # Families read by prefix: the fixed key prefix that names one group (an inverted list is
 # bin ‖ min-hash, 10 bytes). RocksDB keeps Bloom filters of these prefixes, so a seek to a

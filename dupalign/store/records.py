@@ -4,30 +4,18 @@ the ordinals stored, and removal by ordinal ranges."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import struct
+from collections.abc import Iterator
 
+from dupalign.store import tables
 from dupalign.store.database import Batch, Store
-from dupalign.store.keys import offsets_key, read_u64, u64
-
-
-def delete_ordinals(batch: Batch, families: Iterable[str], first: int, last: int) -> None:
-    """Delete the keys ordinal ``first``..``last`` (keys that start with a big-endian u64
-    ordinal) of each family: one point delete per key for a short run, one range delete
-    (cheap to write, compacted away) for a longer one: many small range tombstones would
-    slow reads."""
-    for family in families:
-        if last - first < 8:
-            for o in range(first, last + 1):
-                batch.delete(family, u64(o))
-        else:
-            batch.delete_range(family, u64(first), u64(last + 1))
-
+from dupalign.store.keys import read_u64, u64
 
 # -- records a service keeps in the engine's store --------------------------------------------
 # They go in ``meta`` beside the engine's own, written in the engine's batches where they must
 # be atomic with a page. Their keys are fixed by the stores already written, so each name maps
 # to its key here: a service names them and never builds a key.
-NOTES = {  # one value each
+NOTES = {  # one count (u64) each
     "forward_sent": b"topology_forward_sent",  # the index role's forward records sent below
     "align_partitions": b"topology_align_partitions",  # the align partition count keyed by
     "applied_seq": b"applied_seq",  # a shard process's last sequence record applied
@@ -52,12 +40,13 @@ def _log_prefix(log: str) -> bytes:
     return prefix
 
 
-def get_note(store: Store, name: str) -> bytes | None:
-    return store.get("meta", _note_key(name))
+def get_note(store: Store, name: str) -> int | None:
+    raw = store.get("meta", _note_key(name))
+    return None if raw is None else read_u64(raw)
 
 
-def put_note(target: Store | Batch, name: str, value: bytes) -> None:
-    target.put("meta", _note_key(name), value)
+def put_note(target: Store | Batch, name: str, value: int) -> None:
+    target.put("meta", _note_key(name), u64(value))
 
 
 def log_items(store: Store, log: str) -> Iterator[tuple[int, bytes]]:
@@ -85,31 +74,62 @@ def log_delete_below(batch: Batch, log: str, end: int) -> None:
     batch.delete_range("meta", prefix, prefix + u64(end))
 
 
+_PARTITION = struct.Struct(">I")
+
+
+def _offsets_key(topic: str, partition: int) -> bytes:
+    return topic.encode("utf-8") + b"\x00" + _PARTITION.pack(partition)
+
+
+def _parse_offsets_key(key: bytes) -> tuple[str, int]:
+    return key[:-5].decode("utf-8"), int(_PARTITION.unpack_from(key, len(key) - 4)[0])
+
+
 def get_offset(store: Store, topic: str, partition: int) -> int | None:
     """The next input offset stored for (topic, partition) (None: none stored)."""
-    raw = store.get("offsets", offsets_key(topic, partition))
+    raw = store.get("offsets", _offsets_key(topic, partition))
     return None if raw is None else read_u64(raw)
 
 
 def put_offset(batch: Batch, topic: str, partition: int, next_offset: int) -> None:
-    batch.put("offsets", offsets_key(topic, partition), u64(next_offset))
+    batch.put("offsets", _offsets_key(topic, partition), u64(next_offset))
+
+
+def stored_offsets(store: Store) -> dict[tuple[str, int], int]:
+    """Every (topic, partition) -> the next input offset stored."""
+    return {_parse_offsets_key(key): read_u64(value) for key, value in store.items("offsets")}
+
+
+# meta keys: the prefix, then (topic, partition) as the offsets family keys them
+_PUBLISHED = b"published/"
+
+
+def checkpoints(store: Store) -> dict[tuple[str, int], int]:
+    """Per input partition, an offset below which a caller published every page's matches
+    (``put_checkpoint``)."""
+    n = len(_PUBLISHED)
+    return {_parse_offsets_key(key[n:]): read_u64(value)
+            for key, value in store.prefix("meta", _PUBLISHED)}
+
+
+def put_checkpoint(store: Store, topic: str, partition: int, position: int) -> None:
+    store.put("meta", _PUBLISHED + _offsets_key(topic, partition), u64(position))
 
 
 def unfinished_records(store: Store) -> Iterator[bytes]:
     """The ``unfinished`` records (a store opened read-only made before the family: none)."""
-    if store.has_family("unfinished"):
-        for _, value in store.items("unfinished"):
+    if tables.unfinished.in_store(store):
+        for _, value in tables.unfinished.items(store):
             yield value
 
 
 def forward_record(store: Store, ordinal: int) -> tuple[bytes, bytes] | None:
     """The page's forward record as stored: its windows and positions (None: it has none)."""
-    windows = store.get("forward", u64(ordinal))
-    positions = store.get("positions", u64(ordinal))
+    windows = tables.forward.get(store, ordinal)
+    positions = tables.positions.get(store, ordinal)
     return None if windows is None or positions is None else (windows, positions)
 
 
 def stored_ordinals(store: Store, start: int = 0) -> Iterator[int]:
     """The ordinals of the pages stored, from ``start`` on, ascending."""
-    for key, _ in store.items_from("docs", u64(start)):
-        yield read_u64(key)
+    return tables.docs.ordinals(store, start)

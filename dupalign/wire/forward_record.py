@@ -4,11 +4,23 @@ big-endian); a null value says the page left the index's store."""
 
 from __future__ import annotations
 
+import struct
 from typing import NamedTuple
 
 import msgpack
 
 from dupalign.wire.versions import FORWARD_RECORD
+
+_KEY = struct.Struct(">Q")
+
+
+def forward_key(ordinal: int) -> bytes:
+    """A ``pages.forward`` record's key: the page's ordinal."""
+    return _KEY.pack(ordinal)
+
+
+def read_forward_key(key: bytes) -> int:
+    return int(_KEY.unpack(key)[0])
 
 
 class ForwardRecord(NamedTuple):

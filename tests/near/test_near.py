@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from dupalign.config import EngineConfig
 from dupalign.near.cws import minhash_sketch
 from dupalign.near.idf import IdfBuilder, IdfTable, tf_idf_weights
-from dupalign.near.index import _SHINGLE_SALT, _load_fingerprints, distinct_counts, near_sketch
+from dupalign.near.index import _SHINGLE_SALT, distinct_counts, near_sketch
 from dupalign.near.simhash import weighted_simhash
+from dupalign.store import tables
 from dupalign.store.database import Store
 from dupalign.store.keys import read_u64, u64
 from dupalign.text.hashing import shingle_hashes
@@ -68,7 +69,7 @@ def test_fingerprints_load_in_chunks_as_the_keys_read_one_by_one(
     batch = store.batch()
     batch.put_many("simhash", [u64(f) + u64(o) for f, o in rows], [b""] * len(rows))
     store.write(batch)
-    fps, ords = _load_fingerprints(store, chunk)
+    fps, ords = tables.simhash.load(store, chunk)
     keys = [key for key, _ in store.items("simhash")]
     store.close()
     assert fps.dtype == np.uint64 and ords.dtype == np.int64

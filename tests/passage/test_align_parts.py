@@ -84,10 +84,10 @@ def test_a_page_that_left_the_index_leaves_the_align_store(tmp_path: Path) -> No
     store = ForwardCopy(tmp_path / "a")
     try:
         store.apply(1, forward_changes([Record(u64(5), encode_forward("p5", b"w", b"pos"))]), 7)
-        assert store.get("forward", u64(5)) == b"w" and store.offset(1) == 7
+        assert store.windows([5]) == [b"w"] and store.offset(1) == 7
         assert store.has_all([5]) and not store.has_all([5, 9])
         store.apply(1, forward_changes([Record(u64(5), None)]), 8)
-        assert store.get("forward", u64(5)) is None and store.get("docs", u64(5)) is None
+        assert store.windows([5]) == [None] and store.doc_id(5) is None
         assert store.offset(1) == 8 and store.offset(0) is None
     finally:
         store.close()
@@ -130,7 +130,7 @@ def test_forward_records_of_the_version_before_are_read_and_older_ones_refused(
             value = msgpack.packb({"v": v, "id": f"p{v}", "forward": b"w" * 8,
                                    "positions": b"x"}, use_bin_type=True)
             store.apply(0, forward_changes([Record(u64(v), value)]), v + 1)
-            assert store.get("forward", u64(v)) == b"w" * 8
+            assert store.windows([v]) == [b"w" * 8]
         with pytest.raises(ValueError, match="forward record version 0"):
             store.apply(0, forward_changes([Record(u64(9), msgpack.packb({"v": 0}))]), 10)
     finally:

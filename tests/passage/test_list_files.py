@@ -19,7 +19,9 @@ from dupalign.errors import PageRejected, StoreError
 from dupalign.page import Page
 from dupalign.passage.lists import files as list_files
 from dupalign.runtime.engine import Engine
+from dupalign.store import tables
 from dupalign.store.database import Store
+from dupalign.store.lists import LIST_KEY
 from tests.passage.test_passages import _stored_lists
 from tests.runtime.test_pipeline import lifecycle_pages, random_pages
 
@@ -34,7 +36,7 @@ def test_a_list_file_holds_what_a_batch_of_its_entries_writes(
     with tempfile.TemporaryDirectory() as tmp:
         entries, counts = [], []
         for ordinal, lists in enumerate(pages):
-            e = np.empty(len(lists), dtype=list_files.LIST_KEY)
+            e = np.empty(len(lists), dtype=LIST_KEY)
             e["bin"] = [b for b, _, _ in lists]
             e["key"] = [k for _, k, _ in lists]
             e["ordinal"] = ordinal
@@ -119,7 +121,7 @@ def test_a_crash_loses_no_list_entry(tmp_path: Path) -> None:
     else:
         pytest.fail("no page ended with a file ingested and unmarked")
     cut = len(got)
-    mark = engine.store.get("meta", list_files.LISTS_THROUGH)
+    mark = tables.lists_through.get(engine.store)
     engine.store.close()  # the process dies: nothing drained, the last file unmarked
     # a page of its own words, whose entries were pending
     last = next(p for p in reversed(pages[:cut]) if p.id.startswith("p"))
@@ -128,7 +130,7 @@ def test_a_crash_loses_no_list_entry(tmp_path: Path) -> None:
         found = [m.to_dict() for m in reader.query_text(str(last.body))]
     assert any(m["match_doc_id"] == last.id for m in found)
     with Engine.open(tmp_path / "crashed", cfg, read_only=True) as reader:
-        assert reader.store.get("meta", list_files.LISTS_THROUGH) == mark
+        assert tables.lists_through.get(reader.store) == mark
         assert reader.passages.pending is not None and len(reader.passages.pending)
         assert [m.to_dict() for m in reader.query_text(str(last.body))] == found
     with Engine.open(tmp_path / "crashed", cfg) as engine:
@@ -205,13 +207,13 @@ def test_a_format_7_store_is_upgraded_in_place(tmp_path: Path) -> None:
         got = _process(engine, pages[:25])
         engine.store.put("meta", b"params", msgpack.packb({**engine.store.params, "format": 7}))
         batch = engine.store.batch()
-        batch.delete("meta", list_files.LISTS_THROUGH)
+        tables.lists_through.delete(batch)
         engine.store.write(batch)
     with Engine.open(tmp_path / "old", cfg, read_only=True) as reader:
         assert reader.store.params["format"] == 7 and reader.passages.pending is None
     with Engine.open(tmp_path / "old", cfg) as engine:
         assert engine.store.params["format"] == STORE_FORMAT
-        assert engine.store.get("meta", list_files.LISTS_THROUGH) is not None
+        assert tables.lists_through.get(engine.store) is not None
         assert engine.passages.pending is not None and not len(engine.passages.pending)
         got += _process(engine, pages[25:])
     assert got == expected

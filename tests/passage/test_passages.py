@@ -30,12 +30,12 @@ from dupalign.page import Page
 from dupalign.passage import index as passages
 from dupalign.passage import monoactive, monoactive_query, positions
 from dupalign.passage.interval_scan import align
-from dupalign.passage.lists import files as list_files
 from dupalign.passage.oph import OPHWindows, compact_windows, oph_sketch, oph_values
 from dupalign.passage.sketch import PassageSketcher, distinct_lists, passage_starts
 from dupalign.passage.tasks import Weights
 from dupalign.runtime.engine import Engine
 from dupalign.stages.query import PassageQuery
+from dupalign.store import lists
 from dupalign.store.keys import read_u64, u64
 from dupalign.text.hashing import token_hashes
 from dupalign.text.tokens import Tokens, tokenize
@@ -762,8 +762,8 @@ def test_distinct_lists_with_long_bins_equals_a_lexsort(pairs: list[tuple[int, i
 def test_list_entry_values_are_empty_for_one_window_else_the_count(counts: list[int]) -> None:
     """The values ``stage`` writes (looked up in a table for small counts): the twin is
     the loop over every list."""
-    expected = [b"" if n == 1 else passages._COUNT.pack(n) for n in counts]
-    assert list_files.count_values(np.array(counts, dtype=np.int64)) == expected
+    expected = [b"" if n == 1 else n.to_bytes(4, "little") for n in counts]
+    assert lists.count_values(np.array(counts, dtype=np.int64)) == expected
 
 
 @settings(max_examples=200, deadline=None)

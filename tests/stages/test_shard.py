@@ -31,14 +31,13 @@ from dupalign.runtime.engine import Engine
 from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.service.roles.shard_protocol import Partial, ShardMessage, ShardStore, answer, settle
 from dupalign.stages.shards import (
-    FAN_IN_KEY,
-    SHARDS_KEY,
     IndexShard,
     ShardedIndexer,
     owned_part,
     owned_parts,
     shard_dir,
 )
+from dupalign.store import tables
 from dupalign.store.database import Store
 from dupalign.store.keys import u64
 from dupalign.store.records import LOGS
@@ -198,8 +197,8 @@ def test_a_store_refuses_another_shard_count_and_names_the_rebuild(tmp_path: Pat
     cfg = config("oph", 100_000, 16)
     with Engine.open(tmp_path / "s", cfg, shards=2) as engine:
         engine.process(Page("a", _body(1)))
-    assert msgpack.unpackb(Store(tmp_path / "s", {}, read_only=True).get(
-        "meta", SHARDS_KEY)) == 2
+    assert msgpack.unpackb(tables.shard_count.get(
+        Store(tmp_path / "s", {}, read_only=True))) == 2
     for asked in (1, 3):
         with pytest.raises(StoreMismatch, match=f"built for 2 index shard.*asked for {asked}"
                                                 f".*dupalign scan --store NEW_STORE "
@@ -216,7 +215,7 @@ def test_a_store_refuses_another_shard_count_and_names_the_rebuild(tmp_path: Pat
     with Engine.open(tmp_path / "one", cfg) as engine:
         engine.process(Page("a", _body(1)))
         batch = engine.store.batch()
-        batch.delete("meta", SHARDS_KEY)
+        tables.shard_count.delete(batch)
         engine.store.write(batch)
     with pytest.raises(StoreMismatch, match="built for 1 index shard"):
         Engine.open(tmp_path / "one", cfg, shards=2)
@@ -729,7 +728,7 @@ def test_the_fan_in_of_the_kafka_topology_is_not_opened_with_local_shards(
                 ix.finish(result, [])  # d1 is left waiting
         if layout == "unmarked, shards elsewhere":
             batch = engine.store.batch()
-            batch.delete("meta", FAN_IN_KEY)
+            tables.fan_in.delete(batch)
             engine.store.write(batch)
     for shard in shards:
         shard.close()

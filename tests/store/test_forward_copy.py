@@ -27,9 +27,9 @@ def test_a_copy_written_before_the_store_owned_its_layout_is_read(tmp_path: Path
     old.close()
     copy = ForwardCopy(tmp_path / "a")
     try:
-        assert copy.get("forward", u64(5)) == b"windows"
-        assert copy.multi_get("positions", [u64(5), u64(6)]) == [b"positions", None]
-        assert msgpack.unpackb(copy.get("docs", u64(5)) or b"") == {"id": "p5"}
+        assert copy.windows([5, 6]) == [b"windows", None]
+        assert copy.positions(5) == b"positions" and copy.positions(6) is None
+        assert copy.doc_id(5) == "p5" and copy.doc_id(6) is None
         assert copy.offset(3) == 41 and copy.offset(0) is None
         assert copy.has_all([5]) and not copy.has_all([5, 6])
         copy.apply(3, [(6, ForwardRecord("p6", b"w6", b"q6")), (5, None)], 42)

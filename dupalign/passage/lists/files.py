@@ -1,7 +1,7 @@
 """Inverted-list entries written behind the index thread, as table files.
 
 A page with passages adds one entry to each inverted list of its windows (~1,400 on an
-llvm page): written in the page's batch, that was one RocksDB memtable insert each in the
+llvm page): written in the page's batch, each would be one RocksDB memtable insert in the
 index thread, which must run alone (rocksdict holds the GIL through a write), and again a
 sort of the whole hash memtable in RocksDB's flush thread: together about a third of the
 index stage and a tenth of all the CPU on llvm (tests/bench/bench_scan.py). Here the
@@ -9,7 +9,7 @@ entries of committed pages wait in memory (``PendingLists``, which reads see thr
 ``recent``) until ``FILE_PAGES`` pages have some; then they are sorted into a table file
 (``build_list_file``: a pure function, so a pool process can run it) and ingested whole.
 
-Crash safety: the meta key ``LISTS_THROUGH`` says below which ordinal every page's entries
+Crash safety: the store's ``lists_through`` mark says below which ordinal every page's entries
 are in the store. The entries of a page are its forward record's lists (the same pairs,
 counted per list), which is in the page's own batch, so at open the pages from the mark on
 are read back from their forward records (``PassageIndex.write_lists_behind``). A file's
@@ -23,31 +23,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from rocksdict import SstFileWriter
 
 from dupalign.passage.lists.chains import ListChains
+from dupalign.store import lists, tables
 from dupalign.store.database import Batch, Store
 from dupalign.store.failures import store_error
-from dupalign.store.keys import u64
-from dupalign.store.options import table_file_options
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
 
-COUNT = struct.Struct("<I")
-# a list entry's key: the list (bin ‖ min-hash) then the page, big-endian so that keys sort
-# by list, then page
-LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
-FAMILY = "oph"
-LISTS_THROUGH = b"lists_through"  # meta: u64, every page below has its entries stored
 # pages with entries per table file (~50 MB of entries on llvm pages; held in memory with
 # the file in flight and the next). RocksDB compacts each ingested file into the level
 # below, so files must not be small: process CPU on the scale stream (bench_passages) at
@@ -57,49 +48,14 @@ LISTS_THROUGH = b"lists_through"  # meta: u64, every page below has its entries 
 FILE_PAGES = 2048
 INCOMING = "lists-incoming"  # the store's subdirectory of files not ingested yet
 
-# a list entry's value by its page's number of windows in the list: empty for one (most
-# lists), else the count; looked up by numpy for the common counts (not packed one by one
-# in a Python loop: a templated llvm page has hundreds of lists with several windows)
-_COUNT_VALUES = np.array([b"", b""] + [COUNT.pack(n) for n in range(2, 256)], dtype=object)
-
-
-def entries(bins: I64, keys: U64, ordinal: int) -> npt.NDArray[Any]:
-    """The page ``ordinal``'s entries in the lists (bin, key), as ``LIST_KEY`` records."""
-    out = np.empty(len(bins), dtype=LIST_KEY)
-    out["bin"], out["key"], out["ordinal"] = bins, keys, ordinal
-    return out
-
-
-def count_values(n_windows: I64) -> list[bytes]:
-    """The list entries' values for ``n_windows`` (each >= 1) windows of the page."""
-    values = _COUNT_VALUES[np.minimum(n_windows, len(_COUNT_VALUES) - 1)]
-    for y in np.flatnonzero(n_windows >= len(_COUNT_VALUES)).tolist():
-        values[y] = COUNT.pack(int(n_windows[y]))
-    return cast(list[bytes], values.tolist())
-
-
-def as_bytes(records: npt.NDArray[Any]) -> list[bytes]:
-    """Each record of a structured array as its bytes (as a void dtype: ``S`` would strip
-    trailing zero bytes); a tenth of the cost of slicing them out of ``tobytes`` in Python."""
-    return cast(list[bytes], records.view(f"V{records.dtype.itemsize}").tolist())
-
 
 def build_list_file(arg: tuple[str, bytes, bytes]) -> str:
-    """``(path, entries, counts)`` -> path: the list entries (``LIST_KEY`` records of
-    pages in ascending order, each page's distinct) with their window counts (<u4), as
-    one table file at ``path``, in key order. Pure: runs in any process."""
+    """``(path, entries, counts)`` -> path: the list entries (``lists.joined``, of pages in
+    ascending order, each page's distinct) with their window counts (<u4), as one table
+    file at ``path``. Pure: runs in any process."""
     path, raw, raw_counts = arg
-    entries = np.frombuffer(raw, dtype=LIST_KEY)
-    counts = np.frombuffer(raw_counts, dtype="<u4").astype(np.int64)
-    # stable by list: within a list the pages keep their (ascending) order
-    order = np.lexsort((entries["key"].astype(np.uint64), entries["bin"].astype(np.uint64)))
-    keys = as_bytes(entries[order])
-    values = count_values(counts[order])
-    writer = SstFileWriter(options=table_file_options(FAMILY))
-    writer.open(path)
-    for key, value in zip(keys, values, strict=True):
-        writer[key] = value
-    writer.finish()
+    lists.write_file(path, lists.from_bytes(raw),
+                     np.frombuffer(raw_counts, dtype="<u4").astype(np.int64))
     return path
 
 
@@ -112,7 +68,7 @@ class Handle(Protocol):
 
 
 Submit = Callable[[Callable[[Any], Any], Any], Handle]
-# a page pending: its ordinal, its list entries (``LIST_KEY``), its windows per entry
+# a page pending: its ordinal, its list entries (``lists.entries``), its windows per entry
 PendingPage = tuple[int, npt.NDArray[Any], I64]
 
 
@@ -148,7 +104,7 @@ class PendingLists:
         self.submit: Submit | None = None  # builds elsewhere (a pool); None: here
         self.build_seconds = 0.0  # thread CPU of the builds run here (benchmarks)
         # the mark of the last file ingested, for the next batch (``mark_into``)
-        self.mark_due: bytes | None = None
+        self.mark_due: int | None = None
         self.files = 0
         self.last = -1  # the last page pending (pages come in ordinal order)
         self.incoming = Path(store.path) / INCOMING
@@ -158,7 +114,7 @@ class PendingLists:
         return len(self.pages) + (len(self.flight[2]) if self.flight else 0)
 
     def add(self, ordinal: int, entries: npt.NDArray[Any], counts: I64) -> None:
-        """A committed page's entries (``LIST_KEY`` records, distinct lists) and windows per
+        """A committed page's entries (``lists.entries``, distinct lists) and windows per
         entry; a file is started or ingested when its turn comes."""
         if not self.remember(ordinal, entries, counts):
             return
@@ -186,14 +142,14 @@ class PendingLists:
                  else self.pages[0][0] if self.pages else None)
         return first is not None and bool(ordinals) and max(ordinals) >= first
 
-    def mark_into(self, batch: Batch) -> bytes | None:
+    def mark_into(self, batch: Batch) -> int | None:
         """The mark of the files ingested since the last batch written, into ``batch``;
         returns it, for ``marked`` once the batch is written."""
         if self.mark_due is not None:
-            batch.put("meta", LISTS_THROUGH, self.mark_due)
+            tables.lists_through.put_count(batch, self.mark_due)
         return self.mark_due
 
-    def marked(self, mark: bytes | None) -> None:
+    def marked(self, mark: int | None) -> None:
         """A batch holding ``mark`` (``mark_into``) is written."""
         if mark is not None and mark == self.mark_due:
             self.mark_due = None
@@ -213,17 +169,17 @@ class PendingLists:
             self._ship(here=True)
             self._land()
         if self.pages:
-            entries = np.frombuffer(_joined(self.pages), dtype=LIST_KEY)
+            entries = lists.from_bytes(_joined(self.pages))
             counts = np.concatenate([c for _, _, c in self.pages])
             batch = self.store.batch()
-            batch.put_many(FAMILY, as_bytes(entries), count_values(counts))
-            batch.put("meta", LISTS_THROUGH, u64(self.pages[-1][0] + 1))
+            lists.put_entries(batch, entries, counts)
+            tables.lists_through.put_count(batch, self.pages[-1][0] + 1)
             self.store.write(batch)
             self.pages = []
             self.recent.reset()
         elif self.mark_due is not None:
             batch = self.store.batch()
-            batch.put("meta", LISTS_THROUGH, self.mark_due)
+            tables.lists_through.put_count(batch, self.mark_due)
             self.store.write(batch)
         self.mark_due = None
 
@@ -275,17 +231,16 @@ class PendingLists:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(arg[0])
             path = self._build_here(arg).result()
-        self.store.ingest(FAMILY, [path])  # (failing, the file stays in flight)
-        self.mark_due = u64(last + 1)
+        lists.ingest(self.store, [path])  # (failing, the file stays in flight)
+        self.mark_due = last + 1
         self.flight = None
         self.files += 1
         self.recent_flight.reset()
 
 
 def _joined(pages: list[PendingPage]) -> bytes:
-    """The pages' entries as ``LIST_KEY`` records in one buffer (not ``np.concatenate``:
-    it would give them numpy's native byte order, and the keys would no longer sort)."""
-    return b"".join(np.ascontiguousarray(e, dtype=LIST_KEY).tobytes() for _, e, _ in pages)
+    """The pages' entries in one buffer (``lists.joined``)."""
+    return lists.joined(e for _, e, _ in pages)
 
 
 def ranks(starts: I64, counts: I64) -> I64:

@@ -68,8 +68,8 @@ from dupalign.service.topology import (
 )
 from dupalign.stages.sketch import PageSketch
 from dupalign.store.database import Store
-from dupalign.store.keys import u64
 from dupalign.wire import messages
+from dupalign.wire.forward_record import forward_key
 
 log = logging.getLogger("dupalign.roles.index")
 
@@ -337,7 +337,7 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
         for waiting in self.waiting:
             if waiting.align_here and waiting.passages is None:
                 waiting.passages = engine.align(waiting.result)
-        out.extend(Outgoing(self.kc.forward_topic, None, key=u64(o),
+        out.extend(Outgoing(self.kc.forward_topic, None, key=forward_key(o),
                             partition=o % self.align_parts) for o in self.tombstones)
         self.tombstones = []
         self.sent_below = engine.next_ordinal

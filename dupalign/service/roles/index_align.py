@@ -28,8 +28,7 @@ from dupalign.service.topology import (
 )
 from dupalign.stages.align import RankedPage, merge_ranked
 from dupalign.stages.messages import IndexResult
-from dupalign.store.keys import read_u64, u64
-from dupalign.wire.forward_record import encode_forward
+from dupalign.wire.forward_record import encode_forward, forward_key
 
 log = logging.getLogger("dupalign.roles.index")
 
@@ -122,7 +121,7 @@ class AlignExchange:
                         "record limit; the pages that name it are aligned by the index",
                         doc_id, len(value))
             return
-        out.append(Outgoing(self.kc.forward_topic, value, key=u64(ordinal),
+        out.append(Outgoing(self.kc.forward_topic, value, key=forward_key(ordinal),
                             partition=ordinal % self.align_parts))
 
     def _removed(self, ordinals: list[int]) -> None:
@@ -133,19 +132,19 @@ class AlignExchange:
 
     def _note_forward_sent(self, below: int) -> None:
         assert self.engine is not None
-        self.engine.put_note("forward_sent", u64(below))
+        self.engine.put_note("forward_sent", below)
 
     def _keyed_by(self, parts: int) -> None:
         """The align partition count is fixed per deployment: the forward topic is keyed
         by it."""
         assert self.engine is not None
-        raw = self.engine.note("align_partitions")
-        if raw is None:
-            self.engine.put_note("align_partitions", u64(parts))
-        elif read_u64(raw) != parts:
+        keyed_by = self.engine.note("align_partitions")
+        if keyed_by is None:
+            self.engine.put_note("align_partitions", parts)
+        elif keyed_by != parts:
             raise TopologyError(
                 f"topic {self.kc.align_topic!r} has {parts} partitions, but this index store "
-                f"was built with {read_u64(raw)}: the align shards hold pages by ordinal "
+                f"was built with {keyed_by}: the align shards hold pages by ordinal "
                 "modulo that count. Changing it means new align and forward topics and "
                 "a rebuild by replay (docs/topology.md)")
 
@@ -155,8 +154,7 @@ class AlignExchange:
         records that commit no offsets. Sending one again is harmless: keyed by ordinal."""
         engine = self.engine
         assert engine is not None
-        raw = engine.note("forward_sent")
-        first = 0 if raw is None else read_u64(raw)
+        first = engine.note("forward_sent") or 0
         loop = asyncio.get_running_loop()
 
         def chunk(start: int) -> tuple[list[Outgoing], int | None]:

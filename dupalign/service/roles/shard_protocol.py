@@ -28,7 +28,6 @@ from dupalign.near.index import NearState
 from dupalign.passage.sketch import PassageState, Rects
 from dupalign.stages.shards import IndexShard, check_shard, shard_dir
 from dupalign.store.database import Store
-from dupalign.store.keys import read_u64, u64
 from dupalign.store.records import (
     get_note,
     get_offset,
@@ -262,8 +261,8 @@ class ShardStore:
             self.store.close()
             raise
         self.shard = IndexShard(self.store, config, shard, n_shards)
-        raw = get_note(self.store, "applied_seq")
-        self.applied = -1 if raw is None else read_u64(raw)
+        applied = get_note(self.store, "applied_seq")
+        self.applied = -1 if applied is None else applied
         self.kept_max = kept
         self.kept = deque(seq for seq, _ in log_items(self.store, "partials"))
 
@@ -286,7 +285,7 @@ class ShardStore:
             return Partial.from_bytes(raw)
         out = answer(self.shard, msg)
         batch = self.shard.batch()
-        put_note(batch, "applied_seq", u64(msg.seq))
+        put_note(batch, "applied_seq", msg.seq)
         put_offset(batch, source[0], source[1], source[2] + 1)
         if out is not None:
             log_put(batch, "partials", msg.seq, out.to_bytes())
