@@ -1,7 +1,7 @@
-"""The one private aiokafka API the service uses (dupalign.service.topology.fetch_committed: the
-group
-coordinator's fetch of committed offsets with their metadata): fails when aiokafka changes
-it, so an upgrade is caught here rather than at a worker's takeover."""
+"""The private aiokafka APIs the service uses (dupalign.service.topology.fetch_committed: the
+group coordinator's fetch of committed offsets with their metadata; ``_internal_waiters``: a
+failed producer's futures that nothing awaits): fails when aiokafka changes them, so an
+upgrade is caught here rather than at a worker's takeover."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import asyncio
 import inspect
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
-from dupalign.service.topology import fetch_committed
+from dupalign.service.topology import _internal_waiters, fetch_committed
 
 
 def test_the_consumer_keeps_its_group_coordinator_where_fetch_committed_reads_it() -> None:
@@ -34,3 +34,25 @@ def test_the_coordinator_fetches_committed_offsets_of_a_list_of_partitions() -> 
     fetch = GroupCoordinator.fetch_committed_offsets
     assert inspect.iscoroutinefunction(fetch)
     assert list(inspect.signature(fetch).parameters) == ["self", "partitions"]
+
+
+def test_a_failed_producer_keeps_its_unawaited_waiters_where_send_all_finds_them() -> None:
+    """``send_all`` marks retrieved the futures a failed producer fails and nothing awaits
+    (``_internal_waiters``): the batches' drain waiters and the transaction's waiter."""
+    async def check() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", transactional_id="t")
+        try:
+            producer._txn_manager.set_pid_and_epoch(1, 0)  # (what start() gets from the broker)
+            producer._txn_manager.begin_transaction()
+            waiter = producer._txn_manager._transaction_waiter
+            assert isinstance(waiter, asyncio.Future)
+            batches = producer._message_accumulator._batches
+            assert isinstance(batches, dict)
+            batch = producer._message_accumulator._append_batch(
+                producer._message_accumulator.create_builder(), TopicPartition("t", 0))
+            assert isinstance(batch._drain_waiter, asyncio.Future)
+            assert list(batches) == [TopicPartition("t", 0)]
+            assert _internal_waiters(producer) == [batch._drain_waiter, waiter]
+        finally:
+            await producer.stop()
+    asyncio.run(check())
