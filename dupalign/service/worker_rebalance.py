@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import KafkaConfig, WorkerConfig
 from dupalign.service.log_repeats import STARTUP
+from dupalign.service.loop import Ahead
 from dupalign.service.metrics import WorkerMetrics
 from dupalign.service.topology import fetch_committed, new_producer
 
@@ -36,15 +37,10 @@ class Rebalancing:
     kc: KafkaConfig
     wc: WorkerConfig
     txn_producers: dict[TopicPartition, AIOKafkaProducer]
-    epochs: dict[TopicPartition, int]
-    _epoch_counter: int
+    ahead: Ahead
     suppress_below: dict[TopicPartition, int]
     unsettled: dict[TopicPartition, int]
     committed: dict[TopicPartition, int]
-    inflight: TopicPartition | None
-    revoking: set[TopicPartition]
-    _idle: asyncio.Event
-    _paused: set[TopicPartition]
 
     def transactional_id(self, tp: TopicPartition) -> str:
         return f"{self.kc.transactional_id_prefix}-{self.kc.group_id}-{tp.topic}-{tp.partition}"
@@ -52,31 +48,21 @@ class Rebalancing:
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         revoked = set(revoked)
         self.metrics.rebalances.labels("revoked").inc()
-        # Queued batches of these partitions are abandoned: never committed, so the next
-        # owner (possibly us again) reads them from the committed offset. The batch being
-        # processed right now is finished and committed (bounded: one micro-batch).
-        self.revoking |= revoked
-        if self.inflight in revoked:
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.wc.shutdown_timeout_s)
-            except TimeoutError:
-                log.error("batch of %s still running at revocation; abandoning it", self.inflight)
+        # the batch in hand is finished and committed, the queued ones are abandoned
+        await self.ahead.revoke(revoked, self.wc.shutdown_timeout_s)
         for tp in revoked:
-            self.epochs.pop(tp, None)
             self.suppress_below.pop(tp, None)
             # (``unsettled`` stays: the store still holds the partition's pages past the
             # group's commit, whoever reads it now; a commit that reaches them settles it,
             # ours or another member's, which ``_lag_loop`` looks for)
             self.committed.pop(tp, None)
-            self._paused.discard(tp)
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
             producer = self.txn_producers.pop(tp, None)
             if producer is not None:
                 with contextlib.suppress(Exception):
                     await producer.stop()
-        self.revoking -= revoked
-        self.metrics.assigned_partitions.set(len(self.epochs))
+        self.metrics.assigned_partitions.set(len(self.ahead.epochs))
         log.info("partitions revoked", extra={"partitions": _names(revoked)})
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
@@ -151,11 +137,9 @@ class Rebalancing:
                     self._unsettle(tp, committed, in_store, begins[tp])
                 self.consumer.seek(tp, max(committed, begins[tp]))
         # Only now (producers ready, positions set) do fetched batches of these count.
-        for tp in assigned:
-            self._epoch_counter += 1
-            self.epochs[tp] = self._epoch_counter
+        self.ahead.admit(assigned)
         self.consumer.resume(*assigned)
-        self.metrics.assigned_partitions.set(len(self.epochs))
+        self.metrics.assigned_partitions.set(len(self.ahead.epochs))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
 
     def _unsettle(self, tp: TopicPartition, committed: int, in_store: int, begin: int
