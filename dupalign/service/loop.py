@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError
+from aiokafka.errors import CommitFailedError, KafkaError
 
+from dupalign.service.outage import KafkaOutage
 from dupalign.service.topology import Outgoing, send_all
 
 log = logging.getLogger("dupalign.loop")
@@ -199,9 +200,11 @@ class Ahead:
     assignment set), and records fetched for a partition without an epoch are put back."""
 
     def __init__(self, max_batches: int,
-                 gauges: Callable[[int, int], None] | None = None) -> None:
+                 gauges: Callable[[int, int], None] | None = None,
+                 outage: KafkaOutage | None = None) -> None:
         self.max_batches = max_batches
         self.gauges = gauges  # (queued batches, paused partitions), after every change
+        self.outage = outage  # a fetch that fails while Kafka is away is retried
         self.queue: asyncio.Queue[Fetched] = asyncio.Queue()
         self.epochs: dict[TopicPartition, int] = {}
         self.revoking: set[TopicPartition] = set()
@@ -278,12 +281,23 @@ class Ahead:
 
     async def _fetch(self, owner: Running, consumer: AIOKafkaConsumer, max_records: int
                      ) -> None:
+        failing = False  # (a fetch while Kafka is away returns nothing, or fails)
         while not owner.stopping.is_set():
             if owner.failure is not None:
                 raise owner.failure
             self._backpressure(consumer)
             # getmany goes on while paused: the group never sees us as stuck
-            batches = await consumer.getmany(timeout_ms=200, max_records=max_records)
+            try:
+                batches = await consumer.getmany(timeout_ms=200, max_records=max_records)
+            except KafkaError as exc:
+                if self.outage is None:
+                    raise
+                await asyncio.sleep(self.outage.failed(exc, "fetching"))
+                failing = True
+                continue
+            if failing and self.outage is not None:
+                self.outage.succeeded()
+                failing = False
             for tp, records in batches.items():
                 if not records:
                     continue

@@ -30,13 +30,15 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyEx
 from dupalign.errors import ConfigError, StoreError
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import Config, load_config
+from dupalign.service.exits import Exit
 from dupalign.service.http import HttpServer
 from dupalign.service.kafka_args import add_worker_arguments
 from dupalign.service.log_repeats import STARTUP
 from dupalign.service.logs import setup_logging
 from dupalign.service.loop import Ahead, Checkpoint, Listener, run_loop
 from dupalign.service.metrics import WorkerMetrics
-from dupalign.service.topology import new_producer
+from dupalign.service.outage import KafkaOutage, stop_within, within
+from dupalign.service.topology import fetch_committed, new_producer
 from dupalign.service.worker_batch import (
     SOURCE_HEADER,
     BatchProcessing,
@@ -63,13 +65,14 @@ class Worker(Rebalancing, BatchProcessing):
         self.kc = config.kafka
         self.wc = config.worker
         self.metrics = WorkerMetrics()
+        self.outage = KafkaOutage(self.kc.max_outage_s, self.metrics.kafka_outage)
         self.engine: Engine | None = None
         # The engine is not thread-safe: exactly one thread ever touches it.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None  # non-transactional mode
         self.txn_producers: dict[TopicPartition, AIOKafkaProducer] = {}
-        self.ahead = Ahead(self.wc.queue_batches, self._queue_gauges)
+        self.ahead = Ahead(self.wc.queue_batches, self._queue_gauges, self.outage)
         self.suppress_below: dict[TopicPartition, int] = {}
         # per assigned partition whose store is ahead of the group's commit: the store's
         # offset S; until a commit reaches S, pages in the store await their replay, so no
@@ -135,7 +138,7 @@ class Worker(Rebalancing, BatchProcessing):
             await self._shutdown()
         if self.failure is not None and not isinstance(self.failure, asyncio.CancelledError):
             self._log_failure(self.failure)
-            return 1
+            return Exit.KAFKA if isinstance(self.failure, KafkaError) else Exit.INTERNAL
         return 0
 
     def _log_failure(self, exc: BaseException) -> None:
@@ -279,11 +282,11 @@ class Worker(Rebalancing, BatchProcessing):
                     self.suppress_below.get(tp, -1),
                 )
                 self.metrics.stage_seconds.labels("engine").observe(time.perf_counter() - t0)
-                await self._publish_and_commit(result)
+                await self._publish_and_commit(result, epoch)
                 if self.stopping.is_set() or not self.ahead.held(tp, epoch):
                     break  # the rest is consumed again (here or by the next owner)
 
-    async def _publish_and_commit(self, result: BatchResult) -> None:
+    async def _publish_and_commit(self, result: BatchResult, epoch: int) -> None:
         tp = result.tp
         if tp not in self.ahead.epochs:
             log.warning("%s was revoked while its batch ran; not committing", tp)
@@ -302,16 +305,10 @@ class Worker(Rebalancing, BatchProcessing):
 
         unit = Checkpoint({tp: (result.next_offset, PUBLISHED)}, result.outgoing, after=noted)
         try:
-            if self.kc.transactions:
-                producer = self.txn_producers.get(tp)
-                if producer is None:
-                    log.warning("%s: no producer (revoked); not committing", tp)
-                    return
-                await unit.commit(producer, self.kc.group_id)
-            else:
-                assert self.producer is not None and self.consumer is not None
-                await unit.commit(self.producer, self.kc.group_id, self.consumer,
-                                  lost_commit_ok=False)
+            done = await self.outage.retry(
+                f"the commit of a batch of {tp.topic}:{tp.partition}",
+                lambda: self._commit(unit, tp, result.next_offset),
+                wanted=lambda: self.ahead.held(tp, epoch) and not self.stopping.is_set())
         except KafkaError as exc:
             if not self.ahead.held(tp):
                 # Lost the partition (rebalance): the new owner redoes the batch.
@@ -327,6 +324,10 @@ class Worker(Rebalancing, BatchProcessing):
                         "topic's max.message.bytes or kafka.max_request_size; raise them "
                         f"({exc!r})") from exc
             raise
+        if not done:
+            log.warning("%s: revoked or stopping while Kafka was away: its batch is not "
+                        "committed, and will be consumed again", tp)
+            return
         m = self.metrics
         m.stage_seconds.labels("publish").observe(unit.publish_s)
         m.stage_seconds.labels("commit").observe(unit.commit_s)
@@ -335,6 +336,49 @@ class Worker(Rebalancing, BatchProcessing):
         if result.next_offset >= self.unsettled.get(tp, result.next_offset):
             self.unsettled.pop(tp, None)
         self._count(result)
+
+    async def _commit(self, unit: Checkpoint, tp: TopicPartition, next_offset: int) -> bool:
+        """One attempt at ``unit``'s commit (``_publish_and_commit`` retries it while Kafka
+        is away); False: the partition was revoked meanwhile. Each step is cut after
+        ``kafka.request_timeout_ms``: a transaction the broker never answers is abandoned
+        with its producer. The next attempt's new producer, with the partition's
+        transactional id, aborts what that one left open, and finds in the group's offsets
+        whether its commit went through before the outage (then it is not made twice)."""
+        limit_s = self.kc.request_timeout_ms / 1000
+        if not self.kc.transactions:  # at-least-once: a retry may send the records again
+            assert self.producer is not None and self.consumer is not None
+            await within(unit.commit(self.producer, self.kc.group_id, self.consumer,
+                                     lost_commit_ok=False), limit_s)
+            return True
+        producer = self.txn_producers.get(tp)
+        if producer is None:  # the last attempt failed (or the partition was revoked)
+            assert self.consumer is not None
+            producer = new_producer(self.kc, self.transactional_id(tp))
+            try:
+                await within(producer.start(), limit_s)  # fences the failed attempt's
+                if not self.ahead.held(tp) or tp in self.txn_producers:
+                    await stop_within(producer)
+                    return False
+                self.txn_producers[tp] = producer
+                found = await within(fetch_committed(self.consumer, [tp]), limit_s)
+            except BaseException:
+                if self.txn_producers.get(tp) is producer:
+                    del self.txn_producers[tp]
+                await stop_within(producer)
+                raise
+            if tp in found and found[tp].offset >= next_offset:
+                log.info("%s: the batch's commit went through before Kafka went away", tp)
+                if unit.after is not None:
+                    await unit.after()
+                return True
+        try:
+            await within(unit.commit(producer, self.kc.group_id), limit_s)
+        except BaseException:
+            if self.txn_producers.get(tp) is producer:
+                del self.txn_producers[tp]
+            await stop_within(producer)
+            raise
+        return True
 
     def _count(self, result: BatchResult) -> None:
         """Metrics of a batch that is done (committed, or below a published commit)."""

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -19,12 +21,15 @@ from dupalign.service.config import KafkaConfig, WorkerConfig
 from dupalign.service.log_repeats import STARTUP
 from dupalign.service.loop import Ahead
 from dupalign.service.metrics import WorkerMetrics
+from dupalign.service.outage import KafkaOutage, stop_within, within
 from dupalign.service.topology import fetch_committed, new_producer
 
 log = logging.getLogger("dupalign.worker")
 
 # Metadata of every offset commit: the batch's output was published (docs/delivery.md).
 PUBLISHED = "dupalign:published"
+
+T = TypeVar("T")
 
 
 class Rebalancing:
@@ -38,6 +43,7 @@ class Rebalancing:
     wc: WorkerConfig
     txn_producers: dict[TopicPartition, AIOKafkaProducer]
     ahead: Ahead
+    outage: KafkaOutage
     suppress_below: dict[TopicPartition, int]
     unsettled: dict[TopicPartition, int]
     committed: dict[TopicPartition, int]
@@ -60,8 +66,7 @@ class Rebalancing:
                 self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
             producer = self.txn_producers.pop(tp, None)
             if producer is not None:
-                with contextlib.suppress(Exception):
-                    await producer.stop()
+                await stop_within(producer)  # (it flushes: Kafka may be away)
         self.metrics.assigned_partitions.set(len(self.ahead.epochs))
         log.info("partitions revoked", extra={"partitions": _names(revoked)})
 
@@ -79,21 +84,27 @@ class Rebalancing:
         noted = await loop.run_in_executor(self.executor, self.engine.checkpoints)
         for tp in sorted(assigned):
             if self.kc.transactions and tp not in self.txn_producers:
-                producer = new_producer(self.kc, self.transactional_id(tp))
-                await producer.start()  # InitProducerId fences a previous owner of this id
-                self.txn_producers[tp] = producer
-        group = await self._group_offsets(assigned)  # after the fencing: no pending commit
+                # InitProducerId fences a previous owner of this id
+                self.txn_producers[tp] = await self._kafka(
+                    f"starting the producer of {tp.topic}:{tp.partition}",
+                    functools.partial(self._started, tp))
+        # after the fencing: no pending commit
+        group = await self._kafka("reading the group's offsets",
+                                  lambda: self._group_offsets(assigned))
         # the first offset each partition still holds: pages stored past the commit whose
         # records the topic's retention deleted are never read again, so they cannot hold
         # back the retention sweeps (``unsettled``) until a commit reaches them
-        begins = await self.consumer.beginning_offsets(list(assigned))
+        consumer = self.consumer
+        begins = await self._kafka("reading where the partitions begin",
+                                   lambda: consumer.beginning_offsets(list(assigned)))
         # the store's other partitions of the input topic (another member of the group
         # holds them, or no one yet): their pages stored past the group's commit are read
         # again, by us if they come back, and must still be in the store then
         exists = self.consumer.partitions_for_topic(self.kc.input_topic) or set()
         elsewhere = {TopicPartition(t, p) for t, p in stored
                      if t == self.kc.input_topic and p in exists} - assigned
-        await self._settle(elsewhere, stored, noted)
+        await self._kafka("reading the offsets of the store's other partitions",
+                          lambda: self._settle(elsewhere, stored, noted))
         self._warn_if_shared(assigned)
         for tp in sorted(assigned):
             self.unsettled.pop(tp, None)  # decided again below
@@ -141,6 +152,19 @@ class Rebalancing:
         self.consumer.resume(*assigned)
         self.metrics.assigned_partitions.set(len(self.ahead.epochs))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
+
+    async def _kafka(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """``operation`` retried while Kafka is away (dupalign/service/outage.py)."""
+        return await self.outage.until_ok(what, operation)
+
+    async def _started(self, tp: TopicPartition) -> AIOKafkaProducer:
+        producer = new_producer(self.kc, self.transactional_id(tp))
+        try:
+            await within(producer.start(), self.kc.request_timeout_ms / 1000)
+        except BaseException:
+            await stop_within(producer)
+            raise
+        return producer
 
     def _unsettle(self, tp: TopicPartition, committed: int, in_store: int, begin: int
                   ) -> None:
