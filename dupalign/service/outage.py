@@ -113,8 +113,7 @@ class _Again(Exception):
 
 async def within(operation: Awaitable[T], limit_s: float) -> T:
     """``operation``'s result, or KafkaTimeoutError (retriable) after ``limit_s``: then it
-    is cancelled without waiting for it to end (an aborting transaction waits for a broker
-    that is gone), and the caller drops the client it used."""
+    is cancelled, for at most a few seconds more, and the caller drops the client it used."""
     task = asyncio.ensure_future(operation)
     try:
         await asyncio.wait({task}, timeout=limit_s)
@@ -131,17 +130,22 @@ async def within(operation: Awaitable[T], limit_s: float) -> T:
         if task.done():
             break
     else:
-        _abandoned.add(task)  # (collected while pending, asyncio would log it as an error)
+        _abandoned.add(task)
         task.add_done_callback(_abandoned.discard)
     task.add_done_callback(_retrieved)
     raise KafkaTimeoutError(f"no answer from Kafka in {limit_s:.0f} s")
 
 
 async def stop_within(producer: AIOKafkaProducer, limit_s: float = 5.0) -> None:
-    """Stop a producer given up on: it flushes what it holds, which waits for a broker
-    that may be gone; its errors are not the news."""
-    with contextlib.suppress(Exception):
-        await within(producer.stop(), limit_s)
+    """Stop a producer given up on, waiting at most ``limit_s``: it flushes what it holds,
+    which waits for a broker that may be gone (until its records expire or the broker is
+    back and fences them), so the stop may go on in the background; its errors are not
+    the news."""
+    stopping = asyncio.ensure_future(producer.stop())
+    _abandoned.add(stopping)  # (collected while pending, asyncio would log it as an error)
+    stopping.add_done_callback(_abandoned.discard)
+    stopping.add_done_callback(_retrieved)
+    await asyncio.wait({stopping}, timeout=limit_s)
 
 
 _abandoned: set[asyncio.Future[Any]] = set()

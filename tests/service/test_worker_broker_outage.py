@@ -120,6 +120,8 @@ async def test_the_worker_waits_out_a_broker_restart_and_loses_and_repeats_nothi
     # the Kafka client's retries are folded (dupalign/service/log_repeats.py)
     lines = log.read_text("utf-8", "replace").splitlines()
     assert len(lines) < 200, "\n".join(lines[:40])
+    # nothing left behind: no unawaited future or task of a producer given up on
+    assert not [line for line in lines if " asyncio: " in line], "\n".join(lines)
     published = collections.Counter(match_key(messages.decode_match(r.value)) for r in records)
     expected = collections.Counter(embedded_matches(pages, tmp_path / "oracle"))
     twice = [k for k, n in published.items() if n > expected[k]]
