@@ -89,6 +89,9 @@ class KafkaConfig:
     heartbeat_interval_ms: int = field(default=3_000, metadata=_rng(100, 600_000))
     max_poll_interval_ms: int = field(default=300_000, metadata=_rng(1_000, 86_400_000))
     request_timeout_ms: int = field(default=40_000, metadata=_rng(1_000, 3_600_000))
+    # how long Kafka may be unreachable or fail with retriable errors (a broker restart)
+    # before the process gives up and exits; meanwhile it retries, its store kept open
+    max_outage_s: float = field(default=300.0, metadata=_rng(0, 86_400))
     max_partition_fetch_bytes: int = field(default=1 << 20, metadata=_rng(1024, 1 << 30))
     fetch_max_bytes: int = field(default=50 << 20, metadata=_rng(1024, 1 << 31))
     max_request_size: int = field(default=1 << 20, metadata=_rng(1024, 1 << 30))

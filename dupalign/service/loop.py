@@ -11,10 +11,14 @@ and the input offsets it consumed, made visible together, then noted in the stor
 * ``turns``: the fetched batches of a consumer, each handed over only when no rebalance came
   since the fetch; ``Listener`` hands rebalances to the loop's owner.
 
-The roles process a turn while they hold it (``turns``). The single worker fetches on while
-its engine runs a batch (a batch can take longer than ``kafka.max_poll_interval_ms``), so it
-queues what it fetched (dupalign/service/worker.py) and commits each batch with the same
-``Checkpoint``.
+The roles process a turn while they hold it (``turns``). The single worker's engine batch
+can take longer than ``kafka.max_poll_interval_ms``: it runs the loop in fetch-ahead mode
+(``Ahead``), which fetches on while a batch is processed and queues what it fetched, with
+per-partition epochs in place of the generation.
+
+A role whose producer is fenced (``FENCED``) steps down and asks the group to assign it
+again (``rejoin``); ``rebalance_timeout_ms`` gives a member time to finish the turn or
+takeover in hand before the group moves on without it.
 """
 
 from __future__ import annotations
@@ -22,14 +26,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, InvalidProducerEpoch, ProducerFenced
+from aiokafka.errors import CommitFailedError, InvalidProducerEpoch, KafkaError, ProducerFenced
 
 from dupalign.service.config import KafkaConfig
+from dupalign.service.outage import KafkaOutage
 from dupalign.service.topology import Outgoing, send_all
 
 log = logging.getLogger("dupalign.loop")
@@ -95,17 +100,28 @@ class Checkpoint:
             await send_all(producer, self.outgoing)
 
 
-class Consuming(Protocol):
-    """What ``turns`` and ``Listener`` need of the loop's owner."""
+class Rebalanced(Protocol):
+    """What ``Listener`` needs of the loop's owner."""
 
-    stopping: asyncio.Event
     failure: BaseException | None
-    generation: int  # bumped by every assignment change, under ``busy``
-    busy: asyncio.Lock  # a turn in hand, or a rebalance
 
     async def on_revoked(self, revoked: Any) -> None: ...
 
     async def on_assigned(self, assigned: Any) -> None: ...
+
+
+class Running(Rebalanced, Protocol):
+    """What the loop in fetch-ahead mode (``Ahead``) needs of its owner."""
+
+    stopping: asyncio.Event
+
+
+@runtime_checkable
+class Consuming(Running, Protocol):
+    """What ``turns`` needs of the loop's owner."""
+
+    generation: int  # bumped by every assignment change, under ``busy``
+    busy: asyncio.Lock  # a turn in hand, or a rebalance
 
 
 async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
@@ -135,21 +151,29 @@ async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
                 yield batches
 
 
-async def run_loop(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
+async def run_loop(owner: Running, consumer: AIOKafkaConsumer, max_records: int,
                    process: Callable[[dict[TopicPartition, list[Any]]], Awaitable[None]],
-                   wanted: Callable[[], list[TopicPartition]] | None = None) -> None:
+                   wanted: Callable[[], list[TopicPartition]] | None = None,
+                   ahead: Ahead | None = None) -> None:
     """Consume until the owner stops: each turn's batches to ``process``, which produces
-    and commits them (``Checkpoint``) before the next turn."""
+    and commits them (``Checkpoint``) before the next turn. ``ahead``: fetch while a batch
+    is processed (``Ahead``: one partition's batch per turn); otherwise the owner holds
+    ``busy`` over each turn (``turns``)."""
+    if ahead is not None:
+        await ahead.run(owner, consumer, max_records, process)
+        return
+    if not isinstance(owner, Consuming):
+        raise TypeError(f"{type(owner).__name__} has no generation and busy lock: it "
+                        "consumes in turns only with ``ahead``")
     async for batches in turns(owner, consumer, max_records, wanted):
         await process(batches)
-
 
 class Listener(ConsumerRebalanceListener):
     """Hands rebalances to the loop's owner (``on_revoked``, ``on_assigned``). aiokafka only
     logs what a listener raises: the error is kept in ``owner.failure`` and the owner's
     loop raises it."""
 
-    def __init__(self, owner: Consuming) -> None:
+    def __init__(self, owner: Rebalanced) -> None:
         self.owner = owner
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -163,6 +187,158 @@ class Listener(ConsumerRebalanceListener):
             await self.owner.on_assigned(assigned)
         except Exception as exc:
             self.owner.failure = exc
+
+
+@dataclass
+class Fetched:
+    """One partition's records, fetched in its epoch ``epoch``."""
+
+    tp: TopicPartition
+    epoch: int
+    records: list[Any]
+
+
+class Ahead:
+    """The loop's fetch-ahead mode, for an owner whose batch can take longer than
+    ``kafka.max_poll_interval_ms`` (the single worker's engine): a fetcher keeps calling
+    getmany while a batch is processed, so the group never sees the member as stuck, and
+    queues what it fetched, one partition at a time; every partition pauses while
+    ``max_batches`` wait, and resumes below.
+
+    Each held partition has an epoch, given once its producer and position are ready
+    (``admit``) and taken on revocation (``revoke``): a queued batch whose partition
+    changed epoch since its fetch is dropped (it is fetched again from the position the
+    assignment set), and records fetched for a partition without an epoch are put back."""
+
+    def __init__(self, max_batches: int,
+                 gauges: Callable[[int, int], None] | None = None,
+                 outage: KafkaOutage | None = None) -> None:
+        self.max_batches = max_batches
+        self.gauges = gauges  # (queued batches, paused partitions), after every change
+        self.outage = outage  # a fetch that fails while Kafka is away is retried
+        self.queue: asyncio.Queue[Fetched] = asyncio.Queue()
+        self.epochs: dict[TopicPartition, int] = {}
+        self.revoking: set[TopicPartition] = set()
+        self.paused: set[TopicPartition] = set()
+        self.inflight: TopicPartition | None = None
+        self.idle = asyncio.Event()  # no batch in hand
+        self.idle.set()
+        self._counter = 0
+
+    def held(self, tp: TopicPartition, epoch: int | None = None) -> bool:
+        """``tp`` is ours and not being revoked (and still in ``epoch``, if given)."""
+        return (tp in self.epochs and tp not in self.revoking
+                and (epoch is None or self.epochs[tp] == epoch))
+
+    def admit(self, tps: Iterable[TopicPartition]) -> None:
+        """From now on, what is fetched for ``tps`` is processed."""
+        for tp in tps:
+            self._counter += 1
+            self.epochs[tp] = self._counter
+
+    async def revoke(self, tps: set[TopicPartition], timeout_s: float) -> None:
+        """Their queued batches are abandoned (never committed: the next owner reads them
+        from the committed offset); a batch of theirs in hand is finished first, for at
+        most ``timeout_s`` (bounded: one micro-batch)."""
+        self.revoking |= tps
+        if self.inflight in tps:
+            try:
+                await asyncio.wait_for(self.idle.wait(), timeout_s)
+            except TimeoutError:
+                log.error("batch of %s still running at revocation; abandoning it",
+                          self.inflight)
+        for tp in tps:
+            self.epochs.pop(tp, None)
+        self.paused -= tps
+        self.revoking -= tps
+
+    async def run(self, owner: Running, consumer: AIOKafkaConsumer, max_records: int,
+                  process: Callable[[dict[TopicPartition, list[Any]]], Awaitable[None]]
+                  ) -> None:
+        """Fetch (a task of its own) and process until the owner stops; raises what the
+        fetcher or a rebalance listener failed with. A stop lets the batch in hand end."""
+        fetching = asyncio.create_task(self._fetch(owner, consumer, max_records),
+                                       name="fetch")
+        try:
+            while not owner.stopping.is_set():
+                item = await self._next(fetching)
+                if owner.stopping.is_set():
+                    break  # not started: left uncommitted, consumed again after a restart
+                if not self.held(item.tp, item.epoch):
+                    continue  # revoked since it was fetched
+                self.inflight = item.tp
+                self.idle.clear()
+                try:
+                    await process({item.tp: item.records})
+                finally:
+                    self.inflight = None
+                    self.idle.set()
+        finally:
+            fetching.cancel()
+            await asyncio.gather(fetching, return_exceptions=True)
+
+    async def _next(self, fetching: asyncio.Task[None]) -> Fetched:
+        getting = asyncio.ensure_future(self.queue.get())
+        try:
+            await asyncio.wait({getting, fetching}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getting.done():
+                getting.cancel()
+        if getting.done() and not getting.cancelled():
+            self._gauge()
+            return getting.result()
+        fetching.result()  # raises the fetcher's failure
+        raise RuntimeError("the fetcher ended")
+
+    async def _fetch(self, owner: Running, consumer: AIOKafkaConsumer, max_records: int
+                     ) -> None:
+        failing = False  # (a fetch while Kafka is away returns nothing, or fails)
+        while not owner.stopping.is_set():
+            if owner.failure is not None:
+                raise owner.failure
+            self._backpressure(consumer)
+            # getmany goes on while paused: the group never sees us as stuck
+            try:
+                batches = await consumer.getmany(timeout_ms=200, max_records=max_records)
+            except KafkaError as exc:
+                if self.outage is None:
+                    raise
+                await asyncio.sleep(self.outage.failed(exc, "fetching"))
+                failing = True
+                continue
+            if failing and self.outage is not None:
+                self.outage.succeeded()
+                failing = False
+            for tp, records in batches.items():
+                if not records:
+                    continue
+                epoch = self.epochs.get(tp)
+                if epoch is None:
+                    # fetched while its assignment was being set up: put the position back
+                    # rather than skip the records
+                    if tp in consumer.assignment():
+                        consumer.seek(tp, records[0].offset)
+                    continue
+                self.queue.put_nowait(Fetched(tp, epoch, records))
+            self._gauge()
+
+    def _backpressure(self, consumer: AIOKafkaConsumer) -> None:
+        assignment = consumer.assignment()
+        if self.queue.qsize() >= self.max_batches:
+            to_pause = set(assignment) - self.paused
+            if to_pause:
+                consumer.pause(*to_pause)
+                self.paused |= to_pause
+        elif self.paused:
+            to_resume = self.paused & set(assignment)
+            if to_resume:
+                consumer.resume(*to_resume)
+            self.paused.clear()
+        self._gauge()
+
+    def _gauge(self) -> None:
+        if self.gauges is not None:
+            self.gauges(self.queue.qsize(), len(self.paused))
 
 
 def rebalance_timeout_ms(kc: KafkaConfig) -> int:

@@ -103,3 +103,9 @@ class WorkerMetrics:
             "dupalign_rebalances", "Partition revocations and assignments", ["event"],
             registry=r,
         )
+        self.kafka_outage = Gauge(
+            "dupalign_kafka_outage_seconds", "How long the worker has been waiting for Kafka, "
+            "unreachable or failing with retriable errors (0: not waiting); it exits after "
+            "kafka.max_outage_s",
+            registry=r,
+        )

@@ -20,11 +20,10 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
@@ -37,9 +36,10 @@ from dupalign.service.kafka_args import add_worker_arguments
 from dupalign.service.kafka_security import quiet_refusals, refusal
 from dupalign.service.log_repeats import STARTUP
 from dupalign.service.logs import setup_logging
-from dupalign.service.loop import Checkpoint
+from dupalign.service.loop import Ahead, Checkpoint, Listener, run_loop
 from dupalign.service.metrics import WorkerMetrics
-from dupalign.service.topology import new_producer, page_record_limit
+from dupalign.service.outage import KafkaOutage, stop_within, within
+from dupalign.service.topology import fetch_committed, new_producer, page_record_limit
 from dupalign.service.worker_batch import (
     SOURCE_HEADER,
     BatchProcessing,
@@ -57,13 +57,6 @@ __all__ = ["SOURCE_HEADER", "FatalError", "Worker", "add_worker_arguments", "mai
 log = logging.getLogger("dupalign.worker")
 
 
-@dataclass
-class WorkItem:
-    tp: TopicPartition
-    epoch: int
-    records: list[Any]
-
-
 class Worker(Rebalancing, BatchProcessing):
     """One worker process: a consumer-group member with its own engine and store."""
 
@@ -73,15 +66,14 @@ class Worker(Rebalancing, BatchProcessing):
         self.kc = config.kafka
         self.wc = config.worker
         self.metrics = WorkerMetrics()
+        self.outage = KafkaOutage(self.kc.max_outage_s, self.metrics.kafka_outage)
         self.engine: Engine | None = None
         # The engine is not thread-safe: exactly one thread ever touches it.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None  # non-transactional mode
         self.txn_producers: dict[TopicPartition, AIOKafkaProducer] = {}
-        self.queue: asyncio.Queue[WorkItem] = asyncio.Queue()
-        self.epochs: dict[TopicPartition, int] = {}
-        self._epoch_counter = 0
+        self.ahead = Ahead(self.wc.queue_batches, self._queue_gauges, self.outage)
         self.suppress_below: dict[TopicPartition, int] = {}
         # per assigned partition whose store is ahead of the group's commit: the store's
         # offset S; until a commit reaches S, pages in the store await their replay, so no
@@ -90,16 +82,11 @@ class Worker(Rebalancing, BatchProcessing):
         self._last_sweep = time.monotonic()  # retention: the first sweep after one period
         # the group's committed offset per assigned partition, for the failure log line
         self.committed: dict[TopicPartition, int] = {}
-        self.inflight: TopicPartition | None = None
-        self.revoking: set[TopicPartition] = set()
-        self._idle = asyncio.Event()
-        self._idle.set()
         self.stopping = asyncio.Event()
         self.started = False
         self.failure: BaseException | None = None
         self.http: HttpServer | None = None
         self.tasks: list[asyncio.Task[None]] = []
-        self._paused: set[TopicPartition] = set()
         self.hostname = socket.gethostname()
 
     # -- life cycle -----------------------------------------------------------------------
@@ -135,13 +122,12 @@ class Worker(Rebalancing, BatchProcessing):
                 fetch_max_bytes=self.kc.fetch_max_bytes,
             )
             STARTUP.begin()
-            self.consumer.subscribe([self.kc.input_topic], listener=_Listener(self))
+            self.consumer.subscribe([self.kc.input_topic], listener=Listener(self))
             await self.consumer.start()
             self.started = True
             log.info("worker started", extra={"config": self.config.redacted()})
             self.tasks = [
-                asyncio.create_task(self._guard(self._fetch_loop), name="fetch"),
-                asyncio.create_task(self._guard(self._process_loop), name="process"),
+                asyncio.create_task(self._guard(self._consume), name="loop"),
                 asyncio.create_task(self._guard(self._lag_loop), name="lag"),
                 asyncio.create_task(self._guard(self._store_size_loop), name="store-size"),
             ]
@@ -153,7 +139,8 @@ class Worker(Rebalancing, BatchProcessing):
             await self._shutdown()
         if self.failure is not None and not isinstance(self.failure, asyncio.CancelledError):
             self._log_failure(self.failure)
-            return Exit.KAFKA if refusal(self.failure, self.kc) else 1
+            return (Exit.KAFKA if isinstance(self.failure, KafkaError)
+                    or refusal(self.failure, self.kc) else Exit.INTERNAL)
         return 0
 
     def _log_failure(self, exc: BaseException) -> None:
@@ -203,18 +190,18 @@ class Worker(Rebalancing, BatchProcessing):
 
     async def _shutdown(self) -> None:
         self.stopping.set()
-        fetch = [t for t in self.tasks if t.get_name() in ("fetch", "lag", "store-size")]
-        for t in fetch:
-            t.cancel()
-        # The processor finishes (publishes and commits) the batch it holds, then stops.
-        process = [t for t in self.tasks if t.get_name() == "process"]
-        if process:
+        for t in self.tasks:
+            if t.get_name() != "loop":
+                t.cancel()
+        # The loop finishes (publishes and commits) the batch it holds, then stops.
+        consuming = [t for t in self.tasks if t.get_name() == "loop"]
+        if consuming:
             try:
-                await asyncio.wait_for(self._idle.wait(), self.wc.shutdown_timeout_s)
+                await asyncio.wait_for(self.ahead.idle.wait(), self.wc.shutdown_timeout_s)
             except TimeoutError:
                 log.error("in-flight batch did not finish in %.0fs; its offsets stay "
                           "uncommitted and it will be reprocessed", self.wc.shutdown_timeout_s)
-            process[0].cancel()
+            consuming[0].cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.consumer is not None:
             with contextlib.suppress(Exception):
@@ -281,73 +268,35 @@ class Worker(Rebalancing, BatchProcessing):
             await admin.close()
 
     # -- the pipeline ---------------------------------------------------------------------
-    async def _fetch_loop(self) -> None:
+    async def _consume(self) -> None:
         assert self.consumer is not None
-        consumer = self.consumer
-        while not self.stopping.is_set():
-            self._apply_backpressure()
-            # getmany keeps being called while paused, so the group never sees us as stuck.
-            batches = await consumer.getmany(timeout_ms=200, max_records=self.wc.batch_size)
-            for tp, records in batches.items():
-                epoch = self.epochs.get(tp)
-                if not records:
-                    continue
-                if epoch is None:
-                    # Fetched while its assignment was being set up: put the position back
-                    # rather than skip the records.
-                    if tp in consumer.assignment():
-                        consumer.seek(tp, records[0].offset)
-                    continue
-                self.queue.put_nowait(WorkItem(tp, epoch, records))
-            self.metrics.queued_batches.set(self.queue.qsize())
+        await run_loop(self, self.consumer, self.wc.batch_size, self._process, ahead=self.ahead)
 
-    def _apply_backpressure(self) -> None:
-        assert self.consumer is not None
-        assignment = self.consumer.assignment()
-        if self.queue.qsize() >= self.wc.queue_batches:
-            to_pause = set(assignment) - self._paused
-            if to_pause:
-                self.consumer.pause(*to_pause)
-                self._paused |= to_pause
-        elif self._paused:
-            to_resume = self._paused & set(assignment)
-            if to_resume:
-                self.consumer.resume(*to_resume)
-            self._paused.clear()
-        self.metrics.paused_partitions.set(len(self._paused))
+    def _queue_gauges(self, queued: int, paused: int) -> None:
+        self.metrics.queued_batches.set(queued)
+        self.metrics.paused_partitions.set(paused)
 
-    async def _process_loop(self) -> None:
+    async def _process(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """One partition's fetched batch (the loop's turn, ``Ahead``), one part at a time,
+        each committed before the next."""
         loop = asyncio.get_running_loop()
-        while not self.stopping.is_set():
-            item = await self.queue.get()
-            self.metrics.queued_batches.set(self.queue.qsize())
-            if self.stopping.is_set():
-                break  # not started: left uncommitted, consumed again after restart
-            if self.epochs.get(item.tp) != item.epoch or item.tp in self.revoking:
-                continue  # revoked since it was fetched
-            self.inflight = item.tp
-            self._idle.clear()
-            try:
-                records, decoded = item.records, None
-                while records:  # one part at a time, each committed before the next
-                    t0 = time.perf_counter()
-                    result, records, decoded = await loop.run_in_executor(
-                        self.executor, self._process_batch, item.tp, records, decoded,
-                        self.suppress_below.get(item.tp, -1),
-                    )
-                    self.metrics.stage_seconds.labels("engine").observe(
-                        time.perf_counter() - t0)
-                    await self._publish_and_commit(result)
-                    if (self.stopping.is_set() or self.epochs.get(item.tp) != item.epoch
-                            or item.tp in self.revoking):
-                        break  # the rest is consumed again (here or by the next owner)
-            finally:
-                self.inflight = None
-                self._idle.set()
+        for tp, fetched in batches.items():
+            epoch = self.ahead.epochs[tp]  # (the loop hands over only a held partition's)
+            records, decoded = fetched, None
+            while records:
+                t0 = time.perf_counter()
+                result, records, decoded = await loop.run_in_executor(
+                    self.executor, self._process_batch, tp, records, decoded,
+                    self.suppress_below.get(tp, -1),
+                )
+                self.metrics.stage_seconds.labels("engine").observe(time.perf_counter() - t0)
+                await self._publish_and_commit(result, epoch)
+                if self.stopping.is_set() or not self.ahead.held(tp, epoch):
+                    break  # the rest is consumed again (here or by the next owner)
 
-    async def _publish_and_commit(self, result: BatchResult) -> None:
+    async def _publish_and_commit(self, result: BatchResult, epoch: int) -> None:
         tp = result.tp
-        if self.epochs.get(tp) is None:
+        if tp not in self.ahead.epochs:
             log.warning("%s was revoked while its batch ran; not committing", tp)
             return
         if not result.outgoing and result.next_offset <= self.suppress_below.get(tp, -1):
@@ -364,18 +313,12 @@ class Worker(Rebalancing, BatchProcessing):
 
         unit = Checkpoint({tp: (result.next_offset, PUBLISHED)}, result.outgoing, after=noted)
         try:
-            if self.kc.transactions:
-                producer = self.txn_producers.get(tp)
-                if producer is None:
-                    log.warning("%s: no producer (revoked); not committing", tp)
-                    return
-                await unit.commit(producer, self.kc.group_id)
-            else:
-                assert self.producer is not None and self.consumer is not None
-                await unit.commit(self.producer, self.kc.group_id, self.consumer,
-                                  lost_commit_ok=False)
+            done = await self.outage.retry(
+                f"the commit of a batch of {tp.topic}:{tp.partition}",
+                lambda: self._commit(unit, tp, result.next_offset),
+                wanted=lambda: self.ahead.held(tp, epoch) and not self.stopping.is_set())
         except KafkaError as exc:
-            if self.epochs.get(tp) is None or tp in self.revoking:
+            if not self.ahead.held(tp):
                 # Lost the partition (rebalance): the new owner redoes the batch.
                 log.warning("%s: batch not committed (%r); it will be consumed again", tp, exc)
                 return
@@ -389,6 +332,10 @@ class Worker(Rebalancing, BatchProcessing):
                         "topic's max.message.bytes or kafka.max_request_size; raise them "
                         f"({exc!r})") from exc
             raise
+        if not done:
+            log.warning("%s: revoked or stopping while Kafka was away: its batch is not "
+                        "committed, and will be consumed again", tp)
+            return
         m = self.metrics
         m.stage_seconds.labels("publish").observe(unit.publish_s)
         m.stage_seconds.labels("commit").observe(unit.commit_s)
@@ -397,6 +344,49 @@ class Worker(Rebalancing, BatchProcessing):
         if result.next_offset >= self.unsettled.get(tp, result.next_offset):
             self.unsettled.pop(tp, None)
         self._count(result)
+
+    async def _commit(self, unit: Checkpoint, tp: TopicPartition, next_offset: int) -> bool:
+        """One attempt at ``unit``'s commit (``_publish_and_commit`` retries it while Kafka
+        is away); False: the partition was revoked meanwhile. Each step is cut after
+        ``kafka.request_timeout_ms``: a transaction the broker never answers is abandoned
+        with its producer. The next attempt's new producer, with the partition's
+        transactional id, aborts what that one left open, and finds in the group's offsets
+        whether its commit went through before the outage (then it is not made twice)."""
+        limit_s = self.kc.request_timeout_ms / 1000
+        if not self.kc.transactions:  # at-least-once: a retry may send the records again
+            assert self.producer is not None and self.consumer is not None
+            await within(unit.commit(self.producer, self.kc.group_id, self.consumer,
+                                     lost_commit_ok=False), limit_s)
+            return True
+        producer = self.txn_producers.get(tp)
+        if producer is None:  # the last attempt failed (or the partition was revoked)
+            assert self.consumer is not None
+            producer = new_producer(self.kc, self.transactional_id(tp))
+            try:
+                await within(producer.start(), limit_s)  # fences the failed attempt's
+                if not self.ahead.held(tp) or tp in self.txn_producers:
+                    await stop_within(producer)
+                    return False
+                self.txn_producers[tp] = producer
+                found = await within(fetch_committed(self.consumer, [tp]), limit_s)
+            except BaseException:
+                if self.txn_producers.get(tp) is producer:
+                    del self.txn_producers[tp]
+                await stop_within(producer)
+                raise
+            if tp in found and found[tp].offset >= next_offset:
+                log.info("%s: the batch's commit went through before Kafka went away", tp)
+                if unit.after is not None:
+                    await unit.after()
+                return True
+        try:
+            await within(unit.commit(producer, self.kc.group_id), limit_s)
+        except BaseException:
+            if self.txn_producers.get(tp) is producer:
+                del self.txn_producers[tp]
+            await stop_within(producer)
+            raise
+        return True
 
     def _count(self, result: BatchResult) -> None:
         """Metrics of a batch that is done (committed, or below a published commit)."""
@@ -428,7 +418,7 @@ class Worker(Rebalancing, BatchProcessing):
                                               for tp, s in self.unsettled.items()}, {})
             for tp in list(self.consumer.assignment()):
                 hw = self.consumer.highwater(tp)
-                if hw is None or tp not in self.epochs:
+                if hw is None or tp not in self.ahead.epochs:
                     continue
                 with contextlib.suppress(Exception):
                     pos = await self.consumer.position(tp)
@@ -445,19 +435,6 @@ class Worker(Rebalancing, BatchProcessing):
             self.metrics.store_free_bytes.set(free)
             self.metrics.store_filesystem_bytes.set(total)
             await asyncio.sleep(self.wc.store_size_interval_s)
-
-
-class _Listener(ConsumerRebalanceListener):
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-
-    # aiokafka only logs what a listener raises: a failure here must stop the worker like
-    # one in the pipeline, not leave it in the group with partitions it never consumes
-    async def on_partitions_revoked(self, revoked: Any) -> None:
-        await self.worker._guard(lambda: self.worker.on_revoked(revoked))
-
-    async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.worker._guard(lambda: self.worker.on_assigned(assigned))
 
 
 def filesystem_space(path: Path) -> tuple[int, int]:

@@ -8,22 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import KafkaConfig, WorkerConfig
 from dupalign.service.log_repeats import STARTUP
+from dupalign.service.loop import Ahead
 from dupalign.service.metrics import WorkerMetrics
+from dupalign.service.outage import KafkaOutage, stop_within, within
 from dupalign.service.topology import fetch_committed, new_producer
 
 log = logging.getLogger("dupalign.worker")
 
 # Metadata of every offset commit: the batch's output was published (docs/delivery.md).
 PUBLISHED = "dupalign:published"
+
+T = TypeVar("T")
 
 
 class Rebalancing:
@@ -36,15 +42,11 @@ class Rebalancing:
     kc: KafkaConfig
     wc: WorkerConfig
     txn_producers: dict[TopicPartition, AIOKafkaProducer]
-    epochs: dict[TopicPartition, int]
-    _epoch_counter: int
+    ahead: Ahead
+    outage: KafkaOutage
     suppress_below: dict[TopicPartition, int]
     unsettled: dict[TopicPartition, int]
     committed: dict[TopicPartition, int]
-    inflight: TopicPartition | None
-    revoking: set[TopicPartition]
-    _idle: asyncio.Event
-    _paused: set[TopicPartition]
 
     def transactional_id(self, tp: TopicPartition) -> str:
         return f"{self.kc.transactional_id_prefix}-{self.kc.group_id}-{tp.topic}-{tp.partition}"
@@ -52,31 +54,20 @@ class Rebalancing:
     async def on_revoked(self, revoked: Iterable[TopicPartition]) -> None:
         revoked = set(revoked)
         self.metrics.rebalances.labels("revoked").inc()
-        # Queued batches of these partitions are abandoned: never committed, so the next
-        # owner (possibly us again) reads them from the committed offset. The batch being
-        # processed right now is finished and committed (bounded: one micro-batch).
-        self.revoking |= revoked
-        if self.inflight in revoked:
-            try:
-                await asyncio.wait_for(self._idle.wait(), self.wc.shutdown_timeout_s)
-            except TimeoutError:
-                log.error("batch of %s still running at revocation; abandoning it", self.inflight)
+        # the batch in hand is finished and committed, the queued ones are abandoned
+        await self.ahead.revoke(revoked, self.wc.shutdown_timeout_s)
         for tp in revoked:
-            self.epochs.pop(tp, None)
             self.suppress_below.pop(tp, None)
             # (``unsettled`` stays: the store still holds the partition's pages past the
             # group's commit, whoever reads it now; a commit that reaches them settles it,
             # ours or another member's, which ``_lag_loop`` looks for)
             self.committed.pop(tp, None)
-            self._paused.discard(tp)
             with contextlib.suppress(KeyError):
                 self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
             producer = self.txn_producers.pop(tp, None)
             if producer is not None:
-                with contextlib.suppress(Exception):
-                    await producer.stop()
-        self.revoking -= revoked
-        self.metrics.assigned_partitions.set(len(self.epochs))
+                await stop_within(producer)  # (it flushes: Kafka may be away)
+        self.metrics.assigned_partitions.set(len(self.ahead.epochs))
         log.info("partitions revoked", extra={"partitions": _names(revoked)})
 
     async def on_assigned(self, assigned: Iterable[TopicPartition]) -> None:
@@ -93,21 +84,27 @@ class Rebalancing:
         noted = await loop.run_in_executor(self.executor, self.engine.checkpoints)
         for tp in sorted(assigned):
             if self.kc.transactions and tp not in self.txn_producers:
-                producer = new_producer(self.kc, self.transactional_id(tp))
-                await producer.start()  # InitProducerId fences a previous owner of this id
-                self.txn_producers[tp] = producer
-        group = await self._group_offsets(assigned)  # after the fencing: no pending commit
+                # InitProducerId fences a previous owner of this id
+                self.txn_producers[tp] = await self._kafka(
+                    f"starting the producer of {tp.topic}:{tp.partition}",
+                    functools.partial(self._started, tp))
+        # after the fencing: no pending commit
+        group = await self._kafka("reading the group's offsets",
+                                  lambda: self._group_offsets(assigned))
         # the first offset each partition still holds: pages stored past the commit whose
         # records the topic's retention deleted are never read again, so they cannot hold
         # back the retention sweeps (``unsettled``) until a commit reaches them
-        begins = await self.consumer.beginning_offsets(list(assigned))
+        consumer = self.consumer
+        begins = await self._kafka("reading where the partitions begin",
+                                   lambda: consumer.beginning_offsets(list(assigned)))
         # the store's other partitions of the input topic (another member of the group
         # holds them, or no one yet): their pages stored past the group's commit are read
         # again, by us if they come back, and must still be in the store then
         exists = self.consumer.partitions_for_topic(self.kc.input_topic) or set()
         elsewhere = {TopicPartition(t, p) for t, p in stored
                      if t == self.kc.input_topic and p in exists} - assigned
-        await self._settle(elsewhere, stored, noted)
+        await self._kafka("reading the offsets of the store's other partitions",
+                          lambda: self._settle(elsewhere, stored, noted))
         self._warn_if_shared(assigned)
         for tp in sorted(assigned):
             self.unsettled.pop(tp, None)  # decided again below
@@ -151,12 +148,23 @@ class Rebalancing:
                     self._unsettle(tp, committed, in_store, begins[tp])
                 self.consumer.seek(tp, max(committed, begins[tp]))
         # Only now (producers ready, positions set) do fetched batches of these count.
-        for tp in assigned:
-            self._epoch_counter += 1
-            self.epochs[tp] = self._epoch_counter
+        self.ahead.admit(assigned)
         self.consumer.resume(*assigned)
-        self.metrics.assigned_partitions.set(len(self.epochs))
+        self.metrics.assigned_partitions.set(len(self.ahead.epochs))
         log.info("partitions assigned", extra={"partitions": _names(assigned)})
+
+    async def _kafka(self, what: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """``operation`` retried while Kafka is away (dupalign/service/outage.py)."""
+        return await self.outage.until_ok(what, operation)
+
+    async def _started(self, tp: TopicPartition) -> AIOKafkaProducer:
+        producer = new_producer(self.kc, self.transactional_id(tp))
+        try:
+            await within(producer.start(), self.kc.request_timeout_ms / 1000)
+        except BaseException:
+            await stop_within(producer)
+            raise
+        return producer
 
     def _unsettle(self, tp: TopicPartition, committed: int, in_store: int, begin: int
                   ) -> None:

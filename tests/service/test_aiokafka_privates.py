@@ -1,7 +1,8 @@
 """The private aiokafka APIs the service uses: the group coordinator's fetch of committed
-offsets with their metadata (dupalign.service.topology.fetch_committed) and its request to
-rejoin the group (dupalign.service.loop.rejoin, a role stepping down). Fails when aiokafka
-changes them, so an upgrade is caught here rather than at a worker's takeover."""
+offsets with their metadata (dupalign.service.topology.fetch_committed), its request to rejoin
+the group (dupalign.service.loop.rejoin, a role stepping down) and ``_internal_waiters`` (a
+failed producer's futures that nothing awaits). Fails when aiokafka changes them, so an
+upgrade is caught here rather than at a worker's takeover."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import asyncio
 import inspect
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
 from dupalign.service.loop import rejoin
-from dupalign.service.topology import fetch_committed
+from dupalign.service.topology import _internal_waiters, fetch_committed
 
 
 def test_the_consumer_keeps_its_group_coordinator_where_fetch_committed_reads_it() -> None:
@@ -54,3 +55,25 @@ def test_the_coordinator_rejoins_when_asked_with_the_same_member_id() -> None:
         finally:
             await consumer.stop()
     asyncio.run(unstarted())
+
+
+def test_a_failed_producer_keeps_its_unawaited_waiters_where_send_all_finds_them() -> None:
+    """``send_all`` marks retrieved the futures a failed producer fails and nothing awaits
+    (``_internal_waiters``): the batches' drain waiters and the transaction's waiter."""
+    async def check() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", transactional_id="t")
+        try:
+            producer._txn_manager.set_pid_and_epoch(1, 0)  # (what start() gets from the broker)
+            producer._txn_manager.begin_transaction()
+            waiter = producer._txn_manager._transaction_waiter
+            assert isinstance(waiter, asyncio.Future)
+            batches = producer._message_accumulator._batches
+            assert isinstance(batches, dict)
+            batch = producer._message_accumulator._append_batch(
+                producer._message_accumulator.create_builder(), TopicPartition("t", 0))
+            assert isinstance(batch._drain_waiter, asyncio.Future)
+            assert list(batches) == [TopicPartition("t", 0)]
+            assert _internal_waiters(producer) == [batch._drain_waiter, waiter]
+        finally:
+            await producer.stop()
+    asyncio.run(check())

@@ -1,29 +1,37 @@
-"""The broker goes away mid-stream (SIGKILL of its process) and comes back: the worker
-loses and repeats nothing. The test runs a broker of its own (deploy/kafka/broker.sh, on
-the ports it recorded, so clients find it again), not the session's."""
+"""The broker dies mid-stream (SIGKILL) and comes back a minute later: the worker waits for it
+(``kafka.max_outage_s``) without exiting, says so once, and loses and repeats nothing. The
+test runs a broker of its own (deploy/kafka/broker.sh, restarted on the ports and data
+directory it recorded, so clients find it again), not the session's."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from dupalign.page import Page
 from dupalign.wire import messages
 from tests.conftest import BROKER_SH
+from tests.corpora import demo_pages
 from tests.service.test_worker_kafka import (
     Topics,
-    clough_pages,
     embedded_matches,
     match_key,
     start_worker_process,
     wait_for,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.testdata]
+pytestmark = [pytest.mark.kafka]
+
+OUTAGE_S = 60
 
 
 def broker(command: str, directory: Path) -> str:
@@ -33,44 +41,69 @@ def broker(command: str, directory: Path) -> str:
     return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
 
 
-async def test_a_broker_killed_mid_stream_and_restarted_loses_and_repeats_nothing(
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def outage_seconds(port: int) -> float:
+    async with aiohttp.ClientSession() as http, http.get(
+            f"http://127.0.0.1:{port}/metrics") as response:
+        text = await response.text()
+    found = re.search(r"^dupalign_kafka_outage_seconds (\S+)$", text, re.M)
+    assert found, text[-2000:]
+    return float(found.group(1))
+
+
+def corpus(copies: int = 4) -> list[Page]:
+    """The demo corpus ``copies`` times (then under other ids: exact copies of the first),
+    so that the stream is still flowing when the broker goes away."""
+    pages = demo_pages()
+    return pages + [Page(id=f"{p.id}#{n}", body=p.body, content_type=p.content_type)
+                    for n in range(1, copies) for p in pages]
+
+
+async def test_the_worker_waits_out_a_broker_restart_and_loses_and_repeats_nothing(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     # kafka_bootstrap: the session's broker is started first, so that this one's Java and
     # jars are known to be there (and a missing toolchain skips or fails the same way)
     del kafka_bootstrap
     home = tmp_path / "broker"
     bootstrap = broker("start", home)
-    pages = clough_pages()
+    pages = corpus()
     log = tmp_path / "worker.log"
+    port = free_port()
     proc: subprocess.Popen[bytes] | None = None
     try:
-        topics = await Topics(bootstrap, partitions=1).create()
+        topics = await Topics(bootstrap, partitions=1).create()  # one order: scan's
         await topics.send(pages)
-        _, config_path = topics.config(tmp_path, batch_size=4)
+        _, config_path = topics.config(tmp_path, batch_size=1)
+        config_path.write_text(config_path.read_text().replace("port = 0", f"port = {port}")
+                               .replace("[worker]", "max_outage_s = 300.0\n[worker]"))
         proc = start_worker_process(config_path, tmp_path / "store", log)
 
         async def some_progress() -> bool:
             assert proc is not None and proc.poll() is None, log.read_text()[-4000:]
-            return await topics.committed_total() >= len(pages) // 4
-        await wait_for(some_progress, 120, "first commits")
+            return await topics.committed_total() >= 4
+        await wait_for(some_progress, 180, "first commits")
+        before = await topics.committed_total()
         pid = int((home / "broker.pid").read_text())
-        subprocess.run(["kill", "-KILL", str(pid)], check=True)
-        killed_at_s = log.stat().st_size
-        await asyncio.sleep(8)  # the worker's transaction in flight cannot commit
-        exited = proc.poll()
-        assert broker("start", home) == bootstrap
-        # The worker may wait for the broker or stop with an error; a stop must name Kafka,
-        # and a restart (what its supervisor does) goes on from the committed offsets.
-        if exited is not None or proc.poll() is not None:
-            assert proc.wait(60) != 0
-            said = log.read_bytes()[killed_at_s:].decode("utf-8", "replace")
-            assert "Kafka" in said or "broker" in said, said[-3000:]
-            proc = start_worker_process(config_path, tmp_path / "store", log)
+        subprocess.run(["kill", "-KILL", str(pid)], check=True)  # transactions in flight
+        stopped_at = log.stat().st_size
+        assert before < len(pages), "the stream ended before the broker went away"
+        deadline = time.monotonic() + OUTAGE_S
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()[-4000:]
+            await asyncio.sleep(1)
+        assert await outage_seconds(port) > 0  # it found out, and says so in the gauge
+        assert broker("start", home) == bootstrap  # same ports, same data directory
 
         async def finished() -> bool:
             assert proc is not None and proc.poll() is None, log.read_text()[-4000:]
             return await topics.committed_total() == len(pages)
-        await wait_for(finished, 240, "every offset committed after the broker came back")
+        await wait_for(finished, 300, "every offset committed after the broker came back")
+        assert await outage_seconds(port) == 0
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-4000:]
         records = await topics.read(topics.matches)
@@ -79,10 +112,16 @@ async def test_a_broker_killed_mid_stream_and_restarted_loses_and_repeats_nothin
             proc.kill()
             proc.wait(30)
         broker("stop", home)
-    # the Kafka client's retries are folded (dupalign/service/log_repeats.py): 2,574 lines before,
-    # 19 with the folding, in one run each
+    said = log.read_bytes()[stopped_at:].decode("utf-8", "replace").splitlines()
+    waiting = [line for line in said if "waiting for Kafka" in line]
+    assert len(waiting) == 1 and " WARNING " in waiting[0], "\n".join(said[:60])
+    back = [line for line in said if "Kafka is back" in line]
+    assert len(back) == 1 and " INFO " in back[0], "\n".join(said[:60])
+    # the Kafka client's retries are folded (dupalign/service/log_repeats.py)
     lines = log.read_text("utf-8", "replace").splitlines()
     assert len(lines) < 200, "\n".join(lines[:40])
+    # nothing left behind: no unawaited future or task of a producer given up on
+    assert not [line for line in lines if " asyncio: " in line], "\n".join(lines)
     published = collections.Counter(match_key(messages.decode_match(r.value)) for r in records)
     expected = collections.Counter(embedded_matches(pages, tmp_path / "oracle"))
     twice = [k for k, n in published.items() if n > expected[k]]
