@@ -153,7 +153,7 @@ class CacheConfig:
 
     # inverted lists of the passage index kept in memory: 1 GB holds the lists a stream of
     # 10^5 pages keeps asking for; with 256 MB, reads from the store doubled the cost per
-    # page by then (README, "Cost as the store grows")
+    # page by then (docs/performance/passages.md, "Cost as the store grows")
     lists_mb: int = 1024
     blocks_mb: int = 256  # RocksDB block cache shared by all column families
     # candidate pages' forward records kept by each align worker, and by the topology's

@@ -243,7 +243,7 @@ class NearIndex:
     # -- removal (revisits, deletes, retention) --------------------------------------------
     def stage_removal(self, batch: Batch, pages: list[tuple[int, int | None]]) -> None:
         """Delete the entries of ``pages`` (ordinal, fingerprint or None) from ``batch``: the
-        fingerprint row and the verification sketch. Not undone (documented in the README):
+        fingerprint row and the verification sketch. Not undone (README, "Known limits"):
         the volatility model, which only orders probes, and the idf document counts."""
         for ordinal, fingerprint in pages:
             if fingerprint is not None:

@@ -79,7 +79,7 @@ class KafkaConfig:
     shard_partials_kept: int = field(default=4096, metadata=_rng(16, 1 << 24))
     # compression.type of the retained topics the roles create (sequence, sketches, keys,
     # partials): the broker compresses what it keeps forever (sketches: 15 KB a page on
-    # disk instead of 41 KB, README "Topology benchmark"); "producer": as sent
+    # disk instead of 41 KB, docs/performance/topology.md); "producer": as sent
     retained_compression: str = field(default="zstd", metadata=_one_of(
         "producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"))
     align_partitions: int = field(default=4, metadata=_rng(1, 10_000))
