@@ -756,15 +756,20 @@ async def test_a_stop_before_the_loops_ran_leaves_no_coroutine_unawaited(
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
 
 
-async def test_a_first_start_on_topics_the_broker_creates_logs_no_error(
-    kafka_bootstrap: str, tmp_path: Path
+@pytest.mark.parametrize("creates", ["worker", "broker"])
+async def test_a_first_start_on_topics_that_do_not_exist_logs_no_error(
+    kafka_bootstrap: str, tmp_path: Path, creates: str
 ) -> None:
     """Issue 40: a healthy first start logged aiokafka's "ERROR Topic pages not found in
-    cluster metadata" (the consumer subscribes before the broker has auto-created it). It is
-    said at INFO while the worker starts; after that aiokafka's ERROR stands
-    (tests/service/test_log_repeats.py)."""
-    topics = Topics(kafka_bootstrap, partitions=1)  # not created: the broker creates them
+    cluster metadata" (the consumer subscribes before the broker has auto-created it). The
+    worker creates missing topics by default; with ``kafka.create_topics = false`` the
+    broker does, and aiokafka's line is said at INFO while the worker starts (after that
+    aiokafka's ERROR stands: tests/service/test_log_repeats.py)."""
+    topics = Topics(kafka_bootstrap, partitions=1)  # not created
     _, config_path = topics.config(tmp_path)
+    if creates == "broker":
+        config_path.write_text(config_path.read_text("utf-8").replace(
+            "[kafka]\n", "[kafka]\ncreate_topics = false\n", 1), "utf-8")
     log = tmp_path / "worker.log"
     proc = start_worker_process(config_path, tmp_path / "store", log)
     try:
@@ -780,8 +785,11 @@ async def test_a_first_start_on_topics_the_broker_creates_logs_no_error(
             proc.wait(30)
     lines = log.read_text().splitlines()
     assert [line for line in lines if " ERROR " in line or " WARNING " in line] == [], lines
-    assert any(f" INFO aiokafka.cluster: Topic {topics.pages} not found in cluster metadata "
-               "(usual while a worker starts" in line for line in lines), lines
+    if creates == "worker":
+        assert any(" INFO dupalign.worker: created topics" in line for line in lines), lines
+    else:
+        assert any(f" INFO aiokafka.cluster: Topic {topics.pages} not found in cluster "
+                   "metadata (usual while a worker starts" in line for line in lines), lines
 
 
 async def test_produce_shows_the_first_skipped_lines_and_counts_the_rest(
