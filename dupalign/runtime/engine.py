@@ -111,7 +111,7 @@ class Engine:
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
                       implied=IMPLIED_PARAMS, upgrades=PARAM_UPGRADES,
-                      block_cache_bytes=config.cache.blocks_mb << 20)
+                      **config.cache.store_bytes())
         try:
             if read_only:  # a reader takes the store's frozen parameters, whatever it asked
                 config = config.with_frozen(store.params)

@@ -29,6 +29,7 @@ from rocksdict import (
     Rdict,
     ReadOptions,
     WriteBatch,
+    WriteBufferManager,
 )
 
 from dupalign.errors import StoreMismatch, StoreUnavailable
@@ -76,6 +77,7 @@ class Store:
                  implied: dict[str, Any] | None = None,
                  upgrades: dict[str, tuple[Any, ...]] | None = None,
                  block_cache_bytes: int = BLOCK_CACHE_BYTES,
+                 memtable_bytes: int = 0,
                  secondary: str | Path | None = None,
                  only: Iterable[str] | None = None) -> None:
         """``implied``: parameters added after some stores were made, with the value those
@@ -91,6 +93,11 @@ class Store:
         self.secondary = secondary is not None
         read_only = read_only or self.secondary
         opts = family_options()
+        if memtable_bytes:  # every family's memtables together (0: each family its own)
+            # stalling writers until a flush frees room: without it the bound is only a
+            # flush trigger, and a writer faster than the flushes went to 2.8 times it
+            # (tests/runtime/test_memory_budget.py)
+            opts.set_write_buffer_manager(WriteBufferManager(memtable_bytes, True))
         if self.secondary:  # keeps every table file open: the writer may delete them
             opts.set_max_open_files(-1)
             # a catch-up opens the writer's new table files on threads it starts and joins
