@@ -363,6 +363,13 @@ class Engine:
         """Store the page's matches (the index stage's last step, after align)."""
         return self.indexer.finish(result, passages)
 
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes held by each cache (``cache.memory_mb``'s parts) and by the near-duplicate
+        table, which grows with the store by design."""
+        return {"lists": self.passages.cache.nbytes,
+                "forward": self.aligner.records.nbytes + self.indexer.forward_records.nbytes,
+                **self.store.memory_bytes(), "near_table": self.near.table.nbytes}
+
     def stats(self) -> dict[str, Any]:
         c = self.indexer.counters
         return {

@@ -317,6 +317,16 @@ class Store:
         except Exception as exc:
             raise store_error("write", self.path, exc) from exc
 
+    def memory_bytes(self) -> dict[str, int]:
+        """RocksDB's memory: the block cache in use, every family's memtables, and the
+        index and filter blocks of open table files (held outside the block cache)."""
+        def total(prop: str) -> int:
+            return sum(int(cf.property_int_value(prop) or 0) for cf in self._cfs.values())
+        any_cf = next(iter(self._cfs.values()))
+        return {"blocks": int(any_cf.property_int_value("rocksdb.block-cache-usage") or 0),
+                "memtables": total("rocksdb.cur-size-all-mem-tables"),
+                "table_readers": total("rocksdb.estimate-table-readers-mem")}
+
     def size_bytes(self) -> int:
         total = 0
         try:
