@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields, replace
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypedDict
 
 from dupalign.errors import ConfigError
 
@@ -147,24 +147,76 @@ class PassageConfig:
         return parse_fraction("passage.theta", self.theta)
 
 
+# What a worker holds besides its caches (interpreter, numba kernels, RocksDB's own, what
+# the allocator keeps of freed memtables): the engine in-process was at 292 MB RSS after
+# 1,000 pages, 102 MB of it caches, and at 20,000 pages 140 MB above its measured parts
+# (docs/performance/memory.md); ``memory_mb`` gives the caches what is left above this.
+BASE_MB = 384
+# Shares of ``memory_mb - BASE_MB`` among the caches a key leaves at 0: the inverted lists
+# save the most reads per byte (docs/performance/passages.md); ``forward`` is each of
+# the engine's two record caches (index stage and in-process align).
+MEMORY_SHARES = {"lists": 0.55, "blocks": 0.2, "memtables": 0.15, "forward": 0.05}
+DEFAULT_MB = {"lists": 1024, "blocks": 256, "forward": 64}  # without memory_mb
+
+
+class StoreBudgets(TypedDict):
+    """The store's share of the budgets, in the bytes ``Store`` takes."""
+
+    block_cache_bytes: int
+    memtable_bytes: int  # every family's memtables together (0: unbounded)
+
+
 @dataclass(frozen=True)
 class CacheConfig:
-    """Memory budgets (runtime only: they change speed, never results)."""
+    """Memory budgets (runtime only: they change speed, never results). A per-cache key
+    at 0 takes its default, or with ``memory_mb`` its share of it (``budgets_mb``)."""
 
+    # one bound for the worker's memory: its caches and every family's memtables share
+    # what BASE_MB leaves; 0: no bound on the memtables, each cache its own default
+    memory_mb: int = 0
     # inverted lists of the passage index kept in memory: 1 GB holds the lists a stream of
     # 10^5 pages keeps asking for; with 256 MB, reads from the store doubled the cost per
     # page by then (docs/performance/passages.md, "Cost as the store grows")
-    lists_mb: int = 1024
-    blocks_mb: int = 256  # RocksDB block cache shared by all column families
+    lists_mb: int = 0
+    blocks_mb: int = 0  # RocksDB block cache shared by all column families
     # candidate pages' forward records kept by each align worker, and by the topology's
     # index role for the align requests it builds (dupalign.passage.forward RecordCache): on
     # llvm-13/14, 4,059 reads were of 313 pages (39 MB)
-    forward_mb: int = 64
+    forward_mb: int = 0
 
     def validate(self) -> None:
-        _check_range("cache.lists_mb", self.lists_mb, 1, 1 << 20)
-        _check_range("cache.blocks_mb", self.blocks_mb, 1, 1 << 20)
-        _check_range("cache.forward_mb", self.forward_mb, 1, 1 << 20)
+        _check_range("cache.memory_mb", self.memory_mb, 0, 1 << 20)
+        _check_range("cache.lists_mb", self.lists_mb, 0, 1 << 20)
+        _check_range("cache.blocks_mb", self.blocks_mb, 0, 1 << 20)
+        _check_range("cache.forward_mb", self.forward_mb, 0, 1 << 20)
+        if self.memory_mb:
+            b = self.budgets_mb()
+            if min(b.values()) < 1:
+                given = {k: v for k, v in self.explicit_mb().items() if v}
+                raise ConfigError("cache.memory_mb", (
+                    f"{self.memory_mb} leaves no room for every cache: {BASE_MB} MB go to the "
+                    f"process itself, {given or 'no cache sizes'} given; try at least "
+                    f"{BASE_MB + 21 + sum(given.values())}"))
+
+    def explicit_mb(self) -> dict[str, int]:
+        return {"lists": self.lists_mb, "blocks": self.blocks_mb, "forward": self.forward_mb}
+
+    def budgets_mb(self) -> dict[str, int]:
+        """MB of each cache (lists, blocks, forward: each of the engine's two) and of all
+        memtables (0: unbounded). Keys given explicitly are honoured; with ``memory_mb``
+        the others share what they and BASE_MB leave, in MEMORY_SHARES' proportions."""
+        given = self.explicit_mb()
+        if not self.memory_mb:
+            return {k: v or DEFAULT_MB[k] for k, v in given.items()} | {"memtables": 0}
+        weight = {"forward": 2} | {k: 1 for k in ("lists", "blocks", "memtables")}
+        left = self.memory_mb - BASE_MB - sum(weight[k] * v for k, v in given.items())
+        auto = [k for k in MEMORY_SHARES if not given.get(k)]
+        total = sum(weight[k] * MEMORY_SHARES[k] for k in auto)
+        return {k: given.get(k) or int(left * MEMORY_SHARES[k] / total) for k in MEMORY_SHARES}
+
+    def store_bytes(self) -> StoreBudgets:
+        b = self.budgets_mb()
+        return {"block_cache_bytes": b["blocks"] << 20, "memtable_bytes": b["memtables"] << 20}
 
 
 # Frozen parameters added after stores were made, with the value those stores were built

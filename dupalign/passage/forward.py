@@ -215,6 +215,10 @@ class RecordCache:
             self._put(o, raw)
         return self.buf, np.array([self.at[o] for o in pages], dtype=np.int64)
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.buf.nbytes)
+
     def _held(self, ordinal: int) -> U8:
         return self.buf[self.at[ordinal] : self.at[ordinal] + self.size[ordinal]]
 

@@ -105,7 +105,7 @@ class PassageIndex:
         self.cfg = config.passage
         self.weights = Weights.of(self.cfg)
         self.counters = PassageCounters()
-        self.cache = ListCache(config.cache.lists_mb << 20)
+        self.cache = ListCache(config.cache.budgets_mb()["lists"] << 20)
         self._staged: int | None = None  # a page staged but not committed yet
         # the staged page's ordinal and the cache slot of the list of each of its non-empty
         # windows (-1: not cached), for ``commit``

@@ -104,7 +104,7 @@ class Engine:
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
                       implied=IMPLIED_PARAMS, upgrades=PARAM_UPGRADES,
-                      block_cache_bytes=config.cache.blocks_mb << 20)
+                      **config.cache.store_bytes())
         try:
             if read_only:  # a reader takes the store's frozen parameters, whatever it asked
                 config = config.with_frozen(store.params)
@@ -353,6 +353,13 @@ class Engine:
                ) -> list[Match]:
         """Store the page's matches (the index stage's last step, after align)."""
         return self.indexer.finish(result, passages)
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes held by each cache (``cache.memory_mb``'s parts) and by the near-duplicate
+        table, which grows with the store by design."""
+        return {"lists": self.passages.cache.nbytes,
+                "forward": self.aligner.records.nbytes + self.indexer.forward_records.nbytes,
+                **self.store.memory_bytes(), "near_table": self.near.table.nbytes}
 
     def stats(self) -> dict[str, Any]:
         c = self.indexer.counters

@@ -84,6 +84,15 @@ class WorkerMetrics:
         self.store_filesystem_bytes = Gauge(
             "dupalign_store_filesystem_bytes", "Size of the filesystem of the store", registry=r
         )
+        # the engine's memory by part (Engine.memory_bytes) beside cache.memory_mb's split
+        self.memory_bytes = Gauge(
+            "dupalign_memory_bytes", "Bytes held by each engine cache and the near table",
+            ["part"], registry=r,
+        )
+        self.memory_budget_bytes = Gauge(
+            "dupalign_memory_budget_bytes", "Configured budget of each cache (0: unbounded)",
+            ["part"], registry=r,
+        )
         self.assigned_partitions = Gauge(
             "dupalign_assigned_partitions", "Input partitions assigned to this worker",
             registry=r,

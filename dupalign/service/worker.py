@@ -103,6 +103,8 @@ class Worker(Rebalancing, BatchProcessing):
             self.engine = await loop.run_in_executor(
                 self.executor, Engine.open, self.store_dir, self.config.engine
             )
+            for part, mb in self.config.engine.cache.budgets_mb().items():
+                self.metrics.memory_budget_bytes.labels(part).set(mb << 20)
             if self.kc.create_topics:
                 await self._create_topics()
             if not self.kc.transactions:
@@ -434,6 +436,11 @@ class Worker(Rebalancing, BatchProcessing):
             free, total = filesystem_space(self.store_dir)
             self.metrics.store_free_bytes.set(free)
             self.metrics.store_filesystem_bytes.set(total)
+            if (engine := self.engine) is not None:  # (on the engine's own thread)
+                with contextlib.suppress(Exception):  # closing meanwhile: next time
+                    memory = await loop.run_in_executor(self.executor, engine.memory_bytes)
+                    for part, value in memory.items():
+                        self.metrics.memory_bytes.labels(part).set(value)
             await asyncio.sleep(self.wc.store_size_interval_s)
 
 

@@ -348,7 +348,7 @@ class Aligner:
         self.counters = AlignCounters()
         # candidates' forward records kept between requests (templated pages keep naming
         # the same candidates)
-        self.records = forward.RecordCache(config.cache.forward_mb << 20)
+        self.records = forward.RecordCache(config.cache.budgets_mb()["forward"] << 20)
 
     def _positions(self, ordinal: int) -> bytes | None:
         if self._carried is not None:

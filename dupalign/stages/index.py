@@ -94,7 +94,7 @@ class Indexer:
         # candidates' forward records kept between align requests that carry them
         # (``with_forward``: benchmarks and tests; the topology's align shards read their
         # own copies), as the align stage keeps them
-        self.forward_records = RecordCache(config.cache.forward_mb << 20)
+        self.forward_records = RecordCache(config.cache.budgets_mb()["forward"] << 20)
         # told the ordinals of every page removed from the store (the topology's index
         # role empties the align shards' copies of their forward records)
         self.on_removed: Callable[[list[int]], None] | None = None

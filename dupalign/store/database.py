@@ -29,6 +29,7 @@ from rocksdict import (
     Rdict,
     ReadOptions,
     WriteBatch,
+    WriteBufferManager,
 )
 
 from dupalign.errors import StoreMismatch, StoreUnavailable
@@ -76,6 +77,7 @@ class Store:
                  implied: dict[str, Any] | None = None,
                  upgrades: dict[str, tuple[Any, ...]] | None = None,
                  block_cache_bytes: int = BLOCK_CACHE_BYTES,
+                 memtable_bytes: int = 0,
                  secondary: str | Path | None = None,
                  only: Iterable[str] | None = None) -> None:
         """``implied``: parameters added after some stores were made, with the value those
@@ -91,6 +93,11 @@ class Store:
         self.secondary = secondary is not None
         read_only = read_only or self.secondary
         opts = family_options()
+        if memtable_bytes:  # every family's memtables together (0: each family its own)
+            # stalling writers until a flush frees room: without it the bound is only a
+            # flush trigger, and a writer faster than the flushes went to 2.8 times it
+            # (tests/runtime/test_memory_budget.py)
+            opts.set_write_buffer_manager(WriteBufferManager(memtable_bytes, True))
         if self.secondary:  # keeps every table file open: the writer may delete them
             opts.set_max_open_files(-1)
             # a catch-up opens the writer's new table files on threads it starts and joins
@@ -309,6 +316,16 @@ class Store:
             self._cfs[family].ingest_external_file(paths, opts)
         except Exception as exc:
             raise store_error("write", self.path, exc) from exc
+
+    def memory_bytes(self) -> dict[str, int]:
+        """RocksDB's memory: the block cache in use, every family's memtables, and the
+        index and filter blocks of open table files (held outside the block cache)."""
+        def total(prop: str) -> int:
+            return sum(int(cf.property_int_value(prop) or 0) for cf in self._cfs.values())
+        any_cf = next(iter(self._cfs.values()))
+        return {"blocks": int(any_cf.property_int_value("rocksdb.block-cache-usage") or 0),
+                "memtables": total("rocksdb.cur-size-all-mem-tables"),
+                "table_readers": total("rocksdb.estimate-table-readers-mem")}
 
     def size_bytes(self) -> int:
         total = 0

@@ -105,7 +105,7 @@ def main() -> None:
     issued: list[str] = []  # ids in the order they were first sent
     pages: dict[str, tuple[int, int]] = {}  # id -> its current (start, edit)
     print(f"{args.pages:,} operations, retention.max_pages {max_pages:,}, sweep every "
-          f"{args.every:,}, cache.lists_mb {cfg.cache.lists_mb}, near.idf_freeze_at "
+          f"{args.every:,}, cache.lists_mb {cfg.cache.budgets_mb()['lists']}, near.idf_freeze_at "
           f"{cfg.near.idf_freeze_at}; words {len(stream.words):,}")
     print(f"| {'ops':>8} | {'stored':>7} | {'store MB':>8} | {'WAL MB':>6} | {'RSS MB':>7} "
           f"| {'ms/op':>6} | {'s':>6} | largest families (live MB) |")

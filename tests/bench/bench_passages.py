@@ -66,7 +66,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from dupalign.config import CacheConfig, EngineConfig, NearConfig, PassageConfig
+from dupalign.config import DEFAULT_MB, CacheConfig, EngineConfig, NearConfig, PassageConfig
 from dupalign.page import Page
 from dupalign.passage.interval_scan import align
 from dupalign.passage.oph import compact_windows, oph_values
@@ -597,7 +597,7 @@ class Variant:
 
 
 def scale(checkpoints: list[int], use_docs: bool, profile_last: bool, store_root: str | None,
-          lists_mbs: tuple[int, ...] = (CacheConfig.lists_mb,), compare_runs: bool = False,
+          lists_mbs: tuple[int, ...] = (DEFAULT_MB["lists"],), compare_runs: bool = False,
           max_lists: tuple[int, ...] = (PassageConfig.max_list,),
           compare_refine: bool = False, dense: bool = False,
           caps: tuple[int, int] = (PassageConfig.max_candidates, PassageConfig.max_matches),
@@ -769,7 +769,7 @@ def main() -> None:
     ap.add_argument("--no-docs", action="store_true", help="do not use the llvm docs")
     ap.add_argument("--profile", action="store_true", help="cProfile the last scale batch")
     ap.add_argument("--store-root", help="directory for the scale store (default: tmp)")
-    ap.add_argument("--lists-mb", default=str(CacheConfig.lists_mb),
+    ap.add_argument("--lists-mb", default=str(DEFAULT_MB["lists"]),
                     help="scale: comma-separated memory budgets for inverted lists "
                     "(engine.cache.lists_mb), one engine each")
     ap.add_argument("--max-list", default=str(PassageConfig.max_list),

@@ -126,7 +126,8 @@ def test_passwords_from_files_as_kubernetes_mounts_secrets(tmp_path: Path) -> No
         ("[surprise]\nx = 1\n", {}, "surprise", "unknown table"),
         ("[engine.near]\nhamming = 99\n", {}, "engine.near.hamming", "range"),
         ("[engine.near]\nshingle = 0\n", {}, "engine.near.shingle", "range"),
-        ("[engine.cache]\nlists_mb = 0\n", {}, "engine.cache.lists_mb", "range"),
+        ("[engine.cache]\nlists_mb = -1\n", {}, "engine.cache.lists_mb", "range"),
+        ("[engine.cache]\nmemory_mb = 400\n", {}, "engine.cache.memory_mb", "no room"),
         ("", {"DUPALIGN_ENGINE_NEAR_HAMMING": "-1"}, "engine.near.hamming", "range"),
         (
             '[kafka]\nsecurity_protocol = "SASL_SSL"\n', {}, "kafka.sasl_plain_username",

@@ -190,11 +190,13 @@ async def test_worker_matches_equal_embedded_engine(kafka_bootstrap: str, tmp_pa
     pages = demo_pages()
     topics = await Topics(kafka_bootstrap, partitions=1).create()
     await topics.send(pages)
-    config, _ = topics.config(tmp_path)
+    config, _ = topics.config(tmp_path, store_size_interval_s=0.2)
     worker = Worker(config, tmp_path / "store")
     task = asyncio.create_task(worker.run())
     try:
         await wait_for(lambda: _done(worker, len(pages)), 120, "all pages processed")
+        await wait_for(lambda: _memory_sampled(worker), 30, "the caches' bytes in /metrics")
+        assert sample(worker, "dupalign_memory_budget_bytes", part="lists") == 1024 << 20
         # The HTTP endpoint serves metrics and health while the worker runs.
         assert worker.http is not None and worker.http.port
         base = f"http://127.0.0.1:{worker.http.port}"
@@ -207,6 +209,7 @@ async def test_worker_matches_equal_embedded_engine(kafka_bootstrap: str, tmp_pa
                 text = await resp.text()
                 assert f'dupalign_pages_total{{outcome="processed"}} {len(pages)}.0' in text
                 assert "dupalign_stage_seconds_bucket" in text
+                assert 'dupalign_memory_bytes{part="lists"}' in text
     finally:
         worker.stop()
         assert await asyncio.wait_for(task, 60) == 0
@@ -221,6 +224,13 @@ async def test_worker_matches_equal_embedded_engine(kafka_bootstrap: str, tmp_pa
     assert await topics.committed_total() == len(pages)
     assert sample(worker, "dupalign_matches_total", kind="passage") == sum(
         1 for k in expected if k[1] == "passage")
+
+
+async def _memory_sampled(worker: Worker) -> bool:
+    """Every cache that the demo pages fill shows bytes (the forward caches fill only on a
+    passage alignment, the block cache only on a read from a table file)."""
+    return all(sample(worker, "dupalign_memory_bytes", part=p) > 0
+               for p in ("lists", "forward", "memtables", "near_table"))
 
 
 async def run_until_done(topics: Topics, tmp_path: Path, n: int) -> Worker:

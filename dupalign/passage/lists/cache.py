@@ -76,6 +76,11 @@ class ListCache:
     def bytes_used(self) -> int:
         return self.end * ENTRY_BYTES + self.n_slots * SLOT_BYTES
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the arrays hold (their room, not only what is in use): what memory sees."""
+        return sum(getattr(self, a).nbytes for a in (*_SLOT_ARRAYS, "table", "ords"))
+
     def lookup(self, bins: I64, keys: U64, touch: bool = True) -> I64:
         """Slot of each list (bin, key), or -1 if not cached; with ``touch``, marks hits as
         recently used."""

@@ -254,7 +254,7 @@ class ShardStore:
         config = config.validate()
         self.store = Store(shard_dir(store_dir, shard), config.frozen_params(),
                            implied=IMPLIED_PARAMS, upgrades=PARAM_UPGRADES,
-                           block_cache_bytes=config.cache.blocks_mb << 20)
+                           **config.cache.store_bytes())
         try:
             check_shard(self.store, shard, n_shards, False)
         except BaseException:

@@ -1,0 +1,125 @@
+"""Benchmark: the engine's memory over a long stream (issue 42, "memory that plateaus").
+
+    nice python -m tests.bench.bench_soak [--pages 20000] [--every 1000] [--memory-mb N]
+
+Runs ``Engine.process`` in this process over a crawl-like stream of RFC sentences (pages
+copy passages of recent pages, some are near or exact duplicates; built as it goes, so the
+stream itself holds no growing memory) and every ``--every`` pages prints, in MB:
+
+  rss       this process's resident set (/proc/self/status VmRSS)
+  lists     the inverted-list cache's arrays (allocated, not only in use; budget lists_mb)
+  fwd       the forward record caches' buffers (align and index stage; budget forward_mb each)
+  blocks    RocksDB's block cache in use (budget blocks_mb)
+  memtab    every family's memtables (rocksdb.cur-size-all-mem-tables, summed)
+  readers   index and filter blocks held outside the block cache
+            (rocksdb.estimate-table-readers-mem, summed)
+  near      the near-duplicate table (SimHash fingerprints: grows with the store by design)
+  store     the store's table files plus memtables (Store.size_bytes)
+
+then the growth per 1,000 pages of each over the last half of the run. RSS includes what
+numba leaves after compiling the kernels if its cache is cold. Needs the RFCs of
+$DUPALIGN_SHARED/testdata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
+
+from dupalign.config import EngineConfig
+from dupalign.page import Page
+from dupalign.runtime.engine import Engine
+from tests.corpora import RFC, rfc_numbers, words
+
+MB = 1 << 20
+COLUMNS = ("rss", "lists", "fwd", "blocks", "memtab", "readers", "near", "store")
+
+
+def stream(n: int, seed: int = 7, recent: int = 2000) -> Iterator[Page]:
+    """``n`` pages as tests.topology_harness.synthetic_pages makes them (every RFC), copying
+    only from the last ``recent`` pages so that the generator's memory stays bounded."""
+    rng = np.random.default_rng(seed)
+    sources = [words((RFC / f"rfc{k}.txt").read_text("utf-8", "replace"))
+               for k in rfc_numbers()]
+    texts: collections.deque[list[str]] = collections.deque(maxlen=recent)
+    for i in range(n):
+        vocab = sources[int(rng.integers(0, len(sources)))]
+        start = int(rng.integers(0, max(1, len(vocab) - 400)))
+        body = vocab[start:start + int(rng.integers(60, 300))]
+        if texts and rng.random() < 0.4:  # a copied passage
+            src = texts[int(rng.integers(0, len(texts)))]
+            a = int(rng.integers(0, max(1, len(src) - 40)))
+            body = body[:len(body) // 2] + src[a:a + int(rng.integers(30, 80))] + \
+                body[len(body) // 2:]
+        elif texts and rng.random() < 0.15:  # a near or exact duplicate
+            body = list(texts[int(rng.integers(0, len(texts)))])
+            if rng.random() < 0.7:
+                body[int(rng.integers(0, len(body)))] = "changed"
+        texts.append(body)
+        yield Page(id=f"soak-{i}", body=" ".join(body), content_type="text/plain")
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) << 10
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def sample(engine: Engine) -> dict[str, int]:
+    """Bytes of each thing this bench watches (see the module docstring)."""
+    m = engine.memory_bytes()  # what the worker's /metrics shows as dupalign_memory_bytes
+    return {"rss": rss_bytes(), "lists": m["lists"], "fwd": m["forward"], "blocks": m["blocks"],
+            "memtab": m["memtables"], "readers": m["table_readers"], "near": m["near_table"],
+            "store": engine.store.size_bytes()}
+
+
+def soak(pages: int, every: int, config: EngineConfig) -> list[tuple[int, float, dict[str, int]]]:
+    rows: list[tuple[int, float, dict[str, int]]] = []
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-soak-") as where, \
+            Engine.open(where, config) as engine:
+        print(f"{'pages':>7} {'s':>6} " + " ".join(f"{c:>7}" for c in COLUMNS), flush=True)
+        for i, page in enumerate(stream(pages), 1):
+            engine.process(page)
+            if i % every == 0 or i == pages:
+                s = sample(engine)
+                rows.append((i, time.perf_counter() - t0, s))
+                print(f"{i:>7} {rows[-1][1]:>6.0f} " +
+                      " ".join(f"{s[c] / MB:>7.0f}" for c in COLUMNS), flush=True)
+    return rows
+
+
+def growth(rows: list[tuple[int, float, dict[str, int]]]) -> dict[str, float]:
+    """MB per 1,000 pages of each column between the middle sample and the last."""
+    (p0, _, a), (p1, _, b) = rows[len(rows) // 2], rows[-1]
+    return {c: (b[c] - a[c]) / MB / max(1, p1 - p0) * 1000 for c in COLUMNS}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--pages", type=int, default=20000)
+    ap.add_argument("--every", type=int, default=1000)
+    ap.add_argument("--memory-mb", type=int, default=0,
+                    help="cache.memory_mb (0: the per-cache defaults)")
+    args = ap.parse_args()
+    config = EngineConfig()
+    if args.memory_mb:
+        config = replace(config, cache=replace(config.cache, memory_mb=args.memory_mb))
+    c = config.validate().cache
+    print(f"budgets (MB): {c.budgets_mb()} (memtables 0: unbounded)")
+    rows = soak(args.pages, args.every, config)
+    g = growth(rows)
+    print(f"growth over the last half, MB per 1,000 pages (pages {rows[len(rows) // 2][0]}"
+          f"-{rows[-1][0]}): " + ", ".join(f"{k} {v:+.1f}" for k, v in g.items()))
+
+
+if __name__ == "__main__":
+    main()
