@@ -2,8 +2,8 @@
 offsets with their metadata (dupalign.service.topology.fetch_committed), its request to rejoin
 the group (dupalign.service.loop.rejoin, a role stepping down), its coordinator's node id
 (dupalign.service.loop.coordinator_known: an idle role noticing an outage) and
-``_internal_waiters`` (a failed producer's futures that nothing awaits). Fails when aiokafka changes them, so an
-upgrade is caught here rather than at a worker's takeover."""
+``_internal_waiters`` (a failed producer's futures that nothing awaits). Fails when aiokafka
+changes them, so an upgrade is caught here rather than at a worker's takeover."""
 
 from __future__ import annotations
 
