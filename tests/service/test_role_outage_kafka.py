@@ -87,3 +87,33 @@ async def test_every_role_waits_out_a_broker_restart_and_publishes_scans_matches
     twice = [k for k, n in got.items() if n > expected[k]]
     assert not twice, f"published twice: {twice[:5]}"
     assert got == expected
+
+
+async def test_a_role_exits_5_once_the_outage_lasted_max_outage_s(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """An idle role notices the outage (its consumer lost the group coordinator), says so
+    once, and gives up with the Kafka exit code once ``kafka.max_outage_s`` has passed."""
+    del kafka_bootstrap
+    home = tmp_path / "broker"
+    bootstrap = broker("start", home)
+    topo = await Topology(bootstrap, tmp_path).create()
+    topo.config_path.write_text(topo.config_path.read_text().replace(
+        "[worker]", "max_outage_s = 5.0\n[worker]"))
+    try:
+        proc, log = topo.start("sketch")
+        await wait_log(log, "sketch role assigned", 120)
+        pid = int((home / "broker.pid").read_text())
+        subprocess.run(["kill", "-KILL", str(pid)], check=True)
+        killed = time.monotonic()
+        code = await asyncio.to_thread(proc.wait, 60)
+        took = time.monotonic() - killed
+    finally:
+        topo.stop_all()
+        broker("stop", home)
+    said = log.read_text("utf-8", "replace")
+    assert code == 5, said[-4000:]
+    assert took >= 5, said[-4000:]
+    lines = said.splitlines()
+    assert len([line for line in lines if "waiting for Kafka" in line]) == 1, said[-4000:]
+    stopped = [line for line in lines if "sketch role stopped" in line]
+    assert len(stopped) == 1 and "kafka.max_outage_s" in stopped[0], said[-4000:]
