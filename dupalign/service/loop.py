@@ -31,7 +31,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CommitFailedError, InvalidProducerEpoch, KafkaError, ProducerFenced
+from aiokafka.errors import (
+    CommitFailedError,
+    InvalidProducerEpoch,
+    KafkaConnectionError,
+    KafkaError,
+    ProducerFenced,
+)
 
 from dupalign.service.config import KafkaConfig
 from dupalign.service.outage import KafkaOutage
@@ -125,7 +131,8 @@ class Consuming(Running, Protocol):
 
 
 async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
-                wanted: Callable[[], list[TopicPartition]] | None = None
+                wanted: Callable[[], list[TopicPartition]] | None = None,
+                outage: KafkaOutage | None = None
                 ) -> AsyncIterator[dict[TopicPartition, list[Any]]]:
     """The fetched batches, each handed over while holding ``owner.busy``, and only when
     no rebalance came since the fetch (those records are fetched again from the positions
@@ -139,13 +146,36 @@ async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
 
     ``wanted``: the partitions to take records from in the next turn (default all). The
     others keep what was fetched for them: a paused partition drops it, to fetch it again
-    once resumed."""
+    once resumed.
+
+    ``outage``: a fetch that fails while Kafka is away is retried, and a consumer that lost
+    its group coordinator for ``CUT_OFF_S`` is in an outage too (an idle role's fetches
+    return nothing then, and fail nowhere): so it says so, and gives up after
+    ``kafka.max_outage_s``."""
+    lost: float | None = None  # since when the coordinator is unknown (having been known)
     while not owner.stopping.is_set():
         if owner.failure is not None:
             raise owner.failure
-        batches = await consumer.getmany(*(wanted() if wanted is not None else ()),
-                                         timeout_ms=200, max_records=max_records)
+        try:
+            batches = await consumer.getmany(*(wanted() if wanted is not None else ()),
+                                             timeout_ms=200, max_records=max_records)
+        except KafkaError as exc:
+            if outage is None:
+                raise
+            await asyncio.sleep(outage.failed(exc, "fetching"))
+            continue
         generation = owner.generation
+        if outage is not None:
+            if coordinator_known(consumer):
+                if lost is not None:
+                    outage.succeeded()  # (an idle role's only sign that Kafka is back)
+                lost = None
+            elif lost is None:
+                lost = time.monotonic()
+            elif time.monotonic() - lost >= CUT_OFF_S:
+                await asyncio.sleep(outage.failed(
+                    KafkaConnectionError("no group coordinator"), "finding the group coordinator"))
+                continue
         async with owner.busy:
             if generation == owner.generation:
                 yield batches
@@ -154,7 +184,7 @@ async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
 async def run_loop(owner: Running, consumer: AIOKafkaConsumer, max_records: int,
                    process: Callable[[dict[TopicPartition, list[Any]]], Awaitable[None]],
                    wanted: Callable[[], list[TopicPartition]] | None = None,
-                   ahead: Ahead | None = None) -> None:
+                   ahead: Ahead | None = None, outage: KafkaOutage | None = None) -> None:
     """Consume until the owner stops: each turn's batches to ``process``, which produces
     and commits them (``Checkpoint``) before the next turn. ``ahead``: fetch while a batch
     is processed (``Ahead``: one partition's batch per turn); otherwise the owner holds
@@ -165,8 +195,36 @@ async def run_loop(owner: Running, consumer: AIOKafkaConsumer, max_records: int,
     if not isinstance(owner, Consuming):
         raise TypeError(f"{type(owner).__name__} has no generation and busy lock: it "
                         "consumes in turns only with ``ahead``")
-    async for batches in turns(owner, consumer, max_records, wanted):
+    async for batches in turns(owner, consumer, max_records, wanted, outage):
         await process(batches)
+
+
+# a consumer without a group coordinator for this long is cut off from Kafka (finding a
+# moved coordinator takes well under a second)
+CUT_OFF_S = 3.0
+
+
+def coordinator_known(consumer: AIOKafkaConsumer) -> bool:
+    """Whether the consumer's group has a coordinator it reaches. aiokafka has no public
+    call for it (tests/service/test_aiokafka_privates.py)."""
+    coordinator = consumer._coordinator
+    return coordinator is not None and coordinator.coordinator_id is not None
+
+
+async def ride_out(outage: KafkaOutage, exc: KafkaError, what: str,
+                   step_down: Callable[[BaseException], Awaitable[None]]) -> None:
+    """A role's turn failed with ``exc``. A fenced producer steps the role down (``rejoin``);
+    so does a retriable failure while Kafka is away, then waits the outage's backoff: the
+    step-down drops the producers and the turn's records, the next assignment starts new
+    producers with the partitions' transactional ids (which abort what the outage cut)
+    and reads from the committed offsets, so the turn is redone once, whole. Raises what
+    is neither, or an outage that lasted ``kafka.max_outage_s``."""
+    if isinstance(exc, FENCED) and outage.since is None:
+        await step_down(exc)
+        return
+    delay = outage.failed(exc, what)
+    await step_down(exc)
+    await asyncio.sleep(delay)
 
 class Listener(ConsumerRebalanceListener):
     """Hands rebalances to the loop's owner (``on_revoked``, ``on_assigned``). aiokafka only

@@ -315,11 +315,19 @@ def _internal_waiters(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
 
 
 async def stop_quietly(*clients: AIOKafkaConsumer | AIOKafkaProducer | None) -> None:
-    """Stop clients on the way out (a producer flushes); their errors are not the news."""
+    """Stop clients on the way out (a producer flushes); their errors are not the news.
+    A consumer stopped while Kafka is away raises CancelledError: its fetcher awaits the
+    fetch task it cancelled, asleep in a retry's backoff. Only a cancel of our own task
+    goes on."""
     for client in clients:
         if client is not None:
-            with contextlib.suppress(Exception):
-                await client.stop()
+            try:
+                with contextlib.suppress(Exception):
+                    await client.stop()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
 
 
 # -- records between roles ------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The private aiokafka APIs the service uses: the group coordinator's fetch of committed
 offsets with their metadata (dupalign.service.topology.fetch_committed), its request to rejoin
-the group (dupalign.service.loop.rejoin, a role stepping down) and ``_internal_waiters`` (a
-failed producer's futures that nothing awaits). Fails when aiokafka changes them, so an
-upgrade is caught here rather than at a worker's takeover."""
+the group (dupalign.service.loop.rejoin, a role stepping down), its coordinator's node id
+(dupalign.service.loop.coordinator_known: an idle role noticing an outage) and
+``_internal_waiters`` (a failed producer's futures that nothing awaits). Fails when aiokafka
+changes them, so an upgrade is caught here rather than at a worker's takeover."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
-from dupalign.service.loop import rejoin
+from dupalign.service.loop import coordinator_known, rejoin
 from dupalign.service.topology import _internal_waiters, fetch_committed
 
 
@@ -52,6 +53,23 @@ def test_the_coordinator_rejoins_when_asked_with_the_same_member_id() -> None:
         try:
             with pytest.raises(RuntimeError, match="not started"):
                 rejoin(consumer)
+        finally:
+            await consumer.stop()
+    asyncio.run(unstarted())
+
+
+def test_the_coordinator_forgets_a_coordinator_it_lost_where_coordinator_known_reads_it(
+        ) -> None:
+    # a connection or heartbeat failure marks the coordinator dead: its node id is dropped
+    # until a lookup finds one again
+    assert "self.coordinator_id = None" in inspect.getsource(GroupCoordinator.coordinator_dead)
+    assert "self.coordinator_id = coordinator_id" in inspect.getsource(
+        GroupCoordinator.ensure_coordinator_known)
+
+    async def unstarted() -> None:
+        consumer = AIOKafkaConsumer(group_id="g", bootstrap_servers="127.0.0.1:9")
+        try:
+            assert not coordinator_known(consumer)
         finally:
             await consumer.stop()
     asyncio.run(unstarted())

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
 
 from dupalign.service.config import Config
 from dupalign.service.loop import (
@@ -30,8 +31,10 @@ from dupalign.service.loop import (
     Listener,
     rebalance_timeout_ms,
     rejoin,
+    ride_out,
     run_loop,
 )
+from dupalign.service.outage import stop_within, within
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
@@ -60,6 +63,8 @@ class StatelessRole:
         self.metrics.add_role(self.name)
         self.started = False  # consuming (for /readyz)
         self.kc = config.kafka
+        self.outage = self.metrics.outage(self.kc.max_outage_s)
+        self.limit_s = self.kc.request_timeout_ms / 1000  # one Kafka step, at most
         self.group_id = f"{self.kc.group_id}-{self.name}"
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
         self.consumer: AIOKafkaConsumer | None = None
@@ -119,20 +124,22 @@ class StatelessRole:
         self.started = True
         log.info("%s role started (group %s)", self.name, self.group_id)
         try:
-            await run_loop(self, consumer, self.config.worker.batch_size, self._turn)
+            await run_loop(self, consumer, self.config.worker.batch_size, self._turn,
+                           outage=self.outage)
         finally:
             await self._close()
 
     async def _turn(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """Partitions assigned are taken first (paused until then: nothing was fetched for
-        them); a fenced producer steps down."""
+        them); a fenced producer steps down, and so does a failure while Kafka is away
+        (``ride_out``: the turn is redone from the committed offsets)."""
         try:
             if self.pending:
                 await self._take_all(self.pending)
             else:
                 await self._work(batches)
-        except FENCED as exc:
-            await self._step_down(exc)
+        except KafkaError as exc:
+            await ride_out(self.outage, exc, f"a turn of the {self.name} role", self._step_down)
 
     async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
         loop = asyncio.get_running_loop()
@@ -163,8 +170,10 @@ class StatelessRole:
         unit = Checkpoint(dict(self.offsets(tp, records)), outgoing,
                           send=lambda p: self.produce(p, prepared))
         async with self.metrics.transaction(self.name):
-            await unit.commit(producer, self.group_id,
-                              None if self.kc.transactions else self.consumer)
+            await within(unit.commit(producer, self.group_id,
+                                     None if self.kc.transactions else self.consumer),
+                         self.limit_s)
+        self.outage.succeeded()
         self.metrics.produced(self.name, outgoing)
         self.batches += 1
 
@@ -200,9 +209,11 @@ class StatelessRole:
         for tp in sorted(assigned):
             if tp not in self.producers:
                 producer = new_producer(self.kc, transactional_id(self.kc, self.group_id, tp))
-                await producer.start()  # fences the previous owner, aborts its open txn
-                self.producers[tp] = producer
-        committed = await committed_offsets(self.consumer, assigned)  # after the fencing
+                self.producers[tp] = producer  # (stopped by a step-down if it fails)
+                # fences the previous owner, aborts its open transaction
+                await within(producer.start(), self.limit_s)
+        committed = await within(committed_offsets(self.consumer, assigned),  # after fencing
+                                 self.limit_s)
         for tp in sorted(assigned):
             start = await self.take(tp, committed.get(tp))
             if start is not None:
@@ -211,6 +222,7 @@ class StatelessRole:
                 await self.consumer.seek_to_beginning(tp)
         self.pending = set()
         self.consumer.resume(*assigned)
+        self.outage.succeeded()
         self.metrics.assigned.labels(self.name).set(len(self.producers))
         log.info("%s role assigned %s (taken in %.2f s)", self.name,
                  sorted(f"{t.topic}:{t.partition}" for t in assigned), time.perf_counter() - t0)
@@ -218,15 +230,20 @@ class StatelessRole:
     async def _step_down(self, exc: BaseException) -> None:
         """A producer fenced: another process has its partition (this one was expelled
         while stopped or starved), or the broker aborted a transaction open past
-        ``kafka.transaction_timeout_ms``. Every partition is let go and the group asked
-        again (``rejoin``)."""
+        ``kafka.transaction_timeout_ms``; or Kafka went away in a turn (``ride_out``).
+        Every partition is let go and the group asked again (``rejoin``)."""
         assert self.consumer is not None
-        log.warning("%s role stepping down: a producer was fenced (%r); rejoining the group",
-                    self.name, exc)
+        if isinstance(exc, FENCED):
+            log.warning("%s role stepping down: a producer was fenced (%r); rejoining the "
+                        "group", self.name, exc)
+        else:
+            log.info("%s role stepping down while Kafka is away (%r); rejoining the group",
+                     self.name, exc)
         self.generation += 1  # (the turn's fetched records are dropped)
         self.pending = set()
         held = list(self.producers)
-        await stop_quietly(*self.producers.values())
+        # (a producer's stop flushes: it waits for a broker that may be gone)
+        await asyncio.gather(*(stop_within(p) for p in self.producers.values()))
         self.producers.clear()
         await self.release(held)
         self.metrics.assigned.labels(self.name).set(0)

@@ -40,12 +40,14 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import KafkaError
 
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.runtime.engine import Engine, Source
 from dupalign.service.config import Config
-from dupalign.service.loop import FENCED, Checkpoint, Listener, rebalance_timeout_ms, run_loop
+from dupalign.service.loop import Checkpoint, Listener, rebalance_timeout_ms, ride_out, run_loop
+from dupalign.service.outage import within
 from dupalign.service.parts import PartsByOrdinal, in_parts
 from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.service.roles.index_align import AlignExchange, Waiting
@@ -83,6 +85,8 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
         self.metrics.add_role(self.name)
         self.started = False  # consuming (for /readyz; a standby is ready too)
         self.kc = kc = config.kafka
+        self.outage = self.metrics.outage(kc.max_outage_s)
+        self.limit_s = kc.request_timeout_ms / 1000
         self.align_limit = kc.max_request_size  # the largest align request (see run)
         self.forward_limit = kc.max_request_size  # the largest forward record
         self.keys_limit = kc.max_request_size  # the largest keys record (index shards)
@@ -162,20 +166,23 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
         self.started = True
         log.info("index role started (group %s, store %s)", self.group_id, self.store_dir)
         try:
-            await run_loop(self, consumer, self.turn_records, self._turn, self._wanted)
+            await run_loop(self, consumer, self.turn_records, self._turn, self._wanted,
+                           outage=self.outage)
         finally:
             await self._close()
 
     async def _turn(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """The shard taken over once assigned (its partitions were paused: nothing was
-        fetched for it), then worked on; a fenced producer steps down (``Takeover``)."""
+        fetched for it), then worked on; a fenced producer steps down (``Takeover``), and
+        so does a failure while Kafka is away (``ride_out``: taken over afresh after it)."""
         try:
             if self.taking:
                 await self._take_over()
+                self.outage.succeeded()
             elif self.owner:
                 await self._work(batches)
-        except FENCED as exc:
-            await self._step_down(exc)
+        except KafkaError as exc:
+            await ride_out(self.outage, exc, "a turn of the index role", self._step_down)
 
     async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """Route the turn's records, advance the index, then one checkpoint: the records
@@ -210,8 +217,10 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
 
         unit = Checkpoint(dict(offsets), out, after=noted)
         async with self.metrics.transaction(self.name):
-            await unit.commit(self.producer, self.group_id,
-                              None if self.kc.transactions else self.consumer)
+            await within(unit.commit(self.producer, self.group_id,
+                                     None if self.kc.transactions else self.consumer),
+                         self.limit_s)
+        self.outage.succeeded()
         self.metrics.produced(self.name, out)
         self.last_offsets = offsets
         self.published = offsets[self.seq_tp]

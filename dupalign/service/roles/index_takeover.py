@@ -26,7 +26,8 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from dupalign.config import EngineConfig
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import Config, KafkaConfig
-from dupalign.service.loop import rejoin
+from dupalign.service.loop import FENCED, rejoin
+from dupalign.service.outage import stop_within, within
 from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.topology import (
@@ -35,7 +36,6 @@ from dupalign.service.topology import (
     committed_offsets,
     new_producer,
     require_retained,
-    stop_quietly,
     transactional_id,
 )
 from dupalign.store.database import Store
@@ -69,6 +69,7 @@ class Takeover:
     n_shards: int
     align_parts: int
     resend: list[Outgoing]
+    limit_s: float  # one Kafka step, at most (``within``)
 
     # (the other halves of ``IndexRole``)
     def _reset(self, start: int, silent_below: int) -> None:
@@ -127,8 +128,9 @@ class Takeover:
         consumer, assigned = self.consumer, self.tps
         producer = new_producer(self.kc, transactional_id(self.kc, self.group_id,
                                                           self.seq_tp))
-        await producer.start()  # fences a previous owner: its open transaction aborts
-        self.producer = producer
+        self.producer = producer  # (stopped by a step-down if it fails)
+        # fences a previous owner: its open transaction aborts
+        await within(producer.start(), self.limit_s)
         loop = asyncio.get_running_loop()
         # opening finishes (aligning here) pages whose align answer never came
         self.engine = await loop.run_in_executor(
@@ -143,7 +145,7 @@ class Takeover:
         stored = (await loop.run_in_executor(self.executor, self.engine.stored_offsets)
                   ).get((self.seq_tp.topic, 0))
         fan_in = self.fan_in
-        committed = await committed_offsets(consumer, assigned)
+        committed = await within(committed_offsets(consumer, assigned), self.limit_s)
         # a group without offsets (expired after offsets.retention.minutes, deleted, a
         # new group id) resumes where this store noted every page's matches published
         # (none noted: from the start, publishing again what the store holds)
@@ -204,8 +206,12 @@ class Takeover:
         open past ``kafka.transaction_timeout_ms`` (which fences it too). What this process
         holds of the shard may be behind what was committed: it lets it go and asks the
         group again (``rejoin``); if the shard comes back, it is taken over afresh."""
-        log.warning("index role stepping down: its producer was fenced (%r); rejoining "
-                    "the group", exc)
+        if isinstance(exc, FENCED):
+            log.warning("index role stepping down: its producer was fenced (%r); rejoining "
+                        "the group", exc)
+        else:  # (``ride_out``: Kafka went away in a turn)
+            log.info("index role stepping down while Kafka is away (%r); rejoining the "
+                     "group", exc)
         self.generation += 1  # (the turn's fetched records are dropped)
         self.taking = False
         self.metrics.assigned.labels(self.name).set(0)
@@ -221,7 +227,8 @@ class Takeover:
 
     async def _release(self) -> None:
         self.owner = False
-        await stop_quietly(self.producer)
+        if self.producer is not None:  # (its stop flushes: it waits for a broker that may be gone)
+            await stop_within(self.producer)
         self.producer = None
         if self.engine is not None:
             engine, self.engine, self.fan_in = self.engine, None, None

@@ -27,6 +27,7 @@ from dupalign.service.exits import Exit
 from dupalign.service.http import HttpServer
 from dupalign.service.kafka_security import refusal
 from dupalign.service.log_repeats import STARTUP
+from dupalign.service.outage import KafkaUnavailable
 from dupalign.service.roles.metrics import RoleMetrics
 
 log = logging.getLogger("dupalign.roles")
@@ -147,7 +148,8 @@ async def serve_roles(config: Config, roles: tuple[str, ...], store_dir: str | P
             assert exc is not None
             line, known = failure_line(task.get_name(), exc, config.kafka)
             log.error("%s", line, exc_info=None if known else exc)
-            refused |= refusal(exc, config.kafka) is not None
+            refused |= (refusal(exc, config.kafka) is not None
+                        or isinstance(exc, KafkaUnavailable))
         return (Exit.KAFKA if refused else 1) if failed else 0
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

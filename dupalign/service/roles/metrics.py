@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from dupalign.service.outage import KafkaOutage
 from dupalign.service.topology import Outgoing
 
 LIFECYCLE_EVENTS = ("deleted", "revisit_unchanged", "revisit_changed", "expired")
@@ -24,6 +25,12 @@ class RoleMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        self._outage: KafkaOutage | None = None
+        self.kafka_outage = Gauge(
+            "dupalign_kafka_outage_seconds", "How long the process has been waiting for "
+            "Kafka, unreachable or failing with retriable errors (0: not waiting); it exits "
+            "after kafka.max_outage_s", registry=r,
+        )
         self.records = Counter(
             "dupalign_role_records", "Records a role consumed (in) or produced in a committed "
             "transaction (out), per topic", ["role", "direction", "topic"], registry=r,
@@ -81,6 +88,13 @@ class RoleMetrics:
             "dupalign_index_lifecycle_waits", "Times a removal (delete, new version, "
             "retention sweep) waited for the pages before it to be published", registry=r,
         )
+
+    def outage(self, max_outage_s: float) -> KafkaOutage:
+        """The process's one outage state, shared by its roles: one WARNING and one INFO
+        per outage, whichever role meets it."""
+        if self._outage is None:
+            self._outage = KafkaOutage(max_outage_s, self.kafka_outage)
+        return self._outage
 
     def add_role(self, role: str) -> None:
         """Series of the role at 0 from the start: rates and increases over them then have
