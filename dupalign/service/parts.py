@@ -17,7 +17,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from dupalign.service.topology import RECORD_OVERHEAD, Outgoing
+from dupalign.service.topology import RECORD_OVERHEAD, Outgoing, header
 
 PART_HEADER = "dupalign-part"
 _PART = struct.Struct(">II")  # index, count
@@ -52,15 +52,15 @@ def part_header(index: int, count: int) -> tuple[str, bytes]:
 def record_part(record: Any) -> tuple[int, int] | None:
     """(index, count) of a part record; None for a whole one. Raises ValueError for a
     header that cannot be a part's."""
-    for name, raw in record.headers or ():
-        if name == PART_HEADER:
-            if len(raw) != _PART.size:
-                raise ValueError(f"{PART_HEADER} header of {len(raw)} bytes")
-            index, count = _PART.unpack(bytes(raw))
-            if not 0 <= index < count:
-                raise ValueError(f"{PART_HEADER} header says part {index} of {count}")
-            return index, count
-    return None
+    raw = header(record, PART_HEADER)
+    if raw is None:
+        return None
+    if len(raw) != _PART.size:
+        raise ValueError(f"{PART_HEADER} header of {len(raw)} bytes")
+    index, count = _PART.unpack(raw)
+    if not 0 <= index < count:
+        raise ValueError(f"{PART_HEADER} header says part {index} of {count}")
+    return index, count
 
 
 @dataclass
@@ -106,7 +106,3 @@ class PartsByOrdinal:
         for ordinal in [o for o in self._pending if o < floor]:
             del self._pending[ordinal]
         return min((p.first_offset for p in self._pending.values()), default=None)
-
-    @property
-    def pending_bytes(self) -> int:
-        return sum(len(s) for p in self._pending.values() for s in p.slices.values())
