@@ -461,6 +461,12 @@ def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
                     and not r.label.startswith("dupalign")):  # --baseline-ref
                 ratio(f"dupalign {name} --jobs 1", r.label)
                 ratio(f"dupalign {name} --jobs 2", r.label)
+    for name in ("default", "near-only"):  # the same matches whatever the jobs
+        same = [r for r in runs if r.label.startswith(f"dupalign {name} --jobs")]
+        if len(same) > 1:
+            equal = all(r.pairs == same[0].pairs and r.kinds == same[0].kinds for r in same)
+            print(f"  dupalign {name}: exact and near pairs and matches by kind "
+                  f"{'the same' if equal else 'DIFFER'} in its {len(same)} runs")
     ratio("dupalign near-only --jobs 1", "rensa RMinHashLSH")
     ratio("dupalign near-only --jobs 1", "datasketch MinHashLSH")
     ratio("dupalign default --jobs 1", "datasketch MinHashLSH")
