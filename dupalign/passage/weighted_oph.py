@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dupalign.kernel_cache import njit
+from dupalign.passage.interval_scan import scan_rectangles
 from dupalign.passage.monoactive import (
     IdfFn,
     TfFn,
@@ -310,3 +311,26 @@ def compact_windows(units: U64, k: int, tf: TfMode | TfFn = "log",
     """All weighted-OPH compact windows of a text: every (subsequence, bin) pair lies in
     exactly one window, whose key is that subsequence's sample in the bin (or empty)."""
     return compact_windows_of(samples(units, k, tf, idf), k)
+
+
+def select(w: WOPHWindows, mask: Bools) -> WOPHWindows:
+    """The windows ``mask`` keeps."""
+    return WOPHWindows(w.bin[mask], w.key[mask], w.empty[mask], w.a[mask], w.b[mask],
+                       w.c[mask], w.d[mask])
+
+
+def align(query_units: U64, text_windows: WOPHWindows, k: int, theta: tuple[int, int],
+          tf: TfMode | TfFn = "log", min_len: int = 1) -> list[tuple[int, int]]:
+    """Pairwise alignment: the longest subsequences ``T[s:e]`` (half-open) of a text, given
+    by its windows, whose estimate against the query's sketch is ≥ θ = p/q (a collided
+    non-empty window weighs q, a jointly empty bin p, the threshold is k·p: OPH's scan)."""
+    p, q = int(theta[0]), int(theta[1])
+    keys, empty = sketch(query_units, k, tf)
+    w = text_windows
+    qe = empty[w.bin]
+    mask = np.where(w.empty, qe, ~qe & (keys[w.bin] == w.key))
+    weights = np.where(w.empty[mask], p, q).astype(np.int64)
+    if int(weights.sum()) < k * p:
+        return []
+    return scan_rectangles(w.a[mask], w.b[mask], w.c[mask], w.d[mask], weights, k * p,
+                           min_len)

@@ -28,7 +28,7 @@ from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.match import Match, best_span
 from dupalign.page import Page
 from dupalign.passage import index as passages
-from dupalign.passage import monoactive, monoactive_query, positions
+from dupalign.passage import monoactive, monoactive_query, positions, weighted_oph
 from dupalign.passage.interval_scan import align
 from dupalign.passage.oph import OPHWindows, compact_windows, oph_sketch, oph_values
 from dupalign.passage.sketch import PassageSketcher, distinct_lists, passage_starts
@@ -73,11 +73,15 @@ class Pairwise:
         tf = self.cfg.tf_mode
         oph: dict[int, OPHWindows] = {}
         mono: dict[int, monoactive.Windows] = {}
+        woph: dict[int, weighted_oph.WOPHWindows] = {}
         sizes: Counter[tuple[int, int]] = Counter()
         for o, u in pages.items():
             if self.cfg.mode == "oph":
                 w = oph[o] = compact_windows(oph_values(u), idx.k)
                 lists = zip(w.bin[~w.empty].tolist(), w.value[~w.empty].tolist(), strict=True)
+            elif self.cfg.mode == "weighted_oph":
+                ww = woph[o] = weighted_oph.compact_windows(u, idx.k, tf)  # type: ignore[arg-type]
+                lists = zip(ww.bin[~ww.empty].tolist(), ww.key[~ww.empty].tolist(), strict=True)
             else:
                 mw = mono[o] = monoactive.compact_windows(u, idx.k, "weighted", tf=tf)  # type: ignore[arg-type]
                 lists = zip(mw.fn.tolist(), mw.key.tolist(), strict=True)
@@ -87,6 +91,11 @@ class Pairwise:
         self.mono = {o: w.select(np.array([(b, v) not in self.stop for b, v in zip(
             w.fn.tolist(), w.key.tolist(), strict=True)], dtype=np.bool_))
             for o, w in mono.items()}
+        self.woph = {o: weighted_oph.select(w, np.array([e or (b, v) not in self.stop for b, v, e
+                                                         in zip(w.bin.tolist(), w.key.tolist(),
+                                                                w.empty.tolist(), strict=True)],
+                                                        dtype=np.bool_))
+                     for o, w in woph.items()}
 
     def _drop_stopped(self, w: OPHWindows) -> OPHWindows:
         keep = np.array([e or (b, v) not in self.stop for b, v, e in zip(
@@ -100,6 +109,9 @@ class Pairwise:
         for o, u in self.pages.items():
             if self.cfg.mode == "oph":
                 found = align(oph_values(q_units), self.oph[o], k, self.theta, min_len)
+            elif self.cfg.mode == "weighted_oph":
+                found = weighted_oph.align(q_units, self.woph[o], k, self.theta,
+                                           self.cfg.tf_mode, min_len)  # type: ignore[arg-type]
             else:
                 found = monoactive_query.align_weighted(
                     q_units, u, k, self.theta, "weighted", tf=self.cfg.tf_mode,  # type: ignore[arg-type]
@@ -114,6 +126,11 @@ class Pairwise:
         if self.cfg.mode == "oph":
             (qm, qe), (tm, te) = (oph_sketch(oph_values(q_units), k),
                                   oph_sketch(oph_values(t_units), k))
+        if self.cfg.mode == "weighted_oph":
+            tfm = self.cfg.tf_mode
+            (qm, qe), (tm, te) = (weighted_oph.sketch(q_units, k, tfm),  # type: ignore[arg-type]
+                                  weighted_oph.sketch(t_units, k, tfm))  # type: ignore[arg-type]
+        if self.cfg.mode in ("oph", "weighted_oph"):
             n_emp = int(np.count_nonzero(qe & te))
             n_mat = sum(1 for b in range(k) if not qe[b] and not te[b] and qm[b] == tm[b]
                         and (b, int(qm[b])) not in self.stop)
@@ -268,7 +285,7 @@ def scenarios(
     return [text(p) for p in pages], text(query), params, store
 
 
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios())
 def test_store_search_equals_pairwise_alignment(
@@ -282,7 +299,7 @@ def test_store_search_equals_pairwise_alignment(
                                      margin=store["margin"])
 
 
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_pruning_and_hits_are_exercised(mode: str, tmp_path: Path) -> None:
     """A fixed scenario where pruning drops pages and hits exist, so the property test above
     cannot pass vacuously: pruned candidates never include a page with a pairwise hit."""
@@ -532,7 +549,7 @@ def test_clough_default_config(tmp_path: Path) -> None:
 
 
 @needs_testdata
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_clough_store_equals_pairwise_with_pruning(mode: str, tmp_path: Path) -> None:
     """Real text: a cut answer queried against the 5 originals and other answers (fewer in
     weighted mode, whose pairwise reference is slow)."""
@@ -666,7 +683,7 @@ def test_a_reader_uses_the_stores_frozen_parameters(tmp_path: Path) -> None:
     assert got == want and {d for d, _ in want} >= {"p3", "p5"}
 
 
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_span_estimates_equal_sketches_of_the_spans(mode: str, tmp_path: Path) -> None:
     """The estimate a refined span carries is that of the sketches of its two unit ranges
     (OPH: N_mat / (k - N_emp); MonoActive: matched hash functions / k)."""
@@ -681,6 +698,8 @@ def test_span_estimates_equal_sketches_of_the_spans(mode: str, tmp_path: Path) -
         def sketch_of(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if mode == "oph":
                 return oph_sketch(oph_values(units), 16)
+            if mode == "weighted_oph":
+                return weighted_oph.sketch(units, 16, spans._tf)
             return (monoactive_query.query_minhashes(units, 16, "weighted", tf=spans._tf),
                     np.zeros(16, dtype=np.bool_))
 
