@@ -1,70 +1,81 @@
-"""Brute-force twins of dupalign.passage.weighted_oph: every subsequence's sample per bin
-computed directly from the definition (counts, weights, ICWS per token, min per bin), and
-exact weighted Jaccard."""
+"""Brute-force twins of dupalign.passage.weighted_oph: every subsequence's sketch computed
+directly from the definition (counts, weights, M = floor(w + β) elements per token, the
+smallest element value per bin), and exact weighted Jaccard."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
 
-from dupalign.passage.monoactive import icws_hash, tf_weights
+from dupalign.passage.monoactive import tf_weights
 from dupalign.passage.oph import oph_bins
-from dupalign.passage.weighted_oph import BIN_SALT, FN, WOPHWindows
-from dupalign.text.hashing import mix64
+from dupalign.passage.weighted_oph import BETA_SALT, ELEM_SALT, WOPHWindows
+from dupalign.text.hashing import mix64, to_unit
 
-Sample = int | None  # a bin's key, None when the bin is empty
+# a bin of a subsequence: (smallest element value or None, has a first element)
+Cell = tuple[int | None, bool]
 
 
 def weight(count: int, tf: str) -> float:
     return float(tf_weights(np.array([count], dtype=np.int64), tf)[0])  # type: ignore[arg-type]
 
 
-def token_sample(th: int, count: int, tf: str) -> tuple[float, int, int]:
-    """ICWS of one token at its weight: ``(ln a, z, key)``."""
-    ln_a, z, key = icws_hash(np.array([th], np.uint64), np.array([weight(count, tf)]), FN)
-    return float(ln_a[0]), int(z[0]), int(key[0])
+def n_elements(th: int, count: int, tf: str) -> int:
+    """M = floor(w(count) + β_t)."""
+    beta = float(to_unit(mix64(np.array([th], np.uint64), BETA_SALT))[0])
+    return math.floor(weight(count, tf) + beta)
 
 
-def token_bin(th: int, k: int) -> int:
-    return int(oph_bins(mix64(np.array([th], np.uint64), BIN_SALT), k)[0])
+def element(th: int, m: int, k: int) -> tuple[int, int]:
+    """(value, bin) of element (t, m), m >= 1."""
+    u = mix64(mix64(np.array([th], np.uint64), ELEM_SALT) ^ np.uint64(m), ELEM_SALT + 1)
+    return int(u[0]), int(oph_bins(u, k)[0])
 
 
-def sample(units: Sequence[int], k: int, tf: str) -> list[Sample]:
-    """The sketch of a whole sequence, from the definition."""
-    best: list[tuple[float, int, int, int] | None] = [None] * k
+def cells(units: Sequence[int], k: int, tf: str) -> list[Cell]:
+    """Per bin of a whole sequence: its smallest element value, and whether a first
+    element (one present at count 1) is in the bin."""
+    best: list[int | None] = [None] * k
+    first = [False] * k
     for th, count in Counter(int(u) for u in units).items():
-        ln_a, z, key = token_sample(th, count, tf)
-        b = token_bin(th, k)
-        cand = (ln_a, -z, th, key)
-        cur = best[b]
-        if cur is None or cand[:3] < cur[:3]:
-            best[b] = cand
-    return [None if c is None else c[3] for c in best]
+        m1 = n_elements(th, 1, tf)
+        for m in range(1, n_elements(th, count, tf) + 1):
+            u, b = element(th, m, k)
+            cur = best[b]
+            if cur is None or u < cur:
+                best[b] = u
+            if m <= m1:
+                first[b] = True
+    return list(zip(best, first, strict=True))
 
 
-def all_samples(units: Sequence[int], k: int, tf: str) -> dict[tuple[int, int, int], Sample]:
-    """(i, j, bin) -> the sample of T[i..j] (inclusive) in that bin, for every i <= j."""
-    out = {}
-    for i in range(len(units)):
-        for j in range(i, len(units)):
-            for b, s in enumerate(sample(units[i : j + 1], k, tf)):
-                out[i, j, b] = s
-    return out
+def all_cells(units: Sequence[int], k: int, tf: str) -> dict[tuple[int, int, int], Cell]:
+    """(i, j, bin) -> the cell of T[i..j] (inclusive), for every i <= j."""
+    return {(i, j, b): c for i in range(len(units)) for j in range(i, len(units))
+            for b, c in enumerate(cells(units[i : j + 1], k, tf))}
 
 
-def window_cover(w: WOPHWindows, n: int) -> dict[tuple[int, int, int], Sample]:
-    """(i, j, bin) -> the key of the window covering it; fails if two windows cover it."""
-    out: dict[tuple[int, int, int], Sample] = {}
+def window_cover(w: WOPHWindows, n: int) -> tuple[dict[tuple[int, int, int], int],
+                                                  set[tuple[int, int, int]]]:
+    """(i, j, bin) -> the key of the non-empty window covering it, and the (i, j, bin) the
+    empty windows cover; fails if two windows of one kind cover one."""
+    keys: dict[tuple[int, int, int], int] = {}
+    empty: set[tuple[int, int, int]] = set()
     for x in range(len(w)):
         b = int(w.bin[x])
         for i in range(int(w.a[x]), int(w.b[x]) + 1):
             for j in range(max(i, int(w.c[x])), int(w.d[x]) + 1):
                 assert 0 <= i <= j < n
-                assert (i, j, b) not in out, f"(i, j, bin) = {(i, j, b)} covered twice"
-                out[i, j, b] = None if w.empty[x] else int(w.key[x])
-    return out
+                if w.empty[x]:
+                    assert (i, j, b) not in empty, f"{(i, j, b)} in two empty windows"
+                    empty.add((i, j, b))
+                else:
+                    assert (i, j, b) not in keys, f"{(i, j, b)} in two windows"
+                    keys[i, j, b] = int(w.key[x])
+    return keys, empty
 
 
 def weighted_jaccard(a: Sequence[int], b: Sequence[int], tf: str) -> float:
@@ -76,4 +87,16 @@ def weighted_jaccard(a: Sequence[int], b: Sequence[int], tf: str) -> float:
         wb = weight(cb[t], tf) if cb[t] else 0.0
         lo += min(wa, wb)
         hi += max(wa, wb)
+    return lo / hi if hi else float("nan")
+
+
+def element_jaccard(a: Sequence[int], b: Sequence[int], tf: str) -> float:
+    """Jaccard of the element sets: Σ min(M_A, M_B) / Σ max(M_A, M_B)."""
+    ca, cb = Counter(int(u) for u in a), Counter(int(u) for u in b)
+    lo = hi = 0
+    for t in ca.keys() | cb.keys():
+        ma = n_elements(t, ca[t], tf) if ca[t] else 0
+        mb = n_elements(t, cb[t], tf) if cb[t] else 0
+        lo += min(ma, mb)
+        hi += max(ma, mb)
     return lo / hi if hi else float("nan")
