@@ -91,7 +91,7 @@ PASSAGE_MODES = ("oph", "weighted", "weighted_oph")
 class PassageConfig:
     enabled: bool = True
     # "oph" (Jaccard), "weighted" (MonoActive, weighted Jaccard) or "weighted_oph" (weighted
-    # Jaccard at OPH's cost: one permutation, an ICWS sample per bin; dupalign.passage.weighted_oph)
+    # Jaccard near OPH's cost: OPH over weights cut into elements; dupalign.passage.weighted_oph)
     mode: str = "oph"
     k: int = 64
     theta: str = "3/10"

@@ -3,8 +3,8 @@
 A page's units (its words, or w-word shingles) are cut into query passages of
 ``query_len`` units with a ``stride`` (the last one flush right); each passage gets its
 sketch (OPH: k min-hashes and empty bins; MonoActive, ``mode = "weighted"``: k hash
-functions; ``mode = "weighted_oph"``: k bins of ICWS samples and empty bins), and the page
-its compact windows (``Rects``), the units ranges on which a min-hash stays the same. All
+functions; ``mode = "weighted_oph"``: k bins of weight elements and empty bins), and the
+page its compact windows (``Rects``), the units ranges on which a min-hash stays the same. All
 of it is pure (no store, no index state): the sketch stage computes it
 (``PassageSketcher.sketch_page``) on any core, and the distinct inverted lists that the
 passages and the windows name (``query_lists``, ``window_lists``) with it, off the index
