@@ -248,7 +248,7 @@ class RetentionConfig:
 
 # the sample rate of the recall audit where ``audit.sample`` is left at -1: the worker audits,
 # ``scan`` and the API do not (measured cost: docs/performance/audit.md)
-WORKER_AUDIT_SAMPLE = 0.001
+WORKER_AUDIT_SAMPLE = 0.0005
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ class Auditor:
         self.p, self.q = theta.numerator, theta.denominator
         raw = records.log_get(store, "audit_tally", 0)
         self.tally = Tally() if raw is None else Tally.from_bytes(raw)
+        self._parsed: dict[int, Windows] = {}  # the reservoir's pages, unpacked
         self.open: dict[int, Case] = {}
         self.ready: list[Case] = []
         self.dropped = 0
@@ -177,6 +178,15 @@ class Auditor:
                 out.add(o)
         return out
 
+    def _windows(self, ordinal: int, raw: bytes) -> Windows:
+        w = self._parsed.get(ordinal)
+        if w is None:
+            if len(self._parsed) >= 2 * self.reservoir.size:  # pages that left it go
+                kept = {o for o, _ in self.reservoir.slots.values()}
+                self._parsed = {o: v for o, v in self._parsed.items() if o in kept}
+            w = self._parsed[ordinal] = Windows.from_record(raw)
+        return w
+
     def passage_truth(self, case: Case) -> tuple[int, dict[str, int], list[int], int]:
         """Hits, misses by cause, the pages missed, and how many reservoir pages were
         checked."""
@@ -190,7 +200,7 @@ class Auditor:
             if o in case.skip:
                 continue
             checked += 1
-            w = Windows.from_record(raw)
+            w = self._windows(o, raw)
             if not aligned(case.q_keys, case.q_empty, w, self.p, self.q, min_len,
                            case.unknown):
                 continue

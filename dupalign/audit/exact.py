@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dupalign.passage.forward import unpack_windows
-from dupalign.passage.interval_scan import scan_rectangles
+from dupalign.passage.interval_scan import scan_kernel
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -65,18 +65,29 @@ def aligned(q_keys: U64, q_empty: Bools, w: Windows, p: int, q: int, min_len: in
     hit &= ~q_empty[:, w.bins]
     if stopped is not None:
         hit &= ~stopped[:, w.bins]
+    # a cell is covered by one window per bin: at most every bin with a colliding non-empty
+    # window (weight q) and every empty bin of the passage (p), the bound of the index's
+    # viability filter, which leaves unrelated pages unscanned
+    rows, cols = np.nonzero(hit)
+    bins_hit = np.zeros((n_p, k), dtype=np.bool_)
+    bins_hit[rows, w.bins[cols]] = True
+    bound = q * bins_hit.sum(axis=1) + p * q_empty.sum(axis=1)
+    viable = np.flatnonzero(bound >= need)
+    if not viable.size:
+        return False
     e_hit = q_empty[:, w.e_bins]
-    # no cell weighs more than all the passage's colliding windows together
-    bound = q * hit.sum(axis=1) + p * e_hit.sum(axis=1)
-    for row in np.flatnonzero(bound >= need):
+    r, lr = w.rects, w.e_lr
+    for row in viable:
         mine, emp = hit[row], e_hit[row]
-        r, lr = w.rects[mine], w.e_lr[emp]
-        il = np.concatenate((r[:, 0], lr[:, 0]))
-        ih = np.concatenate((r[:, 1], lr[:, 1]))
-        jl = np.concatenate((r[:, 2], lr[:, 0]))
-        jh = np.concatenate((r[:, 3], lr[:, 1]))
-        wt = np.concatenate((np.full(len(r), q, np.int64), np.full(len(lr), p, np.int64)))
-        if scan_rectangles(il, ih, jl, jh, wt, need, min_len):
+        il = np.concatenate((r[mine, 0], lr[emp, 0]))
+        ih = np.concatenate((r[mine, 1], lr[emp, 1]))
+        jl = np.concatenate((r[mine, 2], lr[emp, 0]))
+        jh = np.concatenate((r[mine, 3], lr[emp, 1]))
+        wt = np.full(len(il), p, np.int64)
+        wt[:int(np.count_nonzero(mine))] = q
+        keep = (il <= ih) & (jl <= jh)
+        if keep.any() and len(scan_kernel(il[keep], ih[keep], jl[keep], jh[keep], wt[keep],
+                                           need, min_len)[0]):
             return True
     return False
 

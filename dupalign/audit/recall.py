@@ -4,11 +4,15 @@ Per kind (``near``: the index's near matches against every stored page within th
 bound that verifies; ``passage``: its matches against the pages of the reservoir that the
 exact alignment finds), the sampled pages, the true pairs found (hits) and the true pairs
 missed by cause. Passages are checked against a reservoir of R of the n pages before the
-page, so each of its pairs stands for n / R pairs (1 for near: its search is exhaustive):
-the recall estimate is the weighted share of hits (Horvitz-Thompson), and its interval the
-Wilson score interval at Kish's effective number of pairs (Σw)² / Σw². The pairs of one
-page are not independent, so the interval is narrower than it should be when misses come
-in clusters; the page counts say how many pages it rests on.
+page, so each of its pairs stands for w = n / R pairs (1 for near: its search is
+exhaustive): the recall estimate is the weighted share of hits (a ratio estimator,
+Horvitz-Thompson weights). The pairs of one page are not independent (a text missed by one
+page's query is missed for all the pages it was copied from), so the interval treats pages
+as the sampled units: the ratio's variance from the spread of the pages' weighted hits
+around it (the linearization, or cluster-robust, estimate), turned into an effective number
+of pairs R(1-R)/var, and the Wilson score interval at that number (never above Kish's
+(Σw)²/Σw² of the pairs; at a recall of 0 or 1 the variance says nothing, and the number of
+pages stands in).
 """
 
 from __future__ import annotations
@@ -52,6 +56,12 @@ class KindTally:
     w_hits: float = 0.0  # the same, each pair weighted by the pairs it stands for
     w_pairs: float = 0.0
     w2_pairs: float = 0.0  # sum of the squared weights (the effective count)
+    # per page with true pairs, x its weighted pairs and y its weighted hits: their count and
+    # the sums of x², y², xy (the ratio's variance)
+    units: int = 0
+    xx: float = 0.0
+    yy: float = 0.0
+    xy: float = 0.0
 
     @property
     def missed(self) -> int:
@@ -61,14 +71,26 @@ class KindTally:
     def pairs(self) -> int:
         return self.hits + self.missed
 
+    def effective_pairs(self, recall: float) -> float:
+        """The number of independent pairs the estimate is worth (module docstring)."""
+        kish = self.w_pairs * self.w_pairs / self.w2_pairs
+        m = self.units
+        if m < 2:
+            return min(kish, 1.0)
+        mean_x = self.w_pairs / m
+        s2 = max(0.0, (self.yy - 2 * recall * self.xy + recall * recall * self.xx) / (m - 1))
+        var = s2 / (m * mean_x * mean_x)
+        if var <= 0.0 or recall in (0.0, 1.0):
+            return min(kish, float(m))
+        return min(kish, recall * (1 - recall) / var)
+
     def estimate(self) -> dict[str, Any]:
         """Recall (None without a true pair yet), its 95 % interval and the counts."""
         if not self.w_pairs:
             return {"recall": None, "low": 0.0, "high": 1.0, "pages": self.pages,
                     "pairs": self.pairs, "hits": self.hits, "misses": dict(self.misses)}
         recall = self.w_hits / self.w_pairs
-        n_eff = self.w_pairs * self.w_pairs / self.w2_pairs
-        low, high = wilson(recall * n_eff, n_eff)
+        low, high = wilson(recall * (n := self.effective_pairs(recall)), n)
         return {"recall": recall, "low": low,
                 "high": high, "pages": self.pages, "pairs": self.pairs, "hits": self.hits,
                 "misses": dict(self.misses)}
@@ -89,6 +111,12 @@ class Tally:
         t.w_hits += weight * hits
         t.w_pairs += weight * n
         t.w2_pairs += weight * weight * n
+        if n:
+            x, y = weight * n, weight * hits
+            t.units += 1
+            t.xx += x * x
+            t.yy += y * y
+            t.xy += x * y
         for cause, n in misses.items():
             if n:
                 t.misses[cause] = t.misses.get(cause, 0) + n
@@ -97,8 +125,8 @@ class Tally:
         return {k: t.estimate() for k, t in self.kinds.items()}
 
     def to_bytes(self) -> bytes:
-        return msgpack.packb({k: [t.pages, t.hits, t.misses, t.w_hits, t.w_pairs, t.w2_pairs]
-                              for k, t in self.kinds.items()})
+        return msgpack.packb({k: [t.pages, t.hits, t.misses, t.w_hits, t.w_pairs, t.w2_pairs,
+                                  t.units, t.xx, t.yy, t.xy] for k, t in self.kinds.items()})
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> Tally:
