@@ -70,3 +70,13 @@ def test_wilson_known_values() -> None:
     assert lo == pytest.approx(0.2553, abs=1e-4) and hi == pytest.approx(0.3662, abs=1e-4)
     assert wilson(0, 0) == (0.0, 1.0)
     assert wilson(10, 10)[1] == pytest.approx(1.0)
+
+
+def test_the_audit_changes_no_match(tmp_path: Path) -> None:
+    """Its trace of the passage query and its reservoir leave the matches as they were, stop
+    lists included."""
+    stream = planted_stream(8, 4, near_each=1, edits=2)
+    caps = {"passage": {"max_list": 3}}
+    _, off = _run(tmp_path / "off", stream, caps | {"audit": {"sample": 0.0}})
+    tally, on = _run(tmp_path / "on", stream, caps | {"audit": {"sample": 1.0}})
+    assert on == off and tally.kinds["passage"].pages > 0
