@@ -251,6 +251,29 @@ class RetentionConfig:
         _check_range("retention.every", self.every, 1, 1 << 30)
 
 
+# the sample rate of the recall audit where ``audit.sample`` is left at -1: the worker audits,
+# ``scan`` and the API do not (measured cost: docs/performance/audit.md)
+WORKER_AUDIT_SAMPLE = 0.0005
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """The recall audit (dupalign.audit; runtime only: it never changes a match)."""
+
+    # share of pages audited; -1: the command's default (worker WORKER_AUDIT_SAMPLE, scan 0)
+    sample: float = -1.0
+    # stored pages (all their windows) the audited pages' passages are aligned against
+    reservoir: int = 256
+
+    def validate(self) -> None:
+        if self.sample != -1.0:
+            _check_range("audit.sample", self.sample, 0.0, 1.0)
+        _check_range("audit.reservoir", self.reservoir, 1, 1_000_000)
+
+    def rate(self, default: float) -> float:
+        return default if self.sample < 0 else self.sample
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     seed: int = 0x5EED
@@ -259,6 +282,7 @@ class EngineConfig:
     passage: PassageConfig = field(default_factory=PassageConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
     def validate(self) -> EngineConfig:
         _check_range("seed", self.seed, 0, (1 << 32) - 1)
@@ -267,6 +291,7 @@ class EngineConfig:
         self.passage.validate()
         self.cache.validate()
         self.retention.validate()
+        self.audit.validate()
         return self
 
     def frozen_params(self) -> dict[str, Any]:
@@ -351,7 +376,8 @@ FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
 
 # the tables of an engine configuration (a TOML file's [engine.<name>])
 SECTIONS: dict[str, type] = {"text": TextConfig, "near": NearConfig, "passage": PassageConfig,
-                             "cache": CacheConfig, "retention": RetentionConfig}
+                             "cache": CacheConfig, "retention": RetentionConfig,
+                             "audit": AuditConfig}
 
 
 def _build_section(name: str, cls: type, data: dict[str, Any]) -> Any:

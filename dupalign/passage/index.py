@@ -57,7 +57,7 @@ from dupalign.passage.sketch import (
     query_lists,
     window_lists,
 )
-from dupalign.passage.tasks import Tasks, Weights
+from dupalign.passage.tasks import PassageTrace, Tasks, Weights
 from dupalign.store import lists, tables
 from dupalign.store.database import Batch, PrefixReader, Store
 
@@ -122,6 +122,8 @@ class PassageIndex:
         self.pending: list_files.PendingLists | None = None
         self._entries: tuple[int, npt.NDArray[Any], I64] | None = None  # staged, for commit
         self._mark: int | None = None  # the pending lists' mark in the staged batch
+        # set by the recall audit for the one query it samples: filled by ``find_tasks``
+        self.trace: PassageTrace | None = None
 
     def find_tasks(
         self, state: PassageState, before: int, exclude: frozenset[int] = frozenset(),
@@ -153,6 +155,9 @@ class PassageIndex:
         # candidates' windows (their forward records)
         self.counters.candidates_pruned += pruned
         self.counters.candidates_scanned += len(t_p)
+        if self.trace is not None:
+            self.trace.stopped = named & long[np.maximum(lid, 0)]
+            self.trace.tasks = frozenset(t_o.tolist())
         if not len(t_p):
             return None
         # stop lists become the empty list 0; the others keep their (bin, key) order
@@ -179,6 +184,10 @@ class PassageIndex:
         # (entries are sorted by ordinal): the counting work stays bounded as copies grow
         head = np.minimum(n_before, self.cfg.max_list_read)
         self.counters.entries_cut += int(n_before.sum() - head.sum())
+        if self.trace is not None:
+            self.trace.heads = frozenset(_segments(ords, start, head).tolist())
+            self.trace.beyond = frozenset(_segments(ords, start + head, n_before - head).tolist())
+            self.trace.heads_known = True
         return self.cache.is_long(slots), start, head, ords
 
     def read_forward(self, ordinals: list[int]) -> list[bytes | None]:
@@ -461,6 +470,16 @@ class PassageIndex:
             "passage_stop_entries_skipped": c.stop_entries_skipped,
             "passage_entries_cut": c.entries_cut,
         }
+
+
+def _segments(values: I64, start: I64, length: I64) -> I64:
+    """``values[start[i]:start[i] + length[i]]`` of every i, joined."""
+    total = int(length.sum())
+    if not total:
+        return np.zeros(0, dtype=values.dtype)
+    ends = np.cumsum(length)
+    at = np.arange(total) - np.repeat(ends - length, length) + np.repeat(start, length)
+    return values[at]
 
 
 def _assemble_lists(n_run: I64, runs: list[I64], n_single: I64, keys: list[bytes],

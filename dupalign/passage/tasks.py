@@ -109,3 +109,15 @@ class Tasks:
         self.empty_keys = forward.empty_keys(self.t_p, self.t_o, np.asarray(tasks, np.int64),
                                              self.q_empty)
         self.empty_off, self.empty_lr = forward.gather_empty_at(buf, at, pages, self.empty_keys)
+
+
+@dataclass
+class PassageTrace:
+    """What the passage query of one page saw, for the recall audit (dupalign.audit): filled
+    by ``PassageIndex.find_tasks`` when asked (``PassageIndex.trace``)."""
+
+    stopped: npt.NDArray[np.bool_] | None = None  # [passage, bin]: the bin's list is a stop list
+    tasks: frozenset[int] = frozenset()  # pages that became alignment tasks
+    heads: frozenset[int] = frozenset()  # pages counted (in a list's first max_list_read)
+    beyond: frozenset[int] = frozenset()  # pages in a list past its first max_list_read
+    heads_known: bool = False  # (index shards do not report the heads)

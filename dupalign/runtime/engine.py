@@ -19,6 +19,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from dupalign.audit.auditor import Auditor, CaseResult
+from dupalign.audit.recall import Tally
+from dupalign.audit.stored import audit_store
 from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES, EngineConfig
 from dupalign.match import Match, Span, best_span
 from dupalign.near.index import NearIndex
@@ -63,7 +66,7 @@ class Engine:
 
     def __init__(self, store: Store, config: EngineConfig, read_only: bool = False,
                  shards: int | None = None, remote_shards: RemoteIndexer | None = None,
-                 removal_only: bool = False) -> None:
+                 removal_only: bool = False, audit_default: float = 0.0) -> None:
         if removal_only and (read_only or remote_shards is not None):
             raise ValueError("removal_only is for an engine that writes its own store")
         self.config = config
@@ -79,6 +82,11 @@ class Engine:
         self.aligner = Aligner(config, StoreForward(store))
         self.last_report = PageReport()
         self._pool: WorkerPool | None = None
+        # the recall audit (dupalign.audit): ``audit.sample``, or the caller's default
+        self.audit: Auditor | None = None
+        rate = config.audit.rate(audit_default)
+        if rate > 0 and not (read_only or removal_only):
+            self.audit = self.indexer.audit = Auditor(store, config, rate)
         if not read_only:
             for result in self.indexer.unfinished_results():  # a crash came before their end
                 self.indexer.finish(result, self.align(result))
@@ -99,7 +107,7 @@ class Engine:
     def open(
         cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False,
         shards: int | None = None, remote_shards: RemoteIndexer | None = None,
-        removal_only: bool = False,
+        removal_only: bool = False, audit_default: float = 0.0,
     ) -> Engine:
         config = (config or EngineConfig()).validate()
         store = Store(store_dir, config.frozen_params(), read_only=read_only,
@@ -108,7 +116,8 @@ class Engine:
         try:
             if read_only:  # a reader takes the store's frozen parameters, whatever it asked
                 config = config.with_frozen(store.params)
-            return cls(store, config, read_only, shards, remote_shards, removal_only)
+            return cls(store, config, read_only, shards, remote_shards, removal_only,
+                       audit_default)
         except BaseException:
             store.close()
             raise
@@ -354,6 +363,25 @@ class Engine:
         """Store the page's matches (the index stage's last step, after align)."""
         return self.indexer.finish(result, passages)
 
+    def run_audits(self) -> list[CaseResult]:
+        """Audit the sampled pages whose matches are stored (dupalign.audit.auditor): call
+        it off the pages' path, e.g. after their output is delivered. Same thread as
+        ``process``."""
+        return [] if self.audit is None else self.audit.run_pending(self.near)
+
+    def audit_tally(self) -> Tally:
+        """The audit's counts since the store was made (read from the store)."""
+        if self.audit is not None:
+            return self.audit.tally
+        raw = records.log_get(self.store, "audit_tally", 0)
+        return Tally() if raw is None else Tally.from_bytes(raw)
+
+    def audit_store(self, pages: int, reservoir: int | None = None) -> Tally:
+        """The audit over ``pages`` stored pages, on demand (dupalign.audit.stored); the
+        store is not written."""
+        return audit_store(self.store, self.config, self.near, pages,
+                           reservoir or self.config.audit.reservoir, self.config.seed)
+
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held by each cache (``cache.memory_mb``'s parts) and by the near-duplicate
         table, which grows with the store by design."""
@@ -375,5 +403,6 @@ class Engine:
             "params": self.store.params,
             **self.near.stats(),
             **self.passages.stats(),
+            "audit": self.audit_tally().estimates(),
         }
 

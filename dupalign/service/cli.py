@@ -127,6 +127,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
                 for match in found:
                     out.write(json.dumps(match.to_dict(now_ms), ensure_ascii=False) + "\n")
                 matches += len(found)
+                engine.run_audits()  # (engine.audit.sample: off unless set)
                 progress.update(1, f"{matches} matches, {rejects.count} rejected")
         except BaseException as exc:
             interrupted = _interrupted(exc)
@@ -294,11 +295,23 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    config = load_engine_config(args.config)
+    with _open_engine(args.store, config, read_only=True) as engine:
+        tally = engine.audit_store(args.pages, args.reservoir)
+    estimates = tally.estimates()
+    if args.json:
+        print(json.dumps(estimates, indent=2, sort_keys=True))
+    else:
+        print("\n".join([f"store {args.store}", *audit_lines(estimates)]))
+    return 0
+
+
 # The store's figures, what `dupalign stats --json` prints. Engine.stats() also counts what
 # the engine did since it was opened (deletes, lookups): nothing, in a process that only
 # opens the store to read these, so those counters would read as store figures of zero.
 _STORE_FIGURES = ("pages", "ordinals", "store_bytes", "near_table_size", "near_table_bytes",
-                  "idf_version", "params")
+                  "idf_version", "params", "audit")
 # What `dupalign stats` shows as a table
 _STORE_ROWS = (
     ("pages", "pages"),
@@ -322,7 +335,20 @@ def stats_table(store: str, stats: dict[str, Any]) -> str:
     width = max(len(label) for label, _ in store_rows + param_rows)
     lines = [f"store {store}"] + [f"  {label:<{width}}  {v}" for label, v in store_rows]
     lines += ["frozen parameters"] + [f"  {label:<{width}}  {v}" for label, v in param_rows]
-    return "\n".join(lines)
+    return "\n".join(lines + audit_lines(stats.get("audit", {})))
+
+
+def audit_lines(estimates: dict[str, dict[str, Any]]) -> list[str]:
+    """The recall audit's estimates (dupalign.audit.recall), one line per kind."""
+    out = ["recall audit (95 % interval; sampled pages, true pairs; misses by cause)"]
+    for kind, e in sorted(estimates.items()):
+        if e["recall"] is None:
+            out.append(f"  {kind:<8} no true pair audited yet ({e['pages']} pages)")
+            continue
+        causes = ", ".join(f"{c} {n}" for c, n in sorted(e["misses"].items())) or "none"
+        out.append(f"  {kind:<8} {e['recall']:.3f} [{e['low']:.3f}, {e['high']:.3f}]  "
+                   f"{e['pages']} pages, {e['pairs']} pairs; misses: {causes}")
+    return out
 
 
 _STORE_HELP = "RocksDB store directory (made by scan or a worker)"
@@ -377,6 +403,17 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true",
                        help="the store's figures and frozen parameters, as JSON")
     stats.set_defaults(func=cmd_stats)
+
+    audit = sub.add_parser("audit", help="recall of the index over a sample of stored pages")
+    audit.add_argument("--store", required=True, help=_STORE_HELP)
+    audit.add_argument("--config", help=_READ_CONFIG_HELP)
+    audit.add_argument("--pages", type=_positive, default=200,
+                       help="stored pages audited, a seeded uniform sample (default 200)")
+    audit.add_argument("--reservoir", type=_positive, default=None,
+                       help="stored pages passages are aligned against (default: "
+                            "engine.audit.reservoir; the live audit's reservoir when kept)")
+    audit.add_argument("--json", action="store_true", help="print the estimates as JSON")
+    audit.set_defaults(func=cmd_audit)
 
     delete = sub.add_parser("delete", help="remove pages from every index of a store")
     delete.add_argument("ids", nargs="+", metavar="ID", help="page ids")
@@ -470,6 +507,16 @@ def _jobs(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text}: give a count of cores (at most 1024), or 0 "
                                          "for all")
     return jobs
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text}: give a positive count")
+    return n
 
 
 def _run_worker(args: argparse.Namespace) -> int:

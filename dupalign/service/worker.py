@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError, TopicAlreadyExistsError
 
+from dupalign.config import WORKER_AUDIT_SAMPLE
 from dupalign.errors import ConfigError, StoreError
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import Config, load_config
@@ -101,8 +103,8 @@ class Worker(Rebalancing, BatchProcessing):
         try:
             self._check_free_space()
             self.engine = await loop.run_in_executor(
-                self.executor, Engine.open, self.store_dir, self.config.engine
-            )
+                self.executor, partial(Engine.open, self.store_dir, self.config.engine,
+                                       audit_default=WORKER_AUDIT_SAMPLE))
             for part, mb in self.config.engine.cache.budgets_mb().items():
                 self.metrics.memory_budget_bytes.labels(part).set(mb << 20)
             if self.kc.create_topics:

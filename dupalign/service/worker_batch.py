@@ -84,6 +84,10 @@ class BatchProcessing:
         # (here every earlier part is committed: a sweep removes no page whose matches a
         # replay would have to answer from the store)
         self._retention(engine)
+        # the pages sampled by the recall audit in earlier parts, now that their output is
+        # committed: off their path (engine.audit)
+        if engine.audit is not None:
+            self.metrics.audited(engine.run_audits(), engine.audit_tally().estimates())
         m = self.metrics
         if decoded is None:
             decoded = self._decode(tp, records)

@@ -29,6 +29,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from dupalign.audit.auditor import Auditor
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.match import Match, Span, best_span
@@ -36,6 +37,7 @@ from dupalign.near.index import NearIndex, NearState
 from dupalign.passage.forward import RecordCache
 from dupalign.passage.index import PassageIndex, Removal
 from dupalign.passage.sketch import PassageState
+from dupalign.passage.tasks import PassageTrace
 from dupalign.stages.messages import (
     AlignRequest,
     IndexResult,
@@ -98,6 +100,9 @@ class Indexer:
         # told the ordinals of every page removed from the store (the topology's index
         # role empties the align shards' copies of their forward records)
         self.on_removed: Callable[[list[int]], None] | None = None
+        # the recall audit (dupalign.audit), when on: told of sampled pages, stored pages and
+        # removals, it never changes what the stage answers
+        self.audit: Auditor | None = None
         self.engine_info = {
             "name": ENGINE_NAME,
             "h": config.near.hamming,
@@ -202,6 +207,8 @@ class Indexer:
             times.near_candidates = c.candidates - before[1]
             times.cws_pairs = c.filter.pairs - before[2]
             times.cws_samples_saved = c.filter.samples_saved - before[3]
+            audit = self.audit if self.audit is not None and self.audit.wants(ordinal) else None
+            trace = None if audit is None else PassageTrace()
             matched = set()
             for other, hamming, est in near_found:
                 matched.add(other)
@@ -210,14 +217,22 @@ class Indexer:
             t2 = time.perf_counter()
             # one message per matched pair: near duplicates are not aligned again as passages
             if passage_state.rects is not None:
-                tasks = self.passages.find_tasks(passage_state, ordinal,
-                                                 frozenset(matched) | skip,
-                                                 None if prev is None else prev.ordinal)
+                self.passages.trace = trace
+                try:
+                    tasks = self.passages.find_tasks(passage_state, ordinal,
+                                                     frozenset(matched) | skip,
+                                                     None if prev is None else prev.ordinal)
+                finally:
+                    self.passages.trace = None
                 if tasks is not None:
                     assert passage_state.starts is not None and passage_state.ends is not None
                     result.align = AlignRequest(
                         ordinal, passage_state.starts, passage_state.ends,
                         passage_state.positions, tasks)
+            if audit is not None:
+                audit.capture(ordinal, frozenset(skip) | (
+                    frozenset() if prev is None else frozenset([prev.ordinal])),
+                    near_state, matched, passage_state, trace, self.alive)
         t3 = time.perf_counter()
         times.near, times.passage = t2 - t1, t3 - t2
         return True
@@ -260,6 +275,8 @@ class Indexer:
         self._count_alive(1)
         self.near.commit(ordinal, near_state)
         self.passages.commit(ordinal, passage_state)
+        if self.audit is not None:
+            self.audit.offer(ordinal, passage_state)
 
     def finish(self, result: IndexResult, passages: list[tuple[str, list[Span]]]) -> list[Match]:
         """Store the page's matches (``passages``: what align found) and return them, in
@@ -286,6 +303,8 @@ class Indexer:
                 _put_offset(batch, result.source)
             if len(batch):
                 self.store.write(batch)
+        if self.audit is not None and result.ordinal is not None:
+            self.audit.close(result.ordinal, matches)
         if result.rejected is not None:
             raise PageRejected(*result.rejected)
         return matches
@@ -424,6 +443,8 @@ class Indexer:
             self.on_removed(ordinals)
         self.near.commit_removal(ordinals)
         self.passages.commit_removal(removal)
+        if self.audit is not None:
+            self.audit.removed(ordinals)
         self._count_alive(-len(ordinals))
         self.counters.removed += len(ordinals)
 

@@ -23,6 +23,8 @@ NOTES = {  # one count (u64) each
 LOGS = {  # values by sequence number
     "outbox": b"outbox/",  # the index fan-in's keys messages per sequence record
     "partials": b"partial/",  # a shard process's partials per sequence record
+    "audit_tally": b"audit_tally/",  # the recall audit's counts (sequence 0)
+    "audit_reservoir": b"audit_reservoir/",  # the audit's reservoir of pages, by slot
 }
 
 

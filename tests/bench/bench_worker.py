@@ -132,12 +132,13 @@ enabled = false
     return path
 
 
-def start_worker(config: Path, store: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_worker(config: Path, store: Path, log: Path, env: dict[str, str] | None = None
+                 ) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
         return subprocess.Popen(
             [sys.executable, "-m", "dupalign.service.worker", "--store", str(store), "--config",
              str(config)], cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1", **(env or {})),
         )
 
 
@@ -160,10 +161,14 @@ class CommitWatcher:
         return await self.consumer.committed(self.tp) or 0
 
 
-async def worker_rate(bootstrap: str, topic: str, n: int, tmp: Path) -> float:
-    group = f"bench-{topic}"
-    proc = start_worker(write_config(tmp, bootstrap, topic, group), tmp / "store-rate",
-                        tmp / "worker-rate.log")
+async def worker_rate(bootstrap: str, topic: str, n: int, tmp: Path, tag: str = "rate",
+                      env: dict[str, str] | None = None) -> float:
+    """Pages/s of a fresh worker (``env``: more environment) over ``topic``, from its first
+    commit to its last."""
+    group = f"bench-{topic}" + ("" if tag == "rate" else f"-{tag}")
+    log = tmp / f"worker-{tag}.log"
+    proc = start_worker(write_config(tmp, bootstrap, topic, group), tmp / f"store-{tag}", log,
+                        env)
     try:
         async with CommitWatcher(bootstrap, topic, group) as w:
             first = None
@@ -175,7 +180,7 @@ async def worker_rate(bootstrap: str, topic: str, n: int, tmp: Path) -> float:
                 if c >= n:
                     break
                 if proc.poll() is not None:
-                    raise RuntimeError((tmp / "worker-rate.log").read_text())
+                    raise RuntimeError(log.read_text())
                 await asyncio.sleep(0.02)
         assert first is not None
         if c == first[1]:

@@ -210,6 +210,28 @@ def test_stats_is_a_table_or_json(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert stats["pages"] == 4 and stats["params"]["seed"] == 24301
 
 
+def test_audit_and_stats_report_recall(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """`scan` with the audit on keeps its tally (`stats` shows it); `audit` audits a sample
+    of the stored pages on demand."""
+    store, config = str(tmp_path / "s"), tmp_path / "c.toml"
+    config.write_text("[engine.audit]\nsample = 1.0\n")
+    assert main(["scan", str(DEMO / "llvm-docs"), "--store", store, "--quiet", "--config",
+                 str(config)]) == 0
+    capsys.readouterr()
+    assert main(["stats", "--store", store, "--json"]) == 0
+    live = json.loads(capsys.readouterr().out)["audit"]
+    assert live["near"]["pages"] > 0 and live["passage"]["pairs"] > 0
+    assert main(["stats", "--store", store]) == 0
+    assert "recall audit" in capsys.readouterr().out
+    assert main(["audit", "--store", store, "--pages", "50", "--json"]) == 0
+    stored = json.loads(capsys.readouterr().out)
+    assert stored["near"]["pages"] > 0 and stored["passage"]["pairs"] > 0
+    assert stored["passage"]["recall"] == 1.0  # (the demo's copies are all found)
+    assert main(["audit", "--store", store, "--pages", "5"]) == 0
+    assert capsys.readouterr().out.startswith(f"store {store}\nrecall audit")
+
+
 def _commands() -> list[str]:
     from dupalign.service.cli import build_parser
 

@@ -456,7 +456,7 @@ def test_stats_shows_the_stores_figures_not_its_own_counters(tmp_path: Path) -> 
     assert run.returncode == 0, run.stderr
     stats = json.loads(run.stdout)
     assert set(stats) == {"pages", "ordinals", "store_bytes", "near_table_size",
-                          "near_table_bytes", "idf_version", "params"}
+                          "near_table_bytes", "idf_version", "params", "audit"}
     assert (stats["pages"], stats["ordinals"]) == (2, 3)
 
 

@@ -193,7 +193,9 @@ def live(prometheus_bin: Path, kafka_bootstrap: str,
     worker = start([sys.executable, "-m", "dupalign.service.worker", "--store", str(tmp / "store"),
                     "--config", str(worker_config)], logs["worker"],
                    env=dict(os.environ, PYTHONUNBUFFERED="1",
-                            DUPALIGN_METRICS_PORT=str(worker_port)))
+                            DUPALIGN_METRICS_PORT=str(worker_port),
+                            # every page audited: the audit panels have data
+                            DUPALIGN_ENGINE_AUDIT_SAMPLE="1"))
     prometheus = start([str(prometheus_bin / "prometheus"),
                         f"--config.file={tmp / 'prom' / 'prometheus.yml'}",
                         f"--storage.tsdb.path={tmp / 'prom' / 'data'}",
