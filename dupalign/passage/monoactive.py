@@ -331,7 +331,7 @@ def _fen_kth(tree: I64, k: int, top: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def _partition_kernel(
+def partition_kernel(
     n: int, pos: I64, off: I64, ent_tok: I64, ent_x: I64, visit: I64, cap: int
 ) -> tuple[I64, int]:
     """Algorithm 4 over the active keys, with 1-based coordinates and guards 0 and n + 1.
@@ -448,7 +448,7 @@ def monotonic_partition(lay: Layout, eh: EntryHashes, fn: int = 0) -> Windows:
     that subsequence's min-hash. At most 2 |X(T)| windows (Lemma 10).
     """
     cap = 2 * count_active_keys(lay, eh) + 1
-    out, w = _partition_kernel(lay.n, lay.pos, lay.off, lay.ent_tok, lay.ent_x, eh.visit, cap)
+    out, w = partition_kernel(lay.n, lay.pos, lay.off, lay.ent_tok, lay.ent_x, eh.visit, cap)
     rows = out[:w]
     return Windows(
         np.full(w, fn, dtype=np.int32),

@@ -35,7 +35,7 @@ Windows. Per bin b, the subsequences with a present element in b form MonoActive
 monotone case: with ``h_b(t, x)`` the smallest value of t's elements in b among its first
 ``M(x)``, non-increasing in x (∞ while none), the min of ``T[i..j]`` in b is
 ``min_t h_b(t, count)``. So each bin is the MonoActive partition
-(:func:`dupalign.passage.monoactive._partition_kernel`: active entries, visited by value)
+(:func:`dupalign.passage.monoactive.partition_kernel`: active entries, visited by value)
 of the text restricted to the positions of the tokens with an element in b, mapped back
 (a restricted range ``[a..b] × [c..d]`` is ``i ∈ [P[a−1]+1, P[b]], j ∈ [P[c], P[d+1]−1]``
 with P the bin's sorted positions, guards −1 and n). A position is in as many bins as its
@@ -59,9 +59,9 @@ from dupalign.passage.monoactive import (
     IdfFn,
     TfFn,
     TfMode,
-    _partition_kernel,
     entry_weights,
     layout,
+    partition_kernel,
 )
 from dupalign.passage.oph import oph_bins
 from dupalign.text.hashing import mix64, to_unit
@@ -322,7 +322,7 @@ def _windows(n: int, tid: I64, off: I64, m_of: I64, el_off: I64, el_u: U64, el_b
                     n_act += 1
                     n_keys += f - x + 1
         visit = act[:n_act][np.argsort(val[act[:n_act]])]
-        rows, m_w = _partition_kernel(nb, lpos, loff, ent_tok, ent_x, visit, 2 * n_keys + 1)
+        rows, m_w = partition_kernel(nb, lpos, loff, ent_tok, ent_x, visit, 2 * n_keys + 1)
         need = w + m_w
         if need > ob.shape[0]:
             ob, ok, oa = _grow(ob, need), _grow(ok, need), _grow(oa, need)
