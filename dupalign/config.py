@@ -84,10 +84,15 @@ class NearConfig:
             raise ConfigError("near.idf_freeze_at", "must be increasing positive doc counts")
 
 
+PASSAGE_MODES = ("oph", "weighted", "weighted_oph")
+
+
 @dataclass(frozen=True)
 class PassageConfig:
     enabled: bool = True
-    mode: str = "oph"  # "oph" (Jaccard) or "weighted" (MonoActive, weighted Jaccard)
+    # "oph" (Jaccard), "weighted" (MonoActive, weighted Jaccard) or "weighted_oph" (weighted
+    # Jaccard near OPH's cost: OPH over weights cut into elements; dupalign.passage.weighted_oph)
+    mode: str = "oph"
     k: int = 64
     theta: str = "3/10"
     # Alignment units: w-word shingles. Words (1) make stop-word inverted lists that grow with
@@ -122,13 +127,13 @@ class PassageConfig:
     # it in that page (dupalign.passage.batch_align._gather_matched): a block repeated more often
     # is found at its first places, other text as before. Not frozen (align reads it).
     max_repeats: int = 8
-    tf_mode: str = "log"  # weighted mode only
+    tf_mode: str = "log"  # weighted and weighted_oph modes only
     # Report the tight alignment inside the scan's padded detections (dupalign.passage.span_refine);
     # false: the scan's merged spans. Reporting only: matched pages are the same either way.
     refine: bool = True
 
     def validate(self) -> None:
-        _check_choice("passage.mode", self.mode, ("oph", "weighted"))
+        _check_choice("passage.mode", self.mode, PASSAGE_MODES)
         _check_range("passage.k", self.k, 4, 1024)
         parse_fraction("passage.theta", self.theta)
         _check_range("passage.shingle", self.shingle, 1, 8)

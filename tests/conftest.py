@@ -316,10 +316,11 @@ def prometheus_bin() -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The slow tests first (the 5,000-page topology takes minutes): collected last, xdist
-    # handed it out near the end and the suite waited for it alone. (Every worker sorts
-    # alike: xdist needs one order.)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    # The slow tests first, then the Kafka ones (a broker outage waits out a minute): collected
+    # last, xdist handed them out near the end and the suite waited for them alone, while
+    # short tests fill the tail. (Every worker sorts alike: xdist needs one order.)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("kafka") is None))
     if os.environ.get("DUPALIGN_CONTAINER_TESTS") == "1":
         return
     skip = pytest.mark.skip(reason="container build and run take minutes: set DUPALIGN_"

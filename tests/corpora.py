@@ -1,5 +1,6 @@
 """Real text for tests and benchmarks: the demo corpus shipped in ``demo/``, the larger
-corpora of the shared test data (Clough, RFCs, WARC crawls) and the llvm docs.
+corpora of the shared test data (Clough, RFCs, WARC crawls) and Debian documentation in two
+releases (llvm, Boost) for the scan benchmark.
 
 The shared test data lives in ``$DUPALIGN_SHARED/testdata``, by default ``../shared`` beside
 the repository. Tests that need it carry ``@pytest.mark.testdata``: without it they are
@@ -16,6 +17,7 @@ from __future__ import annotations
 import csv
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -30,7 +32,8 @@ TESTDATA = SHARED / "testdata"
 CLOUGH = TESTDATA / "clough"
 RFC = TESTDATA / "rfc"
 WARC = TESTDATA / "warc"
-LLVM_DOCS = Path.home() / ".cache" / "dupalign-docs"
+LLVM_DOCS = Path.home() / ".cache" / "dupalign-docs"  # every docs corpus unpacks here
+FETCH_DOCS = SHARED / "scripts" / "fetch-debian-docs.sh"
 
 _WORD = re.compile(r"\w+")
 
@@ -75,8 +78,46 @@ def rfc_numbers() -> list[int]:
 
 def llvm_doc_files(limit: int | None = None) -> list[Path]:
     """HTML pages of the llvm docs unpacked by scripts/fetch-debian-docs.sh (may be none)."""
-    files = sorted(LLVM_DOCS.rglob("*.html")) if LLVM_DOCS.exists() else []
+    files = sorted(f for d in sorted(LLVM_DOCS.glob("llvm-*-doc")) for f in d.rglob("*.html"))
     return files[:limit] if limit is not None else files
+
+
+@dataclass(frozen=True)
+class Release:
+    """One release of a Debian documentation package: its pages are ``label/<path>``."""
+
+    label: str
+    package: str
+    html: str  # the HTML directory inside the unpacked package
+
+    def root(self, docs: Path) -> Path:
+        return docs / self.package / self.html
+
+
+# Two releases of the same documentation each: the later release's pages repeat, exactly or
+# with edits, many pages of the earlier one (the exact and near copies the scan benchmark
+# finds). Boost: the two releases Debian 12 carries, 7,709 pages, none of them used to tune
+# the engine.
+DOCS_CORPORA: dict[str, tuple[Release, Release]] = {
+    "llvm": (Release("llvm-13", "llvm-13-doc", "usr/share/doc/llvm-13-doc/html"),
+             Release("llvm-14", "llvm-14-doc", "usr/share/doc/llvm-14-doc/html")),
+    "boost": (Release("boost-1.74", "libboost1.74-doc", "usr/share/doc/libboost1.74-doc/doc/html"),
+              Release("boost-1.81", "libboost1.81-doc", "usr/share/doc/libboost1.81-doc/doc/html")),
+}
+
+
+def docs_releases(name: str, docs: Path = LLVM_DOCS,
+                  limit: int | None = None) -> tuple[list[Page], list[Page]]:
+    """The HTML pages of both releases of ``DOCS_CORPORA[name]``, in path order, unpacked from
+    their Debian packages (apt-get download, dpkg -x: ``FETCH_DOCS``) on first use."""
+    releases = DOCS_CORPORA[name]
+    missing = [r.package for r in releases if not r.root(docs).is_dir()]
+    if missing:
+        subprocess.run(["bash", str(FETCH_DOCS), str(docs), *missing], check=True)
+    old, new = ([Page(id=f"{r.label}/{f.relative_to(r.root(docs)).as_posix()}",
+                      body=f.read_bytes(), content_type="text/html")
+                 for f in sorted(r.root(docs).rglob("*.html"))[:limit]] for r in releases)
+    return old, new
 
 
 def words(text: str) -> list[str]:

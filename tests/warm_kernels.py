@@ -29,7 +29,7 @@ from dupalign.stages.messages import AlignRequest
 from dupalign.stages.sketch import PageSketch
 
 REPO = Path(__file__).resolve().parent.parent
-MODES = ("oph", "weighted")
+MODES = ("oph", "weighted", "weighted_oph")
 _WORDS = [f"w{i}" for i in range(400)]
 
 

@@ -3,12 +3,13 @@
 A page's units (its words, or w-word shingles) are cut into query passages of
 ``query_len`` units with a ``stride`` (the last one flush right); each passage gets its
 sketch (OPH: k min-hashes and empty bins; MonoActive, ``mode = "weighted"``: k hash
-functions), and the page its compact windows (``Rects``), the units ranges on which a min-hash
-stays the same. All of it is pure (no store, no index state): the sketch stage computes it
+functions; ``mode = "weighted_oph"``: k bins of weight elements and empty bins), and the
+page its compact windows (``Rects``), the units ranges on which a min-hash stays the same. All
+of it is pure (no store, no index state): the sketch stage computes it
 (``PassageSketcher.sketch_page``) on any core, and the distinct inverted lists that the
 passages and the windows name (``query_lists``, ``window_lists``) with it, off the index
-thread. The index stage (dupalign.passage.index) reads and writes the lists; the align stage
-(dupalign.stages.align) scans the candidates' windows.
+thread. The index stage (dupalign.passage.index) reads and writes the lists; the align
+stage (dupalign.stages.align) scans the candidates' windows.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy.typing as npt
 from dupalign.config import EngineConfig
 from dupalign.kernel_cache import njit
 from dupalign.passage import batch_align as passage_align
-from dupalign.passage import monoactive, monoactive_query
+from dupalign.passage import monoactive, monoactive_query, weighted_oph
 from dupalign.passage.oph import compact_windows, oph_bins, oph_values
 from dupalign.passage.positions import pack_positions
 from dupalign.text.hashing import mix64
@@ -102,6 +103,9 @@ class PassageSketcher:
             emp = w.empty
             return Rects(w.bin, w.value, w.l, np.where(emp, w.r, w.c), np.where(emp, w.l, w.c),
                          w.r, emp)
+        if self.cfg.mode == "weighted_oph":
+            ww = weighted_oph.compact_windows(units, self.k, self._tf)
+            return Rects(ww.bin, ww.key, ww.a, ww.b, ww.c, ww.d, ww.empty)
         mw = monoactive.compact_windows(units, self.k, "weighted", tf=self._tf)
         return Rects(mw.fn.astype(np.int64), mw.key, mw.a.astype(np.int64),
                      mw.b.astype(np.int64), mw.c.astype(np.int64), mw.d.astype(np.int64),
@@ -132,6 +136,10 @@ class PassageSketcher:
             hvals = oph_values(units)
             return passage_align.passage_sketches(hvals, oph_bins(hvals, self.k), starts, ends,
                                                   self.k)
+        if self.cfg.mode == "weighted_oph":
+            keys, empty, _ = weighted_oph.sketches(weighted_oph.samples(units, self.k, self._tf),
+                                                   starts, ends, self.k)
+            return keys, empty
         keys = monoactive_query.query_minhashes_many(units, starts, ends, self.k, "weighted",
                                                tf=self._tf)
         return keys, np.zeros(keys.shape, dtype=np.bool_)

@@ -22,7 +22,8 @@ U64 = npt.NDArray[np.uint64]
 class Weights:
     """Thresholds as exact integers: θ = p/q, a matched non-empty window weighs
     ``w_match`` = q, a jointly empty bin ``w_empty`` = p, and a subsequence is similar when
-    its weight reaches ``need`` = k·p (OPH: N_mat / (k − N_emp) ≥ θ). MonoActive has no
+    its weight reaches ``need`` = k·p (OPH and weighted OPH: N_mat / (k − N_emp) ≥ θ).
+    MonoActive has no
     empty windows: weight 1 each, threshold ⌈kθ⌉."""
 
     p: int
@@ -35,7 +36,7 @@ class Weights:
     def of(cls, cfg: PassageConfig) -> Weights:
         theta = cfg.theta_fraction
         p, q = theta.numerator, theta.denominator
-        if cfg.mode == "oph":
+        if cfg.mode in ("oph", "weighted_oph"):
             return cls(p, q, q, p, cfg.k * p)
         return cls(p, q, 1, 0, monoactive_query.threshold_count(cfg.k, (p, q)))
 

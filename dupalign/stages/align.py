@@ -24,7 +24,7 @@ import numpy.typing as npt
 from dupalign.config import EngineConfig
 from dupalign.match import Span
 from dupalign.passage import batch_align as passage_align
-from dupalign.passage import forward, monoactive, monoactive_query, span_refine
+from dupalign.passage import forward, monoactive, monoactive_query, span_refine, weighted_oph
 from dupalign.passage.positions import has_units, unpack_positions
 from dupalign.passage.sketch import U64, word_range
 from dupalign.passage.tasks import Tasks, Weights
@@ -121,10 +121,13 @@ class PassageSpans:
 
     def estimates(self, a: U64, b: U64, boxes: list[tuple[int, int, int, int]]) -> list[float]:
         """The sketch estimate of each box's two unit ranges ``a[q0:q1]``, ``b[t0:t1]`` (as
-        the scan's, without stop lists): OPH N_mat / (k - N_emp), MonoActive matched hash
-        functions / k."""
+        the scan's, without stop lists): OPH and weighted OPH N_mat / (k - N_emp), MonoActive
+        matched hash functions / k."""
         if self.cfg.mode == "oph":
             return span_refine.oph_estimates(a, b, np.array(boxes, dtype=np.int64), self.k)
+        if self.cfg.mode == "weighted_oph":
+            return weighted_oph.estimates(a, b, np.array(boxes, dtype=np.int64), self.k,
+                                          self._tf).tolist()
         r = np.array(boxes, dtype=np.int64).reshape(-1, 4)
         many = monoactive_query.query_minhashes_many
         ka = many(a, r[:, 0], r[:, 1], self.k, "weighted", tf=self._tf)

@@ -148,18 +148,23 @@ def salt_key(salt: int) -> np.uint64:
     return np.uint64((0x9E3779B97F4A7C15 * (salt + 1)) & _MASK64)
 
 
-@vectorize(["uint64(uint64, uint64)"], cache=True)
-def _mix_ufunc(x: np.uint64, key: np.uint64) -> np.uint64:  # pragma: no cover (compiled)
+def _mix_element(x: np.uint64, key: np.uint64) -> np.uint64:  # pragma: no cover (compiled)
     return mix_one(x, key)
 
 
-@vectorize(["float64(uint64)"], cache=True)
-def _unit_ufunc(x: np.uint64) -> float:  # pragma: no cover (compiled)
+def _unit_element(x: np.uint64) -> float:  # pragma: no cover (compiled)
     return unit_one(x)
 
 
-# the plain numpy ufuncs: numba's wrappers (DUFunc) cost ~3 µs more per call
-_MIX, _UNIT = _mix_ufunc.ufunc, _unit_ufunc.ufunc
+@functools.cache
+def _ufuncs() -> tuple[np.ufunc, np.ufunc]:
+    """The plain numpy ufuncs of mix64 and to_unit (numba's DUFunc wrappers cost ~3 µs more
+    per call), built on first use: a ufunc with signatures is compiled, or loaded from the
+    cache, when it is made, which starts numba's code generator, about 1 s of CPU that a
+    command stopping at a configuration error would spend for nothing."""
+    mix = vectorize(["uint64(uint64, uint64)"], cache=True)(_mix_element)
+    unit = vectorize(["float64(uint64)"], cache=True)(_unit_element)
+    return mix.ufunc, unit.ufunc
 
 
 def mix64(values: U64 | int, salt: int = 0) -> U64:
@@ -170,12 +175,12 @@ def mix64(values: U64 | int, salt: int = 0) -> U64:
     floating-point error context per call, most of the time of a short array's call
     (profile of the weighted passage sketches).
     """
-    return _MIX(np.asarray(values, dtype=np.uint64), salt_key(salt))
+    return _ufuncs()[0](np.asarray(values, dtype=np.uint64), salt_key(salt))
 
 
 def to_unit(values: U64) -> npt.NDArray[np.float64]:
     """Map uint64 hash values to floats uniform in the open interval (0, 1)."""
-    return _UNIT(np.asarray(values, dtype=np.uint64))
+    return _ufuncs()[1](np.asarray(values, dtype=np.uint64))
 
 
 def shingle_hashes(hashes: U64, w: int, salt: int = 0) -> U64:

@@ -1,9 +1,12 @@
-"""The staged engine on llvm-13-doc vs llvm-14-doc, next to datasketch, rensa and main.
+"""The staged engine on two releases of Debian docs, next to datasketch, rensa and main.
 
 The same HTML documentation in two releases (Debian packages, unpacked by
-../shared/scripts/fetch-debian-docs.sh into tests.corpora.LLVM_DOCS). llvm-13 pages go
-first, then llvm-14 pages, twice: from the HTML, and from the same extracted text given to
-every engine as text/plain (engine against engine, the shared extraction left out).
+../shared/scripts/fetch-debian-docs.sh into tests.corpora.LLVM_DOCS): ``--corpus llvm``
+(llvm-13-doc, llvm-14-doc: the default, the corpus the engine was tuned on) or ``--corpus
+boost`` (libboost1.74-doc, libboost1.81-doc: 7,709 pages not used for tuning); see
+tests.corpora.DOCS_CORPORA. The earlier release's pages go first, then the later one's,
+twice: from the HTML, and from the same extracted text given to every engine as text/plain
+(engine against engine, the shared extraction left out).
 
 Methods (pages/s over the whole stream, start-up excluded except the worker pool's; and
 pages per CPU second of the run, worker processes included, which other work on a shared
@@ -18,17 +21,20 @@ machine disturbs less than wall time):
 - ``--baseline-ref REV``: the ``--jobs 1`` staged runs of a checkout of an earlier staged
   engine (its own ``run_staged_one_core``, in a subprocess), with their stage CPU: what a
   change to one stage gained, measured side by side;
-- datasketch MinHashLSH and rensa RMinHashLSH: threshold 0.8, 128 permutations, word
-  5-shingles of our tokens (neither has a tokenizer of its own). datasketch reports its
-  LSH candidates as they are; rensa's LSH takes a band count dividing 128 (16 bands of 8
-  rows, a curve centred below 0.8), so its candidates are kept when their MinHash
-  estimate reaches 0.8, as rensa's own deduplicator does.
+- datasketch MinHashLSH and rensa RMinHashLSH: threshold 0.8, 128 permutations, as their
+  users write them (tests.bench.scan_peers: regex words, Python word 5-shingles, timed as
+  a whole with the MinHash and the LSH), each in a process of its own; from HTML they also
+  pay our text extraction. From text, a second rensa row is the engine-only view: the
+  shingles of our tokens made before its clock starts.
+- every dupalign run's clock stops when its last page is stored and the store closed; the
+  store write (the page's WriteBatch, its staging and RocksDB's write) is counted in the
+  index stage and shown apart.
 
-Truth: pairs (llvm-14 page, earlier page) with word 5-shingle Jaccard ≥ 0.85 on the
-extracted text. Recall: the fraction of llvm-14 pages whose same-path llvm-13 page is such
-a pair that a method pairs with some earlier page of Jaccard ≥ 0.85 (so an exact copy of
-another member of the page's exact-duplicate cluster counts as found); precision: the
-fraction of reported pairs with Jaccard ≥ 0.85. Only exact and near matches count.
+Truth: pairs (later-release page, earlier page) with word 5-shingle Jaccard ≥ 0.85 on the
+extracted text. Recall: the fraction of later-release pages whose same-path earlier page
+is such a pair that a method pairs with some earlier page of Jaccard ≥ 0.85 (so an exact
+copy of another member of the page's exact-duplicate cluster counts as found); precision:
+the fraction of reported pairs with Jaccard ≥ 0.85. Only exact and near matches count.
 
 Then, from the ``--jobs 1`` runs: CPU per page of each stage (sketch, index with the
 storing of matches, align), the index stage's share (the part that cannot run in
@@ -39,8 +45,8 @@ candidates' forward records from the store), and the share of the candidate page
 records that ``AlignRequest.to_bytes(forward=True)`` adds for an align stage without
 store access (their windows in the lists, empty windows, ids and positions records).
 
-Run: .venv/bin/python -m tests.bench.bench_scan [--limit N] [--only html|text] [--no-main]
-     [--jobs 1,2] [--threads] [--baseline-ref REV]
+Run: .venv/bin/python -m tests.bench.bench_scan [--corpus llvm|boost] [--limit N]
+     [--only html|text] [--no-main] [--jobs 1,2] [--threads] [--baseline-ref REV]
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
@@ -67,7 +74,8 @@ from dupalign.runtime.engine import Engine
 from dupalign.runtime.pipeline import ExecutorKind
 from dupalign.stages.messages import AlignRequest
 from dupalign.text.tokens import page_text, tokenize
-from tests.corpora import LLVM_DOCS
+from tests.bench.scan_peers import PEERS
+from tests.corpora import DOCS_CORPORA, LLVM_DOCS, docs_releases
 
 HERE = Path(__file__).resolve().parents[2]
 SHINGLE = 5
@@ -87,17 +95,10 @@ class Run:
     wire: dict[str, int] = field(default_factory=dict)  # bytes per message kind, tokens
 
 
-def load_pages(docs: Path, limit: int | None) -> tuple[list[Page], list[Page]]:
-    releases = []
-    for name in ("llvm-13-doc", "llvm-14-doc"):
-        root = docs / name / "usr/share/doc" / name / "html"
-        if not root.is_dir():
-            raise SystemExit(f"missing {root}: run ../shared/scripts/fetch-debian-docs.sh {docs} "
-                             "llvm-13-doc llvm-14-doc")
-        files = sorted(root.rglob("*.html"))[:limit]
-        releases.append([Page(id=f"{name[:7]}/{f.relative_to(root).as_posix()}",
-                              body=f.read_bytes(), content_type="text/html") for f in files])
-    return releases[0], releases[1]
+def load_pages(docs: Path, limit: int | None, corpus: str = "llvm"
+               ) -> tuple[list[Page], list[Page]]:
+    """Both releases' HTML pages, ids ``<release>/<path>`` (fetched on first use)."""
+    return docs_releases(corpus, docs, limit)
 
 
 def shingles(tokens: list[str]) -> set[tuple[str, ...]]:
@@ -108,11 +109,6 @@ def jaccard(a: set[tuple[str, ...]], b: set[tuple[str, ...]]) -> float:
     if not a and not b:
         return 1.0
     return len(a & b) / len(a | b)
-
-
-def page_shingles(page: Page) -> list[bytes]:
-    """Our extraction and tokens, then word 5-shingles: what both MinHash baselines index."""
-    return [" ".join(s).encode() for s in shingles(tokenize(main_text(page)).tokens)]
 
 
 def main_text(page: Page) -> str:
@@ -136,37 +132,16 @@ def timed(run: Callable[[], Run]) -> Run:
     return out
 
 
-def run_datasketch(pages: list[Page]) -> Run:
-    from datasketch import MinHash, MinHashLSH
-
-    lsh = MinHashLSH(threshold=0.8, num_perm=128)
-    found: Pairs = set()
-    t0 = time.perf_counter()
-    for page in pages:
-        mh = MinHash(num_perm=128)
-        mh.update_batch(page_shingles(page))
-        for other in lsh.query(mh):
-            found.add((page.id, other))
-        lsh.insert(page.id, mh)
-    return Run("datasketch MinHashLSH", time.perf_counter() - t0, found)
-
-
-def run_rensa(pages: list[Page]) -> Run:
-    from rensa import RMinHash, RMinHashLSH
-
-    lsh = RMinHashLSH(threshold=0.8, num_perm=128, num_bands=16)
-    sketches: list[RMinHash] = []
-    found: Pairs = set()
-    t0 = time.perf_counter()
-    for n, page in enumerate(pages):
-        mh = RMinHash(num_perm=128, seed=42)
-        mh.update([s.decode() for s in page_shingles(page)])
-        for other in lsh.query(mh):
-            if mh.jaccard(sketches[other]) >= 0.8:
-                found.add((page.id, pages[other].id))
-        lsh.insert(n, mh)
-        sketches.append(mh)
-    return Run("rensa RMinHashLSH", time.perf_counter() - t0, found)
+def run_peer(peer: str, tokens: str, pages_file: Path) -> Run:
+    """rensa or datasketch in a process of its own (tests.bench.scan_peers): ``user``, as
+    its users write it; ``ours``, the engine-only view on the shingles of our tokens."""
+    out = subprocess.run([sys.executable, "-m", "tests.bench.scan_peers", peer, tokens,
+                          str(pages_file)], cwd=HERE, check=True, capture_output=True,
+                         text=True)
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    label = PEERS[peer][0] + (" (engine only: our shingles, untimed)" if tokens == "ours"
+                              else "")
+    return Run(label, d["seconds"], {(a, b) for a, b in d["pairs"]}, d["cpu"])
 
 
 def _collect(found: Pairs, kinds: dict[str, int], matches: list[Match]) -> None:
@@ -184,7 +159,9 @@ def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, sto
     wire = dict.fromkeys(("page_sketch", "align_task", "forward", "tokens"), 0)
     warm_up(pages, config, store)
     serialize = serialize_cpu = 0.0
-    with Engine.open(store, config) as engine:
+    engine, closed = Engine.open(store, config), False
+    store_write = _time_writes(engine)
+    try:
         t0, p0 = time.perf_counter(), time.process_time()
         for page in pages:
             c0 = time.thread_time()
@@ -222,17 +199,41 @@ def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, sto
             pending.drain(into_file=True)  # (as Engine.close does)
             cpu["index"] += time.thread_time() - c0 - pending.build_seconds
             cpu["lists"] = pending.build_seconds
+        c0 = time.thread_time()
+        engine.close()  # the store closed: what is written is there for the next open
+        closed = True
+        cpu["index"] += time.thread_time() - c0
         run.seconds = time.perf_counter() - t0 - serialize
         run.cpu = time.process_time() - p0 - serialize_cpu
+    finally:
+        if not closed:
+            engine.close()
     run.stages, run.wire = cpu, wire
+    run.stages["store"] = store_write[0]
     return run
+
+
+def _time_writes(engine: Engine) -> list[float]:
+    """Counts the CPU of this thread in the index stage's store writes (a page's WriteBatch
+    staged, written, and the in-memory indexes updated) into the list's one item."""
+    spent = [0.0]
+    write = engine.indexer._write
+
+    def timed_write(*args: Any) -> None:
+        c0 = time.thread_time()
+        write(*args)
+        spent[0] += time.thread_time() - c0
+
+    engine.indexer._write = timed_write  # type: ignore[method-assign]
+    return spent
 
 
 def run_staged(label: str, pages: list[Page], config: EngineConfig, store: Path,
                jobs: int, executor: ExecutorKind = "process") -> Run:
     run = Run(label, 0.0, set())
     warm_up(pages, config, store)
-    with Engine.open(store, config) as engine:
+    engine, closed = Engine.open(store, config), False
+    try:
         t0 = time.perf_counter()
         for _, found in engine.process_many(((p, None) for p in pages), jobs=jobs,
                                             executor=executor):
@@ -240,9 +241,12 @@ def run_staged(label: str, pages: list[Page], config: EngineConfig, store: Path,
                 _collect(run.pairs, run.kinds, found)
             elif not isinstance(found, PageRejected):
                 raise found
-        if engine.passages.pending is not None:  # (the last pages' list entries, as at close)
-            engine.passages.pending.drain(into_file=True)
+        engine.close()  # the last pages' list entries into the store, the pool stopped
+        closed = True
         run.seconds = time.perf_counter() - t0
+    finally:
+        if not closed:
+            engine.close()
     return run
 
 
@@ -340,6 +344,8 @@ def checkout(ref: str, where: Path) -> Path:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--corpus", choices=sorted(DOCS_CORPORA), default="llvm",
+                    help="two releases of Debian docs (tests.corpora.DOCS_CORPORA)")
     ap.add_argument("--docs", type=Path, default=LLVM_DOCS)
     ap.add_argument("--limit", type=int, default=None, help="pages per release (default all)")
     ap.add_argument("--only", choices=["html", "text"], help="one input form only")
@@ -351,19 +357,18 @@ def main() -> int:
     ap.add_argument("--threads", action="store_true",
                     help="also run the stages with jobs > 1 on worker threads")
     args = ap.parse_args()
-    if not (args.docs / "llvm-14-doc").is_dir():
-        subprocess.run(["bash", str(HERE.parent / "shared/scripts/fetch-debian-docs.sh"),
-                        str(args.docs), "llvm-13-doc", "llvm-14-doc"], check=True)
-    old, new = load_pages(args.docs, args.limit)
+    old, new = load_pages(args.docs, args.limit, args.corpus)
     html = old + new
     text = [Page(id=p.id, body=main_text(p), content_type="text/plain") for p in html]
-    print(f"corpus: {len(old)} llvm-13 + {len(new)} llvm-14 HTML pages")
+    a, b = (r.label for r in DOCS_CORPORA[args.corpus])
+    print(f"corpus {args.corpus}: {len(old)} {a} + {len(new)} {b} HTML pages, "
+          f"{sum(len(str(p.body).encode()) for p in text) / 1e6:.1f} MB of text")
     sh = {p.id: shingles(tokenize(str(p.body)).tokens) for p in text}
     old_ids = {p.id for p in old}
-    same_path = {(f"llvm-14/{p.id[8:]}", f"llvm-13/{p.id[8:]}") for p in new}
-    truth = {a for a, b in same_path if b in sh and jaccard(sh[a], sh[b]) >= TRUTH_J}
-    print(f"truth: {len(truth)} of {len(same_path)} llvm-14 pages have word 5-shingle Jaccard "
-          f">= {TRUTH_J} with their same-path llvm-13 page", flush=True)
+    same_path = {(p.id, a + p.id[len(b):]) for p in new}
+    truth = {x for x, y in same_path if y in sh and jaccard(sh[x], sh[y]) >= TRUTH_J}
+    print(f"truth: {len(truth)} of {len(same_path)} {b} pages have word 5-shingle Jaccard "
+          f">= {TRUTH_J} with their same-path {a} page", flush=True)
     jobs = [int(j) for j in args.jobs.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
     ref = base = None
@@ -399,8 +404,10 @@ def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path
         runs.append(run)
         print(f"  {form}: {run.label} done in {run.seconds:.1f} s", flush=True)
 
-    done(timed(lambda: run_datasketch(pages)))
-    done(timed(lambda: run_rensa(pages)))
+    for peer in ("datasketch", "rensa"):
+        done(run_peer(peer, "user", pages_file))
+    if form == "text":
+        done(run_peer("rensa", "ours", pages_file))
     # (each staged run makes its configuration: the default, or passages off)
     for name, passages in (("default", True), ("near-only", False)):
         if ref is not None:
@@ -454,18 +461,30 @@ def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
                     and not r.label.startswith("dupalign")):  # --baseline-ref
                 ratio(f"dupalign {name} --jobs 1", r.label)
                 ratio(f"dupalign {name} --jobs 2", r.label)
+    for name in ("default", "near-only"):  # the same matches whatever the jobs
+        same = [r for r in runs if r.label.startswith(f"dupalign {name} --jobs")]
+        if len(same) > 1:
+            equal = all(r.pairs == same[0].pairs and r.kinds == same[0].kinds for r in same)
+            print(f"  dupalign {name}: exact and near pairs and matches by kind "
+                  f"{'the same' if equal else 'DIFFER'} in its {len(same)} runs")
     ratio("dupalign near-only --jobs 1", "rensa RMinHashLSH")
     ratio("dupalign near-only --jobs 1", "datasketch MinHashLSH")
-    print("\nstages of the --jobs 1 runs (CPU ms per page; index includes storing the matches;"
-          " list files: building the table files of list entries, dupalign.passage.lists.files),"
-          " wire bytes per page and per token:")
+    ratio("dupalign default --jobs 1", "datasketch MinHashLSH")
+    for r in runs:
+        if r.label.endswith("untimed)"):  # the engine-only view
+            ratio("dupalign near-only --jobs 1", r.label)
+    print("\nstages of the --jobs 1 runs (CPU ms per page; index includes the store write and"
+          " closing the store; store: the page's WriteBatch staged and written, CPU within"
+          " index; list files: building the table files of list entries,"
+          " dupalign.passage.lists.files), wire bytes per page and per token:")
     for r in runs:
         if not r.stages:
             continue
-        total = sum(r.stages.values())
+        total = sum(v for k, v in r.stages.items() if k != "store")
         per = {k: v / n_pages * 1e3 for k, v in r.stages.items()}
         tok = max(1, r.wire["tokens"])
         print(f"  {r.label:<30} sketch {per['sketch']:6.2f}  index {per['index']:6.2f}  "
+              f"(store {per.get('store', float('nan')):5.2f})  "
               f"align {per['align']:6.2f}  list files {per.get('lists', 0.0):5.2f}  "
               f"index share {r.stages['index'] / total:6.1%}  |  "
               f"PageSketch {r.wire['page_sketch'] / n_pages:8.0f} B/page "

@@ -28,7 +28,7 @@ from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.match import Match, best_span
 from dupalign.page import Page
 from dupalign.passage import index as passages
-from dupalign.passage import monoactive, monoactive_query, positions
+from dupalign.passage import monoactive, monoactive_query, positions, weighted_oph
 from dupalign.passage.interval_scan import align
 from dupalign.passage.oph import OPHWindows, compact_windows, oph_sketch, oph_values
 from dupalign.passage.sketch import PassageSketcher, distinct_lists, passage_starts
@@ -73,11 +73,15 @@ class Pairwise:
         tf = self.cfg.tf_mode
         oph: dict[int, OPHWindows] = {}
         mono: dict[int, monoactive.Windows] = {}
+        woph: dict[int, weighted_oph.WOPHWindows] = {}
         sizes: Counter[tuple[int, int]] = Counter()
         for o, u in pages.items():
             if self.cfg.mode == "oph":
                 w = oph[o] = compact_windows(oph_values(u), idx.k)
                 lists = zip(w.bin[~w.empty].tolist(), w.value[~w.empty].tolist(), strict=True)
+            elif self.cfg.mode == "weighted_oph":
+                ww = woph[o] = weighted_oph.compact_windows(u, idx.k, tf)  # type: ignore[arg-type]
+                lists = zip(ww.bin[~ww.empty].tolist(), ww.key[~ww.empty].tolist(), strict=True)
             else:
                 mw = mono[o] = monoactive.compact_windows(u, idx.k, "weighted", tf=tf)  # type: ignore[arg-type]
                 lists = zip(mw.fn.tolist(), mw.key.tolist(), strict=True)
@@ -87,6 +91,11 @@ class Pairwise:
         self.mono = {o: w.select(np.array([(b, v) not in self.stop for b, v in zip(
             w.fn.tolist(), w.key.tolist(), strict=True)], dtype=np.bool_))
             for o, w in mono.items()}
+        self.woph = {o: weighted_oph.select(w, np.array([e or (b, v) not in self.stop for b, v, e
+                                                         in zip(w.bin.tolist(), w.key.tolist(),
+                                                                w.empty.tolist(), strict=True)],
+                                                        dtype=np.bool_))
+                     for o, w in woph.items()}
 
     def _drop_stopped(self, w: OPHWindows) -> OPHWindows:
         keep = np.array([e or (b, v) not in self.stop for b, v, e in zip(
@@ -100,6 +109,9 @@ class Pairwise:
         for o, u in self.pages.items():
             if self.cfg.mode == "oph":
                 found = align(oph_values(q_units), self.oph[o], k, self.theta, min_len)
+            elif self.cfg.mode == "weighted_oph":
+                found = weighted_oph.align(q_units, self.woph[o], k, self.theta,
+                                           self.cfg.tf_mode, min_len)  # type: ignore[arg-type]
             else:
                 found = monoactive_query.align_weighted(
                     q_units, u, k, self.theta, "weighted", tf=self.cfg.tf_mode,  # type: ignore[arg-type]
@@ -111,6 +123,15 @@ class Pairwise:
         """The sketch estimate of the reported subsequence, computed from scratch (matches
         in bins whose list is a stop list do not count)."""
         t_units, k = self.pages[o][s:e], self.idx.k
+        if self.cfg.mode == "weighted_oph":
+            tfm = self.cfg.tf_mode
+            qm, qe, _ = weighted_oph.sketch(q_units, k, tfm)  # type: ignore[arg-type]
+            tm, t_none, t_first = weighted_oph.sketch(t_units, k, tfm)  # type: ignore[arg-type]
+            # the text side counts a bin empty when it has no first element
+            n_emp = int(np.count_nonzero(qe & t_first))
+            n_mat = sum(1 for b in range(k) if not qe[b] and not t_none[b] and qm[b] == tm[b]
+                        and (b, int(qm[b])) not in self.stop)
+            return n_mat / (k - n_emp)
         if self.cfg.mode == "oph":
             (qm, qe), (tm, te) = (oph_sketch(oph_values(q_units), k),
                                   oph_sketch(oph_values(t_units), k))
@@ -268,7 +289,7 @@ def scenarios(
     return [text(p) for p in pages], text(query), params, store
 
 
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios())
 def test_store_search_equals_pairwise_alignment(
@@ -282,7 +303,7 @@ def test_store_search_equals_pairwise_alignment(
                                      margin=store["margin"])
 
 
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_pruning_and_hits_are_exercised(mode: str, tmp_path: Path) -> None:
     """A fixed scenario where pruning drops pages and hits exist, so the property test above
     cannot pass vacuously: pruned candidates never include a page with a pairwise hit."""
@@ -532,7 +553,7 @@ def test_clough_default_config(tmp_path: Path) -> None:
 
 
 @needs_testdata
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_clough_store_equals_pairwise_with_pruning(mode: str, tmp_path: Path) -> None:
     """Real text: a cut answer queried against the 5 originals and other answers (fewer in
     weighted mode, whose pairwise reference is slow)."""
@@ -666,7 +687,7 @@ def test_a_reader_uses_the_stores_frozen_parameters(tmp_path: Path) -> None:
     assert got == want and {d for d, _ in want} >= {"p3", "p5"}
 
 
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_span_estimates_equal_sketches_of_the_spans(mode: str, tmp_path: Path) -> None:
     """The estimate a refined span carries is that of the sketches of its two unit ranges
     (OPH: N_mat / (k - N_emp); MonoActive: matched hash functions / k)."""
@@ -686,6 +707,11 @@ def test_span_estimates_equal_sketches_of_the_spans(mode: str, tmp_path: Path) -
 
         got = spans.estimates(a, b, boxes)
         for (q0, q1, t0, t1), est in zip(boxes, got, strict=True):
+            if mode == "weighted_oph":  # (its own estimator: tests/passage/test_weighted_oph.py)
+                assert est == pytest.approx(weighted_oph.estimate(
+                    weighted_oph.sketch(a[q0:q1], 16, spans._tf),
+                    weighted_oph.sketch(b[t0:t1], 16, spans._tf)))
+                continue
             (ka, ea), (kb, eb) = sketch_of(a[q0:q1]), sketch_of(b[t0:t1])
             n_emp = sum(bool(x and y) for x, y in zip(ea, eb, strict=True))
             n_mat = sum(1 for f in range(16) if not ea[f] and not eb[f] and ka[f] == kb[f])

@@ -38,6 +38,8 @@ seed = 7
 [engine.near]
 hamming = 4
 shingle = 5
+[engine.passage]
+mode = "weighted_oph"
 [engine.cache]
 lists_mb = 64
 """)
@@ -45,6 +47,7 @@ lists_mb = 64
     assert cfg.engine.near.shingle == 5
     assert (cfg.engine.cache.lists_mb, cfg.engine.cache.blocks_mb) == (64, 32)
     assert cfg.engine.frozen_params()["near_shingle"] == 5
+    assert cfg.engine.frozen_params()["passage_mode"] == "weighted_oph"
     assert cfg.kafka.input_topic == "crawl.pages" and cfg.kafka.transactions is False
     assert cfg.worker.batch_size == 16 and cfg.worker.shutdown_timeout_s == 5.0
     assert cfg.metrics.port == 0
@@ -126,6 +129,7 @@ def test_passwords_from_files_as_kubernetes_mounts_secrets(tmp_path: Path) -> No
         ("[surprise]\nx = 1\n", {}, "surprise", "unknown table"),
         ("[engine.near]\nhamming = 99\n", {}, "engine.near.hamming", "range"),
         ("[engine.near]\nshingle = 0\n", {}, "engine.near.shingle", "range"),
+        ('[engine.passage]\nmode = "weighted-oph"\n', {}, "engine.passage.mode", "weighted_oph"),
         ("[engine.cache]\nlists_mb = -1\n", {}, "engine.cache.lists_mb", "range"),
         ("[engine.cache]\nmemory_mb = 400\n", {}, "engine.cache.memory_mb", "no room"),
         ("", {"DUPALIGN_ENGINE_NEAR_HAMMING": "-1"}, "engine.near.hamming", "range"),

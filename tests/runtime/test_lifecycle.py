@@ -252,7 +252,7 @@ def _oracle(examples: int) -> Any:
     return check
 
 
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive(
         stores: Stores, mode: str) -> None:
     _oracle(EXAMPLES)(stores, mode)
@@ -262,7 +262,7 @@ def test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive(
 @pytest.mark.skipif(os.environ.get("DUPALIGN_LONG_TESTS") != "1",
                     reason="about 15 minutes of CPU (make test runs slow tests too): set "
                            "DUPALIGN_LONG_TESTS=1")
-@pytest.mark.parametrize("mode", ["oph", "weighted"])
+@pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_matches_after_removals_equal_a_fresh_store_many_sequences(
         stores: Stores, mode: str) -> None:
     _oracle(10_000)(stores, mode)
@@ -274,7 +274,7 @@ def test_stop_lists_do_not_depend_on_the_list_cache(stores: Stores) -> None:
     @settings(max_examples=200, deadline=None,
               suppress_health_check=[HealthCheck.too_slow])
     @given(sequence=ops, probes=st.lists(texts, min_size=1, max_size=2),
-           max_list=st.integers(1, 4), mode=st.sampled_from(["oph", "weighted"]),
+           max_list=st.integers(1, 4), mode=st.sampled_from(["oph", "weighted", "weighted_oph"]),
            small=st.sampled_from([0, 3000]))
     def check(sequence: list[Any], probes: list[Any], max_list: int, mode: str,
               small: int) -> None:

@@ -136,7 +136,7 @@ def step(engine: Engine, alive: dict[str, str], clock: int, op: Any) -> list[Any
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sequence=ops, mode=st.sampled_from(["oph", "weighted"]),
+@given(sequence=ops, mode=st.sampled_from(["oph", "weighted", "weighted_oph"]),
        max_list=st.sampled_from([2, 4, 100_000]), max_candidates=st.sampled_from([1, 2, 16]),
        max_list_read=st.sampled_from([1, 2, 64]), single_cached=st.booleans())
 # a changed revisit whose shared passage's lists hold max_list + 1 entries with its old
@@ -347,7 +347,7 @@ class Loopback(FanInIndexer):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sequence=ops, mode=st.sampled_from(["oph", "weighted"]),
+@given(sequence=ops, mode=st.sampled_from(["oph", "weighted", "weighted_oph"]),
        max_list=st.sampled_from([2, 4, 100_000]), max_candidates=st.sampled_from([1, 2, 16]),
        max_list_read=st.sampled_from([1, 2, 64]), n=st.sampled_from([2, 3]))
 @example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 3, 4], 0, False),

@@ -158,3 +158,25 @@ def test_a_store_locked_by_another_process_raises_store_error(tmp_path: Path) ->
     # a StoreUnavailable: the worker stops on it like any store failure, the CLI names the holder
     assert isinstance(info.value, StoreUnavailable) and info.value.operation == "open"
     assert str(info.value).startswith(f"store {path} is locked by pid {holder.pid} ")
+
+
+@pytest.mark.parametrize("made", ["oph", "weighted", "weighted_oph"])
+def test_a_store_made_in_one_passage_mode_refuses_the_others(tmp_path: Path, made: str
+                                                             ) -> None:
+    """Windows and lists of one mode mean nothing to another (OPH min-hashes, MonoActive
+    keys, weighted OPH ICWS samples): an engine in another mode is refused, a reader takes
+    the store's."""
+    from dupalign.config import PASSAGE_MODES, EngineConfig, PassageConfig
+    from dupalign.runtime.engine import Engine
+
+    def config(mode: str) -> EngineConfig:
+        return EngineConfig(passage=PassageConfig(mode=mode)).validate()
+
+    Engine.open(tmp_path / "s", config(made)).close()
+    for other in PASSAGE_MODES:
+        if other != made:
+            with pytest.raises(StoreMismatch, match=f"passage_mode: store has '{made}', "
+                                                    f"asked for '{other}'"):
+                Engine.open(tmp_path / "s", config(other))
+    with Engine.open(tmp_path / "s", config("oph"), read_only=True) as reader:
+        assert reader.config.passage.mode == made
