@@ -36,11 +36,6 @@ def family_options(family: str | None = None, cache: Cache | None = None) -> Opt
         # list reads are random over the whole store, so a small per-family cache holds
         # little of it (tests/bench/bench_store.py compares reads with plain options)
         table.set_block_cache(cache)
-        # index and filter blocks in that cache, within its budget: held beside it they
-        # grew with the store (0.2 MB per 1,000 pages, docs/performance/memory.md); those
-        # of level-0 files, read by every lookup, stay pinned
-        table.set_cache_index_and_filter_blocks(True)
-        table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     opts.set_block_based_table_factory(table)
     opts.increase_parallelism(2)
     # A write-ahead log file is deleted only when every family with data in it has been

@@ -65,24 +65,3 @@ def test_the_memtables_of_every_family_stay_under_their_budget(tmp_path: Path) -
         assert 0 < peak <= budget * 1.05, peak
     finally:
         store.close()
-
-
-def test_index_and_filter_blocks_are_held_in_the_block_cache(tmp_path: Path) -> None:
-    """Real RocksDB: the index and filter blocks of the table files count in the block
-    cache and stay within its budget (held beside it, they grow with the store)."""
-    budget = 1 << 20
-    store = Store(tmp_path / "db", {"p": 1}, block_cache_bytes=budget)
-    try:
-        for part in range(8):  # eight table files of 20,000 small records
-            batch = store.batch()
-            for i in range(20_000):
-                batch.put("docs", (part * 20_000 + i).to_bytes(8, "big"), os.urandom(40))
-            store.write(batch)
-            store.flush()
-        for i in range(0, 160_000, 97):  # reads open every file
-            assert store.get("docs", i.to_bytes(8, "big")) is not None
-        m = store.memory_bytes()
-        assert m["table_readers"] < 64 << 10, m  # (outside the cache: each file's footer)
-        assert 0 < m["blocks"] <= budget * 1.05, m
-    finally:
-        store.close()
