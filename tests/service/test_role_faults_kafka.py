@@ -120,8 +120,10 @@ async def fence_the_owner_until_it_steps_down(
     """Fence the index owner's producer with a rival's InitProducerId, then send ``pages``:
     the owner must step down. A rebalance that lands between the fence and the owner's next
     transaction (the continued process rejoining) has the owner take the shard again with a
-    new producer, which fences the rival instead: then fence the owner again."""
+    new producer, which fences the rival instead: then fence the owner again, with pages
+    not yet sent, so that it has a transaction to find the fence in."""
     kc = topo.config.kafka
+    parts = [pages[i::attempts] for i in range(attempts)]
     for attempt in range(1, attempts + 1):
         fenced = await owner_of(index)
         log = index[fenced][1]
@@ -132,8 +134,7 @@ async def fence_the_owner_until_it_steps_down(
         await rival.start()
         await stop_quietly(rival)
         step(f"index {fenced}'s producer fenced by another's InitProducerId ({attempt})")
-        if attempt == 1:
-            await topo.send(pages)
+        await topo.send(parts[attempt - 1])
         deadline = time.monotonic() + 60
         while log.read_text().count("index role stepping down") == stepped:
             if log.read_text().count("index shard owned") > owned:
@@ -141,6 +142,8 @@ async def fence_the_owner_until_it_steps_down(
             assert time.monotonic() < deadline, f"no step-down\n{topo.logs()}"
             await asyncio.sleep(0.2)
         else:
+            for rest in parts[attempt:]:
+                await topo.send(rest)
             return
     raise AssertionError(f"the owner took the shard again after each of {attempts} fences, "
                          f"never stepping down\n{topo.logs()}")
