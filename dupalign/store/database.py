@@ -94,10 +94,12 @@ class Store:
         read_only = read_only or self.secondary
         opts = family_options()
         if memtable_bytes:  # every family's memtables together (0: each family its own)
-            # stalling writers until a flush frees room: without it the bound is only a
-            # flush trigger, and a writer faster than the flushes went to 2.8 times it
-            # (tests/runtime/test_memory_budget.py)
-            opts.set_write_buffer_manager(WriteBufferManager(memtable_bytes, True))
+            # a flush trigger, without its write stall: the stall waits until memory falls
+            # to half the budget, which the empty hash memtable of ``oph`` (8 MB of buckets)
+            # may never allow, and writers then hung for good (3 runs in 12 of
+            # tests/runtime/test_memory_budget.py; facebook/rocksdb#11780). The families'
+            # write buffers (``family_options``) bound a writer that outruns the flushes.
+            opts.set_write_buffer_manager(WriteBufferManager(memtable_bytes, False))
         if self.secondary:  # keeps every table file open: the writer may delete them
             opts.set_max_open_files(-1)
             # a catch-up opens the writer's new table files on threads it starts and joins
@@ -119,7 +121,7 @@ class Store:
                                        f"{exc.strerror}") from None
             access = AccessType.read_write()
         cache = Cache(block_cache_bytes)
-        families = {name: family_options(name, cache) for name in FAMILIES}
+        families = {name: family_options(name, cache, memtable_bytes) for name in FAMILIES}
         try:
             if (self.path / "CURRENT").exists():
                 existing = set(Rdict.list_cf(str(self.path), opts))
@@ -127,7 +129,7 @@ class Store:
                     families = {n: o for n, o in families.items() if n in existing
                                 and (only is None or n in only)}
                 else:  # every family must be opened for writing, those of older formats too
-                    families.update({n: family_options(n, cache) for n in existing
+                    families.update({n: family_options(n, cache, memtable_bytes) for n in existing
                                      if n not in families and n != "default"})
             self._db = Rdict(str(self.path), opts, column_families=families, access_type=access)
         except Exception as exc:  # rocksdict raises plain Exception("IO error: ...")

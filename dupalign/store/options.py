@@ -25,7 +25,10 @@ BLOCK_CACHE_BYTES = 256 << 20  # uncompressed blocks shared by all families (def
 WAL_BYTES = 128 << 20  # write-ahead log kept at most (about): see family_options
 
 
-def family_options(family: str | None = None, cache: Cache | None = None) -> Options:
+def family_options(family: str | None = None, cache: Cache | None = None,
+                   memtable_bytes: int = 0) -> Options:
+    """``memtable_bytes``: the budget every family's memtables share (0: none); see
+    ``Store``."""
     opts = Options(raw_mode=True)
     opts.create_if_missing(True)
     opts.create_missing_column_families(True)
@@ -51,6 +54,15 @@ def family_options(family: str | None = None, cache: Cache | None = None) -> Opt
         # (bucket count, skip list height, branching factor; rocksdict's stub omits them)
         opts.set_memtable_factory(MemtableFactory.hash_skip_list(  # type: ignore[call-arg]
             MEMTABLE_BUCKETS, 4, 4))
+    if memtable_bytes:
+        # RocksDB stops a family's writes while it has this many memtables (one being
+        # flushed, one filling): four families written at once then hold a budget at most,
+        # however fast the writer; the hash memtable's bucket array is in its size
+        room = memtable_bytes // 8
+        if family in PREFIX_LENGTHS:
+            room += MEMTABLE_BUCKETS * 8
+        opts.set_write_buffer_size(min(room, 64 << 20))
+        opts.set_max_write_buffer_number(2)
     return opts
 
 

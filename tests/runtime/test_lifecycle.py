@@ -262,6 +262,7 @@ def test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive(
 @pytest.mark.skipif(os.environ.get("DUPALIGN_LONG_TESTS") != "1",
                     reason="about 15 minutes of CPU (make test runs slow tests too): set "
                            "DUPALIGN_LONG_TESTS=1")
+@pytest.mark.timeout(3600)
 @pytest.mark.parametrize("mode", ["oph", "weighted", "weighted_oph"])
 def test_matches_after_removals_equal_a_fresh_store_many_sequences(
         stores: Stores, mode: str) -> None:

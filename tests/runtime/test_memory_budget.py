@@ -10,6 +10,7 @@ import pytest
 from dupalign.config import BASE_MB, DEFAULT_MB, MEMORY_SHARES, CacheConfig
 from dupalign.errors import ConfigError
 from dupalign.store.database import Store
+from dupalign.store.options import MEMTABLE_BUCKETS
 
 
 def _spent(b: dict[str, int]) -> int:
@@ -49,8 +50,11 @@ def test_a_budget_without_room_for_every_cache_is_refused(cache: CacheConfig) ->
 
 
 def test_the_memtables_of_every_family_stay_under_their_budget(tmp_path: Path) -> None:
-    """Real RocksDB: 60 MB written over four families, memtables bounded to 16 MB (without
-    the bound the peak was 68 MB: each family keeps up to its own 64 MB write buffer)."""
+    """Real RocksDB: 60 MB written over four families as fast as it takes them, memtables
+    bounded to 16 MB. Without the bound the peak was 68 MB (each family keeps up to its own
+    64 MB write buffer). With it, each family written holds at most two memtables of an
+    eighth of the budget, so four stay within it beside the empty hash memtable of ``oph``
+    (16-21 MB seen), however far the writer outruns the flushes."""
     budget = 16 << 20
     store = Store(tmp_path / "db", {"p": 1}, memtable_bytes=budget)
     try:
@@ -62,6 +66,6 @@ def test_the_memtables_of_every_family_stay_under_their_budget(tmp_path: Path) -
             store.write(batch)
             peak = max(peak, sum(cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
                                  for cf in store._cfs.values()))
-        assert 0 < peak <= budget * 1.05, peak
+        assert 0 < peak <= budget + MEMTABLE_BUCKETS * 8, peak
     finally:
         store.close()

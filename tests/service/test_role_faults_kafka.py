@@ -120,8 +120,9 @@ async def fence_the_owner_until_it_steps_down(
     """Fence the index owner's producer with a rival's InitProducerId, then send ``pages``:
     the owner must step down. A rebalance that lands between the fence and the owner's next
     transaction (the continued process rejoining) has the owner take the shard again with a
-    new producer, which fences the rival instead: then fence the owner again, with pages
-    not yet sent, so that it has a transaction to find the fence in."""
+    new producer, which fences the rival instead, or moves the shard to the other process,
+    whose new producer does the same: then fence the owner again, with pages not yet sent,
+    so that it has a transaction to find the fence in."""
     kc = topo.config.kafka
     parts = [pages[i::attempts] for i in range(attempts)]
     for attempt in range(1, attempts + 1):
@@ -129,6 +130,7 @@ async def fence_the_owner_until_it_steps_down(
         log = index[fenced][1]
         stepped = log.read_text().count("index role stepping down")
         owned = log.read_text().count("index shard owned")
+        released = log.read_text().count("index shard released")
         rival = new_producer(kc, transactional_id(kc, f"{kc.group_id}-index",
                                                   TopicPartition(kc.sequence_topic, 0)))
         await rival.start()
@@ -137,8 +139,10 @@ async def fence_the_owner_until_it_steps_down(
         await topo.send(parts[attempt - 1])
         deadline = time.monotonic() + 60
         while log.read_text().count("index role stepping down") == stepped:
-            if log.read_text().count("index shard owned") > owned:
-                break  # taken again, with a new producer: the rival was the one fenced
+            said = log.read_text()
+            if (said.count("index shard owned") > owned
+                    or said.count("index shard released") > released):
+                break  # taken again or moved, by a new producer: the rival was fenced
             assert time.monotonic() < deadline, f"no step-down\n{topo.logs()}"
             await asyncio.sleep(0.2)
         else:

@@ -879,6 +879,7 @@ async def test_a_prometheus_scraping_the_roles_answers_every_topology_dashboard_
 
 @pytest.mark.slow
 @pytest.mark.testdata
+@pytest.mark.timeout(1800)  # 5,000 pages with DUPALIGN_LONG_TESTS=1
 @pytest.mark.parametrize("shards", [
     # (one index at this size is opt-in: the suite's time; the Clough + RFC corpus runs it
     # in every make test, and the fan-in with its shards does the same work and more)
