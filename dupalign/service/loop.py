@@ -33,6 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import (
     CommitFailedError,
+    IllegalOperation,
     InvalidProducerEpoch,
     KafkaConnectionError,
     KafkaError,
@@ -41,7 +42,7 @@ from aiokafka.errors import (
 
 from dupalign.service.config import KafkaConfig
 from dupalign.service.outage import KafkaOutage
-from dupalign.service.topology import Outgoing, send_all
+from dupalign.service.topology import Outgoing, background_failure, send_all
 
 log = logging.getLogger("dupalign.loop")
 
@@ -90,11 +91,19 @@ class Checkpoint:
                     log.warning("offsets %s not committed: the group rebalanced; their next "
                                 "owner reads them again", self.offsets)
         else:
-            async with producer.transaction():
-                await self._send(producer)
-                t1 = time.perf_counter()
-                if self.offsets:
-                    await producer.send_offsets_to_transaction(self.offsets, group_id)
+            try:
+                async with producer.transaction():
+                    await self._send(producer)
+                    t1 = time.perf_counter()
+                    if self.offsets:
+                        await producer.send_offsets_to_transaction(self.offsets, group_id)
+            except (IllegalOperation, AssertionError) as exc:
+                # a producer fenced in the background: its cause, so that a role steps down
+                # (FENCED) instead of stopping on an unexpected error
+                cause = background_failure(producer)
+                if cause is None:
+                    raise
+                raise cause from exc
         self.publish_s, self.commit_s = t1 - t0, time.perf_counter() - t1
         if self.after is not None:
             await self.after()

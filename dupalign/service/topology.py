@@ -314,6 +314,17 @@ def _internal_waiters(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
     return [f for f in found if isinstance(f, asyncio.Future)]
 
 
+def background_failure(producer: AIOKafkaProducer) -> BaseException | None:
+    """What failed the producer's sender task, if it did (a ProducerFenced in the reply to a
+    request of its own): aiokafka then moves the transaction to a fatal state, and a later
+    ``send`` says only IllegalOperation, ``begin_transaction`` an AssertionError. Private
+    to aiokafka (tests/service/test_aiokafka_privates.py)."""
+    task = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    if isinstance(task, asyncio.Task) and task.done() and not task.cancelled():
+        return task.exception()
+    return None
+
+
 async def stop_quietly(*clients: AIOKafkaConsumer | AIOKafkaProducer | None) -> None:
     """Stop clients on the way out (a producer flushes); their errors are not the news.
     A consumer stopped while Kafka is away raises CancelledError: its fetcher awaits the

@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
 from dupalign.service.loop import coordinator_known, rejoin
-from dupalign.service.topology import _internal_waiters, fetch_committed
+from dupalign.service.topology import _internal_waiters, background_failure, fetch_committed
 
 
 def test_the_consumer_keeps_its_group_coordinator_where_fetch_committed_reads_it() -> None:
@@ -95,3 +95,16 @@ def test_a_failed_producer_keeps_its_unawaited_waiters_where_send_all_finds_them
         finally:
             await producer.stop()
     asyncio.run(check())
+
+
+def test_a_failed_sender_task_is_where_background_failure_finds_the_fencing() -> None:
+    from aiokafka.producer.sender import Sender
+
+    assert isinstance(Sender.sender_task, property)
+    assert "self._sender = Sender(" in inspect.getsource(AIOKafkaProducer.__init__)
+    # the task's exception is what makes the transaction fatal
+    assert "self._txn_manager.fatal_error(task_exception)" in inspect.getsource(Sender._fail_all)
+
+    async def unstarted() -> None:
+        assert background_failure(AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")) is None
+    asyncio.run(unstarted())

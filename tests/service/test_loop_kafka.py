@@ -5,6 +5,7 @@ note (``after``) runs only once they did; a failed send is reported once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import uuid
@@ -16,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dupalign.service.config import KafkaConfig
-from dupalign.service.loop import Checkpoint
+from dupalign.service.loop import FENCED, Checkpoint
 from dupalign.service.topology import (
     Outgoing,
     committed_offsets,
@@ -149,3 +150,35 @@ def test_a_fenced_transaction_reports_its_failure_once(kafka_bootstrap: str) -> 
     assert len(errors) == 1, said[-4000:]
     assert "send failed" in errors[0] and "ProducerFenced" in errors[0], said[-4000:]
     assert "never retrieved" not in said, said[-4000:]
+
+
+async def test_a_producer_fenced_in_the_background_fails_its_checkpoints_as_fenced(
+        kafka_bootstrap: str) -> None:
+    """Seen in the role faults test: the sender task met the fencing between two sends of a
+    unit, and the next send said only IllegalOperation ("not in transaction"), which stopped
+    the index role instead of having it step down; the next unit's begin said
+    AssertionError. Both must raise the fencing itself."""
+    kc = KafkaConfig(bootstrap_servers=kafka_bootstrap)
+    topic = f"loop-fenced-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(**kc.client_kwargs())
+    await admin.start()
+    producer, usurper = new_producer(kc, topic), new_producer(kc, topic)
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+        await producer.start()
+        await usurper.start()  # same transactional id: fences the first
+
+        async def fenced_between_sends(p: AIOKafkaProducer) -> None:
+            first = await p.send(topic, b"a")
+            with contextlib.suppress(*FENCED):  # met by the sender task, noticed by no one
+                await first
+            await send_all(p, [Outgoing(topic, b"b")])
+
+        with pytest.raises(FENCED):
+            await Checkpoint({}, send=fenced_between_sends).commit(producer, "g")
+        with pytest.raises(FENCED):
+            await Checkpoint({}, [Outgoing(topic, b"c")]).commit(producer, "g")
+    finally:
+        for client in (producer, usurper):
+            await client.stop()
+        await admin.close()
