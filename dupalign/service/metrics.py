@@ -4,9 +4,9 @@ process in tests). Names are prefixed ``dupalign_``; rates such as pages/s come 
 
 from __future__ import annotations
 
-from typing import Any
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dupalign.service.audit_metrics import AuditMetrics
 
 # Sub-millisecond to tens of seconds: engine stages are ~ms, batches and e2e up to seconds.
 LATENCY_BUCKETS = (
@@ -121,40 +121,5 @@ class WorkerMetrics:
             registry=r,
         )
         # the recall audit (dupalign.audit): counts of this process, estimates of the store
-        self.audit_pages = Counter(
-            "dupalign_audit_pages", "Pages audited for recall, by kind (near, passage)",
-            ["kind"], registry=r,
-        )
-        self.audit_pairs = Counter(
-            "dupalign_audit_pairs", "True pairs of the audited pages, by kind and outcome "
-            "(hit, miss) and, for misses, cause (budget, stop_list, list_cut, candidate_cut, "
-            "align_cap, other)", ["kind", "outcome", "cause"], registry=r,
-        )
-        self.audit_recall = Gauge(
-            "dupalign_audit_recall", "Recall estimated by the audit since the store was made, "
-            "by kind, with its 95 % Wilson interval (bound: estimate, low, high)",
-            ["kind", "bound"], registry=r,
-        )
-        self.audit_sample_pairs = Gauge(
-            "dupalign_audit_sample_pairs", "True pairs the recall estimate rests on, by kind",
-            ["kind"], registry=r,
-        )
+        self.audit = AuditMetrics(r)
 
-    def audited(self, results: list[Any], estimates: dict[str, dict[str, Any]]) -> None:
-        """Export what ``Engine.run_audits`` returned and the store's estimates."""
-        for res in results:
-            for kind in ("near", "passage"):
-                counts = getattr(res, kind)
-                if counts is None:
-                    continue
-                hits, misses = counts
-                self.audit_pages.labels(kind).inc()
-                self.audit_pairs.labels(kind, "hit", "").inc(hits)
-                for cause, n in misses.items():
-                    self.audit_pairs.labels(kind, "miss", cause).inc(n)
-        for kind, e in estimates.items():
-            self.audit_sample_pairs.labels(kind).set(e["pairs"])
-            if e["recall"] is not None:
-                for bound in ("recall", "low", "high"):
-                    self.audit_recall.labels(kind, "estimate" if bound == "recall" else bound
-                                             ).set(e[bound])

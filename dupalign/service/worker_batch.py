@@ -87,7 +87,7 @@ class BatchProcessing:
         # the pages sampled by the recall audit in earlier parts, now that their output is
         # committed: off their path (engine.audit)
         if engine.audit is not None:
-            self.metrics.audited(engine.run_audits(), engine.audit_tally().estimates())
+            self.metrics.audit.audited(engine.run_audits(), engine.audit_tally().estimates())
         m = self.metrics
         if decoded is None:
             decoded = self._decode(tp, records)

@@ -776,7 +776,9 @@ async def start_roles_serving_metrics(topo: Topology) -> dict[str, int]:
 @pytest.mark.testdata
 async def test_each_role_process_serves_its_metrics_and_health(
         kafka_bootstrap: str, tmp_path: Path) -> None:
-    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    # every page audited: the index role, which holds the state, runs the recall audit
+    topo = await Topology(kafka_bootstrap, tmp_path,
+                          engine_toml="[engine.audit]\nsample = 1.0\n").create()
     t = topo.topic
     try:
         ports = await start_roles_serving_metrics(topo)
@@ -795,7 +797,18 @@ async def test_each_role_process_serves_its_metrics_and_health(
                 break
             assert time.monotonic() < deadline + 120, m["index"]
             await asyncio.sleep(0.3)
+        # (audited after a commit; every page sampled, those near-indexed audited as such)
+        while min(sample(m["index"], "dupalign_audit_pages_total", kind=kind)
+                  for kind in ("near", "passage")) == 0:
+            assert time.monotonic() < deadline + 120, m["index"]
+            await asyncio.sleep(0.3)
+            m["index"] = scrape(ports["index"])
         sk, ix, al = m["sketch"], m["index"], m["align"]
+        assert sample(ix, "dupalign_audit_pages_total", kind="near") <= n
+        assert sample(ix, "dupalign_audit_sample_pairs", kind="near") > 0
+        assert 0 < sample(ix, "dupalign_audit_recall", kind="near", bound="low") <= sample(
+            ix, "dupalign_audit_recall", kind="near", bound="estimate") <= 1
+        assert sample(sk, "dupalign_audit_pages_total", kind="near") == 0  # not the sketch's
         records = "dupalign_role_records_total"
         assert sample(sk, records, role="sketch", direction="in", topic=t["pages"]) == n
         for topic in ("sequence", "sketches"):

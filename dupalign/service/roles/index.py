@@ -224,6 +224,21 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
         self.metrics.produced(self.name, out)
         self.last_offsets = offsets
         self.published = offsets[self.seq_tp]
+        await self._audit()
+
+    async def _audit(self) -> None:
+        """The recall audit of the pages sampled (``engine.audit.sample``), once their
+        matches are committed, as the single worker does after a batch. The index role
+        holds what it reads: the fingerprint table, the lists, every forward record. With
+        index shards the lists are the shards': not audited (``audit_default`` 0 there)."""
+        engine = self.engine
+        if engine is None or engine.audit is None or self.n_shards > 1:
+            return
+        loop = asyncio.get_running_loop()
+        results = await loop.run_in_executor(self.executor, engine.run_audits)
+        if results:
+            tally = await loop.run_in_executor(self.executor, engine.audit_tally)
+            self.metrics.audit.audited(results, tally.estimates())
 
     async def _close(self) -> None:
         await stop_quietly(self.consumer)

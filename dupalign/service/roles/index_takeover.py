@@ -23,7 +23,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
-from dupalign.config import EngineConfig
+from dupalign.config import WORKER_AUDIT_SAMPLE, EngineConfig
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import Config, KafkaConfig
 from dupalign.service.loop import FENCED, rejoin
@@ -136,7 +136,8 @@ class Takeover:
         self.engine = await loop.run_in_executor(
             self.executor, functools.partial(
                 Engine.open, self.store_dir, self.config.engine, shards=self.n_shards,
-                remote_shards=self._open_fan_in if self.n_shards > 1 else None))
+                remote_shards=self._open_fan_in if self.n_shards > 1 else None,
+                audit_default=WORKER_AUDIT_SAMPLE if self.n_shards == 1 else 0.0))
         self._keyed_by(self.align_parts)
         self.engine.on_removed(self._removed)
         # the forward records of pages stored after the last commit (their transaction

@@ -15,6 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from dupalign.service.audit_metrics import AuditMetrics
 from dupalign.service.outage import KafkaOutage
 from dupalign.service.topology import Outgoing
 
@@ -26,6 +27,7 @@ class RoleMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._outage: KafkaOutage | None = None
+        self.audit = AuditMetrics(r)  # the index role's (dupalign/service/roles/index.py)
         self.kafka_outage = Gauge(
             "dupalign_kafka_outage_seconds", "How long the process has been waiting for "
             "Kafka, unreachable or failing with retriable errors (0: not waiting); it exits "
