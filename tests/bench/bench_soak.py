@@ -14,17 +14,24 @@ stream itself holds no growing memory) and every ``--every`` pages prints, in MB
   readers   index and filter blocks held outside the block cache
             (rocksdb.estimate-table-readers-mem, summed)
   near      the near-duplicate table (SimHash fingerprints: grows with the store by design)
+  free      what the allocator's heaps hold free (dupalign.runtime.allocator)
   store     the store's table files plus memtables (Store.size_bytes)
 
-then the growth per 1,000 pages of each over the last half of the run. RSS includes what
-numba leaves after compiling the kernels if its cache is cold. Needs the RFCs of
-$DUPALIGN_SHARED/testdata.
+then the growth per 1,000 pages of each over the last half of the run, and whether RSS
+stayed flat (within 10 %) over the last half, below ``memory_mb``. ``Engine.process`` is
+what the single worker runs per page with one job (``worker.jobs`` 1); Kafka is left out.
+
+The numba kernels are compiled first in another process (``tests.warm_kernels``: at once
+if cached), so that RSS is the steady state's: a process that compiles them keeps about
+350 MB more. Needs the RFCs of $DUPALIGN_SHARED/testdata.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -38,7 +45,7 @@ from dupalign.runtime.engine import Engine
 from tests.corpora import RFC, rfc_numbers, words
 
 MB = 1 << 20
-COLUMNS = ("rss", "lists", "fwd", "blocks", "memtab", "readers", "near", "store")
+COLUMNS = ("rss", "lists", "fwd", "blocks", "memtab", "readers", "near", "free", "store")
 
 
 def stream(n: int, seed: int = 7, recent: int = 2000) -> Iterator[Page]:
@@ -78,7 +85,7 @@ def sample(engine: Engine) -> dict[str, int]:
     m = engine.memory_bytes()  # what the worker's /metrics shows as dupalign_memory_bytes
     return {"rss": rss_bytes(), "lists": m["lists"], "fwd": m["forward"], "blocks": m["blocks"],
             "memtab": m["memtables"], "readers": m["table_readers"], "near": m["near_table"],
-            "store": engine.store.size_bytes()}
+            "free": m["allocator_free"], "store": engine.store.size_bytes()}
 
 
 def soak(pages: int, every: int, config: EngineConfig) -> list[tuple[int, float, dict[str, int]]]:
@@ -114,11 +121,16 @@ def main() -> None:
     if args.memory_mb:
         config = replace(config, cache=replace(config.cache, memory_mb=args.memory_mb))
     c = config.validate().cache
-    print(f"budgets (MB): {c.budgets_mb()} (memtables 0: unbounded)")
+    print(f"budgets (MB): {c.budgets_mb()} (memtables 0: unbounded)", flush=True)
+    subprocess.run([sys.executable, "-m", "tests.warm_kernels"], check=True)
     rows = soak(args.pages, args.every, config)
     g = growth(rows)
     print(f"growth over the last half, MB per 1,000 pages (pages {rows[len(rows) // 2][0]}"
           f"-{rows[-1][0]}): " + ", ".join(f"{k} {v:+.1f}" for k, v in g.items()))
+    rss = [s["rss"] for p, _, s in rows if p >= rows[-1][0] / 2]
+    print(f"RSS over the last half: {min(rss) / MB:.0f}-{max(rss) / MB:.0f} MB, spread "
+          f"{(max(rss) - min(rss)) / max(rss):.1%} of the highest"
+          + (f"; budget {c.memory_mb} MB" if c.memory_mb else ""))
 
 
 if __name__ == "__main__":
