@@ -196,8 +196,12 @@ class ListCache:
             self._grow_arena(self._grown(len(self.ords), self.end + new_rows, ENTRY_BYTES))
 
     def _grow_arena(self, n: int) -> None:
-        ords = np.zeros(n, dtype=np.int64)  # (pages not written stay out of the RSS)
+        # written through at once: the room the budget counts is then resident from the
+        # start, so RSS follows the budget, not the arena's slow fill (a calloc'd arena's
+        # pages became resident over 50,000 pages as runs first reached them)
+        ords = np.empty(n, dtype=np.int64)
         ords[: self.end] = self.ords[: self.end]
+        ords[self.end :] = 0
         self.ords = ords
 
     def _least_sizes(self) -> tuple[int, int, int]:
