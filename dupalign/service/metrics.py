@@ -88,7 +88,8 @@ class WorkerMetrics:
         )
         # the engine's memory by part (Engine.memory_bytes) beside cache.memory_mb's split
         self.memory_bytes = Gauge(
-            "dupalign_memory_bytes", "Bytes held by each engine cache and the near table",
+            "dupalign_memory_bytes",
+            "Bytes held by each engine cache and the near table, and free in the allocator",
             ["part"], registry=r,
         )
         self.memory_budget_bytes = Gauge(

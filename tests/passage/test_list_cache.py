@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dupalign.passage.lists.cache import ListCache
+from dupalign.passage.lists.cache import MIN_BYTES, ListCache
 
 Entry = int  # a page ordinal (one per window of the page in the list)
 
@@ -134,3 +134,36 @@ def test_many_lists_grow_the_table_and_survive_trims() -> None:
     assert (cache.lookup(bins[recent], keys[recent]) >= 0).all()
     absent = cache.lookup(bins[:50] + 1024, keys[:50])  # bins no list uses
     assert (absent == -1).all()
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), budget=st.integers(MIN_BYTES // 2, 4 * MIN_BYTES),
+       names=st.integers(50, 5_000), max_len=st.integers(1, 400))
+def test_cache_room_stays_within_its_budget(seed: int, budget: int, names: int,
+                                            max_len: int) -> None:
+    """Fed far more than it holds (reads of lists up to ``max_len`` entries, pages that
+    append to them), the cache's arrays, not only the bytes in use, are within the budget
+    after every trim (or at their smallest room), and every cached list stays the store's."""
+    rng = np.random.default_rng(seed)
+    store: dict[int, list[int]] = {}
+    cache = ListCache(budget)
+    for ordinal in range(120):
+        picked = np.unique(rng.integers(0, names, size=int(rng.integers(1, 300))))
+        bins, keys = picked % 1024, (picked // 1024).astype(np.uint64)
+        miss = np.flatnonzero(cache.lookup(bins, keys) < 0)
+        rows = [store.setdefault(int(n), list(range(int(rng.integers(0, max_len)))))
+                for n in picked[miss]]
+        off = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=off[1:])
+        cache.insert(bins[miss], keys[miss], np.zeros(len(rows), dtype=np.bool_), off,
+                     np.array([o for r in rows for o in r], dtype=np.int64))
+        for n in picked.tolist():  # the page's windows: one in each list it read
+            store[n].append(1000 + ordinal)
+        cache.append_page(bins, keys, 1000 + ordinal)
+        cache.trim()
+        assert cache.bytes_used <= budget or len(cache) == 0
+        assert cache.nbytes <= max(budget, MIN_BYTES)
+        every = np.arange(names)
+        slots = cache.lookup(every % 1024, (every // 1024).astype(np.uint64), touch=False)
+        for n in np.flatnonzero(slots >= 0).tolist():
+            assert cache.entries(int(slots[n])).tolist() == store[n]

@@ -210,6 +210,7 @@ async def test_worker_matches_equal_embedded_engine(kafka_bootstrap: str, tmp_pa
                 assert f'dupalign_pages_total{{outcome="processed"}} {len(pages)}.0' in text
                 assert "dupalign_stage_seconds_bucket" in text
                 assert 'dupalign_memory_bytes{part="lists"}' in text
+                assert 'dupalign_memory_bytes{part="allocator_free"}' in text
     finally:
         worker.stop()
         assert await asyncio.wait_for(task, 60) == 0

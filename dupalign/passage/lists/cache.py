@@ -21,6 +21,12 @@ Slots stay valid until ``trim``: lookups and inserts only grow the arrays, so a 
 use the slots it got. ``trim`` (called after a page is committed) drops the least recently
 used half of the lists while the bytes in use exceed the budget, and compacts the arena.
 
+The budget bounds the arrays' room, not only the bytes in use: what a process keeps
+resident is what its arrays once touched. Arrays double while the budget has room for it,
+and grow only by what they need (at least an eighth) beyond; ``trim`` then also shrinks
+them back within the budget (``_fit``). Doubling alone let the room reach twice the bytes
+in use: 138 → 276 MB at once under a 352 MB budget (docs/performance/memory.md).
+
 Invariant (tested against the store): every cached list equals the store's list.
 """
 
@@ -36,11 +42,15 @@ U64 = npt.NDArray[np.uint64]
 Bools = npt.NDArray[np.bool_]
 
 ENTRY_BYTES = 8  # a page ordinal (one per window of the page in the list)
-SLOT_BYTES = 8 * 6 + 2 * 16  # slot arrays + hash table rows (at most half full)
+# slot arrays + hash table rows (a power of two, at least half empty: up to 4 rows a slot)
+SLOT_BYTES = 8 * 6 + 4 * 16
 LONG = -1  # s_len of a list known to be long
 _SLOT_ARRAYS = ("s_start", "s_len", "s_cap", "s_used", "s_bin", "s_key")
 EMPTY = -1  # hash table row not in use (its second column)
 BIN_BITS = 16  # bins (OPH) and hash functions (MonoActive) number at most 1024
+MIN_SLOTS, MIN_ROWS = 1 << 10, 1 << 12  # the arrays' smallest room
+# bytes of the arrays at their smallest: a budget below this is held to this
+MIN_BYTES = MIN_SLOTS * 8 * len(_SLOT_ARRAYS) + 2 * MIN_SLOTS * 16 + MIN_ROWS * ENTRY_BYTES
 
 
 class ListCache:
@@ -53,15 +63,15 @@ class ListCache:
     def clear(self) -> None:
         """Forget every list."""
         self.clock = 0
-        self.s_start = np.zeros(1 << 10, dtype=np.int64)
-        self.s_len = np.zeros(1 << 10, dtype=np.int64)
-        self.s_cap = np.zeros(1 << 10, dtype=np.int64)
-        self.s_used = np.zeros(1 << 10, dtype=np.int64)
-        self.s_bin = np.zeros(1 << 10, dtype=np.int64)
-        self.s_key = np.zeros(1 << 10, dtype=np.int64)
+        self.s_start = np.zeros(MIN_SLOTS, dtype=np.int64)
+        self.s_len = np.zeros(MIN_SLOTS, dtype=np.int64)
+        self.s_cap = np.zeros(MIN_SLOTS, dtype=np.int64)
+        self.s_used = np.zeros(MIN_SLOTS, dtype=np.int64)
+        self.s_bin = np.zeros(MIN_SLOTS, dtype=np.int64)
+        self.s_key = np.zeros(MIN_SLOTS, dtype=np.int64)
         self.n_slots = 0
-        self.table = np.full((1 << 11, 2), EMPTY, dtype=np.int64)
-        self.ords = np.zeros(1 << 12, dtype=np.int64)
+        self.table = np.full((2 * MIN_SLOTS, 2), EMPTY, dtype=np.int64)
+        self.ords = np.zeros(MIN_ROWS, dtype=np.int64)
         self.end = 0  # arena rows in use (including runs of dropped or moved lists)
 
     def __len__(self) -> int:
@@ -121,7 +131,8 @@ class ListCache:
             self.end, x = _append_slots(self.s_start, self.s_len, self.s_cap, self.ords,
                                         self.end, slots, ordinal, x)
             if x < len(slots):  # a run could not move: more room, then go on from x
-                self._grow_arena(2 * len(self.ords))
+                need = self.end + max(2 * int(self.s_len[slots[x]]), 2)
+                self._grow_arena(self._grown(len(self.ords), need, ENTRY_BYTES))
 
     def remove_entries(self, bins: I64, keys: U64, ordinals: I64) -> None:
         """Remove the entries of pages ``ordinals`` (ascending) from the cached lists among
@@ -141,38 +152,83 @@ class ListCache:
         """Keep the bytes in use within the budget: compact, then drop the least recently
         used half of the lists until at most 3/4 of it is used (so that compactions stay
         rare). Invalidates slots."""
-        if self.bytes_used <= self.budget:
+        if self.bytes_used <= self.budget and self.nbytes <= max(self.budget, MIN_BYTES):
             return
         self._compact(np.ones(self.n_slots, dtype=np.bool_))
-        while 4 * self.bytes_used > 3 * self.budget and self.n_slots:
+        while self.n_slots and (4 * self.bytes_used > 3 * self.budget
+                                or self._least_room() > max(self.budget, MIN_BYTES)):
             # the more recently used half (by rank: many lists share one clock value)
             keep = np.zeros(self.n_slots, dtype=np.bool_)
             order = np.argsort(self.s_used[: self.n_slots], kind="stable")
             keep[order[(self.n_slots + 1) // 2 :]] = True  # drops at least one
             self._compact(keep)
+        self._fit()
 
     # -- arrays -----------------------------------------------------------------------------
+    def _grown(self, have: int, need: int, item_bytes: int) -> int:
+        """New length of an array of ``have`` items that must hold ``need``: twice as long
+        while the budget has room for it, else what it needs, and at least an eighth more
+        (so that a page's appends past the budget do not copy the arena each time)."""
+        spare = max(0, self.budget - self.nbytes) // item_bytes
+        return max(need, min(2 * have, have + spare), have + have // 8)
+
+    def _resize_slots(self, n: int) -> None:
+        for name in _SLOT_ARRAYS:
+            old = getattr(self, name)
+            new = np.zeros(n, dtype=old.dtype)
+            new[: self.n_slots] = old[: self.n_slots]
+            setattr(self, name, new)
+
+    def _new_table(self, size: int) -> None:
+        self.table = np.full((size, 2), EMPTY, dtype=np.int64)
+        _fill(self.table, self.s_bin, self.s_key, self.n_slots)
+
     def _reserve(self, new_slots: int, new_rows: int) -> None:
         if self.n_slots + new_slots > len(self.s_start):
-            n = max(2 * len(self.s_start), self.n_slots + new_slots)
-            for name in _SLOT_ARRAYS:
-                old = getattr(self, name)
-                new = np.zeros(n, dtype=old.dtype)
-                new[: len(old)] = old
-                setattr(self, name, new)
+            self._resize_slots(self._grown(len(self.s_start), self.n_slots + new_slots,
+                                           8 * len(_SLOT_ARRAYS)))
         if 2 * (self.n_slots + new_slots) > len(self.table):  # keep the table half empty
             size = len(self.table)
             while 2 * (self.n_slots + new_slots) > size:
                 size *= 2
-            self.table = np.full((size, 2), EMPTY, dtype=np.int64)
-            _fill(self.table, self.s_bin, self.s_key, self.n_slots)
+            self._new_table(size)
         if self.end + new_rows > len(self.ords):
-            self._grow_arena(max(2 * len(self.ords), self.end + new_rows))
+            self._grow_arena(self._grown(len(self.ords), self.end + new_rows, ENTRY_BYTES))
 
     def _grow_arena(self, n: int) -> None:
-        ords = np.zeros(n, dtype=np.int64)
+        # written through at once: the room the budget counts is then resident from the
+        # start, so RSS follows the budget, not the arena's slow fill (a calloc'd arena's
+        # pages became resident over 50,000 pages as runs first reached them)
+        ords = np.empty(n, dtype=np.int64)
         ords[: self.end] = self.ords[: self.end]
+        ords[self.end :] = 0
         self.ords = ords
+
+    def _least_sizes(self) -> tuple[int, int, int]:
+        """The smallest room for what is held: slots, table rows, arena rows."""
+        slots = max(MIN_SLOTS, self.n_slots)
+        size = 2 * MIN_SLOTS
+        while size < 2 * slots:
+            size *= 2
+        return slots, size, max(MIN_ROWS, self.end)
+
+    def _least_room(self) -> int:
+        slots, size, rows = self._least_sizes()
+        return slots * 8 * len(_SLOT_ARRAYS) + size * 16 + rows * ENTRY_BYTES
+
+    def _fit(self) -> None:
+        """Shrink the arrays' room to the budget (after a compaction: the arena's rows in
+        use are its live runs); the arena takes what the slots leave."""
+        if self.nbytes <= max(self.budget, MIN_BYTES):
+            return
+        slots, size, rows = self._least_sizes()
+        if slots < len(self.s_start):
+            self._resize_slots(slots)
+        if size < len(self.table):
+            self._new_table(size)
+        rows = max(rows, (self.budget - (self.nbytes - self.ords.nbytes)) // ENTRY_BYTES)
+        if rows < len(self.ords):
+            self._grow_arena(rows)
 
     def _compact(self, keep: Bools) -> None:
         self.n_slots, self.end = _compact(self.s_start, self.s_len, self.s_cap, self.s_used,
