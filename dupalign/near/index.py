@@ -2,7 +2,10 @@
 
 State kept across pages, and how it survives a restart:
 - the PSM table (fingerprint → ordinal), rebuilt from the ``simhash`` family at open;
-- the volatility model (bit flip probabilities), written to ``meta`` with every page;
+- the volatility model (bit flip probabilities): each page's update logged in ``meta`` with
+  the page (512 bytes), the whole model (4.6 KB) written instead every ``MODEL_CHECKPOINT``
+  updates, when the log is cleared; at open, the checkpoint and the log replayed in order
+  give the model exactly as it was after the last page written;
 - idf tables: version 0 is uniform; version v is frozen from the document frequencies of
   the first ``idf_freeze_at[v-1]`` indexed pages and written to ``meta``. Until the last
   freeze the pages' distinct token hashes are kept in ``idf_pending`` so that the counts
@@ -42,6 +45,7 @@ from dupalign.store.database import Batch, Store
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 _SHINGLE_SALT = 0x5A1
+MODEL_CHECKPOINT = 1024  # volatility model updates between two writes of the whole model
 
 
 def verification_sketch(hashes: U64, K: int, seed: int, shingle: int) -> U64:
@@ -141,6 +145,10 @@ class NearIndex:
                 self.builder.add_document(np.frombuffer(value, dtype="<u8"))
         raw_model = tables.volatility.get(store)
         self.model = VolatilityModel.from_bytes(raw_model) if raw_model else VolatilityModel()
+        self._logged = 0  # updates in the log since the checkpoint
+        for raw in tables.volatility_log.values(store):
+            self.model.replay(np.frombuffer(raw, dtype="<f8").astype(np.float64))
+            self._logged += 1
         self._table: SimhashTable | None = None
         if not removal_only:
             fps, ords = tables.simhash.load(store)  # by (fingerprint, ordinal)
@@ -211,8 +219,14 @@ class NearIndex:
         assert state.sketch is not None and state.unique is not None and state.W is not None
         tables.simhash.put(batch, state.fingerprint, ordinal)
         self.put_sketch(batch, ordinal, state.sketch)
-        self.model.update(state.W)
-        tables.volatility.put(batch, self.model.to_bytes())
+        w = self.model.update(state.W)
+        if self._logged + 1 >= MODEL_CHECKPOINT:
+            tables.volatility.put(batch, self.model.to_bytes())
+            tables.volatility_log.clear(batch)
+            self._logged = 0
+        else:
+            tables.volatility_log.put(batch, ordinal, w.astype("<f8").tobytes())
+            self._logged += 1
         if self.builder is not None:
             tables.idf_pending.put(batch, ordinal, state.unique.astype("<u8").tobytes())
             version = len(self.tables)

@@ -92,9 +92,15 @@ class VolatilityModel:
         self.n_samples += int(a.size)
         self._surv = None
 
-    def update(self, W: npt.ArrayLike) -> None:
-        """The paper's estimator: pair this page's W with the previous page's W."""
+    def update(self, W: npt.ArrayLike) -> F64:
+        """The paper's estimator: pair this page's W with the previous page's W. Returns W
+        normalized: the update as ``replay`` takes it."""
         w = self.normalize(W)
+        self.replay(w)
+        return w
+
+    def replay(self, w: F64) -> None:
+        """``update`` with W already normalized (an update logged in the store)."""
         if self._prev is not None and self._prev.shape == w.shape:
             self.add_differences(w - self._prev)
         self._prev = w

@@ -153,12 +153,11 @@ class Engine:
             self.store.close()
 
     def worker_pool(self, kind: ExecutorKind, jobs: int) -> WorkerPool:
-        """The pool of sketch and align workers, made again when the idf table in force
-        or the asked shape changed (the old one finishes its work in the background), or
-        when a worker died (the run that saw it raised; the next one gets new workers)."""
+        """The pool of sketch and align workers, made again when the asked shape changed
+        (the old one finishes its work in the background), or when a worker died (the run
+        that saw it raised; the next one gets new workers)."""
         p = self._pool
-        if p is None or p.broken or (p.kind, p.jobs, p.version) != (
-                kind, jobs, self.near.idf.version):
+        if p is None or p.broken or (p.kind, p.jobs) != (kind, jobs):
             if p is not None:
                 p.close(wait=False)
             p = self._pool = WorkerPool(kind, jobs, self.config, self.near.idf, self.store)

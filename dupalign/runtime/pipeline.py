@@ -22,8 +22,11 @@ Results never depend on ``jobs``: the index sees the pages in the same order as
 ``Engine.process`` one by one, every page's tasks are found against the same index state,
 and align is a pure function of its tasks. The only state the sketch stage reads, the idf
 table, may change while sketches are in flight (an idf freeze): the index recomputes the
-fingerprint of a page sketched under an older table (dupalign.near.index), and the pool is
-restarted with the new table so that this stays rare.
+fingerprint of a page sketched under an older table (dupalign.near.index). Each chunk of
+pages names the table in force when it was sent (``PageChunk``); a worker that holds an
+older one reads the new one from the store, where it was written before it came in force,
+so that the same workers serve the whole run (a new pool costs a fork of this process and
+a new secondary instance).
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from dupalign.runtime.pool import Call, ProcessPool
 from dupalign.stages.align import Aligner
 from dupalign.stages.messages import AlignRequest, IndexResult
 from dupalign.stages.sketch import PageSketch, Sketcher
+from dupalign.store import tables
 from dupalign.store.database import Store
 from dupalign.store.forward_reader import StoreForward, open_secondary
 
@@ -97,6 +101,14 @@ def _stage(name: str) -> Any:
 
 
 def _worker_store() -> Store:
+    """The worker's view of the store (opened once per worker)."""
+    if not hasattr(_local, "opened"):
+        _local.opened = _open_worker_store()
+    opened: Store = _local.opened
+    return opened
+
+
+def _open_worker_store() -> Store:
     store = _local.store
     if isinstance(store, Store):
         return store
@@ -117,12 +129,34 @@ def sketch_in_worker(page: Page) -> PageSketch:
     return sketcher.sketch(page, _local.idf)
 
 
+class PageChunk(list[Page]):
+    """Pages for one call of ``sketch_chunk_in_worker``, with the version of the idf table
+    in force when they were sent."""
+
+    def __init__(self, pages: Iterable[Page], idf_version: int) -> None:
+        super().__init__(pages)
+        self.idf_version = idf_version
+
+
 def sketch_chunk_in_worker(pages: list[Page]) -> list[PageSketch | Exception]:
     """The sketch stage in a worker for a few pages at once: each call through the pool
     costs the calling thread its own work (pickling, a write, a read, a claim), so pages
     travel in chunks. A page whose sketch fails gets
     its exception, the others their sketches."""
+    version = getattr(pages, "idf_version", None)
+    if version is not None and version != _local.idf.version:
+        _local.idf = _idf_table(version, _local.idf)
     return _sketch_each(sketch_in_worker, pages)
+
+
+def _idf_table(version: int, held: IdfTable) -> IdfTable:
+    """The idf table ``version`` as the store has it, or ``held`` while this worker cannot
+    read it (the index recomputes the fingerprint of a page sketched under an older one)."""
+    store = _worker_store()
+    raw = tables.idf_tables.get(store, version)
+    if raw is None and store.catch_up():
+        raw = tables.idf_tables.get(store, version)
+    return held if raw is None else IdfTable.from_bytes(raw)
 
 
 def _sketch_each(sketch: Callable[[Page], PageSketch], pages: list[Page]
@@ -164,12 +198,13 @@ def _in_flight_reading(aligns: deque[tuple[Page, IndexResult | BaseException, An
 
 # -- the calling side ----------------------------------------------------------------------
 class WorkerPool:
-    """Worker processes (or threads) whose workers hold the idf table in force when it was
-    made; kept by the engine across ``process_many`` calls."""
+    """Worker processes (or threads) that start with the idf table in force when it was
+    made (and read later ones from the store: ``PageChunk``); kept by the engine across
+    ``process_many`` calls."""
 
     def __init__(self, kind: ExecutorKind, jobs: int, config: EngineConfig, idf: IdfTable,
                  store: Store):
-        self.kind, self.jobs, self.version = kind, jobs, idf.version
+        self.kind, self.jobs = kind, jobs
         args = (config, idf, store if kind == "thread" else (str(store.path), store.params))
         self.executor: ProcessPool | ThreadPoolExecutor = (
             ProcessPool(jobs, initializer=_init_worker, initargs=args)
@@ -204,8 +239,7 @@ class Stages:
     skip: Callable[[str, Source | None], object]  # a failed page: its offset advances
     removes: Callable[[PageSketch], list[int]]  # stored pages that indexing it removes
     reported: Callable[[IndexResult], None]  # the index stage's times of a page, for metrics
-    # the pool whose workers hold the idf table in force (made again when that changed)
-    pool: Callable[[ExecutorKind, int], WorkerPool]
+    pool: Callable[[ExecutorKind, int], WorkerPool]  # the pool of sketch and align workers
     idf_version: Callable[[], int]  # the idf table in force now
     lists: PendingLists | None  # list files written behind (dupalign.passage.lists.files)
 
@@ -271,8 +305,8 @@ def run_pipeline(
     stolen: dict[Pending, Future[Any]] = {}
     pending = iter(items)
     more = True
-    # list files are built by the pool too (dupalign.passage.lists.files), by whichever pool is
-    # current: the file in flight is ingested before a pool is replaced, and at the end
+    # list files are built by the pool too (dupalign.passage.lists.files): the file in flight
+    # is ingested at the end
     lists = stages.lists
     if lists is not None:
         lists.submit = lambda fn, arg: pool.executor.submit(fn, arg)
@@ -332,7 +366,8 @@ def run_pipeline(
                     more = False
                     break
                 pages = [p for p, _ in batch]
-                sketched = pool.executor.submit(sketch_chunk_in_worker, pages)
+                sketched = pool.executor.submit(sketch_chunk_in_worker,
+                                                PageChunk(pages, stages.idf_version()))
                 chunk_pages[sketched] = pages
                 sketches.extend((page, source, sketched, x)
                                 for x, (page, source) in enumerate(batch))
@@ -377,10 +412,6 @@ def run_pipeline(
             if isinstance(result, IndexResult) and result.align is not None:
                 future = pool.executor.submit(align_in_worker, result.align)
             aligns.append((page, result, future))
-            if stages.idf_version() != pool.version:  # an idf freeze: new workers
-                if lists is not None:
-                    lists.settle()
-                pool = stages.pool(executor, workers)
     finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
         # indexed are finished (their matches stored, for a replay to find)
         for _, _, sketched, _ in sketches:

@@ -239,7 +239,29 @@ class MetaCount(MetaValue):
 next_ordinal = MetaCount(b"next_ordinal")
 # every page below has its inverted-list entries in the lists (dupalign.passage.lists.files)
 lists_through = MetaCount(b"lists_through")
-volatility = MetaValue(b"volatility")  # the near index's bit flip model
+volatility = MetaValue(b"volatility")  # the near index's bit flip model, at its last checkpoint
+
+
+class _VolatilityLog:
+    """The pages' updates of the volatility model since its checkpoint (``volatility``):
+    ordinal -> the page's normalized weights (<f8), in ``meta`` under b"volatility/"."""
+
+    family = "meta"
+    _prefix = b"volatility/"
+
+    def put(self, batch: Batch, ordinal: int, value: bytes) -> None:
+        batch.put(self.family, self._prefix + u64(ordinal), value)
+
+    def values(self, store: Store) -> Iterator[bytes]:
+        """The updates in ordinal order."""
+        for _, value in store.prefix(self.family, self._prefix):
+            yield value
+
+    def clear(self, batch: Batch) -> None:
+        batch.delete_range(self.family, self._prefix, self._prefix[:-1] + b"0")  # ("/" + 1)
+
+
+volatility_log = _VolatilityLog()
 shard_count = MetaValue(b"index_shards")  # the fan-in's store: its shard count (msgpack)
 shard_of = MetaValue(b"index_shard")  # a shard's store: [shard, count] (msgpack)
 fan_in = MetaValue(b"index_fan_in")  # the Kafka topology's fan-in store: its shards are roles

@@ -22,7 +22,7 @@ from dupalign.page import Page
 from dupalign.text.hashing import content_hash, content_hash_joined, hash_joined, token_hashes
 
 _WORD = re.compile(r"\w+")
-_CONTROL = re.compile("[\x00-\x08\x0e-\x1f]")
+_CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x20)])
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _BOMS = (
     (codecs.BOM_UTF32_LE, "utf-32"),
@@ -145,7 +145,10 @@ def _reject_binary(text: str) -> None:
     sample = text[:65536]
     if not sample:
         return
-    controls = len(_CONTROL.findall(sample))
+    # counted in UTF-8, where these characters are the only bytes of those values (a
+    # regex over the text costs 4x)
+    raw = sample.encode("utf-8", "surrogatepass")
+    controls = len(raw) - len(raw.translate(None, _CONTROL_BYTES))
     if controls > 0.05 * len(sample):
         raise PageRejected("undecodable", f"{controls} control characters in the first "
                            f"{len(sample)}: binary content, not text")
@@ -197,7 +200,6 @@ def normalize_token(token: str) -> str:
 # \w for the ASCII range as a lookup table; other code points are classified once per
 # distinct character by the regex itself (and remembered), so the result is exactly ``\w+``.
 _ASCII_WORD = np.array([bool(_WORD.fullmatch(chr(c))) for c in range(128)], dtype=np.bool_)
-_ASCII_WORD_OR_HIGH = np.append(_ASCII_WORD, False)  # index 128: any non-ASCII code point
 _HIGH_IS_WORD: dict[int, bool] = {}
 
 
@@ -210,18 +212,67 @@ def _is_word(cp: int) -> bool:
     return known
 
 
+_NO_HIGH = np.zeros(0, dtype=np.uint32)
+_NO_HIGH_WORD = np.zeros(0, dtype=np.bool_)
+_LOWER_KEEPS: dict[int, bool] = {}
+
+
+def _lower_keeps(cp: int) -> bool:
+    """Whether ``str.lower`` leaves the character as it is (wherever it stands: the one
+    rule that looks at neighbours, the final sigma, is for a character it changes)."""
+    known = _LOWER_KEEPS.get(cp)
+    if known is None:
+        known = chr(cp).lower() == chr(cp)
+        if len(_LOWER_KEEPS) < 1 << 16:
+            _LOWER_KEEPS[cp] = known
+    return known
+
+
 def _classify(scanned: str) -> tuple[npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
-                                     npt.NDArray[np.bool_]]:
-    """The code points of ``scanned`` (bytes for ASCII text) and which are word characters."""
+                                     npt.NDArray[np.uint32], npt.NDArray[np.bool_]]:
+    """The code points of ``scanned`` (bytes for ASCII text), its distinct non-ASCII ones
+    (ascending) and which of those are word characters."""
     if scanned.isascii():
-        codes = np.frombuffer(scanned.encode("ascii"), dtype=np.uint8)
-        return codes, _ASCII_WORD[codes]
+        return np.frombuffer(scanned.encode("ascii"), dtype=np.uint8), _NO_HIGH, _NO_HIGH_WORD
     cps = np.frombuffer(scanned.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    mask = _ASCII_WORD_OR_HIGH[np.minimum(cps, 128)]
-    high = np.flatnonzero(cps >= 128)
-    mask[high] = np.fromiter(map(_is_word, cps[high].tolist()), dtype=np.bool_,
-                             count=high.size)
-    return cps, mask
+    high = _distinct_high(cps)
+    return cps, high, np.fromiter(map(_is_word, high.tolist()), dtype=np.bool_,
+                                  count=high.size)
+
+
+@njit(cache=True, nogil=True)
+def _distinct_high(cps: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
+    """The distinct code points >= 128 of ``cps``, ascending."""
+    found = np.empty(cps.shape[0], dtype=np.uint32)
+    n = 0
+    for i in range(cps.shape[0]):
+        if cps[i] >= 128:
+            found[n] = cps[i]
+            n += 1
+    ordered = np.sort(found[:n])
+    out = np.empty(n, dtype=np.uint32)
+    m = 0
+    for i in range(n):
+        if m == 0 or ordered[i] != out[m - 1]:
+            out[m] = ordered[i]
+            m += 1
+    return out[:m]
+
+
+@njit(cache=True, nogil=True)
+def _word_mask(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
+               ascii_word: npt.NDArray[np.bool_], high: npt.NDArray[np.uint32],
+               high_word: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+    """Which code points are word characters: ASCII from its table, others from the
+    page's distinct ones (``high``, ascending) and theirs (``high_word``)."""
+    mask = np.empty(codes.shape[0], dtype=np.bool_)
+    for i in range(codes.shape[0]):
+        c = np.uint32(codes[i])
+        if c < 128:
+            mask[i] = ascii_word[c]
+        else:
+            mask[i] = high_word[np.searchsorted(high, c)]
+    return mask
 
 
 @njit(cache=True, nogil=True)
@@ -285,14 +336,22 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     # Lower-casing keeps offsets when it keeps the length (always for ASCII, lower-cased
     # in the kernel), so one pass serves tokens and offsets; only tokens holding a
     # non-ASCII character may then need NFKC and case folding.
-    ascii_text = text.isascii()
-    scanned = text if ascii_text else text.lower()
-    lowered = len(scanned) == len(text)
-    if not lowered:
-        scanned = text
-    codes, mask = _classify(scanned)
+    # Text whose non-ASCII characters all stay as they are lower-cased (most non-ASCII text
+    # of a page is punctuation: "©", "—", NBSP) is read as is, A-Z lower-cased in the
+    # kernel: what its lower-cased copy would give, at a quarter of the cost.
+    codes, high_cps, high_word = _classify(text)
+    lower_ascii = all(map(_lower_keeps, high_cps.tolist()))
+    scanned, lowered = text, True
+    if not lower_ascii:
+        scanned = text.lower()
+        lowered = len(scanned) == len(text)
+        if lowered:
+            codes, high_cps, high_word = _classify(scanned)
+        else:
+            scanned = text
+    mask = _word_mask(codes, _ASCII_WORD, high_cps, high_word)
     # the tokens as bytes, without a Python string per token: hashing reads those
-    starts, ends, joined, high = _word_bytes(codes, mask, ascii_text,
+    starts, ends, joined, high = _word_bytes(codes, mask, lower_ascii,
                                              1 if codes.dtype == np.uint8 else 4)
     if max_tokens is not None and len(starts) > max_tokens:
         raise PageRejected("too_many_tokens", f"{len(starts)} tokens, limit is {max_tokens}")
@@ -303,7 +362,11 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
         return Tokens(text, tokens, starts, ends)
     odd = []
     for x in np.flatnonzero(high).tolist():
+        # (read as is: a token with a non-ASCII character then changes only in A-Z, by
+        # lower(), as in the copy: no character it holds has a rule that looks around it)
         token = scanned[starts[x]:ends[x]]
+        if lower_ascii:
+            token = token.lower()
         if normalize_token(token) != token:
             odd.append(x)
     if odd:  # (rare: a ligature, a sharp s, a final sigma)

@@ -20,6 +20,7 @@ from dupalign.errors import ConfigError, PageRejected
 from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.passage.sketch import query_lists, window_lists
+from dupalign.runtime import engine as engine_module
 from dupalign.runtime import pipeline
 from dupalign.runtime.engine import Engine
 from dupalign.runtime.pipeline import ExecutorKind
@@ -90,9 +91,42 @@ def test_matches_do_not_depend_on_the_number_of_workers(tmp_path: Path, seed: in
     assert any(r[1] == "rejected" for r in one)
 
 
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_one_pool_serves_a_run_across_idf_freezes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executor: ExecutorKind) -> None:
+    """The workers read each new idf table from the store: no second pool, and (threads:
+    seen here) the pages sketched in the pool after the last freeze use the last table."""
+    made: list[object] = []
+
+    class Counted(engine_module.WorkerPool):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            made.append(self)
+
+    versions: list[int] = []
+    real = pipeline.sketch_in_worker
+
+    def recorded(page: Page) -> Any:
+        sk = real(page)
+        if sk.near is not None and sk.near.indexed:
+            versions.append(sk.near.idf_version)
+        return sk
+
+    monkeypatch.setattr(engine_module, "WorkerPool", Counted)
+    monkeypatch.setattr(pipeline, "sketch_in_worker", recorded)
+    monkeypatch.setattr(pipeline, "DEPTH", 8)  # (sent ahead: every page, at 64)
+    cfg = EngineConfig(near=NearConfig(idf_freeze_at=(10, 30))).validate()
+    pages = random_pages(4, 60)
+    assert run(tmp_path / "s", pages, 2, cfg, executor) == run(tmp_path / "one", pages, 1, cfg)
+    assert len(made) == 1
+    if executor == "thread":
+        assert versions and versions[-1] == 2
+
+
 _SLOW_WORKER = """
 import sys, time
 from pathlib import Path
+from dupalign.runtime import engine as engine_module
 from dupalign.runtime import pipeline
 from dupalign.runtime.engine import Engine
 from tests.runtime.test_pipeline import random_pages
@@ -611,6 +645,7 @@ def test_secondary_files_of_a_killed_pool_are_removed_by_the_next_pool(tmp_path:
 _DIES_WHILE_SENDING = """
 import dataclasses, os, signal, struct, sys, tempfile
 from pathlib import Path
+from dupalign.runtime import engine as engine_module
 from dupalign.runtime import pipeline
 from dupalign.runtime.engine import Engine
 from tests.runtime.test_pipeline import random_pages

@@ -10,7 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dupalign.near.idf import UNIFORM_IDF, IdfBuilder, IdfTable, smoothed_idf, tf_idf_weights
+from dupalign.near.idf import (
+    UNIFORM_IDF,
+    IdfBuilder,
+    IdfTable,
+    TfMode,
+    _tf,
+    counted_weights,
+    smoothed_idf,
+    tf_idf_weights,
+)
 
 # small hash alphabet so that documents share tokens; one huge value for the uint64 edge
 token = st.integers(min_value=0, max_value=30) | st.just(2**64 - 1)
@@ -161,3 +170,21 @@ def test_tf_idf_weights_match_twin(doc: list[int], mode: str) -> None:
 
 def test_smoothed_idf_formula() -> None:
     assert smoothed_idf(9, [0, 9]).tolist() == [math.log(10) + 1, 1.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=50), st.lists(st.integers(0, 40), max_size=30),
+       st.lists(st.sampled_from([1, 2, 3, 7, 4096, 4097, 10**6]), min_size=50, max_size=50),
+       st.sampled_from(["log", "raw", "binary", "sqrt"]))
+def test_counted_weights_are_tf_times_idf(tokens: list[int], known: list[int],
+                                          counts: list[int], mode: TfMode) -> None:
+    """The kernel (a tf table, a binary search per token) against the numpy twin, bit for
+    bit, counts past the table included."""
+    uniq = np.unique(np.array(tokens, dtype=np.uint64))
+    keys = np.unique(np.array(known, dtype=np.uint64))
+    table = IdfTable(2, 9, keys, (keys.astype(np.float32) + 0.5) / 3, 0.7)
+    c = np.array(counts[:uniq.size], dtype=np.int64)
+    twin = _tf(c, mode) * table.idf(uniq)
+    assert counted_weights(uniq, c, table, mode).tobytes() == twin.tobytes()
+    assert counted_weights(uniq, c, IdfTable.uniform(), mode).tobytes() == (
+        _tf(c, mode) * IdfTable.uniform().idf(uniq)).tobytes()

@@ -89,6 +89,18 @@ def test_binary_is_rejected_not_crashed() -> None:
     assert err.value.reason == "undecodable"
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a", "é", "\x00", "\x07", "\t", "\n", "\x1b", "\x1f", " ",
+                                 "\ud800", "—"]), max_size=60).map("".join))
+def test_binary_text_is_told_as_the_regex_counts_its_controls(text: str) -> None:
+    controls = len(re.findall("[\x00-\x08\x0e-\x1f]", text))
+    if controls > 0.05 * len(text):
+        with pytest.raises(PageRejected):
+            decode_body(text)
+    else:
+        assert decode_body(text) == text
+
+
 def test_html_text_drops_scripts_and_keeps_blocks_apart() -> None:
     html = ("<html><head><style>p{}</style><script>var x=1</script></head><body><nav>menu</nav>"
             "<p>Hello <b>wor</b>ld</p><p>next</p></body></html>")
@@ -126,7 +138,9 @@ def _tokenize_twin(text: str) -> tuple[list[str], list[tuple[int, int]]]:
     return toks, spans
 
 
-_letters = st.sampled_from(list("aZ9_ -.,\n\tÉéßİıǅﬁ²Ⅻ　中文字\u0301\ud800😀ΣσςÅ"))
+# (punctuation that lower() keeps, "©—•" and NBSP, with A-Z: text read without its
+# lower-cased copy)
+_letters = st.sampled_from(list("aZ9_ -.,\n\tÉéßİıǅﬁ²Ⅻ　中文字\u0301\ud800😀ΣσςÅ©—•\xa0QX"))
 
 
 @settings(max_examples=300, deadline=None)
