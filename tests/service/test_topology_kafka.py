@@ -847,8 +847,10 @@ async def test_each_role_process_serves_its_metrics_and_health(
 async def test_a_prometheus_scraping_the_roles_answers_every_topology_dashboard_query(
         kafka_bootstrap: str, tmp_path: Path, prometheus_bin: Path) -> None:
     """deploy/prometheus/prometheus.topology.yml (targets: the role processes here, 1 s
-    scrapes) over two rounds of pages, so that rates see counters move."""
-    topo = await Topology(kafka_bootstrap, tmp_path).create()
+    scrapes) over two rounds of pages, so that rates see counters move. Every page is
+    audited, so that the index role's audit panels have data."""
+    topo = await Topology(kafka_bootstrap, tmp_path,
+                          engine_toml="[engine.audit]\nsample = 1.0\n").create()
     prom_port = free_port()
     prom_config = yaml.safe_load((PROM_DIR / "prometheus.topology.yml").read_text())
     prom_config["global"] = {"scrape_interval": "1s", "evaluation_interval": "1s"}
