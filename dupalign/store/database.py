@@ -96,9 +96,9 @@ class Store:
         if memtable_bytes:  # every family's memtables together (0: each family its own)
             # a flush trigger, without its write stall: the stall waits until memory falls
             # to half the budget, which the empty hash memtable of ``oph`` (8 MB of buckets)
-            # may never allow, and writers then hung for good (3 runs in 12 of
-            # tests/runtime/test_memory_budget.py; facebook/rocksdb#11780). The families'
-            # write buffers (``family_options``) bound a writer that outruns the flushes.
+            # may never allow, and writers then hang for good (facebook/rocksdb#11780). The
+            # families' write buffers (``family_options``) bound a writer that outruns the
+            # flushes.
             opts.set_write_buffer_manager(WriteBufferManager(memtable_bytes, False))
         if self.secondary:  # keeps every table file open: the writer may delete them
             opts.set_max_open_files(-1)

@@ -56,8 +56,9 @@ def family_options(family: str | None = None, cache: Cache | None = None,
             MEMTABLE_BUCKETS, 4, 4))
     if memtable_bytes:
         # RocksDB stops a family's writes while it has this many memtables (one being
-        # flushed, one filling): four families written at once then hold a budget at most,
-        # however fast the writer; the hash memtable's bucket array is in its size
+        # flushed, one filling), so a family holds a quarter of the budget at most, however
+        # fast the writer: a hard bound for four busy families, and the budget's flush
+        # trigger keeps more of them near it. The hash memtable's bucket array is in its size
         room = memtable_bytes // 8
         if family in PREFIX_LENGTHS:
             room += MEMTABLE_BUCKETS * 8
