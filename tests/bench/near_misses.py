@@ -132,10 +132,12 @@ def report(engine: Engine, cfg: EngineConfig, text: list[Page], toks: dict[str, 
           f"missed {len(missed)} by cause: {dict(causes)}")
     for cause, x, j5, detail in rows[:show]:
         print(f"  {cause:<28} J5 {j5:.3f} {detail}  {x}")
-    if rows:
-        dists = [int(r[3].split()[1]) for r in rows if r[0] == "hamming > h"]
-        if dists:
-            print(f"  hamming of the pairs beyond h: {sorted(Counter(dists).items())}")
+    beyond = [r[3].split() for r in rows if r[0] == "hamming > h"]
+    if beyond:
+        dists = Counter(int(d[1]) for d in beyond)
+        one_idf = sum(1 for d in beyond if int(d[4].rstrip(")")) <= h)
+        print(f"  hamming of the pairs beyond h: {sorted(dists.items())}; {one_idf} of them "
+              f"within h under one idf table")
     new_pairs = {k: v for k, v in pairs.items() if k[0] not in old_ids}
     bad = [(k, v) for k, v in new_pairs.items() if jaccard(sh[k[0]], sh[k[1]]) < TRUTH_J]
     print(f"reported {len(new_pairs)} pairs, {len(bad)} below J5 {TRUTH_J}: precision "
