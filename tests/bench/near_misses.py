@@ -11,6 +11,8 @@ store it left:
   earlier page's fingerprint is the one of the idf table in force when it came), within the
   radius but not probed (the budget), or probed and rejected by the verification (its
   estimate over all K min-hashes shown), or an exact match to a page outside the truth;
+- for the pairs beyond h, whether min-hash banding over the stored verification sketches
+  (b bands of r min-hashes) would make them candidates, and what it costs in candidates;
 - each reported pair below the truth threshold, with its 5- and 3-shingle Jaccard, its
   Hamming distance and its estimate.
 
@@ -138,6 +140,7 @@ def report(engine: Engine, cfg: EngineConfig, text: list[Page], toks: dict[str, 
         one_idf = sum(1 for d in beyond if int(d[4].rstrip(")")) <= h)
         print(f"  hamming of the pairs beyond h: {sorted(dists.items())}; {one_idf} of them "
               f"within h under one idf table")
+    bands(near, ordinal, truth, [r[1] for r in rows if r[0] == "hamming > h"], ords_of=fp_of)
     new_pairs = {k: v for k, v in pairs.items() if k[0] not in old_ids}
     bad = [(k, v) for k, v in new_pairs.items() if jaccard(sh[k[0]], sh[k[1]]) < TRUTH_J]
     print(f"reported {len(new_pairs)} pairs, {len(bad)} below J5 {TRUTH_J}: precision "
@@ -146,6 +149,32 @@ def report(engine: Engine, cfg: EngineConfig, text: list[Page], toks: dict[str, 
         j3 = jaccard(shingles_n(toks[x], 3), shingles_n(toks[y], 3))
         print(f"  {kind:<5} J5 {jaccard(sh[x], sh[y]):.3f} J3 {j3:.3f} hamming {ham} est {est} "
               f"tokens {len(toks[x])}/{len(toks[y])}  {x} ~ {y}")
+
+
+def bands(near: object, ordinal: dict[str, int | None], truth: dict[str, str], beyond: list[str],
+          ords_of: dict[int, int]) -> None:
+    """Min-hash banding over the stored verification sketches (b bands of r rows) as a second
+    candidate source: how many of the pairs beyond h share a whole band, and how many
+    candidate pairs (a page and an earlier one sharing a band) it gives over the store."""
+    sketch_of = near.sketch_of  # type: ignore[attr-defined]
+    stored = sorted(ords_of)
+    sk = {o: sketch_of(o) for o in stored}
+    for b, r in ((16, 8), (32, 4), (10, 12)):
+        hit = sum(1 for x in beyond if any(np.array_equal(
+            sk[ordinal[x]][i * r:(i + 1) * r], sk[ordinal[truth[x]]][i * r:(i + 1) * r])  # type: ignore[index]
+            for i in range(b)))
+        seen: dict[tuple[int, bytes], list[int]] = {}
+        cand = 0
+        for o in stored:
+            mates: set[int] = set()
+            for i in range(b):
+                key = (i, sk[o][i * r:(i + 1) * r].tobytes())
+                mates.update(seen.get(key, ()))
+                seen.setdefault(key, []).append(o)
+            cand += len(mates)
+        print(f"  banding b = {b}, r = {r}: {hit} of the {len(beyond)} pairs beyond h share a "
+              f"band; {cand} candidate pairs over {len(stored)} pages "
+              f"({cand / len(stored):.2f} a page)")
 
 
 def sweep(engine: Engine, text: list[Page], sh: dict[str, set[tuple[str, ...]]],
