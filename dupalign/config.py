@@ -55,12 +55,15 @@ class TextConfig:
 @dataclass(frozen=True)
 class NearConfig:
     enabled: bool = True
-    hamming: int = 3
+    # 5 and 0.85 (3-shingles): on llvm-13/14 and Boost, h = 3 missed 3.5 % of the pairs of
+    # 5-shingle Jaccard >= 0.85 (their fingerprints 4-5 bits apart) and 0.8 let in pairs of
+    # 3-shingle Jaccard 0.8-0.85 below it (docs/performance/near.md, "Defaults")
+    hamming: int = 5
     probe_budget: int = 64  # VOSH probes per lookup
     mode: str = "all"  # PSM_A ("all") or PSM_F ("first")
     min_tokens: int = 10  # shorter pages get exact matching only
     cws_samples: int = 128
-    cws_threshold: float = 0.8  # word-shingle Jaccard a near duplicate must reach
+    cws_threshold: float = 0.85  # word-shingle Jaccard a near duplicate must reach
     # words per verification shingle: 3 is standard w-shingling; on llvm-13/14 it rejects the
     # templated pages that share words in another order (dupalign.near.index)
     shingle: int = 3

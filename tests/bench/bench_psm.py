@@ -2,6 +2,7 @@
 
     .venv/bin/python -m tests.bench.bench_psm --sizes 1e6,1e7 --queries 100000 --bphs-g 1,2
     .venv/bin/python -m tests.bench.bench_psm --quick
+    .venv/bin/python -m tests.bench.bench_psm --h 5 --budgets 64   (also the engine's budget)
 
 Data. Documents are weighted feature vectors: a few hundred tokens drawn from a Zipf law
 over a 2^20-token vocabulary, weight (1 + log tf) · idf with idf = -log P(token); their
@@ -252,6 +253,7 @@ def run_size(n: int, n_queries: int, args: argparse.Namespace) -> list[Row]:
     tsub = PsmBatchResult(truth.offsets[: calib + 1], truth.ordinals[: truth.offsets[calib]],
                           truth.hammings[: truth.offsets[calib]], truth.probes[:calib])
     modes: tuple[Mode, ...] = ("first", "all")
+    fixed = [int(b) for b in args.budgets.split(",") if b]
     for mode in modes:
         # Smallest budget of the ladder reaching the target (recall grows with the budget:
         # the probes of budget k are a prefix of those of budget k + 1).
@@ -270,6 +272,12 @@ def run_size(n: int, n_queries: int, args: argparse.Namespace) -> list[Row]:
         rows.append(Row(f"PSM {mode} (budget {budget})", n, m / dt, recall(res, truth, mode),
                         table.fingerprint_nbytes, table.fingerprint_nbytes / fp_raw,
                         table.ordinal_nbytes, float(res.probes.mean())))
+    for budget in fixed:  # the engine's mode at a given budget (its default: near.probe_budget)
+        res, dt = timed(lambda b=budget: psm_search_batch(
+            table, qf, qW, h=args.h, budget=b, mode="all", model=model), args.repeat)
+        rows.append(Row(f"PSM all (budget {budget}, fixed)", n, m / dt, recall(res, truth, "all"),
+                        table.fingerprint_nbytes, table.fingerprint_nbytes / fp_raw,
+                        table.ordinal_nbytes, float(res.probes.mean())))
     rows.extend(bphs_rows)
     rows.append(Row(f"brute force (extrapolated from {nb} queries)", n, nb / t_bf, 1.0,
                     fps.nbytes, 1.0, ords.nbytes))
@@ -283,6 +291,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="N = 1e5, 10k queries (smoke run)")
     ap.add_argument("--h", type=int, default=3)
     ap.add_argument("--target", type=float, default=0.95, help="relative recall for budgets")
+    ap.add_argument("--budgets", default="",
+                    help="also PSM all at these fixed budgets (e.g. 64, near.probe_budget)")
     ap.add_argument("--calib", type=int, default=0,
                     help="queries used to pick budgets (0: all)")
     ap.add_argument("--repeat", type=int, default=3, help="timed runs; the best is reported")

@@ -70,7 +70,8 @@ def test_detector_methods(tmp_path: Path) -> None:
         [passage] = store.query(" ".join(words[1000:1400]))
         assert passage.kind == "passage" and passage.match_doc_id == "a" and passage.spans
     with dupalign.open(tmp_path / "s", read_only=True) as reader:
-        assert reader.stats()["pages"] == 2 and reader.config.near.hamming == 3
+        # (the default, not the writer's 3: the radius is read at each lookup, not stored)
+        assert reader.stats()["pages"] == 2 and reader.config.near.hamming == 5
         with pytest.raises(RuntimeError, match="read-only"):
             reader.add("d", first)
     with pytest.raises(dupalign.StoreMismatch, match="seed"):
