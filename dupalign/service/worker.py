@@ -68,7 +68,8 @@ class Worker(Rebalancing, BatchProcessing):
         self.kc = config.kafka
         self.wc = config.worker
         self.metrics = WorkerMetrics()
-        self.outage = KafkaOutage(self.kc.max_outage_s, self.metrics.kafka_outage)
+        self.outage = KafkaOutage(self.kc.max_outage_s, self.metrics.kafka_outage,
+                                  self.kc.outage_backoff_max_s)
         self.engine: Engine | None = None
         # The engine is not thread-safe: exactly one thread ever touches it.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
