@@ -92,6 +92,8 @@ class KafkaConfig:
     # how long Kafka may be unreachable or fail with retriable errors (a broker restart)
     # before the process gives up and exits; meanwhile it retries, its store kept open
     max_outage_s: float = field(default=300.0, metadata=_rng(0, 86_400))
+    # meanwhile, the wait between attempts doubles from 0.5 s up to this
+    outage_backoff_max_s: float = field(default=10.0, metadata=_rng(0.5, 600))
     max_partition_fetch_bytes: int = field(default=1 << 20, metadata=_rng(1024, 1 << 30))
     fetch_max_bytes: int = field(default=50 << 20, metadata=_rng(1024, 1 << 31))
     max_request_size: int = field(default=1 << 20, metadata=_rng(1024, 1 << 30))

@@ -157,11 +157,9 @@ async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
     others keep what was fetched for them: a paused partition drops it, to fetch it again
     once resumed.
 
-    ``outage``: a fetch that fails while Kafka is away is retried, and a consumer that lost
-    its group coordinator for ``CUT_OFF_S`` is in an outage too (an idle role's fetches
-    return nothing then, and fail nowhere): so it says so, and gives up after
-    ``kafka.max_outage_s``."""
-    lost: float | None = None  # since when the coordinator is unknown (having been known)
+    ``outage``: a fetch that fails while Kafka is away is retried, and a consumer cut off
+    from its group coordinator is in an outage too (``CoordinatorWatch``)."""
+    watch = None if outage is None else CoordinatorWatch(outage)
     while not owner.stopping.is_set():
         if owner.failure is not None:
             raise owner.failure
@@ -174,17 +172,8 @@ async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
             await asyncio.sleep(outage.failed(exc, "fetching"))
             continue
         generation = owner.generation
-        if outage is not None:
-            if coordinator_known(consumer):
-                if lost is not None:
-                    outage.succeeded()  # (an idle role's only sign that Kafka is back)
-                lost = None
-            elif lost is None:
-                lost = time.monotonic()
-            elif time.monotonic() - lost >= CUT_OFF_S:
-                await asyncio.sleep(outage.failed(
-                    KafkaConnectionError("no group coordinator"), "finding the group coordinator"))
-                continue
+        if watch is not None:
+            await watch.check(consumer)
         async with owner.busy:
             if generation == owner.generation:
                 yield batches
@@ -218,6 +207,30 @@ def coordinator_known(consumer: AIOKafkaConsumer) -> bool:
     call for it (tests/service/test_aiokafka_privates.py)."""
     coordinator = consumer._coordinator
     return coordinator is not None and coordinator.coordinator_id is not None
+
+
+class CoordinatorWatch:
+    """A consumer's fetches return nothing while Kafka is away, and fail nowhere: a process
+    that has nothing to commit (idle, or busy in its engine) would never see the outage.
+    One whose consumer lost its group coordinator for ``CUT_OFF_S`` is in an outage too:
+    it says so, shows it in the outage gauge, and gives up after ``kafka.max_outage_s``."""
+
+    def __init__(self, outage: KafkaOutage) -> None:
+        self.outage = outage
+        self.lost: float | None = None  # since when the coordinator is unknown
+
+    async def check(self, consumer: AIOKafkaConsumer) -> None:
+        """After each fetch (whose records are still handed over): cut off, it waits the
+        outage's backoff; raises once the outage has lasted ``kafka.max_outage_s``."""
+        if coordinator_known(consumer):
+            if self.lost is not None:
+                self.outage.succeeded()  # (an idle process's only sign that Kafka is back)
+            self.lost = None
+        elif self.lost is None:
+            self.lost = time.monotonic()
+        elif time.monotonic() - self.lost >= CUT_OFF_S:
+            await asyncio.sleep(self.outage.failed(
+                KafkaConnectionError("no group coordinator"), "finding the group coordinator"))
 
 
 async def ride_out(outage: KafkaOutage, exc: KafkaError, what: str,
@@ -360,6 +373,7 @@ class Ahead:
     async def _fetch(self, owner: Running, consumer: AIOKafkaConsumer, max_records: int
                      ) -> None:
         failing = False  # (a fetch while Kafka is away returns nothing, or fails)
+        watch = None if self.outage is None else CoordinatorWatch(self.outage)
         while not owner.stopping.is_set():
             if owner.failure is not None:
                 raise owner.failure
@@ -388,6 +402,8 @@ class Ahead:
                     continue
                 self.queue.put_nowait(Fetched(tp, epoch, records))
             self._gauge()
+            if watch is not None:
+                await watch.check(consumer)
 
     def _backpressure(self, consumer: AIOKafkaConsumer) -> None:
         assignment = consumer.assignment()

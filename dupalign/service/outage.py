@@ -21,12 +21,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerFenced
 from prometheus_client import Gauge
 
+from dupalign.service.topology import _internal_waiters
+
 log = logging.getLogger("dupalign.kafka")
 
 T = TypeVar("T")
 
 FIRST_BACKOFF_S = 0.5
-MAX_BACKOFF_S = 10.0
 
 
 class KafkaUnavailable(KafkaError):
@@ -49,8 +50,10 @@ class KafkaOutage:
     also stops once ``wanted`` turns false (the operation no longer matters, e.g. its
     partition was revoked). Any success ends the outage."""
 
-    def __init__(self, max_outage_s: float, seconds: Gauge | None = None) -> None:
+    def __init__(self, max_outage_s: float, seconds: Gauge | None = None,
+                 max_backoff_s: float = 10.0) -> None:
         self.max_outage_s = max_outage_s
+        self.max_backoff_s = max_backoff_s  # (kafka.outage_backoff_max_s)
         self.since: float | None = None  # monotonic start of the current outage
         self._failures = 0
         if seconds is not None:  # how long the current outage has lasted (0: none)
@@ -73,7 +76,7 @@ class KafkaOutage:
         elif now - self.since >= self.max_outage_s:
             raise KafkaUnavailable(f"Kafka unreachable or failing for {now - self.since:.0f} s "
                                    f"(kafka.max_outage_s): {what} failed ({exc!r})") from exc
-        delay = min(MAX_BACKOFF_S, FIRST_BACKOFF_S * 2 ** self._failures)
+        delay = min(self.max_backoff_s, FIRST_BACKOFF_S * 2 ** self._failures)
         self._failures += 1
         return min(delay, max(0.0, self.since + self.max_outage_s - now) + 0.01)
 
@@ -140,7 +143,12 @@ async def stop_within(producer: AIOKafkaProducer, limit_s: float = 5.0) -> None:
     """Stop a producer given up on, waiting at most ``limit_s``: it flushes what it holds,
     which waits for a broker that may be gone (until its records expire or the broker is
     back and fences them), so the stop may go on in the background; its errors are not
-    the news."""
+    the news: neither are the futures its failure fails that nothing awaits (a producer fenced
+    by its successor while it aborts the transaction the outage cut)."""
+    _forget_waiters(producer)
+    sender = getattr(getattr(producer, "_sender", None), "sender_task", None)
+    if isinstance(sender, asyncio.Task):  # (called after aiokafka's own ``_fail_all``)
+        sender.add_done_callback(lambda _: _forget_waiters(producer))
     stopping = asyncio.ensure_future(producer.stop())
     _abandoned.add(stopping)  # (collected while pending, asyncio would log it as an error)
     stopping.add_done_callback(_abandoned.discard)
@@ -154,3 +162,8 @@ _abandoned: set[asyncio.Future[Any]] = set()
 def _retrieved(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()  # reported by the caller already, as a timeout
+
+
+def _forget_waiters(producer: AIOKafkaProducer) -> None:
+    for waiter in _internal_waiters(producer):
+        waiter.add_done_callback(_retrieved)

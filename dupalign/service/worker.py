@@ -41,7 +41,12 @@ from dupalign.service.logs import setup_logging
 from dupalign.service.loop import Ahead, Checkpoint, Listener, run_loop
 from dupalign.service.metrics import WorkerMetrics
 from dupalign.service.outage import KafkaOutage, stop_within, within
-from dupalign.service.topology import fetch_committed, new_producer, page_record_limit
+from dupalign.service.topology import (
+    fetch_committed,
+    new_producer,
+    page_record_limit,
+    stop_quietly,
+)
 from dupalign.service.worker_batch import (
     SOURCE_HEADER,
     BatchProcessing,
@@ -68,7 +73,8 @@ class Worker(Rebalancing, BatchProcessing):
         self.kc = config.kafka
         self.wc = config.worker
         self.metrics = WorkerMetrics()
-        self.outage = KafkaOutage(self.kc.max_outage_s, self.metrics.kafka_outage)
+        self.outage = KafkaOutage(self.kc.max_outage_s, self.metrics.kafka_outage,
+                                  self.kc.outage_backoff_max_s)
         self.engine: Engine | None = None
         # The engine is not thread-safe: exactly one thread ever touches it.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -207,16 +213,9 @@ class Worker(Rebalancing, BatchProcessing):
                           "uncommitted and it will be reprocessed", self.wc.shutdown_timeout_s)
             consuming[0].cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.consumer is not None:
-            with contextlib.suppress(Exception):
-                await self.consumer.stop()
-        for producer in list(self.txn_producers.values()):
-            with contextlib.suppress(Exception):
-                await producer.stop()
+        # (the non-transactional producer flushes its pending sends)
+        await stop_quietly(self.consumer, *self.txn_producers.values(), self.producer)
         self.txn_producers.clear()
-        if self.producer is not None:
-            with contextlib.suppress(Exception):
-                await self.producer.stop()  # flushes pending sends
         if self.engine is not None:
             engine, self.engine = self.engine, None
             try:

@@ -321,7 +321,7 @@ class Store:
 
     def memory_bytes(self) -> dict[str, int]:
         """RocksDB's memory: the block cache in use, every family's memtables, and the
-        index and filter blocks of open table files (held outside the block cache)."""
+        index and filter blocks of open table files held outside the block cache."""
         def total(prop: str) -> int:
             return sum(int(cf.property_int_value(prop) or 0) for cf in self._cfs.values())
         any_cf = next(iter(self._cfs.values()))

@@ -13,7 +13,7 @@ stream itself holds no growing memory) and every ``--every`` pages prints, in MB
   fwd       the forward record caches' buffers (align and index stage; budget forward_mb each)
   blocks    RocksDB's block cache in use (budget blocks_mb)
   memtab    every family's memtables (rocksdb.cur-size-all-mem-tables, summed)
-  readers   index and filter blocks held outside the block cache
+  readers   index and filter blocks held outside the block cache (none since they are charged to it)
             (rocksdb.estimate-table-readers-mem, summed)
   near      the near-duplicate table (SimHash fingerprints: grows with the store by design)
   free      what the allocator's heaps hold free (dupalign.runtime.allocator)

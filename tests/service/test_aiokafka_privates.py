@@ -2,7 +2,8 @@
 offsets with their metadata (dupalign.service.topology.fetch_committed), its request to rejoin
 the group (dupalign.service.loop.rejoin, a role stepping down), its coordinator's node id
 (dupalign.service.loop.coordinator_known: an idle role noticing an outage) and
-``_internal_waiters`` (a failed producer's futures that nothing awaits). Fails when aiokafka
+``_internal_waiters`` (a failed producer's futures that nothing awaits, also once a producer
+given up on fails: dupalign.service.outage.stop_within). Fails when aiokafka
 changes them, so an upgrade is caught here rather than at a worker's takeover."""
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ def test_a_failed_sender_task_is_where_background_failure_finds_the_fencing() ->
     assert "self._sender = Sender(" in inspect.getsource(AIOKafkaProducer.__init__)
     # the task's exception is what makes the transaction fatal
     assert "self._txn_manager.fatal_error(task_exception)" in inspect.getsource(Sender._fail_all)
+    # made a callback of the task when it starts: one that stop_within adds later runs after
+    # it, and finds the waiters the fatal error failed (dupalign.service.outage)
+    assert "self._sender_task.add_done_callback(self._fail_all)" in inspect.getsource(
+        Sender.start)
 
     async def unstarted() -> None:
         assert background_failure(AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")) is None

@@ -1,4 +1,4 @@
-"""The broker dies mid-stream (SIGKILL) and comes back a minute later, under a topology of one
+"""The broker dies mid-stream (SIGKILL) and comes back half a minute later, under a topology of one
 process per role (issue 42, acceptance (b)): every role waits for it (``kafka.max_outage_s``)
 without exiting, says so once, and the published matches are exactly ``scan``'s, none twice.
 The test runs a broker of its own, restarted on the ports and data directory it recorded
@@ -18,6 +18,7 @@ import pytest
 from dupalign.wire import messages
 from tests.service.test_worker_broker_outage import (
     OUTAGE_S,
+    QUICKER,
     broker,
     corpus,
     free_port,
@@ -39,6 +40,8 @@ async def test_every_role_waits_out_a_broker_restart_and_publishes_scans_matches
     pages = corpus(copies=6)
     port = free_port()
     topo = await Topology(bootstrap, tmp_path).create()
+    topo.config_path.write_text(topo.config_path.read_text().replace(
+        "[worker]", f"{QUICKER}[worker]"))
     try:
         for role in ROLES:
             if role == "index":

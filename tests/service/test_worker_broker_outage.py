@@ -1,4 +1,4 @@
-"""The broker dies mid-stream (SIGKILL) and comes back a minute later: the worker waits for it
+"""The broker dies mid-stream (SIGKILL) and comes back half a minute later: the worker waits for it
 (``kafka.max_outage_s``) without exiting, says so once, and loses and repeats nothing. The
 test runs a broker of its own (deploy/kafka/broker.sh, restarted on the ports and data
 directory it recorded, so clients find it again), not the session's."""
@@ -31,7 +31,12 @@ from tests.service.test_worker_kafka import (
 
 pytestmark = [pytest.mark.kafka]
 
-OUTAGE_S = 60
+# The product's timings, shortened for the test: a Kafka step is cut after 15 s (40 s by
+# default) and retries wait at most 1 s (10 s), so that a shorter outage still outlasts the
+# cut of the transactions in flight at the kill (15 s, then up to 8 s to drop their
+# producer): each is committed again by a new producer, as after a longer one.
+QUICKER = "request_timeout_ms = 15000\noutage_backoff_max_s = 1.0\n"
+OUTAGE_S = 30
 
 
 def broker(command: str, directory: Path) -> str:
@@ -54,6 +59,18 @@ async def outage_seconds(port: int) -> float:
     found = re.search(r"^dupalign_kafka_outage_seconds (\S+)$", text, re.M)
     assert found, text[-2000:]
     return float(found.group(1))
+
+
+def clean_up(proc: subprocess.Popen[bytes] | None, home: Path) -> None:
+    """The worker killed if it still runs, the broker stopped."""
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(30)
+    broker("stop", home)
+
+
+def said_since(log: Path, size: int) -> list[str]:
+    return log.read_bytes()[size:].decode("utf-8", "replace").splitlines()
 
 
 def corpus(copies: int = 4) -> list[Page]:
@@ -80,7 +97,7 @@ async def test_the_worker_waits_out_a_broker_restart_and_loses_and_repeats_nothi
         await topics.send(pages)
         _, config_path = topics.config(tmp_path, batch_size=1)
         config_path.write_text(config_path.read_text().replace("port = 0", f"port = {port}")
-                               .replace("[worker]", "max_outage_s = 300.0\n[worker]"))
+                               .replace("[worker]", f"max_outage_s = 300.0\n{QUICKER}[worker]"))
         proc = start_worker_process(config_path, tmp_path / "store", log)
 
         async def some_progress() -> bool:
@@ -108,11 +125,8 @@ async def test_the_worker_waits_out_a_broker_restart_and_loses_and_repeats_nothi
         assert proc.wait(60) == 0, log.read_text()[-4000:]
         records = await topics.read(topics.matches)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
-        broker("stop", home)
-    said = log.read_bytes()[stopped_at:].decode("utf-8", "replace").splitlines()
+        clean_up(proc, home)
+    said = said_since(log, stopped_at)
     waiting = [line for line in said if "waiting for Kafka" in line]
     assert len(waiting) == 1 and " WARNING " in waiting[0], "\n".join(said[:60])
     back = [line for line in said if "Kafka is back" in line]
@@ -127,3 +141,50 @@ async def test_the_worker_waits_out_a_broker_restart_and_loses_and_repeats_nothi
     twice = [k for k, n in published.items() if n > expected[k]]
     assert not twice, f"published twice: {twice[:5]}"
     assert published == expected
+
+
+async def test_an_idle_worker_reports_the_outage_and_exits_5_after_max_outage_s(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A worker with nothing to commit tries no send and no commit: it notices the outage
+    by its consumer losing the group coordinator, says so once, shows it in the gauge,
+    and gives up with the Kafka exit code once ``kafka.max_outage_s`` has passed."""
+    del kafka_bootstrap
+    home = tmp_path / "broker"
+    bootstrap = broker("start", home)
+    pages = demo_pages()[:8]
+    log = tmp_path / "worker.log"
+    port = free_port()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        topics = await Topics(bootstrap, partitions=1).create()
+        await topics.send(pages)
+        _, config_path = topics.config(tmp_path, batch_size=4)
+        config_path.write_text(config_path.read_text().replace("port = 0", f"port = {port}")
+                               .replace("[worker]", "max_outage_s = 20.0\n[worker]"))
+        proc = start_worker_process(config_path, tmp_path / "store", log)
+
+        async def idle() -> bool:
+            assert proc is not None and proc.poll() is None, log.read_text()[-4000:]
+            return await topics.committed_total() == len(pages)
+        await wait_for(idle, 180, "every page committed")
+        stopped_at = log.stat().st_size
+        pid = int((home / "broker.pid").read_text())
+        subprocess.run(["kill", "-KILL", str(pid)], check=True)
+        killed = time.monotonic()
+
+        async def said_so() -> bool:
+            assert proc is not None and proc.poll() is None, log.read_text()[-4000:]
+            return b"waiting for Kafka" in log.read_bytes()[stopped_at:]
+        await wait_for(said_so, 60, "the idle worker's 'waiting for Kafka'")
+        assert await outage_seconds(port) > 0
+        code = await asyncio.to_thread(proc.wait, 60)
+        took = time.monotonic() - killed
+    finally:
+        clean_up(proc, home)
+    said = said_since(log, stopped_at)
+    assert code == 5, "\n".join(said[-60:])
+    assert took >= 20, "\n".join(said[-60:])
+    waiting = [line for line in said if "waiting for Kafka" in line]
+    assert len(waiting) == 1 and " WARNING " in waiting[0], "\n".join(said[:60])
+    stopped = [line for line in said if "worker stopped: " in line]
+    assert len(stopped) == 1 and "kafka.max_outage_s" in stopped[0], "\n".join(said[-60:])

@@ -63,7 +63,7 @@ class StatelessRole:
         self.metrics.add_role(self.name)
         self.started = False  # consuming (for /readyz)
         self.kc = config.kafka
-        self.outage = self.metrics.outage(self.kc.max_outage_s)
+        self.outage = self.metrics.outage(self.kc.max_outage_s, self.kc.outage_backoff_max_s)
         self.limit_s = self.kc.request_timeout_ms / 1000  # one Kafka step, at most
         self.group_id = f"{self.kc.group_id}-{self.name}"
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)

@@ -85,7 +85,7 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
         self.metrics.add_role(self.name)
         self.started = False  # consuming (for /readyz; a standby is ready too)
         self.kc = kc = config.kafka
-        self.outage = self.metrics.outage(kc.max_outage_s)
+        self.outage = self.metrics.outage(kc.max_outage_s, kc.outage_backoff_max_s)
         self.limit_s = kc.request_timeout_ms / 1000
         self.align_limit = kc.max_request_size  # the largest align request (see run)
         self.forward_limit = kc.max_request_size  # the largest forward record

@@ -91,11 +91,11 @@ class RoleMetrics:
             "retention sweep) waited for the pages before it to be published", registry=r,
         )
 
-    def outage(self, max_outage_s: float) -> KafkaOutage:
+    def outage(self, max_outage_s: float, max_backoff_s: float) -> KafkaOutage:
         """The process's one outage state, shared by its roles: one WARNING and one INFO
         per outage, whichever role meets it."""
         if self._outage is None:
-            self._outage = KafkaOutage(max_outage_s, self.kafka_outage)
+            self._outage = KafkaOutage(max_outage_s, self.kafka_outage, max_backoff_s)
         return self._outage
 
     def add_role(self, role: str) -> None:
