@@ -19,10 +19,16 @@ venv: $(STAMP)
 ## share one local broker on free ports, started when a first test needs it; the suite is
 ## CPU-bound with 3 on the 2-core test machine, as its Kafka tests also wait on the broker).
 ## PYTEST_ARGS: more pytest arguments, e.g. PYTEST_ARGS='-m testdata'
+## The tests start hundreds of dupalign processes: with PYTHONDONTWRITEBYTECODE set, each would
+## compile the package's ~90 modules from source again (~0.5 s of CPU a process).
+## --maxschedchunk 1: a worker is handed tests as it finishes them (xdist's default hands each
+## a quarter of its share at first: -m "not testdata" gave one worker the first 51 tests, so
+## all 46 slow or Kafka ones, run one after the other while the others ran the short ones).
 TEST_JOBS ?= 3
 PYTEST_ARGS ?=
+XDIST := -n $(TEST_JOBS) --maxschedchunk 1
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_JOBS) --durations=30 $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 ## compile numba's kernels into their cache, if they are not there (make test does it first)
 warm-kernels: $(STAMP)
@@ -30,7 +36,7 @@ warm-kernels: $(STAMP)
 
 ## unit and property tests only (no Kafka, no slow corpus tests)
 test-quick: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not kafka and not slow"
+	$(PY) -m pytest -q $(XDIST) -m "not kafka and not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check dupalign tests

@@ -41,6 +41,7 @@ import hashlib
 import itertools
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,5 +160,25 @@ def _names_apart() -> None:
             1 + secrets.randbits(48))
 
 
+def _no_blas_probe() -> None:
+    """numba probes for a BLAS when it first compiles or loads a kernel (numba.np.arraymath
+    imports scipy.linalg for it): ~0.3 s of CPU in every process where SciPy is installed
+    (the dev extra's datasketch installs it), more than loading a role's kernels. No kernel
+    calls a BLAS-backed function (np.dot, np.linalg, np.convolve...), so numba is told
+    there is none, as where SciPy is missing: the same machine code, cached or compiled.
+    (arraymath is imported here under that answer; it costs ~0.1 s.)"""
+    blas = "scipy.linalg.cython_blas"
+    if "numba.np.arraymath" in sys.modules or sys.modules.get(blas) is not None:
+        return  # probed already, or a BLAS that costs nothing more to find
+    missing = blas not in sys.modules
+    sys.modules[blas] = None  # type: ignore[assignment]  # its import raises ImportError
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        if missing:
+            del sys.modules[blas]
+
+
 _install_guards()
 _names_apart()
+_no_blas_probe()

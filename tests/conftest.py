@@ -44,6 +44,7 @@ BROKER_SH = REPO / "deploy" / "kafka" / "broker.sh"
 PROMETHEUS_SH = REPO / "deploy" / "prometheus" / "install.sh"
 TOOLS_MISSING = 2  # broker.sh and install.sh exit code: the tools are not available here
 SHARED_BROKER = "kafka-broker"  # under xdist: the broker's directory in the run's temp root
+SHARED_SASL_BROKER = "kafka-sasl-broker"  # and that of ``secure_kafka``
 
 
 def _in_ci() -> bool:
@@ -61,12 +62,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The xdist controller stops the broker its workers shared (``kafka_bootstrap``)."""
+    """The xdist controller stops the brokers its workers shared (``kafka_bootstrap``,
+    ``secure_kafka``)."""
     if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None):
         return
-    broker_dir = config._tmp_path_factory.getbasetemp() / SHARED_BROKER  # type: ignore[attr-defined]
-    if broker_dir.exists():
-        _stop_broker(broker_dir)
+    for name in (SHARED_BROKER, SHARED_SASL_BROKER):
+        broker_dir = config._tmp_path_factory.getbasetemp() / name  # type: ignore[attr-defined]
+        if broker_dir.exists():
+            _stop_broker(broker_dir)
 
 
 def _skip_without_corpora(item: pytest.Item) -> None:
@@ -222,6 +225,23 @@ def _stop_broker(broker_dir: Path) -> None:
                    capture_output=True, timeout=120)
 
 
+def _start_shared_broker(tmp_path_factory: pytest.TempPathFactory, name: str,
+                         env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``_start_broker`` of the broker the xdist workers share, in the run's temp root: each
+    would spend ~40 s of CPU starting its own and ~5 % of a core idling. The first to need
+    it starts it, the controller stops it (pytest_unconfigure); the outcome is kept for the
+    others."""
+    root = tmp_path_factory.getbasetemp().parent
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        outcome = root / f"{name}.outcome"
+        if not outcome.exists():
+            code, found = _start_broker(root / name, env)
+            outcome.write_text(f"{code}\n{found}")
+        code_line, found = outcome.read_text().split("\n", 1)
+        return int(code_line), found
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     external = os.environ.get("DUPALIGN_TEST_BOOTSTRAP")
@@ -232,18 +252,7 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if own is not None:
         code, found = _start_broker(own)
     else:
-        # the workers share one broker (each would spend ~40 s of CPU starting its own and
-        # ~5 % of a core idling): the first to need it starts it, the controller stops it
-        # (pytest_unconfigure); the outcome is kept for the others
-        root = tmp_path_factory.getbasetemp().parent
-        with open(root / "kafka-broker.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            outcome = root / "kafka-broker.outcome"
-            if not outcome.exists():
-                code, found = _start_broker(root / SHARED_BROKER)
-                outcome.write_text(f"{code}\n{found}")
-            code_line, found = outcome.read_text().split("\n", 1)
-            code = int(code_line)
+        code, found = _start_shared_broker(tmp_path_factory, SHARED_BROKER)
     if code != 0:
         if code == TOOLS_MISSING and not _in_ci():
             pytest.skip(found.strip())
@@ -285,22 +294,31 @@ SECURE_USERS = ("admin", "worker", "sketch", "index", "align", "shard", "produce
 
 @pytest.fixture(scope="session")
 def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
-    """Its own broker per process that needs it (xdist workers too): its users differ."""
-    broker_dir = tmp_path_factory.mktemp("kafka-sasl")
+    """Under xdist, one that the workers share, as ``kafka_bootstrap``'s (the users and their
+    passwords read back from its sasl/users); else one of the session's own."""
     passwords = {u: f"{u}-{secrets.token_urlsafe(12)}" for u in SECURE_USERS}
-    code, found = _start_broker(broker_dir, {
-        "BROKER_SASL_SSL": "1",
-        "BROKER_SCRAM_USERS": " ".join(f"{u}:{p}" for u, p in passwords.items())})
+    env = {"BROKER_SASL_SSL": "1",
+           "BROKER_SCRAM_USERS": " ".join(f"{u}:{p}" for u, p in passwords.items())}
+    own = None if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path_factory.mktemp(
+        "kafka-sasl")
+    if own is not None:
+        broker_dir = own
+        code, found = _start_broker(broker_dir, env)
+    else:
+        broker_dir = tmp_path_factory.getbasetemp().parent / SHARED_SASL_BROKER
+        code, found = _start_shared_broker(tmp_path_factory, SHARED_SASL_BROKER, env)
     if code != 0:
         if code == TOOLS_MISSING and not _in_ci():
             pytest.skip(found.strip())
         pytest.fail(found, pytrace=False)
+    sasl = broker_dir / "sasl"
+    passwords = dict(line.split(":", 1) for line in (sasl / "users").read_text().split())
     try:
-        sasl = broker_dir / "sasl"
         yield SecureBroker(broker_dir, found, (sasl / "bootstrap").read_text().strip(),
                            sasl / "ca.pem", passwords)
     finally:
-        _stop_broker(broker_dir)
+        if own is not None:
+            _stop_broker(own)
 
 
 @pytest.fixture(scope="session")

@@ -266,6 +266,22 @@ def test_help_imports_neither_the_engine_nor_kafka(command: str) -> None:
         assert "--help" in options and all(o in "\n".join(shown) for o in options)
 
 
+def test_a_role_process_imports_neither_aiohttp_without_metrics_nor_scipy_linalg() -> None:
+    """What a role process imports before and at its first kernel: not aiohttp, which only
+    the HTTP endpoint ([metrics]) needs, nor scipy.linalg, which numba imports for its BLAS
+    probe (dupalign/kernel_cache.py): ~0.3 s of CPU each at every process start."""
+    code = ("import sys\nimport numpy as np\n"
+            "from dupalign.service import worker\n"
+            "from dupalign.service.roles import align, index, launch, shard, sketch\n"
+            "from dupalign.text.hashing import mix64\n"
+            "mix64(np.arange(3, dtype=np.uint64))\n"
+            "print(sorted({'aiohttp', 'scipy.linalg'} & set(sys.modules)))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", run.stdout
+
+
 def _with_numba_cache(cache: Path, *args: str, code: str | None = None
                       ) -> subprocess.CompletedProcess[str]:
     cmd = ([sys.executable, "-c", code] if code
