@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerFenced
 from prometheus_client import Gauge
 
-from dupalign.service.topology import _internal_waiters
+from dupalign.service.topology import internal_waiters
 
 log = logging.getLogger("dupalign.kafka")
 
@@ -165,5 +165,5 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
 
 
 def _forget_waiters(producer: AIOKafkaProducer) -> None:
-    for waiter in _internal_waiters(producer):
+    for waiter in internal_waiters(producer):
         waiter.add_done_callback(_retrieved)

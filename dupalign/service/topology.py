@@ -290,7 +290,7 @@ async def send_all(producer: AIOKafkaProducer, outgoing: list[Outgoing]) -> list
             futures.append(await producer.send(o.topic, o.value, key=o.key,
                                                partition=o.partition, headers=o.headers))
     except BaseException:
-        for future in [*futures, *_internal_waiters(producer)]:
+        for future in [*futures, *internal_waiters(producer)]:
             future.add_done_callback(_retrieved)
         raise
     return [md.offset for md in await asyncio.gather(*futures)]
@@ -301,7 +301,7 @@ def _retrieved(future: asyncio.Future[Any]) -> None:
         future.exception()  # marks it retrieved: asyncio reports none that is not
 
 
-def _internal_waiters(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
+def internal_waiters(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
     """The futures a failed producer fails with the cause its send raised, which nothing
     awaits: the drain waiters of its batches no send waited on, and the transaction's
     waiter (no abort follows a fatal failure). aiokafka keeps them private; a change there

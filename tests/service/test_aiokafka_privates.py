@@ -2,7 +2,7 @@
 offsets with their metadata (dupalign.service.topology.fetch_committed), its request to rejoin
 the group (dupalign.service.loop.rejoin, a role stepping down), its coordinator's node id
 (dupalign.service.loop.coordinator_known: an idle role noticing an outage) and
-``_internal_waiters`` (a failed producer's futures that nothing awaits, also once a producer
+``internal_waiters`` (a failed producer's futures that nothing awaits, also once a producer
 given up on fails: dupalign.service.outage.stop_within). Fails when aiokafka
 changes them, so an upgrade is caught here rather than at a worker's takeover."""
 
@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
 from dupalign.service.loop import coordinator_known, rejoin
-from dupalign.service.topology import _internal_waiters, background_failure, fetch_committed
+from dupalign.service.topology import background_failure, fetch_committed, internal_waiters
 
 
 def test_the_consumer_keeps_its_group_coordinator_where_fetch_committed_reads_it() -> None:
@@ -78,7 +78,7 @@ def test_the_coordinator_forgets_a_coordinator_it_lost_where_coordinator_known_r
 
 def test_a_failed_producer_keeps_its_unawaited_waiters_where_send_all_finds_them() -> None:
     """``send_all`` marks retrieved the futures a failed producer fails and nothing awaits
-    (``_internal_waiters``): the batches' drain waiters and the transaction's waiter."""
+    (``internal_waiters``): the batches' drain waiters and the transaction's waiter."""
     async def check() -> None:
         producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", transactional_id="t")
         try:
@@ -92,7 +92,7 @@ def test_a_failed_producer_keeps_its_unawaited_waiters_where_send_all_finds_them
                 producer._message_accumulator.create_builder(), TopicPartition("t", 0))
             assert isinstance(batch._drain_waiter, asyncio.Future)
             assert list(batches) == [TopicPartition("t", 0)]
-            assert _internal_waiters(producer) == [batch._drain_waiter, waiter]
+            assert internal_waiters(producer) == [batch._drain_waiter, waiter]
         finally:
             await producer.stop()
     asyncio.run(check())
