@@ -107,6 +107,11 @@ probe() {
   [[ "${resp:8:8}" == "00000007" && "${resp:16:4}" == "0000" ]]
 }
 
+# a running process (a child that exited stays a zombie until this shell reaps it)
+alive() {
+  [[ -r "/proc/$1/status" ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status"
+}
+
 pid_of() {
   local dir=$1 pid
   [[ -f "$dir/broker.pid" ]] || return 1
@@ -277,10 +282,12 @@ start() {
     -Djava.awt.headless=true -Dkafka.logs.dir="$dir" \
     -Dlog4j2.configurationFile="file:$dir/log4j2.properties" \
     -cp "$cp" kafka.Kafka "$dir/server.properties" >"$dir/broker.out" 2>&1 </dev/null &
-  echo $! >"$dir/broker.pid"
+  pid=$!
+  echo "$pid" >"$dir/broker.pid"
   deadline=$(( $(date +%s) + ${BROKER_START_TIMEOUT:-120} ))
   while :; do
-    if ! pid=$(pid_of "$dir"); then
+    # alive, not pid_of: until the fork has exec'ed java, the child's cmdline is this shell's
+    if ! alive "$pid"; then
       tail -40 "$dir/broker.log" "$dir/broker.out" >&2 2>/dev/null || true
       die 4 "broker exited during start-up (logs in $dir)"
     fi
