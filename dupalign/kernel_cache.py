@@ -166,7 +166,9 @@ def _no_blas_probe() -> None:
     (the dev extra's datasketch installs it), more than loading a role's kernels. No kernel
     calls a BLAS-backed function (np.dot, np.linalg, np.convolve...), so numba is told
     there is none, as where SciPy is missing: the same machine code, cached or compiled.
-    (arraymath is imported here under that answer; it costs ~0.1 s.)"""
+    (arraymath is imported here under that answer; it costs ~0.1 s.) In a process that
+    embeds dupalign, its own numba code keeps np.dot and np.linalg (they import SciPy
+    again when compiled); only np.convolve and np.correlate take numba's plain loop."""
     blas = "scipy.linalg.cython_blas"
     if "numba.np.arraymath" in sys.modules or sys.modules.get(blas) is not None:
         return  # probed already, or a BLAS that costs nothing more to find

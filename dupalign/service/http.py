@@ -54,29 +54,22 @@ class HttpServer:
     def _app(self) -> web.Application:
         from aiohttp import web
 
+        async def metrics(request: web.Request) -> web.Response:
+            resp = web.Response(body=generate_latest(self.registry))
+            resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
+            return resp
+
+        def answer(check: Check) -> Callable[[web.Request], Awaitable[web.Response]]:
+            async def handler(request: web.Request) -> web.Response:
+                ok, reason = check()
+                return web.Response(status=200 if ok else 503, text=reason + "\n")
+            return handler
+
         app = web.Application()
-        app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/healthz", self._check(self.healthy))
-        app.router.add_get("/readyz", self._check(self.ready))
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/healthz", answer(self.healthy))
+        app.router.add_get("/readyz", answer(self.ready))
         return app
-
-    async def _metrics(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
-        body = generate_latest(self.registry)
-        resp = web.Response(body=body)
-        resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
-        return resp
-
-    @staticmethod
-    def _check(check: Check) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-        async def handler(request: web.Request) -> web.Response:
-            from aiohttp import web
-
-            ok, reason = check()
-            return web.Response(status=200 if ok else 503, text=reason + "\n")
-
-        return handler
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
