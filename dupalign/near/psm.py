@@ -2,8 +2,10 @@
 
 The table (:class:`dupalign.near.simhash_table.SimhashTable`, where its header width, RAM and
 append buffer are described) holds 64-bit fingerprints sorted as unsigned integers, a
-directory over their top ``t`` "header" bits, and a small unsorted append buffer that every
-query scans exactly.
+directory over their top ``t`` "header" bits, and a small unsorted append buffer whose rows
+count as if they were merged: only in the buckets a query probes. So the answer depends on the
+rows, never on when the buffer merges (or, with the table split by header prefix, on which
+part holds a row).
 
 Volatility versus the fixed sort order. The sort order cannot depend on the query, so bits
 are never permuted in the table: the header is always the top t bits of the fingerprint
@@ -357,6 +359,10 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
     his = np.empty((3, budget), dtype=np.int64)
     nk = np.zeros(3, dtype=np.int64)
     nb = buf_fps.shape[0]
+    bo = np.empty(nb, dtype=np.int64)  # a query's buffer rows within h in a probed bucket
+    bd = np.empty(nb, dtype=np.int64)
+    bp = np.empty(nb, dtype=np.int64)
+    shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
     one = np.uint64(1)
     for it in range(m + 2):
         qa = it
@@ -394,25 +400,55 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
             while nres + rows > res_ord.shape[0]:  # room for every row scanned
                 res_ord = grow(res_ord)
                 res_ham = grow(res_ham)
-            # The buffer is small and unsorted: scan it exactly. Room is reserved above, so
-            # scan_range stops early only on a PSM_F match.
-            n, _ = scan_range(buf_fps, buf_ords, 0, nb, x, h, res_ord, res_ham, nres, first,
-                              bound)
-            used = 0
-            found = first and n > nres
-            if not found:  # the buckets, inline: a scan_range call per probe costs ~10%
-                for i in range(kq):
-                    used = i + 1
+            # The buffer is small and unsorted: its rows count as if merged into the sorted
+            # table, i.e. only in the buckets probed (their probe index in pb), so an answer
+            # never depends on when the buffer merges (nor, in a table split by header
+            # prefix, on which part holds a row: docs/pipeline.md, rule 1)
+            n = nres
+            nbh = 0
+            for r in range(nb):
+                d = bit_count64(x ^ buf_fps[r])
+                if d <= h and buf_ords[r] < bound:
+                    hb = buf_fps[r] >> shift if t > 0 else np.uint64(0)
+                    for i in range(kq):
+                        if hv[sc, i] == hb:
+                            bo[nbh] = buf_ords[r]
+                            bd[nbh] = d
+                            bp[nbh] = i
+                            nbh += 1
+                            break
+            used = kq
+            if not first:  # every row within h in the probed buckets
+                for j in range(nbh):
+                    res_ord[n] = bo[j]
+                    res_ham[n] = bd[j]
+                    n += 1
+                for i in range(kq):  # the buckets, inline: a scan_range call per probe ~10%
                     for r in range(los[sc, i], his[sc, i]):
                         d = bit_count64(x ^ fps[r])
                         if d <= h and ords[r] < bound:
                             res_ord[n] = ords[r]
                             res_ham[n] = d
                             n += 1
-                            found = first
-                            if found:
-                                break
-                    if found:
+            else:  # the first probe with a row within h; in it, the closest, then smallest ordinal
+                for i in range(kq):
+                    best = NO_BOUND
+                    best_d = h + 1
+                    for r in range(los[sc, i], his[sc, i]):
+                        d = bit_count64(x ^ fps[r])
+                        if d <= h and ords[r] < bound and (
+                                d < best_d or (d == best_d and ords[r] < best)):
+                            best = ords[r]
+                            best_d = d
+                    for j in range(nbh):
+                        if bp[j] == i and (bd[j] < best_d or (bd[j] == best_d and bo[j] < best)):
+                            best = bo[j]
+                            best_d = bd[j]
+                    if best != NO_BOUND:
+                        res_ord[n] = best
+                        res_ham[n] = best_d
+                        n += 1
+                        used = i + 1
                         break
             nres = n
             probes[qc] = used
@@ -450,7 +486,9 @@ def psm_search_batch(
 
     ``budget`` is the number of header probes per query, the exact header included;
     ``None`` means all sets of <= h header bits (exact search). ``mode="first"`` stops at
-    the first row within h (PSM_F), ``"all"`` reports every row found (PSM_A).
+    the first probe with a row within h and reports its closest row, the smallest ordinal
+    among equals (PSM_F),
+    ``"all"`` reports every row within h in the probed buckets (PSM_A).
     ``before`` (an int, or one per query): only rows with a smaller ordinal count, so that
     PSM_F does not stop on a later page or on the query page itself when it is replayed.
     """

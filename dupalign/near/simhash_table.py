@@ -16,7 +16,8 @@ RAM. ``fingerprint_nbytes`` = sorted fingerprints + directory + buffer; ordinals
 separate int64 array (``ordinal_nbytes``): they are arbitrary store ordinals, and after
 sorting by fingerprint they cannot be implicit positions. ``nbytes`` is the sum.
 
-Append buffer. New rows go to an unsorted buffer that every query scans exactly; it is
+Append buffer. New rows go to an unsorted buffer that every query scans (its rows count in
+the buckets the query probes, as if merged: dupalign.near.psm); it is
 merged into the sorted array (linear merge, then directory rebuild) when it holds
 ``max(buffer_min, isqrt(4 n))`` rows, which balances the O(n) merge per buffer-full against
 the O(buffer) scan per query (both ≈ 2·sqrt(n) per page when a page is one insert and one

@@ -233,11 +233,32 @@ def test_empty_table_and_empty_batches() -> None:
     table = SimhashTable()
     assert psm_search(table, 5, np.zeros(64), budget=None, mode="all") == []
     assert len(psm_search_batch(table, [], np.zeros((0, 64)))) == 0
-    table.add(5, 1)  # only in the buffer: found by the exact buffer scan
+    table.add(5, 1)  # only in the buffer: header bits 0, its one bucket is probed
     assert psm_search(table, 4, np.ones(64), mode="all") == [(1, 1)]
     index = BphsIndex.build([], [], h=3)
     assert index.search(5) == [] and len(index.search_batch([])) == 0
     assert brute_force_search([], [], 3, 3) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(params=table_params, h=st.integers(0, 4), budget=st.integers(1, 40),
+       mode=st.sampled_from(["first", "all"]), header_bits=st.integers(0, 10))
+def test_an_answer_does_not_depend_on_which_rows_are_still_in_the_buffer(
+        params, h, budget, mode, header_bits) -> None:
+    """The same rows, some still in the append buffer, or all merged: the same answers for
+    any budget and mode (docs/pipeline.md, rule 1: a table split by header prefix merges
+    its parts' buffers at other times than one table)."""
+    table, fps = make_table(params, header_bits=header_bits, buffer_min=10_000)
+    merged = SimhashTable.from_arrays(np.concatenate([table.fps, table.buffer_fps]),
+                                      np.concatenate([table.ordinals, table.buffer_ordinals]),
+                                      header_bits=header_bits)
+    assert table.buffered == params[4] and merged.buffered == 0
+    q, W = queries_and_w(params[0] + 1, fps, 25)
+    for before in (None, int(table.ordinals.max(initial=0)) // 2):
+        a = psm_search_batch(table, q, W, h=h, budget=budget, mode=mode, before=before)
+        b = psm_search_batch(merged, q, W, h=h, budget=budget, mode=mode, before=before)
+        for i in range(len(q)):
+            assert sorted(a.get(i)) == sorted(b.get(i))
 
 
 @settings(max_examples=25, deadline=None)
