@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dupalign.kernel_cache import njit
-from dupalign.near.psm import PsmBatchResult, bit_count64, grow
+from dupalign.near.psm import PsmBatchResult, bit_count64, grow, lower_bound
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -67,19 +67,6 @@ def _permute_all(fps, src_shift, widths, dst_shift):
 
 
 @njit(cache=True, nogil=True)
-def _lower_bound(a, v):
-    lo = 0
-    hi = a.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if a[mid] < v:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@njit(cache=True, nogil=True)
 def _bphs_one(tables, tords, src_shift, widths, dst_shift, low_masks, prior_masks, x, h, first,
               out_o, out_h, n):
     """One lookup in all T tables; returns (n, ok), ok False when out_* overflowed."""
@@ -87,7 +74,7 @@ def _bphs_one(tables, tords, src_shift, widths, dst_shift, low_masks, prior_mask
         px = _permute(x, src_shift[i], widths[i], dst_shift[i])
         low = low_masks[i]
         tab = tables[i]
-        for r in range(_lower_bound(tab, px & ~low), tab.shape[0]):
+        for r in range(lower_bound(tab, 0, tab.shape[0], px & ~low), tab.shape[0]):
             diff = px ^ tab[r]
             if diff & ~low:
                 break  # header mismatch: past the range

@@ -17,21 +17,14 @@ Flips outside the header cost no probe (the scan covers them exactly), so PSM mi
 neighbour only when the header flips it needs come after the probe budget is spent.
 With an unlimited budget every set of <= h header bits is probed and PSM is exact.
 
-Speed (batch kernel, one core): the header bits of 64 queries at a time are ranked by a
-counting rank vectorized across queries, and their volatilities are computed the same way;
-only the L = budget - 1 most volatile header bits enter VOSH (no set holding a lower rank
-can come within the budget, see :func:`_probes`), so the probe order is exactly that of VOSH
-on all t bits. For h <= 3 and small budgets the frontier is a fixed 32-slot list popped
-with branch-free reductions; otherwise :func:`dupalign.near.vosh.vosh_enumerate` (shared with
-:func:`dupalign.near.vosh.vosh_order_kernel`, so the oracle tests cover it). Queries are
-software-pipelined in three stages (probes + directory prefetch, bucket prefetch, scan) so
-that a probe's two dependent cache misses overlap with other queries' work. Each query's
-result equals a lookup on its own.
+Speed (batch kernel, one core): the probes come from dupalign.near.psm_probes (VOSH order,
+ranked 64 queries at a time). Queries are software-pipelined in three stages (probes +
+directory prefetch, bucket prefetch, scan) so that a probe's two dependent cache misses
+overlap with other queries' work. Each query's result equals a lookup on its own.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,17 +36,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from dupalign.kernel_cache import njit
+from dupalign.near.psm_probes import full_budget, next_probes, probe_scratch
 from dupalign.near.simhash_table import NO_BOUND, SimhashTable
-from dupalign.near.vosh import (
-    MAX_H,
-    SENTINEL,
-    VolatilityModel,
-    bit_volatility,
-    packed_mask,
-    packed_root,
-    rms_of,
-    vosh_enumerate,
-)
+from dupalign.near.vosh import MAX_H, VolatilityModel
 
 I64 = npt.NDArray[np.int64]
 
@@ -126,198 +111,52 @@ def _prefetch(typingctx: Any, arr: Any, idx: Any) -> Any:
 prefetch: Any = intrinsic(_prefetch)
 
 
-def _cttz(typingctx: Any, x: Any) -> Any:
-    """Index of the lowest set bit of a non-zero int64 (one ``tzcnt``)."""
-    sig = types.int64(types.int64)
-
-    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-        return builder.cttz(args[0], ir.IntType(1)(1))
-
-    return sig, codegen
-
-
-cttz: Any = intrinsic(_cttz)
-
-
 @njit(cache=True, inline="always")
-def _key3(base, ratio_ext, s):
-    """packed_key for sets of <= 3 elements: the factors of the empty slots are exactly 1."""
-    k = base * ratio_ext[s & 255]
-    k *= ratio_ext[(s >> 8) & 255]
-    return k * ratio_ext[(s >> 16) & 255]
+def dir_entry(v, t, td):
+    """The directory entry where probe ``v`` (a t-bit header) starts."""
+    if t >= td:
+        return v >> np.uint64(t - td)
+    return v << np.uint64(td - t)
 
 
-@njit(cache=True, inline="always")
-def _children3(s, b):
-    """packed_children for sets of <= 3 elements (only gaps 0 and 1 can count)."""
-    size = s >> 56
-    sh = 8 * max(size - 1, 0)
-    last = (s >> sh) & 255
-    left = s + (1 << sh) if (size > 0) & (last <= b - 2) else -1
-    e0 = s & 255
-    e1 = (s >> 8) & 255
-    e2 = (s >> 16) & 255
-    g0 = e1 - e0
-    g1 = e2 - e1
-    c1 = (size >= 3) & (g1 >= 2)
-    c0 = (size >= 2) & (g0 >= 2)
-    jstar = 1 if c1 else (0 if c0 else -1)
-    gstar = g1 if c1 else g0
-    right = s + (1 << (8 * max(jstar, 0))) if (jstar >= 0) & (gstar == 2) else -1
-    return left, right
-
-_CHUNK = 64  # queries whose header bits are ranked together (vectorized across queries)
-_FRONTIER = 32  # slots of the fixed-size VOSH frontier (budgets with 2k + h - 1 <= 32)
+@njit(cache=True, nogil=True)
+def lower_bound(fps, lo, hi, v):
+    """The first row of lo..hi-1 whose fingerprint is >= v (hi if none)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if fps[mid] < v:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @njit(cache=True)
-def _prepare_chunk(W, q0, c, t, L, surv, y_max, prior_scale, absT, ckf, rkT, pT, order,
-                   ratioT, base):
-    """Rank the header bits of queries q0..q0+c-1 and compute their volatility ratios.
+def probe_rows(fps, directory, v, t, td):
+    """The sorted rows whose top t bits are ``v``, with a directory over the top td bits.
 
-    ``order[i, rho]`` (rho < L) = the header bit (r-th from the top: bit 63 - r) of rank
-    rho, by |W| ascending (p_j is non-increasing in |W_j|; the RMS scale is common to all
-    bits of a query, so it does not change the rank); ties go by r. ``ratioT[r, i]`` =
-    p / (1 - p) of header bit r; ``base[i]`` = prod_r (1 - p). Every loop runs across
-    queries (the innermost index), so that it vectorizes; per query, ranking ~20 bits or
-    evaluating their volatility one at a time does not.
-    """
-    n_bins = surv.shape[0] - 1
-    inv = np.empty(c)
-    for i in range(c):
-        rms = rms_of(W[q0 + i])
-        inv[i] = 1.0 / rms if rms > 0 else 0.0
-    for r in range(t):
-        for i in range(c):
-            absT[r, i] = abs(W[q0 + i, 63 - r])
-    # The bits of a non-negative double order like the double; the low five mantissa bits
-    # carry r so that keys are distinct and ties go by r.
-    ck = ckf.view(np.int64)
-    for r in range(t):
-        for i in range(c):
-            ckf[r, i] = absT[r, i]
-    for r in range(t):
-        for i in range(c):
-            ck[r, i] = (ck[r, i] & ~np.int64(31)) | r
-    for r in range(t):
-        for i in range(c):
-            rkT[r, i] = 0
-    for j in range(t):
-        for r in range(t):
-            for i in range(c):
-                rkT[r, i] += ck[j, i] < ck[r, i]
-    for r in range(t):
-        for i in range(c):
-            rho = rkT[r, i]
-            if rho < L:
-                order[i, rho] = r
-    # bit_volatility inlined without its branch (c >= y_max is checked afterwards), so the
-    # loop vectorizes; same expressions, hence the same doubles.
-    over = 0
-    for r in range(t):
-        for i in range(c):
-            cc = absT[r, i] * inv[i]
-            x = cc * n_bins / y_max
-            j = min(int(x), n_bins - 1)
-            f = x - j
-            pT[r, i] = 0.5 * (surv[j] * (1.0 - f) + surv[j + 1] * f)
-            over |= cc >= y_max
-    if over:
-        for r in range(t):
-            for i in range(c):
-                cc = absT[r, i] * inv[i]
-                if cc >= y_max:
-                    pT[r, i] = bit_volatility(cc, surv, y_max, prior_scale)
-    for i in range(c):
-        base[i] = 1.0
-    for r in range(t):
-        for i in range(c):
-            pr = pT[r, i]
-            ratioT[r, i] = pr / (1.0 - pr)
-            base[i] *= 1.0 - pr
-
-
-@njit(cache=True, inline="always")
-def _probes(x, t, L, h, budget, base, order, ratioT, i, ratio_ext, bits_ext, keys, seqs,
-            sets, packed, pkeys, fkeys, ik, fsets, hv, row):
-    """The first ``budget`` VOSH probes of query i of its chunk: header values into hv[row].
-
-    Only the L = min(t, budget - 1) most volatile header bits are ranked: a set whose
-    largest rank is r comes after its r - |S| + 1 ancestors in its VOSH tree and after the
-    roots of smaller sizes (keys never grow down a tree since p <= 1/2, and earlier
-    insertions win ties), i.e. at position >= r + 1, so ranks >= budget - 1 are never
-    reached; dropping the sets that hold them leaves the order of the others unchanged.
-    For 2 * budget + h - 1 <= _FRONTIER the frontier is a fixed-size list whose pop (first
-    largest key) is two branch-free reductions over all slots, which vectorize; keys are
-    non-negative doubles, compared as their int64 bits. Returns the number of probes.
-    """
+    The probes' width t and the directory's td are independent: t is the table's row count's
+    (``SimhashTable.probe_bits``), td is set when the directory was last built. A narrower
+    directory gives a bucket holding the probe's rows, narrowed by binary search; a wider one
+    gives them as a run of its buckets."""
     one = np.uint64(1)
-    for rho in range(L):
-        b = order[i, rho]
-        ratio_ext[rho] = ratioT[b, i]
-        bits_ext[rho] = one << np.uint64(63 - b)
-    shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
-    hh = min(h, L)
-    if 2 * budget + hh - 1 > _FRONTIER or hh > 3:
-        k = vosh_enumerate(base, ratio_ext, L, h, budget, keys, seqs, sets, packed, pkeys)
-        for j in range(k):
-            hv[row, j] = (x ^ packed_mask(bits_ext, packed[j])) >> shift if t > 0 else np.uint64(0)
-        return k
-    for s in range(_FRONTIER):
-        ik[s] = -2
-    n = 0
-    for size in range(hh + 1):
-        root = packed_root(size)
-        fkeys[n] = _key3(base, ratio_ext, root)
-        fsets[n] = root
-        n += 1
-    k = 0
-    while k < budget:
-        # max of the 32 slots in eight independent chains (a single chain is ~64 cycles)
-        m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.int64(-3)
-        for s in range(0, _FRONTIER, 8):
-            m0 = max(m0, ik[s])
-            m1 = max(m1, ik[s + 1])
-            m2 = max(m2, ik[s + 2])
-            m3 = max(m3, ik[s + 3])
-            m4 = max(m4, ik[s + 4])
-            m5 = max(m5, ik[s + 5])
-            m6 = max(m6, ik[s + 6])
-            m7 = max(m7, ik[s + 7])
-        mx = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-        if mx < 0:
-            break
-        b0 = b1 = b2 = b3 = np.int64(0)
-        for s in range(0, _FRONTIER, 4):
-            b0 |= np.int64(ik[s] == mx) << s
-            b1 |= np.int64(ik[s + 1] == mx) << (s + 1)
-            b2 |= np.int64(ik[s + 2] == mx) << (s + 2)
-            b3 |= np.int64(ik[s + 3] == mx) << (s + 3)
-        at = cttz((b0 | b1) | (b2 | b3))  # first slot of the largest key
-        st = fsets[at]
-        ik[at] = -1
-        hv[row, k] = (x ^ packed_mask(bits_ext, st)) >> shift if t > 0 else np.uint64(0)
-        k += 1
-        if k == budget:
-            break
-        left, right = _children3(st, L)
-        kl = _key3(base, ratio_ext, left)
-        kr = _key3(base, ratio_ext, right)
-        fsets[n] = left
-        fkeys[n] = kl
-        if left < 0:
-            ik[n] = -2
-        n += left >= 0
-        fsets[n] = right
-        fkeys[n] = kr
-        if right < 0:
-            ik[n] = -2
-        n += right >= 0
-    return k
+    if t == td:
+        return np.int64(directory[v]), np.int64(directory[v + one])
+    if t < td:
+        d = np.uint64(td - t)
+        return np.int64(directory[v << d]), np.int64(directory[(v + one) << d])
+    b = v >> np.uint64(t - td)
+    lo = np.int64(directory[b])
+    hi = np.int64(directory[b + one])
+    shift = np.uint64(64 - t)
+    first = lower_bound(fps, lo, hi, v << shift)
+    if v + one == one << np.uint64(t):  # the last header: no upper value fits in 64 bits
+        return first, hi
+    return first, lower_bound(fps, first, hi, (v + one) << shift)
 
 
 @njit(cache=True)
-def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, before, surv,
+def _psm_batch_kernel(fps, ords, directory, td, t, buf_fps, buf_ords, qfps, W, before, surv,
                       y_max, prior_scale, h, budget, first):
     """PSM lookups of a batch, software-pipelined over queries; results in query order.
 
@@ -334,26 +173,7 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
     res_ord = np.empty(max(16, m), dtype=np.int64)
     res_ham = np.empty(max(16, m), dtype=np.int64)
     nres = 0
-    L = min(t, budget - 1)
-    cap = 2 * budget + min(h, t) + 2
-    keys = np.empty(cap)
-    seqs = np.empty(cap, dtype=np.int64)
-    sets = np.empty(cap, dtype=np.int64)
-    packed = np.empty(budget, dtype=np.int64)
-    pkeys = np.empty(budget)
-    fkeys = np.empty(_FRONTIER)
-    ik = fkeys.view(np.int64)  # the same slots: keys >= 0 order like their int64 bits
-    fsets = np.empty(_FRONTIER, dtype=np.int64)
-    tt = max(t, 1)
-    absT = np.empty((tt, _CHUNK))
-    ckf = np.empty((tt, _CHUNK))
-    rkT = np.empty((tt, _CHUNK), dtype=np.int64)
-    pT = np.empty((tt, _CHUNK))
-    order = np.empty((_CHUNK, max(L, 1)), dtype=np.int64)
-    ratioT = np.empty((tt, _CHUNK))
-    base = np.empty(_CHUNK)
-    ratio_ext = np.ones(SENTINEL + 1)
-    bits_ext = np.zeros(SENTINEL + 1, dtype=np.uint64)
+    scratch = probe_scratch(t, h, budget)
     hv = np.empty((3, budget), dtype=np.uint64)
     los = np.empty((3, budget), dtype=np.int64)
     his = np.empty((3, budget), dtype=np.int64)
@@ -363,26 +183,20 @@ def _psm_batch_kernel(fps, ords, directory, t, buf_fps, buf_ords, qfps, W, befor
     bd = np.empty(nb, dtype=np.int64)
     bp = np.empty(nb, dtype=np.int64)
     shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
-    one = np.uint64(1)
     for it in range(m + 2):
         qa = it
         if qa < m:  # stage A
             sa = qa % 3
-            ci = qa % _CHUNK
-            if ci == 0:
-                _prepare_chunk(W, qa, min(_CHUNK, m - qa), t, L, surv, y_max, prior_scale,
-                               absT, ckf, rkT, pT, order, ratioT, base)
-            k = _probes(qfps[qa], t, L, h, budget, base[ci], order, ratioT, ci, ratio_ext,
-                        bits_ext, keys, seqs, sets, packed, pkeys, fkeys, ik, fsets, hv, sa)
+            k = next_probes(W, qa, m, qfps[qa], t, h, budget, surv, y_max, prior_scale,
+                            scratch, hv, sa)
             nk[sa] = k
             for i in range(k):
-                prefetch(directory, np.intp(hv[sa, i]))
+                prefetch(directory, np.intp(dir_entry(hv[sa, i], t, td)))
         qb = it - 1
         if 0 <= qb < m:  # stage B
             sb = qb % 3
             for i in range(nk[sb]):
-                lo = np.int64(directory[hv[sb, i]])
-                hi = np.int64(directory[hv[sb, i] + one])
+                lo, hi = probe_rows(fps, directory, hv[sb, i], t, td)
                 los[sb, i] = lo
                 his[sb, i] = hi
                 if lo < hi:
@@ -501,16 +315,17 @@ def psm_search_batch(
     if not 0 <= h <= MAX_H:
         raise ValueError(f"h must be in [0, {MAX_H}]")
     mdl = model if model is not None else _DEFAULT_MODEL
-    t = table.header_bits
+    t = table.probe_bits
     if budget is None:
-        budget = sum(math.comb(t, i) for i in range(min(h, t) + 1))
+        budget = full_budget(t, h)
     if budget < 1:
         raise ValueError("budget must be >= 1")
     bound = np.broadcast_to(
         np.asarray(NO_BOUND if before is None else before, dtype=np.int64), q.shape)
     surv, y_max, prior_scale = mdl.kernel_params()
     offsets, ords, hams, probes = _psm_batch_kernel(
-        table.fps, table.ordinals, table.directory, t, table.buffer_fps, table.buffer_ordinals,
+        table.fps, table.ordinals, table.directory, table.header_bits, t, table.buffer_fps,
+        table.buffer_ordinals,
         q, np.ascontiguousarray(W), np.ascontiguousarray(bound), surv, y_max, prior_scale, h,
         int(budget), mode == "first")
     return PsmBatchResult(offsets, ords, hams, probes)

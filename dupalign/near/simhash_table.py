@@ -6,11 +6,14 @@ row whose top t bits are >= v, so the rows of header v are ``directory[v]:direct
 and a small unsorted append buffer.
 
 Header width. §7.3 finds t = d = log2(n) optimal with a 2^t-entry hash table, i.e. 2× the
-RAM of the fingerprints. Here t = floor(log2 n) - ``header_slack`` (default 2), tracked as
-the table grows (recomputed at every merge): the directory (uint32 offsets) then costs
-4 B × 2^t <= n B, at most 1/8 of the 8n B fingerprint array (1.105× in all at n = 10^7),
-and a bucket holds 4–8 rows on average. A smaller directory than the paper's costs a few
-more rows per probe, which are sequential and cheap next to the probe's cache misses.
+RAM of the fingerprints. Here t = floor(log2 n) - ``header_slack`` (default 2) for the n rows
+in the table at each query (``probe_bits``: the probes' width, so the answer is a function of
+the rows alone); the directory is built at every merge over the width of the rows then
+(``header_bits``), and a lookup maps a probe onto it either way (dupalign.near.psm). The
+directory (uint32 offsets) then costs 4 B × 2^t <= n B, at most 1/8 of the 8n B fingerprint
+array (1.105× in all at n = 10^7), and a bucket holds 4–8 rows on average. A smaller
+directory than the paper's costs a few more rows per probe, which are sequential and cheap
+next to the probe's cache misses.
 
 RAM. ``fingerprint_nbytes`` = sorted fingerprints + directory + buffer; ordinals are a
 separate int64 array (``ordinal_nbytes``): they are arbitrary store ordinals, and after
@@ -160,14 +163,23 @@ class SimhashTable:
             self._buf_ords = np.empty(cap, dtype=np.int64)
         self._rebuild_directory()
 
+    def header_width(self, n: int) -> int:
+        """The header width for ``n`` rows: floor(log2 n) - ``header_slack`` (or the fixed
+        one), between 0 and 32."""
+        if self._fixed_t is not None:
+            return self._fixed_t
+        return min(max(0, math.floor(math.log2(n)) - self.header_slack), 32) if n > 0 else 0
+
+    @property
+    def probe_bits(self) -> int:
+        """The header width of the queries' probes: that of the rows in the table now, so an
+        answer depends on the rows, never on when the directory was last built (whose own
+        width, ``header_bits``, only speeds the lookups up; docs/pipeline.md, rule 2)."""
+        return self.header_width(len(self))
+
     def _rebuild_directory(self) -> None:
         n = len(self.fps)
-        if self._fixed_t is not None:
-            t = self._fixed_t
-        else:
-            t = max(0, math.floor(math.log2(n)) - self.header_slack) if n > 0 else 0
-            t = min(t, 32)
-        self.header_bits = t
+        t = self.header_bits = self.header_width(n)
         dtype = np.uint32 if n < 2**32 else np.int64
         if t == 0:
             self.directory = np.array([0, n], dtype=dtype)

@@ -242,17 +242,20 @@ def test_empty_table_and_empty_batches() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(params=table_params, h=st.integers(0, 4), budget=st.integers(1, 40),
-       mode=st.sampled_from(["first", "all"]), header_bits=st.integers(0, 10))
+       mode=st.sampled_from(["first", "all"]),
+       header_bits=st.one_of(st.none(), st.integers(0, 10)))
 def test_an_answer_does_not_depend_on_which_rows_are_still_in_the_buffer(
         params, h, budget, mode, header_bits) -> None:
     """The same rows, some still in the append buffer, or all merged: the same answers for
-    any budget and mode (docs/pipeline.md, rule 1: a table split by header prefix merges
-    its parts' buffers at other times than one table)."""
+    any budget and mode (docs/pipeline.md, rules 1 and 2: a table split by header prefix
+    merges its parts' buffers at other times than one table). Without a fixed width, the
+    buffered table's directory is narrower than the merged one's (built for fewer rows)."""
     table, fps = make_table(params, header_bits=header_bits, buffer_min=10_000)
     merged = SimhashTable.from_arrays(np.concatenate([table.fps, table.buffer_fps]),
                                       np.concatenate([table.ordinals, table.buffer_ordinals]),
                                       header_bits=header_bits)
     assert table.buffered == params[4] and merged.buffered == 0
+    assert table.probe_bits == merged.probe_bits == merged.header_bits
     q, W = queries_and_w(params[0] + 1, fps, 25)
     for before in (None, int(table.ordinals.max(initial=0)) // 2):
         a = psm_search_batch(table, q, W, h=h, budget=budget, mode=mode, before=before)
@@ -301,13 +304,15 @@ def test_psm_probes_follow_vosh_order() -> None:
 
 @settings(max_examples=80, deadline=None)
 @given(params=table_params, h=st.integers(0, 4), budget=st.integers(1, 40),
-       mode=st.sampled_from(["first", "all"]), data=st.data())
+       mode=st.sampled_from(["first", "all"]), data=st.data(),
+       header_bits=st.sampled_from([None, 4]))
 def test_removed_rows_answer_as_a_table_built_without_them(params, h, budget, mode,
-                                                           data) -> None:
+                                                           data, header_bits) -> None:
     """Tombstones (``remove``), some merged away, some not, and removals from the buffer:
-    every search answers as the table built from the rows left with the same header bits
-    (exact search: as brute force over them)."""
-    table, fps = make_table(params, header_bits=4, buffer_min=16)
+    every search answers as the table built from the rows left (exact search: as brute
+    force over them). Without a fixed width the directory, built for more rows, can be
+    wider than the probes of the rows left."""
+    table, fps = make_table(params, header_bits=header_bits, buffer_min=16)
     allf, allo = table.all_arrays()
     gone = sorted(set(data.draw(st.lists(st.integers(0, len(allo) - 1), max_size=60))))
     for at in range(0, len(gone), 7):  # removals in a few calls (a merge may come between)
@@ -318,16 +323,32 @@ def test_removed_rows_answer_as_a_table_built_without_them(params, h, budget, mo
     livef, liveo = table.all_arrays()
     assert sorted(zip(livef.tolist(), liveo.tolist(), strict=True)) == sorted(
         zip(allf[left].tolist(), allo[left].tolist(), strict=True))
-    # the same rows in the same places (sorted part, then the buffer), never removed
-    kept = table.ordinals != np.iinfo(np.int64).max
-    fresh = SimhashTable.from_arrays(table.fps[kept], table.ordinals[kept], header_bits=4,
-                                     buffer_min=10_000)
-    fresh.add_many(table.buffer_fps, table.buffer_ordinals)
+    fresh = SimhashTable.from_arrays(livef, liveo, header_bits=header_bits)
+    assert fresh.probe_bits == table.probe_bits
     q, W = queries_and_w(params[0], fps, 16)
     got = psm_search_batch(table, q, W, h=h, budget=budget, mode=mode)
     want = psm_search_batch(fresh, q, W, h=h, budget=budget, mode=mode)
     exact = psm_search_batch(table, q, W, h=h, budget=None, mode="all")
     for i in range(len(q)):
-        assert got.get(i) == want.get(i)
+        assert sorted(got.get(i)) == sorted(want.get(i))
         assert sorted(exact.get(i)) == sorted(
             brute_force_search(allf[left], allo[left], int(q[i]), h))
+
+
+def test_a_directory_wider_than_the_probes_answers_as_the_table_of_the_rows_left() -> None:
+    """Most rows removed and not merged away: the directory keeps the width of the 1,000
+    rows it was built for, the probes take the width of the 300 left (rule 2)."""
+    fps = clustered(7, 1000, 40, 3)
+    ords = np.arange(1000, dtype=np.int64)
+    table = SimhashTable.from_arrays(fps, ords, buffer_min=10_000)
+    table.remove(fps[300:], ords[300:])
+    fresh = SimhashTable.from_arrays(fps[:300], ords[:300])
+    assert table.probe_bits == fresh.header_bits < table.header_bits
+    q, W = queries_and_w(7, fps[:300], 64)
+    for mode in ("first", "all"):
+        for budget in (1, 8, None):
+            got = psm_search_batch(table, q, W, h=4, budget=budget, mode=mode)
+            want = psm_search_batch(fresh, q, W, h=4, budget=budget, mode=mode)
+            assert [sorted(got.get(i)) for i in range(64)] == [
+                sorted(want.get(i)) for i in range(64)]
+            assert sum(len(got.get(i)) for i in range(64)) > 0
