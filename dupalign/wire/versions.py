@@ -41,6 +41,9 @@ PAGE_SKETCH = WireVersion("page sketch", 2, (1, 2))
 # ``AlignRequest`` and ``IndexResult``: 3 carries the align request's steps (store format
 # 7); 2 is read in ``unfinished`` records of format 6 stores and retained align tasks
 INDEX_MESSAGE = WireVersion("message", 3, (2, 3))
+# the page directory's input and output (dupalign.stages.directory)
+DIRECTORY_ENTRY = WireVersion("directory entry", 1, (1,))
+DIRECTORY_DECISION = WireVersion("directory decision", 1, (1,))
 
 # -- the service's messages (worker) -----------------------------------------------------------
 # page, match, dead letter (schemas/*.json)
