@@ -25,7 +25,8 @@ keys of stored pages only, each page is the current version of its id, and a rep
 hashes the id with the body, so no rule needs another id's state.
 
 Retention. The caller names sweep points: a sweep at sequence ordinal ``p`` (with its
-``now_ms``, the same everywhere: carried by the sequence, not read from a clock) removes
+``now_ms``, the same everywhere: carried by the sequence, not read from a clock, as the
+topology's index role does today: dupalign.service.roles.index_lifecycle) removes
 what ``Indexer.expired`` would after every page below ``p``, and the Ledger computes it from
 the decisions below ``p`` alone. So a directory shard, before it decides its first page at
 or after ``p``: waits until its own Ledger has applied every shard's decisions below ``p``,
@@ -40,9 +41,17 @@ stored version; ``docs``: sequence ordinal -> the version's record; ``cws``: seq
 ordinal -> its verification sketch; ``next_ordinal``: the next sequence ordinal to decide.
 One WriteBatch per page.
 
-A ``DirectoryEntry``'s fingerprint must be the page's under the idf table in force at its
-turn: ``Engine.process`` sketches under that table; an entry sketched under an older one
-gives another revisit distance than the single engine, which refreshes it.
+Where it differs from the single engine, which reads the previous version's verification
+sketch from the near index: the engine keeps no near state of a page stored as an exact
+copy of another page (the exact stage's decision, keyed by content hash and made after
+the directory's), so a version that replaces such a copy has no resemblance to it there
+(est_jaccard and hamming None) and its removal names no simhash. The directory keeps
+every stored version's sketch and fingerprint, and relates two versions by them whatever
+the exact stage found (tests/stages/test_directory.py ``_copy_relation``): one rule of the
+engine to change before the two are wired together. And a ``DirectoryEntry``'s
+fingerprint must be the page's under the idf table in force at its turn, as
+``Engine.process`` sketches it; the single engine refreshes a fingerprint sketched under
+an older table, the directory cannot (it has no idf table).
 """
 
 from __future__ import annotations
