@@ -69,15 +69,16 @@ def body_of(doc: int, b: int) -> str:
 
 
 def page_of(step: int, doc: int, b: int, variant: int, dated: bool) -> Page:
-    """Variants of one text: the same bytes, upper case, trailing blanks, read as HTML."""
+    """Variants of one text: the same bytes, upper case, trailing blanks, read as HTML;
+    and bytes that are two texts (a word more read as plain text than as HTML)."""
     body = body_of(doc, b)
-    body = [body, body.upper(), body + "  \n", body][variant]
-    return Page(f"d{doc}", body, content_type="text/html" if variant == 3 else "text/plain",
+    body = [body, body.upper(), body + "  \n", body, f"<i>{body}</i>", f"<i>{body}</i>"][variant]
+    return Page(f"d{doc}", body, content_type="text/html" if variant in (3, 5) else "text/plain",
                 url=f"http://x/{doc}/{step}", fetched_at=step * 1000 if dated else None)
 
 
 pages = st.tuples(st.just("page"), st.integers(0, N_IDS - 1), st.sampled_from([0, 0, 1, 2]),
-                  st.sampled_from([0, 0, 1, 2, 3]), st.sampled_from([True, True, False]))
+                  st.sampled_from([0, 0, 1, 2, 3, 4, 5]), st.sampled_from([True, True, False]))
 others = [
     st.tuples(st.just("delete"), st.integers(0, N_IDS)),  # N_IDS: never stored
     st.tuples(st.just("reject"), st.integers(0, N_IDS - 1), st.booleans()),
