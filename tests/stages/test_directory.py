@@ -347,6 +347,64 @@ def test_a_ledger_refuses_a_decision_naming_a_page_not_stored() -> None:
         ledger.apply(Decision(0, "a", "delete", removed=Version(7, b"h", None)))
 
 
+# -- the ledger against a brute-force twin -----------------------------------------------------
+class TwinLedger:
+    """The pages alive in a dict, in store ordinal order, swept as ``Indexer.expired``."""
+
+    def __init__(self) -> None:
+        self.next_ordinal = 0
+        self.pages: dict[int, tuple[int, int | None]] = {}  # seq -> (ordinal, fetched_at)
+
+    def apply(self, d: Decision) -> tuple[int | None, int | None, int | None]:
+        removed = None if d.removed is None else self.pages.pop(d.removed.seq)[0]
+        replay_of = None if d.replay_of is None else self.pages[d.replay_of][0]
+        ordinal = None
+        if d.kind == "stored":
+            ordinal, self.next_ordinal = self.next_ordinal, self.next_ordinal + 1
+            self.pages[d.seq] = (ordinal, d.fetched_at)
+        return ordinal, removed, replay_of
+
+    def sweep(self, max_pages: int, max_age_s: int, now_ms: int) -> list[Expired]:
+        out = []
+        for seq, (ordinal, fetched) in list(self.pages.items()):
+            too_many = max_pages and len(self.pages) > max_pages
+            too_old = max_age_s and fetched is not None and fetched < now_ms - max_age_s * 1000
+            if not (too_many or too_old):
+                break
+            del self.pages[seq]
+            out.append(Expired(ordinal, seq))
+        return out
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10), st.integers(0, 1 << 20), st.integers(0, 30),
+                          st.integers(0, 20)), max_size=300),
+       st.integers(1, 3), st.integers(1, 4))
+def test_the_ledger_places_and_sweeps_as_its_twin(ops: list[tuple[int, int, int, int]],
+                                                  batch: int, slots: int) -> None:
+    """Many pages in few slots: the arrays grow and drop removed pages' slots often."""
+    ledger, twin = Ledger(slots=slots), TwinLedger()
+    for seq, (op, pick, a, b) in enumerate(ops):
+        alive = list(twin.pages)
+        if op >= 9:  # max_pages 0-9 (0: no bound) and max_age 0-20 s (0: none)
+            now = seq * 1000
+            assert ledger.sweep(a % 10, b, now, batch) == twin.sweep(a % 10, b, now)
+            continue
+        old = alive[pick % len(alive)] if alive else None
+        fetched = None if a == 0 else seq * 1000 - a * 100
+        if op < 5 or old is None:  # new page, or a changed revisit (op 3, 4)
+            removed = Version(old, b"", None) if op in (3, 4) and old is not None else None
+            d = Decision(seq, "x", "stored", removed, fetched_at=fetched)
+        elif op < 7:
+            d = Decision(seq, "x", "delete", Version(old, b"", None))
+        else:
+            d = Decision(seq, "x", "replay", replay_of=old)
+        placed = ledger.apply(d)
+        assert (placed.ordinal, placed.removed, placed.replay_of) == twin.apply(d)
+        assert ledger.alive == len(twin.pages)
+        assert all(ledger.ordinal_of(s) == o for s, (o, _) in twin.pages.items())
+
+
 # -- wire forms ------------------------------------------------------------------------------
 entries_st = st.builds(
     DirectoryEntry, seq=st.integers(0, 1 << 40), doc_id=st.text(max_size=8),
