@@ -70,7 +70,7 @@ from dupalign.near.index import U64
 from dupalign.stages.index import engine_info, resemblance
 from dupalign.stages.sketch import PageSketch
 from dupalign.store import tables
-from dupalign.store.database import Store
+from dupalign.store.database import Batch, Store
 from dupalign.wire.versions import DIRECTORY_DECISION, DIRECTORY_ENTRY
 
 DecisionKind = Literal["replay", "delete", "rejected", "unchanged", "stored"]
@@ -206,8 +206,8 @@ def _revisit_match(doc_id: str, status: str, est: float | None, hamming: int | N
 
 
 @dataclass
-class _Stored:
-    """The stored version of an id, as the shard's ``docs`` record has it."""
+class DirectoryVersion:
+    """The stored version of an id, as a shard's ``docs`` record has it."""
 
     seq: int
     replay_key: bytes
@@ -260,7 +260,7 @@ class DirectoryShard:
         self.next_seq = entry.seq + 1
         return decision
 
-    def _rules(self, e: DirectoryEntry, prev: _Stored | None) -> Decision:
+    def _rules(self, e: DirectoryEntry, prev: DirectoryVersion | None) -> Decision:
         seq, doc_id = e.seq, e.doc_id
         if (e.replay_key is not None and prev is not None and prev.replay_key == e.replay_key
                 and prev.read_as == e.read_as):
@@ -270,12 +270,12 @@ class DirectoryShard:
                             removed=None if prev is None else prev.version)
         if e.rejected:
             return Decision(seq, doc_id, "rejected")
-        if prev is not None and prev.content_hash == e.content_hash:
-            return Decision(seq, doc_id, "unchanged", revisit=_revisit_match(
-                doc_id, "unchanged", 1.0, None, prev.url, prev.fetched_at, self.engine))
         if e.replay_key is None:
             raise ValueError(f"page {doc_id!r} has no replay key and is neither deleted "
                              "nor rejected")
+        if prev is not None and prev.content_hash == e.content_hash:
+            return Decision(seq, doc_id, "unchanged", revisit=_revisit_match(
+                doc_id, "unchanged", 1.0, None, prev.url, prev.fetched_at, self.engine))
         if e.unchanged:  # (as Indexer.index: the topology must not let this happen)
             raise RuntimeError(f"page {doc_id!r} was sketched as an unchanged revisit of a "
                                "version that is no longer stored")
@@ -290,7 +290,7 @@ class DirectoryShard:
         return Decision(seq, doc_id, "stored", None if prev is None else prev.version,
                         revisit=revisit, fetched_at=e.fetched_at)
 
-    def _put(self, batch: Any, e: DirectoryEntry) -> None:
+    def _put(self, batch: Batch, e: DirectoryEntry) -> None:
         record = {"id": e.doc_id, "url": e.url, "content_hash": e.content_hash,
                   "simhash": e.fingerprint, "fetched_at": e.fetched_at,
                   "replay_key": e.replay_key, "read_as": e.read_as}
@@ -318,15 +318,16 @@ class DirectoryShard:
             self.store.write(batch)
         return gone
 
-    def current(self, doc_id: str) -> _Stored | None:
+    def current(self, doc_id: str) -> DirectoryVersion | None:
         """The stored version of ``doc_id`` (None: none)."""
         seq = tables.ids.get(self.store, doc_id)
         raw = None if seq is None else tables.docs.get(self.store, seq)
         if seq is None or raw is None:
             return None
         d = msgpack.unpackb(raw)
-        return _Stored(seq, bytes(d["replay_key"]), str(d["read_as"]), bytes(d["content_hash"]),
-                       d["url"], d["fetched_at"], d["simhash"])
+        return DirectoryVersion(seq, bytes(d["replay_key"]), str(d["read_as"]),
+                                bytes(d["content_hash"]), d["url"], d["fetched_at"],
+                                d["simhash"])
 
     def _sketch(self, seq: int) -> U64 | None:
         raw = tables.cws.get(self.store, seq)
