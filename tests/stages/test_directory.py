@@ -10,7 +10,9 @@ unknown ids; rejected pages (empty, or not valid Unicode); retention sweeps. Per
 same kind, store ordinal, replayed page, removed page (and its content hash and simhash)
 and revisit match; per sweep, the same pages removed; with 1, 2 and 3 shards, each shard
 deciding its pages up to the next sweep point before the next shard starts (a shard never
-waits for its peers between sweep points), every message through its wire form.
+waits for its peers between sweep points), every message through its wire form. One
+rule differs, by design, and is pinned: a changed revisit of an exact copy
+(``_copy_relation``).
 """
 
 from __future__ import annotations
