@@ -33,7 +33,7 @@ from dupalign.audit.auditor import Auditor
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.match import Match, Span, best_span
-from dupalign.near.index import NearIndex, NearState
+from dupalign.near.index import U64, NearIndex, NearState
 from dupalign.passage.forward import RecordCache
 from dupalign.passage.index import PassageIndex, Removal
 from dupalign.passage.sketch import PassageState
@@ -60,6 +60,30 @@ def _read_alike(read_as: str | None, sk: PageSketch) -> bool:
     would answer it with the old text's matches and never index it). Stores that did not
     keep how a page was read (None) answer any."""
     return read_as is None or read_as == sk.read_as
+
+
+def engine_info(config: EngineConfig) -> dict[str, Any]:
+    """The ``engine`` field of the matches found under ``config``."""
+    return {
+        "name": ENGINE_NAME,
+        "h": config.near.hamming,
+        "cws_K": config.near.cws_samples,
+        "cws_threshold": config.near.cws_threshold,
+        "passage_mode": config.passage.mode,
+        "k": config.passage.k,
+        "theta": config.passage.theta,
+    }
+
+
+def resemblance(sketch: U64, old: U64, fingerprint: int | None, old_fingerprint: int | None
+                ) -> tuple[float, int | None]:
+    """A changed revisit's relation to the version it replaces: the share of equal
+    verification min-hashes (no early stop), and the simhash distance when both versions
+    have a fingerprint."""
+    est = round(float(np.count_nonzero(sketch == old)) / len(old), 4)
+    hamming = (None if fingerprint is None or old_fingerprint is None
+               else (int(fingerprint) ^ int(old_fingerprint)).bit_count())
+    return est, hamming
 
 
 def next_ordinal(store: Store) -> int:
@@ -103,15 +127,7 @@ class Indexer:
         # the recall audit (dupalign.audit), when on: told of sampled pages, stored pages and
         # removals, it never changes what the stage answers
         self.audit: Auditor | None = None
-        self.engine_info = {
-            "name": ENGINE_NAME,
-            "h": config.near.hamming,
-            "cws_K": config.near.cws_samples,
-            "cws_threshold": config.near.cws_threshold,
-            "passage_mode": config.passage.mode,
-            "k": config.passage.k,
-            "theta": config.passage.theta,
-        }
+        self.engine_info = engine_info(config)
 
     @property
     def alive(self) -> int:
@@ -361,10 +377,8 @@ class Indexer:
         near = sk.near
         old = self.near.sketch_of(prev.ordinal)
         if near is not None and near.sketch is not None and old is not None:
-            est = round(float(np.count_nonzero(near.sketch == old)) / len(old), 4)
             self.near.refresh(near)  # as Engine.process sketches it: the table in force
-            if near.fingerprint is not None and prev.simhash is not None:
-                hamming = (int(near.fingerprint) ^ int(prev.simhash)).bit_count()
+            est, hamming = resemblance(near.sketch, old, near.fingerprint, prev.simhash)
         return self._revisit(sk, prev, "changed", est_jaccard=est, hamming=hamming)
 
     def removes(self, sk: PageSketch) -> list[int]:

@@ -4,7 +4,8 @@ and the one codec for numpy arrays inside them.
 A message is a msgpack map whose ``v`` field is its version. A reader accepts every
 version in ``reads`` (messages retained in a topic or kept in a store from before an
 upgrade are read again after it); a writer writes ``writes``. The engine encodes its stage
-messages (``PageSketch``, ``AlignRequest``, ``IndexResult``); the service encodes the
+messages (``PageSketch``, ``AlignRequest``, ``IndexResult``, the directory's
+``DirectoryEntry`` and ``Decision``); the service encodes the
 topology's (dupalign/service/topology.py, dupalign/wire/forward_record.py,
 dupalign/service/roles/shard_protocol.py) and the JSON-Schema'd ones of
 dupalign/wire/messages.py. They share this table so that a version is bumped in one place and
@@ -41,6 +42,9 @@ PAGE_SKETCH = WireVersion("page sketch", 2, (1, 2))
 # ``AlignRequest`` and ``IndexResult``: 3 carries the align request's steps (store format
 # 7); 2 is read in ``unfinished`` records of format 6 stores and retained align tasks
 INDEX_MESSAGE = WireVersion("message", 3, (2, 3))
+# the page directory's input and output (dupalign.stages.directory)
+DIRECTORY_ENTRY = WireVersion("directory entry", 1, (1,))
+DIRECTORY_DECISION = WireVersion("directory decision", 1, (1,))
 
 # -- the service's messages (worker) -----------------------------------------------------------
 # page, match, dead letter (schemas/*.json)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +36,7 @@ from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.stages.sketch import replay_key
-from dupalign.store.database import Store
+from tests.reused_stores import Stores, temporary_stores
 
 _RNG = random.Random(13)
 _VOCAB = [f"w{i}" for i in range(60)]
@@ -78,48 +76,9 @@ ops = st.lists(st.one_of(
 ), min_size=1, max_size=14)
 
 
-class Stores:
-    """One RocksDB store per role (ours, fresh, ...), emptied between examples rather than
-    made anew: opening and closing a store costs more than an example's pages. Emptied by
-    one range delete per family; a new store every ``reuse`` examples, so that those do not
-    pile up. The engine on it is new each time, so no state in memory carries over."""
-
-    def __init__(self, root: Path, reuse: int = 10) -> None:
-        self.root, self.reuse = root, reuse
-        self.stores: dict[str, tuple[Store, int]] = {}
-        self.made = 0
-
-    def engine(self, role: str, cfg: EngineConfig) -> Engine:
-        store, uses = self.stores.get(role, (None, 0))
-        params = cfg.frozen_params()
-        if store is None or uses >= self.reuse:
-            if store is not None:
-                store.close()
-            self.made += 1
-            store, uses = Store(self.root / f"{role}{self.made}", params,
-                                block_cache_bytes=8 << 20), 0
-        else:
-            batch = store.batch()
-            for family in store._cfs:  # every key here is shorter than 32 bytes
-                batch.delete_range(family, b"", b"\xff" * 32)
-            store.write(batch)
-            store.put("meta", b"params", msgpack.packb(params))  # as a new store has
-            store.params = params
-        self.stores[role] = (store, uses + 1)
-        return Engine(store, cfg)
-
-    def close(self) -> None:
-        for store, _ in self.stores.values():
-            store.close()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def stores() -> Iterator[Stores]:
-    shm = Path("/dev/shm")
-    s = Stores(Path(tempfile.mkdtemp(prefix="lifecycle-", dir=shm if shm.is_dir() else None)))
-    yield s
-    s.close()
+    yield from temporary_stores("lifecycle-")
 
 
 # random sequences per mode in make test, a new draw each run (the slow marker runs 10,000;
