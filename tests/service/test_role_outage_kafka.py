@@ -1,4 +1,4 @@
-"""The broker dies mid-stream (SIGKILL) and comes back half a minute later, under a topology of one
+"""The broker dies mid-stream (SIGKILL) and comes back 25 s later, under a topology of one
 process per role (issue 42, acceptance (b)): every role waits for it (``kafka.max_outage_s``)
 without exiting, says so once, and the published matches are exactly ``scan``'s, none twice;
 an idle role with a shorter ``kafka.max_outage_s`` gives up meanwhile, with exit code 5.
