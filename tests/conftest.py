@@ -333,11 +333,50 @@ def prometheus_bin() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+# The longest tests of each half of CI (``-m "not testdata"``, then ``-m testdata``), longest
+# first (their wall times in CI, where several run at once): started first, so that the
+# short ones fill the end of the run rather than one of these being its tail. xdist
+# (--maxschedchunk 1) hands its first worker the first two: the broker outages, which
+# mostly wait, one after the other, while the other workers keep both cores busy. Node ids
+# without parameters; a test not found here merely loses its place.
+LONG_FIRST = (
+    "tests/service/test_role_outage_kafka.py::test_every_role_waits_out_a_broker_restart_and_an_idle_one_exits_5_after_max_outage_s",
+    "tests/service/test_worker_broker_outage.py::test_the_worker_waits_out_a_broker_restart_and_an_idle_one_exits_5_after_max_outage_s",
+    "tests/service/test_kafka_security.py::test_misconfigurations_stop_with_one_line_and_lose_nothing_then_the_worker_matches_scan",
+    "tests/service/test_large_records_kafka.py::test_with_default_settings_a_page_of_several_mb_gives_the_single_worker_s_matches",
+    "tests/stages/test_shard.py::test_any_shard_count_gives_the_matches_of_the_single_indexer",
+    "tests/service/test_kafka_security.py::test_a_topology_of_one_process_per_role_with_only_its_acls_gives_the_matches_of_scan",
+    "tests/service/test_large_records_kafka.py::test_sketches_over_the_topic_s_limit_go_as_interleaved_parts",
+    "tests/passage/test_forward.py::test_gather_equals_unpacking_every_record",
+    "tests/passage/test_passage_align.py::test_scan_tasks_equal_pairwise_alignment",
+    "tests/runtime/test_lifecycle.py::test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive",
+    "tests/runtime/test_kernel_cache.py::test_kernels_cached_by_two_processes_never_call_each_other_s_code",
+    "tests/near/test_psm.py::test_psm_unlimited_budget_equals_brute_force",
+    "tests/near/test_psm.py::test_psm_is_subset_of_brute_force",
+    "tests/runtime/test_lifecycle.py::test_stop_lists_do_not_depend_on_the_list_cache",
+    # -m testdata
+    "tests/service/test_topology_kafka.py::test_two_of_each_role_over_the_synthetic_rfc_stream_give_the_matches_of_scan",
+    "tests/service/test_role_faults_kafka.py::test_an_index_stopped_past_its_session_throttled_and_killed_exits_never_and_stalls_little",
+    "tests/service/test_shard_roles_kafka.py::test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_change_nothing",
+    "tests/service/test_shard_roles_kafka.py::test_revisits_deletes_and_retention_with_shards_give_the_engine_s_matches",
+    "tests/service/test_shard_roles_kafka.py::test_a_fan_in_back_on_its_store_after_a_standby_published_past_it_finishes_its_pages",
+    "tests/service/test_shard_roles_kafka.py::test_two_index_shards_as_processes_give_the_matches_of_scan_across_a_join_and_leave",
+    "tests/service/test_topology_kafka.py::test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_nothing",
+    "tests/service/test_topology_kafka.py::test_two_of_each_role_give_the_matches_of_scan_across_align_join_and_leave",
+    "tests/service/test_worker_store_failures.py::test_disk_full_stops_the_worker_without_committing_and_loses_nothing",
+    "tests/service/test_topology_kafka.py::test_revisits_deletes_and_retention_give_the_engine_s_matches_across_index_kills",
+    "tests/service/test_worker_kafka.py::test_a_group_without_offsets_resumes_where_the_store_says_matches_were_published",
+)
+_RANK = {nodeid: rank for rank, nodeid in enumerate(LONG_FIRST)}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The slow tests first, then the Kafka ones (a broker outage waits out a minute): collected
-    # last, xdist handed them out near the end and the suite waited for them alone, while
-    # short tests fill the tail. (Every worker sorts alike: xdist needs one order.)
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+    # The known long tests first (LONG_FIRST), then the slow ones, then the Kafka ones (a
+    # broker outage waits out a minute): collected last, xdist handed them out near the end
+    # and the suite waited for them alone, while short tests fill the tail. (Every worker
+    # sorts alike: xdist needs one order.)
+    items.sort(key=lambda item: (_RANK.get(item.nodeid.split("[")[0], len(_RANK)),
+                                 item.get_closest_marker("slow") is None,
                                  item.get_closest_marker("kafka") is None))
     if os.environ.get("DUPALIGN_CONTAINER_TESTS") == "1":
         return

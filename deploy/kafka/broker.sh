@@ -8,9 +8,10 @@
 #   broker.sh stop DIR     stop it (SIGTERM, then SIGKILL after BROKER_STOP_TIMEOUT seconds)
 #   broker.sh status DIR   exit 0 and print the bootstrap address if it is running
 #   broker.sh classpath    only resolve and cache the jars (e.g. to warm a CI cache)
-#   broker.sh kafka-acls DIR ARGS...
+#   broker.sh kafka-acls DIR ARGS... [';' ARGS...]...
 #                          run kafka-acls.sh (org.apache.kafka.tools.AclCommand) with ARGS as
-#                          given, e.g. what `dupalign acls` prints
+#                          given, e.g. what `dupalign acls` prints; several commands, separated
+#                          by an argument ';', in one JVM (stops at the first that fails)
 #
 # With BROKER_SASL_SSL=1 when DIR is first started, the broker also has a SASL_SSL listener
 # (SCRAM-SHA-512 over TLS) and the standard authorizer with allow.everyone.if.no.acl.found=
@@ -81,6 +82,32 @@ resolve_classpath() {
   ls "$lib"/kafka_2.13-*.jar >/dev/null 2>&1 || die 3 "kafka_2.13 jar missing after resolution"
   touch "$cache/.complete"
   echo "$lib"
+}
+
+# kafka-acls.sh ARGS... [';' ARGS...]...: one JVM for them all (AclCommands.java, compiled
+# once into the cache) where javac is at hand, else a JVM for each
+kafka_acls() {
+  local lib=$1 src="$HERE/AclCommands.java" classes tmp
+  shift
+  # (log4j2 without a configuration: errors only, on the console)
+  local java=(java -Xmx256m -XX:TieredStopAtLevel=1 -Dlog4j2.statusLoggerLevel=OFF)
+  classes="$(cache_dir)/acl-commands-$(sha256sum "$src" | cut -c1-12)"
+  if [[ ! -f "$classes/AclCommands.class" ]] && command -v javac >/dev/null 2>&1; then
+    tmp="$classes.tmp.$$"  # (moved in whole: concurrent runs may compile it too)
+    if javac --release 17 -nowarn -cp "$lib/*" -d "$tmp" "$src" >&2; then
+      mv -T "$tmp" "$classes" 2>/dev/null || true
+    fi
+    rm -rf "$tmp"
+  fi
+  if [[ -f "$classes/AclCommands.class" ]]; then
+    exec "${java[@]}" -cp "$classes:$lib/*" AclCommands "$@"
+  fi
+  local args=() arg
+  for arg in "$@" ";"; do
+    if [[ "$arg" != ";" ]]; then args+=("$arg"); continue; fi
+    "${java[@]}" -cp "$lib/*" org.apache.kafka.tools.AclCommand "${args[@]}" || return
+    args=()
+  done
 }
 
 free_port() {
@@ -345,8 +372,6 @@ case "${1:-}" in
     [[ -d "$2" ]] || die 1 "no such directory: $2"
     lib=$(resolve_classpath)
     shift 2
-    # (log4j2 without a configuration: errors only, on the console)
-    exec java -Xmx256m -XX:TieredStopAtLevel=1 -cp "$lib/*" -Dlog4j2.statusLoggerLevel=OFF \
-      org.apache.kafka.tools.AclCommand "$@" ;;
+    kafka_acls "$lib" "$@" ;;
   *) die 1 "usage: broker.sh {start|stop|status} DIR | broker.sh kafka-acls DIR ARGS... | broker.sh classpath" ;;
 esac

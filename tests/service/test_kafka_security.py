@@ -113,7 +113,7 @@ async def test_misconfigurations_stop_with_one_line_and_lose_nothing_then_the_wo
 
     # nothing lost: the right settings afterwards give every match of scan, as a user with
     # only the single worker's ACLs
-    grant(broker, "worker", "worker", config)
+    grant(broker, config, ("worker", "worker", ()))
     log = tmp_path / "worker.log"
     await single_worker_until_done(broker, topics, config, store, "worker", len(pages), log)
     published = [match_key(messages.decode_match(r.value))
@@ -132,19 +132,25 @@ async def test_misconfigurations_stop_with_one_line_and_lose_nothing_then_the_wo
 NO_CREATE = {"DUPALIGN_KAFKA_CREATE_TOPICS": "false"}
 
 
-def grant(broker: SecureBroker, role: str, user: str, config: Path, *extra: str) -> None:
-    """Apply what ``dupalign acls --role ROLE`` prints, verbatim, with kafka-acls.sh
-    (broker.sh kafka-acls), on the admin side."""
-    printed = subprocess.run(
-        [sys.executable, "-m", "dupalign.service.cli", "acls", "--role", role, "--principal",
-         f"User:{user}", "--config", str(config), "--bootstrap", broker.plaintext, *extra],
-        cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, **NO_CREATE})
-    assert printed.stdout.strip(), printed.stderr
-    for line in printed.stdout.splitlines():
-        tool, *args = shlex.split(line)
-        assert tool == "kafka-acls.sh", line
-        subprocess.run(["bash", str(BROKER_SH), "kafka-acls", str(broker.dir), *args],
-                       check=True, capture_output=True, timeout=120)
+def grant(broker: SecureBroker, config: Path, *grants: tuple[str, str, tuple[str, ...]]
+          ) -> None:
+    """Apply what ``dupalign acls --role ROLE --principal User:USER EXTRA...`` prints, for
+    each (ROLE, USER, EXTRA) of ``grants``, verbatim, with kafka-acls.sh (broker.sh
+    kafka-acls, all the commands in one JVM), on the admin side."""
+    commands: list[str] = []
+    for role, user, extra in grants:
+        printed = subprocess.run(
+            [sys.executable, "-m", "dupalign.service.cli", "acls", "--role", role,
+             "--principal", f"User:{user}", "--config", str(config), "--bootstrap",
+             broker.plaintext, *extra],
+            cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, **NO_CREATE})
+        assert printed.stdout.strip(), printed.stderr
+        for line in printed.stdout.splitlines():
+            tool, *args = shlex.split(line)
+            assert tool == "kafka-acls.sh", line
+            commands += [*([";"] if commands else []), *args]
+    subprocess.run(["bash", str(BROKER_SH), "kafka-acls", str(broker.dir), *commands],
+                   check=True, capture_output=True, timeout=120)
 
 
 async def refused(broker: SecureBroker, user: str, write: str | None = None,
@@ -196,10 +202,9 @@ async def test_a_topology_of_one_process_per_role_with_only_its_acls_gives_the_m
     broker = secure_kafka
     topo = await Topology(broker.plaintext, tmp_path).create()
     config = topo.config_path
-    for role in ("sketch", "index", "align", "produce"):
-        grant(broker, role, role, config)
     reader_group = f"{topo.group}-reader"
-    grant(broker, "consumer", "reader", config, "--group", reader_group)
+    grant(broker, config, *((role, role, ()) for role in ("sketch", "index", "align", "produce")),
+          ("consumer", "reader", ("--group", reader_group)))
     try:
         topo.start("sketch", env={**broker.kafka_env("sketch"), **NO_CREATE})
         topo.start("index", tmp_path / "index", env={**broker.kafka_env("index"), **NO_CREATE})

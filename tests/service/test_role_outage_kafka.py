@@ -1,6 +1,7 @@
-"""The broker dies mid-stream (SIGKILL) and comes back half a minute later, under a topology of one
+"""The broker dies mid-stream (SIGKILL) and comes back 25 s later, under a topology of one
 process per role (issue 42, acceptance (b)): every role waits for it (``kafka.max_outage_s``)
-without exiting, says so once, and the published matches are exactly ``scan``'s, none twice.
+without exiting, says so once, and the published matches are exactly ``scan``'s, none twice;
+an idle role with a shorter ``kafka.max_outage_s`` gives up meanwhile, with exit code 5.
 The test runs a broker of its own, restarted on the ports and data directory it recorded
 (tests/service/test_worker_broker_outage.py), not the session's."""
 
@@ -17,6 +18,7 @@ import pytest
 
 from dupalign.wire import messages
 from tests.service.test_worker_broker_outage import (
+    IDLE_MAX_OUTAGE_S,
     OUTAGE_S,
     QUICKER,
     broker,
@@ -32,8 +34,14 @@ pytestmark = [pytest.mark.kafka]
 ROLES = ("sketch", "align", "index")
 
 
-async def test_every_role_waits_out_a_broker_restart_and_publishes_scans_matches_once(
+async def test_every_role_waits_out_a_broker_restart_and_an_idle_one_exits_5_after_max_outage_s(
         kafka_bootstrap: str, tmp_path: Path) -> None:
+    """One broker outage, two topologies. The busy one's roles wait it out and publish
+    exactly ``scan``'s matches, none twice. An idle sketch role of the other (assigned, no
+    pages; ``max_outage_s`` = IDLE_MAX_OUTAGE_S) notices the outage by its consumer losing
+    the group coordinator, says so once, and gives up with the Kafka exit code once
+    ``max_outage_s`` has passed. (One test: each would start, kill and restart a broker of
+    its own for the same outage.)"""
     del kafka_bootstrap  # (started first: this broker's Java and jars are there)
     home = tmp_path / "broker"
     bootstrap = broker("start", home)
@@ -42,13 +50,19 @@ async def test_every_role_waits_out_a_broker_restart_and_publishes_scans_matches
     topo = await Topology(bootstrap, tmp_path).create()
     topo.config_path.write_text(topo.config_path.read_text().replace(
         "[worker]", f"{QUICKER}[worker]"))
+    (tmp_path / "idle").mkdir()
+    other = await Topology(bootstrap, tmp_path / "idle").create()
+    other.config_path.write_text(other.config_path.read_text().replace(
+        "[worker]", f"max_outage_s = {IDLE_MAX_OUTAGE_S}\n[worker]"))
     try:
+        idle, idle_log = other.start("sketch")
         for role in ROLES:
             if role == "index":
                 _, index_log = topo.start(role, tmp_path / "index", metrics_port=port)
             else:
                 topo.start(role)
         await wait_log(index_log, "index shard owned", 120)
+        await wait_log(idle_log, "sketch role assigned", 120)
         await topo.send(pages)
         at = await progressed(topo, 10)
         sequence = await topo.read("sequence")
@@ -58,12 +72,16 @@ async def test_every_role_waits_out_a_broker_restart_and_publishes_scans_matches
         sizes = [log.stat().st_size for _, log in topo.procs]
         pid = int((home / "broker.pid").read_text())
         subprocess.run(["kill", "-KILL", str(pid)], check=True)  # transactions in flight
-        deadline = time.monotonic() + OUTAGE_S
-        while time.monotonic() < deadline:
+        killed = time.monotonic()
+        idle_took = None  # the broker comes back once the idle role exited
+        while time.monotonic() < killed + OUTAGE_S or idle_took is None:
             topo.check_alive()
             for proc, log in topo.procs:
                 assert proc.poll() is None, log.read_text()[-4000:]
-            await asyncio.sleep(1)
+            if idle_took is None and idle.poll() is not None:
+                idle_took = time.monotonic() - killed
+            assert time.monotonic() < killed + OUTAGE_S + 60, "the idle role did not exit"
+            await asyncio.sleep(0.5)
         assert await outage_seconds(port) > 0  # the index process found out, and says so
         assert broker("start", home) == bootstrap  # same ports, same data directory
 
@@ -77,8 +95,16 @@ async def test_every_role_waits_out_a_broker_restart_and_publishes_scans_matches
         for proc, log in topo.procs:
             assert proc.wait(60) == 0, log.read_text()[-4000:]
     finally:
+        other.stop_all()
         topo.stop_all()
         broker("stop", home)
+    said = idle_log.read_text("utf-8", "replace")
+    assert idle.returncode == 5, said[-4000:]
+    assert idle_took is not None and idle_took >= IDLE_MAX_OUTAGE_S, said[-4000:]
+    lines = said.splitlines()
+    assert len([line for line in lines if "waiting for Kafka" in line]) == 1, said[-4000:]
+    stopped = [line for line in lines if "sketch role stopped" in line]
+    assert len(stopped) == 1 and "kafka.max_outage_s" in stopped[0], said[-4000:]
     for (_, log), size in zip(topo.procs, sizes, strict=True):
         said = log.read_bytes()[size:].decode("utf-8", "replace").splitlines()
         waiting = [line for line in said if "waiting for Kafka" in line]
@@ -90,33 +116,3 @@ async def test_every_role_waits_out_a_broker_restart_and_publishes_scans_matches
     twice = [k for k, n in got.items() if n > expected[k]]
     assert not twice, f"published twice: {twice[:5]}"
     assert got == expected
-
-
-async def test_a_role_exits_5_once_the_outage_lasted_max_outage_s(
-        kafka_bootstrap: str, tmp_path: Path) -> None:
-    """An idle role notices the outage (its consumer lost the group coordinator), says so
-    once, and gives up with the Kafka exit code once ``kafka.max_outage_s`` has passed."""
-    del kafka_bootstrap
-    home = tmp_path / "broker"
-    bootstrap = broker("start", home)
-    topo = await Topology(bootstrap, tmp_path).create()
-    topo.config_path.write_text(topo.config_path.read_text().replace(
-        "[worker]", "max_outage_s = 5.0\n[worker]"))
-    try:
-        proc, log = topo.start("sketch")
-        await wait_log(log, "sketch role assigned", 120)
-        pid = int((home / "broker.pid").read_text())
-        subprocess.run(["kill", "-KILL", str(pid)], check=True)
-        killed = time.monotonic()
-        code = await asyncio.to_thread(proc.wait, 60)
-        took = time.monotonic() - killed
-    finally:
-        topo.stop_all()
-        broker("stop", home)
-    said = log.read_text("utf-8", "replace")
-    assert code == 5, said[-4000:]
-    assert took >= 5, said[-4000:]
-    lines = said.splitlines()
-    assert len([line for line in lines if "waiting for Kafka" in line]) == 1, said[-4000:]
-    stopped = [line for line in lines if "sketch role stopped" in line]
-    assert len(stopped) == 1 and "kafka.max_outage_s" in stopped[0], said[-4000:]
