@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -84,5 +85,25 @@ def test_estimate_averages_to_the_element_jaccard(xs: list[int], ys: list[int], 
         est.append(W.estimate(W.sketch(sa, 64, tf), W.sketch(sb, 64, tf)))  # type: ignore[arg-type]
         elem.append(O.element_jaccard(sa.tolist(), sb.tolist(), tf))
         exact.append(O.weighted_jaccard(sa.tolist(), sb.tolist(), tf))
-    assert abs(np.mean(est) - np.mean(elem)) < 0.04
+    assert abs(np.mean(est) - np.mean(elem)) < 0.02
     assert abs(np.mean(est) - exact[0]) < 0.06
+
+
+@pytest.mark.parametrize("tf", ["log", "raw"])
+def test_estimate_is_unbiased_where_units_repeat(tf: str) -> None:
+    """Sets of a few units each repeated ~4 times, where a text bin may hold only elements
+    that need repeats: counted empty on both sides by the same rule, the mean estimate over
+    hashings is the mean element Jaccard (a text bin counted empty without an element
+    present at count 1 made it high by ~0.04 here)."""
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        a = rng.integers(1, 13, size=48).astype(np.uint64)
+        b = a.copy()
+        at = rng.random(48) < 0.3
+        b[at] = rng.integers(1, 25, size=int(at.sum())).astype(np.uint64)
+        est, elem = [], []
+        for s in range(1, 301):
+            sa, sb = W.mix64(a, s), W.mix64(b, s)
+            est.append(W.estimate(W.sketch(sa, 64, tf), W.sketch(sb, 64, tf)))  # type: ignore[arg-type]
+            elem.append(O.element_jaccard(sa.tolist(), sb.tolist(), tf))
+        assert abs(np.mean(est) - np.mean(elem)) < 0.015
