@@ -303,6 +303,8 @@ class EngineConfig:
         for name, (section, key) in FROZEN_FIELDS.items():
             value = getattr(self if section is None else getattr(self, section), key)
             out[name] = list(value) if isinstance(value, tuple) else value
+        if self.passage.mode == "weighted_oph":
+            out["passage_woph"] = WOPH_VERSION
         return out
 
     def with_frozen(self, params: dict[str, Any]) -> EngineConfig:
@@ -362,6 +364,11 @@ class EngineConfig:
 #    forward
 #    records at open, which a format 7 reader would not do
 STORE_FORMAT = 8
+# the windows of passage.mode = "weighted_oph", recorded by its stores only: 2, a bin's
+# empty windows are the steps where the text has no element in it (dupalign.passage.
+# weighted_oph); the stores of 1 (gaps between positions, not recorded) are read, not
+# written to, since their pages' windows would disagree with the new ones'
+WOPH_VERSION = 2
 # frozen parameter (as recorded in the store) -> (config section or None, field)
 FROZEN_FIELDS: dict[str, tuple[str | None, str]] = {
     "seed": (None, "seed"),

@@ -34,7 +34,8 @@ def within_hamming(fps: U64, ordinals: I64, fp: int, h: int, before: int) -> I64
 @dataclass
 class Windows:
     """A page's compact windows, all of them: non-empty ``(bins, keys, rects[n, 4])`` with
-    rects ``i_lo, i_hi, j_lo, j_hi`` (inclusive) and empty ``(e_bins, e_lr[m, 2])``."""
+    rects ``i_lo, i_hi, j_lo, j_hi`` (inclusive) and empty ``(e_bins, e_lr[m, 3])`` with
+    rows ``l, i_hi, j_hi`` (i ∈ [l, i_hi], j ∈ [i, j_hi])."""
 
     bins: I64
     keys: U64
@@ -82,7 +83,7 @@ def aligned(q_keys: U64, q_empty: Bools, w: Windows, p: int, q: int, min_len: in
         il = np.concatenate((r[mine, 0], lr[emp, 0]))
         ih = np.concatenate((r[mine, 1], lr[emp, 1]))
         jl = np.concatenate((r[mine, 2], lr[emp, 0]))
-        jh = np.concatenate((r[mine, 3], lr[emp, 1]))
+        jh = np.concatenate((r[mine, 3], lr[emp, 2]))
         wt = np.full(len(il), p, np.int64)
         wt[:int(np.count_nonzero(mine))] = q
         keep = (il <= ih) & (jl <= jh)
@@ -110,8 +111,8 @@ def aligned_brute(q_keys: U64, q_empty: Bools, w: Windows, p: int, q: int, min_l
                     if i_lo <= i <= i_hi and j_lo <= j <= j_hi:
                         total += q
                 for x in range(len(w.e_bins)):
-                    lo, hi = (int(v) for v in w.e_lr[x])
-                    if q_empty[row, int(w.e_bins[x])] and lo <= i and j <= hi:
+                    lo, i_hi, j_hi = (int(v) for v in w.e_lr[x])
+                    if q_empty[row, int(w.e_bins[x])] and lo <= i <= i_hi and j <= j_hi:
                         total += p
                 if total >= k * p:
                     return True

@@ -42,7 +42,7 @@ def passage_sketches_from(w: Windows, k: int, query_len: int, stride: int
     """The query passages' sketches of a page from its windows: ``(keys[P, k],
     empty[P, k], unknown[P, k])`` (unknown: no window of the record covers the passage in
     that bin)."""
-    n = int(max(w.rects[:, 3].max(initial=-1), w.e_lr[:, 1].max(initial=-1))) + 1
+    n = int(max(w.rects[:, 3].max(initial=-1), w.e_lr[:, 2].max(initial=-1))) + 1
     starts = np.asarray(passage_starts(n, query_len, stride), dtype=np.int64)
     ends = np.minimum(n, starts + query_len) - 1  # inclusive
     keys = np.zeros((len(starts), k), dtype=np.uint64)
@@ -55,7 +55,8 @@ def passage_sketches_from(w: Windows, k: int, query_len: int, stride: int
     keys[rows, w.bins[xs]] = w.keys[xs]
     known[rows, w.bins[xs]] = True
     e = w.e_lr
-    e_cover = (e[None, :, 0] <= starts[:, None]) & (ends[:, None] <= e[None, :, 1])
+    e_cover = ((e[None, :, 0] <= starts[:, None]) & (starts[:, None] <= e[None, :, 1])
+               & (ends[:, None] <= e[None, :, 2]))
     rows, xs = np.nonzero(e_cover)
     empty[rows, w.e_bins[xs]] = True
     known[rows, w.e_bins[xs]] = True

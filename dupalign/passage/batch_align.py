@@ -277,18 +277,19 @@ def _gather_matched(
 
 @njit(cache=True, nogil=True)
 def _check_empty_rows(empty_off: I64, empty_lr: I64) -> None:
-    """The empty windows of one (page, bin) are the gaps between the bin's tokens: rows
-    (l, r) with l ≤ r, sorted and disjoint. ``_gather_empty`` relies on it."""
+    """The empty windows of one (page, bin) are the gaps between the bin's tokens (or the
+    steps of weighted OPH): rows (l, i_hi, j_hi) with l ≤ i_hi ≤ j_hi, sorted and disjoint
+    in i. ``_gather_empty`` relies on it."""
     for x in range(empty_off.shape[0] - 1):
         for r in range(empty_off[x], empty_off[x + 1]):
-            if empty_lr[r, 0] > empty_lr[r, 1] or (r > empty_off[x]
-                                                    and empty_lr[r, 0] <= empty_lr[r - 1, 1]):
+            if (empty_lr[r, 0] > empty_lr[r, 1] or empty_lr[r, 1] > empty_lr[r, 2]
+                    or (r > empty_off[x] and empty_lr[r, 0] <= empty_lr[r - 1, 1])):
                 raise ValueError("empty windows of a (page, bin) must be sorted disjoint rows")
 
 
 @njit(cache=True, nogil=True)
 def _first_ending_at(empty_lr: I64, a: int, z: int, pos: int) -> int:
-    """First row in ``[a, z)`` whose window ends at or after ``pos`` (rows sorted by end)."""
+    """First row in ``[a, z)`` whose i-range ends at or after ``pos`` (rows sorted by it)."""
     while a < z:
         mid = (a + z) // 2
         if empty_lr[mid, 1] < pos:
@@ -304,10 +305,11 @@ def _gather_empty(
     empty_lr: I64, w_empty: int, i_s: I64, i_e: I64, j_s: I64, j_e: I64, min_len: int,
 ) -> int:  # fmt: skip
     """Append to ``buf`` (after its ``m`` rows) page ``o``'s empty windows in passage ``p``'s
-    empty bins (CSR keyed by ``page << 16 | bin``, rows (l, r) covering i, j ∈ [l, r]) that
-    meet the reachable spans on both axes (``_keep_reachable``: the others cover no
-    similar cell) and cover a subsequence of ``min_len`` or more, with weight ``-w_empty``
-    (the sign marks them); returns the new count.
+    empty bins (CSR keyed by ``page << 16 | bin``, rows (l, i_hi, j_hi) covering
+    i ∈ [l, i_hi], j ∈ [i, j_hi]; for a gap i_hi = j_hi) that meet the reachable spans on
+    both axes (``_keep_reachable``: the others cover no similar cell) and cover a
+    subsequence of ``min_len`` or more, with weight ``-w_empty`` (the sign marks them);
+    returns the new count.
 
     A bin's rows are sorted and disjoint, so those meeting an i-span are one run found by
     binary search: a long page's thousands of empty windows are not visited one by one.
@@ -319,9 +321,9 @@ def _gather_empty(
         for s in range(i_s.shape[0]):  # spans in order: a row meeting two is taken once
             a = _first_ending_at(empty_lr, a, z, i_s[s])
             while a < z and empty_lr[a, 0] < i_e[s]:
-                lo, hi = empty_lr[a, 0], empty_lr[a, 1]
-                if _meets(j_s, j_e, lo, hi):
-                    m = _push(buf, m, lo, hi, lo, hi, -w_empty, min_len)
+                lo, i_hi, j_hi = empty_lr[a, 0], empty_lr[a, 1], empty_lr[a, 2]
+                if _meets(j_s, j_e, lo, j_hi):
+                    m = _push(buf, m, lo, i_hi, lo, j_hi, -w_empty, min_len)
                 a += 1
     return m
 

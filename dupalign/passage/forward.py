@@ -14,12 +14,15 @@ out (they are in no list, and a stop list stays one). The windows value: ``<II``
 non-empty windows, m empty windows; the first word's top bit ``NARROW`` set: the positions
 below are ``<u2``, not ``<i4``), then the non-empty windows' min-hash keys (``<u8[n]``),
 rectangles (``[n, 4]``: i_lo, i_hi, j_lo, j_hi, inclusive), the empty windows' rows
-(``[m, 2]``: l, r), the non-empty windows' bins (``<u2[n]``) and the empty windows' bins
-(``<u2[m]``, ascending; rows of one bin in order). Positions are units of the page, so a
-page of fewer than 65,536 units is written narrow: a third fewer bytes (26 to 18 per
-non-empty window, 10 to 6 per empty one) in the store, in its log (replayed by every pool
-process's secondary instance) and in the records sent to an align stage without the store
-(store format 7; the records of format 6 stores are all ``<i4``, read as they are).
+(``[m, 2]``: l, r for i, j ∈ [l, r]; with the first word's bit ``STAIRS`` set ``[m, 3]``:
+l, i_hi, j_hi for i ∈ [l, i_hi], j ∈ [i, j_hi], the steps of dupalign.passage.weighted_oph),
+the non-empty windows' bins (``<u2[n]``) and the empty windows' bins (``<u2[m]``,
+ascending; rows of one bin in order). Read back, empty rows are always ``[m, 3]``.
+Positions are units of the page, so a page of fewer than 65,536 units is written narrow:
+a third fewer bytes (26 to 18 per non-empty window, 10 to 6 per empty one) in the store,
+in its log (replayed by every pool process's secondary instance) and in the records sent
+to an align stage without the store (store format 7; the records of format 6 stores are
+all ``<i4``, read as they are).
 Non-empty windows are in window order, so a list's entries gathered from records come in
 the order the lists had when they held rectangles. The (bin, key) pairs of the non-empty
 windows name every inverted list that holds the page: removing a page deletes ``bin ‖ key
@@ -44,6 +47,8 @@ I32 = npt.NDArray[np.int32]
 U8 = npt.NDArray[np.uint8]
 _HEAD = struct.Struct("<II")
 NARROW = 1 << 31  # in the first word of a record whose positions are <u2
+STAIRS = 1 << 30  # in the first word of a record whose empty rows have an i_hi column
+COUNT = STAIRS - 1  # the first word's window count
 
 # ordinals -> their forward (windows) values, None where a page has none
 ReadForward = Callable[[list[int]], list[bytes | None]]
@@ -54,7 +59,7 @@ def pack_windows(bins: I64, keys: U64, rects: I64, empty: npt.NDArray[np.bool_])
     full = np.flatnonzero(~empty)
     emp = np.flatnonzero(empty)
     emp = emp[np.argsort(bins[emp], kind="stable")]
-    return _packed(keys[full], rects[full], rects[emp][:, [0, 3]], bins[full], bins[emp])
+    return _packed(keys[full], rects[full], rects[emp][:, [0, 1, 3]], bins[full], bins[emp])
 
 
 def pack_rects(bins: I64, keys: U64, i_lo: I64, i_hi: I64, j_lo: I64, j_hi: I64,
@@ -68,8 +73,8 @@ def pack_rects(bins: I64, keys: U64, i_lo: I64, i_hi: I64, j_lo: I64, j_hi: I64,
     rects = np.empty((len(full), 4), dtype=np.int64)
     for c, col in enumerate((i_lo, i_hi, j_lo, j_hi)):
         rects[:, c] = col[full]
-    lr = np.empty((len(emp), 2), dtype=np.int64)
-    lr[:, 0], lr[:, 1] = i_lo[emp], j_hi[emp]
+    lr = np.empty((len(emp), 3), dtype=np.int64)
+    lr[:, 0], lr[:, 1], lr[:, 2] = i_lo[emp], i_hi[emp], j_hi[emp]
     return _packed(keys[full], rects, lr, bins[full], bins[emp])
 
 
@@ -81,11 +86,15 @@ def fits(dtype: str, *arrays: npt.NDArray[Any]) -> bool:
 
 
 def _packed(keys: U64, rects: I64, lr: I64, bins: I64, e_bins: I64) -> bytes:
-    """The windows value of the given columns, narrow when every position fits <u2."""
+    """The windows value of the given columns (``lr[m, 3]``: l, i_hi, j_hi), narrow when
+    every position fits <u2, with the i_hi column only if some row is not a gap."""
     narrow = fits("<u2", rects, lr)
     positions = "<u2" if narrow else "<i4"
+    stairs = bool(np.any(lr[:, 1] != lr[:, 2]))
+    if not stairs:
+        lr = lr[:, [0, 2]]
     raw = b"".join((
-        _HEAD.pack(len(keys) | (NARROW if narrow else 0), len(lr)),
+        _HEAD.pack(len(keys) | (NARROW if narrow else 0) | (STAIRS if stairs else 0), len(lr)),
         keys.astype("<u8").tobytes(),
         rects.astype(positions).tobytes(),
         lr.astype(positions).tobytes(),
@@ -96,16 +105,20 @@ def _packed(keys: U64, rects: I64, lr: I64, bins: I64, e_bins: I64) -> bytes:
 
 
 def unpack_windows(raw: bytes) -> tuple[I64, U64, I32, I64, I32]:
-    """``(bins, keys, rects[n, 4], empty_bins, empty_lr[m, 2])`` of a windows value."""
+    """``(bins, keys, rects[n, 4], empty_bins, empty_lr[m, 3])`` of a windows value (empty
+    rows l, i_hi, j_hi)."""
     first, m = _HEAD.unpack_from(raw)
-    n, positions = first & (NARROW - 1), np.dtype("<u2" if first & NARROW else "<i4")
+    n, positions = first & COUNT, np.dtype("<u2" if first & NARROW else "<i4")
+    cols = 3 if first & STAIRS else 2
     at = _HEAD.size
     keys = np.frombuffer(raw, "<u8", n, at)
     at += 8 * n
     rects = np.frombuffer(raw, positions, 4 * n, at).reshape(n, 4).astype(np.int32)
     at += 4 * positions.itemsize * n
-    lr = np.frombuffer(raw, positions, 2 * m, at).reshape(m, 2).astype(np.int32)
-    at += 2 * positions.itemsize * m
+    lr = np.frombuffer(raw, positions, cols * m, at).reshape(m, cols).astype(np.int32)
+    at += cols * positions.itemsize * m
+    if cols == 2:
+        lr = lr[:, [0, 1, 1]]
     bins = np.frombuffer(raw, "<u2", n, at).astype(np.int64)
     e_bins = np.frombuffer(raw, "<u2", m, at + 2 * n).astype(np.int64)
     return bins, keys, rects, e_bins, lr
@@ -117,7 +130,8 @@ def gather(pages: I64, records: list[bytes | None], list_bin: I64, list_key: U64
     windows values ``records``: per list ``(list_bin[y], list_key[y])`` (list 0 is the
     empty list) the windows of those pages in it, as CSR ``(start, count)`` into ``(ords,
     rects)`` sorted by page then window; and their empty windows under the keys
-    ``empty_want`` (``ordinal << 16 | bin``, ascending) as CSR ``(empty_off, empty_lr)``.
+    ``empty_want`` (``ordinal << 16 | bin``, ascending) as CSR ``(empty_off, empty_lr)``
+    (rows l, i_hi, j_hi).
     One kernel over the records as stored (a page's windows are looked up in a hash
     table of the lists: most are in none)."""
     _check_found(pages.tolist(), records)
@@ -232,26 +246,28 @@ class RecordCache:
 def _record(buf: npt.NDArray[np.uint8], at: Any) -> Any:
     """Views of one windows value at ``buf[at]`` (8-byte aligned): keys (as int64), bins,
     empty bins, whether its positions are narrow, then its rects and empty rows as int32
-    and as uint16 (those of the other width empty)."""
+    and as uint16 (those of the other width empty), and the empty rows' columns (2: l, r;
+    3: l, i_hi, j_hi)."""
     head = buf[at : at + 8].view(np.uint32)
-    n, m = np.int64(head[0]) & (NARROW - 1), np.int64(head[1])
+    n, m = np.int64(head[0]) & COUNT, np.int64(head[1])
     narrow = (np.int64(head[0]) & NARROW) != 0
+    cols = 3 if (np.int64(head[0]) & STAIRS) != 0 else 2
     width = 2 if narrow else 4
     at += 8
     keys = buf[at : at + 8 * n].view(np.int64)
     at += 8 * n
     rects = buf[at : at + 4 * width * n]
     at += 4 * width * n
-    lr = buf[at : at + 2 * width * m]
-    at += 2 * width * m
+    lr = buf[at : at + cols * width * m]
+    at += cols * width * m
     bins = buf[at : at + 2 * n].view(np.uint16)
     e_bins = buf[at + 2 * n : at + 2 * n + 2 * m].view(np.uint16)
     none = buf[at:at]
     if narrow:
         return (keys, bins, e_bins, narrow, none.view(np.int32), rects.view(np.uint16),
-                none.view(np.int32), lr.view(np.uint16))
+                none.view(np.int32), lr.view(np.uint16), cols)
     return (keys, bins, e_bins, narrow, rects.view(np.int32), none.view(np.uint16),
-            lr.view(np.int32), none.view(np.uint16))
+            lr.view(np.int32), none.view(np.uint16), cols)
 
 
 @njit(cache=True, inline="always")
@@ -282,14 +298,14 @@ def _gather_lists(
     # are sized for every window up front: growing them inside the loop made it 3x slower
     n_windows = 0
     for y in range(n_pages):
-        n_windows += int(buf[at[y] : at[y] + 4].view(np.uint32)[0]) & (NARROW - 1)
+        n_windows += int(buf[at[y] : at[y] + 4].view(np.uint32)[0]) & COUNT
     count = np.zeros(n_l, dtype=np.int64)
     found = np.empty(n_windows, dtype=np.int32)  # (window, list, page) of those in a list
     found_list = np.empty(n_windows, dtype=np.int32)
     found_page = np.empty(n_windows, dtype=np.int32)
     n_found = 0
     for y in range(n_pages):
-        keys, bins, _, _, _, _, _, _ = _record(buf, at[y])
+        keys, bins, _, _, _, _, _, _, _ = _record(buf, at[y])
         for x in range(keys.shape[0]):
             key, b = keys[x], np.int64(bins[x])
             i = _slot(key, b, mask)
@@ -310,7 +326,7 @@ def _gather_lists(
     for f in range(n_found):
         y = found_page[f]
         if y != last:
-            _, _, _, narrow, wide_rects, narrow_rects, _, _ = _record(buf, at[y])
+            _, _, _, narrow, wide_rects, narrow_rects, _, _, _ = _record(buf, at[y])
             last = y
         q, x = found_list[f], found[f]
         ords[fill[q]] = pages[y]
@@ -333,7 +349,7 @@ def _gather_empty(buf: U8, at: I64, pages: I64, empty_want: I64) -> tuple[I64, I
     hi = np.zeros(n_want, dtype=np.int64)
     q = 0
     for y in range(n_pages):
-        _, _, e_bins, _, _, _, _, _ = _record(buf, at[y])
+        _, _, e_bins, _, _, _, _, _, _ = _record(buf, at[y])
         e = 0
         while q < n_want and (empty_want[q] >> EMPTY_KEY_SHIFT) == pages[y]:
             b = empty_want[q] & ((1 << EMPTY_KEY_SHIFT) - 1)
@@ -344,17 +360,16 @@ def _gather_empty(buf: U8, at: I64, pages: I64, empty_want: I64) -> tuple[I64, I
             q += 1
     empty_off = np.zeros(n_want + 1, dtype=np.int64)
     empty_off[1:] = np.cumsum(hi - lo)
-    empty_lr = np.empty((empty_off[-1], 2), dtype=np.int64)
+    empty_lr = np.empty((empty_off[-1], 3), dtype=np.int64)
     q = 0
     for y in range(n_pages):
-        _, _, _, narrow, _, _, wide_lr, narrow_lr = _record(buf, at[y])
+        _, _, _, narrow, _, _, wide_lr, narrow_lr, cols = _record(buf, at[y])
         while q < n_want and (empty_want[q] >> EMPTY_KEY_SHIFT) == pages[y]:
             r = empty_off[q]
             for e in range(lo[q], hi[q]):
-                if narrow:
-                    empty_lr[r, 0], empty_lr[r, 1] = narrow_lr[2 * e], narrow_lr[2 * e + 1]
-                else:
-                    empty_lr[r, 0], empty_lr[r, 1] = wide_lr[2 * e], wide_lr[2 * e + 1]
+                for c in range(3):  # (a gap's i_hi is its j_hi)
+                    x = cols * e + min(c, cols - 1)
+                    empty_lr[r, c] = narrow_lr[x] if narrow else wide_lr[x]
                 r += 1
             q += 1
     return empty_off, empty_lr

@@ -137,9 +137,8 @@ class PassageSketcher:
             return passage_align.passage_sketches(hvals, oph_bins(hvals, self.k), starts, ends,
                                                   self.k)
         if self.cfg.mode == "weighted_oph":
-            keys, empty, _ = weighted_oph.sketches(weighted_oph.samples(units, self.k, self._tf),
-                                                   starts, ends, self.k)
-            return keys, empty
+            return weighted_oph.sketches(weighted_oph.samples(units, self.k, self._tf), starts,
+                                         ends, self.k)
         keys = monoactive_query.query_minhashes_many(units, starts, ends, self.k, "weighted",
                                                tf=self._tf)
         return keys, np.zeros(keys.shape, dtype=np.bool_)

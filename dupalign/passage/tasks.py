@@ -68,7 +68,7 @@ class Tasks:
     rects: npt.NDArray[np.int32] = field(default_factory=lambda: np.zeros((0, 4), np.int32))
     empty_keys: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     empty_off: I64 = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
-    empty_lr: I64 = field(default_factory=lambda: np.zeros((0, 2), dtype=np.int64))
+    empty_lr: I64 = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
     # the task pages' records while their empty windows are not gathered yet
     _records: tuple[I64, forward.U8, I64] | None = field(default=None, repr=False)
 

@@ -19,17 +19,19 @@ sets (Li, Owen, Zhang 2012), and ``E[M] = w`` makes numerator and denominator un
 rounded sums (measured: tests/bench/bench_woph_bias.py). Every element, heavy token or
 light, lands in its own random bin: weight buys bins, as it must for a weight average.
 
-Empty bins. An element (t, m) with ``m ≤ M(1)`` (a "first" element: present wherever t
-occurs) makes a position-level fact, so a bin's subsequences with no first element are the
-gaps between its first elements' positions: OPH's empty windows, the (l, r) rows that
-dupalign.passage.forward stores. An element that needs x ≥ 2 occurrences is present in a
-subsequence only if it holds x copies of t, and the subsequences of a gap that hold one
-would make a staircase, which those rows cannot hold. So the text side counts a bin as
-empty when it has no FIRST element (``first_empty``) while the query side's bin is empty
-when it has no element at all (``empty``): ``N_emp`` counts bins empty in the query and
-without first element in the text. The two differ only when the text subsequence holds a
-repeated unit whose extra element is alone in a bin the query leaves empty: then ``N_emp``
-is one too high (the estimate slightly high); measured with the bias above.
+Empty bins. Both sides count a bin empty when the sequence has no element in it, as OPH
+does, so ``N_emp`` is the bins empty in both. On the text side the subsequences with no
+element in bin b are a staircase, not the gaps between positions that OPH's empty windows
+are: an element (t, m) with ``m > M(1)`` is present only where t occurs x_t ≥ 2 times
+(x_t the smallest count with an element of t in b). For a start i, T[i..j] is empty in b
+for ``j ≤ J(i)``: J(i) + 1 is the nearest position, from i on, of the x_t-th occurrence
+of some token t of the bin, and J does not decrease with i. J is the same for every start
+between two consecutive positions of the bin's tokens, so each bin's empty windows are its
+steps ``i ∈ [a, b], j ∈ [i, J]`` (rows ``(a, b, a, J)``, ``i ≤ j`` implied as in OPH's
+gaps), one per position at most; with no repeats (every x_t = 1) they are OPH's gaps.
+Gaps alone (a text bin counted empty when no element present at count 1 is in it) made a
+bin whose text elements all need repeats jointly empty: a bias of +0.04 on repetitive sets
+(tests/bench/bench_woph_bias.py).
 
 Windows. Per bin b, the subsequences with a present element in b form MonoActive's
 monotone case: with ``h_b(t, x)`` the smallest value of t's elements in b among its first
@@ -70,7 +72,7 @@ U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
-Sketch = tuple[U64, Bools, Bools]  # keys, empty (no element), first_empty (no first element)
+Sketch = tuple[U64, Bools]  # keys (0 in empty bins), empty (no element in the bin)
 
 BETA_SALT = 0x574F5048  # "WOPH": the rounding offset of each token
 ELEM_SALT = 0x574F504845  # element values, independent of every other mix64 user
@@ -79,7 +81,7 @@ ELEM_SALT = 0x574F504845  # element values, independent of every other mix64 use
 @dataclass(frozen=True)
 class WOPHWindows:
     """Windows as rows: bin, key (0 for empty), empty, and the rectangle i ∈ [a, b],
-    j ∈ [c, d] (0-based inclusive; an empty window is a gap a = c, b = d, i ≤ j).
+    j ∈ [c, d] (0-based inclusive; an empty window is a step a = c, b ≤ d, i ≤ j).
     Order: each bin's non-empty windows, bin by bin, then every bin's empty windows by
     (bin, a)."""
 
@@ -138,11 +140,10 @@ def samples(units: U64, k: int, tf: TfMode | TfFn = "log",
 
 @njit(cache=True, nogil=True)
 def _sketches(tid: I64, off: I64, m_of: I64, el_off: I64, el_u: U64, el_bin: I64,
-              starts: I64, ends: I64, k: int) -> tuple[U64, Bools, Bools]:
+              starts: I64, ends: I64, k: int) -> tuple[U64, Bools]:
     n_p = starts.shape[0]
     keys = np.zeros((n_p, k), dtype=np.uint64)
     empty = np.ones((n_p, k), dtype=np.bool_)
-    first_empty = np.ones((n_p, k), dtype=np.bool_)
     cnt = np.zeros(off.shape[0] - 1, dtype=np.int64)
     for p in range(n_p):
         for x in range(starts[p], ends[p]):
@@ -153,21 +154,18 @@ def _sketches(tid: I64, off: I64, m_of: I64, el_off: I64, el_u: U64, el_bin: I64
             if c == 0:  # (seen already)
                 continue
             cnt[t] = 0
-            m1 = m_of[off[t]]
             for m in range(m_of[off[t] + c - 1]):
                 el = el_off[t] + m
                 b = el_bin[el]
                 if empty[p, b] or el_u[el] < keys[p, b]:
                     keys[p, b] = el_u[el]
                     empty[p, b] = False
-                if m < m1:
-                    first_empty[p, b] = False
-    return keys, empty, first_empty
+    return keys, empty
 
 
 def sketches(s: Samples, starts: I64, ends: I64, k: int) -> Sketch:
     """The sketch of every range ``[starts[p], ends[p])`` of the text: ``(keys[P, k],
-    empty[P, k], first_empty[P, k])`` (key 0 in empty bins)."""
+    empty[P, k])`` (key 0 in empty bins)."""
     return _sketches(s.tid, s.off, s.m_of, s.el_off, s.el_u, s.el_bin,
                      np.ascontiguousarray(starts, dtype=np.int64),
                      np.ascontiguousarray(ends, dtype=np.int64), k)
@@ -175,21 +173,20 @@ def sketches(s: Samples, starts: I64, ends: I64, k: int) -> Sketch:
 
 def sketch(units: U64, k: int, tf: TfMode | TfFn = "log",
            idf: IdfFn | Mapping[int, float] | None = None) -> Sketch:
-    """The sketch of a whole sequence: ``(keys[k], empty[k], first_empty[k])``."""
+    """The sketch of a whole sequence: ``(keys[k], empty[k])``."""
     n = len(units)
     if n == 0:
-        return np.zeros(k, dtype=np.uint64), np.ones(k, np.bool_), np.ones(k, np.bool_)
-    keys, empty, first = sketches(samples(units, k, tf, idf), np.zeros(1, np.int64),
-                                  np.full(1, n, np.int64), k)
-    return keys[0], empty[0], first[0]
+        return np.zeros(k, dtype=np.uint64), np.ones(k, np.bool_)
+    keys, empty = sketches(samples(units, k, tf, idf), np.zeros(1, np.int64),
+                           np.full(1, n, np.int64), k)
+    return keys[0], empty[0]
 
 
 def estimate(query: Sketch, text: Sketch) -> float:
     """The weighted Jaccard estimate ``N_mat / (k − N_emp)``: matches are equal keys,
-    ``N_emp`` the bins empty in the query with no first element in the text (the module
-    docstring); NaN if that is every bin."""
-    (kq, eq, _), (kt, et, ft) = query, text
-    n_emp = int(np.count_nonzero(eq & ft))
+    ``N_emp`` the bins empty on both sides; NaN if that is every bin."""
+    (kq, eq), (kt, et) = query, text
+    n_emp = int(np.count_nonzero(eq & et))
     n_mat = int(np.count_nonzero(~eq & ~et & (kq == kt)))
     k = kq.shape[0]
     return n_mat / (k - n_emp) if k > n_emp else float("nan")
@@ -198,9 +195,9 @@ def estimate(query: Sketch, text: Sketch) -> float:
 def estimates(a: U64, b: U64, boxes: I64, k: int, tf: TfMode | TfFn = "log") -> F64:
     """``estimate`` of each box ``(q0, q1, t0, t1)``: query ``a[q0:q1]``, text ``b[t0:t1]``."""
     r = np.asarray(boxes, dtype=np.int64).reshape(-1, 4)
-    kq, eq, _ = sketches(samples(a, k, tf), r[:, 0], r[:, 1], k)
-    kt, et, ft = sketches(samples(b, k, tf), r[:, 2], r[:, 3], k)
-    n_emp = np.count_nonzero(eq & ft, axis=1)
+    kq, eq = sketches(samples(a, k, tf), r[:, 0], r[:, 1], k)
+    kt, et = sketches(samples(b, k, tf), r[:, 2], r[:, 3], k)
+    n_emp = np.count_nonzero(eq & et, axis=1)
     n_mat = np.count_nonzero(~eq & ~et & (kq == kt), axis=1)
     return np.where(n_emp < k, n_mat / np.maximum(k - n_emp, 1), np.nan)
 
@@ -219,29 +216,31 @@ def _grow(a: npt.NDArray[np.generic], need: int) -> npt.NDArray[np.generic]:
 
 
 @njit(cache=True, nogil=True)
-def _windows(n: int, tid: I64, off: I64, m_of: I64, el_off: I64, el_u: U64, el_bin: I64,
-             k: int) -> tuple[I64, U64, I64, I64, I64, I64, I64]:
+def _windows(n: int, pos: I64, tid: I64, off: I64, m_of: I64, el_off: I64, el_u: U64,
+             el_bin: I64, k: int) -> tuple[I64, U64, I64, I64, I64, I64, I64]:
     n_tok = off.shape[0] - 1
-    # each token's distinct bins, and whether one of its first elements is in the bin
+    # each token's distinct bins, and the smallest count x_t with an element in the bin
     tb_off = np.zeros(n_tok + 1, dtype=np.int64)
     tb_bin = np.empty(el_off[n_tok], dtype=np.int64)
-    tb_first = np.zeros(el_off[n_tok], dtype=np.bool_)
+    tb_x = np.empty(el_off[n_tok], dtype=np.int64)
     stamp = np.full(k, -1, dtype=np.int64)
-    slot = np.zeros(k, dtype=np.int64)
     y = 0
     for t in range(n_tok):
-        m1 = m_of[off[t]]
-        for el in range(el_off[t], el_off[t + 1]):
-            b = el_bin[el]
-            if stamp[b] != t:
-                stamp[b] = t
-                slot[b] = y
-                tb_bin[y] = b
-                y += 1
-            if el - el_off[t] < m1:
-                tb_first[slot[b]] = True
+        m = 0
+        for x in range(1, off[t + 1] - off[t] + 1):
+            while m < m_of[off[t] + x - 1]:
+                b = el_bin[el_off[t] + m]
+                if stamp[b] != t:
+                    stamp[b] = t
+                    tb_bin[y] = b
+                    tb_x[y] = x
+                    y += 1
+                m += 1
         tb_off[t + 1] = y
-    # each bin's positions, ascending, with their first flags (counting sort)
+    rank = np.empty(n, dtype=np.int64)  # each position's occurrence number in its token
+    for e in range(n):
+        rank[pos[e]] = e - off[tid[pos[e]]]
+    # each bin's positions, ascending, with their x_t (counting sort)
     start = np.zeros(k + 1, dtype=np.int64)
     for t in range(n_tok):
         f = off[t + 1] - off[t]
@@ -251,13 +250,13 @@ def _windows(n: int, tid: I64, off: I64, m_of: I64, el_off: I64, el_u: U64, el_b
         start[b + 1] += start[b]
     fill = start[:k].copy()
     bpos = np.empty(start[k], dtype=np.int64)
-    bfirst = np.empty(start[k], dtype=np.bool_)
+    bx = np.empty(start[k], dtype=np.int64)
     for p in range(n):
         t = tid[p]
         for z in range(tb_off[t], tb_off[t + 1]):
             b = tb_bin[z]
             bpos[fill[b]] = p
-            bfirst[fill[b]] = tb_first[z]
+            bx[fill[b]] = tb_x[z]
             fill[b] += 1
     cap = 2 * start[k] + 2 * k + 16
     ob = np.empty(cap, dtype=np.int64)
@@ -339,25 +338,38 @@ def _windows(n: int, tid: I64, off: I64, m_of: I64, el_off: I64, el_u: U64, el_b
         for a in range(nt):
             loc[ltok[a]] = -1
     n_full = w
-    for b in range(k):  # empty windows: the gaps between a bin's first elements
-        prev = -1
-        for r in range(start[b], start[b + 1] + 1):
-            if r < start[b + 1] and not bfirst[r]:
-                continue
-            nxt = bpos[r] if r < start[b + 1] else n
-            if nxt - prev >= 2:
-                need = w + 1
-                if need > ob.shape[0]:
-                    ob, ok, oa = _grow(ob, need), _grow(ok, need), _grow(oa, need)
-                    obb, oc, od = _grow(obb, need), _grow(oc, need), _grow(od, need)
-                ob[w] = b
-                ok[w] = 0
-                oa[w] = prev + 1
-                obb[w] = nxt - 1
-                oc[w] = prev + 1
-                od[w] = nxt - 1
-                w += 1
-            prev = nxt
+    # empty windows: each bin's steps, found right to left (the module docstring)
+    sa = np.empty(n + 1, dtype=np.int64)
+    sb = np.empty(n + 1, dtype=np.int64)
+    sd = np.empty(n + 1, dtype=np.int64)
+    for b in range(k):
+        ns = 0
+        reach = n  # J + 1 for the starts in [bpos[r] + 1, top]
+        top = n - 1
+        for r in range(start[b + 1] - 1, start[b] - 2, -1):
+            lo_i = int(bpos[r]) + 1 if r >= start[b] else 0
+            if reach - 1 >= lo_i:
+                sa[ns], sb[ns], sd[ns] = lo_i, min(top, reach - 1), reach - 1
+                ns += 1
+            if r < start[b]:
+                break
+            t = tid[bpos[r]]
+            e = rank[bpos[r]] + bx[r] - 1  # the x_t-th occurrence from this one
+            if e < off[t + 1] - off[t]:
+                reach = min(reach, int(pos[off[t] + e]))
+            top = int(bpos[r])
+        need = w + ns
+        if need > ob.shape[0]:
+            ob, ok, oa = _grow(ob, need), _grow(ok, need), _grow(oa, need)
+            obb, oc, od = _grow(obb, need), _grow(oc, need), _grow(od, need)
+        for z in range(ns - 1, -1, -1):
+            ob[w] = b
+            ok[w] = 0
+            oa[w] = sa[z]
+            obb[w] = sb[z]
+            oc[w] = sa[z]
+            od[w] = sd[z]
+            w += 1
     return ob[:w], ok[:w], np.full(1, n_full, np.int64), oa[:w], obb[:w], oc[:w], od[:w]
 
 
@@ -366,8 +378,8 @@ def compact_windows_of(s: Samples, k: int) -> WOPHWindows:
     if s.n == 0:
         z = np.empty(0, dtype=np.int64)
         return WOPHWindows(z, np.empty(0, np.uint64), np.empty(0, np.bool_), z, z, z, z)
-    ob, ok, n_full, oa, obb, oc, od = _windows(s.n, s.tid, s.off, s.m_of, s.el_off, s.el_u,
-                                               s.el_bin, k)
+    ob, ok, n_full, oa, obb, oc, od = _windows(s.n, s.pos, s.tid, s.off, s.m_of, s.el_off,
+                                               s.el_u, s.el_bin, k)
     empty = np.zeros(len(ob), dtype=np.bool_)
     empty[int(n_full[0]):] = True
     return WOPHWindows(ob, ok, empty, oa, obb, oc, od)
@@ -377,8 +389,7 @@ def compact_windows(units: U64, k: int, tf: TfMode | TfFn = "log",
                     idf: IdfFn | Mapping[int, float] | None = None) -> WOPHWindows:
     """All weighted-OPH compact windows of a text: every (subsequence, bin) with an element
     lies in exactly one non-empty window, whose key is the subsequence's smallest element
-    value in the bin; every (subsequence, bin) with no first element in exactly one empty
-    window."""
+    value in the bin; every (subsequence, bin) without one in exactly one empty window."""
     return compact_windows_of(samples(units, k, tf, idf), k)
 
 
@@ -395,7 +406,7 @@ def align(query_units: U64, text_windows: WOPHWindows, k: int, theta: tuple[int,
     non-empty window weighs q, an empty window in a bin empty in the query p, the threshold
     is k·p: OPH's scan)."""
     p, q = int(theta[0]), int(theta[1])
-    keys, empty, _ = sketch(query_units, k, tf)
+    keys, empty = sketch(query_units, k, tf)
     w = text_windows
     qe = empty[w.bin]
     mask = np.where(w.empty, qe, ~qe & (keys[w.bin] == w.key))

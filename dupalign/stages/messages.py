@@ -91,13 +91,19 @@ class AlignRequest:
             # under 65,536 units: most requests), said by the message
             ord_type = "<u4" if fits("<u4", t.ords) else "<u8"
             pos_type = "<u2" if fits("<u2", t.rects, t.empty_lr) else "<i4"
+            # empty rows l, i_hi, j_hi; l, r (2 columns) when every one is a gap
+            lr = t.empty_lr
+            if np.any(lr[:, 1] != lr[:, 2]):
+                d["empty_cols"] = 3
+            else:
+                lr = lr[:, [0, 2]]
             d.update({
                 "count": pack_array(t.count, "<u4"), "ord_type": ord_type,
                 "ords": pack_array(t.ords, ord_type), "pos_type": pos_type,
                 "rects": pack_array(t.rects, pos_type),
                 "empty_keys": pack_array(t.empty_keys, "<u8"),
                 "empty_off": pack_array(t.empty_off, "<u4"),
-                "empty_lr": pack_array(t.empty_lr, pos_type),
+                "empty_lr": pack_array(lr, pos_type),
                 "others": pack_array(self.others, "<u8"), "other_ids": self.other_ids,
                 "other_positions": self.other_positions})
         return d
@@ -120,7 +126,8 @@ class AlignRequest:
             tasks.rects = np.frombuffer(d["rects"], pos_type).astype(np.int32).reshape(-1, 4)
             tasks.empty_keys = _ints(d["empty_keys"], "<u8")
             tasks.empty_off = _ints(d["empty_off"], "<u4")
-            tasks.empty_lr = _ints(d["empty_lr"], pos_type).reshape(-1, 2)
+            lr = _ints(d["empty_lr"], pos_type).reshape(-1, d.get("empty_cols", 2))
+            tasks.empty_lr = lr if lr.shape[1] == 3 else lr[:, [0, 1, 1]]
         return cls(d["ordinal"], _ints(d["starts"], "<i4"), _ints(d["ends"], "<i4"), d["positions"],
                    tasks, list(d.get("other_ids", [])), list(d.get("other_positions", [])))
 

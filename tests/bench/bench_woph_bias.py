@@ -16,7 +16,9 @@ Pairs of unit sequences (A, B) of three kinds:
 Each pair is sketched under ``--salts`` independent hashings (every unit rehashed with a
 salt: new bins and new ICWS randomness for both sides), both estimators with k = 64. Per
 kind and tf mode: the mean signed bias (mean over pairs of mean estimate − exact), the mean
-|bias| per pair, and the mean per-pair variance over salts.
+|bias| per pair, and the mean per-pair variance over salts. ``gaps bias``: the weighted OPH
+estimate with the text's empty bins counted as its windows before steps counted them (no
+element present at count 1 in the bin: the gaps between positions), for comparison.
 
 Run: .venv/bin/python -m tests.bench.bench_woph_bias [--pairs 40] [--salts 200] [--k 64]
 """
@@ -29,6 +31,7 @@ import numpy as np
 
 from dupalign.passage import monoactive_query
 from dupalign.passage import weighted_oph as W
+from dupalign.passage.oph import oph_bins
 from dupalign.text.hashing import mix64
 from tests.oracles.weighted_oph import weighted_jaccard
 
@@ -81,17 +84,30 @@ def pairs(kind: str, n: int, rng: np.random.Generator) -> list[tuple[np.ndarray,
     return out
 
 
+def gaps_estimate(query: W.Sketch, text: W.Sketch, text_units: np.ndarray, k: int) -> float:
+    """The estimate with a text bin counted empty when none of its tokens' first elements
+    (m = 1: w(1) = 1 in every tf mode) is in it."""
+    (kq, eq), (kt, et) = query, text
+    u = mix64(mix64(np.unique(text_units), W.ELEM_SALT) ^ np.uint64(1), W.ELEM_SALT + 1)
+    no_first = np.ones(k, dtype=np.bool_)
+    no_first[oph_bins(u, k)] = False
+    n_mat = np.count_nonzero(~eq & ~et & (kq == kt))
+    return float(n_mat / (k - np.count_nonzero(eq & no_first)))
+
+
 def measure(kind: str, tf: str, n_pairs: int, n_salts: int, k: int) -> dict[str, float]:
     rng = np.random.default_rng(46)
     salts = [int(s) for s in rng.integers(1, 2**62, size=n_salts)]
-    bias = {"woph": [], "mono": []}  # type: dict[str, list[float]]
-    var = {"woph": [], "mono": []}  # type: dict[str, list[float]]
+    bias = {"woph": [], "mono": [], "gaps": []}  # type: dict[str, list[float]]
+    var = {"woph": [], "mono": [], "gaps": []}  # type: dict[str, list[float]]
     for a, b in pairs(kind, n_pairs, rng):
         exact = weighted_jaccard(a.tolist(), b.tolist(), tf)
-        ests = {"woph": [], "mono": []}  # type: dict[str, list[float]]
+        ests = {"woph": [], "mono": [], "gaps": []}  # type: dict[str, list[float]]
         for s in salts:
             sa, sb = mix64(a, s), mix64(b, s)
-            ests["woph"].append(W.estimate(W.sketch(sa, k, tf), W.sketch(sb, k, tf)))  # type: ignore[arg-type]
+            qs, ts = W.sketch(sa, k, tf), W.sketch(sb, k, tf)  # type: ignore[arg-type]
+            ests["woph"].append(W.estimate(qs, ts))
+            ests["gaps"].append(gaps_estimate(qs, ts, sb, k))
             ka = monoactive_query.query_minhashes(sa, k, "weighted", tf=tf)  # type: ignore[arg-type]
             kb = monoactive_query.query_minhashes(sb, k, "weighted", tf=tf)  # type: ignore[arg-type]
             ests["mono"].append(float(np.count_nonzero(ka == kb)) / k)
@@ -99,7 +115,7 @@ def measure(kind: str, tf: str, n_pairs: int, n_salts: int, k: int) -> dict[str,
             bias[m].append(float(np.mean(e)) - exact)
             var[m].append(float(np.var(e)))
     out = {}
-    for m in ("woph", "mono"):
+    for m in ("woph", "mono", "gaps"):
         out[f"{m}_bias"] = float(np.mean(bias[m]))
         out[f"{m}_absbias"] = float(np.mean(np.abs(bias[m])))
         out[f"{m}_var"] = float(np.mean(var[m]))
@@ -115,7 +131,7 @@ def main() -> int:
     print(f"\n## weighted OPH vs MonoActive estimator, k = {args.k}: {args.pairs} pairs per "
           f"row, {args.salts} salts per pair")
     head = (f"{'sets':<8} {'tf':<8} {'woph bias':>10} {'woph |bias|':>12} {'woph var':>9} "
-            f"{'mono bias':>10} {'mono |bias|':>12} {'mono var':>9}")
+            f"{'mono bias':>10} {'mono |bias|':>12} {'mono var':>9} {'gaps bias':>10}")
     print(head)
     print("-" * len(head))
     for kind, tf in (("rfc", "log"), ("rfc", "raw"), ("text", "log"), ("text", "raw"),
@@ -123,7 +139,7 @@ def main() -> int:
         r = measure(kind, tf, args.pairs, args.salts, args.k)
         print(f"{kind:<8} {tf:<8} {r['woph_bias']:>+10.4f} {r['woph_absbias']:>12.4f} "
               f"{r['woph_var']:>9.5f} {r['mono_bias']:>+10.4f} {r['mono_absbias']:>12.4f} "
-              f"{r['mono_var']:>9.5f}")
+              f"{r['mono_var']:>9.5f} {r['gaps_bias']:>+10.4f}")
     return 0
 
 

@@ -15,8 +15,8 @@ from dupalign.passage.oph import oph_bins
 from dupalign.passage.weighted_oph import BETA_SALT, ELEM_SALT, WOPHWindows
 from dupalign.text.hashing import mix64, to_unit
 
-# a bin of a subsequence: (smallest element value or None, has a first element)
-Cell = tuple[int | None, bool]
+# a bin of a subsequence: its smallest element value, None if it has no element there
+Cell = int | None
 
 
 def weight(count: int, tf: str) -> float:
@@ -36,20 +36,15 @@ def element(th: int, m: int, k: int) -> tuple[int, int]:
 
 
 def cells(units: Sequence[int], k: int, tf: str) -> list[Cell]:
-    """Per bin of a whole sequence: its smallest element value, and whether a first
-    element (one present at count 1) is in the bin."""
+    """Per bin of a whole sequence: its smallest element value (None: no element)."""
     best: list[int | None] = [None] * k
-    first = [False] * k
     for th, count in Counter(int(u) for u in units).items():
-        m1 = n_elements(th, 1, tf)
         for m in range(1, n_elements(th, count, tf) + 1):
             u, b = element(th, m, k)
             cur = best[b]
             if cur is None or u < cur:
                 best[b] = u
-            if m <= m1:
-                first[b] = True
-    return list(zip(best, first, strict=True))
+    return best
 
 
 def all_cells(units: Sequence[int], k: int, tf: str) -> dict[tuple[int, int, int], Cell]:

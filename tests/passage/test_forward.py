@@ -36,6 +36,8 @@ def records(draw: st.DrawFn) -> tuple[np.ndarray, list[bytes], np.ndarray, np.nd
                                        min_size=n + m, max_size=n + m)),
                          dtype=np.int64).reshape(-1, 4)
         empty = np.arange(n + m) >= n
+        if draw(st.booleans()):  # gaps (i_hi = j_hi: two columns), else steps (three)
+            rects[empty, 1] = rects[empty, 3]
         recs.append(forward.pack_windows(bins, keys, rects, empty))
         names |= {(int(b), int(k)) for b, k in zip(bins[:n], keys[:n], strict=True)}
     lists = sorted(x for x in names | {(9, 1)} if draw(st.booleans()))
@@ -164,11 +166,30 @@ def test_a_record_is_narrow_when_every_position_fits_two_bytes() -> None:
     keys = np.array([5, 0, 0], dtype=np.uint64)
     empty = np.array([False, True, True])
     for top, narrow in ((0xFFFF, True), (0x10000, False), (-1, False)):
-        rects = np.array([[0, 3, 3, top], [7, 0, 0, 9], [10, 0, 0, 12]], dtype=np.int64)
+        rects = np.array([[0, 3, 3, top], [7, 9, 7, 9], [10, 12, 10, 12]], dtype=np.int64)
         raw = forward.pack_windows(bins, keys, rects, empty)
         assert bool(int.from_bytes(raw[:4], "little") & forward.NARROW) == narrow
         # head 8, key 8, 8 positions, 3 bins 6, to a multiple of 8
         assert len(raw) == (40 if narrow else 56)
         b, k, r, e_bins, lr = forward.unpack_windows(raw)
         assert (b.tolist(), k.tolist(), r.tolist()) == ([1], [5], [[0, 3, 3, top]])
-        assert (e_bins.tolist(), lr.tolist()) == ([2, 2], [[7, 9], [10, 12]])
+        assert (e_bins.tolist(), lr.tolist()) == ([2, 2], [[7, 9, 9], [10, 12, 12]])
+
+
+def test_a_record_of_steps_has_the_i_hi_column() -> None:
+    """Empty windows that are steps (i ∈ [l, i_hi], j ∈ [i, j_hi], i_hi < j_hi: weighted
+    OPH) are written with their i_hi (bit STAIRS), gaps without; both read back as
+    (l, i_hi, j_hi)."""
+    bins = np.array([1, 2, 2], dtype=np.int64)
+    keys = np.array([5, 0, 0], dtype=np.uint64)
+    empty = np.array([False, True, True])
+    rects = np.array([[0, 3, 3, 4], [7, 8, 7, 9], [10, 12, 10, 12]], dtype=np.int64)
+    raw = forward.pack_windows(bins, keys, rects, empty)
+    assert int.from_bytes(raw[:4], "little") & forward.STAIRS
+    assert int.from_bytes(raw[:4], "little") & forward.COUNT == 1
+    assert len(raw) == 48  # head 8, key 8, 4 + 6 positions (u2), 3 bins 6, to 8
+    _, _, _, e_bins, lr = forward.unpack_windows(raw)
+    assert (e_bins.tolist(), lr.tolist()) == ([2, 2], [[7, 8, 9], [10, 12, 12]])
+    off, got = forward.gather(np.array([3]), [raw], np.array([0]), np.zeros(1, np.uint64),
+                              np.array([(3 << 16) | 2]))[4:]
+    assert (off.tolist(), got.tolist()) == ([0, 2], [[7, 8, 9], [10, 12, 12]])

@@ -47,13 +47,13 @@ class Batch:
                 if not self.q_empty[p, b]:
                     self.lid[p, b] = ids[(b, int(self.mins[p, b]))]
         entries: list[list[tuple[int, list[int]]]] = [[] for _ in names]
-        empty_rows: dict[int, list[tuple[int, int]]] = {}
+        empty_rows: dict[int, list[tuple[int, int, int]]] = {}
         for o, w in enumerate(self.windows):
             for x in range(len(w)):
                 b = int(w.bin[x])
                 if w.empty[x]:
                     empty_rows.setdefault((o << pa.EMPTY_KEY_SHIFT) | b, []).append(
-                        (int(w.l[x]), int(w.r[x])))
+                        (int(w.l[x]), int(w.r[x]), int(w.r[x])))
                 elif (b, int(w.value[x])) in ids and (b, int(w.value[x])) not in self.stop:
                     entries[ids[(b, int(w.value[x]))]].append(
                         (o, [int(w.l[x]), int(w.c[x]), int(w.c[x]), int(w.r[x])]))
@@ -66,7 +66,7 @@ class Batch:
         counts = [len(empty_rows[key]) for key in sorted(empty_rows)]
         self.empty_off = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
         self.empty_lr = np.array([r for key in sorted(empty_rows) for r in empty_rows[key]],
-                                 dtype=np.int64).reshape(-1, 2)
+                                 dtype=np.int64).reshape(-1, 3)
 
     def kernel_args(self) -> tuple[np.ndarray, ...]:
         return (self.lid, self.n_before, self.start, self.ords, self.rects, self.q_empty)
@@ -217,17 +217,18 @@ def test_keep_reachable_equals_brute_force(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(1, 6), max_size=15), st.lists(st.integers(0, 50), max_size=6),
-       st.lists(st.integers(0, 50), max_size=6), st.integers(1, 4))
-def test_gather_empty_equals_linear_filter(gaps: list[int], i_cuts: list[int],
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 9)), max_size=15),
+       st.lists(st.integers(0, 50), max_size=6), st.lists(st.integers(0, 50), max_size=6),
+       st.integers(1, 4))
+def test_gather_empty_equals_linear_filter(gaps: list[tuple[int, int]], i_cuts: list[int],
                                            j_cuts: list[int], min_len: int) -> None:
     """Empty windows found by binary search per reachable span = every row of ``min_len``
     or more positions that meets both span sets, each once."""
     rows, x = [], 0
-    for g in gaps:  # sorted disjoint rows (l, r), as the gaps between a bin's tokens
-        rows.append((x, x + g - 1))
+    for g, more in gaps:  # rows (l, i_hi, j_hi) disjoint in i, as a bin's gaps or steps
+        rows.append((x, x + g - 1, x + g - 1 + more))
         x += g + 1
-    lr = np.array(rows, dtype=np.int64).reshape(-1, 2)
+    lr = np.array(rows, dtype=np.int64).reshape(-1, 3)
 
     def spans(cuts: list[int]) -> tuple[np.ndarray, np.ndarray]:
         c = sorted(set(cuts))
@@ -247,16 +248,18 @@ def test_gather_empty_equals_linear_filter(gaps: list[int], i_cuts: list[int],
     def meets(s: np.ndarray, e: np.ndarray, lo: int, hi: int) -> bool:
         return any(a <= hi and lo < z for a, z in zip(s.tolist(), e.tolist(), strict=True))
 
-    want = [[lo, hi, lo, hi, -2] for lo, hi in rows if hi - lo + 1 >= min_len
-            and meets(i_s, i_e, lo, hi) and meets(j_s, j_e, lo, hi)]
+    want = [[lo, i_hi, lo, j_hi, -2] for lo, i_hi, j_hi in rows if j_hi - lo + 1 >= min_len
+            and meets(i_s, i_e, lo, i_hi) and meets(j_s, j_e, lo, j_hi)]
     assert buf[:m].tolist() == want
 
 
 def test_unsorted_empty_windows_are_refused() -> None:
-    lr = np.array([[5, 8], [0, 3]], dtype=np.int64)
+    lr = np.array([[5, 8, 8], [0, 3, 6]], dtype=np.int64)
     with pytest.raises(ValueError, match="sorted disjoint"):
         pa._check_empty_rows(np.array([0, 2], dtype=np.int64), lr)
     pa._check_empty_rows(np.array([0, 1, 2], dtype=np.int64), lr)  # two keys: fine
+    with pytest.raises(ValueError, match="sorted disjoint"):  # a step ends before its i_hi
+        pa._check_empty_rows(np.array([0, 1], dtype=np.int64), np.array([[0, 3, 2]]))
 
 
 @pytest.mark.parametrize("kernel", ["passage_sketches", "entries_before", "select_candidates",

@@ -123,18 +123,12 @@ class Pairwise:
         """The sketch estimate of the reported subsequence, computed from scratch (matches
         in bins whose list is a stop list do not count)."""
         t_units, k = self.pages[o][s:e], self.idx.k
-        if self.cfg.mode == "weighted_oph":
+        if self.cfg.mode in ("oph", "weighted_oph"):
             tfm = self.cfg.tf_mode
-            qm, qe, _ = weighted_oph.sketch(q_units, k, tfm)  # type: ignore[arg-type]
-            tm, t_none, t_first = weighted_oph.sketch(t_units, k, tfm)  # type: ignore[arg-type]
-            # the text side counts a bin empty when it has no first element
-            n_emp = int(np.count_nonzero(qe & t_first))
-            n_mat = sum(1 for b in range(k) if not qe[b] and not t_none[b] and qm[b] == tm[b]
-                        and (b, int(qm[b])) not in self.stop)
-            return n_mat / (k - n_emp)
-        if self.cfg.mode == "oph":
-            (qm, qe), (tm, te) = (oph_sketch(oph_values(q_units), k),
-                                  oph_sketch(oph_values(t_units), k))
+            (qm, qe), (tm, te) = (
+                (weighted_oph.sketch(q_units, k, tfm), weighted_oph.sketch(t_units, k, tfm))  # type: ignore[arg-type]
+                if self.cfg.mode == "weighted_oph" else
+                (oph_sketch(oph_values(q_units), k), oph_sketch(oph_values(t_units), k)))
             n_emp = int(np.count_nonzero(qe & te))
             n_mat = sum(1 for b in range(k) if not qe[b] and not te[b] and qm[b] == tm[b]
                         and (b, int(qm[b])) not in self.stop)

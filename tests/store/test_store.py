@@ -180,3 +180,24 @@ def test_a_store_made_in_one_passage_mode_refuses_the_others(tmp_path: Path, mad
                 Engine.open(tmp_path / "s", config(other))
     with Engine.open(tmp_path / "s", config("oph"), read_only=True) as reader:
         assert reader.config.passage.mode == made
+
+
+def test_a_weighted_oph_store_of_gaps_is_read_but_not_written(tmp_path: Path) -> None:
+    """A weighted_oph store made before its empty windows became steps (no
+    ``passage_woph`` recorded) refuses a writer, whose pages' windows would disagree with
+    its own; a reader opens it (its gap records read as before)."""
+    import msgpack
+
+    from dupalign.config import WOPH_VERSION, EngineConfig, PassageConfig
+    from dupalign.runtime.engine import Engine
+
+    cfg = EngineConfig(passage=PassageConfig(mode="weighted_oph")).validate()
+    with Engine.open(tmp_path / "s", cfg) as engine:
+        assert engine.store.params["passage_woph"] == WOPH_VERSION
+        old = {k: v for k, v in engine.store.params.items() if k != "passage_woph"}
+        engine.store.put("meta", b"params", msgpack.packb(old))
+    with pytest.raises(StoreMismatch, match=f"passage_woph: store has None, asked for "
+                                            f"{WOPH_VERSION}"):
+        Engine.open(tmp_path / "s", cfg)
+    with Engine.open(tmp_path / "s", cfg, read_only=True) as reader:
+        assert reader.config.passage.mode == "weighted_oph"
