@@ -1,0 +1,133 @@
+"""The near stage as shards by fingerprint prefix (docs/pipeline.md, step 3).
+
+Shard s of ``2^b`` holds, for the near-indexed pages whose fingerprint's top b bits are s,
+their PSM rows (fingerprint, store ordinal) and their verification sketches, in a store of
+its own. A query page's probes are made once, with the width of all the rows together and
+the volatility model in force (``dupalign.near.psm_probes.probe_headers``), and routed to
+the shards their range meets (``dupalign.near.prefix_shards.route``). Each shard answers its
+probes from its rows and verifies its candidates with the CWS filter itself: it holds their
+sketches, so no candidate travels. ``combine_near`` joins the answers into what the single
+``NearIndex.search`` finds: every verified row (PSM_A), or the one table's PSM_F candidate,
+if it verifies (PSM_F: the candidate is the best over the shards by probe, distance and
+ordinal, verified or not, as one table would pick it before verifying).
+
+A shard's answer for page n depends on its rows below n alone, which the exact stage's
+answers and the ledger's removals (upstream) decide: it never waits for a stage downstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.config import EngineConfig
+from dupalign.near.cws import CwsFilter
+from dupalign.near.prefix_shards import PrefixShard, ShardProbes, shard_of_fingerprint
+from dupalign.near.simhash_table import SimhashTable
+from dupalign.store import tables
+from dupalign.store.database import Store
+
+U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class NearQuery:
+    """What a shard needs of a query page: its fingerprint (under the idf table in force),
+    its verification sketch, and its store ordinal (only earlier pages count)."""
+
+    fingerprint: int
+    sketch: U64
+    before: int
+
+
+@dataclass(frozen=True)
+class NearAnswer:
+    """One shard's rows for a batch of queries: row i is ``ordinal[i]`` at ``hamming[i]``
+    from query ``query[i]``, found at its probe ``rank[i]``, with the CWS estimate
+    ``est[i]`` and whether it passed (PSM_A keeps only those that passed)."""
+
+    query: I64
+    ordinal: I64
+    hamming: I64
+    rank: I64
+    est: F64
+    similar: npt.NDArray[np.bool_]
+
+
+class NearShard:
+    """Shard ``shard`` of ``2^b`` of the near stage, over its own store."""
+
+    def __init__(self, store: Store, config: EngineConfig, shard: int, b: int) -> None:
+        cfg = config.near
+        self.store = store
+        self.h, self.first = cfg.hamming, cfg.mode == "first"
+        self.filter = CwsFilter(cfg.cws_samples, cfg.cws_threshold, cfg.cws_error)
+        fps, ords = tables.simhash.load(store)
+        self.rows = PrefixShard(shard, b, SimhashTable.from_arrays(fps, ords, ordered=True))
+
+    def __len__(self) -> int:
+        return len(self.rows.table)
+
+    def add(self, ordinal: int, fingerprint: int, sketch: U64) -> None:
+        """A near-indexed page of this shard's prefix, stored at ``ordinal``."""
+        if shard_of_fingerprint([fingerprint], self.rows.b)[0] != self.rows.shard:
+            raise ValueError(f"fingerprint {fingerprint:#018x} is not in shard "
+                             f"{self.rows.shard}'s prefix")
+        batch = self.store.batch()
+        tables.simhash.put(batch, fingerprint, ordinal)
+        tables.cws.put(batch, ordinal, np.asarray(sketch, dtype="<u8").tobytes())
+        self.store.write(batch)
+        self.rows.add([fingerprint], [ordinal])
+
+    def remove(self, pages: list[tuple[int, int]]) -> None:
+        """Pages (ordinal, fingerprint) of this shard that left the store."""
+        if not pages:
+            return
+        batch = self.store.batch()
+        for ordinal, fingerprint in pages:
+            tables.simhash.delete(batch, fingerprint, ordinal)
+        tables.cws.remove(batch, (o for o, _ in pages))
+        self.store.write(batch)
+        self.rows.remove([f for _, f in pages], [o for o, _ in pages])
+
+    def answer(self, probes: ShardProbes, queries: list[NearQuery], t: int) -> NearAnswer:
+        """The rows within h of each query in the buckets of its probes routed here, each
+        verified against the query's sketch."""
+        found = self.rows.answer(probes, [q.fingerprint for q in queries], t, self.h,
+                                 [q.before for q in queries], self.first)
+        est = np.zeros(len(found.ordinal))
+        similar = np.zeros(len(found.ordinal), dtype=bool)
+        sketches = tables.cws.get_many(self.store, found.ordinal.tolist())
+        for i, (qi, raw) in enumerate(zip(found.query.tolist(), sketches, strict=True)):
+            if raw is None:  # (every row of the table has its sketch, written together)
+                raise RuntimeError(f"near shard {self.rows.shard}: no sketch for the row of "
+                                   f"ordinal {int(found.ordinal[i])}")
+            result = self.filter.compare(queries[qi].sketch, np.frombuffer(raw, dtype="<u8"))
+            est[i], similar[i] = round(result.est_jaccard, 4), result.decision == "similar"
+        keep = similar | self.first  # PSM_F: the candidate counts even when it fails
+        return NearAnswer(found.query[keep], found.ordinal[keep], found.hamming[keep],
+                          found.rank[keep], est[keep], similar[keep])
+
+
+def combine_near(answers: list[NearAnswer], n_queries: int, first: bool
+                 ) -> list[list[tuple[int, int, float]]]:
+    """Per query, its near duplicates (ordinal, hamming, estimate) by ordinal, as the single
+    ``NearIndex.search`` finds them."""
+    out: list[list[tuple[int, int, float]]] = [[] for _ in range(n_queries)]
+    best: dict[int, tuple[int, int, int, float, bool]] = {}
+    for a in answers:
+        for q, o, d, r, e, ok in zip(a.query.tolist(), a.ordinal.tolist(), a.hamming.tolist(),
+                                     a.rank.tolist(), a.est.tolist(), a.similar.tolist(),
+                                     strict=True):
+            if not first:
+                out[q].append((o, d, e))
+            elif q not in best or (r, d, o) < best[q][:3]:
+                best[q] = (r, d, o, e, ok)
+    for q, (_, d, o, e, ok) in best.items():
+        if ok:
+            out[q].append((o, d, e))
+    return [sorted(rows) for rows in out]
