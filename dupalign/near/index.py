@@ -5,7 +5,10 @@ State kept across pages, and how it survives a restart:
 - the volatility model (bit flip probabilities): each page's update logged in ``meta`` with
   the page (512 bytes), the whole model (4.6 KB) written instead every ``MODEL_CHECKPOINT``
   updates, when the log is cleared; at open, the checkpoint and the log replayed in order
-  give the model exactly as it was after the last page written;
+  give the model exactly as it was after the last page written. It learns only until the
+  last idf freeze (``idf_freeze_at[-1]`` pages), then stays: learned from consecutive pages,
+  it is a serial computation that a pipeline split by key can run during a warm-up only
+  (docs/pipeline.md, rule 3);
 - idf tables: version 0 is uniform; version v is frozen from the document frequencies of
   the first ``idf_freeze_at[v-1]`` indexed pages and written to ``meta``. Until the last
   freeze the pages' distinct token hashes are kept in ``idf_pending`` so that the counts
@@ -219,6 +222,8 @@ class NearIndex:
         assert state.sketch is not None and state.unique is not None and state.W is not None
         tables.simhash.put(batch, state.fingerprint, ordinal)
         self.put_sketch(batch, ordinal, state.sketch)
+        if self.builder is None:  # past the last idf freeze: the model stays as it is
+            return
         w = self.model.update(state.W)
         if self._logged + 1 >= MODEL_CHECKPOINT:
             tables.volatility.put(batch, self.model.to_bytes())
@@ -227,16 +232,15 @@ class NearIndex:
         else:
             tables.volatility_log.put(batch, ordinal, w.astype("<f8").tobytes())
             self._logged += 1
-        if self.builder is not None:
-            tables.idf_pending.put(batch, ordinal, state.unique.astype("<u8").tobytes())
-            version = len(self.tables)
-            if self.builder.n_docs + 1 >= self.cfg.idf_freeze_at[version - 1]:
-                builder = IdfBuilder.from_bytes(self.builder.to_bytes())
-                builder.add_document(state.unique, distinct=True)
-                state.frozen = builder.freeze(version)
-                tables.idf_tables.put(batch, version, state.frozen.to_bytes())
-                if version == len(self.cfg.idf_freeze_at):
-                    tables.idf_pending.delete_through(batch, ordinal)
+        tables.idf_pending.put(batch, ordinal, state.unique.astype("<u8").tobytes())
+        version = len(self.tables)
+        if self.builder.n_docs + 1 >= self.cfg.idf_freeze_at[version - 1]:
+            builder = IdfBuilder.from_bytes(self.builder.to_bytes())
+            builder.add_document(state.unique, distinct=True)
+            state.frozen = builder.freeze(version)
+            tables.idf_tables.put(batch, version, state.frozen.to_bytes())
+            if version == len(self.cfg.idf_freeze_at):
+                tables.idf_pending.delete_through(batch, ordinal)
 
     def put_sketch(self, batch: Batch, ordinal: int, sketch: U64) -> None:
         """Store the page's verification sketch (index shards keep it: dupalign.stages.shards)."""

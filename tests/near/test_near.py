@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -112,3 +113,28 @@ def test_volatility_model_after_reopen_is_the_model_of_one_run(
     straight = run(set(), tmp_path / "one")
     assert straight[-1] == straight[-2] and straight[0] != straight[-1]
     assert run({1, 3, 4, 7, 9, 10}, tmp_path / "two") == straight
+
+
+def test_the_volatility_model_learns_until_the_last_idf_freeze_then_stays(tmp_path: Path
+                                                                       ) -> None:
+    """docs/pipeline.md, rule 3: the model learns from consecutive pages (a serial
+    computation), so it stops at the last idf freeze; a reopened store has the same model."""
+    base = EngineConfig()
+    config = replace(base, near=replace(base.near, idf_freeze_at=(3, 6)))
+    store = Store(tmp_path / "s", config.frozen_params())
+    index = near_index.NearIndex(store, config, 0)
+    rng = np.random.default_rng(5)
+    models = []
+    for ordinal in range(12):
+        state = near_sketch(rng.integers(0, 300, 60).astype(np.uint64), index.idf, config)
+        batch = store.batch()
+        index.stage(batch, ordinal, state)
+        store.write(batch)
+        index.commit(ordinal, state)
+        models.append(index.model.to_bytes())
+    assert len(index.tables) == 3  # uniform + the two frozen tables
+    assert len(set(models[:6])) == 6  # learning: every page changes it
+    assert set(models[5:]) == {models[5]}  # from the sixth page (the last freeze) on: stays
+    store.close()
+    reopened = near_index.NearIndex(Store(tmp_path / "s", config.frozen_params()), config, 12)
+    assert reopened.model.to_bytes() == models[-1]
