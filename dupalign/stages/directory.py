@@ -162,6 +162,7 @@ class Decision:
     replay_of: int | None = None
     revisit: Match | None = None
     fetched_at: int | None = None
+    content_hash: bytes | None = None
 
     def to_bytes(self) -> bytes:
         """The wire form: the revisit match as its own fields (the consumer adds its
@@ -179,6 +180,8 @@ class Decision:
                             m.previous_fetched_at]
         if self.fetched_at is not None:
             d["fetched_at"] = self.fetched_at
+        if self.content_hash is not None:
+            d["hash"] = self.content_hash
         return bytes(msgpack.packb(d, use_bin_type=True))
 
     @classmethod
@@ -194,7 +197,7 @@ class Decision:
                    None if revisit is None else _revisit_match(
                        d["id"], revisit[0], revisit[1], revisit[2], revisit[3], revisit[4],
                        engine or {}),
-                   d.get("fetched_at"))
+                   d.get("fetched_at"), d.get("hash"))
 
 
 def _revisit_match(doc_id: str, status: str, est: float | None, hamming: int | None,
@@ -288,7 +291,7 @@ class DirectoryShard:
             revisit = _revisit_match(doc_id, "changed", est, hamming, prev.url,
                                      prev.fetched_at, self.engine)
         return Decision(seq, doc_id, "stored", None if prev is None else prev.version,
-                        revisit=revisit, fetched_at=e.fetched_at)
+                        revisit=revisit, fetched_at=e.fetched_at, content_hash=e.content_hash)
 
     def _put(self, batch: Batch, e: DirectoryEntry) -> None:
         record = {"id": e.doc_id, "url": e.url, "content_hash": e.content_hash,
