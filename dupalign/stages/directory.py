@@ -102,7 +102,7 @@ class DirectoryEntry:
     unchanged: bool = False  # sketched as an unchanged revisit: no fingerprint or sketch
 
     def to_bytes(self) -> bytes:
-        d: dict[str, Any] = {"v": DIRECTORY_ENTRY.writes, "seq": self.seq, "id": self.doc_id,
+        d: dict[str, Any] = {"seq": self.seq, "id": self.doc_id,
                              "replay_key": self.replay_key, "read_as": self.read_as,
                              "content_hash": self.content_hash, "url": self.url,
                              "fetched_at": self.fetched_at}
@@ -113,12 +113,11 @@ class DirectoryEntry:
             d["fingerprint"] = self.fingerprint
         if self.sketch is not None:
             d["sketch"] = self.sketch.astype("<u8").tobytes()
-        return bytes(msgpack.packb(d, use_bin_type=True))
+        return DIRECTORY_ENTRY.pack(d)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> DirectoryEntry:
-        d = msgpack.unpackb(raw, raw=False)
-        DIRECTORY_ENTRY.check(d.get("v"))
+        d = DIRECTORY_ENTRY.unpack(raw)
         sketch = d.get("sketch")
         return cls(d["seq"], d["id"], bool(d.get("deleted")), bool(d.get("rejected")),
                    d["replay_key"], d["read_as"], d["content_hash"], d["url"], d["fetched_at"],
@@ -167,8 +166,8 @@ class Decision:
     def to_bytes(self) -> bytes:
         """The wire form: the revisit match as its own fields (the consumer adds its
         ``engine``: ``from_bytes``)."""
-        d: dict[str, Any] = {"v": DIRECTORY_DECISION.writes, "seq": self.seq,
-                             "id": self.doc_id, "kind": KINDS.index(self.kind)}
+        d: dict[str, Any] = {"seq": self.seq, "id": self.doc_id,
+                             "kind": KINDS.index(self.kind)}
         if self.removed is not None:
             r = self.removed
             d["removed"] = [r.seq, r.content_hash, r.simhash]
@@ -182,13 +181,12 @@ class Decision:
             d["fetched_at"] = self.fetched_at
         if self.content_hash is not None:
             d["hash"] = self.content_hash
-        return bytes(msgpack.packb(d, use_bin_type=True))
+        return DIRECTORY_DECISION.pack(d)
 
     @classmethod
     def from_bytes(cls, raw: bytes, engine: dict[str, Any] | None = None) -> Decision:
         """``engine``: the revisit match's ``engine`` field (``engine_info``)."""
-        d = msgpack.unpackb(raw, raw=False)
-        DIRECTORY_DECISION.check(d.get("v"))
+        d = DIRECTORY_DECISION.unpack(raw)
         removed = d.get("removed")
         revisit = d.get("revisit")
         return cls(d["seq"], d["id"], KINDS[d["kind"]],

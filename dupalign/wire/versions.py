@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, overload
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 
@@ -34,6 +35,17 @@ class WireVersion:
         if v not in self.reads:
             raise ValueError(f"{self.name} version {v!r}, expected one of {self.reads}")
         return int(v)
+
+    def pack(self, fields: dict[str, Any]) -> bytes:
+        """The message of ``fields`` (str keys) in the version written."""
+        return bytes(msgpack.packb({"v": self.writes, **fields}, use_bin_type=True))
+
+    def unpack(self, raw: bytes) -> dict[str, Any]:
+        """The fields of the message ``raw`` (its ``v`` among them), if its version is
+        read."""
+        d: dict[str, Any] = msgpack.unpackb(raw, raw=False)
+        self.check(d.get("v"))
+        return d
 
 
 # -- the engine's stage messages (dupalign) ----------------------------------------------------
