@@ -113,6 +113,9 @@ class ExactShard:
         if chash is None or len(chash) != HASH_BYTES or placed.ordinal is None:
             raise ValueError(f"stored page {d.seq} has no {HASH_BYTES}-byte content hash or "
                              "no store ordinal")
+        if d.removed is not None and d.removed.content_hash == chash:
+            raise ValueError(f"stored page {d.seq} replaces a version with its own content "
+                             "hash (an unchanged revisit)")
         if not self.owns(chash):
             return None
         original = tables.exact.first(self.store, chash)

@@ -241,3 +241,83 @@ def test_an_answer_survives_its_wire_form(seq: int, ordinal: int,
 def test_an_answer_of_an_unknown_version_is_refused() -> None:
     with pytest.raises(ValueError, match="exact answer version 99"):
         ExactAnswer.from_bytes(msgpack.packb({"v": 99, "seq": 0, "o": 0}))
+
+
+# -- against a brute-force twin --------------------------------------------------------------
+class TwinExact:
+    """The pages alive in a dict: the original is the lowest store ordinal with the hash."""
+
+    def __init__(self) -> None:
+        self.pages: dict[int, tuple[bytes, str]] = {}  # store ordinal -> (hash, id)
+
+    def apply(self, d: Decision, ordinal: int | None, removed: int | None) -> Outcome:
+        if removed is not None:
+            del self.pages[removed]
+        if d.kind != "stored":
+            return None
+        assert ordinal is not None and d.content_hash is not None
+        same = [o for o, (h, _) in self.pages.items() if h == d.content_hash]
+        self.pages[ordinal] = (d.content_hash, d.doc_id)
+        first = min(same, default=None)
+        return ordinal, first, None if first is None else self.pages[first][1]
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 1 << 20), st.integers(0, 5)),
+                min_size=8, max_size=200),
+       st.integers(1, 3))
+def test_exact_shards_answer_as_their_twin(tmp_path_factory: pytest.TempPathFactory,
+                                           ops: list[tuple[int, int, int]], n: int) -> None:
+    """Many pages over few hashes, removed by deletes, new versions and sweeps; the shards
+    reopened on their stores every 16 decisions (their state is in the store)."""
+    root = tmp_path_factory.mktemp("twin")
+    stores = [Store(root / f"e{k}", PARAMS) for k in range(n)]
+    try:
+        shards = [ExactShard(s, k, n) for k, s in enumerate(stores)]
+        ledgers, twin, twin_ledger = [Ledger() for _ in shards], TwinExact(), Ledger()
+        seqs: dict[int, tuple[int, bytes]] = {}  # alive: store ordinal -> (seq, hash)
+        for seq, (op, pick, h) in enumerate(ops):
+            if seq % 16 == 15:
+                shards = [ExactShard(s, k, n) for k, s in enumerate(stores)]
+            alive = sorted(seqs)
+            old = alive[pick % len(alive)] if alive else None
+            removed = None if old is None else Version(*seqs[old], None)
+            if op >= 10:  # a sweep: at most 0-5 pages alive, none older than 0-7 s (0: no bound)
+                bounds = (pick % 6, (pick >> 3) % 8, seq * 1000)
+                swept = twin_ledger.sweep(*bounds)
+                for shard, ledger in zip(shards, ledgers, strict=True):
+                    assert ledger.sweep(*bounds) == swept
+                    shard.forget(swept)
+                for e in swept:
+                    del twin.pages[e.ordinal], seqs[e.ordinal]
+                continue
+            chash = _hash(f"text{h}")
+            if op < 6 and (removed is None or removed.content_hash == chash or op < 3):
+                d = _stored(seq, f"p{seq}", f"text{h}")  # a new page
+            elif op < 6:  # a new version of the page ``old``
+                d = _stored(seq, f"p{seq}", f"text{h}", removed)
+            elif op < 8 and removed is not None:
+                d = Decision(seq, "x", "delete", removed)
+            else:  # replayed, unchanged or rejected: nothing changes
+                d = Decision(seq, "x", "unchanged")
+            placed = twin_ledger.apply(d)
+            want = twin.apply(d, placed.ordinal, placed.removed)
+            if placed.removed is not None:
+                del seqs[placed.removed]
+            if placed.ordinal is not None:
+                seqs[placed.ordinal] = (seq, chash)
+            answers = [s.apply(d, ledger.apply(d)) for s, ledger in zip(shards, ledgers,
+                                                                        strict=True)]
+            got = [(a.ordinal, a.original, a.original_id) for a in answers if a is not None]
+            assert got == ([] if want is None else [want])
+    finally:
+        for s in stores:
+            s.close()
+
+
+def test_a_stored_page_cannot_replace_its_own_text(shard: ExactShard) -> None:
+    ledger = Ledger()
+    _run(shard, ledger, _stored(0, "a", "text"))
+    d = _stored(1, "a", "text", Version(0, _hash("text"), None))
+    with pytest.raises(ValueError, match="unchanged revisit"):
+        shard.apply(d, ledger.apply(d))
