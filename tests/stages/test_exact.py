@@ -7,7 +7,10 @@ Per stored page: the same original (store ordinal and id) as the engine's ``exac
 none where the engine has none, with 1, 2 and 3 exact shards behind 2 directory shards;
 each exact shard runs its own ledger and applies a whole segment between sweep points
 before the next shard starts (it never waits for a peer), every message through its wire
-form.
+form. The same on the 5,000-page synthetic stream, the RFCs and Clough with new versions,
+deletes and sweeps (``corpus_items``: 377 exact copies, 28 of them of a later original
+than the first page with their text, which was removed). And the shards against a
+brute-force twin on long random decision streams.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from dupalign.config import EngineConfig, PassageConfig
 from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
@@ -30,6 +35,7 @@ from dupalign.stages.exact import ExactAnswer, ExactShard, exact_owner
 from dupalign.stages.ledger import Ledger
 from dupalign.store.database import Store
 from dupalign.text.hashing import content_hash
+from tests.corpora import clough_answers, clough_original
 from tests.reused_stores import Stores, temporary_stores
 from tests.stages.streams import CONFIG, ENGINE, PARAMS, ops, pages_of
 
@@ -41,13 +47,16 @@ def stores() -> Iterator[Stores]:
     yield from temporary_stores("exact-")
 
 
-def single(engine: Engine, stream: list[Any]) -> tuple[list[Outcome], list[DirectoryEntry]]:
+Item = tuple[int, Page | tuple[int, int]]  # (step, page) or (step, (max_pages, max_age_s))
+
+
+def single(engine: Engine, items: list[Item]) -> tuple[list[Outcome], list[DirectoryEntry]]:
     """Per page, the single engine's: for a stored page its store ordinal and its exact
     original's ordinal and id (None, None: no exact match); None for a page not stored.
     And the pages' directory entries."""
     out: list[Outcome] = []
     entries: list[DirectoryEntry] = []
-    for step, item in pages_of(stream):
+    for step, item in items:
         if not isinstance(item, Page):
             while expired := engine.expired(item[0], item[1], step * 1000, 2):
                 engine.indexer.remove(expired)
@@ -71,12 +80,13 @@ def single(engine: Engine, stream: list[Any]) -> tuple[list[Outcome], list[Direc
     return out, entries
 
 
-def sharded(stores: Stores, n: int, stream: list[Any], entries: list[DirectoryEntry]
-            ) -> list[Outcome]:
+def sharded(stores: Stores, n: int, items: list[Item], entries: list[DirectoryEntry],
+            config: EngineConfig = CONFIG) -> list[Outcome]:
     """The same stream through 2 directory shards, their ledger, and ``n`` exact shards,
     each with its own ledger."""
-    dirs = [DirectoryShard(stores.store(f"dir{k}", PARAMS), CONFIG, k, 2) for k in range(2)]
-    shards = [ExactShard(stores.store(f"exact{k}of{n}", PARAMS), k, n) for k in range(n)]
+    params = config.frozen_params()
+    dirs = [DirectoryShard(stores.store(f"dir{k}", params), config, k, 2) for k in range(2)]
+    shards = [ExactShard(stores.store(f"exact{k}of{n}", params), k, n) for k in range(n)]
     dir_ledger, ledgers = Ledger(), [Ledger() for _ in shards]
     answers: dict[int, ExactAnswer] = {}
     kinds: list[str] = []
@@ -101,7 +111,7 @@ def sharded(stores: Stores, n: int, stream: list[Any], entries: list[DirectoryEn
                 answers[answer.seq] = ExactAnswer.from_bytes(answer.to_bytes())
         segment.clear()
 
-    for step, item in pages_of(stream):
+    for step, item in items:
         if isinstance(item, Page):
             segment.append(next(pages))
             continue
@@ -134,9 +144,47 @@ def sharded(stores: Stores, n: int, stream: list[Any], entries: list[DirectoryEn
           ("page", 4, 2, 1, True)])
 def test_exact_shards_answer_as_the_single_indexer(stores: Stores, stream: list[Any]) -> None:
     engine = Engine(stores.store("engine", PARAMS), CONFIG)
-    want, entries = single(engine, stream)
+    items = list(pages_of(stream))
+    want, entries = single(engine, items)
     for n in (1, 2, 3):
-        assert sharded(stores, n, stream, entries) == want, n
+        assert sharded(stores, n, items, entries) == want, n
+
+
+def corpus_items(seed: int = 3) -> list[Item]:
+    """The 5,000-page synthetic stream (exact and near copies of earlier pages), the RFCs and
+    Clough's answers and originals; after every 11th page a new version of an earlier id
+    with another earlier page's body (often an exact copy), after every 13th a delete of an
+    earlier id, every 500 pages a sweep to 1,500 pages alive."""
+    from tests.topology_harness import rfc_pages, synthetic_pages  # (imports the service)
+
+    pages = synthetic_pages(5000) + rfc_pages() + [
+        Page(a.file, a.body) for a in clough_answers()] + [
+        Page(f"orig_{t}", clough_original(t)) for t in "abcde"]
+    rng = np.random.default_rng(seed)
+    items: list[Item] = []
+    for i, page in enumerate(pages):
+        items.append((len(items), page))
+        if i and i % 11 == 0:
+            other = pages[int(rng.integers(0, i))]
+            items.append((len(items), Page(pages[int(rng.integers(0, i))].id, other.body)))
+        if i and i % 13 == 0:
+            items.append((len(items), Page(pages[int(rng.integers(0, i))].id, "",
+                                           deleted=True)))
+        if i and i % 500 == 0:
+            items.append((len(items), (1500, 0)))
+    return items
+
+
+@pytest.mark.testdata
+def test_exact_shards_answer_as_the_single_indexer_on_corpora(stores: Stores) -> None:
+    config = EngineConfig(passage=PassageConfig(enabled=False)).validate()
+    items = corpus_items()
+    want, entries = single(Engine(stores.store("engine", config.frozen_params()), config),
+                           items)
+    copies = [o for o in want if o is not None and o[1] is not None]
+    assert len(copies) > 300  # (so that the comparison means something)
+    for n in (1, 3):
+        assert sharded(stores, n, items, entries, config) == want, n
 
 
 # -- the worked cases ----------------------------------------------------------------------
