@@ -26,8 +26,9 @@ the content hash of each page it holds, by store ordinal.
 The shard's own store (dupalign.store.tables): ``exact``: content hash ‖ store ordinal of
 each page alive with a hash it owns (the engine's own table); ``docs``: store ordinal ->
 the page's content hash (16 bytes) ‖ its id (UTF-8), to name the original and to forget a
-swept page; ``next_ordinal``: the next sequence ordinal to apply. One WriteBatch per
-decision and per sweep.
+swept page; ``next_ordinal``: the sequence ordinal after the last decision that changed
+the store. One WriteBatch per decision that changes it and per sweep; the decisions after
+``next_ordinal`` changed nothing here, so applying them again after a restart is harmless.
 """
 
 from __future__ import annotations
@@ -95,20 +96,26 @@ class ExactShard:
         the decision stores no page of this shard's."""
         if d.seq < self.next_seq:
             raise ValueError(f"decision {d.seq} comes after decision {self.next_seq - 1}")
-        batch = self.store.batch()
-        if d.removed is not None and self.owns(d.removed.content_hash):
+        removes = d.removed is not None and self.owns(d.removed.content_hash)
+        stores = d.kind == "stored" and self.owns(self._checked(d, placed))
+        self.next_seq = d.seq + 1
+        if not (removes or stores):  # most decisions, other shards': no read, no write
+            return None
+        batch, answer = self.store.batch(), None
+        if removes:
+            assert d.removed is not None
             if placed.removed is None:
                 raise ValueError(f"decision {d.seq} removes a page the ledger does not place")
             self._drop(batch, d.removed.content_hash, placed.removed)
-        answer = None
-        if d.kind == "stored":
+        if stores:
             answer = self._stored(batch, d, placed)
         tables.next_ordinal.put_count(batch, d.seq + 1)
         self.store.write(batch)
-        self.next_seq = d.seq + 1
         return answer
 
-    def _stored(self, batch: Batch, d: Decision, placed: Placed) -> ExactAnswer | None:
+    @staticmethod
+    def _checked(d: Decision, placed: Placed) -> bytes:
+        """The content hash of the stored page ``d``, if the decision is well formed."""
         chash = d.content_hash
         if chash is None or len(chash) != HASH_BYTES or placed.ordinal is None:
             raise ValueError(f"stored page {d.seq} has no {HASH_BYTES}-byte content hash or "
@@ -116,8 +123,11 @@ class ExactShard:
         if d.removed is not None and d.removed.content_hash == chash:
             raise ValueError(f"stored page {d.seq} replaces a version with its own content "
                              "hash (an unchanged revisit)")
-        if not self.owns(chash):
-            return None
+        return chash
+
+    def _stored(self, batch: Batch, d: Decision, placed: Placed) -> ExactAnswer:
+        assert d.content_hash is not None and placed.ordinal is not None
+        chash = d.content_hash
         original = tables.exact.first(self.store, chash)
         original_id = None
         if original is not None:
