@@ -102,7 +102,7 @@ class DirectoryEntry:
     unchanged: bool = False  # sketched as an unchanged revisit: no fingerprint or sketch
 
     def to_bytes(self) -> bytes:
-        d: dict[str, Any] = {"v": DIRECTORY_ENTRY.writes, "seq": self.seq, "id": self.doc_id,
+        d: dict[str, Any] = {"seq": self.seq, "id": self.doc_id,
                              "replay_key": self.replay_key, "read_as": self.read_as,
                              "content_hash": self.content_hash, "url": self.url,
                              "fetched_at": self.fetched_at}
@@ -113,12 +113,11 @@ class DirectoryEntry:
             d["fingerprint"] = self.fingerprint
         if self.sketch is not None:
             d["sketch"] = self.sketch.astype("<u8").tobytes()
-        return bytes(msgpack.packb(d, use_bin_type=True))
+        return DIRECTORY_ENTRY.pack(d)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> DirectoryEntry:
-        d = msgpack.unpackb(raw, raw=False)
-        DIRECTORY_ENTRY.check(d.get("v"))
+        d = DIRECTORY_ENTRY.unpack(raw)
         sketch = d.get("sketch")
         return cls(d["seq"], d["id"], bool(d.get("deleted")), bool(d.get("rejected")),
                    d["replay_key"], d["read_as"], d["content_hash"], d["url"], d["fetched_at"],
@@ -162,12 +161,13 @@ class Decision:
     replay_of: int | None = None
     revisit: Match | None = None
     fetched_at: int | None = None
+    content_hash: bytes | None = None
 
     def to_bytes(self) -> bytes:
         """The wire form: the revisit match as its own fields (the consumer adds its
         ``engine``: ``from_bytes``)."""
-        d: dict[str, Any] = {"v": DIRECTORY_DECISION.writes, "seq": self.seq,
-                             "id": self.doc_id, "kind": KINDS.index(self.kind)}
+        d: dict[str, Any] = {"seq": self.seq, "id": self.doc_id,
+                             "kind": KINDS.index(self.kind)}
         if self.removed is not None:
             r = self.removed
             d["removed"] = [r.seq, r.content_hash, r.simhash]
@@ -179,13 +179,14 @@ class Decision:
                             m.previous_fetched_at]
         if self.fetched_at is not None:
             d["fetched_at"] = self.fetched_at
-        return bytes(msgpack.packb(d, use_bin_type=True))
+        if self.content_hash is not None:
+            d["hash"] = self.content_hash
+        return DIRECTORY_DECISION.pack(d)
 
     @classmethod
     def from_bytes(cls, raw: bytes, engine: dict[str, Any] | None = None) -> Decision:
         """``engine``: the revisit match's ``engine`` field (``engine_info``)."""
-        d = msgpack.unpackb(raw, raw=False)
-        DIRECTORY_DECISION.check(d.get("v"))
+        d = DIRECTORY_DECISION.unpack(raw)
         removed = d.get("removed")
         revisit = d.get("revisit")
         return cls(d["seq"], d["id"], KINDS[d["kind"]],
@@ -194,7 +195,7 @@ class Decision:
                    None if revisit is None else _revisit_match(
                        d["id"], revisit[0], revisit[1], revisit[2], revisit[3], revisit[4],
                        engine or {}),
-                   d.get("fetched_at"))
+                   d.get("fetched_at"), d.get("hash"))
 
 
 def _revisit_match(doc_id: str, status: str, est: float | None, hamming: int | None,
@@ -288,7 +289,7 @@ class DirectoryShard:
             revisit = _revisit_match(doc_id, "changed", est, hamming, prev.url,
                                      prev.fetched_at, self.engine)
         return Decision(seq, doc_id, "stored", None if prev is None else prev.version,
-                        revisit=revisit, fetched_at=e.fetched_at)
+                        revisit=revisit, fetched_at=e.fetched_at, content_hash=e.content_hash)
 
     def _put(self, batch: Batch, e: DirectoryEntry) -> None:
         record = {"id": e.doc_id, "url": e.url, "content_hash": e.content_hash,

@@ -5,7 +5,7 @@ A message is a msgpack map whose ``v`` field is its version. A reader accepts ev
 version in ``reads`` (messages retained in a topic or kept in a store from before an
 upgrade are read again after it); a writer writes ``writes``. The engine encodes its stage
 messages (``PageSketch``, ``AlignRequest``, ``IndexResult``, the directory's
-``DirectoryEntry`` and ``Decision``); the service encodes the
+``DirectoryEntry`` and ``Decision``, the exact stage's ``ExactAnswer``); the service encodes the
 topology's (dupalign/service/topology.py, dupalign/wire/forward_record.py,
 dupalign/service/roles/shard_protocol.py) and the JSON-Schema'd ones of
 dupalign/wire/messages.py. They share this table so that a version is bumped in one place and
@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, overload
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 
@@ -35,6 +36,17 @@ class WireVersion:
             raise ValueError(f"{self.name} version {v!r}, expected one of {self.reads}")
         return int(v)
 
+    def pack(self, fields: dict[str, Any]) -> bytes:
+        """The message of ``fields`` (str keys) in the version written."""
+        return bytes(msgpack.packb({"v": self.writes, **fields}, use_bin_type=True))
+
+    def unpack(self, raw: bytes) -> dict[str, Any]:
+        """The fields of the message ``raw`` (its ``v`` among them), if its version is
+        read."""
+        d: dict[str, Any] = msgpack.unpackb(raw, raw=False)
+        self.check(d.get("v"))
+        return d
+
 
 # -- the engine's stage messages (dupalign) ----------------------------------------------------
 # 2 adds the page's reading (how its body was decoded) to the replay key's inputs
@@ -44,7 +56,10 @@ PAGE_SKETCH = WireVersion("page sketch", 2, (1, 2))
 INDEX_MESSAGE = WireVersion("message", 3, (2, 3))
 # the page directory's input and output (dupalign.stages.directory)
 DIRECTORY_ENTRY = WireVersion("directory entry", 1, (1,))
-DIRECTORY_DECISION = WireVersion("directory decision", 1, (1,))
+# 2 carries a stored page's content hash (the exact stage's key); no role ever wrote 1
+DIRECTORY_DECISION = WireVersion("directory decision", 2, (2,))
+# the exact stage's output (dupalign.stages.exact)
+EXACT_ANSWER = WireVersion("exact answer", 1, (1,))
 
 # -- the service's messages (worker) -----------------------------------------------------------
 # page, match, dead letter (schemas/*.json)

@@ -28,7 +28,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.errors import PageRejected
 from dupalign.match import Match
 from dupalign.page import Page
@@ -41,67 +40,11 @@ from dupalign.stages.directory import (
     directory_owner,
     entry_of,
 )
-from dupalign.stages.index import engine_info, resemblance
+from dupalign.stages.index import resemblance
 from dupalign.stages.ledger import Expired, Ledger
 from dupalign.store.database import Store
 from tests.reused_stores import Stores, temporary_stores
-
-# short pages, near-indexed (min_tokens) so that changed revisits carry a resemblance; no
-# passages; an idf freeze early in the stream (Engine.process sketches under the table in
-# force, as the directory's input must be)
-CONFIG = EngineConfig(
-    near=NearConfig(min_tokens=4, cws_samples=16, idf_freeze_at=(4,)),
-    passage=PassageConfig(enabled=False),
-).validate()
-ENGINE = engine_info(CONFIG)
-PARAMS = CONFIG.frozen_params()
-N_IDS = 5
-_TEXTS = [
-    "alpha beta gamma delta epsilon zeta eta theta",
-    "alpha beta gamma delta epsilon zeta eta iota",  # a near copy of the first
-    "kappa lambda mu nu xi omicron pi rho",
-    "sigma tau upsilon phi chi psi omega one",
-    "short page",  # not near-indexed
-]
-
-
-def body_of(doc: int, b: int) -> str:
-    """Body ``b`` (0-2) of id ``doc``: texts of the shared pool, so ids share some."""
-    return _TEXTS[(2 * doc + b) % len(_TEXTS)]
-
-
-def page_of(step: int, doc: int, b: int, variant: int, dated: bool) -> Page:
-    """Variants of one text: the same bytes, upper case, trailing blanks, read as HTML;
-    and bytes that are two texts (a word more read as plain text than as HTML)."""
-    body = body_of(doc, b)
-    body = [body, body.upper(), body + "  \n", body, f"<i>{body}</i>", f"<i>{body}</i>"][variant]
-    return Page(f"d{doc}", body, content_type="text/html" if variant in (3, 5) else "text/plain",
-                url=f"http://x/{doc}/{step}", fetched_at=step * 1000 if dated else None)
-
-
-pages = st.tuples(st.just("page"), st.integers(0, N_IDS - 1), st.sampled_from([0, 0, 1, 2]),
-                  st.sampled_from([0, 0, 1, 2, 3, 4, 5]), st.sampled_from([True, True, False]))
-others = [
-    st.tuples(st.just("delete"), st.integers(0, N_IDS)),  # N_IDS: never stored
-    st.tuples(st.just("reject"), st.integers(0, N_IDS - 1), st.booleans()),
-    st.tuples(st.just("sweep"), st.integers(0, 4), st.integers(0, 6)),
-]
-# two pages in three ops
-ops = st.lists(st.integers(0, 8).flatmap(lambda k: pages if k < 6 else others[k - 6]),
-               min_size=4, max_size=30)
-
-
-def pages_of(stream: list[Any]) -> Iterator[tuple[int, Page | tuple[int, int]]]:
-    """(step, page) or (step, (max_pages, max_age_s)) for a sweep."""
-    for step, op in enumerate(stream):
-        if op[0] == "page":
-            yield step, page_of(step, *op[1:])
-        elif op[0] == "delete":
-            yield step, Page(f"d{op[1]}", "", deleted=True)
-        elif op[0] == "reject":
-            yield step, Page(f"d{op[1]}", "\ud800" if op[2] else "", fetched_at=step * 1000)
-        else:
-            yield step, (op[1], op[2])
+from tests.stages.streams import CONFIG, ENGINE, N_IDS, PARAMS, ops, pages_of
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +151,8 @@ def sharded(stores: Stores, n: int, stream: list[Any], entries: list[DirectoryEn
             if p.removed is not None:
                 assert d.removed is not None and versions.pop(p.removed) == d.removed
                 gone = [(p.removed, d.removed.content_hash, d.removed.simhash)]
+            assert d.content_hash == (entries[d.seq].content_hash if d.kind == "stored"
+                                      else None)
             if p.ordinal is not None:
                 versions[p.ordinal] = Version(d.seq, *_content(entries[d.seq]))
             revisits = [] if d.revisit is None else [d.revisit.to_dict()]
@@ -439,15 +384,16 @@ def test_an_entry_survives_its_wire_form(e: DirectoryEntry) -> None:
                              st.none() | st.floats(0, 1), st.none() | st.integers(0, 64),
                              st.none() | st.text(max_size=8),
                              st.none() | st.integers(0, 1 << 50)),
-       st.none() | st.integers(0, 1 << 50))
+       st.none() | st.integers(0, 1 << 50), st.none() | st.binary(min_size=16, max_size=16))
 def test_a_decision_survives_its_wire_form(seq: int, doc_id: str, kind: Any,
                                            removed: Version | None, replay_of: int | None,
-                                           revisit: Any, fetched_at: int | None) -> None:
+                                           revisit: Any, fetched_at: int | None,
+                                           content_hash: bytes | None) -> None:
     match = None if revisit is None else Match(
         doc_id=doc_id, kind="revisit", match_doc_id=doc_id, engine=ENGINE, revisit=revisit[0],
         est_jaccard=revisit[1], hamming=revisit[2], previous_url=revisit[3],
         previous_fetched_at=revisit[4])
-    d = Decision(seq, doc_id, kind, removed, replay_of, match, fetched_at)
+    d = Decision(seq, doc_id, kind, removed, replay_of, match, fetched_at, content_hash)
     back = Decision.from_bytes(d.to_bytes(), ENGINE)
     assert back == d
     assert (None if back.revisit is None else back.revisit.to_dict()) == (
