@@ -302,6 +302,26 @@ def synthetic_pages(n: int, seed: int = 7, every_rfc: bool = False) -> list[Page
             for i, t in enumerate(texts)]
 
 
+async def owner_of(index: list[tuple[subprocess.Popen[bytes], Path]],
+                   timeout: float = 60) -> int:
+    """Which of the index processes holds the shard, once one alone says so (by its log's
+    last word on it: a process continued after a stop says it owns the shard until it
+    finds out)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        owners = []
+        for i, (proc, log) in enumerate(index):
+            said = [line for line in log.read_text().splitlines()
+                    if "index shard owned" in line or "index shard released" in line
+                    or "stepping down" in line]
+            if proc.poll() is None and said and "index shard owned" in said[-1]:
+                owners.append(i)
+        if len(owners) == 1:
+            return owners[0]
+        assert time.monotonic() < deadline, f"owners {owners}"
+        await asyncio.sleep(0.2)
+
+
 async def progressed(topo: Topology, beyond: int, timeout: float = 180) -> int:
     """Wait until the index has published past ordinal ``beyond``; where it is."""
     deadline = time.monotonic() + timeout

@@ -31,7 +31,7 @@ from dupalign.service.topology import (
 )
 from dupalign.wire import messages
 from tests.service.test_worker_kafka import match_key
-from tests.topology_harness import Topology, progressed, synthetic_pages, wait_log
+from tests.topology_harness import Topology, owner_of, progressed, synthetic_pages, wait_log
 
 pytestmark = pytest.mark.kafka
 
@@ -92,26 +92,6 @@ async def throttled(pid: int, share: float, period: float = 0.1) -> AsyncIterato
 
 def step(what: str) -> None:
     print(time.strftime("%H:%M:%S"), what)  # (with -s: the test's steps beside the logs)
-
-
-async def owner_of(index: list[tuple[subprocess.Popen[bytes], Path]],
-                   timeout: float = 60) -> int:
-    """Which of the index processes holds the shard, once one alone says so (by its log's
-    last word on it: a process continued after a stop says it owns the shard until it
-    finds out)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        owners = []
-        for i, (proc, log) in enumerate(index):
-            said = [line for line in log.read_text().splitlines()
-                    if "index shard owned" in line or "index shard released" in line
-                    or "stepping down" in line]
-            if proc.poll() is None and said and "index shard owned" in said[-1]:
-                owners.append(i)
-        if len(owners) == 1:
-            return owners[0]
-        assert time.monotonic() < deadline, f"owners {owners}"
-        await asyncio.sleep(0.2)
 
 
 async def fence_the_owner_until_it_steps_down(
