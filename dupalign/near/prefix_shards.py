@@ -29,13 +29,6 @@ U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
 
 
-def shards_of_probe(header: int, t: int, b: int) -> range:
-    """The shards (of 2^b, by top b bits) that hold rows of the t-bit ``header``."""
-    if t >= b:
-        return range(header >> (t - b), (header >> (t - b)) + 1)
-    return range(header << (b - t), (header + 1) << (b - t))
-
-
 def shard_of_fingerprint(fps: npt.ArrayLike, b: int) -> I64:
     """The shard of each fingerprint: its top b bits."""
     f = np.asarray(fps, dtype=np.uint64)
@@ -82,11 +75,14 @@ class PrefixShard:
         self.shard, self.b = shard, b
         self.table = table if table is not None else SimhashTable()
 
-    def add(self, fps: npt.ArrayLike, ordinals: npt.ArrayLike) -> None:
-        f = np.asarray(fps, dtype=np.uint64)
-        if (shard_of_fingerprint(f, self.b) != self.shard).any():
+    def check(self, fps: npt.ArrayLike) -> None:
+        """Raise ValueError unless every fingerprint of ``fps`` is of this shard's prefix."""
+        if (shard_of_fingerprint(fps, self.b) != self.shard).any():
             raise ValueError(f"a fingerprint outside shard {self.shard}'s prefix")
-        self.table.add_many(f, ordinals)
+
+    def add(self, fps: npt.ArrayLike, ordinals: npt.ArrayLike) -> None:
+        self.check(fps)
+        self.table.add_many(fps, ordinals)
 
     def remove(self, fps: npt.ArrayLike, ordinals: npt.ArrayLike) -> None:
         self.table.remove(fps, ordinals)

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
 from dupalign.stages.directory import Decision
 
@@ -70,13 +69,13 @@ class Ledger:
 
     def ordinal_of(self, seq: int) -> int | None:
         """The store ordinal of the page alive that the ``seq``-th page stored (None: none)."""
-        slot = self._slot(self._seq, seq)
+        slot = self._slot(seq)
         return None if slot is None else int(self._ordinal[slot])
 
-    def _slot(self, keys: npt.NDArray[np.int64], key: int) -> int | None:
-        """The live slot whose ``keys`` (sequence or store ordinals) value is ``key``."""
-        slot = int(np.searchsorted(keys[:self._used], key))
-        if slot < self._used and keys[slot] == key and self._live[slot]:
+    def _slot(self, seq: int) -> int | None:
+        """The live slot of the page of sequence ordinal ``seq``."""
+        slot = int(np.searchsorted(self._seq[:self._used], seq))
+        if slot < self._used and self._seq[slot] == seq and self._live[slot]:
             return slot
         return None
 
@@ -99,7 +98,7 @@ class Ledger:
         return Placed(ordinal, removed, replay_of)
 
     def _known(self, seq: int, d: Decision) -> int:
-        slot = self._slot(self._seq, seq)
+        slot = self._slot(seq)
         if slot is None:
             raise ValueError(f"decision {d.seq} names page {seq}, which is not stored")
         return slot

@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.near.cws import CwsFilter
-from dupalign.near.prefix_shards import PrefixShard, ShardProbes, shard_of_fingerprint
+from dupalign.near.prefix_shards import PrefixShard, ShardProbes
 from dupalign.near.simhash_table import SimhashTable
 from dupalign.store import tables
 from dupalign.store.database import Store
@@ -74,14 +74,12 @@ class NearShard:
 
     def add(self, ordinal: int, fingerprint: int, sketch: U64) -> None:
         """A near-indexed page of this shard's prefix, stored at ``ordinal``."""
-        if shard_of_fingerprint([fingerprint], self.rows.b)[0] != self.rows.shard:
-            raise ValueError(f"fingerprint {fingerprint:#018x} is not in shard "
-                             f"{self.rows.shard}'s prefix")
+        self.rows.check([fingerprint])  # before the write: a refused page leaves no row
         batch = self.store.batch()
         tables.simhash.put(batch, fingerprint, ordinal)
         tables.cws.put(batch, ordinal, np.asarray(sketch, dtype="<u8").tobytes())
         self.store.write(batch)
-        self.rows.add([fingerprint], [ordinal])
+        self.rows.table.add(fingerprint, ordinal)
 
     def remove(self, pages: list[tuple[int, int]]) -> None:
         """Pages (ordinal, fingerprint) of this shard that left the store."""

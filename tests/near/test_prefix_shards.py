@@ -11,7 +11,6 @@ from dupalign.near.prefix_shards import (
     combine,
     route,
     shard_of_fingerprint,
-    shards_of_probe,
 )
 from dupalign.near.psm import psm_search_batch
 from dupalign.near.psm_probes import probe_headers
@@ -57,9 +56,12 @@ def test_the_shards_answer_as_one_table(params, h, budget, mode, b, header_bits,
 
 
 def test_a_probe_goes_to_the_shards_whose_prefix_it_meets() -> None:
-    assert list(shards_of_probe(0b101, 3, 2)) == [0b10]
-    assert list(shards_of_probe(0b1, 1, 3)) == [4, 5, 6, 7]
-    assert list(shards_of_probe(0, 0, 2)) == [0, 1, 2, 3]
+    # a probe at least as wide as the prefix: one shard, its top b bits
+    routed = route(np.array([0, 1]), np.array([0b101], dtype=np.uint64), 3, 2)
+    assert [r.query.tolist() for r in routed] == [[], [], [0], []]
+    # narrower: every shard under it; width 0 meets them all
+    routed = route(np.array([0, 1]), np.array([0], dtype=np.uint64), 0, 2)
+    assert [r.query.tolist() for r in routed] == [[0], [0], [0], [0]]
     routed = route(np.array([0, 2, 3]), np.array([0b1, 0b0, 0b1], dtype=np.uint64), 1, 2)
     assert [r.query.tolist() for r in routed] == [[0], [0], [0, 1], [0, 1]]
     assert [r.rank.tolist() for r in routed] == [[1], [1], [0, 0], [0, 0]]

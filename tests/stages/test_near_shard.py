@@ -110,6 +110,6 @@ def test_a_shard_refuses_a_page_of_another_prefix(tmp_path: Path) -> None:
     try:
         shard.add(0, 5, np.zeros(config.near.cws_samples, dtype=np.uint64))
     except ValueError as e:
-        assert "not in shard 1" in str(e)
+        assert "outside shard 1" in str(e)
     else:
         raise AssertionError("a page of shard 0 was taken by shard 1")
