@@ -242,6 +242,13 @@ class NearIndex:
             if version == len(self.cfg.idf_freeze_at):
                 tables.idf_pending.delete_through(batch, ordinal)
 
+    def keep(self, batch: Batch, ordinal: int, state: NearState | None) -> None:
+        """A page stored as an exact copy of another: only its verification sketch, so that
+        a later version of its id relates to it (``Indexer._changed``; docs/pipeline.md,
+        rule 5). No row in the table, nothing learned: a copy adds nothing to the search."""
+        if state is not None and state.indexed and state.sketch is not None:
+            self.put_sketch(batch, ordinal, state.sketch)
+
     def put_sketch(self, batch: Batch, ordinal: int, sketch: U64) -> None:
         """Store the page's verification sketch (index shards keep it: dupalign.stages.shards)."""
         tables.cws.put(batch, ordinal, sketch.astype("<u8").tobytes())

@@ -41,17 +41,12 @@ stored version; ``docs``: sequence ordinal -> the version's record; ``cws``: seq
 ordinal -> its verification sketch; ``next_ordinal``: the next sequence ordinal to decide.
 One WriteBatch per page.
 
-Where it differs from the single engine, which reads the previous version's verification
-sketch from the near index: the engine keeps no near state of a page stored as an exact
-copy of another page (the exact stage's decision, keyed by content hash and made after
-the directory's), so a version that replaces such a copy has no resemblance to it there
-(est_jaccard and hamming None) and its removal names no simhash. The directory keeps
-every stored version's sketch and fingerprint, and relates two versions by them whatever
-the exact stage found (tests/stages/test_directory.py ``_copy_relation``): one rule of the
-engine to change before the two are wired together. And a ``DirectoryEntry``'s
-fingerprint must be the page's under the idf table in force at its turn, as
-``Engine.process`` sketches it; the single engine refreshes a fingerprint sketched under
-an older table, the directory cannot (it has no idf table).
+The directory keeps every stored version's sketch and fingerprint and relates two
+versions by them, as the single engine does (it keeps an exact copy's too:
+docs/pipeline.md, rule 5), so the exact stage, downstream, never changes a revisit
+relation. A ``DirectoryEntry``'s fingerprint must be the page's under the idf table in
+force at its turn, as ``Engine.process`` sketches it; the single engine refreshes a
+fingerprint sketched under an older table, the directory cannot (it has no idf table).
 """
 
 from __future__ import annotations

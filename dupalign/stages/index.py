@@ -177,6 +177,8 @@ class Indexer:
             self.counters.changed += 1
         ordinal = result.ordinal = self.next_ordinal
         original = self._exact_original(sk.content_hash)
+        if original is not None and sk.near is not None:  # kept for revisits (``_write``)
+            self.near.refresh(sk.near)
         t1 = time.perf_counter()
         times.exact = t1 - t0
         query = Query(result, sk, prev, original, ordinal)
@@ -264,13 +266,17 @@ class Indexer:
         batch = self.store.batch()
         removal = None if prev is None else self._stage_removal(batch, [prev])
         self.near.stage(batch, ordinal, near_state)
+        if near_state is None:  # an exact copy: its near state is kept for a revisit alone
+            self.near.keep(batch, ordinal, sk.near)
         self.passages.stage(batch, ordinal, passage_state)
         record = {
             "id": sk.id,
             "url": sk.url,
             "n_tokens": sk.n_tokens,
             "content_hash": sk.content_hash,
-            "simhash": None if near_state is None else near_state.fingerprint,
+            # (an exact copy's too: no row in the near table has it, and removing the
+            # page removes none)
+            "simhash": None if sk.near is None else sk.near.fingerprint,
             "fetched_at": sk.fetched_at,
             "source": list(result.source) if result.source is not None else None,
             "replay_key": sk.replay_key,  # deleted with the page

@@ -297,6 +297,22 @@ def test_a_new_version_never_matches_its_old_one_and_replaces_it(engine: Engine)
     assert engine.indexer.alive == 2 and len(engine.near.table) == 2
 
 
+def test_a_changed_revisit_of_an_exact_copy_relates_to_it(engine: Engine) -> None:
+    """A page stored as an exact copy keeps its verification sketch and fingerprint for
+    the revisits of its id (docs/pipeline.md, rule 5), and nothing else: no row in the
+    near table, so later pages find the original only."""
+    base = _words(200, 9)
+    engine.process(Page("a", base))
+    assert kinds(engine.process(Page("b", base))) == [("exact", "a")]
+    assert len(engine.near.table) == 1
+    found = engine.process(Page("b", base.replace("w1 ", "w2 ", 3)))
+    assert [(m.kind, m.revisit) for m in found[:1]] == [("revisit", "changed")]
+    assert found[0].est_jaccard is not None and 0.5 < found[0].est_jaccard < 1
+    assert found[0].hamming is not None
+    assert engine.indexer.delete(["b"]) == 1 and len(engine.near.table) == 1
+    assert kinds(engine.process(Page("c", base))) == [("exact", "a")]
+
+
 def test_an_unchanged_revisit_is_only_hashed_and_reports_unchanged(engine: Engine) -> None:
     base = _words(200, 2)
     engine.process(Page("a", base, url="http://x/a", fetched_at=1000))

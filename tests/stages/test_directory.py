@@ -10,9 +10,8 @@ unknown ids; rejected pages (empty, or not valid Unicode); retention sweeps. Per
 same kind, store ordinal, replayed page, removed page (and its content hash and simhash)
 and revisit match; per sweep, the same pages removed; with 1, 2 and 3 shards, each shard
 deciding its pages up to the next sweep point before the next shard starts (a shard never
-waits for its peers between sweep points), every message through its wire form. One
-rule differs, by design, and is pinned: a changed revisit of an exact copy
-(``_copy_relation``).
+waits for its peers between sweep points), every message through its wire form. A
+changed revisit of an exact copy relates to it in both (docs/pipeline.md, rule 5).
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from dupalign.stages.directory import (
     directory_owner,
     entry_of,
 )
-from dupalign.stages.index import resemblance
 from dupalign.stages.ledger import Expired, Ledger
 from dupalign.store.database import Store
 from tests.reused_stores import Stores, temporary_stores
@@ -54,12 +52,10 @@ def stores() -> Iterator[Stores]:
 
 def single(engine: Engine, stream: list[Any]) -> tuple[list[Any], list[DirectoryEntry]]:
     """The single engine's outcome of every page and sweep, and the directory entries of
-    the pages (from the sketches it indexed), with the one difference the directory makes
-    (``_copy_relation``)."""
+    the pages (from the sketches it indexed)."""
     out: list[Any] = []
     entries: list[DirectoryEntry] = []
     removed: list[int] = []
-    copies: dict[int, DirectoryEntry] = {}  # stored exact copies, by ordinal
     engine.on_removed(removed.extend)
     for step, item in pages_of(stream):
         if not isinstance(item, Page):
@@ -89,37 +85,8 @@ def single(engine: Engine, stream: list[Any]) -> tuple[list[Any], list[Directory
                            else [prev.ordinal])
         gone = [(o, prev.content_hash, prev.simhash) for o in removed if prev is not None]
         revisits = [m.to_dict() for m in result.matches if m.kind == "revisit"]
-        if removed and removed[0] in copies:
-            gone, revisits = _copy_relation(copies[removed[0]], entry, gone, revisits)
-        if any(m.kind == "exact" for m in result.matches):
-            assert result.ordinal is not None
-            copies[result.ordinal] = entry
         out.append((kind, result.ordinal, result.replay_of, gone, revisits, engine.alive))
     return out, entries
-
-
-def _copy_relation(old: DirectoryEntry, new: DirectoryEntry, gone: list[Any],
-                   revisits: list[dict[str, Any]]) -> tuple[list[Any], list[dict[str, Any]]]:
-    """The one rule the directory does not share with the single engine. The engine keeps
-    no near state (fingerprint, verification sketch) of an exact copy of another stored
-    page, so the version that replaces one has no resemblance to it (est_jaccard and
-    hamming None), and its removal names no simhash. Whether a page is an exact copy is
-    the exact stage's decision (keyed by content hash, after the directory's): the
-    directory keeps every version's sketch and fingerprint and relates the two versions
-    by them, whatever the exact stage found."""
-    (ordinal, content_hash, simhash), = gone
-    assert simhash is None
-    gone = [(ordinal, content_hash, old.fingerprint)]
-    if revisits and revisits[0]["revisit"] == "changed":
-        r = dict(revisits[0])
-        assert "est_jaccard" not in r and "hamming" not in r
-        if new.sketch is not None and old.sketch is not None:
-            r["est_jaccard"], hamming = resemblance(new.sketch, old.sketch, new.fingerprint,
-                                                    old.fingerprint)
-            if hamming is not None:
-                r["hamming"] = hamming
-        revisits = [Match.from_dict(r).to_dict()]
-    return gone, revisits
 
 
 def sharded(stores: Stores, n: int, stream: list[Any], entries: list[DirectoryEntry],

@@ -235,6 +235,8 @@ class FanInIndexer(Indexer):
                 for s, sq in enumerate(queries):
                     if sq.candidates or s == page_owner(ordinal, n):
                         sq.sketch = near_state.sketch
+        elif sk.near is not None and sk.near.indexed:  # an exact copy keeps its sketch
+            queries[page_owner(ordinal, n)].sketch = sk.near.sketch  # (``NearIndex.keep``)
         if passage_state is not None and passage_state.rects is not None:
             _, _, l_bins, l_keys, _ = query_lists(passage_state)
             owner = list_owner(l_bins, l_keys, n)
