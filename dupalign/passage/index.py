@@ -134,6 +134,16 @@ class PassageIndex:
         are gathered by align: ``Tasks.gather``). None if no task is left. ``replaced``: the
         ordinal of the version the page replaces (its batch removes it), which does not
         count towards making a list a stop list."""
+        _, _, l_bins, l_keys, _ = query_lists(state)
+        return self.tasks_of(state, self.list_heads(l_bins, l_keys, before, replaced),
+                             exclude)
+
+    def tasks_of(self, state: PassageState,
+                 heads: tuple[npt.NDArray[np.bool_], I64, I64, I64],
+                 exclude: frozenset[int] = frozenset()) -> Tasks | None:
+        """``find_tasks`` from the heads of the page's lists (``list_heads`` of its
+        ``query_lists``, or their join from the list shards' partials:
+        dupalign.stages.list_shard ``combine_lists``)."""
         assert state.keys is not None and state.empty is not None
         keys, empty = state.keys, state.empty
         self.counters.passages += len(keys)
@@ -141,7 +151,7 @@ class PassageIndex:
         rows, bins, l_bins, l_keys, inverse = query_lists(state)
         lid = np.full((n_p, k), -1, dtype=np.int64)
         lid[rows, bins] = inverse
-        long, start, n_before, ords = self.list_heads(l_bins, l_keys, before, replaced)
+        long, start, n_before, ords = heads
         # a stop list has no entries counted (n_before 0): its bin is neither a collision
         # nor an empty bin
         named = lid >= 0
@@ -298,10 +308,10 @@ class PassageIndex:
     # -- writes -----------------------------------------------------------------------------
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:
         self._forget_uncommitted()
+        self._write_markers(batch)  # (the page's own query may have found them)
         if state is None or state.rects is None:
             return
         self._staged = ordinal
-        self._write_markers(batch)
         if self.pending is not None:  # (this batch may pack the marked entries into runs)
             self._mark = self.pending.mark_into(batch)
         # entries never change once written, so a run stays true too (and writing it again

@@ -10,8 +10,9 @@ The index stage's state splits in two (docs/topology.md, "Index shards by key"):
   width, the append buffer and the volatility model are properties of the whole table);
 - S index shards, each over its own store: the verification sketches of the pages it owns
   (``page_owner``: ordinal mod S) and the inverted lists of the (bin, min-hash) keys it owns
-  (``list_owner``), with their stop-list flags, packed runs, and per page a forward record
-  of its windows in those lists (what a removal must visit).
+  (``list_owner``: dupalign.stages.list_shard), with their stop-list flags, packed runs,
+  and per page a forward record of its windows in those lists (what a removal must
+  visit).
 
 For ordinal n a shard computes alone, from its keys' state over ordinals < n, its
 *partial*: the PSM candidates it owns that its sketches verify (``IndexShard.verify``),
@@ -37,7 +38,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,58 +50,20 @@ from dupalign.errors import StoreMismatch
 from dupalign.near.index import NearIndex, NearState
 from dupalign.passage import forward
 from dupalign.passage.index import PassageIndex, Removal
-from dupalign.passage.sketch import PassageState, Rects
+from dupalign.passage.sketch import PassageState
 from dupalign.stages.index import Indexer
+from dupalign.stages.list_shard import copy_heads, join_heads, list_owner, owned_part
 from dupalign.stages.messages import IndexResult
 from dupalign.stages.sketch import PageSketch
 from dupalign.store import tables
 from dupalign.store.database import Batch, Store
-from dupalign.text.hashing import mix64
 
 T = TypeVar("T")
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
-_LIST_SALT = 0x5348415244  # "SHARD"
 REBUILD_BY_REPLAY = ("dupalign scan --store NEW_STORE --shards {n} INPUT... (the pages in "
                      "their original order; in the Kafka topology, the index roles replay "
                      "the retained topics into fresh stores: docs/topology.md)")
-
-
-def list_owner(bins: I64, keys: U64, n_shards: int) -> I64:
-    """The shard of each inverted list (bin, min-hash)."""
-    mixed = mix64(np.asarray(keys, dtype=np.uint64) ^ np.asarray(bins).astype(np.uint64),
-                  _LIST_SALT)
-    return (mixed % np.uint64(n_shards)).astype(np.int64)
-
-
-def owned_part(state: PassageState, shard: int, n_shards: int) -> PassageState | None:
-    """The page's non-empty windows in the lists of ``shard`` (None: there are none)."""
-    r = state.rects
-    if r is None:
-        return None
-    idx = np.flatnonzero(~r.empty)
-    return _windows(state, idx[list_owner(r.bin[idx], r.key[idx], n_shards) == shard])
-
-
-def owned_parts(state: PassageState | None, n_shards: int) -> list[PassageState | None]:
-    """``owned_part`` for every shard, the owners computed once (the fan-in splits each
-    page S ways: ``owned_part`` per shard would make S passes over all its windows)."""
-    if state is None or state.rects is None:
-        return [None] * n_shards
-    r = state.rects
-    idx = np.flatnonzero(~r.empty)
-    owner = list_owner(r.bin[idx], r.key[idx], n_shards)
-    return [_windows(state, idx[owner == shard]) for shard in range(n_shards)]
-
-
-def _windows(state: PassageState, idx: I64) -> PassageState | None:
-    """The windows ``idx`` of ``state`` (None: there are none); no positions: the fan-in
-    keeps them."""
-    if not len(idx):
-        return None
-    assert state.rects is not None
-    return PassageState(Rects(*(getattr(state.rects, f.name)[idx] for f in fields(Rects))),
-                        state.n_units)
 
 
 def page_owner(ordinal: int, n_shards: int) -> int:
@@ -262,26 +224,16 @@ class ShardedPassages(PassageIndex):
         """The heads of the page's lists, each from the shard that owns it, joined in one
         entries array: ``find_tasks`` then counts, thresholds, excludes and ranks the
         candidates as the single index does."""
-        long = np.zeros(len(bins), dtype=np.bool_)
-        start = np.zeros(len(bins), dtype=np.int64)
-        n_head = np.zeros(len(bins), dtype=np.int64)
-        parts: list[I64] = []
-        at = 0
         owner = list_owner(bins, keys, len(self.shards))
+        parts = []
         for shard in self.shards:
             mine = np.flatnonzero(owner == shard.shard)
-            if not len(mine):
-                continue
-            s_long, s_start, s_n, s_ords = shard.list_heads(bins[mine], keys[mine], before,
-                                                            replaced)
-            # the heads copied out of the shard's cache (a process's reply, as a role)
-            idx = np.repeat(s_start - np.cumsum(s_n) + s_n, s_n) + np.arange(int(s_n.sum()))
-            parts.append(s_ords[idx])
-            long[mine], n_head[mine] = s_long, s_n
-            start[mine] = at + np.cumsum(s_n) - s_n
-            at += int(s_n.sum())
-        ords = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        return long, start, n_head, ords
+            if len(mine):
+                long, start, n, ords = shard.list_heads(bins[mine], keys[mine], before,
+                                                        replaced)
+                # the heads copied out of the shard's cache (a process's reply, as a role)
+                parts.append((mine, long, n, copy_heads(start, n, ords)))
+        return join_heads(len(bins), parts)
 
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:
         """The page's full forward record here (every window: those in stop lists are

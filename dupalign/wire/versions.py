@@ -5,7 +5,8 @@ A message is a msgpack map whose ``v`` field is its version. A reader accepts ev
 version in ``reads`` (messages retained in a topic or kept in a store from before an
 upgrade are read again after it); a writer writes ``writes``. The engine encodes its stage
 messages (``PageSketch``, ``AlignRequest``, ``IndexResult``, the directory's
-``DirectoryEntry`` and ``Decision``, the exact stage's ``ExactAnswer``); the service encodes the
+``DirectoryEntry`` and ``Decision``, the exact stage's ``ExactAnswer``, the list stage's
+``ListWindows`` and ``ListPartial``); the service encodes the
 topology's (dupalign/service/topology.py, dupalign/wire/forward_record.py,
 dupalign/service/roles/shard_protocol.py) and the JSON-Schema'd ones of
 dupalign/wire/messages.py. They share this table so that a version is bumped in one place and
@@ -60,6 +61,9 @@ DIRECTORY_ENTRY = WireVersion("directory entry", 1, (1,))
 DIRECTORY_DECISION = WireVersion("directory decision", 2, (2,))
 # the exact stage's output (dupalign.stages.exact)
 EXACT_ANSWER = WireVersion("exact answer", 1, (1,))
+# the list stage's input and output (dupalign.stages.list_shard)
+LIST_WINDOWS = WireVersion("list windows", 1, (1,))
+LIST_PARTIAL = WireVersion("list partial", 1, (1,))
 
 # -- the service's messages (worker) -----------------------------------------------------------
 # page, match, dead letter (schemas/*.json)

@@ -15,7 +15,6 @@ brute-force twin on long random decision streams.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,17 +26,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dupalign.config import EngineConfig, PassageConfig
-from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
-from dupalign.stages.directory import Decision, DirectoryEntry, DirectoryShard, Version, entry_of
+from dupalign.stages.directory import Decision, DirectoryEntry, DirectoryShard, Version
 from dupalign.stages.exact import ExactAnswer, ExactShard, exact_owner
 from dupalign.stages.ledger import Ledger
 from dupalign.store.database import Store
 from dupalign.text.hashing import content_hash
 from tests.corpora import clough_answers, clough_original
 from tests.reused_stores import Stores, temporary_stores
-from tests.stages.streams import CONFIG, ENGINE, PARAMS, ops, pages_of
+from tests.stages.streams import CONFIG, ENGINE, PARAMS, engine_pages, ops, pages_of
 
 Outcome = tuple[int, int | None, str | None] | None  # a stored page's (ordinal, original, id)
 
@@ -56,16 +54,8 @@ def single(engine: Engine, items: list[Item]) -> tuple[list[Outcome], list[Direc
     And the pages' directory entries."""
     out: list[Outcome] = []
     entries: list[DirectoryEntry] = []
-    for step, item in items:
-        if not isinstance(item, Page):
-            while expired := engine.expired(item[0], item[1], step * 1000, 2):
-                engine.indexer.remove(expired)
-            continue
-        sk = engine.sketch(item)
-        entries.append(entry_of(len(entries), sk))
-        result = engine.index(sk, defer=True)
-        with contextlib.suppress(PageRejected):
-            engine.finish(result, engine.align(result))
+    for entry, _, result in engine_pages(engine, items):
+        entries.append(entry)
         if result.ordinal is None:
             out.append(None)
             continue

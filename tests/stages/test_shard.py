@@ -30,13 +30,8 @@ from dupalign.passage.sketch import PassageState, Rects
 from dupalign.runtime.engine import Engine
 from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.service.roles.shard_protocol import Partial, ShardMessage, ShardStore, answer, settle
-from dupalign.stages.shards import (
-    IndexShard,
-    ShardedIndexer,
-    owned_part,
-    owned_parts,
-    shard_dir,
-)
+from dupalign.stages.list_shard import owned_part, owned_parts
+from dupalign.stages.shards import IndexShard, ShardedIndexer, shard_dir
 from dupalign.store import tables
 from dupalign.store.database import Store
 from dupalign.store.keys import u64

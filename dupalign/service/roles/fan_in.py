@@ -21,14 +21,13 @@ from dupalign.passage.index import PassageIndex, Removal
 from dupalign.passage.sketch import PassageState, query_lists
 from dupalign.service.roles.shard_protocol import Partial, ShardMessage, ShardQuery
 from dupalign.stages.index import Indexer
+from dupalign.stages.list_shard import list_owner, owned_parts
 from dupalign.stages.messages import IndexResult, Query, StoredVersion
 from dupalign.stages.shards import (
     I64,
     U64,
     ShardedNear,
     ShardedPassages,
-    list_owner,
-    owned_parts,
     page_owner,
 )
 from dupalign.stages.sketch import PageSketch

@@ -26,6 +26,7 @@ from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES, EngineConfig
 from dupalign.errors import StoreMismatch
 from dupalign.near.index import NearState
 from dupalign.passage.sketch import PassageState, Rects
+from dupalign.stages.list_shard import copy_heads
 from dupalign.stages.shards import IndexShard, check_shard, shard_dir
 from dupalign.store.database import Store
 from dupalign.store.records import (
@@ -216,8 +217,7 @@ def answer(shard: IndexShard, msg: ShardMessage) -> Partial | None:
     if q.bins is not None and len(q.bins):
         assert q.keys is not None
         long, start, n, ords = shard.list_heads(q.bins, q.keys, ordinal, q.replaced)
-        idx = np.repeat(start, n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
-        out.long, out.n, out.ords = long.copy(), n.copy(), ords[idx]
+        out.long, out.n, out.ords = long.copy(), n.copy(), copy_heads(start, n, ords)
     post = shard.stage_removal(msg.post) if msg.post else None
     if msg.put_sketch:
         assert q.sketch is not None

@@ -1,0 +1,284 @@
+"""The inverted lists as a stage partitioned by list key (bin, min-hash): shard s of S owns
+the lists ``list_owner`` gives it, over a store of its own, and answers every query page
+with its *partial*: the heads of the page's lists it owns (docs/pipeline.md, "The shape":
+``[lists ×S]``). The combine joins the S partials (``combine_lists``) and selects the
+page's alignment tasks from them (``PassageIndex.tasks_of``), as the single ``Indexer``
+does from its own lists.
+
+The shard's list state is a ``PassageIndex`` over its store, as the index shards of
+dupalign.stages.shards keep it (the same code: list heads, the ``max_list_read`` cut,
+stop lists, appends, packed runs, and per page a forward record of its windows in these
+lists, which a removal visits). What differs is who drives it: not the index fan-in, but
+the upstream stages' outputs, read in sequence order:
+
+- every decision of the page directory, placed by the shard's own ``Ledger``
+  (dupalign.stages.directory, dupalign.stages.ledger), and at each sweep point the
+  ledger's sweep (``forget``);
+- the exact stage's answer of every stored page (dupalign.stages.exact): an exact copy
+  queries no list and adds no window (exact before near);
+- the page's windows and query lists in this shard's lists (``ListWindows``, cut by the
+  sketch stage: ``list_windows``).
+
+For a stored page that is not an exact copy, in the single engine's order: its partial,
+from the lists as the pages before it left them (the version it replaces is still in
+them and does not count towards a stop list); then, in one WriteBatch, the removal of that
+version and the page's windows. A delete removes its version, a sweep its pages. So the
+partial of page n is a function of the decisions, exact answers and windows up to n
+(upstream) and of nothing else: no peer list shard (a list lives in one shard, with its
+stop-list decision and its cut) and no stage downstream.
+
+Stop lists need no rule change: a list becomes one at the first query that reads it
+holding more than ``max_list`` entries of pages other than the version the query page
+replaces, and it holds the windows of the stored pages that were not exact copies, minus
+those removed, minus those written after it became one. Every term is upstream data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dupalign.config import EngineConfig
+from dupalign.passage.index import PassageIndex
+from dupalign.passage.sketch import I64, U64, PassageState, Rects, query_lists
+from dupalign.stages.directory import Decision
+from dupalign.stages.exact import ExactAnswer
+from dupalign.stages.ledger import Expired, Placed
+from dupalign.store import tables
+from dupalign.store.database import Store
+from dupalign.text.hashing import mix64
+from dupalign.wire.versions import LIST_PARTIAL, LIST_WINDOWS, pack_array, unpack_array
+
+Bools = npt.NDArray[np.bool_]
+Heads = tuple[Bools, I64, I64, I64]  # per list: stop list?, start, head length; the ordinals
+_LIST_SALT = 0x5348415244  # "SHARD"
+
+
+def list_owner(bins: I64, keys: U64, n_shards: int) -> I64:
+    """The shard of each inverted list (bin, min-hash)."""
+    mixed = mix64(np.asarray(keys, dtype=np.uint64) ^ np.asarray(bins).astype(np.uint64),
+                  _LIST_SALT)
+    return (mixed % np.uint64(n_shards)).astype(np.int64)
+
+
+def owned_part(state: PassageState, shard: int, n_shards: int) -> PassageState | None:
+    """The page's non-empty windows in the lists of ``shard`` (None: there are none)."""
+    r = state.rects
+    if r is None:
+        return None
+    idx = np.flatnonzero(~r.empty)
+    return _windows(state, idx[list_owner(r.bin[idx], r.key[idx], n_shards) == shard])
+
+
+def owned_parts(state: PassageState | None, n_shards: int) -> list[PassageState | None]:
+    """``owned_part`` for every shard, the owners computed once (a page is split S ways:
+    ``owned_part`` per shard would make S passes over all its windows)."""
+    if state is None or state.rects is None:
+        return [None] * n_shards
+    r = state.rects
+    idx = np.flatnonzero(~r.empty)
+    owner = list_owner(r.bin[idx], r.key[idx], n_shards)
+    return [_windows(state, idx[owner == shard]) for shard in range(n_shards)]
+
+
+def _windows(state: PassageState, idx: I64) -> PassageState | None:
+    """The windows ``idx`` of ``state`` (None: there are none); no positions: a list
+    shard has no use for them."""
+    if not len(idx):
+        return None
+    assert state.rects is not None
+    return PassageState(Rects(*(getattr(state.rects, f.name)[idx] for f in fields(Rects))),
+                        state.n_units)
+
+
+def copy_heads(start: I64, n: I64, ords: I64) -> I64:
+    """The heads ``ords[start[i]:start[i] + n[i]]`` of every list, one after the other."""
+    total = int(n.sum())
+    return ords[np.repeat(start - np.cumsum(n) + n, n) + np.arange(total)]
+
+
+def join_heads(n_lists: int, parts: Iterable[tuple[I64, Bools, I64, I64]]) -> Heads:
+    """The heads of a page's ``n_lists`` lists from the parts of the shards that own them:
+    each part names its lists (indexes into the page's) and gives, for each, whether it is
+    a stop list, its head length, and the heads one after the other (``copy_heads``)."""
+    long = np.zeros(n_lists, dtype=np.bool_)
+    start = np.zeros(n_lists, dtype=np.int64)
+    n_head = np.zeros(n_lists, dtype=np.int64)
+    out: list[I64] = []
+    at = 0
+    for mine, s_long, s_n, s_ords in parts:
+        long[mine], n_head[mine] = s_long, s_n
+        start[mine] = at + np.cumsum(s_n) - s_n
+        at += int(s_n.sum())
+        out.append(s_ords)
+    return long, start, n_head, np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class ListWindows:
+    """What list shard ``shard`` needs of the page of sequence ordinal ``seq``, which has
+    passages: the distinct lists its query passages name that the shard owns (``bins``,
+    ``keys``, in the page's list order), and its non-empty windows in the shard's lists
+    (one per window: a page is in a list once per window it has there)."""
+
+    seq: int
+    shard: int
+    bins: I64
+    keys: U64
+    windows: PassageState | None
+
+    def to_bytes(self) -> bytes:
+        w = self.windows
+        d: dict[str, Any] = {"seq": self.seq, "shard": self.shard,
+                             "bins": pack_array(self.bins, "<u2"),
+                             "keys": pack_array(self.keys, "<u8")}
+        if w is not None and w.rects is not None:
+            d["w"] = [w.n_units, pack_array(w.rects.bin, "<u2"), pack_array(w.rects.key, "<u8")]
+        return LIST_WINDOWS.pack(d)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> ListWindows:
+        """The windows without their rectangles (zeros: a list shard needs their lists)."""
+        d = LIST_WINDOWS.unpack(raw)
+        windows = None
+        if "w" in d:
+            n_units, wb, wk = d["w"]
+            bins = unpack_array(wb, "<u2", np.int64)
+            z = np.zeros(len(bins), dtype=np.int64)
+            windows = PassageState(Rects(bins, unpack_array(wk, "<u8"), z, z, z, z,
+                                         np.zeros(len(bins), dtype=np.bool_)), n_units)
+        return cls(d["seq"], d["shard"], unpack_array(d["bins"], "<u2", np.int64),
+                   unpack_array(d["keys"], "<u8"), windows)
+
+
+def list_windows(seq: int, state: PassageState | None, n_shards: int) -> list[ListWindows]:
+    """The page's ``ListWindows`` for each of ``n_shards`` list shards (none: the page has
+    no passages, and queries no list)."""
+    if state is None or state.rects is None:
+        return []
+    _, _, l_bins, l_keys, _ = query_lists(state)
+    owner = list_owner(l_bins, l_keys, n_shards)
+    return [ListWindows(seq, s, l_bins[owner == s], l_keys[owner == s], part)
+            for s, part in enumerate(owned_parts(state, n_shards))]
+
+
+@dataclass
+class ListPartial:
+    """Shard ``shard``'s answer for the query page of sequence ordinal ``seq`` (store
+    ordinal ``ordinal``): for each of the page's lists it owns (``ListWindows.bins``'
+    order), whether it is a stop list and its head length ``n``, and the heads one after
+    the other (``ords``)."""
+
+    seq: int
+    ordinal: int
+    shard: int
+    long: Bools
+    n: I64
+    ords: I64
+
+    def to_bytes(self) -> bytes:
+        """Head lengths (at most ``max_list_read``) as <u4; ordinals as <u4 while they
+        fit (below 4.3e9), else <i8."""
+        width = 8 if len(self.ords) and int(self.ords.max()) >= 1 << 32 else 4
+        return LIST_PARTIAL.pack({
+            "seq": self.seq, "o": self.ordinal, "shard": self.shard,
+            "long": pack_array(self.long, "?"), "n": pack_array(self.n, "<u4"),
+            "ords": [pack_array(self.ords, "<i8" if width == 8 else "<u4"), width]})
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> ListPartial:
+        d = LIST_PARTIAL.unpack(raw)
+        ords, width = d["ords"]
+        return cls(d["seq"], d["o"], d["shard"], unpack_array(d["long"], "?"),
+                   unpack_array(d["n"], "<u4", np.int64),
+                   unpack_array(ords, "<i8" if width == 8 else "<u4", np.int64))
+
+
+def combine_lists(partials: Iterable[ListPartial], bins: I64, keys: U64, n_shards: int
+                  ) -> Heads:
+    """The heads of the page's lists (``query_lists``: ``bins``, ``keys``) from the
+    partials of the shards that own them, as one ``PassageIndex.list_heads`` reads them."""
+    owner = list_owner(bins, keys, n_shards)
+    parts = []
+    for p in partials:
+        mine = np.flatnonzero(owner == p.shard)
+        if len(p.n) != len(mine):
+            raise ValueError(f"list shard {p.shard}'s partial for page {p.seq} has "
+                             f"{len(p.n)} lists, the page names {len(mine)} there")
+        parts.append((mine, p.long, p.n, p.ords))
+    return join_heads(len(bins), parts)
+
+
+class ListShard:
+    """Shard ``shard`` of ``n_shards`` of the list stage, over its own store (module
+    docstring). Not thread-safe: one thread calls ``apply`` (in sequence order) and
+    ``forget``. Its store: the lists and forward records of ``PassageIndex``, and
+    ``next_ordinal``: the sequence ordinal after the last decision that changed it (those
+    after changed nothing here, so applying them again after a restart is harmless)."""
+
+    def __init__(self, store: Store, config: EngineConfig, shard: int = 0,
+                 n_shards: int = 1) -> None:
+        if not 0 <= shard < n_shards:
+            raise ValueError(f"shard {shard} of {n_shards}")
+        self.store, self.shard, self.n_shards = store, shard, n_shards
+        self.passages = PassageIndex(store, config)  # each page's entries in its batch
+        self.next_seq = tables.next_ordinal.count(store) or 0
+
+    def apply(self, d: Decision, placed: Placed, exact: ExactAnswer | None = None,
+              page: ListWindows | None = None) -> ListPartial | None:
+        """The next decision (of any directory shard, sequence ordinals ascending) with its
+        place in the ledger (``Ledger.apply(d)``), the exact answer of a stored page, and
+        the page's ``ListWindows`` for this shard (None: it has no passages). Returns the
+        page's partial if it queries the lists: a stored page with passages, not an exact
+        copy."""
+        if d.seq < self.next_seq:
+            raise ValueError(f"decision {d.seq} comes after decision {self.next_seq - 1}")
+        if page is not None and (page.seq != d.seq or page.shard != self.shard):
+            raise ValueError(f"list windows of page {page.seq} for shard {page.shard} given "
+                             f"with decision {d.seq} to shard {self.shard}")
+        query = None
+        if d.kind == "stored":
+            if exact is None or exact.seq != d.seq or exact.ordinal != placed.ordinal:
+                raise ValueError(f"stored page {d.seq} needs its exact answer")
+            if exact.original is None and page is not None:
+                query = page
+        self.next_seq = d.seq + 1
+        if query is None and placed.removed is None:
+            return None
+        p = self.passages
+        partial = None
+        if query is not None:
+            assert placed.ordinal is not None
+            long, start, n, ords = p.list_heads(query.bins, query.keys, placed.ordinal,
+                                                placed.removed)
+            partial = ListPartial(d.seq, placed.ordinal, self.shard, long.copy(), n.copy(),
+                                  copy_heads(start, n, ords))
+        batch = self.store.batch()
+        removal = None if placed.removed is None else p.stage_removal(batch, [placed.removed])
+        if query is not None:  # (with no windows here, the stop-list marks its query found)
+            assert placed.ordinal is not None
+            p.stage(batch, placed.ordinal, query.windows)
+        tables.next_ordinal.put_count(batch, d.seq + 1)
+        self.store.write(batch)
+        if removal is not None:
+            p.commit_removal(removal)
+        if query is not None:
+            assert placed.ordinal is not None
+            p.commit(placed.ordinal, query.windows)
+        return partial
+
+    def forget(self, expired: Iterable[Expired]) -> None:
+        """Apply a retention sweep (``Ledger.sweep``: the pages it removes, of every
+        shard), between the decisions below its sweep point and the next: their windows
+        leave this shard's lists (a page with no forward record here has none)."""
+        ordinals = [e.ordinal for e in expired]
+        if not ordinals:
+            return
+        batch = self.store.batch()
+        removal = self.passages.stage_removal(batch, ordinals)
+        self.store.write(batch)
+        self.passages.commit_removal(removal)
