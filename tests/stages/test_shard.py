@@ -50,6 +50,10 @@ ops = st.lists(st.one_of(
 ), min_size=1, max_size=16)
 
 
+COPY_REVISIT = [("add", [0, 1, 2], 0, False), ("add", [0, 1, 2], 0, True),
+                ("changed", 1, [0, 3, 4], 0)]
+
+
 def config(mode: str, max_list: int, max_candidates: int,
            max_list_read: int = 64) -> EngineConfig:
     return EngineConfig(
@@ -144,6 +148,10 @@ def step(engine: Engine, alive: dict[str, str], clock: int, op: Any) -> list[Any
 @example(sequence=[("add", [0, 1, 2], 0, False), ("add", [0, 3, 4], 0, False),
                    ("add", [0, 5, 6], 0, False), ("changed", 2, [0, 7, 1], 0)],
          mode="oph", max_list=2, max_candidates=16, max_list_read=1, single_cached=False)
+# a changed revisit of an exact copy: the copy's sketch is kept for it (docs/pipeline.md,
+# rule 5), in the shard that owns the copy's ordinal
+@example(sequence=COPY_REVISIT, mode="oph", max_list=100_000, max_candidates=16,
+         max_list_read=64, single_cached=True)
 def test_any_shard_count_gives_the_matches_of_the_single_indexer(
         sequence: list[Any], mode: str, max_list: int, max_candidates: int,
         max_list_read: int, single_cached: bool) -> None:
@@ -353,6 +361,8 @@ class Loopback(FanInIndexer):
                    ("add", [0, 1, 2], 2, False), ("add", [0, 1, 2], 1, False),
                    ("changed", 0, [0, 1, 2], 3)],
          mode="weighted", max_list=100_000, max_candidates=16, max_list_read=64, n=3)
+@example(sequence=COPY_REVISIT, mode="oph", max_list=100_000, max_candidates=16,
+         max_list_read=64, n=2)
 def test_the_shards_as_processes_give_the_matches_of_the_single_indexer(
         sequence: list[Any], mode: str, max_list: int, max_candidates: int,
         max_list_read: int, n: int) -> None:
