@@ -141,11 +141,13 @@ def segments(items: list[tuple[int, Page | tuple[int, int]]], entries: list[Dire
     yield decide(), None
 
 
-def engine_pages(engine: Engine, items: list[tuple[int, Page | tuple[int, int]]]
+def engine_pages(engine: Engine, items: list[tuple[int, Page | tuple[int, int]]],
+                 align: bool = True
                  ) -> Iterator[tuple[DirectoryEntry, PageSketch, IndexResult]]:
     """The single engine on the stream, sweeps included (2 pages a batch, as ``Sweep``):
     each page sketched, indexed and finished, with its directory entry, sketch and
-    result."""
+    result. ``align=False`` finishes each page without its passage spans, for an oracle
+    that reads only what the index stage decides (the spans change no index state)."""
     seq = 0
     for step, item in items:
         if not isinstance(item, Page):
@@ -157,5 +159,5 @@ def engine_pages(engine: Engine, items: list[tuple[int, Page | tuple[int, int]]]
         seq += 1
         result = engine.index(sk, defer=True)
         with contextlib.suppress(PageRejected):  # (its outcome is in ``result``)
-            engine.finish(result, engine.align(result))
+            engine.finish(result, engine.align(result) if align else [])
         yield entry, sk, result
