@@ -210,6 +210,26 @@ def _sample_keys(K: int, seed: int) -> U64:
     return keys
 
 
+@functools.lru_cache(maxsize=8)
+def shingle_minhash_keys(salt: int, K: int, seed: int
+                         ) -> tuple[np.uint64, np.uint64, np.uint64, U64, np.uint64]:
+    """The constants ``shingle_minhash_into`` takes after the shingle width: the shingle
+    step and last mixes, the feature mix, the sample keys and the value mix."""
+    return (salt_key(salt), salt_key(salt + 1), salt_key(_salt(seed, _S_MH_FEATURE)),
+            _sample_keys(K, seed), salt_key(_salt(seed, _S_MH_VALUE)))
+
+
+@njit(cache=True, nogil=True)
+def shingle_minhash_into(h: U64, span: int, c_step: np.uint64, c_last: np.uint64,
+                         c_feature: np.uint64, sample_keys: U64, c_value: np.uint64,
+                         out: U64) -> None:
+    """``shingle_minhash_sketch`` of ``h`` (not empty; ``span`` = min(w, len(h))) into
+    ``out``, for kernels."""
+    base = np.empty(h.shape[0] - span + 1, dtype=np.uint64)
+    _shingle_features_kernel(h, span, c_step, c_last, c_feature, base)
+    _minhash_kernel(base, sample_keys, c_value, out)
+
+
 def shingle_minhash_sketch(hashes: npt.ArrayLike, w: int, salt: int, K: int,
                            seed: int = 0) -> U64:
     """``minhash_sketch(hashing.shingle_hashes(hashes, w, salt), K, seed)`` in one pass (the
@@ -222,12 +242,8 @@ def shingle_minhash_sketch(hashes: npt.ArrayLike, w: int, salt: int, K: int,
     h = np.ascontiguousarray(hashes, dtype=np.uint64).ravel()
     if h.size == 0:
         return np.zeros(K, dtype=np.uint64)
-    span = min(w, h.size)
-    base = np.empty(h.size - span + 1, dtype=np.uint64)
-    _shingle_features_kernel(h, span, salt_key(salt), salt_key(salt + 1),
-                             salt_key(_salt(seed, _S_MH_FEATURE)), base)
     out = np.empty(K, dtype=np.uint64)
-    _minhash_kernel(base, _sample_keys(K, seed), salt_key(_salt(seed, _S_MH_VALUE)), out)
+    shingle_minhash_into(h, min(w, h.size), *shingle_minhash_keys(salt, K, seed), out)
     return out
 
 
