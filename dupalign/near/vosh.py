@@ -103,9 +103,12 @@ class VolatilityModel:
         prev = self._prev
         paired = prev is not None and prev.shape == given.shape
         other = prev.ravel() if prev is not None and paired else flat
+        surv = np.empty_like(self.counts)  # the next lookup's, made here: one call less
         added = _update_kernel(flat, other, paired, self.counts, self.n_bins / self.y_max,
-                               self.n_bins, w)
-        self._count(added)
+                               self.n_bins, w, surv)
+        if added:
+            self.n_samples += added
+            self._surv = surv
         self._prev = shaped = w.reshape(given.shape)
         return shaped
 
@@ -259,9 +262,19 @@ def _add_kernel(w: F64, prev: F64, counts: F64, scale: float, n_bins: int) -> in
 
 
 @njit(cache=True, nogil=True)
+def _survival_kernel(counts: F64, out: F64) -> None:
+    total = pairwise_sum(counts, 0, counts.shape[0])
+    acc = 0.0
+    for i in range(counts.shape[0] - 1, -1, -1):
+        acc += counts[i]
+        out[i] = acc / total
+
+
+@njit(cache=True, nogil=True)
 def _update_kernel(W: F64, prev: F64, paired: bool, counts: F64, scale: float, n_bins: int,
-                   w_out: F64) -> int:
-    """``normalize(W)`` into ``w_out``, then, if ``paired``, ``_add_kernel`` against prev."""
+                   w_out: F64, surv_out: F64) -> int:
+    """``normalize(W)`` into ``w_out``, then, if ``paired``, ``_add_kernel`` against prev
+    and, if that added any, the survival of the new counts into ``surv_out``."""
     b = W.shape[0]
     sq = np.empty(b)
     for j in range(b):
@@ -269,16 +282,10 @@ def _update_kernel(W: F64, prev: F64, paired: bool, counts: F64, scale: float, n
     rms = math.sqrt(pairwise_sum(sq, 0, b) / b) if b else 0.0
     for j in range(b):
         w_out[j] = W[j] / rms if rms > 0 else 0.0
-    return _add_kernel(w_out, prev, counts, scale, n_bins) if paired else 0
-
-
-@njit(cache=True, nogil=True)
-def _survival_kernel(counts: F64, out: F64) -> None:
-    total = pairwise_sum(counts, 0, counts.shape[0])
-    acc = 0.0
-    for i in range(counts.shape[0] - 1, -1, -1):
-        acc += counts[i]
-        out[i] = acc / total
+    added = _add_kernel(w_out, prev, counts, scale, n_bins) if paired else 0
+    if added:
+        _survival_kernel(counts, surv_out)
+    return added
 
 
 @njit(cache=True)
