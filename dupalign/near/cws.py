@@ -211,23 +211,23 @@ def _sample_keys(K: int, seed: int) -> U64:
 
 
 @functools.lru_cache(maxsize=8)
-def shingle_minhash_keys(salt: int, K: int, seed: int
-                         ) -> tuple[np.uint64, np.uint64, np.uint64, U64, np.uint64]:
-    """The constants ``shingle_minhash_into`` takes after the shingle width: the shingle
-    step and last mixes, the feature mix, the sample keys and the value mix."""
-    return (salt_key(salt), salt_key(salt + 1), salt_key(_salt(seed, _S_MH_FEATURE)),
-            _sample_keys(K, seed), salt_key(_salt(seed, _S_MH_VALUE)))
+def shingle_minhash_keys(salt: int, K: int, seed: int) -> tuple[U64, U64]:
+    """The constants ``shingle_minhash_into`` takes after the shingle width: the mixes of
+    the shingle step, its last step, the feature and the value (one array: a numpy scalar
+    costs a kernel call more than an array does), and the sample keys."""
+    mixes = np.array([salt_key(salt), salt_key(salt + 1), salt_key(_salt(seed, _S_MH_FEATURE)),
+                      salt_key(_salt(seed, _S_MH_VALUE))], dtype=np.uint64)
+    mixes.flags.writeable = False
+    return mixes, _sample_keys(K, seed)
 
 
 @njit(cache=True, nogil=True)
-def shingle_minhash_into(h: U64, span: int, c_step: np.uint64, c_last: np.uint64,
-                         c_feature: np.uint64, sample_keys: U64, c_value: np.uint64,
-                         out: U64) -> None:
+def shingle_minhash_into(h: U64, span: int, mixes: U64, sample_keys: U64, out: U64) -> None:
     """``shingle_minhash_sketch`` of ``h`` (not empty; ``span`` = min(w, len(h))) into
     ``out``, for kernels."""
     base = np.empty(h.shape[0] - span + 1, dtype=np.uint64)
-    _shingle_features_kernel(h, span, c_step, c_last, c_feature, base)
-    _minhash_kernel(base, sample_keys, c_value, out)
+    _shingle_features_kernel(h, span, mixes[0], mixes[1], mixes[2], base)
+    _minhash_kernel(base, sample_keys, mixes[3], out)
 
 
 def shingle_minhash_sketch(hashes: npt.ArrayLike, w: int, salt: int, K: int,

@@ -114,7 +114,7 @@ def near_sketch(hashes: U64, idf: IdfTable, config: EngineConfig) -> NearState:
     W = np.empty(BITS, dtype=np.float64)
     state.sketch = np.empty(cfg.cws_samples, dtype=np.uint64)
     state.unique, state.counts, fp, weighted = _near_kernel(
-        h, idf.keys, idf.values, np.float64(idf.default_idf),
+        h, idf.keys, idf.values, float(idf.default_idf),
         tf_table(cast(TfMode, cfg.tf_mode)), min(cfg.shingle, h.size),
         *shingle_minhash_keys(_SHINGLE_SALT, cfg.cws_samples, config.seed), W, state.sketch)
     if weighted:
@@ -126,8 +126,7 @@ def near_sketch(hashes: U64, idf: IdfTable, config: EngineConfig) -> NearState:
 
 @njit(cache=True, nogil=True)
 def _near_kernel(h: U64, keys: U64, values: npt.NDArray[np.float32], default: float,
-                 tf: npt.NDArray[np.float64], span: int, c_step: np.uint64, c_last: np.uint64,
-                 c_feature: np.uint64, sample_keys: U64, c_value: np.uint64,
+                 tf: npt.NDArray[np.float64], span: int, mixes: U64, sample_keys: U64,
                  W: npt.NDArray[np.float64], sketch: U64
                  ) -> tuple[U64, npt.NDArray[np.int64], np.uint64, bool]:
     """(distinct hashes, counts, fingerprint, weighted); W and the verification sketch into
@@ -137,7 +136,7 @@ def _near_kernel(h: U64, keys: U64, values: npt.NDArray[np.float32], default: fl
     counts = np.empty(h.shape[0], dtype=np.int64)
     n = _runs_kernel(ordered, uniq, counts)
     uniq, counts = uniq[:n], counts[:n]
-    shingle_minhash_into(h, span, c_step, c_last, c_feature, sample_keys, c_value, sketch)
+    shingle_minhash_into(h, span, mixes, sample_keys, sketch)
     weights = np.empty(n, dtype=np.float64)
     if not weights_into(uniq, counts, keys, values, default, tf, weights):
         return uniq, counts, np.uint64(0), False
