@@ -263,9 +263,9 @@ class NearIndex:
             tables.volatility_log.clear(batch)
             self._logged = 0
         else:
-            tables.volatility_log.put(batch, ordinal, w.astype("<f8").tobytes())
+            tables.volatility_log.put(batch, ordinal, w.astype("<f8", copy=False).tobytes())
             self._logged += 1
-        tables.idf_pending.put(batch, ordinal, state.unique.astype("<u8").tobytes())
+        tables.idf_pending.put(batch, ordinal, state.unique.astype("<u8", copy=False).tobytes())
         version = len(self.tables)
         if self.builder.n_docs + 1 >= self.cfg.idf_freeze_at[version - 1]:
             builder = IdfBuilder.from_bytes(self.builder.to_bytes())
@@ -277,7 +277,7 @@ class NearIndex:
 
     def put_sketch(self, batch: Batch, ordinal: int, sketch: U64) -> None:
         """Store the page's verification sketch (index shards keep it: dupalign.stages.shards)."""
-        tables.cws.put(batch, ordinal, sketch.astype("<u8").tobytes())
+        tables.cws.put(batch, ordinal, sketch.astype("<u8", copy=False).tobytes())
 
     def commit(self, ordinal: int, state: NearState | None) -> None:
         if state is None or not state.indexed or state.fingerprint is None:

@@ -231,16 +231,30 @@ def _lower_keeps(cp: int) -> bool:
     return known
 
 
+# what the characters of a set of distinct non-ASCII ones are (``_classify``), by the set:
+# pages of a site repeat a few ("©", "•", NBSP)
+_HIGH_SETS: dict[bytes, tuple[npt.NDArray[np.bool_], bool]] = {}
+
+
 def _classify(scanned: str) -> tuple[npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
-                                     npt.NDArray[np.uint32], npt.NDArray[np.bool_]]:
+                                     npt.NDArray[np.uint32], npt.NDArray[np.bool_], bool]:
     """The code points of ``scanned`` (bytes for ASCII text), its distinct non-ASCII ones
-    (ascending) and which of those are word characters."""
+    (ascending), which of those are word characters, and whether lower-casing keeps them
+    all."""
     if scanned.isascii():
-        return np.frombuffer(scanned.encode("ascii"), dtype=np.uint8), _NO_HIGH, _NO_HIGH_WORD
+        return (np.frombuffer(scanned.encode("ascii"), dtype=np.uint8), _NO_HIGH,
+                _NO_HIGH_WORD, True)
     cps = np.frombuffer(scanned.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     high = _distinct_high(cps)
-    return cps, high, np.fromiter(map(_is_word, high.tolist()), dtype=np.bool_,
-                                  count=high.size)
+    key = high.tobytes()
+    known = _HIGH_SETS.get(key)
+    if known is None:
+        listed = high.tolist()
+        known = (np.fromiter(map(_is_word, listed), dtype=np.bool_, count=high.size),
+                 all(map(_lower_keeps, listed)))
+        if len(_HIGH_SETS) < 1 << 12:  # bounded, whatever pages come
+            _HIGH_SETS[key] = known
+    return cps, high, known[0], known[1]
 
 
 @njit(cache=True, nogil=True)
@@ -332,14 +346,13 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     # Text whose non-ASCII characters all stay as they are lower-cased (most non-ASCII text
     # of a page is punctuation: "©", "—", NBSP) is read as is, A-Z lower-cased in the
     # kernel: what its lower-cased copy would give, at a quarter of the cost.
-    codes, high_cps, high_word = _classify(text)
-    lower_ascii = all(map(_lower_keeps, high_cps.tolist()))
+    codes, high_cps, high_word, lower_ascii = _classify(text)
     scanned, lowered = text, True
     if not lower_ascii:
         scanned = text.lower()
         lowered = len(scanned) == len(text)
         if lowered:
-            codes, high_cps, high_word = _classify(scanned)
+            codes, high_cps, high_word, _ = _classify(scanned)
         else:
             scanned = text
     # the tokens as bytes, without a Python string per token: hashing reads those
