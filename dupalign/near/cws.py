@@ -210,6 +210,26 @@ def _sample_keys(K: int, seed: int) -> U64:
     return keys
 
 
+@functools.lru_cache(maxsize=8)
+def shingle_minhash_keys(salt: int, K: int, seed: int) -> tuple[U64, U64]:
+    """The constants ``shingle_minhash_into`` takes after the shingle width: the mixes of
+    the shingle step, its last step, the feature and the value (one array: a numpy scalar
+    costs a kernel call more than an array does), and the sample keys."""
+    mixes = np.array([salt_key(salt), salt_key(salt + 1), salt_key(_salt(seed, _S_MH_FEATURE)),
+                      salt_key(_salt(seed, _S_MH_VALUE))], dtype=np.uint64)
+    mixes.flags.writeable = False
+    return mixes, _sample_keys(K, seed)
+
+
+@njit(cache=True, nogil=True)
+def shingle_minhash_into(h: U64, span: int, mixes: U64, sample_keys: U64, out: U64) -> None:
+    """``shingle_minhash_sketch`` of ``h`` (not empty; ``span`` = min(w, len(h))) into
+    ``out``, for kernels."""
+    base = np.empty(h.shape[0] - span + 1, dtype=np.uint64)
+    _shingle_features_kernel(h, span, mixes[0], mixes[1], mixes[2], base)
+    _minhash_kernel(base, sample_keys, mixes[3], out)
+
+
 def shingle_minhash_sketch(hashes: npt.ArrayLike, w: int, salt: int, K: int,
                            seed: int = 0) -> U64:
     """``minhash_sketch(hashing.shingle_hashes(hashes, w, salt), K, seed)`` in one pass (the
@@ -222,12 +242,8 @@ def shingle_minhash_sketch(hashes: npt.ArrayLike, w: int, salt: int, K: int,
     h = np.ascontiguousarray(hashes, dtype=np.uint64).ravel()
     if h.size == 0:
         return np.zeros(K, dtype=np.uint64)
-    span = min(w, h.size)
-    base = np.empty(h.size - span + 1, dtype=np.uint64)
-    _shingle_features_kernel(h, span, salt_key(salt), salt_key(salt + 1),
-                             salt_key(_salt(seed, _S_MH_FEATURE)), base)
     out = np.empty(K, dtype=np.uint64)
-    _minhash_kernel(base, _sample_keys(K, seed), salt_key(_salt(seed, _S_MH_VALUE)), out)
+    shingle_minhash_into(h, min(w, h.size), *shingle_minhash_keys(salt, K, seed), out)
     return out
 
 

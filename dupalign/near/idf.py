@@ -314,9 +314,9 @@ def counted_weights(
     their counts, which the sketch has already (no second sort)."""
     if not normalize:  # one kernel instead of ~15 numpy calls, which cost more than the work
         w = np.empty(uniq.shape[0], dtype=np.float64)
-        if _weights_kernel(np.ascontiguousarray(uniq, dtype=np.uint64),
+        if weights_into(np.ascontiguousarray(uniq, dtype=np.uint64),
                            np.ascontiguousarray(counts, dtype=np.int64), idf.keys, idf.values,
-                           np.float64(idf.default_idf), _tf_table(tf_mode), w):
+                           np.float64(idf.default_idf), tf_table(tf_mode), w):
             return w
     w = _tf(counts, tf_mode) * idf.idf(uniq)
     if normalize and w.size:
@@ -328,7 +328,7 @@ _TF_TABLE = 1 << 12  # counts with a tf in the table: more is rare in a page
 
 
 @functools.lru_cache(maxsize=8)
-def _tf_table(mode: TfMode) -> F64:
+def tf_table(mode: TfMode) -> F64:
     """``_tf`` of the counts 1.._TF_TABLE (count c at c - 1): the kernel looks it up, so its
     values are numpy's, bit for bit."""
     table = _tf(np.arange(1, _TF_TABLE + 1, dtype=np.int64), mode)
@@ -337,7 +337,7 @@ def _tf_table(mode: TfMode) -> F64:
 
 
 @njit(cache=True, nogil=True)
-def _weights_kernel(uniq: U64, counts: npt.NDArray[np.int64], keys: U64, values: F32,
+def weights_into(uniq: U64, counts: npt.NDArray[np.int64], keys: U64, values: F32,
                     default: float, tf: F64, out: F64) -> bool:
     """``_tf(counts) * idf.idf(uniq)`` into ``out``; False (``out`` unfinished) if a count
     is outside the table ``tf``."""

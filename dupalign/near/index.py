@@ -36,10 +36,16 @@ import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.kernel_cache import njit
-from dupalign.near.cws import CwsFilter, FilterStats, shingle_minhash_sketch
-from dupalign.near.idf import IdfBuilder, IdfTable, TfMode, counted_weights
-from dupalign.near.psm import psm_search_batch
-from dupalign.near.simhash import weighted_simhash
+from dupalign.near.cws import (
+    CwsFilter,
+    FilterStats,
+    shingle_minhash_into,
+    shingle_minhash_keys,
+    shingle_minhash_sketch,
+)
+from dupalign.near.idf import IdfBuilder, IdfTable, TfMode, counted_weights, tf_table, weights_into
+from dupalign.near.psm import psm_search_one
+from dupalign.near.simhash import BITS, simhash_into, weighted_simhash
 from dupalign.near.simhash_table import SimhashTable
 from dupalign.near.vosh import VolatilityModel
 from dupalign.store import tables
@@ -97,15 +103,44 @@ def _runs_kernel(ordered: U64, uniq: U64, counts: npt.NDArray[np.int64]) -> int:
 
 def near_sketch(hashes: U64, idf: IdfTable, config: EngineConfig) -> NearState:
     """Everything the near index needs from the page alone: simhash + W under ``idf``, the
-    verification sketch, the distinct tokens (idf counts)."""
+    verification sketch, the distinct tokens (idf counts). One kernel (``distinct_counts``,
+    ``counted_weights``, ``weighted_simhash`` and ``verification_sketch`` are its twins):
+    as their calls, the page paid more for the calls than for the work."""
     cfg = config.near
     state = NearState(indexed=cfg.enabled and len(hashes) >= cfg.min_tokens)
     if not state.indexed:
         return state
-    state.unique, state.counts = distinct_counts(hashes)
-    _fingerprint(state, idf, cfg.tf_mode)
-    state.sketch = verification_sketch(hashes, cfg.cws_samples, config.seed, cfg.shingle)
+    h = np.ascontiguousarray(hashes, dtype=np.uint64).ravel()
+    W = np.empty(BITS, dtype=np.float64)
+    state.sketch = np.empty(cfg.cws_samples, dtype=np.uint64)
+    state.unique, state.counts, fp, weighted = _near_kernel(
+        h, idf.keys, idf.values, float(idf.default_idf),
+        tf_table(cast(TfMode, cfg.tf_mode)), min(cfg.shingle, h.size),
+        *shingle_minhash_keys(_SHINGLE_SALT, cfg.cws_samples, config.seed), W, state.sketch)
+    if weighted:
+        state.fingerprint, state.W, state.idf_version = int(fp), W, idf.version
+    else:  # a count past the tf table: numpy's weights
+        _fingerprint(state, idf, cfg.tf_mode)
     return state
+
+
+@njit(cache=True, nogil=True)
+def _near_kernel(h: U64, keys: U64, values: npt.NDArray[np.float32], default: float,
+                 tf: npt.NDArray[np.float64], span: int, mixes: U64, sample_keys: U64,
+                 W: npt.NDArray[np.float64], sketch: U64
+                 ) -> tuple[U64, npt.NDArray[np.int64], np.uint64, bool]:
+    """(distinct hashes, counts, fingerprint, weighted); W and the verification sketch into
+    theirs. Not weighted (fingerprint 0, W unset): a count outside the tf table."""
+    ordered = np.sort(h)
+    uniq = np.empty(h.shape[0], dtype=np.uint64)
+    counts = np.empty(h.shape[0], dtype=np.int64)
+    n = _runs_kernel(ordered, uniq, counts)
+    uniq, counts = uniq[:n], counts[:n]
+    shingle_minhash_into(h, span, mixes, sample_keys, sketch)
+    weights = np.empty(n, dtype=np.float64)
+    if not weights_into(uniq, counts, keys, values, default, tf, weights):
+        return uniq, counts, np.uint64(0), False
+    return uniq, counts, simhash_into(uniq, weights, W), True
 
 
 def _fingerprint(state: NearState, idf: IdfTable, tf_mode: str) -> None:
@@ -188,12 +223,10 @@ class NearIndex:
         self.refresh(state)
         assert state.fingerprint is not None and state.W is not None
         self.counters.lookups += 1
-        psm = psm_search_batch(self.table, [state.fingerprint], state.W[None, :],
-                               self.cfg.hamming, self.cfg.probe_budget,
-                               self.cfg.mode,  # type: ignore[arg-type]
-                               self.model, before=ordinal)
-        candidates = psm.get(0)
-        self.counters.probes += int(psm.probes[0])
+        candidates, probes = psm_search_one(
+            self.table, state.fingerprint, np.ascontiguousarray(state.W, dtype=np.float64),
+            self.cfg.hamming, self.cfg.probe_budget, self.cfg.mode == "first", self.model, ordinal)
+        self.counters.probes += probes
         self.counters.candidates += len(candidates)
         return [(other, hamming) for other, hamming in candidates if other < ordinal]
 
@@ -230,9 +263,9 @@ class NearIndex:
             tables.volatility_log.clear(batch)
             self._logged = 0
         else:
-            tables.volatility_log.put(batch, ordinal, w.astype("<f8").tobytes())
+            tables.volatility_log.put(batch, ordinal, w.astype("<f8", copy=False).tobytes())
             self._logged += 1
-        tables.idf_pending.put(batch, ordinal, state.unique.astype("<u8").tobytes())
+        tables.idf_pending.put(batch, ordinal, state.unique.astype("<u8", copy=False).tobytes())
         version = len(self.tables)
         if self.builder.n_docs + 1 >= self.cfg.idf_freeze_at[version - 1]:
             builder = IdfBuilder.from_bytes(self.builder.to_bytes())
@@ -251,7 +284,7 @@ class NearIndex:
 
     def put_sketch(self, batch: Batch, ordinal: int, sketch: U64) -> None:
         """Store the page's verification sketch (index shards keep it: dupalign.stages.shards)."""
-        tables.cws.put(batch, ordinal, sketch.astype("<u8").tobytes())
+        tables.cws.put(batch, ordinal, sketch.astype("<u8", copy=False).tobytes())
 
     def commit(self, ordinal: int, state: NearState | None) -> None:
         if state is None or not state.indexed or state.fingerprint is None:

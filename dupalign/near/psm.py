@@ -331,6 +331,25 @@ def psm_search_batch(
     return PsmBatchResult(offsets, ords, hams, probes)
 
 
+def psm_search_one(table: SimhashTable, fp: int, W: npt.NDArray[np.float64], h: int,
+                   budget: int, first: bool, model: VolatilityModel, before: int
+                   ) -> tuple[list[tuple[int, int]], int]:
+    """``psm_search_batch`` of one query, ``.get(0)`` and its probes, for a caller whose
+    arguments are valid already (the index stage, once a page: the batch call's checks and
+    conversions cost it more than the kernel). ``W``: float64, contiguous, shape (64,)."""
+    surv, y_max, prior_scale = model.kernel_params()
+    offsets, ords, hams, probes = _psm_batch_kernel(
+        table.fps, table.ordinals, table.directory, table.header_bits, table.probe_bits,
+        table.buffer_fps, table.buffer_ordinals, np.array([fp], dtype=np.uint64),
+        W.reshape(1, 64), np.array([before], dtype=np.int64), surv, y_max, prior_scale, h,
+        budget, first)
+    n = int(offsets[1])
+    found = list(zip(ords[:n].tolist(), hams[:n].tolist(), strict=True)) if n else []
+    if n > 1:
+        found.sort(key=lambda r: (r[1], r[0]))
+    return found, int(probes[0])
+
+
 def psm_search(
     table: SimhashTable, fp: int, W: npt.ArrayLike, h: int = 3,
     budget: int | None = DEFAULT_BUDGET, mode: Mode = "first",

@@ -28,7 +28,7 @@ BITS = 64
 
 
 @njit(cache=True, nogil=True)
-def _simhash_kernel(hashes: U64, weights: F64, w_out: F64) -> np.uint64:
+def simhash_into(hashes: U64, weights: F64, w_out: F64) -> np.uint64:
     # Features outer, bits inner, ± per bit: the paper's order of additions, so a plain
     # Python twin reproduces W bit for bit (and this order measured fastest).
     for j in range(BITS):
@@ -55,7 +55,7 @@ def _simhash_batch_kernel(
     for d in range(offsets.shape[0] - 1):
         a = offsets[d]
         b = offsets[d + 1]
-        fps[d] = _simhash_kernel(hashes[a:b], weights[a:b], w_out[d])
+        fps[d] = simhash_into(hashes[a:b], weights[a:b], w_out[d])
 
 
 def _as_inputs(hashes: npt.ArrayLike, weights: npt.ArrayLike) -> tuple[U64, F64]:
@@ -76,7 +76,7 @@ def weighted_simhash(hashes: npt.ArrayLike, weights: npt.ArrayLike) -> tuple[int
     """
     h, w = _as_inputs(hashes, weights)
     w_out = np.empty(BITS, dtype=np.float64)
-    fp = _simhash_kernel(h, w, w_out)
+    fp = simhash_into(h, w, w_out)
     return int(fp), w_out
 
 

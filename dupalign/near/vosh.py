@@ -94,16 +94,36 @@ class VolatilityModel:
 
     def update(self, W: npt.ArrayLike) -> F64:
         """The paper's estimator: pair this page's W with the previous page's W. Returns W
-        normalized: the update as ``replay`` takes it."""
-        w = self.normalize(W)
-        self.replay(w)
-        return w
+        normalized: the update as ``replay`` takes it. One kernel (``normalize`` and
+        ``add_differences`` are its twins, bit for bit): as numpy calls on 64 values it
+        cost more in calls than in work."""
+        given = np.asarray(W, dtype=np.float64)
+        flat = np.ascontiguousarray(given).ravel()
+        w = np.empty_like(flat)
+        prev = self._prev
+        paired = prev is not None and prev.shape == given.shape
+        other = prev.ravel() if prev is not None and paired else flat
+        surv = np.empty_like(self.counts)  # the next lookup's, made here: one call less
+        added = _update_kernel(flat, other, paired, self.counts, self.n_bins / self.y_max,
+                               self.n_bins, w, surv)
+        if added:
+            self.n_samples += added
+            self._surv = surv
+        self._prev = shaped = w.reshape(given.shape)
+        return shaped
 
     def replay(self, w: F64) -> None:
         """``update`` with W already normalized (an update logged in the store)."""
-        if self._prev is not None and self._prev.shape == w.shape:
-            self.add_differences(w - self._prev)
+        prev = self._prev
+        if prev is not None and prev.shape == w.shape:
+            self._count(_add_kernel(np.ascontiguousarray(w).ravel(), prev.ravel(), self.counts,
+                                    self.n_bins / self.y_max, self.n_bins))
         self._prev = w
+
+    def _count(self, added: int) -> None:
+        if added:
+            self.n_samples += added
+            self._surv = None
 
     def update_pair(self, W_u: npt.ArrayLike, W_v: npt.ArrayLike) -> None:
         """Learn from a known near-duplicate pair (u, v) instead of a random pair."""
@@ -112,10 +132,10 @@ class VolatilityModel:
     # -- prediction -----------------------------------------------------------------------
     def _survival_at_edges(self) -> F64:
         if self._surv is None:
-            total = float(self.counts.sum())
-            # surv[i] = P(|Y| >= edges[i]); the last entry is the overflow mass.
-            tail = np.cumsum(self.counts[::-1])[::-1] / total
-            self._surv = np.ascontiguousarray(tail, dtype=np.float64)
+            # surv[i] = P(|Y| >= edges[i]); the last entry is the overflow mass: one kernel
+            # (twin: the cumulated counts from the end over their numpy sum)
+            self._surv = np.empty_like(self.counts)
+            _survival_kernel(self.counts, self._surv)
         return self._surv
 
     def volatility(self, W: npt.ArrayLike) -> F64:
@@ -158,6 +178,114 @@ class VolatilityModel:
         m.n_samples = int(d["n_samples"])
         m._prev = None if d["prev"] is None else np.frombuffer(d["prev"], "<f8").astype(np.float64)
         return m
+
+
+@njit(cache=True, nogil=True)
+def _block_sum(a: F64, lo: int, n: int) -> float:
+    """numpy's sum of at most 128 values: eight running sums (fewer than 8: one)."""
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[lo + i]
+        return res
+    r0, r1, r2, r3 = a[lo], a[lo + 1], a[lo + 2], a[lo + 3]
+    r4, r5, r6, r7 = a[lo + 4], a[lo + 5], a[lo + 6], a[lo + 7]
+    i = 8
+    while i < n - n % 8:
+        r0 += a[lo + i]
+        r1 += a[lo + i + 1]
+        r2 += a[lo + i + 2]
+        r3 += a[lo + i + 3]
+        r4 += a[lo + i + 4]
+        r5 += a[lo + i + 5]
+        r6 += a[lo + i + 6]
+        r7 += a[lo + i + 7]
+        i += 8
+    res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        res += a[lo + i]
+        i += 1
+    return res
+
+
+@njit(cache=True, nogil=True)
+def pairwise_sum(a: F64, lo: int, n: int) -> float:
+    """``a[lo:lo + n].sum()`` in numpy's order of additions (blocks of at most 128 summed by
+    ``_block_sum``, the halves above them summed first), so a kernel's sum is numpy's bit for
+    bit. Its recursion on an explicit stack: numba's cache cannot hold a recursive kernel
+    (a process that loaded one crashed)."""
+    if n <= 128:
+        return _block_sum(a, lo, n)
+    f_lo = np.empty(64, dtype=np.int64)  # frames: range, and 0 new / 1 left done / 2 both
+    f_n = np.empty(64, dtype=np.int64)
+    f_st = np.empty(64, dtype=np.int64)
+    vals = np.empty(64)
+    f_lo[0], f_n[0], f_st[0] = lo, n, 0
+    top, nv = 1, 0
+    while top:
+        f = top - 1
+        m = f_n[f]
+        if m <= 128:
+            vals[nv] = _block_sum(a, f_lo[f], m)
+            nv += 1
+            top -= 1
+            continue
+        n2 = m // 2
+        n2 -= n2 % 8
+        if f_st[f] == 2:
+            vals[nv - 2] = vals[nv - 2] + vals[nv - 1]
+            nv -= 1
+            top -= 1
+            continue
+        f_lo[top], f_n[top] = (f_lo[f], n2) if f_st[f] == 0 else (f_lo[f] + n2, m - n2)
+        f_st[top] = 0
+        f_st[f] += 1
+        top += 1
+    return vals[0]
+
+
+@njit(cache=True, nogil=True)
+def _add_kernel(w: F64, prev: F64, counts: F64, scale: float, n_bins: int) -> int:
+    """``add_differences(w - prev)``: the finite |w - prev| into the histogram, counted per
+    bin first and then added, as numpy's bincount is; returns how many."""
+    hist = np.zeros(n_bins + 1, dtype=np.int64)
+    added = 0
+    for j in range(w.shape[0]):
+        a = abs(w[j] - prev[j])
+        if np.isfinite(a):
+            hist[min(int(a * scale), n_bins)] += 1
+            added += 1
+    if added:
+        for i in range(n_bins + 1):
+            counts[i] += hist[i]
+    return added
+
+
+@njit(cache=True, nogil=True)
+def _survival_kernel(counts: F64, out: F64) -> None:
+    total = pairwise_sum(counts, 0, counts.shape[0])
+    acc = 0.0
+    for i in range(counts.shape[0] - 1, -1, -1):
+        acc += counts[i]
+        out[i] = acc / total
+
+
+@njit(cache=True, nogil=True)
+def _update_kernel(W: F64, prev: F64, paired: bool, counts: F64, scale: float, n_bins: int,
+                   w_out: F64, surv_out: F64) -> int:
+    """``normalize(W)`` into ``w_out``, then, if ``paired``, ``_add_kernel`` against prev
+    and, if that added any, the survival of the new counts into ``surv_out``."""
+    b = W.shape[0]
+    sq = np.empty(b)
+    for j in range(b):
+        sq[j] = W[j] * W[j]
+    rms = math.sqrt(pairwise_sum(sq, 0, b) / b) if b else 0.0
+    for j in range(b):
+        w_out[j] = W[j] / rms if rms > 0 else 0.0
+    added = _add_kernel(w_out, prev, counts, scale, n_bins) if paired else 0
+    if added:
+        _survival_kernel(counts, surv_out)
+    return added
 
 
 @njit(cache=True)

@@ -374,15 +374,18 @@ class PassageIndex:
 
     def commit(self, ordinal: int, state: PassageState | None) -> None:
         """After the page's batch is written: append its windows to the lists in memory,
-        so that they stay equal to the store, then keep the memory budget."""
-        if state is not None and state.rects is not None:
-            if self._append is not None and self._append[0] == ordinal:
-                self.cache.append_slots(self._append[1], ordinal)  # as ``stage`` found them
-            else:
-                r = state.rects
-                nonempty = np.flatnonzero(~r.empty)
-                self.cache.append_page(np.ascontiguousarray(r.bin[nonempty]),
-                                       np.ascontiguousarray(r.key[nonempty]), ordinal)
+        so that they stay equal to the store, then keep the memory budget (a page without
+        windows read no list and adds none: the cache is as the last trim left it)."""
+        if state is None or state.rects is None:
+            self._staged = self._append = self._entries = self._mark = None
+            return
+        if self._append is not None and self._append[0] == ordinal:
+            self.cache.append_slots(self._append[1], ordinal)  # as ``stage`` found them
+        else:
+            r = state.rects
+            nonempty = np.flatnonzero(~r.empty)
+            self.cache.append_page(np.ascontiguousarray(r.bin[nonempty]),
+                                   np.ascontiguousarray(r.key[nonempty]), ordinal)
         if self.pending is not None and self._staged == ordinal:
             self.pending.marked(self._mark)
             if self._entries is not None and self._entries[0] == ordinal:

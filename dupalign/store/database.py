@@ -138,6 +138,7 @@ class Store:
         self._cfs = {name: self._db.get_column_family(name) for name in families}
         self._same_prefix = ReadOptions()
         self._same_prefix.set_prefix_same_as_start(True)
+        self._total_order = total_order()
         self._check_params(params, read_only, implied or {}, upgrades or {})
 
     def _check_params(self, params: dict[str, Any], read_only: bool,
@@ -283,6 +284,22 @@ class Store:
         cf = self._cfs[family]
         try:
             yield from cf.keys(read_opt=total_order())
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
+
+    def first_key(self, family: str, prefix: bytes) -> bytes | None:
+        """The first key of ``family`` that starts with ``prefix`` (None: none): one seek,
+        with read options made once (``prefix`` made them and a generator a lookup, about
+        a third of its cost)."""
+        cf = self._cfs[family]
+        try:
+            it = cf.iter(self._total_order)
+            it.seek(prefix)
+            if it.valid():
+                key = bytes(it.key())
+                return key if key.startswith(prefix) else None
+            it.status()
+            return None
         except Exception as exc:
             raise store_error("read", self.path, exc) from exc
 

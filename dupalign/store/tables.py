@@ -153,9 +153,8 @@ class _Exact:
 
     def first(self, store: Store, content_hash: bytes) -> int | None:
         """The lowest ordinal stored with ``content_hash`` (None: none)."""
-        for key, _ in store.prefix(self.family, content_hash):
-            return read_u64(key, len(content_hash))
-        return None
+        key = store.first_key(self.family, content_hash)
+        return None if key is None else read_u64(key, len(content_hash))
 
     def put(self, batch: Batch, content_hash: bytes, ordinal: int) -> None:
         batch.put(self.family, content_hash + u64(ordinal), b"")

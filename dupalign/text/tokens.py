@@ -179,7 +179,10 @@ def reading(page: Page) -> str:
 
 def page_text(page: Page, main_content: bool = False, max_bytes: int = 1 << 30) -> str:
     """The text of a page that tokens and spans refer to."""
-    size = len(page.body) if isinstance(page.body, bytes) else len(page.body.encode("utf-8"))
+    body = page.body
+    # (a character takes at most 4 bytes: a text that short is within the limit uncounted)
+    size = len(body) if isinstance(body, bytes) or 4 * len(body) <= max_bytes else len(
+        body.encode("utf-8"))
     if size > max_bytes:
         raise PageRejected("too_large", f"body is {size} bytes, limit is {max_bytes}")
     ctype = _main_type(page)
@@ -228,16 +231,30 @@ def _lower_keeps(cp: int) -> bool:
     return known
 
 
+# what the characters of a set of distinct non-ASCII ones are (``_classify``), by the set:
+# pages of a site repeat a few ("©", "•", NBSP)
+_HIGH_SETS: dict[bytes, tuple[npt.NDArray[np.bool_], bool]] = {}
+
+
 def _classify(scanned: str) -> tuple[npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
-                                     npt.NDArray[np.uint32], npt.NDArray[np.bool_]]:
+                                     npt.NDArray[np.uint32], npt.NDArray[np.bool_], bool]:
     """The code points of ``scanned`` (bytes for ASCII text), its distinct non-ASCII ones
-    (ascending) and which of those are word characters."""
+    (ascending), which of those are word characters, and whether lower-casing keeps them
+    all."""
     if scanned.isascii():
-        return np.frombuffer(scanned.encode("ascii"), dtype=np.uint8), _NO_HIGH, _NO_HIGH_WORD
+        return (np.frombuffer(scanned.encode("ascii"), dtype=np.uint8), _NO_HIGH,
+                _NO_HIGH_WORD, True)
     cps = np.frombuffer(scanned.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
     high = _distinct_high(cps)
-    return cps, high, np.fromiter(map(_is_word, high.tolist()), dtype=np.bool_,
-                                  count=high.size)
+    key = high.tobytes()
+    known = _HIGH_SETS.get(key)
+    if known is None:
+        listed = high.tolist()
+        known = (np.fromiter(map(_is_word, listed), dtype=np.bool_, count=high.size),
+                 all(map(_lower_keeps, listed)))
+        if len(_HIGH_SETS) < 1 << 12:  # bounded, whatever pages come
+            _HIGH_SETS[key] = known
+    return cps, high, known[0], known[1]
 
 
 @njit(cache=True, nogil=True)
@@ -260,30 +277,17 @@ def _distinct_high(cps: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
 
 
 @njit(cache=True, nogil=True)
-def _word_mask(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
-               ascii_word: npt.NDArray[np.bool_], high: npt.NDArray[np.uint32],
-               high_word: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
-    """Which code points are word characters: ASCII from its table, others from the
-    page's distinct ones (``high``, ascending) and theirs (``high_word``)."""
-    mask = np.empty(codes.shape[0], dtype=np.bool_)
-    for i in range(codes.shape[0]):
-        c = np.uint32(codes[i])
-        if c < 128:
-            mask[i] = ascii_word[c]
-        else:
-            mask[i] = high_word[np.searchsorted(high, c)]
-    return mask
-
-
-@njit(cache=True, nogil=True)
 def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
-                mask: npt.NDArray[np.bool_], lower_ascii: bool, width: int
+                ascii_word: npt.NDArray[np.bool_], high_cps: npt.NDArray[np.uint32],
+                high_word: npt.NDArray[np.bool_], lower_ascii: bool, width: int
                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8],
-                           npt.NDArray[np.bool_]]:
-    """The runs of word characters (``mask``) of the code points ``codes``: their starts,
-    ends, UTF-8 bytes joined by NULs (A-Z lower-cased if ``lower_ascii``) and whether each
-    holds a non-ASCII character. ``width``: the most UTF-8 bytes a code point takes (1 for
-    ASCII text, else 4)."""
+                           npt.NDArray[np.bool_], int]:
+    """The runs of word characters of the code points ``codes``: their starts, ends, UTF-8
+    bytes joined by NULs (A-Z lower-cased if ``lower_ascii``), whether each holds a
+    non-ASCII character, and how many do. A code point is a word character by
+    ``ascii_word`` (ASCII) or by the page's distinct others (``high_cps``, ascending) and
+    theirs (``high_word``). ``width``: the most UTF-8 bytes a code point takes (1 for ASCII
+    text, else 4)."""
     n = codes.shape[0]
     starts = np.empty(n // 2 + 1, dtype=np.int64)
     ends = np.empty(n // 2 + 1, dtype=np.int64)
@@ -291,10 +295,11 @@ def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
     joined = np.empty(width * n, dtype=np.uint8)  # (a NUL replaces a non-word character)
     m = 0
     t = 0
+    n_high = 0
     inside = False
     for i in range(n):
         c = np.uint32(codes[i])
-        if mask[i]:
+        if ascii_word[c] if c < 128 else high_word[np.searchsorted(high_cps, c)]:
             if not inside:
                 if t > 0:
                     joined[m] = 0
@@ -305,7 +310,9 @@ def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
                 joined[m] = c + 32 if lower_ascii and 65 <= c <= 90 else c
                 m += 1
                 continue
-            high[t] = True
+            if not high[t]:
+                high[t] = True
+                n_high += 1
             if c < 0x800:
                 joined[m] = 0xC0 | (c >> 6)
                 joined[m + 1] = 0x80 | (c & 0x3F)
@@ -328,7 +335,7 @@ def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
     if inside:
         ends[t] = n
         t += 1
-    return starts[:t], ends[:t], joined[:m], high[:t]
+    return starts[:t], ends[:t], joined[:m], high[:t], n_high
 
 
 def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
@@ -339,20 +346,19 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     # Text whose non-ASCII characters all stay as they are lower-cased (most non-ASCII text
     # of a page is punctuation: "©", "—", NBSP) is read as is, A-Z lower-cased in the
     # kernel: what its lower-cased copy would give, at a quarter of the cost.
-    codes, high_cps, high_word = _classify(text)
-    lower_ascii = all(map(_lower_keeps, high_cps.tolist()))
+    codes, high_cps, high_word, lower_ascii = _classify(text)
     scanned, lowered = text, True
     if not lower_ascii:
         scanned = text.lower()
         lowered = len(scanned) == len(text)
         if lowered:
-            codes, high_cps, high_word = _classify(scanned)
+            codes, high_cps, high_word, _ = _classify(scanned)
         else:
             scanned = text
-    mask = _word_mask(codes, _ASCII_WORD, high_cps, high_word)
     # the tokens as bytes, without a Python string per token: hashing reads those
-    starts, ends, joined, high = _word_bytes(codes, mask, lower_ascii,
-                                             1 if codes.dtype == np.uint8 else 4)
+    starts, ends, joined, high, n_high = _word_bytes(codes, _ASCII_WORD, high_cps, high_word,
+                                                     lower_ascii,
+                                                     1 if codes.dtype == np.uint8 else 4)
     if max_tokens is not None and len(starts) > max_tokens:
         raise PageRejected("too_many_tokens", f"{len(starts)} tokens, limit is {max_tokens}")
     raw = joined.tobytes()
@@ -361,7 +367,7 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
             starts) else []
         return Tokens(text, tokens, starts, ends)
     odd = []
-    for x in np.flatnonzero(high).tolist():
+    for x in np.flatnonzero(high).tolist() if n_high else ():
         # (read as is: a token with a non-ASCII character then changes only in A-Z, by
         # lower(), as in the copy: no character it holds has a rule that looks around it)
         token = scanned[starts[x]:ends[x]]

@@ -47,6 +47,7 @@ store access (their windows in the lists, empty windows, ids and positions recor
 
 Run: .venv/bin/python -m tests.bench.bench_scan [--corpus llvm|boost] [--limit N]
      [--only html|text] [--no-main] [--jobs 1,2] [--threads] [--baseline-ref REV]
+     [--near-only] (the near-only runs and the peers, no default runs)
 """
 
 from __future__ import annotations
@@ -354,6 +355,8 @@ def main() -> int:
     ap.add_argument("--baseline-ref", help="also run the --jobs 1 stages of this revision "
                     "(a staged engine: stage CPU side by side)")
     ap.add_argument("--jobs", default="1,2", help="worker counts of the staged runs")
+    ap.add_argument("--near-only", action="store_true",
+                    help="only the near-only runs of dupalign (and the peers)")
     ap.add_argument("--threads", action="store_true",
                     help="also run the stages with jobs > 1 on worker threads")
     args = ap.parse_args()
@@ -383,7 +386,8 @@ def main() -> int:
             pages_file = tmp / f"{form}.pickle"
             pages_file.write_bytes(pickle.dumps(pages))
             runs = run_all(form, pages, pages_file, tmp, ref, args.main_ref, jobs, args.threads,
-                           (base, args.baseline_ref) if base is not None else None)
+                           (base, args.baseline_ref) if base is not None else None,
+                           args.near_only)
             report(form, len(pages), runs, truth, sh, old_ids)
     finally:
         for where in (ref, base):
@@ -396,8 +400,9 @@ def main() -> int:
 
 def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path | None,
             ref_name: str, jobs: list[int], threads: bool = False,
-            baseline: tuple[Path, str] | None = None) -> list[Run]:
-    """Every method on the same pages, one after the other."""
+            baseline: tuple[Path, str] | None = None, near_only: bool = False) -> list[Run]:
+    """Every method on the same pages, one after the other (``near_only``: no default
+    runs)."""
     runs: list[Run] = []
 
     def done(run: Run) -> None:
@@ -410,6 +415,8 @@ def run_all(form: str, pages: list[Page], pages_file: Path, tmp: Path, ref: Path
         done(run_peer("rensa", "ours", pages_file))
     # (each staged run makes its configuration: the default, or passages off)
     for name, passages in (("default", True), ("near-only", False)):
+        if near_only and passages:
+            continue
         if ref is not None:
             done(run_main(f"{ref_name} {name} (one thread)", ref, pages_file,
                           tmp / f"m-{form}-{name}", passages))

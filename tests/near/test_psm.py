@@ -15,6 +15,7 @@ from dupalign.near.psm import (
     brute_force_search,
     psm_search,
     psm_search_batch,
+    psm_search_one,
 )
 from dupalign.near.simhash_table import SimhashTable
 from dupalign.near.vosh import VolatilityModel, vosh_sets
@@ -281,6 +282,26 @@ def test_pipelined_batch_equals_one_query_at_a_time(params, h, mode, budget) -> 
         assert res.ordinals[a:b].tolist() == one.ordinals.tolist()
         assert res.hammings[a:b].tolist() == one.hammings.tolist()
         assert int(res.probes[i]) == int(one.probes[0])
+
+
+@settings(max_examples=25, deadline=None)
+@given(params=table_params, h=st.integers(0, 5), mode=st.sampled_from(["first", "all"]),
+       budget=st.integers(1, 70))
+def test_one_query_is_the_batch_of_one(params, h, mode, budget) -> None:
+    """``psm_search_one`` (the index stage's lookup) answers as ``psm_search_batch``."""
+    table, fps = make_table(params, buffer_min=16)
+    q, W = queries_and_w(params[0], fps, 20)
+    model = VolatilityModel()
+    for w in W[:5]:
+        model.update(w)
+    bound = np.random.default_rng(params[0]).integers(0, 7 * len(fps) + 6, len(q))
+    for i in range(len(q)):
+        batch = psm_search_batch(table, q[i : i + 1], W[i : i + 1], h=h, budget=budget,
+                                 mode=mode, model=model, before=int(bound[i]))
+        found, probes = psm_search_one(table, int(q[i]), np.ascontiguousarray(W[i]), h, budget,
+                                       mode == "first", model, int(bound[i]))
+        assert found == batch.get(0)
+        assert probes == int(batch.probes[0])
 
 
 def test_psm_probes_follow_vosh_order() -> None:

@@ -14,6 +14,7 @@ from dupalign.near.vosh import (
     LINEAR_MAX_BUDGET,
     VolatilityModel,
     _children,
+    pairwise_sum,
     vosh_array,
     vosh_sets,
 )
@@ -175,6 +176,51 @@ def test_model_round_trip() -> None:
     assert np.array_equal(m.counts, m2.counts)
     with pytest.raises(ValueError):
         VolatilityModel.from_bytes(b"\x80")
+
+
+def _numpy_update(m: VolatilityModel, W: np.ndarray) -> np.ndarray:
+    """``update`` as numpy calls: the kernel's twin."""
+    w = VolatilityModel.normalize(W)
+    if m._prev is not None and m._prev.shape == w.shape:
+        m.add_differences(w - m._prev)
+    m._prev = w
+    return w
+
+
+def _numpy_survival(m: VolatilityModel) -> np.ndarray:
+    return np.cumsum(m.counts[::-1])[::-1] / float(m.counts.sum())
+
+
+weights = st.lists(st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False),
+                   min_size=64, max_size=64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pages=st.lists(st.one_of(weights, st.just([0.0] * 64)), min_size=1, max_size=12),
+       n_bins=st.integers(2, 600), y_max=st.floats(0.5, 20.0))
+def test_update_kernel_is_its_numpy_twin(pages: list[list[float]], n_bins: int,
+                                         y_max: float) -> None:
+    """The model learned by the kernel is numpy's bit for bit: its normalized W, counts,
+    samples and survival, after every page and after a replay of the logged updates."""
+    kernel, twin = VolatilityModel(n_bins, y_max), VolatilityModel(n_bins, y_max)
+    replayed = VolatilityModel(n_bins, y_max)
+    for page in pages:
+        W = np.array(page)
+        w = kernel.update(W)
+        assert w.tobytes() == _numpy_update(twin, W).tobytes()
+        replayed.replay(np.frombuffer(w.astype("<f8").tobytes(), dtype="<f8").astype(float))
+        for m in (kernel, replayed):
+            assert m.counts.tobytes() == twin.counts.tobytes()
+            assert m.n_samples == twin.n_samples
+            assert m.kernel_params()[0].tobytes() == _numpy_survival(twin).tobytes()
+    assert kernel.to_bytes() == twin.to_bytes() == replayed.to_bytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.lists(st.floats(-1e9, 1e9, allow_nan=False), max_size=700))
+def test_pairwise_sum_is_numpys(values: list[float]) -> None:
+    a = np.array(values, dtype=np.float64)
+    assert pairwise_sum(a, 0, a.size) == float(a.sum())
 
 
 def test_rejects_invalid_probabilities() -> None:

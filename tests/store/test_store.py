@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dupalign.errors import StoreError, StoreMismatch, StoreUnavailable
 from dupalign.store.database import Store
@@ -24,6 +26,30 @@ def test_prefix_scan_returns_exactly_the_prefix_in_order(tmp_path: Path) -> None
     assert [read_u64(v) for _, v in store.prefix("oph", u64(8))] == [1, 2, 3]
     assert len(list(store.prefix("oph", b"\xff" * 8))) == 1
     assert read_u64(store.last_key("oph") or b"", 8) == 0
+    store.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(keys=st.lists(st.binary(min_size=1, max_size=4), max_size=30),
+       gone=st.lists(st.integers(0, 29), max_size=10),
+       prefixes=st.lists(st.binary(min_size=1, max_size=3), min_size=1, max_size=8))
+def test_first_key_is_the_prefix_scans_first(tmp_path_factory: pytest.TempPathFactory,
+                                             keys: list[bytes], gone: list[int],
+                                             prefixes: list[bytes]) -> None:
+    """``first_key``: the first key ``prefix`` gives, deleted keys and all."""
+    store = Store(tmp_path_factory.mktemp("db") / "db", {"p": 1})
+    batch = store.batch()
+    for key in keys:
+        batch.put("exact", key, b"")
+    store.write(batch)
+    batch = store.batch()
+    for i in gone:
+        if i < len(keys):
+            batch.delete("exact", keys[i])
+    store.write(batch)
+    for prefix in [*prefixes, *keys, b"\xff", b"\xff\xff"]:
+        expected = next((k for k, _ in store.prefix("exact", prefix)), None)
+        assert store.first_key("exact", prefix) == expected
     store.close()
 
 
