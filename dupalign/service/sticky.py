@@ -5,9 +5,13 @@ it, since the owner would let go of its state and the newcomer rebuild it by rep
 
 Partition i of every subscribed topic goes to one member (a *slot*, as the range assignor
 gives it: the index role needs partition 0 of its topics together). Each member's
-subscription says which partitions it was last given and the *epoch* of that assignment:
-every assignment carries the epoch 1 + the highest any member reports, so when two members
-claim a slot (one was expelled and the group moved on without it) the newer claim wins.
+subscription says which partitions it was last given, the *epoch* they were given at and
+the highest epoch it has seen: partitions that change hands are given at 1 + the highest
+epoch any member has seen, so when two members claim a slot (one was expelled and the group
+moved on without it) the newer claim wins. An assignment that changes nothing keeps every
+epoch, so every subscription stays the same: the broker rebalances the whole group again
+when a member rejoins with another subscription than it had (aiokafka rejoins after some
+assignments: with an epoch bumped at every assignment, a group rebalanced without end).
 The leader keeps each claimed slot with its claimer, up to the claimer's quota (the slots
 spread within one over the members: the larger quotas to the members that claim most),
 and gives the other slots in order to the members with room, taken by member id: without
@@ -41,12 +45,13 @@ Partition = tuple[str, int]  # (topic, partition)
 
 @dataclass(frozen=True)
 class Claim:
-    """What a member says when it joins: its topics, the partitions it was last given and
-    that assignment's epoch (-1: none yet)."""
+    """What a member says when it joins: its topics, the partitions it was last given, the
+    epoch they were given at and the highest epoch it has seen (-1: none yet)."""
 
     topics: frozenset[str]
     owned: frozenset[Partition] = frozenset()
     epoch: int = -1
+    seen: int = -1
 
 
 def assign(members: Mapping[str, Claim], partitions: Mapping[str, int]
@@ -90,15 +95,16 @@ def assign(members: Mapping[str, Claim], partitions: Mapping[str, int]
     return {m: sorted(given[m]) for m in ids}
 
 
-def next_epoch(members: Iterable[Claim]) -> int:
-    return 1 + max((c.epoch for c in members), default=-1)
+def latest_epoch(members: Iterable[Claim]) -> int:
+    return max((max(c.epoch, c.seen) for c in members), default=-1)
 
 
-def encode_claim(owned: Iterable[Partition], epoch: int) -> bytes:
+def encode_claim(owned: Iterable[Partition], epoch: int, seen: int) -> bytes:
     by_topic: dict[str, list[int]] = {}
     for t, p in sorted(owned):
         by_topic.setdefault(t, []).append(p)
-    return json.dumps({"epoch": epoch, "owned": by_topic}, sort_keys=True).encode()
+    return json.dumps({"epoch": epoch, "owned": by_topic, "seen": seen},
+                      sort_keys=True).encode()
 
 
 def decode_claim(topics: Iterable[str], user_data: bytes | None) -> Claim:
@@ -109,16 +115,18 @@ def decode_claim(topics: Iterable[str], user_data: bytes | None) -> Claim:
         data = json.loads(user_data or b"{}")
         owned = frozenset((str(t), int(p)) for t, ps in data.get("owned", {}).items()
                           for p in ps)
-        return Claim(topics, owned, int(data.get("epoch", -1)))
+        return Claim(topics, owned, int(data.get("epoch", -1)), int(data.get("seen", -1)))
     except (ValueError, TypeError, AttributeError):
         return Claim(topics)
 
 
-def decode_epoch(user_data: bytes | None) -> int:
+def decode_epochs(user_data: bytes | None) -> tuple[int, int]:
+    """(the epoch a member's partitions were given at, the highest epoch seen)."""
     try:
-        return int(json.loads(user_data or b"{}").get("epoch", -1))
+        data = json.loads(user_data or b"{}")
+        return int(data.get("epoch", -1)), int(data.get("seen", -1))
     except (ValueError, TypeError, AttributeError):
-        return -1
+        return -1, -1
 
 
 class StickyAssignor(AbstractPartitionAssignor):
@@ -130,11 +138,12 @@ class StickyAssignor(AbstractPartitionAssignor):
 
     def __init__(self) -> None:
         self.owned: list[Partition] = []  # what this member was last given
-        self.epoch = -1  # and that assignment's epoch
+        self.epoch = -1  # and the epoch they were given at
+        self.seen = -1  # the highest epoch the group has given
 
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
         return ConsumerProtocolMemberMetadata(self.version, sorted(topics),
-                                              encode_claim(self.owned, self.epoch))
+                                              encode_claim(self.owned, self.epoch, self.seen))
 
     def assign(self, cluster: Any, members: Mapping[str, ConsumerProtocolMemberMetadata]
                ) -> dict[str, ConsumerProtocolMemberAssignment]:
@@ -146,24 +155,27 @@ class StickyAssignor(AbstractPartitionAssignor):
             if found:
                 counts[t] = max(found) + 1
         given = assign(claims, counts)
-        epoch = next_epoch(claims.values())
-        moved = sum(1 for m, parts in given.items() for tp in parts
-                    if any(tp in c.owned for o, c in claims.items() if o != m))
-        log.info("sticky assignment (epoch %d): %d members, %d partitions, %d moved from "
-                 "another member", epoch, len(given), sum(map(len, given.values())), moved)
-        user_data = json.dumps({"epoch": epoch}).encode()
+        changed = [m for m, parts in given.items() if set(parts) != claims[m].owned]
+        epoch = latest_epoch(claims.values()) + bool(changed)
+        if changed:
+            moved = sum(1 for m, parts in given.items() for tp in parts
+                        if any(tp in c.owned for o, c in claims.items() if o != m))
+            log.info("sticky assignment (epoch %d): %d members, %d partitions, %d moved from "
+                     "another member", epoch, len(given), sum(map(len, given.values())), moved)
         out = {}
         for m, parts in given.items():
             by_topic: dict[str, list[int]] = {}
             for t, p in parts:
                 by_topic.setdefault(t, []).append(p)
-            out[m] = ConsumerProtocolMemberAssignment(self.version, sorted(by_topic.items()),
-                                                      user_data)
+            user_data = {"epoch": epoch if m in changed else claims[m].epoch, "seen": epoch}
+            out[m] = ConsumerProtocolMemberAssignment(
+                self.version, sorted(by_topic.items()),
+                json.dumps(user_data, sort_keys=True).encode())
         return out
 
     def on_assignment(self, assignment: ConsumerProtocolMemberAssignment) -> None:
         self.owned = sorted((tp.topic, tp.partition) for tp in assignment.partitions())
-        self.epoch = decode_epoch(assignment.user_data)
+        self.epoch, self.seen = decode_epochs(assignment.user_data)
 
 
 def with_fallback(fallback: Any) -> tuple[Any, ...]:

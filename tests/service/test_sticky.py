@@ -179,6 +179,19 @@ def test_the_owner_keeps_the_shard_as_standbys_join_and_a_standby_takes_it_when_
     assert got[owner] == shard and got[standby] == []
 
 
+def test_a_group_settles_its_subscriptions_change_only_with_its_assignment() -> None:
+    """The broker rebalances the whole group when a member rejoins with another subscription
+    than it had, and aiokafka rejoins after some assignments: once members have what they
+    claimed, another rebalance must leave every member's subscription as it was."""
+    group = Group({"align": 4})
+    for prefix in "bcad":
+        group.join(prefix)
+        group.rebalance()
+        before = {m: a.metadata(["align"]).encode() for m, a in group.members.items()}
+        group.rebalance()
+        assert {m: a.metadata(["align"]).encode() for m, a in group.members.items()} == before
+
+
 def test_a_joining_member_takes_only_the_surplus() -> None:
     group = Group({"keys": 4})
     first, second = group.join("b"), group.join("c")
