@@ -130,8 +130,8 @@ def decode_epochs(user_data: bytes | None) -> tuple[int, int]:
 
 
 class StickyAssignor(AbstractPartitionAssignor):
-    """``assign`` for aiokafka: one instance per consumer, listed first in its
-    ``partition_assignment_strategy`` (``with_fallback``)."""
+    """``assign`` for aiokafka: one instance per consumer, its only
+    ``partition_assignment_strategy`` (``sticky``)."""
 
     name = "dupalign-sticky"
     version = 0
@@ -178,8 +178,10 @@ class StickyAssignor(AbstractPartitionAssignor):
         self.epoch, self.seen = decode_epochs(assignment.user_data)
 
 
-def with_fallback(fallback: Any) -> tuple[Any, ...]:
-    """A consumer's ``partition_assignment_strategy``: sticky, or ``fallback`` (an aiokafka
-    assignor class) while some member of the group offers only that (one from before this
-    assignor, in a rolling upgrade: the group takes the strategy every member offers)."""
-    return (StickyAssignor(), fallback)
+def sticky() -> tuple[Any, ...]:
+    """A consumer's ``partition_assignment_strategy``: this assignor alone. aiokafka (0.14)
+    sends one JoinGroup per strategy offered, each naming one more: a member offering two
+    changes its subscription mid-join, and the broker rebalances the group again, without
+    end once two members do (tests/service/test_sticky.py). So no fallback strategy: every
+    member of a group must run a version with this assignor (stop the old ones first)."""
+    return (StickyAssignor(),)

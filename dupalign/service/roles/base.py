@@ -38,7 +38,7 @@ from dupalign.service.loop import (
 )
 from dupalign.service.outage import stop_within, within
 from dupalign.service.roles.metrics import RoleMetrics
-from dupalign.service.sticky import with_fallback
+from dupalign.service.sticky import sticky
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
@@ -125,8 +125,8 @@ class StatelessRole:
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.config.worker.batch_size,
             rebalance_timeout_ms=rebalance_timeout_ms(self.kc),
-            partition_assignment_strategy=with_fallback(RoundRobinPartitionAssignor)
-            if self.keeps_state else (RoundRobinPartitionAssignor,))
+            partition_assignment_strategy=sticky() if self.keeps_state
+            else (RoundRobinPartitionAssignor,))
         consumer.subscribe([self.input_topic], listener=Listener(self))
         await consumer.start()
         self.started = True

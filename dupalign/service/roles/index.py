@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 
 from dupalign.config import EngineConfig
@@ -56,7 +55,7 @@ from dupalign.service.roles.index_lifecycle import Lifecycle
 from dupalign.service.roles.index_takeover import Takeover
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.shard_protocol import Partial
-from dupalign.service.sticky import with_fallback
+from dupalign.service.sticky import sticky
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
@@ -163,7 +162,7 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
             rebalance_timeout_ms=rebalance_timeout_ms(self.kc),
             # co-partitioned (partition i of every input topic to the same member) and
             # sticky: a standby that joins does not take the shard (it would rebuild it)
-            partition_assignment_strategy=with_fallback(RangePartitionAssignor))
+            partition_assignment_strategy=sticky())
         consumer.subscribe(sorted(t.topic for t in self.tps), listener=Listener(self))
         await consumer.start()
         self.started = True
