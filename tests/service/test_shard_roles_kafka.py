@@ -74,10 +74,11 @@ async def shard_lag(topo: Topology) -> bool:
 async def test_two_index_shards_as_processes_give_the_matches_of_scan_across_a_join_and_leave(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     """Test (a) of issue 12 with 2 shards: 2 sketch + the fan-in + 2 shard + 2 align; and
-    (d) for the shards: mid-stream a third shard process joins (a fresh store: it rebuilds
-    the partition it takes by replay) and a first one leaves, then comes back with its
-    store (behind: it catches up); and for align: a third align process joins, then
-    leaves, while the shards move."""
+    (d) for the shards: mid-stream a third shard process joins (a standby: the shards stay
+    with their owners) and a first one leaves (the third takes its partition, rebuilding
+    it by replay in a fresh store), then comes back with its store, as a standby; and for
+    align: a third align process joins (taking the surplus of the others), then leaves,
+    while the shards move."""
     topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
     try:
         for role in ("sketch", "sketch", "align", "align"):

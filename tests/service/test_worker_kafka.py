@@ -31,6 +31,7 @@ from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.service.config import Config, KafkaConfig, load_config
 from dupalign.service.produce import send_pages
+from dupalign.service.sticky import StickyAssignor
 from dupalign.service.topology import new_producer
 from dupalign.service.worker import SOURCE_HEADER, Worker
 from dupalign.wire import messages
@@ -581,10 +582,14 @@ async def test_a_partition_stored_past_its_commit_keeps_its_pages_while_another_
     worker.on_assigned = on_assigned  # type: ignore[method-assign,assignment]
     run = asyncio.create_task(worker.run())
     await wait_for(lambda: _true(calls >= 1), 60, "the worker assigned")
-    # the other member: its client id sorts first, so the range assignor gives it partition 0
+    # the other member: it claims partition 0 as given at a later epoch than the worker's,
+    # so the sticky assignment gives it partition 0
+    claim = StickyAssignor()
+    claim.owned, claim.epoch = [(topics.pages, 0)], 1 << 20
     other = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=topics.group,
                              client_id="aaa-other", enable_auto_commit=False,
-                             session_timeout_ms=6000, heartbeat_interval_ms=500)
+                             session_timeout_ms=6000, heartbeat_interval_ms=500,
+                             partition_assignment_strategy=(claim,))
     other.subscribe([topics.pages])
     await other.start()
     try:

@@ -53,6 +53,7 @@ log = logging.getLogger("dupalign.roles.align")
 
 class AlignRole(StatelessRole):
     name = "align"
+    keeps_state = True
 
     def __init__(self, config: Config, metrics: RoleMetrics | None = None,
                  store_dir: str | Path | None = None) -> None:

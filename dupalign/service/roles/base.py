@@ -1,8 +1,9 @@
 """A stateless role (sketch, align, shard): a consumer-group member of one input topic that
 turns each fetched batch of one partition into records, produced in one transaction with
 the batch's offsets (dupalign/service/loop.py: the loop and its ``Checkpoint``). Any number
-of copies run at once: the group spreads the partitions, and a partition's transactional id
-fences its previous owner.
+of copies run at once: the group spreads the partitions (those of a role with a store per
+partition stay with their owner as members come and go: ``keeps_state``), and a
+partition's transactional id fences its previous owner.
 
 A rebalance waits for the batch in hand (``busy``), then stops the producers of revoked
 partitions; a batch fetched before the assignment changed is dropped (its partitions were
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from aiokafka.errors import KafkaError
 
 from dupalign.service.config import Config
@@ -36,6 +38,7 @@ from dupalign.service.loop import (
 )
 from dupalign.service.outage import stop_within, within
 from dupalign.service.roles.metrics import RoleMetrics
+from dupalign.service.sticky import sticky
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
@@ -56,6 +59,9 @@ class StatelessRole:
     sends (counted once committed)."""
 
     name = "role"
+    # a store per partition, which a move makes the next owner rebuild by replay: the group
+    # keeps each partition with its owner (dupalign.service.sticky)
+    keeps_state = False
 
     def __init__(self, config: Config, metrics: RoleMetrics | None = None) -> None:
         self.config = config
@@ -118,7 +124,9 @@ class StatelessRole:
         await self.on_start()
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.config.worker.batch_size,
-            rebalance_timeout_ms=rebalance_timeout_ms(self.kc))
+            rebalance_timeout_ms=rebalance_timeout_ms(self.kc),
+            partition_assignment_strategy=sticky() if self.keeps_state
+            else (RoundRobinPartitionAssignor,))
         consumer.subscribe([self.input_topic], listener=Listener(self))
         await consumer.start()
         self.started = True

@@ -2,8 +2,9 @@
 to its store (dupalign.stages.index.Indexer), sends alignment requests, takes back their results
 and publishes each page's matches, finished in ordinal order as ``Engine.process`` does.
 
-Inputs (one consumer, range assignment: partition 0 of the three topics goes to one group
-member, the shard's owner; other index processes are standbys):
+Inputs (one consumer, co-partitioned sticky assignment, dupalign/service/sticky.py: partition
+0 of the three topics goes to one group member, the shard's owner, and stays with it while
+it is a member; other index processes are standbys):
 
 * ``sequence``: the order. Its read_committed records are the ordinals to apply, in order;
   an aborted ordinal is never seen, so never waited for.
@@ -39,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
-from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 
 from dupalign.config import EngineConfig
@@ -55,6 +55,7 @@ from dupalign.service.roles.index_lifecycle import Lifecycle
 from dupalign.service.roles.index_takeover import Takeover
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.shard_protocol import Partial
+from dupalign.service.sticky import sticky
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
@@ -159,8 +160,9 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.turn_records,
             rebalance_timeout_ms=rebalance_timeout_ms(self.kc),
-            # co-partitioning: partition i of every input topic to the same member
-            partition_assignment_strategy=(RangePartitionAssignor,))
+            # co-partitioned (partition i of every input topic to the same member) and
+            # sticky: a standby that joins does not take the shard (it would rebuild it)
+            partition_assignment_strategy=sticky())
         consumer.subscribe(sorted(t.topic for t in self.tps), listener=Listener(self))
         await consumer.start()
         self.started = True

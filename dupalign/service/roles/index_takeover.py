@@ -112,7 +112,8 @@ class Takeover:
         async with self.busy:
             self.generation += 1
             if not assigned:
-                return  # a standby
+                log.info("index role: a standby (another member holds the shard)")
+                return
             if assigned != self.tps:
                 raise TopologyError(f"index role assigned {sorted(map(str, assigned))}, not "
                                     "the whole shard: do the input topics have one partition "

@@ -49,6 +49,7 @@ log = logging.getLogger("dupalign.roles.shard")
 
 class ShardRole(StatelessRole):
     name = "shard"
+    keeps_state = True
 
     def __init__(self, config: Config, store_dir: str | Path,
                  metrics: RoleMetrics | None = None) -> None:

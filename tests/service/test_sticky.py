@@ -1,0 +1,238 @@
+"""The sticky co-partitioned assignment (dupalign.service.sticky): its properties against a
+brute-force twin (every balanced co-partitioned assignment tried: none keeps more claimed
+slots with their claimers), aiokafka's range assignor's answer when nobody claims anything,
+and a group's rebalances played through aiokafka's own protocol structs: an owner keeps its
+partitions as members join, a standby takes them when it leaves, a stale claim loses."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import uuid
+from typing import Any
+
+from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance, GroupCoordinator
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dupalign.service.sticky import (
+    Claim,
+    Partition,
+    StickyAssignor,
+    assign,
+    decode_claim,
+    sticky,
+)
+
+TOPICS = ("a", "b", "c")
+
+
+class Counts:
+    """The one thing an assignor reads of aiokafka's cluster metadata."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        n = self.counts.get(topic)
+        return None if n is None else set(range(n))
+
+
+@st.composite
+def groups(draw: Any, same_topics: bool = True) -> tuple[dict[str, Claim], dict[str, int]]:
+    counts = draw(st.dictionaries(st.sampled_from(TOPICS), st.integers(1, 5), min_size=1))
+    every = [(t, p) for t, n in counts.items() for p in range(n)]
+    ids = draw(st.lists(st.sampled_from("mnopq"), min_size=1, max_size=3, unique=True))
+    members = {}
+    for m in ids:
+        topics = frozenset(counts) if same_topics else frozenset(
+            draw(st.sets(st.sampled_from(TOPICS), min_size=1)))
+        owned = draw(st.sets(st.sampled_from([*every, ("gone", 0)])))
+        members[m] = Claim(topics, frozenset(owned), draw(st.integers(-1, 3)))
+    return members, counts
+
+
+def winners(members: dict[str, Claim], counts: dict[str, int]) -> dict[int, str]:
+    """Slot -> the member whose claim on it wins: the newest epoch, then the least id."""
+    out: dict[int, str] = {}
+    for slot in range(max(counts.values())):
+        claimers = [m for m, c in members.items()
+                    if any(t in c.topics and p == slot and p < counts.get(t, 0)
+                           for t, p in c.owned)]
+        if claimers:
+            out[slot] = min(claimers, key=lambda m: (-members[m].epoch, m))
+    return out
+
+
+def slots_of(given: dict[str, list[Partition]]) -> dict[str, set[int]]:
+    return {m: {p for _, p in parts} for m, parts in given.items()}
+
+
+@settings(max_examples=400, deadline=None)
+@given(groups())
+def test_every_partition_once_co_partitioned_balanced_and_as_many_kept_as_any_could(
+        group: tuple[dict[str, Claim], dict[str, int]]) -> None:
+    members, counts = group
+    got = assign(members, counts)
+    every = sorted((t, p) for t, n in counts.items() for p in range(n))
+    assert sorted(tp for parts in got.values() for tp in parts) == every
+    n_slots = max(counts.values())
+    slots = slots_of(got)
+    for m, parts in got.items():  # a member's slot: that partition of every topic
+        assert sorted(parts) == sorted((t, s) for s in slots[m] for t in counts
+                                       if s < counts[t])
+    sizes = [len(s) for s in slots.values()]
+    assert max(sizes) - min(sizes) <= 1
+    win = winners(members, counts)
+    kept = {m: sum(1 for s in slots[m] if win.get(s) == m) for m in members}
+    claimed = {m: sum(1 for w in win.values() if w == m) for m in members}
+    for m in members:  # a claimer keeps what its quota allows
+        assert kept[m] == min(claimed[m], len(slots[m]))
+    # the twin: every balanced map of slots to members; none keeps more
+    ids = sorted(members)
+    best = max(sum(1 for s, m in enumerate(choice) if win.get(s) == m)
+               for choice in itertools.product(ids, repeat=n_slots)
+               if max(choice.count(m) for m in ids) - min(choice.count(m) for m in ids) <= 1)
+    assert sum(kept.values()) == best
+    # deterministic: the same members listed in another order
+    assert assign(dict(reversed(list(members.items()))), dict(reversed(counts.items()))) == got
+
+
+@settings(max_examples=300, deadline=None)
+@given(groups(same_topics=False))
+def test_members_with_other_topics_get_each_partition_once_from_their_own_topics(
+        group: tuple[dict[str, Claim], dict[str, int]]) -> None:
+    members, counts = group
+    got = assign(members, counts)
+    subscribed = {t for c in members.values() for t in c.topics}
+    every = sorted((t, p) for t, n in counts.items() if t in subscribed for p in range(n))
+    assert sorted(tp for parts in got.values() for tp in parts) == every
+    for m, parts in got.items():
+        assert all(t in members[m].topics for t, _ in parts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.sets(st.sampled_from(TOPICS), min_size=1),
+       st.lists(st.text("xyz0123", min_size=1, max_size=6), min_size=1, max_size=5,
+                unique=True))
+def test_without_claims_it_is_the_range_assignors_assignment(
+        n: int, topics: set[str], ids: list[str]) -> None:
+    counts = {t: n for t in topics}
+    got = assign({m: Claim(frozenset(topics)) for m in ids}, counts)
+    md = {m: ConsumerProtocolMemberMetadata(0, sorted(topics), b"") for m in ids}
+    ranged = RangePartitionAssignor.assign(Counts(counts), md)
+    assert got == {m: sorted(a.partitions()) for m, a in ranged.items()}
+
+
+@given(st.binary(max_size=64))
+def test_a_claim_it_cannot_read_claims_nothing(data: bytes) -> None:
+    claim = decode_claim(["t"], data)
+    assert claim.topics == {"t"}
+
+
+class Group:
+    """A consumer group's rebalances as aiokafka runs them, minus the broker: every member's
+    metadata encoded and decoded, the leader's ``assign``, each member's ``on_assignment``."""
+
+    def __init__(self, topics: dict[str, int]) -> None:
+        self.topics = topics
+        self.members: dict[str, StickyAssignor] = {}
+
+    def join(self, prefix: str) -> str:
+        member = f"{prefix}-{uuid.uuid4()}"  # aiokafka's member ids: client id, random
+        self.members[member] = StickyAssignor()
+        return member
+
+    def rebalance(self) -> dict[str, list[Partition]]:
+        md = {m: ConsumerProtocolMemberMetadata.decode(a.metadata(set(self.topics)).encode())
+              for m, a in self.members.items()}
+        leader = self.members[next(iter(self.members))]
+        out = leader.assign(Counts(self.topics), md)
+        for m, a in self.members.items():
+            a.on_assignment(ConsumerProtocolMemberAssignment.decode(out[m].encode()))
+        return {m: a.owned for m, a in self.members.items()}
+
+
+def test_the_owner_keeps_the_shard_as_standbys_join_and_a_standby_takes_it_when_it_leaves(
+        ) -> None:
+    group = Group({"sequence": 1, "sketches": 1, "aligned": 1})
+    owner = group.join("z")  # sorts last: the range assignor gives the shard to any newcomer
+    shard = [("aligned", 0), ("sequence", 0), ("sketches", 0)]
+    assert group.rebalance()[owner] == shard
+    for _ in range(3):
+        standby = group.join("a")
+        got = group.rebalance()
+        assert got[owner] == shard and got[standby] == []
+        del group.members[standby]
+        assert group.rebalance()[owner] == shard
+    standby = group.join("a")
+    group.rebalance()
+    del group.members[owner]
+    assert group.rebalance()[standby] == shard
+    # a member expelled (stopped past its session) while the group moved its shard on
+    # comes back claiming it: the newer claim wins (the stale one sorts first)
+    group.join("z")
+    group.rebalance()
+    expelled = group.members.pop(standby)
+    owner = next(iter(group.members))
+    assert group.rebalance()[owner] == shard
+    group.members[standby] = expelled
+    got = group.rebalance()
+    assert got[owner] == shard and got[standby] == []
+
+
+def test_a_group_settles_its_subscriptions_change_only_with_its_assignment() -> None:
+    """The broker rebalances the whole group when a member rejoins with another subscription
+    than it had, and aiokafka rejoins after some assignments: once members have what they
+    claimed, another rebalance must leave every member's subscription as it was."""
+    group = Group({"align": 4})
+    for prefix in "bcad":
+        group.join(prefix)
+        group.rebalance()
+        before = {m: a.metadata(["align"]).encode() for m, a in group.members.items()}
+        group.rebalance()
+        assert {m: a.metadata(["align"]).encode() for m, a in group.members.items()} == before
+
+
+def test_a_joining_member_takes_only_the_surplus() -> None:
+    group = Group({"keys": 4})
+    first, second = group.join("b"), group.join("c")
+    before = group.rebalance()
+    third = group.join("a")
+    after = group.rebalance()
+    assert len(after[third]) == 1
+    for m in (first, second):
+        assert len(set(before[m]) & set(after[m])) == len(after[m]) >= 1
+
+
+def test_one_strategy_only_since_aiokafka_joins_once_per_strategy_offered() -> None:
+    """aiokafka sends a JoinGroup per strategy, each listing one more: a member offering two
+    changes its protocols mid-join, and the broker rebalances the group again (a topology
+    run: ~1500 rebalances in 5 minutes, 'Updating metadata for member ... during
+    CompletingRebalance'). Fails once aiokafka joins once: then a fallback (the range or
+    round-robin strategy of older versions) could let a rolling upgrade mix versions."""
+    join = inspect.getsource(CoordinatorGroupRebalance.perform_group_join)
+    loop = join[join.index("for assignor in self._assignors:"):]
+    assert "JoinGroupRequest(" in loop[:loop.index("if error_type is Errors.NoError")]
+    assert len(sticky()) == 1
+
+
+def test_aiokafka_calls_the_assignors_it_is_given_on_the_objects_themselves() -> None:
+    """The assignor is an instance per consumer (it remembers its consumer's partitions):
+    aiokafka only reads ``name`` and calls ``metadata``, ``assign`` and ``on_assignment`` on
+    the objects in ``partition_assignment_strategy``. Fails if that changes."""
+    join = inspect.getsource(CoordinatorGroupRebalance.perform_group_join)
+    assert "for assignor in self._assignors:" in join
+    assert "metadata = assignor.metadata(topics)" in join
+    assert "group_protocol = (assignor.name, metadata)" in join
+    lookup = inspect.getsource(GroupCoordinator._lookup_assignor)
+    assert "if assignor.name == name:" in lookup
+    assert "assignor.assign(self._cluster, member_metadata)" in inspect.getsource(
+        GroupCoordinator._perform_assignment)
+    assert "assignor.on_assignment(assignment)" in inspect.getsource(
+        GroupCoordinator._on_join_complete)
