@@ -37,7 +37,16 @@ from pathlib import Path
 
 import pytest
 
+from dupalign.store import options as store_options
 from tests.corpora import SHARED, TESTDATA
+
+# The stores that tests open in their own process have memtables of fewer hash buckets: the
+# product's 1M buckets (an 8 MB array, zeroed for every memtable of the ``oph`` family) were
+# a third of the CPU of tests that open many small stores (most of it page faults), and the
+# bucket count changes no result (a bucket holds a skip list of its keys). Processes that
+# tests start (CLI runs, roles) keep the product's count, and so does test_memory_budget.
+PRODUCT_MEMTABLE_BUCKETS = store_options.MEMTABLE_BUCKETS
+store_options.MEMTABLE_BUCKETS = 1 << 12
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SH = REPO / "deploy" / "kafka" / "broker.sh"
