@@ -349,8 +349,7 @@ def prometheus_bin() -> Path:
 # mostly wait, one after the other, while the other workers keep both cores busy. Node ids
 # without parameters; a test not found here merely loses its place.
 LONG_FIRST = (
-    "tests/service/test_role_outage_kafka.py::test_every_role_waits_out_a_broker_restart_and_an_idle_one_exits_5_after_max_outage_s",
-    "tests/service/test_worker_broker_outage.py::test_the_worker_waits_out_a_broker_restart_and_an_idle_one_exits_5_after_max_outage_s",
+    "tests/service/test_worker_broker_outage.py::test_the_worker_and_every_role_wait_out_a_broker_restart_and_idle_ones_exit_5",
     "tests/service/test_kafka_security.py::test_misconfigurations_stop_with_one_line_and_lose_nothing_then_the_worker_matches_scan",
     "tests/service/test_large_records_kafka.py::test_with_default_settings_a_page_of_several_mb_gives_the_single_worker_s_matches",
     "tests/stages/test_shard.py::test_any_shard_count_gives_the_matches_of_the_single_indexer",
