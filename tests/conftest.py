@@ -37,7 +37,16 @@ from pathlib import Path
 
 import pytest
 
+from dupalign.store import options as store_options
 from tests.corpora import SHARED, TESTDATA
+
+# The stores that tests open in their own process have memtables of fewer hash buckets: the
+# product's 1M buckets (an 8 MB array, zeroed for every memtable of the ``oph`` family) were
+# a third of the CPU of tests that open many small stores (most of it page faults), and the
+# bucket count changes no result (a bucket holds a skip list of its keys). Processes that
+# tests start (CLI runs, roles) keep the product's count, and so does test_memory_budget.
+PRODUCT_MEMTABLE_BUCKETS = store_options.MEMTABLE_BUCKETS
+store_options.MEMTABLE_BUCKETS = 1 << 12
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SH = REPO / "deploy" / "kafka" / "broker.sh"
@@ -333,24 +342,25 @@ def prometheus_bin() -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-# The longest tests of each half of CI (``-m "not testdata"``, then ``-m testdata``), longest
-# first (their wall times in CI, where several run at once): started first, so that the
-# short ones fill the end of the run rather than one of these being its tail. xdist
-# (--maxschedchunk 1) hands its first worker the first two: the broker outages, which
-# mostly wait, one after the other, while the other workers keep both cores busy. Node ids
-# without parameters; a test not found here merely loses its place.
+# The longest tests of each half of CI (``-m "not testdata"``, then ``-m testdata``), started
+# first, so that the short ones fill the end of the run rather than one of these being its
+# tail. Node ids without parameters; a test not found here merely loses its place. xdist
+# (--maxschedchunk 1) hands each worker two at first, the first two to the first worker,
+# and then one whenever a worker finishes one. The first half's first worker gets the tests
+# that mostly wait (the broker outage, then a SASL broker's start and misconfigurations)
+# while the other two begin with the tests that compute, so that both cores stay busy; the
+# other waiting ones (a page of several MB through Kafka) come once those are under way.
 LONG_FIRST = (
-    "tests/service/test_role_outage_kafka.py::test_every_role_waits_out_a_broker_restart_and_an_idle_one_exits_5_after_max_outage_s",
-    "tests/service/test_worker_broker_outage.py::test_the_worker_waits_out_a_broker_restart_and_an_idle_one_exits_5_after_max_outage_s",
+    "tests/service/test_worker_broker_outage.py::test_the_worker_and_every_role_wait_out_a_broker_restart_and_idle_ones_exit_5",
     "tests/service/test_kafka_security.py::test_misconfigurations_stop_with_one_line_and_lose_nothing_then_the_worker_matches_scan",
-    "tests/service/test_large_records_kafka.py::test_with_default_settings_a_page_of_several_mb_gives_the_single_worker_s_matches",
     "tests/stages/test_shard.py::test_any_shard_count_gives_the_matches_of_the_single_indexer",
-    "tests/service/test_kafka_security.py::test_a_topology_of_one_process_per_role_with_only_its_acls_gives_the_matches_of_scan",
-    "tests/service/test_large_records_kafka.py::test_sketches_over_the_topic_s_limit_go_as_interleaved_parts",
     "tests/passage/test_forward.py::test_gather_equals_unpacking_every_record",
     "tests/passage/test_passage_align.py::test_scan_tasks_equal_pairwise_alignment",
-    "tests/runtime/test_lifecycle.py::test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive",
     "tests/runtime/test_kernel_cache.py::test_kernels_cached_by_two_processes_never_call_each_other_s_code",
+    "tests/service/test_large_records_kafka.py::test_with_default_settings_a_page_of_several_mb_gives_the_single_worker_s_matches",
+    "tests/service/test_kafka_security.py::test_a_topology_of_one_process_per_role_with_only_its_acls_gives_the_matches_of_scan",
+    "tests/service/test_large_records_kafka.py::test_sketches_over_the_topic_s_limit_go_as_interleaved_parts",
+    "tests/runtime/test_lifecycle.py::test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive",
     "tests/near/test_psm.py::test_psm_unlimited_budget_equals_brute_force",
     "tests/near/test_psm.py::test_psm_is_subset_of_brute_force",
     "tests/runtime/test_lifecycle.py::test_stop_lists_do_not_depend_on_the_list_cache",

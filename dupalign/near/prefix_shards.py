@@ -93,8 +93,9 @@ class PrefixShard:
         headers) and with an ordinal below ``before``; with ``first``, per query only the
         best row (distance, then ordinal) of its first probe that has one."""
         q = np.ascontiguousarray(qfps, dtype=np.uint64).ravel()
-        bound = np.ascontiguousarray(np.broadcast_to(np.asarray(
-            np.iinfo(np.int64).max if before is None else before, dtype=np.int64), q.shape))
+        # a writable copy, as in psm_search_batch: one signature of the kernel
+        bound = np.broadcast_to(np.asarray(
+            np.iinfo(np.int64).max if before is None else before, dtype=np.int64), q.shape).copy()
         tb = self.table
         out = _answer_kernel(tb.fps, tb.ordinals, tb.directory, tb.header_bits, t,
                              tb.buffer_fps, tb.buffer_ordinals, q, bound,

@@ -320,13 +320,15 @@ def psm_search_batch(
         budget = full_budget(t, h)
     if budget < 1:
         raise ValueError("budget must be >= 1")
+    # a writable copy whatever the number of queries: a read-only view (one query) would
+    # be another signature of the kernel, compiled and cached again
     bound = np.broadcast_to(
-        np.asarray(NO_BOUND if before is None else before, dtype=np.int64), q.shape)
+        np.asarray(NO_BOUND if before is None else before, dtype=np.int64), q.shape).copy()
     surv, y_max, prior_scale = mdl.kernel_params()
     offsets, ords, hams, probes = _psm_batch_kernel(
         table.fps, table.ordinals, table.directory, table.header_bits, t, table.buffer_fps,
         table.buffer_ordinals,
-        q, np.ascontiguousarray(W), np.ascontiguousarray(bound), surv, y_max, prior_scale, h,
+        q, np.ascontiguousarray(W), bound, surv, y_max, prior_scale, h,
         int(budget), mode == "first")
     return PsmBatchResult(offsets, ords, hams, probes)
 

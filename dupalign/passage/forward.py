@@ -178,7 +178,9 @@ def _joined(records: list[bytes]) -> tuple[U8, I64]:
     """Records in one buffer, and where each starts."""
     at = np.zeros(len(records), dtype=np.int64)
     np.cumsum(np.array([len(r) for r in records[:-1]], dtype=np.int64), out=at[1:])
-    return np.frombuffer(b"".join(records), dtype=np.uint8), at
+    # writable, as RecordCache's buffer is: a read-only one would be another signature of
+    # the gather kernels, compiled and cached again (bytearray's join copies as bytes' does)
+    return np.frombuffer(bytearray().join(records), dtype=np.uint8), at
 
 
 class RecordCache:

@@ -61,7 +61,9 @@ class Batch:
         self.start = np.concatenate(([0], np.cumsum(self.n_before)[:-1])).astype(np.int64)
         flat = [e for es in entries for e in es]
         self.ords = np.array([o for o, _ in flat], dtype=np.int64)
-        self.rects = np.array([r for _, r in flat], dtype=np.int64).reshape(-1, 4)
+        # int32, as the list cache and the forward records give them: the kernels' machine
+        # code is the product's (and cached by warm_kernels), not an int64 twin of it
+        self.rects = np.array([r for _, r in flat], dtype=np.int32).reshape(-1, 4)
         self.empty_keys = np.array(sorted(empty_rows), dtype=np.int64)
         counts = [len(empty_rows[key]) for key in sorted(empty_rows)]
         self.empty_off = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)

@@ -9,8 +9,9 @@ import pytest
 
 from dupalign.config import BASE_MB, DEFAULT_MB, MEMORY_SHARES, CacheConfig
 from dupalign.errors import ConfigError
+from dupalign.store import options as store_options
 from dupalign.store.database import Store
-from dupalign.store.options import MEMTABLE_BUCKETS
+from tests.conftest import PRODUCT_MEMTABLE_BUCKETS
 
 
 def _spent(b: dict[str, int]) -> int:
@@ -49,12 +50,14 @@ def test_a_budget_without_room_for_every_cache_is_refused(cache: CacheConfig) ->
     assert info.value.key == "cache.memory_mb" and "no room" in str(info.value)
 
 
-def test_the_memtables_of_every_family_stay_under_their_budget(tmp_path: Path) -> None:
+def test_the_memtables_of_every_family_stay_under_their_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Real RocksDB: 60 MB written over four families as fast as it takes them, memtables
     bounded to 16 MB. Without the bound the peak was 68 MB (each family keeps up to its own
     64 MB write buffer). With it, each family written holds at most two memtables of an
     eighth of the budget, so four stay within it beside the empty hash memtable of ``oph``
     (16-21 MB seen), however far the writer outruns the flushes."""
+    monkeypatch.setattr(store_options, "MEMTABLE_BUCKETS", PRODUCT_MEMTABLE_BUCKETS)
     budget = 16 << 20
     store = Store(tmp_path / "db", {"p": 1}, memtable_bytes=budget)
     try:
@@ -66,6 +69,6 @@ def test_the_memtables_of_every_family_stay_under_their_budget(tmp_path: Path) -
             store.write(batch)
             peak = max(peak, sum(cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
                                  for cf in store._cfs.values()))
-        assert 0 < peak <= budget + MEMTABLE_BUCKETS * 8, peak
+        assert 0 < peak <= budget + PRODUCT_MEMTABLE_BUCKETS * 8, peak
     finally:
         store.close()
