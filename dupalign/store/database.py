@@ -6,6 +6,10 @@ so everything that grows (inverted lists, offsets) is written as append-style ke
 read back by prefix scans. Everything one page writes goes into one WriteBatch, which
 RocksDB applies atomically (also across a crash).
 
+A service that keeps a changelog of the store (Kafka) attaches an observer (``observe``): it is
+handed what each write changed, as plain ``Change`` tuples, after the write; ``apply`` writes
+such changes into another store (a restore). Unobserved, a batch notes nothing.
+
 Every call into RocksDB that can fail raises :class:`StoreError` (operation, directory,
 cause), never rocksdict's plain ``Exception``: a full disk, an I/O error, a read-only file
 system, corruption or a held lock is a failure of the store, which callers must not mistake
@@ -16,7 +20,7 @@ wrapped (it fails on programming errors alone).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice, repeat
 from pathlib import Path
 from typing import Any, cast
@@ -38,6 +42,10 @@ from dupalign.store.keys import FAMILIES, PREFIX_LENGTHS, u64
 from dupalign.store.options import BLOCK_CACHE_BYTES, family_options, total_order
 
 # How to get a store this version reads from one it does not: the pages are not kept.
+# What one write changed, key by key, in order: (family, key, value); value None: deleted.
+Change = tuple[str, bytes, bytes | None]
+Observer = Callable[[list[Change]], None]
+
 REBUILD = ("rebuild it by processing the pages again into a new store (dupalign scan --store "
            "NEW ..., or a worker with a new store.path)")
 
@@ -67,6 +75,48 @@ class Batch:
 
     def __len__(self) -> int:
         return int(self._wb.len())
+
+
+class _NotingBatch(Batch):
+    """A batch of an observed store: also notes its changes. A range delete is noted as the
+    point deletes of the keys it removes, found when the batch is written (``changes``): a
+    compacted log keeps the last record per key, and a range record would keep forever."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.noted: list[Change] = []
+        self.ranges: list[tuple[int, str, bytes, bytes]] = []  # (position in noted, range)
+
+    def put(self, family: str, key: bytes, value: bytes) -> None:
+        super().put(family, key, value)
+        self.noted.append((family, key, value))
+
+    def put_many(self, family: str, keys: list[bytes], values: list[bytes]) -> None:
+        super().put_many(family, keys, values)
+        self.noted.extend(zip(repeat(family), keys, values))
+
+    def delete(self, family: str, key: bytes) -> None:
+        super().delete(family, key)
+        self.noted.append((family, key, None))
+
+    def delete_range(self, family: str, begin: bytes, end: bytes) -> None:
+        super().delete_range(family, begin, end)
+        self.ranges.append((len(self.noted), family, begin, end))
+
+    def changes(self) -> list[Change]:
+        """What the batch changes, its range deletes as the keys they remove: those in the
+        store (read now, before the write) and those the batch put before the range."""
+        out: list[Change] = []
+        at = 0
+        for pos, family, begin, end in self.ranges:
+            out += self.noted[at:pos]
+            at = pos
+            gone = dict.fromkeys(self._store._keys_between(family, begin, end))
+            gone.update(dict.fromkeys(k for f, k, v in out if f == family and begin <= k < end
+                                      and v is not None))
+            out += [(family, k, None) for k in gone]
+        out += self.noted[at:]
+        return out
 
 
 class Store:
@@ -139,7 +189,36 @@ class Store:
         self._same_prefix = ReadOptions()
         self._same_prefix.set_prefix_same_as_start(True)
         self._total_order = total_order()
+        self._observer: Observer | None = None
         self._check_params(params, read_only, implied or {}, upgrades or {})
+
+    def observe(self, observer: Observer | None) -> None:
+        """Hand what every later write changes to ``observer`` (None: stop), after the write
+        succeeded. Batches made before must not be written after (``write`` refuses them)."""
+        self._observer = observer
+
+    def apply(self, changes: Iterable[Change]) -> None:
+        """Write ``changes`` in order, in one batch, without telling the observer (a restore
+        from a changelog; ``observe``)."""
+        wb = WriteBatch(raw_mode=True)
+        handles = self._handles
+        for family, key, value in changes:
+            if value is None:
+                wb.delete(key, handles[family])
+            else:
+                wb.put(key, value, handles[family])
+        try:
+            self._db.write(wb)
+        except Exception as exc:
+            raise store_error("write", self.path, exc) from exc
+
+    def _keys_between(self, family: str, begin: bytes, end: bytes) -> list[bytes]:
+        ropts = total_order()
+        ropts.set_iterate_upper_bound(end)
+        try:
+            return [cast(bytes, k) for k in self._cfs[family].keys(from_key=begin, read_opt=ropts)]
+        except Exception as exc:
+            raise store_error("read", self.path, exc) from exc
 
     def _check_params(self, params: dict[str, Any], read_only: bool,
                       implied: dict[str, Any], upgrades: dict[str, tuple[Any, ...]]) -> None:
@@ -211,6 +290,8 @@ class Store:
             cf[key] = value
         except Exception as exc:
             raise store_error("write", self.path, exc) from exc
+        if self._observer is not None:
+            self._observer([(family, key, value)])
 
     def prefix(self, family: str, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """All entries whose key starts with ``prefix``, in key order."""
@@ -316,17 +397,30 @@ class Store:
             raise store_error("read", self.path, exc) from exc
 
     def batch(self) -> Batch:
-        return Batch(self)
+        return Batch(self) if self._observer is None else _NotingBatch(self)
 
     def write(self, batch: Batch) -> None:
+        observer = self._observer
+        changes = None
+        if observer is not None:
+            if not isinstance(batch, _NotingBatch):
+                raise RuntimeError("a batch made before the store was observed: its changes "
+                                   "were not noted")
+            changes = batch.changes()  # (its range deletes read the store before the write)
         try:
             self._db.write(batch._wb)
         except Exception as exc:
             raise store_error("write", self.path, exc) from exc
+        if observer is not None and changes:
+            observer(changes)
 
     def ingest(self, family: str, paths: list[str]) -> None:
         """Table files (rocksdict ``SstFileWriter``, the family's options) into ``family``,
-        moved in, their keys newer than every write before."""
+        moved in, their keys newer than every write before. Not in an observed store: what
+        the files hold is not noted."""
+        if self._observer is not None:
+            raise RuntimeError("an observed store cannot ingest table files: their changes "
+                               "would be missing from its changelog")
         opts = IngestExternalFileOptions()
         opts.set_move_files(True)
         opts.set_allow_global_seqno(True)  # (files and memtable may share key ranges)
