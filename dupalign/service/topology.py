@@ -23,7 +23,7 @@ import contextlib
 import logging
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +74,13 @@ def page_record_limit(kc: KafkaConfig, max_message_bytes: int) -> int:
 
 
 async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
-                        max_message_bytes: int = 0) -> dict[str, int]:
+                        max_message_bytes: int = 0, compacted: Collection[str] = ()
+                        ) -> dict[str, int]:
     """Check (and with ``kafka.create_topics``, create) ``wanted`` topics; their partition
     counts. Raises TopologyError for a missing topic (without create_topics) or one whose
     partition count breaks the sharding. ``max_message_bytes``: the largest page the
-    input topic must take (``worker.max_message_bytes``)."""
+    input topic must take (``worker.max_message_bytes``). ``compacted``: topics made
+    compacted, as the forward topic is (the stores' changelogs)."""
     admin = AIOKafkaAdminClient(**kc.client_kwargs())
     await admin.start()
     try:
@@ -89,7 +91,7 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
             # with its candidates' forward records): the topic takes what the producer sends
             retained = retained_topics(kc)
             kept = {**KEEP_FOREVER, "compression.type": kc.retained_compression}
-            compacted = {**COMPACTED, "compression.type": kc.retained_compression}
+            compact = {**COMPACTED, "compression.type": kc.retained_compression}
             # an align topic made elsewhere: the forward topic follows its count
             follows = ({kc.forward_topic: counts[kc.align_topic]}
                        if kc.align_topic in counts else {})
@@ -99,7 +101,8 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
                                 page_record_limit(kc, max_message_bytes)
                                 if t == kc.input_topic else kc.max_request_size),
                                            **(kept if t in retained else {}),
-                                           **(compacted if t == kc.forward_topic else {})})
+                                           **(compact if t == kc.forward_topic or t in compacted
+                                              else {})})
                    for t in missing]
             response = await admin.create_topics(new)
             for name, code, *_ in response.topic_errors:  # the admin client does not raise

@@ -31,8 +31,11 @@ pytestmark = [pytest.mark.kafka]
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def _committed_values(kc: KafkaConfig, tp: TopicPartition) -> list[bytes | None]:
-    consumer = AIOKafkaConsumer(**kc.client_kwargs(), isolation_level="read_committed",
+async def partition_values(kc: KafkaConfig, tp: TopicPartition,
+                           isolation: str = "read_committed") -> list[bytes | None]:
+    """The values of ``tp``'s records up to its end now (read_committed: the committed ones;
+    read_uncommitted: aborted ones too)."""
+    consumer = AIOKafkaConsumer(**kc.client_kwargs(), isolation_level=isolation,
                                 enable_auto_commit=False)
     await consumer.start()
     try:
@@ -85,7 +88,7 @@ async def test_a_checkpoint_commits_its_records_and_offsets_together_then_notes_
         assert unit.publish_s > 0 and unit.commit_s > 0
         committed = await asyncio.wait_for(_committed(group_reader, tp_in), 30)
         assert (committed.offset, committed.metadata) == (7, "dupalign:published")
-        values = await asyncio.wait_for(_committed_values(kc, TopicPartition(out, 0)), 30)
+        values = await asyncio.wait_for(partition_values(kc, TopicPartition(out, 0)), 30)
         assert values == [b"kept"]  # the aborted record is invisible to read_committed
     finally:
         await group_reader.stop()
