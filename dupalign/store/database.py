@@ -106,6 +106,8 @@ class _NotingBatch(Batch):
     def changes(self) -> list[Change]:
         """What the batch changes, its range deletes as the keys they remove: those in the
         store (read now, before the write) and those the batch put before the range."""
+        if not self.ranges:
+            return self.noted
         out: list[Change] = []
         at = 0
         for pos, family, begin, end in self.ranges:
