@@ -25,15 +25,20 @@ class Page:
     deleted: bool = False
 
 
-def check_unicode(page: Page) -> None:
+def check_unicode(page: Page) -> bytes | None:
     """The page's strings are stored as UTF-8, which cannot hold a lone surrogate (JSON's
     escapes can): reject such a page before anything is computed. (``meta`` is not
-    checked: the engine stores none of it.)"""
+    checked: the engine stores none of it.) Returns the body's UTF-8 bytes when it had to
+    encode them (a non-ASCII text body), for the caller's replay key."""
+    body = None
     for name in ("id", "url", "body", "content_type", "encoding", "lang"):
         value = getattr(page, name)
         if isinstance(value, str) and not value.isascii():  # (ASCII holds no surrogate)
             try:
-                value.encode("utf-8")
+                encoded = value.encode("utf-8")
             except UnicodeEncodeError as exc:
                 raise PageRejected("bad_unicode", f"page {name} is not valid Unicode "
                                    f"({exc.reason} at character {exc.start})") from None
+            if name == "body":
+                body = encoded
+    return body

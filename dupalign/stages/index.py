@@ -128,6 +128,9 @@ class Indexer:
         # removals, it never changes what the stage answers
         self.audit: Auditor | None = None
         self.engine_info = engine_info(config)
+        # the last ``current`` answer, until the next write: ``Engine.sketch`` asks it of
+        # the page ``index`` then asks it of again (one store read a page less)
+        self._looked_up: tuple[str, StoredVersion | None] | None = None
 
     @property
     def alive(self) -> int:
@@ -165,7 +168,7 @@ class Indexer:
             return self._maybe_done(result)
         assert sk.replay_key is not None
         t0 = time.perf_counter()
-        prev = self.current(sk.id)  # the version this page replaces, if any
+        prev = self._current_once(sk.id)  # the version this page replaces, if any
         if prev is not None and prev.content_hash == sk.content_hash:
             self.counters.unchanged += 1
             result.matches.append(self._revisit(sk, prev, "unchanged", est_jaccard=1.0))
@@ -263,6 +266,7 @@ class Indexer:
         known yet, its ``unfinished`` record); then the in-memory indexes."""
         assert result.ordinal is not None and sk.replay_key is not None
         ordinal = result.ordinal
+        self._looked_up = None
         batch = self.store.batch()
         removal = None if prev is None else self._stage_removal(batch, [prev])
         self.near.stage(batch, ordinal, near_state)
@@ -359,7 +363,18 @@ class Indexer:
     def current(self, doc_id: str) -> StoredVersion | None:
         """The stored version of the page ``doc_id`` (None: not in the store)."""
         ordinal = tables.ids.get(self.store, doc_id)
-        return None if ordinal is None else self._version(ordinal)
+        version = None if ordinal is None else self._version(ordinal)
+        self._looked_up = (doc_id, version)
+        return version
+
+    def _current_once(self, doc_id: str) -> StoredVersion | None:
+        """``current``, answered by the last lookup if it was of ``doc_id`` and nothing
+        was written since (only this stage writes the ids and docs families: ``_write``
+        and ``remove`` forget it)."""
+        looked_up, self._looked_up = self._looked_up, None
+        if looked_up is not None and looked_up[0] == doc_id:
+            return looked_up[1]
+        return self.current(doc_id)
 
     def _version(self, ordinal: int) -> StoredVersion | None:
         rec = tables.docs.get(self.store, ordinal)
@@ -410,6 +425,7 @@ class Indexer:
         if not versions:
             return
         versions = list({v.ordinal: v for v in versions}.values())
+        self._looked_up = None
         batch = self.store.batch()
         removal = self._stage_removal(batch, versions)
         self.store.write(batch)

@@ -163,15 +163,16 @@ class Sketcher:
         content (an unchanged revisit) is only tokenized and hashed, not sketched."""
         cfg = self.config
         try:
-            check_unicode(page)
+            encoded = check_unicode(page)
         except PageRejected as exc:
             return PageSketch(page.id, None, page.fetched_at, None, (exc.reason, exc.detail))
         if page.deleted:
             return PageSketch(page.id, page.url, page.fetched_at, None, deleted=True)
-        sk = PageSketch(page.id, page.url, page.fetched_at, replay_key(page),
+        sk = PageSketch(page.id, page.url, page.fetched_at, replay_key(page, encoded),
                         read_as=reading(page))
         try:
-            text = page_text(page, cfg.text.main_content, cfg.text.max_page_bytes)
+            text = page_text(page, cfg.text.main_content, cfg.text.max_page_bytes,
+                             encoded)
             tokens = tokenize(text, cfg.text.max_tokens)
             if not len(tokens):
                 raise PageRejected("empty", "no words in the page text")
@@ -192,9 +193,11 @@ class Sketcher:
 _LONG_FORM_SEED = 0x1D0  # replay keys of ids with a NUL (any seed but mmh3's default, 0)
 
 
-def replay_key(page: Page) -> bytes:
-    """Hash of (id, body): the same page seen again is answered from the store."""
-    body = page.body.encode("utf-8") if isinstance(page.body, str) else page.body
+def replay_key(page: Page, encoded: bytes | None = None) -> bytes:
+    """Hash of (id, body): the same page seen again is answered from the store.
+    ``encoded``: the body's UTF-8 bytes, if the caller has them (``check_unicode``)."""
+    body = encoded if encoded is not None else (
+        page.body.encode("utf-8") if isinstance(page.body, str) else page.body)
     doc_id = page.id.encode("utf-8")
     if b"\x00" in doc_id:
         # id ‖ NUL ‖ body would not say where such an id ends: ("a\0b", T) and ("a",

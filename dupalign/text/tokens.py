@@ -8,6 +8,7 @@ reader in the coordinates of the text they were computed on.
 from __future__ import annotations
 
 import codecs
+import functools
 import re
 import unicodedata
 
@@ -98,11 +99,13 @@ def _known_codec(name: str | None) -> str | None:
     return info.name
 
 
-def decode_body(body: bytes | str, declared: str | None = None, html: bool = False) -> str:
+def decode_body(body: bytes | str, declared: str | None = None, html: bool = False,
+                encoded: bytes | None = None) -> str:
     """Decode page bytes: BOM, then the declared charset, then an HTML meta charset, then UTF-8,
-    then statistical detection. Binary data raises PageRejected('undecodable')."""
+    then statistical detection. Binary data raises PageRejected('undecodable').
+    ``encoded``: a text body's UTF-8 bytes, if the caller has them."""
     if isinstance(body, str):
-        _reject_binary(body)
+        _reject_binary(body, encoded)
         return body
     candidates: list[str] = []
     for bom, bom_codec in _BOMS:
@@ -141,13 +144,15 @@ def _sniff_meta_charset(body: bytes) -> str | None:
     return m.group(1).decode("ascii") if m else None
 
 
-def _reject_binary(text: str) -> None:
+def _reject_binary(text: str, encoded: bytes | None = None) -> None:
+    """``encoded``: ``text`` in UTF-8 (so without surrogates), if the caller has it."""
     sample = text[:65536]
     if not sample:
         return
     # counted in UTF-8, where these characters are the only bytes of those values (a
     # regex over the text costs 4x)
-    raw = sample.encode("utf-8", "surrogatepass")
+    raw = encoded if encoded is not None and len(sample) == len(text) else sample.encode(
+        "utf-8", "surrogatepass")
     controls = len(raw) - len(raw.translate(None, _CONTROL_BYTES))
     if controls > 0.05 * len(sample):
         raise PageRejected("undecodable", f"{controls} control characters in the first "
@@ -165,31 +170,40 @@ def html_to_text(html: str, main_content: bool = False) -> str:
     )
 
 
-def _main_type(page: Page) -> str:
-    return (page.content_type or "text/plain").split(";")[0].strip().lower()
+def _main_type(content_type: str | None) -> str:
+    return (content_type or "text/plain").split(";")[0].strip().lower()
 
 
 def reading(page: Page) -> str:
     """What ``page_text`` takes of the page besides its body: read as HTML or as plain
     text, and the charset it declares (bytes only). One body read two ways is two texts."""
-    kind = "html" if _main_type(page) in HTML_TYPES else "plain"
-    charset = _known_codec(page.encoding) if isinstance(page.body, bytes) else None
+    is_bytes = isinstance(page.body, bytes)
+    return _reading(page.content_type, page.encoding if is_bytes else None, is_bytes)
+
+
+@functools.lru_cache(maxsize=256)
+def _reading(content_type: str | None, encoding: str | None, is_bytes: bool) -> str:
+    """``reading`` by what it reads of the page (a stream repeats a few)."""
+    kind = "html" if _main_type(content_type) in HTML_TYPES else "plain"
+    charset = _known_codec(encoding) if is_bytes else None
     return f"{kind};{charset or ''}"
 
 
-def page_text(page: Page, main_content: bool = False, max_bytes: int = 1 << 30) -> str:
-    """The text of a page that tokens and spans refer to."""
+def page_text(page: Page, main_content: bool = False, max_bytes: int = 1 << 30,
+              encoded: bytes | None = None) -> str:
+    """The text of a page that tokens and spans refer to. ``encoded``: a text body's UTF-8
+    bytes, if the caller has them (``dupalign.page.check_unicode``)."""
     body = page.body
     # (a character takes at most 4 bytes: a text that short is within the limit uncounted)
     size = len(body) if isinstance(body, bytes) or 4 * len(body) <= max_bytes else len(
-        body.encode("utf-8"))
+        body.encode("utf-8") if encoded is None else encoded)
     if size > max_bytes:
         raise PageRejected("too_large", f"body is {size} bytes, limit is {max_bytes}")
-    ctype = _main_type(page)
+    ctype = _main_type(page.content_type)
     is_html = ctype in HTML_TYPES
     if not is_html and ctype not in PLAIN_TYPES:
         raise PageRejected("unsupported_type", f"content_type {page.content_type!r}")
-    text = decode_body(page.body, page.encoding, html=is_html)
+    text = decode_body(page.body, page.encoding, html=is_html, encoded=encoded)
     return html_to_text(text, main_content) if is_html else text
 
 
