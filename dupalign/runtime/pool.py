@@ -13,10 +13,13 @@ than 32 KB (a chunk of HTML pages) goes into a file in memory (/dev/shm) that it
 names, so the pipe does not fill while the calling thread is busy (what does not fit
 waits in an outbox, written at its next call into the pool); a worker does the same with
 every result larger than PIPE_BUF, so its messages are written whole at once and it never
-waits for the calling process. A worker reads the next call as soon as it is free. Every
-call submitted stays cancellable until a worker starts it: a slot per call in shared
-memory, claimed under a lock by the worker that runs it or by the caller that takes it
-back (``Call.cancel``).
+waits for the calling process. Those files are written over again, each the slot of one
+message at a time (``_SlotFiles``): a file made anew costs the allocation and zeroing of
+its pages in /dev/shm (200 µs of CPU for a 200 KB message, written, read and removed,
+against 40 µs written over; a sketch chunk from llvm text is 210 KB). A worker reads the
+next call as soon as it is free. Every call submitted stays cancellable until a worker
+starts it: a slot per call in shared memory, claimed under a lock by the worker that runs
+it or by the caller that takes it back (``Call.cancel``).
 
 A worker ends when the calling process is gone, killed too (SIGKILL, the OOM killer):
 it reads the end of the task pipe once the call it runs is done.
@@ -39,6 +42,7 @@ import struct
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -47,8 +51,9 @@ from typing import Any
 
 from dupalign.runtime.owned_dir import OwnedTempDir
 
-_HEADER = struct.Struct("<qq")  # a message: (call id, payload bytes), then the payload;
-# -bytes: the payload is in the file named by the call id in the pool's spill directory
+_HEADER = struct.Struct("<qqq")  # a message: (call id, payload bytes, slot), then the
+# payload; -bytes: the payload is in a file of the pool's spill directory: the slot's file
+# (``_SlotFiles``), or with slot -1 the file named by the call id (removed once read)
 _STOP = -1  # the call id that ends a worker
 _QUEUED, _RUNNING, _TAKEN = 0, 1, 2  # a slot holds id * 4 + state (ids of older calls
 # that used the slot do not match: their messages may still be in the pipe)
@@ -60,6 +65,10 @@ _PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ
 _SPILL_BYTES = 32 << 10
 SPILL_PREFIX = "dupalign-pool-calls-"
 _INLINE_RESULT = select.PIPE_BUF - _HEADER.size  # a result message is written whole
+# slot files: a call's (freed when its result comes in, or when it is taken back) and each
+# worker's results' (freed by the caller once read); a message larger than _SLOT_BYTES, or
+# one with no slot free, gets a file of its own, so /dev/shm holds at most the slots'
+_CALL_SLOTS, _RESULT_SLOTS, _SLOT_BYTES = 64, 8, 1 << 20
 _F_SETPIPE_SZ = 1031
 _CHECK_S = 0.5  # how often a wait checks that the workers live
 
@@ -93,19 +102,25 @@ def _spill_parent() -> str:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
 
 
-def _message(spill: str, name: str, call_id: int, data: bytes, inline: int) -> list[bytes]:
-    """The message of ``data``: inline, or, above ``inline`` bytes, in the file ``name`` of
-    the directory ``spill`` (the pipe's, if the file cannot be written: a full /dev/shm)."""
+def _message(spill: str, name: str, call_id: int, data: bytes, inline: int,
+             slots: _SlotFiles | None = None, slot: int = -1) -> list[bytes]:
+    """The message of ``data``: inline, or, above ``inline`` bytes, in the file of
+    ``slot`` (if any: ``slots``), else in the file ``name`` of the directory ``spill``
+    (the pipe's, if the file cannot be written: a full /dev/shm)."""
     if len(data) > inline:
+        if slots is not None and slot >= 0:
+            if slots.write(slot, data):
+                return [_HEADER.pack(call_id, -len(data), slot)]
+            return [_HEADER.pack(call_id, len(data), -1), data]
         path = os.path.join(spill, name)
         try:
             with open(path, "wb") as fh:
                 fh.write(data)
-            return [_HEADER.pack(call_id, -len(data))]
+            return [_HEADER.pack(call_id, -len(data), -1)]
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-    return [_HEADER.pack(call_id, len(data)), data]
+    return [_HEADER.pack(call_id, len(data), -1), data]
 
 
 def _unspill(spill: str, name: str, keep: bool = True) -> bytes:
@@ -119,12 +134,71 @@ def _unspill(spill: str, name: str, keep: bool = True) -> bytes:
     return data
 
 
+class _SlotFiles:
+    """The slot files of a spill directory that this process opened, each written over
+    from its start by the message that holds the slot (a reader knows the size from the
+    message)."""
+
+    def __init__(self, spill: str) -> None:
+        self.spill = spill
+        self.fds: dict[int, int] = {}
+        _OPENED.add(self)
+
+    def _fd(self, slot: int) -> int:
+        fd = self.fds.get(slot)
+        if fd is None:
+            fd = self.fds[slot] = os.open(os.path.join(self.spill, f"s{slot}"),
+                                          os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return fd
+
+    def write(self, slot: int, data: bytes) -> bool:
+        """False: not written (a full /dev/shm)."""
+        try:
+            fd, view, at = self._fd(slot), memoryview(data), 0
+            while at < len(view):
+                at += os.pwrite(fd, view[at:], at)
+            return True
+        except OSError:
+            return False
+
+    def read(self, slot: int, n: int) -> bytearray:
+        data, at = bytearray(n), 0
+        with memoryview(data) as view:
+            while at < n:
+                got = os.preadv(self._fd(slot), [view[at:]], at)
+                if not got:
+                    raise EOFError(f"the pool's slot file {slot} is short")
+                at += got
+        return data
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+
+# every process's open slot files: a process forked later (a new pool's worker) closes
+# them, so that a removed spill directory's files do not live on in it
+_OPENED: weakref.WeakSet[_SlotFiles] = weakref.WeakSet()
+
+
+def _close_inherited() -> None:
+    for files in list(_OPENED):
+        files.close()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
 class _Shared:
     """What the calling process and its workers share: the pipes, the slots, the locks,
     the directory of the calls too large for the pipe."""
 
-    def __init__(self, ctx: Any, spill: str) -> None:
+    def __init__(self, ctx: Any, spill: str, workers: int) -> None:
         self.spill = spill
+        # 1: a worker's result slot holds a result the caller has not read yet
+        self.results_held = ctx.RawArray(ctypes.c_int8, workers * _RESULT_SLOTS)
         self.tasks_r, self.tasks_w = _pipe()
         self.results_r, self.results_w = _pipe()
         self.slots = ctx.RawArray(ctypes.c_int64, _SLOTS)
@@ -142,9 +216,22 @@ class _Shared:
             return True
 
 
-def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]
-           ) -> None:
-    """A worker: run the calls it claims, until told to stop."""
+def _result_slot(shared: _Shared, index: int, size: int) -> int:
+    """A free result slot of worker ``index``, now held, for a result of ``size`` bytes
+    (-1: none, or too large for one)."""
+    if size > _SLOT_BYTES:
+        return -1
+    held = shared.results_held
+    for x in range(index * _RESULT_SLOTS, (index + 1) * _RESULT_SLOTS):
+        if not held[x]:
+            held[x] = 1
+            return x
+    return -1
+
+
+def _serve(shared: _Shared, index: int, initializer: Callable[..., None] | None,
+           initargs: tuple[Any, ...]) -> None:
+    """Worker ``index``: run the calls it claims, until told to stop."""
     # Ctrl-C reaches the terminal's whole process group: the calling process handles it
     # (it stops submitting, then closes the pool, or it dies and the pipe ends); a worker
     # interrupted mid-answer only broke that pipe (BrokenPipeError in the caller).
@@ -153,10 +240,11 @@ def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: t
     os.close(shared.results_r)
     if initializer is not None:
         initializer(*initargs)
+    files = _SlotFiles(shared.spill)
     while True:
         try:
             with shared.reading:
-                call_id, n = _HEADER.unpack(_read_exact(shared.tasks_r, _HEADER.size))
+                call_id, n, slot = _HEADER.unpack(_read_exact(shared.tasks_r, _HEADER.size))
                 payload = _read_exact(shared.tasks_r, n) if n >= 0 else b""
         except EOFError:  # the calling process is gone (killed): nothing to answer
             return
@@ -164,7 +252,9 @@ def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: t
             return
         mine = shared.take(call_id, _RUNNING)
         try:
-            if n < 0:
+            if n < 0 and slot >= 0:  # (taken back: the caller has its slot again)
+                payload = files.read(slot, -n) if mine else b""
+            elif n < 0:
                 payload = _unspill(shared.spill, f"c{call_id}", keep=mine)
             if not mine:
                 continue  # taken back by the caller
@@ -180,7 +270,11 @@ def _serve(shared: _Shared, initializer: Callable[..., None] | None, initargs: t
         # a message of at most PIPE_BUF bytes is written whole at once, and one that big
         # waits on a full pipe only if the caller has not read thousands of them: the
         # worker never waits for the calling process (a larger result goes into a file)
-        message = _message(shared.spill, f"r{call_id}", call_id, data, _INLINE_RESULT)
+        slot = _result_slot(shared, index, len(data)) if len(data) > _INLINE_RESULT else -1
+        message = _message(shared.spill, f"r{call_id}", call_id, data, _INLINE_RESULT, files,
+                           slot)
+        if slot >= 0 and len(message) > 1:  # (not written: through the pipe after all)
+            shared.results_held[slot] = 0
         with shared.writing:
             try:
                 _write_all(shared.results_w, b"".join(message))
@@ -214,6 +308,7 @@ class Call:
             return False
         self._state = _TAKEN
         self._pool._calls.pop(self.id, None)
+        self._pool._free_call_slot(self.id)
         return True
 
     def result(self, timeout: float | None = None) -> Any:
@@ -239,8 +334,9 @@ class ProcessPool:
                  initargs: tuple[Any, ...] = ()) -> None:
         ctx = multiprocessing.get_context("fork")
         self._spill = OwnedTempDir(SPILL_PREFIX, _spill_parent())
-        self._shared = _Shared(ctx, str(self._spill.path))
-        self.processes = [ctx.Process(target=_serve, args=(self._shared, initializer, initargs),
+        self._shared = _Shared(ctx, str(self._spill.path), workers)
+        self.processes = [ctx.Process(target=_serve,
+                                      args=(self._shared, x, initializer, initargs),
                                       daemon=True, name=f"dupalign-pool-{x}")
                           for x in range(workers)]
         for p in self.processes:
@@ -255,6 +351,12 @@ class ProcessPool:
         self._inbox = bytearray()  # results read, not whole yet
         self._chunk = bytearray(_PIPE_BYTES)  # (os.read would allocate this much per call)
         self._lock = threading.Lock()  # the pipes' parent ends, once a closer runs too
+        # the call slots' files (after the workers' result slots), those free, and the
+        # slot of each call that holds one
+        self._files = _SlotFiles(self._shared.spill)
+        first = workers * _RESULT_SLOTS
+        self._free_slots = list(range(first + _CALL_SLOTS - 1, first - 1, -1))
+        self._call_slots: dict[int, int] = {}
         self._broken: str | None = None
         self._closed = False
 
@@ -275,12 +377,24 @@ class ProcessPool:
         payload = pickle.dumps((fn, arg), protocol=pickle.HIGHEST_PROTOCOL)
         self._shared.slots[call_id % _SLOTS] = call_id * 4 + _QUEUED  # (before its message)
         call = self._calls[call_id] = Call(self, call_id)
-        message = _message(self._shared.spill, f"c{call_id}", call_id, payload, _SPILL_BYTES)
+        slot = -1
+        if _SPILL_BYTES < len(payload) <= _SLOT_BYTES and self._free_slots:
+            slot = self._call_slots[call_id] = self._free_slots.pop()
+        message = _message(self._shared.spill, f"c{call_id}", call_id, payload, _SPILL_BYTES,
+                           self._files, slot)
+        if slot >= 0 and len(message) > 1:  # (not written: through the pipe after all)
+            self._free_call_slot(call_id)
         with self._lock:
             self._outbox.extend(memoryview(part) for part in message)
             self._flush()
             self._read()
         return call
+
+    def _free_call_slot(self, call_id: int) -> None:
+        """The slot of call ``call_id`` is free again: its worker read it, or none will."""
+        slot = self._call_slots.pop(call_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)
 
     def _flush(self) -> None:
         """Write what the task pipe takes now."""
@@ -307,11 +421,16 @@ class ProcessPool:
             self._inbox += memoryview(self._chunk)[:n]
         inbox, at = self._inbox, 0
         while len(inbox) - at >= _HEADER.size:
-            call_id, n = _HEADER.unpack_from(inbox, at)
+            call_id, n, slot = _HEADER.unpack_from(inbox, at)
             end = at + _HEADER.size + max(n, 0)
             if len(inbox) < end:
                 break
-            if n < 0:  # (in a file)
+            self._free_call_slot(call_id)  # (its worker read it before it answered)
+            if n < 0 and slot >= 0:  # (in a result slot's file, free again once read)
+                data = self._files.read(slot, -n)
+                self._shared.results_held[slot] = 0
+                value = pickle.loads(data)
+            elif n < 0:  # (in a file of its own)
                 value = pickle.loads(_unspill(self._shared.spill, f"r{call_id}"))
             else:
                 with memoryview(inbox) as view:
@@ -383,6 +502,7 @@ class ProcessPool:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._shared.tasks_w = self._shared.results_r = -1
+            self._files.close()
         self._spill.remove()
 
     def close(self, wait: bool = True) -> None:
@@ -394,7 +514,7 @@ class ProcessPool:
         self._closed = True
         with self._lock:
             for _ in self.processes:
-                self._outbox.append(memoryview(_HEADER.pack(_STOP, 0)))
+                self._outbox.append(memoryview(_HEADER.pack(_STOP, 0, -1)))
         if wait:
             self._finish()
         else:

@@ -38,6 +38,7 @@ from dupalign.page import Page
 from dupalign.runtime import pipeline, pool
 from dupalign.runtime.engine import Engine
 from dupalign.runtime.pipeline import ExecutorKind, Stages, run_pipeline
+from dupalign.stages.align import Aligner
 from dupalign.store.database import Store
 from tests.bench.bench_pool import _rusage
 from tests.bench.bench_scan import load_pages, main_text, warm_up
@@ -56,7 +57,9 @@ def _timed(name: str, fn: Callable[..., Any], measure: bool = False) -> Callable
         cost[0] += time.thread_time() - c0
         cost[1] += 1
         if measure:
-            cost[2] += len(out) if isinstance(out, bytes | bytearray) else len(args[0])
+            cost[2] += (len(out) if isinstance(out, bytes | bytearray) else
+                        sum(len(v or b"") for v in out) if isinstance(out, list) else
+                        len(args[0]))
         return out
     return wrapper
 
@@ -75,6 +78,8 @@ def instrument(where: Path) -> None:
         setattr(pool.ProcessPool, name, _timed(name, getattr(pool.ProcessPool, name)))
     pool.ProcessPool.submit = _timed("submit", pool.ProcessPool.submit)  # type: ignore
     Store.catch_up = _timed("secondary catch_up", Store.catch_up)  # type: ignore
+    Aligner.read_forward = _timed("forward records read", Aligner.read_forward,  # type: ignore
+                                  True)
     pipeline.sketch_chunk_in_worker = _timed("sketch chunk (work)",
                                              pipeline.sketch_chunk_in_worker)
     pipeline.align_in_worker = _timed("align (work)", pipeline.align_in_worker)

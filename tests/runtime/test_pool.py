@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dupalign.runtime.pool import ProcessPool
+from dupalign.runtime.pool import _CALL_SLOTS, _RESULT_SLOTS, ProcessPool
 
 
 def square(x: int) -> int:
@@ -76,13 +76,20 @@ def test_every_call_not_taken_back_runs_once_and_is_answered(tmp_path: Path, wor
         # calls larger than a pipe go through files: some taken back, all the others run
         large = [(n, pool.submit(length, b"x" * n)) for n in range(100_000, 3_000_000, 97_000)]
         large_cancelled = {n for n, call in large[::3] if call.cancel()}
+        # the slot files of calls taken back serve the next calls (and of those answered)
+        again = [(n, pool.submit(length, b"y" * n)) for n in range(40_000, 900_000, 53_000)]
         for n, call in large:
             assert call.result(timeout=60) == n if n not in large_cancelled else call.done()
+        assert [call.result(timeout=60) for _, call in again] == [n for n, _ in again]
         spill = Path(pool._shared.spill)
         deadline = time.monotonic() + 10  # (a worker that skipped a file may unlink it late)
-        while len(list(spill.iterdir())) > 1 and time.monotonic() < deadline:
+        while (len([p for p in spill.iterdir() if not p.name.startswith("s")]) > 1
+               and time.monotonic() < deadline):
             time.sleep(0.01)
-        assert [p.name for p in spill.iterdir()] == ["owner.lock"], "every call file read"
+        # what is left: the slot files, written over by one message after another
+        left = sorted(p.name for p in spill.iterdir() if not p.name.startswith("s"))
+        assert left == ["owner.lock"], "every call file read"
+        assert 0 < len(list(spill.iterdir())) - 1 <= _CALL_SLOTS + workers * _RESULT_SLOTS
         for x, call in calls:
             if x in cancelled:
                 assert call.done() and call.cancel()  # (taken back: stays so)
@@ -163,8 +170,8 @@ def test_a_call_that_cannot_go_into_a_file_goes_through_the_pipe(tmp_path: Path)
 
     data = b"x" * 100_000
     full = _message(str(tmp_path / "missing"), "c1", 1, data, 1000)  # cannot be written
-    assert full == [_HEADER.pack(1, len(data)), data]
+    assert full == [_HEADER.pack(1, len(data), -1), data]
     spilled = _message(str(tmp_path), "c2", 2, data, 1000)
-    assert spilled == [_HEADER.pack(2, -len(data))]
+    assert spilled == [_HEADER.pack(2, -len(data), -1)]
     assert _unspill(str(tmp_path), "c2") == data and not (tmp_path / "c2").exists()
-    assert _message(str(tmp_path), "c3", 3, b"small", 1000) == [_HEADER.pack(3, 5), b"small"]
+    assert _message(str(tmp_path), "c3", 3, b"small", 1000) == [_HEADER.pack(3, 5, -1), b"small"]
