@@ -64,9 +64,9 @@ def _timed(name: str, fn: Callable[..., Any], measure: bool = False) -> Callable
     return wrapper
 
 
-def instrument(where: Path) -> None:
+def instrument(where: list[Path]) -> None:
     """Wrap the pool's pieces (in this process, and so in the workers it forks); a worker
-    writes its costs into ``where`` when it ends."""
+    writes its costs into the directory ``where[0]`` when it ends."""
     pool.pickle = types.SimpleNamespace(  # type: ignore[assignment]
         dumps=_timed("pickle.dumps", pickle.dumps, True),
         loads=_timed("pickle.loads", pickle.loads, True),
@@ -74,6 +74,8 @@ def instrument(where: Path) -> None:
     pool._message = _timed("shm/pipe message (write)", pool._message)
     pool._unspill = _timed("shm file read+unlink", pool._unspill)
     pool._read_exact = _timed("task pipe read", pool._read_exact)
+    pool._SlotFiles.read = _timed("shm slot read", pool._SlotFiles.read)  # type: ignore
+    pool._SlotFiles.write = _timed("shm slot write", pool._SlotFiles.write)  # type: ignore
     for name in ("_flush", "_read", "_pump"):
         setattr(pool.ProcessPool, name, _timed(name, getattr(pool.ProcessPool, name)))
     pool.ProcessPool.submit = _timed("submit", pool.ProcessPool.submit)  # type: ignore
@@ -93,7 +95,7 @@ def instrument(where: Path) -> None:
             serve(*args)
         finally:
             _costs["worker process (all)"] = [time.process_time() - c0, 1, 0]
-            (where / f"w{os.getpid()}.json").write_text(json.dumps(dict(_costs)))
+            (where[0] / f"w{os.getpid()}.json").write_text(json.dumps(dict(_costs)))
     pool._serve = serve_and_report
 
 
@@ -103,10 +105,12 @@ def _wrapped(stages: Stages) -> Stages:
                                           for name in ("sketch", "index", "align", "finish")})
 
 
-def run(pages: list[Page], jobs: int, store: Path, executor: ExecutorKind
+def run(pages: list[Page], jobs: int, store: Path, executor: ExecutorKind, slots: bool = True
         ) -> tuple[dict[str, float], dict[str, list[float]]]:
     """CPU seconds a page (the calling thread, the process's other threads, the workers),
-    and the costs of the timed pieces in this process."""
+    and the costs of the timed pieces in this process. ``slots=False``: every spilled
+    message in a file made for it and removed once read (the pool before its slot files)."""
+    pool._SLOT_BYTES = (1 << 20) if slots else 0
     config = EngineConfig(text=TextConfig(main_content=True)).validate()
     warm_up(pages, config, store)
     kids0 = _rusage(resource.RUSAGE_CHILDREN)
@@ -151,25 +155,30 @@ def main() -> int:
     try:
         print(f"{args.corpus}: {n} pages from text, load {os.getloadavg()[0]:.2f}; "
               f"CPU ms a page", flush=True)
-        instrument(tmp)
-        rows = [(label, *run(pages, jobs, tmp / label.replace(" ", "-"), kind))
-                for label, jobs, kind in (("1", 1, "process"),
-                                          (f"{args.jobs} threads", args.jobs, "thread"),
-                                          (f"{args.jobs} processes", args.jobs, "process"))]
-        print(f"{'jobs':<14}{'wall':>7}{'thread':>8}{'others':>8}{'workers':>9}{'all CPU':>9}"
-              f"{'- jobs 1':>9}")
+        where = [tmp]
+        instrument(where)
+        rows = []
+        for label, jobs, kind, slots in (
+                ("1", 1, "process", True), (f"{args.jobs} threads", args.jobs, "thread", True),
+                (f"{args.jobs} processes", args.jobs, "process", True),
+                (f"{args.jobs} proc. no slots", args.jobs, "process", False)):
+            where[0] = tmp / label.replace(" ", "-")
+            where[0].mkdir()
+            rows.append((label, *run(pages, jobs, where[0] / "store", kind, slots)))
+        print(f"{'jobs':<17}{'pages/s':>8}{'thread':>8}{'others':>8}{'workers':>9}"
+              f"{'all CPU':>9}{'- jobs 1':>9}")
         base = sum(rows[0][1][k] for k in ("thread", "others", "workers"))
         for label, r, _ in rows:
             cpu = r["thread"] + r["others"] + r["workers"]
-            print(f"{label:<14}{r['wall'] * 1e3:7.2f}{r['thread'] * 1e3:8.2f}"
+            print(f"{label:<17}{1 / r['wall']:8.1f}{r['thread'] * 1e3:8.2f}"
                   f"{r['others'] * 1e3:8.2f}{r['workers'] * 1e3:9.2f}{cpu * 1e3:9.2f}"
                   f"{(cpu - base) * 1e3:9.2f}")
         print(f"end load {os.getloadavg()[0]:.2f}")
         for label, _, costs in rows:
             print(f"pieces of jobs {label}:")
             show(costs, n, "caller")
-        for f in sorted(tmp.glob("w*.json")):
-            show(json.loads(f.read_text()), n, "worker")
+            for f in sorted((tmp / label.replace(" ", "-")).glob("w*.json")):
+                show(json.loads(f.read_text()), n, "worker")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
