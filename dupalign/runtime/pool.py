@@ -245,7 +245,7 @@ def _serve(shared: _Shared, index: int, initializer: Callable[..., None] | None,
         try:
             with shared.reading:
                 call_id, n, slot = _HEADER.unpack(_read_exact(shared.tasks_r, _HEADER.size))
-                payload = _read_exact(shared.tasks_r, n) if n >= 0 else b""
+                payload: bytes | bytearray = _read_exact(shared.tasks_r, n) if n >= 0 else b""
         except EOFError:  # the calling process is gone (killed): nothing to answer
             return
         if call_id == _STOP:

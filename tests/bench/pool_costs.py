@@ -21,6 +21,7 @@ import argparse
 import collections
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import pickle
@@ -106,19 +107,25 @@ def _wrapped(stages: Stages) -> Stages:
 
 
 def run(pages: list[Page], jobs: int, store: Path, executor: ExecutorKind, slots: bool = True
-        ) -> tuple[dict[str, float], dict[str, list[float]]]:
+        ) -> tuple[dict[str, float], dict[str, list[float]], tuple[int, str]]:
     """CPU seconds a page (the calling thread, the process's other threads, the workers),
-    and the costs of the timed pieces in this process. ``slots=False``: every spilled
+    the costs of the timed pieces in this process, and the matches (how many, a digest of
+    every page's answer in order: identical whatever the jobs). ``slots=False``: every spilled
     message in a file made for it and removed once read (the pool before its slot files)."""
     pool._SLOT_BYTES = (1 << 20) if slots else 0
     config = EngineConfig(text=TextConfig(main_content=True)).validate()
     warm_up(pages, config, store)
     kids0 = _rusage(resource.RUSAGE_CHILDREN)
     _costs.clear()
+    digest, matches = hashlib.sha256(), 0
     with Engine.open(store, config) as engine:
         t0, p0, c0 = time.perf_counter(), _rusage(resource.RUSAGE_SELF), time.thread_time()
-        for _ in run_pipeline(_wrapped(engine.stages()), ((p, None) for p in pages), jobs,
+        for page, found in run_pipeline(_wrapped(engine.stages()), ((p, None) for p in pages), jobs,
                               executor=executor):
+            answer = [dataclasses.replace(m, engine={}) for m in found] if isinstance(
+                found, list) else type(found).__name__
+            digest.update(f"{page.id} {answer!r}\n".encode())
+            matches += len(found) if isinstance(found, list) else 0
             if jobs == 1:  # (Engine.process: its own CPU a stage)
                 r = engine.last_report
                 for name, cpu in (("sketch (here)", r.cpu_sketch), ("align (here)", r.cpu_align),
@@ -131,8 +138,8 @@ def run(pages: list[Page], jobs: int, store: Path, executor: ExecutorKind, slots
     wall, process = time.perf_counter() - t0, _rusage(resource.RUSAGE_SELF) - p0
     kids = _rusage(resource.RUSAGE_CHILDREN) - kids0
     n = len(pages)
-    return {"wall": wall / n, "thread": thread / n, "others": (process - thread) / n,
-            "workers": kids / n}, dict(_costs)
+    return ({"wall": wall / n, "thread": thread / n, "others": (process - thread) / n,
+             "workers": kids / n}, dict(_costs), (matches, digest.hexdigest()[:16]))
 
 
 def show(costs: dict[str, list[float]], n: int, side: str) -> None:
@@ -166,15 +173,17 @@ def main() -> int:
             where[0].mkdir()
             rows.append((label, *run(pages, jobs, where[0] / "store", kind, slots)))
         print(f"{'jobs':<17}{'pages/s':>8}{'thread':>8}{'others':>8}{'workers':>9}"
-              f"{'all CPU':>9}{'- jobs 1':>9}")
+              f"{'all CPU':>9}{'- jobs 1':>9}  matches")
         base = sum(rows[0][1][k] for k in ("thread", "others", "workers"))
-        for label, r, _ in rows:
+        for label, r, _, found in rows:
             cpu = r["thread"] + r["others"] + r["workers"]
             print(f"{label:<17}{1 / r['wall']:8.1f}{r['thread'] * 1e3:8.2f}"
                   f"{r['others'] * 1e3:8.2f}{r['workers'] * 1e3:9.2f}{cpu * 1e3:9.2f}"
-                  f"{(cpu - base) * 1e3:9.2f}")
+                  f"{(cpu - base) * 1e3:9.2f}  {found[0]} ({found[1]})")
+        same = len({found for *_, found in rows}) == 1
+        print(f"matches identical in every run: {'yes' if same else 'NO'}")
         print(f"end load {os.getloadavg()[0]:.2f}")
-        for label, _, costs in rows:
+        for label, _, costs, _ in rows:
             print(f"pieces of jobs {label}:")
             show(costs, n, "caller")
             for f in sorted((tmp / label.replace(" ", "-")).glob("w*.json")):
