@@ -175,3 +175,18 @@ def test_a_call_that_cannot_go_into_a_file_goes_through_the_pipe(tmp_path: Path)
     assert spilled == [_HEADER.pack(2, -len(data), -1)]
     assert _unspill(str(tmp_path), "c2") == data and not (tmp_path / "c2").exists()
     assert _message(str(tmp_path), "c3", 3, b"small", 1000) == [_HEADER.pack(3, 5, -1), b"small"]
+
+
+def test_a_later_pool_s_workers_hold_no_file_of_an_earlier_pool() -> None:
+    """The slot files the calling process holds open are closed in every process it
+    forks later, so an earlier pool's removed files do not live on in /dev/shm."""
+    with closing(ProcessPool(1)) as first:
+        assert first.submit(length, b"x" * 100_000).result(timeout=60) == 100_000
+        assert first._files.fds, "the call went through a slot file"
+        with closing(ProcessPool(1)) as later:
+            assert later.submit(square, 3).result(timeout=60) == 9  # (serving: forked)
+            fds = Path(f"/proc/{later.processes[0].pid}/fd")
+            held = [os.readlink(fd) for fd in fds.iterdir() if fd.is_symlink()]
+            slots = [h for h in held if h.startswith(first._shared.spill)
+                     and Path(h).name.startswith("s")]
+            assert not slots
