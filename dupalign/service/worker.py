@@ -41,7 +41,7 @@ from dupalign.service.logs import setup_logging
 from dupalign.service.loop import Ahead, Checkpoint, Listener, run_loop
 from dupalign.service.metrics import WorkerMetrics
 from dupalign.service.outage import KafkaOutage, stop_within, within
-from dupalign.service.sticky import sticky
+from dupalign.service.sticky import claim_path, sticky
 from dupalign.service.topology import (
     fetch_committed,
     new_producer,
@@ -132,7 +132,7 @@ class Worker(Rebalancing, BatchProcessing):
                 max_partition_fetch_bytes=self.kc.max_partition_fetch_bytes,
                 fetch_max_bytes=self.kc.fetch_max_bytes,
                 # the store holds its partitions' pages: one moved is rebuilt elsewhere
-                partition_assignment_strategy=sticky(),
+                partition_assignment_strategy=sticky(claim_path(self.store_dir, self.kc.group_id)),
             )
             STARTUP.begin()
             self.consumer.subscribe([self.kc.input_topic], listener=Listener(self))

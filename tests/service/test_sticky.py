@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import logging
 import uuid
+from pathlib import Path
 from typing import Any
 
+import pytest
 from aiokafka.consumer.group_coordinator import CoordinatorGroupRebalance, GroupCoordinator
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.coordinator.protocol import (
@@ -25,6 +28,7 @@ from dupalign.service.sticky import (
     Partition,
     StickyAssignor,
     assign,
+    claim_path,
     decode_claim,
     sticky,
 )
@@ -143,9 +147,10 @@ class Group:
         self.topics = topics
         self.members: dict[str, StickyAssignor] = {}
 
-    def join(self, prefix: str) -> str:
+    def join(self, prefix: str, path: Path | None = None) -> str:
+        """A process starting (``path``: its claim file, from its state directory)."""
         member = f"{prefix}-{uuid.uuid4()}"  # aiokafka's member ids: client id, random
-        self.members[member] = StickyAssignor()
+        self.members[member] = StickyAssignor(path)
         return member
 
     def rebalance(self) -> dict[str, list[Partition]]:
@@ -236,3 +241,87 @@ def test_aiokafka_calls_the_assignors_it_is_given_on_the_objects_themselves() ->
         GroupCoordinator._perform_assignment)
     assert "assignor.on_assignment(assignment)" in inspect.getsource(
         GroupCoordinator._on_join_complete)
+
+
+def test_a_claim_let_go_goes_to_its_other_claimer_with_room() -> None:
+    """A member restarted with its claim on slot 0 (epoch 1) finds the other member holding
+    both slots (epoch 2, given while it was down): the newer claim wins, and the winner,
+    over its quota, lets go of the slot the restarted one claims, not of its own."""
+    t = frozenset({"t"})
+    got = assign({"a": Claim(t, frozenset({("t", 0), ("t", 1)}), 2),
+                  "b": Claim(t, frozenset({("t", 0)}), 1)}, {"t": 2})
+    assert got == {"a": [("t", 1)], "b": [("t", 0)]}
+
+
+def test_a_restarted_member_keeps_its_slot_against_members_joining_without_claims(
+        tmp_path: Path) -> None:
+    """The owner of the shard (its state in ``tmp_path``) restarts with a new member id,
+    sorting last, as standbys without state join: its saved claim gets the shard back."""
+    path = claim_path(tmp_path, "g-index")
+    assert path is not None
+    group = Group({"sequence": 1, "sketches": 1, "aligned": 1})
+    owner = group.join("z", path)
+    shard = [("aligned", 0), ("sequence", 0), ("sketches", 0)]
+    assert group.rebalance()[owner] == shard
+    group = Group(group.topics)  # the whole group restarts: nothing remembered but the file
+    standbys = [group.join("a"), group.join("b")]
+    owner = group.join("z", path)
+    got = group.rebalance()
+    assert got[owner] == shard and all(got[m] == [] for m in standbys)
+    assert list(tmp_path.iterdir()) == [path]  # (no temporary file left)
+
+
+def test_a_group_restarted_in_another_order_keeps_its_partitions(tmp_path: Path) -> None:
+    """Every member restarts (new ids, which sort otherwise); one was already down, and the
+    others held its partition at a newer epoch: each gets back the partitions it had."""
+    group = Group({"align": 3, "forward": 3})
+    paths = [tmp_path / f"{i}" / "claim.json" for i in range(3)]
+    ids = [group.join(p, path) for p, path in zip("abc", paths, strict=True)]
+    before = group.rebalance()
+    had = {path: before[m] for m, path in zip(ids, paths, strict=True)}
+    del group.members[ids[0]]  # down: the others take its slots
+    group.rebalance()
+    group = Group(group.topics)
+    ids = [group.join(p, path) for p, path in zip("zyx", paths, strict=True)]
+    after = group.rebalance()
+    assert {path: after[m] for m, path in zip(ids, paths, strict=True)} == had
+
+
+def test_a_stale_saved_claim_loses_to_a_newer_owners(tmp_path: Path) -> None:
+    """The owner stops; a standby takes the shard over (a newer epoch) and keeps it when
+    the old owner comes back with its saved claim."""
+    path = tmp_path / "claim.json"
+    group = Group({"sequence": 1, "sketches": 1})
+    owner = group.join("a", path)
+    standby = group.join("z")
+    assert group.rebalance()[owner] != []
+    del group.members[owner]
+    assert group.rebalance()[standby] != []
+    back = group.join("a", path)
+    got = group.rebalance()
+    assert got[standby] != [] and got[back] == []
+
+
+@pytest.mark.parametrize("data", [b"", b"{", b"null", b"[1]", b'{"owned": {"t": 3}}',
+                                  b'{"epoch": "x"}', b"\xff\xfe"])
+def test_a_corrupt_claim_file_is_ignored_and_replaced(
+        tmp_path: Path, data: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "claim.json"
+    path.write_bytes(data)
+    group = Group({"t": 2})
+    with caplog.at_level(logging.WARNING, "dupalign.sticky"):
+        member = group.join("b", path)
+    assert "unreadable" in caplog.text
+    assert (group.members[member].owned, group.members[member].epoch) == ([], -1)
+    owned = group.rebalance()[member]
+    assert StickyAssignor(path).owned == owned  # the next start reads what it was given
+
+
+def test_an_unwritable_claim_file_costs_a_warning_not_the_assignment(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    group = Group({"t": 1})
+    member = group.join("a", tmp_path / "file" / "claim.json")  # (its directory a file)
+    with caplog.at_level(logging.WARNING, "dupalign.sticky"):
+        assert group.rebalance()[member] == [("t", 0)]
+    assert "not saved" in caplog.text

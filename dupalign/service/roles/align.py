@@ -92,6 +92,9 @@ class AlignRole(StatelessRole):
         self.follower = asyncio.ensure_future(self._follow())
         log.info("align store %s", self.store_dir)
 
+    def state_dir(self) -> Path | None:
+        return None if self.temporary is not None else self.store_dir
+
     async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
         self.held.add(tp.partition)
         self._assign_forward()

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -38,7 +39,7 @@ from dupalign.service.loop import (
 )
 from dupalign.service.outage import stop_within, within
 from dupalign.service.roles.metrics import RoleMetrics
-from dupalign.service.sticky import sticky
+from dupalign.service.sticky import claim_path, sticky
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
@@ -112,6 +113,11 @@ class StatelessRole:
         """Before a fetched batch of ``tp`` is prepared (roles with state catch up here). A
         wait here must end when the role stops: the batch is then dropped."""
 
+    def state_dir(self) -> Path | None:
+        """Where a role that ``keeps_state`` keeps it across restarts (None: nowhere, so
+        nor does its assignor keep its claim)."""
+        return None
+
     def stop(self) -> None:
         self.stopping.set()
 
@@ -122,11 +128,12 @@ class StatelessRole:
         await ensure_topics(self.kc, topology_topics(self.kc),
                             self.config.worker.max_message_bytes)
         await self.on_start()
+        strategy = (sticky(claim_path(self.state_dir(), self.group_id)) if self.keeps_state
+                    else (RoundRobinPartitionAssignor,))
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.config.worker.batch_size,
             rebalance_timeout_ms=rebalance_timeout_ms(self.kc),
-            partition_assignment_strategy=sticky() if self.keeps_state
-            else (RoundRobinPartitionAssignor,))
+            partition_assignment_strategy=strategy)
         consumer.subscribe([self.input_topic], listener=Listener(self))
         await consumer.start()
         self.started = True

@@ -55,7 +55,7 @@ from dupalign.service.roles.index_lifecycle import Lifecycle
 from dupalign.service.roles.index_takeover import Takeover
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.shard_protocol import Partial
-from dupalign.service.sticky import sticky
+from dupalign.service.sticky import claim_path, sticky
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
@@ -162,7 +162,7 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
             rebalance_timeout_ms=rebalance_timeout_ms(self.kc),
             # co-partitioned (partition i of every input topic to the same member) and
             # sticky: a standby that joins does not take the shard (it would rebuild it)
-            partition_assignment_strategy=sticky())
+            partition_assignment_strategy=sticky(claim_path(self.store_dir, self.group_id)))
         consumer.subscribe(sorted(t.topic for t in self.tps), listener=Listener(self))
         await consumer.start()
         self.started = True

@@ -65,6 +65,9 @@ class ShardRole(StatelessRole):
         self.last_seq: dict[TopicPartition, int] = {}  # the last whole message's ordinal
         self.answered = 0
 
+    def state_dir(self) -> Path | None:
+        return self.store_dir
+
     @property
     def input_topic(self) -> str:
         return self.kc.keys_topic
