@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -343,3 +344,48 @@ async def test_a_shard_group_without_offsets_resumes_where_its_store_is(
     got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
     assert sum(1 for k in expected if k[1] == "passage") > 10
     assert got == expected
+
+
+async def holding(log: Path, shards: set[int], timeout: float = 120) -> None:
+    """Until the shard process logging to ``log`` was last assigned ``shards``."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        found = re.findall(r"shard role assigned \[(.*?)\]", log.read_text())
+        if found and {int(p) for p in re.findall(r":(\d+)'", found[-1])} == shards:
+            return
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"not assigned {shards}: {found[-1:]}\n{log.read_text()[-3000:]}")
+        await asyncio.sleep(0.2)
+
+
+async def test_shard_processes_restarted_in_the_other_order_get_back_their_own_shards(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """A shard process's claim outlives it (a file in its store directory): two shard
+    processes, stopped together and started again in the other order, the first alone at
+    first (given both shards), each end with the shard their store is for. Without the
+    claim files, the same restart swaps them (the first keeps shard 0)."""
+    topo = await Topology(kafka_bootstrap, tmp_path, index_shards=2).create()
+    a, b = tmp_path / "a", tmp_path / "b"
+    try:
+        _, log_a = topo.start("shard", a)
+        await holding(log_a, {0, 1})
+        _, log_b = topo.start("shard", b)
+        await holding(log_b, {1})
+        await holding(log_a, {0})
+        topo.stop_all()
+        for store in (a, b):
+            assert [f.name for f in store.glob("sticky-claim-*")] == [
+                f"sticky-claim-{topo.group}-shard.json"]
+        for restart in ("with claims", "without"):
+            if restart == "without":
+                topo.stop_all()
+                for claim in tmp_path.glob("*/sticky-claim-*"):
+                    claim.unlink()
+            _, log_b = topo.start("shard", b)
+            await holding(log_b, {0, 1})
+            _, log_a = topo.start("shard", a)
+            mine, other = ({0}, {1}) if restart == "with claims" else ({1}, {0})
+            await holding(log_a, mine)
+            await holding(log_b, other)
+    finally:
+        topo.stop_all()
