@@ -253,6 +253,25 @@ def test_a_claim_let_go_goes_to_its_other_claimer_with_room() -> None:
     assert got == {"a": [("t", 1)], "b": [("t", 0)]}
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 6), st.data())
+def test_a_member_back_with_a_stale_claim_gets_a_slot_from_an_owner_over_its_share(
+        n: int, data: st.DataObject) -> None:
+    """The group moved on while a member was down: the others own every slot (claims apart,
+    a newer epoch). Back with its stale claim, it gets one of the slots it claims whenever
+    one of their owners holds more than its share (which it must let go of)."""
+    k = data.draw(st.integers(1, n - 1))  # the others
+    owner = data.draw(st.lists(st.integers(0, k - 1), min_size=n, max_size=n))  # by slot
+    mine = data.draw(st.sets(st.integers(0, n - 1), min_size=1))
+    t = frozenset({"t"})
+    members = {f"o{i}": Claim(t, frozenset(("t", s) for s in range(n) if owner[s] == i), 2)
+               for i in range(k)}
+    members["r"] = Claim(t, frozenset(("t", s) for s in mine), 1)
+    got = slots_of(assign(members, {"t": n}))
+    if any(owner.count(owner[s]) > -(-n // (k + 1)) for s in mine):
+        assert got["r"] & mine
+
+
 def test_a_restarted_member_keeps_its_slot_against_members_joining_without_claims(
         tmp_path: Path) -> None:
     """The owner of the shard (its state in ``tmp_path``) restarts with a new member id,
