@@ -143,6 +143,12 @@ def _near_kernel(h: U64, keys: U64, values: npt.NDArray[np.float32], default: fl
     return uniq, counts, simhash_into(uniq, weights, W), True
 
 
+def refresh(state: NearState, idf: IdfTable, tf_mode: str) -> None:
+    """The fingerprint of ``state`` under ``idf``, if it was sketched under another table."""
+    if state.indexed and state.idf_version != idf.version:
+        _fingerprint(state, idf, tf_mode)
+
+
 def _fingerprint(state: NearState, idf: IdfTable, tf_mode: str) -> None:
     assert state.unique is not None and state.counts is not None
     weights = counted_weights(state.unique, state.counts, idf,
@@ -208,8 +214,7 @@ class NearIndex:
     def refresh(self, state: NearState) -> None:
         """The fingerprint under the idf table in force, if ``state`` was sketched under an
         older one (before the last freeze, or by the topology's sketch role)."""
-        if state.indexed and state.idf_version != self.idf.version:
-            _fingerprint(state, self.idf, self.cfg.tf_mode)
+        refresh(state, self.idf, self.cfg.tf_mode)
 
     def search(self, state: NearState, ordinal: int) -> list[tuple[int, int, float]]:
         """Verified near duplicates among pages before ``ordinal``: (ordinal, hamming, est)."""

@@ -18,6 +18,7 @@ answers and the ledger's removals (upstream) decide: it never waits for a stage 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,6 +29,7 @@ from dupalign.near.prefix_shards import PrefixShard, ShardProbes
 from dupalign.near.simhash_table import SimhashTable
 from dupalign.store import tables
 from dupalign.store.database import Store
+from dupalign.wire.versions import NEAR_ANSWER, NEAR_OPS, pack_array, unpack_array
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -56,6 +58,66 @@ class NearAnswer:
     rank: I64
     est: F64
     similar: npt.NDArray[np.bool_]
+
+
+@dataclass
+class NearOps:
+    """What the router (dupalign.stages.router) sends near shard ``shard`` for the page of
+    sequence ordinal ``seq``, applied in this order: the ``query`` (the page, stored at
+    ``query.before``) with the probes of it routed here (``rank``, t-bit ``header``); the
+    rows (ordinal, fingerprint) ``removed`` (the version the page replaces, a deleted page,
+    or a sweep's); the page's own row when ``add`` (its fingerprint is of this prefix)."""
+
+    seq: int
+    shard: int
+    query: NearQuery | None = None
+    t: int = 0
+    rank: I64 | None = None
+    header: U64 | None = None
+    removed: list[tuple[int, int]] | None = None
+    add: bool = False
+
+    def to_bytes(self) -> bytes:
+        d: dict[str, Any] = {"seq": self.seq, "shard": self.shard}
+        q = self.query
+        if q is not None:
+            d["q"] = [q.before, q.fingerprint, pack_array(q.sketch, "<u8"), self.t,
+                      pack_array(self.rank, "<u4"), pack_array(self.header, "<u8")]
+        if self.removed:
+            d["removed"] = [list(r) for r in self.removed]
+        if self.add:
+            d["add"] = True
+        return NEAR_OPS.pack(d)
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> NearOps:
+        d = NEAR_OPS.unpack(raw)
+        ops = cls(d["seq"], d["shard"], removed=[(o, f) for o, f in d.get("removed", [])],
+                  add=bool(d.get("add")))
+        if "q" in d:
+            before, fp, sketch, ops.t, rank, header = d["q"]
+            ops.query = NearQuery(fp, unpack_array(sketch, "<u8"), before)
+            ops.rank = unpack_array(rank, "<u4", np.int64)
+            ops.header = unpack_array(header, "<u8")
+        return ops
+
+
+def answer_to_bytes(seq: int, shard: int, a: NearAnswer) -> bytes:
+    """The wire form of shard ``shard``'s answer for the page of sequence ordinal ``seq``."""
+    return NEAR_ANSWER.pack({"seq": seq, "shard": shard, "ordinal": pack_array(a.ordinal, "<i8"),
+                             "hamming": pack_array(a.hamming, "u1"),
+                             "rank": pack_array(a.rank, "<u4"), "est": pack_array(a.est, "<f8"),
+                             "similar": pack_array(a.similar, "?")})
+
+
+def answer_from_bytes(raw: bytes) -> tuple[int, int, NearAnswer]:
+    """(seq, shard, answer) of ``answer_to_bytes``: one query, the page's."""
+    d = NEAR_ANSWER.unpack(raw)
+    ordinal = unpack_array(d["ordinal"], "<i8", np.int64)
+    return d["seq"], d["shard"], NearAnswer(
+        np.zeros(len(ordinal), dtype=np.int64), ordinal,
+        unpack_array(d["hamming"], "u1", np.int64), unpack_array(d["rank"], "<u4", np.int64),
+        unpack_array(d["est"], "<f8", np.float64), unpack_array(d["similar"], "?", np.bool_))
 
 
 class NearShard:
@@ -109,6 +171,20 @@ class NearShard:
         keep = similar | self.first  # PSM_F: the candidate counts even when it fails
         return NearAnswer(found.query[keep], found.ordinal[keep], found.hamming[keep],
                           found.rank[keep], est[keep], similar[keep])
+
+    def apply(self, ops: NearOps) -> NearAnswer | None:
+        """The router's ops for one page (or a sweep), in their order; the query's answer."""
+        answer = None
+        q = ops.query
+        if q is not None:
+            assert ops.rank is not None and ops.header is not None
+            probes = ShardProbes(np.zeros(len(ops.rank), dtype=np.int64), ops.rank, ops.header)
+            answer = self.answer(probes, [q], ops.t)
+        self.remove(ops.removed or [])
+        if ops.add:
+            assert q is not None
+            self.add(q.before, q.fingerprint, q.sketch)
+        return answer
 
 
 def combine_near(answers: list[NearAnswer], n_queries: int, first: bool

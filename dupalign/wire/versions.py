@@ -64,6 +64,9 @@ EXACT_ANSWER = WireVersion("exact answer", 1, (1,))
 # the list stage's input and output (dupalign.stages.list_shard)
 LIST_WINDOWS = WireVersion("list windows", 1, (1,))
 LIST_PARTIAL = WireVersion("list partial", 1, (1,))
+# the router's output to a near shard and the near shard's answer (dupalign.stages.router)
+NEAR_OPS = WireVersion("near ops", 1, (1,))
+NEAR_ANSWER = WireVersion("near answer", 1, (1,))
 
 # -- the service's messages (worker) -----------------------------------------------------------
 # page, match, dead letter (schemas/*.json)
