@@ -75,6 +75,18 @@ def engine_info(config: EngineConfig) -> dict[str, Any]:
     }
 
 
+def passage_matches(doc_id: str, passages: list[tuple[str, list[Span]]],
+                    engine: dict[str, Any]) -> list[Match]:
+    """The ``passage`` matches of what align found (earlier page id, spans)."""
+    out = []
+    for other_id, spans in passages:
+        best = best_span(spans)
+        out.append(Match(doc_id=doc_id, kind="passage", match_doc_id=other_id,
+                         est_jaccard=best.est_jaccard, jaccard=best.jaccard,
+                         spans=tuple(spans), engine=engine))
+    return out
+
+
 def resemblance(sketch: U64, old: U64, fingerprint: int | None, old_fingerprint: int | None
                 ) -> tuple[float, int | None]:
     """A changed revisit's relation to the version it replaces: the share of equal
@@ -312,11 +324,7 @@ class Indexer:
             matches = [] if raw is None else [Match.from_dict(d) for d in msgpack.unpackb(raw)]
         else:
             matches = list(result.matches)
-        for other_id, spans in passages:
-            best = best_span(spans)
-            matches.append(Match(doc_id=result.doc_id, kind="passage", match_doc_id=other_id,
-                                 est_jaccard=best.est_jaccard, jaccard=best.jaccard,
-                                 spans=tuple(spans), engine=self.engine_info))
+        matches += passage_matches(result.doc_id, passages, self.engine_info)
         if result.deferred is not None:
             result.deferred(matches)
         elif not result.done:

@@ -1,0 +1,56 @@
+"""The forward records the align stage reads in the partitioned pipeline (docs/pipeline.md):
+by store ordinal, each stored page's full forward record and positions (as the index
+fan-in writes them: dupalign.stages.shards ``ShardedPassages.stage_forward``) and its id,
+for the pages that are in the lists (stored, not exact copies, with passages). Kept from
+upstream data alone: the decisions placed by its ``Ledger``, the exact answers, the pages'
+passage sketches and the sweeps; read through a ``StoreForward``
+(dupalign.store.forward_reader)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgpack
+
+from dupalign.passage.sketch import PassageState
+from dupalign.stages.directory import Decision
+from dupalign.stages.exact import ExactAnswer
+from dupalign.stages.ledger import Expired, Placed
+from dupalign.stages.shards import ShardedPassages
+from dupalign.store import tables
+from dupalign.store.database import Batch, Store
+
+
+class ForwardStage:
+    """The forward records over one store (one WriteBatch per decision that changes it)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def apply(self, d: Decision, placed: Placed, exact: ExactAnswer | None,
+              passage: PassageState | None) -> None:
+        """The next decision (sequence order) with the stored page's exact answer and its
+        passage sketch."""
+        batch = self.store.batch()
+        if placed.removed is not None:
+            self._remove(batch, [placed.removed])
+        if (d.kind == "stored" and exact is not None and exact.original is None
+                and passage is not None and passage.rects is not None):
+            assert placed.ordinal is not None
+            ShardedPassages.stage_forward(batch, placed.ordinal, passage)
+            tables.docs.put(batch, placed.ordinal, msgpack.packb({"id": d.doc_id}))
+        if len(batch):
+            self.store.write(batch)
+
+    def forget(self, expired: Iterable[Expired]) -> None:
+        """A sweep: the swept pages' records."""
+        ordinals = [e.ordinal for e in expired]
+        if ordinals:
+            batch = self.store.batch()
+            self._remove(batch, ordinals)
+            self.store.write(batch)
+
+    @staticmethod
+    def _remove(batch: Batch, ordinals: list[int]) -> None:
+        ShardedPassages.stage_forward_removal(batch, ordinals)
+        tables.docs.remove(batch, ordinals)
