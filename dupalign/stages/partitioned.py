@@ -1,0 +1,221 @@
+"""The partitioned pipeline in one process (docs/pipeline.md, build order step 5): every
+stage of the shape, each partition over a store of its own, fed through the stages' wire
+messages (``to_bytes``/``from_bytes``: what their roles on Kafka will carry), so that its
+matches can be checked against the single engine's (``scan``):
+
+    sketch -> directory x D -> exact x E -> router -> near x P -> lists x S -> combine x C
+    -> align -> combine
+
+Every consumer of the decisions (exact, router, lists, combine, the forward records) runs
+its own ``Ledger`` over all of them, and applies a retention sweep (``sweep``) between the
+decisions below its point and the next, as its role will. A page goes through every stage
+before the next one starts: here only the order of the work is a pipeline's, not its
+overlap. One thing is not yet as a role will run it: the sketch stage sketches a page under
+the idf table in force at its turn (the learner's, after every page before it), as
+``Engine.process`` does; the directory's revisit distances need it (a fingerprint sketched
+under an older table would give another distance; a role of its own would need the router
+to relate the versions).
+
+The stage's state is not reopened: the ledgers and the learner are in memory, so a
+pipeline starts on empty stores (``open``) and lives as long as its process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
+from dupalign.match import Match, Span
+from dupalign.page import Page
+from dupalign.stages.align import Aligner
+from dupalign.stages.combine import Combined, CombineShard
+from dupalign.stages.directory import (
+    Decision,
+    DirectoryEntry,
+    DirectoryShard,
+    directory_owner,
+    entry_of,
+)
+from dupalign.stages.exact import ExactAnswer, ExactShard
+from dupalign.stages.forward_stage import ForwardStage
+from dupalign.stages.index import engine_info
+from dupalign.stages.ledger import Expired, Ledger
+from dupalign.stages.list_shard import ListPartial, ListShard, ListWindows, list_windows
+from dupalign.stages.messages import AlignRequest
+from dupalign.stages.near_shard import NearOps, NearShard, answer_from_bytes, answer_to_bytes
+from dupalign.stages.router import Learner, Router, prefix_bits
+from dupalign.stages.sketch import PageSketch, Sketcher
+from dupalign.store.database import Store
+from dupalign.store.forward_reader import StoreForward
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Partitions of each stage: directory, exact, near (a power of 2), lists, combine."""
+
+    directory: int = 1
+    exact: int = 1
+    near: int = 1
+    lists: int = 1
+    combine: int = 1
+
+    @classmethod
+    def parse(cls, text: str) -> Shape:
+        """``D,E,P,S,C``."""
+        parts = text.split(",")
+        if len(parts) != 5 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
+            raise ValueError(f"partitions {text!r}: five counts D,E,P,S,C, each >= 1")
+        shape = cls(*(int(p) for p in parts))
+        prefix_bits(shape.near)
+        return shape
+
+
+class Partitioned:
+    """The pipeline over stores under ``root`` (one directory per partition)."""
+
+    def __init__(self, config: EngineConfig, shape: Shape, store: Callable[[str], Store]
+                 ) -> None:
+        """``store``: the empty store of the partition it names (``open``: under a root)."""
+        self.config, self.shape = config, shape
+        self.engine = engine_info(config)
+        self.sketcher = Sketcher(config)
+        self.dirs = [DirectoryShard(store(f"directory{k}"), config, k, shape.directory)
+                     for k in range(shape.directory)]
+        self.dir_ledger = Ledger()
+        self.exacts = [(ExactShard(store(f"exact{k}"), k, shape.exact), Ledger())
+                       for k in range(shape.exact)]
+        self.learner = Learner(config)
+        self.router, self.router_ledger = Router(config, self.learner, shape.near), Ledger()
+        b = prefix_bits(shape.near)
+        self.nears = [NearShard(store(f"near{k}"), config, k, b) for k in range(shape.near)]
+        self.lists = [(ListShard(store(f"lists{k}"), config, k, shape.lists), Ledger())
+                      for k in range(shape.lists)]
+        self.combines = [(CombineShard(store(f"combine{k}"), config, k, shape.combine,
+                                       shape.lists), Ledger())
+                         for k in range(shape.combine)]
+        self.forward, self.forward_ledger = ForwardStage(store("forward")), Ledger()
+        self.aligner = Aligner(config, StoreForward(self.forward.store))
+        self.seq = 0
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, root: str | Path, config: EngineConfig, shape: Shape = Shape()
+             ) -> Iterator[Partitioned]:
+        """A pipeline on new stores under ``root`` (ValueError if it holds anything)."""
+        path = Path(root)
+        if path.exists() and any(path.iterdir()):
+            raise ValueError(f"{root} is not empty: the partitioned pipeline starts on empty "
+                             "stores (its ledgers are not kept yet)")
+        params = config.frozen_params()
+        stores: list[Store] = []
+
+        def store(name: str) -> Store:
+            stores.append(Store(path / name, params))
+            return stores[-1]
+
+        try:
+            yield cls(config, shape, store)
+        finally:
+            for s in stores:
+                s.close()
+
+    # -- a page through every stage -------------------------------------------------------
+    def process(self, page: Page) -> list[Match]:
+        """The page's matches (``Engine.process``'s); PageRejected for a rejected page."""
+        seq = self.seq
+        self.seq += 1
+        sk = self.sketcher.sketch(page, self.learner.idf)
+        sketch_raw = sk.to_bytes()  # to the router and the page's combine partition
+        entry = DirectoryEntry.from_bytes(entry_of(seq, sk).to_bytes())
+        windows = {w.shard: w.to_bytes() for w in list_windows(seq, sk.passage,
+                                                                self.shape.lists)}
+        raw = self.dirs[directory_owner(entry.doc_id, self.shape.directory)].decide(
+            entry).to_bytes()
+        d = self._decision(raw)
+        self.dir_ledger.apply(d)
+        exact = self._exact(d)
+        near_raw = self._near(d, exact, sketch_raw)
+        partials = [ListPartial.from_bytes(p.to_bytes()) for shard, ledger in self.lists
+                    if (p := shard.apply(self._decision(raw), ledger.apply(d), exact,
+                                         self._windows(windows, shard.shard))) is not None]
+        self.forward.apply(d, self.forward_ledger.apply(d), exact, sk.passage)
+        near = [answer_from_bytes(a)[2] for a in near_raw]
+        mine: tuple[CombineShard, Combined] | None = None
+        for combine, ledger in self.combines:
+            owned = combine.owns(d.doc_id)
+            out = combine.apply(self._decision(raw), ledger.apply(d),
+                                PageSketch.from_bytes(sketch_raw) if owned else None, exact,
+                                near if near else None, partials or None)
+            if out is not None:
+                mine = (combine, out)
+        assert mine is not None
+        combine, page_out = mine
+        passages: list[tuple[str, list[Span]]] = []
+        if page_out.align is not None:
+            passages = self.aligner.align(AlignRequest.from_bytes(
+                page_out.align.to_bytes(forward=False)))
+        return combine.finish(page_out, passages)
+
+    def _decision(self, raw: bytes) -> Decision:
+        return Decision.from_bytes(raw, self.engine)
+
+    def _exact(self, d: Decision) -> ExactAnswer | None:
+        answer = None
+        for shard, ledger in self.exacts:
+            a = shard.apply(d, ledger.apply(d))
+            if a is not None:
+                answer = ExactAnswer.from_bytes(a.to_bytes())
+        return answer
+
+    def _near(self, d: Decision, exact: ExactAnswer | None, sketch_raw: bytes) -> list[bytes]:
+        near_state = PageSketch.from_bytes(sketch_raw).near
+        ops = self.router.route(d, self.router_ledger.apply(d), exact, near_state)
+        out = []
+        for op in ops:
+            answer = self.nears[op.shard].apply(NearOps.from_bytes(op.to_bytes()))
+            if answer is not None:
+                out.append(answer_to_bytes(op.seq, op.shard, answer))
+        return out
+
+    @staticmethod
+    def _windows(windows: dict[int, bytes], shard: int) -> ListWindows | None:
+        raw = windows.get(shard)
+        return None if raw is None else ListWindows.from_bytes(raw)
+
+    # -- retention ------------------------------------------------------------------------
+    def sweep(self, max_pages: int, max_age_s: int, now_ms: int) -> list[Expired]:
+        """A retention sweep before the next page, in every stage (each from its own ledger:
+        the same pages everywhere). Returns the pages swept."""
+        swept = self.dir_ledger.sweep(max_pages, max_age_s, now_ms)
+        for shard in self.dirs:
+            shard.forget(e.seq for e in swept)
+
+        def same(ledger: Ledger) -> list[Expired]:
+            mine = ledger.sweep(max_pages, max_age_s, now_ms)
+            if mine != swept:
+                raise RuntimeError("a stage's ledger swept other pages than the directory's")
+            return mine
+
+        for exact, ledger in self.exacts:
+            exact.forget(same(ledger))
+        for op in self.router.forget(self.seq, same(self.router_ledger)):
+            self.nears[op.shard].apply(NearOps.from_bytes(op.to_bytes()))
+        for lists, ledger in self.lists:
+            lists.forget(same(ledger))
+        for combine, ledger in self.combines:
+            combine.forget(same(ledger))
+        self.forward.forget(same(self.forward_ledger))
+        return swept
+
+    def process_many(self, pages: Iterator[Page]) -> Iterator[tuple[Page, list[Match]
+                                                                     | PageRejected]]:
+        """``process`` over a stream, a rejected page with its ``PageRejected``."""
+        for page in pages:
+            try:
+                yield page, self.process(page)
+            except PageRejected as exc:
+                yield page, exc

@@ -1,0 +1,175 @@
+"""The partitioned pipeline in one process (dupalign.stages.partitioned) against its oracle,
+the single engine (``Engine.process``: ``scan``), on the same streams: every page's matches
+(revisit, exact, near, passage), rejections, deletes and retention sweeps, for several
+partition shapes; and the router's fingerprint and probes of every page the engine looks
+up (dupalign.stages.router), through idf freezes and the volatility model's warm-up.
+Every message between the stages goes through its wire form."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import dupalign.near.index as near_index
+from dupalign.config import EngineConfig
+from dupalign.errors import PageRejected
+from dupalign.match import Match
+from dupalign.near.psm_probes import probe_headers
+from dupalign.page import Page
+from dupalign.runtime.engine import Engine
+from dupalign.stages.partitioned import Partitioned, Shape
+from tests.reused_stores import Stores, temporary_stores
+from tests.stages.streams import SHARED_TEXTS, ops, pages_of
+from tests.stages.test_list_shard import LISTS, STOPS
+
+Item = tuple[int, Page | tuple[int, int]]
+Outcome = list[dict[str, Any]] | tuple[str, str]
+Probes = dict[int, tuple[int, int, list[int]]]  # store ordinal -> fingerprint, t, probes
+SHAPES = [Shape(), Shape(2, 2, 4, 3, 2), Shape(3, 1, 2, 2, 3)]
+
+
+@pytest.fixture(scope="module")
+def stores() -> Iterator[Stores]:
+    yield from temporary_stores("partitioned-")
+
+
+def _outcome(process: Callable[[Page], list[Match]], page: Page) -> Outcome:
+    try:
+        return [m.to_dict() for m in process(page)]
+    except PageRejected as exc:
+        return (exc.reason, exc.detail)
+
+
+def single(engine: Engine, items: list[Item]) -> tuple[list[Outcome], Probes]:
+    """The engine on the stream (sweeps 2 pages a batch), and the fingerprint and probes of
+    every lookup it makes (those of one table: ``probe_headers`` at its width, with its
+    volatility model, at the lookup)."""
+    probes: Probes = {}
+    real = near_index.psm_search_one
+
+    def spy(table: Any, fp: int, W: Any, h: int, budget: int, first: bool, model: Any,
+            before: int) -> Any:
+        t = table.probe_bits
+        _, headers = probe_headers([fp], W[None, :], t, h, budget, model)
+        probes[before] = (fp, t, headers.tolist())
+        return real(table, fp, W, h, budget, first, model, before)
+
+    near_index.psm_search_one = spy  # type: ignore[assignment]
+    try:
+        out = []
+        for step, item in items:
+            if isinstance(item, Page):
+                out.append(_outcome(engine.process, item))
+            else:
+                while expired := engine.expired(item[0], item[1], step * 1000, 2):
+                    engine.indexer.remove(expired)
+    finally:
+        near_index.psm_search_one = real  # type: ignore[assignment]
+    return out, probes
+
+
+def partitioned(stores: Stores, config: EngineConfig, shape: Shape, items: list[Item]
+                ) -> tuple[list[Outcome], Probes]:
+    """The partitioned pipeline on the stream, and the router's fingerprint and probes of
+    every page it routes (the probes of all shards by rank)."""
+    params = config.frozen_params()
+    p = Partitioned(config, shape, lambda name: stores.store(name, params))
+    probes: Probes = {}
+    real = p.router.route
+
+    def spy(*args: Any) -> Any:
+        ops = real(*args)
+        queries = [o for o in ops if o.query is not None]
+        if queries:
+            by_rank: dict[int, int] = {}
+            for o in queries:
+                assert o.rank is not None and o.header is not None
+                by_rank.update(zip(o.rank.tolist(), o.header.tolist(), strict=True))
+            assert sorted(by_rank) == list(range(len(by_rank)))
+            q = queries[0]
+            assert q.query is not None and len(queries) == shape.near
+            probes[q.query.before] = (q.query.fingerprint, q.t,
+                                      [by_rank[r] for r in range(len(by_rank))])
+        return ops
+
+    p.router.route = spy  # type: ignore[method-assign]
+    out = []
+    for step, item in items:
+        if isinstance(item, Page):
+            out.append(_outcome(p.process, item))
+        else:
+            p.sweep(item[0], item[1], step * 1000)
+    return out, probes
+
+
+def check(stores: Stores, items: list[Item], config: EngineConfig, shapes: list[Shape]
+          ) -> tuple[list[Outcome], Probes]:
+    want, want_probes = single(stores.engine("engine", config), items)
+    for shape in shapes:
+        got, got_probes = partitioned(stores, config, shape, items)
+        assert got_probes == want_probes, shape
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert g == w, (shape, i)
+    return want, want_probes
+
+
+# near-indexed 8-word pages with passages (the list stage's oracle's), an idf freeze at 4
+# pages, PSM_A or PSM_F with a budget that leaves probes out
+NEAR = replace(LISTS, near=replace(LISTS.near, hamming=7, probe_budget=6)).validate()
+FIRST = replace(NEAR, near=replace(NEAR.near, mode="first")).validate()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=ops, config=st.sampled_from([LISTS, NEAR, FIRST]),
+       shape=st.sampled_from(SHAPES[1:]))
+@example(STOPS, NEAR, SHAPES[1])
+def test_the_partitioned_pipeline_finds_what_the_engine_finds(
+        stores: Stores, stream: list[Any], config: EngineConfig, shape: Shape) -> None:
+    check(stores, list(pages_of(stream, SHARED_TEXTS)), config, [shape])
+
+
+def test_a_worked_stream_has_every_kind_of_match(stores: Stores) -> None:
+    stream = [("page", 0, 0, 0, True), ("page", 1, 0, 0, True), ("page", 4, 0, 0, True),
+              ("page", 3, 0, 0, True), ("sweep", 2, 0), ("page", 2, 2, 0, True),
+              ("page", 0, 2, 0, True), ("page", 0, 1, 1, True), ("delete", 2),
+              ("page", 2, 2, 0, True), ("page", 1, 0, 1, True), ("reject", 3, True),
+              ("page", 4, 0, 0, True), ("page", 4, 0, 0, True)]
+    want, probes = check(stores, list(pages_of(stream, SHARED_TEXTS)), NEAR, SHAPES)
+    kinds = {m["kind"] for w in want if isinstance(w, list) for m in w}
+    assert kinds >= {"revisit", "exact", "passage"} and probes
+    assert any(isinstance(w, tuple) for w in want)
+
+
+def test_partitions_parse() -> None:
+    assert Shape.parse("2,2,4,3,2") == Shape(2, 2, 4, 3, 2)
+    for bad in ("1,1,1,1", "1,1,3,1,1", "0,1,1,1,1", "a,1,1,1,1"):
+        with pytest.raises(ValueError):
+            Shape.parse(bad)
+
+
+@pytest.mark.testdata
+def test_the_partitioned_pipeline_finds_what_the_engine_finds_on_corpora(stores: Stores
+                                                                          ) -> None:
+    """The 5,000-page synthetic stream, the RFCs and Clough with new versions, deletes and
+    sweeps (tests/stages/test_exact.py ``corpus_items``), with the default engine but three
+    idf freezes within the stream (so the learner stops learning), stop lists and cut
+    heads; one shape (the random streams take the others: each run here costs about two
+    minutes of CPU)."""
+    from tests.stages.test_exact import corpus_items
+
+    base = EngineConfig()
+    config = replace(base, near=replace(base.near, idf_freeze_at=(300, 1500, 4000)),
+                     passage=replace(base.passage, max_list=64, max_list_read=16)).validate()
+    want, probes = check(stores, corpus_items(), config, [SHAPES[1]])
+    kinds: dict[str, int] = {}
+    for w in want:
+        for m in w if isinstance(w, list) else []:
+            kinds[m["kind"]] = kinds.get(m["kind"], 0) + 1
+    assert len(probes) > 3000 and min(kinds.get(k, 0) for k in (
+        "revisit", "exact", "near", "passage")) > 100, kinds
+    assert len({t for _, t, _ in probes.values()}) > 3  # the width grows with the rows
