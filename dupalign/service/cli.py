@@ -8,6 +8,7 @@ stderr and an exit code of ``dupalign.service.exits.Exit`` (README, "Exit codes"
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -53,6 +54,52 @@ def _open_engine(store: str, config: EngineConfig, read_only: bool = False,
 
     return Engine.open(store, config, read_only=read_only, shards=shards,
                        removal_only=removal_only)
+
+
+def _open_scan(args: argparse.Namespace, config: EngineConfig) -> Any:
+    """The engine ``scan`` runs, or with --partitions the partitioned pipeline in one process
+    (dupalign.stages.partitioned: the same matches, each stage over stores of its own)."""
+    if args.partitions is None:
+        return _open_engine(args.store, config, shards=args.shards)
+    if args.shards is not None:
+        raise CliError("--shards and --partitions: give one", Exit.USAGE)
+    from dupalign.stages.partitioned import Partitioned
+
+    path = Path(args.store)
+    if path.exists() and any(path.iterdir()):
+        raise CliError(f"--store {args.store}: --partitions needs a new or empty directory "
+                       "(the partitioned pipeline does not reopen its stores yet)", Exit.USAGE)
+    return _PartitionedScan.open(Partitioned.open(path, config, args.partitions))
+
+
+class _PartitionedScan:
+    """The partitioned pipeline as ``cmd_scan`` drives an engine."""
+
+    def __init__(self, pipeline: Any) -> None:
+        from types import SimpleNamespace
+
+        self.pipeline = pipeline
+        self.last_report = SimpleNamespace(replayed=False)
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, opened: Any) -> Iterator[_PartitionedScan]:
+        with opened as pipeline:
+            yield cls(pipeline)
+
+    @property
+    def alive(self) -> int:
+        return int(self.pipeline.alive)
+
+    def process_many(self, items: Iterator[tuple[Any, None]], jobs: int
+                     ) -> Iterator[tuple[Any, Any]]:
+        """(page, its matches or PageRejected), in order; one process (``jobs`` unused)."""
+        for page, found in self.pipeline.process_many(p for p, _ in items):
+            self.last_report.replayed = self.pipeline.replayed
+            yield page, found
+
+    def run_audits(self) -> None:
+        """(The recall audit is the engine's: not run here.)"""
 
 
 def _check_out_path(out: str) -> None:
@@ -103,7 +150,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
         return (f"{head}: {pages} pages ({new} new, {pages - new} already in the store), "
                 f"{matches} matches, {rejects.count} rejected or skipped")
 
-    with _open_engine(args.store, config, shards=args.shards) as engine:
+    with _open_scan(args, config) as engine:
         # --out is opened at the first page processed: a run that processes none leaves the
         # previous output as it was; one that stops early keeps what it found
         out: IO[str] | None = None if args.out else sys.stdout
@@ -388,6 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--shards", type=int, default=None,
                       help="index shards by key (dupalign.stages.shards); fixed when the store is "
                            "made (default: the store's, 1 for a new store)")
+    scan.add_argument("--partitions", type=_partitions, default=None, metavar="D,E,P,S,C",
+                      help="run the partitioned pipeline in this process: directory, exact, "
+                           "near (a power of 2), list and combine partitions, each over its "
+                           "own store under --store (a new directory); the same matches")
     scan.set_defaults(func=cmd_scan)
 
     query = sub.add_parser("query", help="align one text against a store")
@@ -495,6 +546,16 @@ def cmd_acls(args: argparse.Namespace) -> int:
                               args.command_config, args.group):
         print(line)
     return 0
+
+
+def _partitions(text: str) -> Any:
+    """--partitions D,E,P,S,C (dupalign.stages.partitioned ``Shape``)."""
+    from dupalign.stages.partitioned import Shape
+
+    try:
+        return Shape.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def _jobs(text: str) -> int:

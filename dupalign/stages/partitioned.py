@@ -23,7 +23,7 @@ pipeline starts on empty stores (``open``) and lives as long as its process.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +100,12 @@ class Partitioned:
         self.forward, self.forward_ledger = ForwardStage(store("forward")), Ledger()
         self.aligner = Aligner(config, StoreForward(self.forward.store))
         self.seq = 0
+        self.replayed = False  # the last page was a replay
+
+    @property
+    def alive(self) -> int:
+        """Pages stored (current versions)."""
+        return self.dir_ledger.alive
 
     @classmethod
     @contextlib.contextmanager
@@ -137,6 +143,7 @@ class Partitioned:
             entry).to_bytes()
         d = self._decision(raw)
         self.dir_ledger.apply(d)
+        self.replayed = d.kind == "replay"
         exact = self._exact(d)
         near_raw = self._near(d, exact, sketch_raw)
         partials = [ListPartial.from_bytes(p.to_bytes()) for shard, ledger in self.lists
@@ -211,8 +218,8 @@ class Partitioned:
         self.forward.forget(same(self.forward_ledger))
         return swept
 
-    def process_many(self, pages: Iterator[Page]) -> Iterator[tuple[Page, list[Match]
-                                                                     | PageRejected]]:
+    def process_many(self, pages: Iterable[Page]
+                     ) -> Iterator[tuple[Page, list[Match] | PageRejected]]:
         """``process`` over a stream, a rejected page with its ``PageRejected``."""
         for page in pages:
             try:

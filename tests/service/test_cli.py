@@ -54,6 +54,24 @@ def test_scan_twice_gives_the_same_matches(tmp_path: Path) -> None:
     assert "exact" in kinds and kinds <= {"exact", "near", "passage"}
 
 
+def test_scan_with_partitions_gives_the_matches_of_scan(tmp_path: Path) -> None:
+    """The partitioned pipeline in one process (dupalign.stages.partitioned) as a user runs
+    it: the demo pages twice (the second time replays), the matches of ``scan``."""
+    inputs = [str(DEMO / "llvm-docs"), str(DEMO / "web" / "creativecommons.org.warc.gz")] * 2
+    outs = []
+    for name, extra in (("scan", []), ("partitioned", ["--partitions", "2,2,2,3,2"])):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["scan", *inputs, "--store", str(tmp_path / name), "--out", str(out),
+                     "--quiet", "--jobs", "1", *extra]) == 0
+        outs.append([{k: v for k, v in json.loads(line).items() if k != "detected_at"}
+                     for line in out.read_text().splitlines()])
+    assert outs[0] == outs[1] and {m["kind"] for m in outs[0]} >= {"exact", "passage"}
+    with pytest.raises(SystemExit):  # (argparse: not a power of 2)
+        main(["scan", inputs[0], "--store", str(tmp_path / "x"), "--partitions", "1,1,3,1,1"])
+    assert main(["scan", inputs[0], "--store", str(tmp_path / "scan"),
+                 "--partitions", "1,1,1,1,1"]) == 2  # (a store that holds pages)
+
+
 def test_bad_jsonl_lines_are_reported_and_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
