@@ -435,10 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--shards", type=int, default=None,
                       help="index shards by key (dupalign.stages.shards); fixed when the store is "
                            "made (default: the store's, 1 for a new store)")
-    scan.add_argument("--partitions", type=_partitions, default=None, metavar="D,E,P,S,C",
+    scan.add_argument("--partitions", type=_partitions, default=None, metavar="D,E,P,S,C[,R]",
                       help="run the partitioned pipeline in this process: directory, exact, "
-                           "near (a power of 2), list and combine partitions, each over its "
-                           "own store under --store (a new directory); the same matches")
+                           "near (a power of 2), list, combine and router partitions (R: 1 "
+                           "if not given), each over its own store under --store (a new "
+                           "directory); the same matches")
     scan.set_defaults(func=cmd_scan)
 
     query = sub.add_parser("query", help="align one text against a store")
@@ -549,7 +550,7 @@ def cmd_acls(args: argparse.Namespace) -> int:
 
 
 def _partitions(text: str) -> Any:
-    """--partitions D,E,P,S,C (dupalign.stages.partitioned ``Shape``)."""
+    """--partitions D,E,P,S,C[,R] (dupalign.stages.partitioned ``Shape``)."""
     from dupalign.stages.partitioned import Shape
 
     try:

@@ -147,7 +147,8 @@ class Decision:
     """What the directory made of one page. ``removed``: the version a delete or a changed
     revisit removes; ``replay_of``: the sequence ordinal of the stored version a replay
     repeats; ``revisit``: the revisit match of an unchanged or changed revisit;
-    ``fetched_at``: a stored page's (retention by age)."""
+    ``fetched_at``: a stored page's (retention by age); ``near``: a stored page is
+    near-indexed (it has a fingerprint: a row of the near table unless an exact copy)."""
 
     seq: int
     doc_id: str
@@ -157,6 +158,7 @@ class Decision:
     revisit: Match | None = None
     fetched_at: int | None = None
     content_hash: bytes | None = None
+    near: bool = False
 
     def to_bytes(self) -> bytes:
         """The wire form: the revisit match as its own fields (the consumer adds its
@@ -176,6 +178,8 @@ class Decision:
             d["fetched_at"] = self.fetched_at
         if self.content_hash is not None:
             d["hash"] = self.content_hash
+        if self.near:
+            d["near"] = True
         return DIRECTORY_DECISION.pack(d)
 
     @classmethod
@@ -190,7 +194,7 @@ class Decision:
                    None if revisit is None else _revisit_match(
                        d["id"], revisit[0], revisit[1], revisit[2], revisit[3], revisit[4],
                        engine or {}),
-                   d.get("fetched_at"), d.get("hash"))
+                   d.get("fetched_at"), d.get("hash"), bool(d.get("near")))
 
 
 def _revisit_match(doc_id: str, status: str, est: float | None, hamming: int | None,
@@ -284,7 +288,8 @@ class DirectoryShard:
             revisit = _revisit_match(doc_id, "changed", est, hamming, prev.url,
                                      prev.fetched_at, self.engine)
         return Decision(seq, doc_id, "stored", None if prev is None else prev.version,
-                        revisit=revisit, fetched_at=e.fetched_at, content_hash=e.content_hash)
+                        revisit=revisit, fetched_at=e.fetched_at, content_hash=e.content_hash,
+                        near=e.fingerprint is not None)
 
     def _put(self, batch: Batch, e: DirectoryEntry) -> None:
         record = {"id": e.doc_id, "url": e.url, "content_hash": e.content_hash,

@@ -3,7 +3,7 @@ stage of the shape, each partition over a store of its own, fed through the stag
 messages (``to_bytes``/``from_bytes``: what their roles on Kafka will carry), so that its
 matches can be checked against the single engine's (``scan``):
 
-    sketch -> directory x D -> exact x E -> router -> near x P -> lists x S -> combine x C
+    sketch -> directory x D -> exact x E -> router x R -> near x P -> lists x S -> combine x C
     -> align -> combine
 
 Every consumer of the decisions (exact, router, lists, combine, the forward records) runs
@@ -55,20 +55,23 @@ from dupalign.store.forward_reader import StoreForward
 
 @dataclass(frozen=True)
 class Shape:
-    """Partitions of each stage: directory, exact, near (a power of 2), lists, combine."""
+    """Partitions of each stage: directory, exact, near (a power of 2), lists, combine,
+    router."""
 
     directory: int = 1
     exact: int = 1
     near: int = 1
     lists: int = 1
     combine: int = 1
+    router: int = 1
 
     @classmethod
     def parse(cls, text: str) -> Shape:
-        """``D,E,P,S,C``."""
+        """``D,E,P,S,C`` or ``D,E,P,S,C,R``."""
         parts = text.split(",")
-        if len(parts) != 5 or not all(p.strip().isdigit() and int(p) >= 1 for p in parts):
-            raise ValueError(f"partitions {text!r}: five counts D,E,P,S,C, each >= 1")
+        if len(parts) not in (5, 6) or not all(p.strip().isdigit() and int(p) >= 1
+                                               for p in parts):
+            raise ValueError(f"partitions {text!r}: counts D,E,P,S,C[,R], each >= 1")
         shape = cls(*(int(p) for p in parts))
         prefix_bits(shape.near)
         return shape
@@ -89,7 +92,8 @@ class Partitioned:
         self.exacts = [(ExactShard(store(f"exact{k}"), k, shape.exact), Ledger())
                        for k in range(shape.exact)]
         self.learner = Learner(config)
-        self.router, self.router_ledger = Router(config, self.learner, shape.near), Ledger()
+        self.routers = [(Router(config, self.learner, shape.near, k, shape.router), Ledger())
+                        for k in range(shape.router)]
         b = prefix_bits(shape.near)
         self.nears = [NearShard(store(f"near{k}"), config, k, b) for k in range(shape.near)]
         self.lists = [(ListShard(store(f"lists{k}"), config, k, shape.lists), Ledger())
@@ -179,8 +183,10 @@ class Partitioned:
         return answer
 
     def _near(self, d: Decision, exact: ExactAnswer | None, sketch_raw: bytes) -> list[bytes]:
-        near_state = PageSketch.from_bytes(sketch_raw).near
-        ops = self.router.route(d, self.router_ledger.apply(d), exact, near_state)
+        ops = []
+        for router, ledger in self.routers:
+            near = PageSketch.from_bytes(sketch_raw).near if router.owns(d.doc_id) else None
+            ops += router.route(d, ledger.apply(d), exact, near)
         out = []
         for op in ops:
             answer = self.nears[op.shard].apply(NearOps.from_bytes(op.to_bytes()))
@@ -209,8 +215,9 @@ class Partitioned:
 
         for exact, ledger in self.exacts:
             exact.forget(same(ledger))
-        for op in self.router.forget(self.seq, same(self.router_ledger)):
-            self.nears[op.shard].apply(NearOps.from_bytes(op.to_bytes()))
+        for router, ledger in self.routers:
+            for op in router.forget(self.seq, same(ledger)):
+                self.nears[op.shard].apply(NearOps.from_bytes(op.to_bytes()))
         for lists, ledger in self.lists:
             lists.forget(same(ledger))
         for combine, ledger in self.combines:

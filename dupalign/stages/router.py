@@ -21,9 +21,10 @@ volatility model (each added page's weight sums, after its own probes were made)
 serial computation over the added pages, which the router reads page by page until the
 last freeze, and never after.
 
-Not yet: the router as several partitions by id. Each would need every page's "is a row"
-(a flag of the decision) to count the rows; here one router sees every page's sketch.
-The learner's state is in memory (the single engine keeps it in its store).
+The router is partitioned by page id: a partition reads the sketches of its ids' pages
+only, and counts the rows of every id from the decisions (``Decision.near``) and exact
+answers. The learner is one, fed by every partition's pages in sequence order. Its state
+and the routers' are in memory (the single engine keeps the learner's in its store).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dupalign.near.prefix_shards import route, shard_of_fingerprint
 from dupalign.near.psm_probes import probe_headers
 from dupalign.near.simhash_table import SimhashTable
 from dupalign.near.vosh import VolatilityModel
-from dupalign.stages.directory import Decision
+from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.exact import ExactAnswer
 from dupalign.stages.ledger import Expired, Placed
 from dupalign.stages.near_shard import NearOps, NearQuery
@@ -86,59 +87,82 @@ class Learner:
 
 
 class Router:
-    """The router over ``n_near`` = 2^b near shards, reading every decision in sequence
-    order (``route``) and every sweep (``forget``)."""
+    """Partition ``shard`` of ``n_shards`` of the router (by page id, as the directory), over
+    ``n_near`` = 2^b near shards, reading every decision in sequence order (``route``) and
+    every sweep (``forget``). It counts every row of the table (a stored page that is
+    near-indexed, ``Decision.near``, and not an exact copy) and knows the fingerprints of
+    its own ids' rows: a version removed is of the same id, and a sweep's rows are removed
+    by the partitions of their ids."""
 
-    def __init__(self, config: EngineConfig, learner: Learner, n_near: int) -> None:
+    def __init__(self, config: EngineConfig, learner: Learner, n_near: int, shard: int = 0,
+                 n_shards: int = 1) -> None:
+        if not 0 <= shard < n_shards:
+            raise ValueError(f"shard {shard} of {n_shards}")
         self.cfg = config.near
         self.learner = learner
+        self.shard, self.n_shards = shard, n_shards
         self.n_near, self.b = n_near, prefix_bits(n_near)
-        self.rows: dict[int, int] = {}  # store ordinal -> fingerprint of every row
+        # store ordinal -> fingerprint of every row (None: of another partition's id)
+        self.rows: dict[int, int | None] = {}
         self._width = SimhashTable()  # (its header width of a row count)
 
+    def owns(self, doc_id: str) -> bool:
+        return directory_owner(doc_id, self.n_shards) == self.shard
+
     def route(self, d: Decision, placed: Placed, exact: ExactAnswer | None,
-              near: NearState | None) -> list[NearOps]:
+              near: NearState | None = None) -> list[NearOps]:
         """The near shards' ops for decision ``d`` (placed by the ledger), with the stored
-        page's exact answer and its near sketch (None: it has none). A query goes to every
-        shard (each answers, so the combine knows how many to wait for)."""
+        page's exact answer and, for a page of this partition's ids, its near sketch (None:
+        it has none). A query goes to every shard (each answers, so the combine knows how
+        many to wait for)."""
         removed = None
         if placed.removed is not None and placed.removed in self.rows:
             removed = (placed.removed, self.rows[placed.removed])
-        query = (d.kind == "stored" and exact is not None and exact.original is None
-                 and near is not None and near.indexed)
-        if not query:
+        row = (d.kind == "stored" and d.near and exact is not None and exact.original is None)
+        if row and not self.owns(d.doc_id):  # (its removed version is of the same id)
+            assert placed.ordinal is not None
+            if removed is not None:
+                del self.rows[removed[0]]
+            self.rows[placed.ordinal] = None
+            return []
+        if not row:
             if removed is None:
                 return []
             del self.rows[removed[0]]
-            return [NearOps(d.seq, self._shard(removed[1]), removed=[removed])]
-        assert near is not None and placed.ordinal is not None
+            return self._removal(d.seq, [removed])
+        if near is None or not near.indexed or placed.ordinal is None:
+            raise ValueError(f"near-indexed page {d.seq} needs its near sketch")
         refresh(near, self.learner.idf, self.cfg.tf_mode)
         assert near.fingerprint is not None and near.W is not None and near.sketch is not None
         fp = near.fingerprint
-        t = self._width.header_width(len(self.rows))
+        t = self._width.header_width(len(self.rows))  # (the replaced version still one)
         offsets, headers = probe_headers([fp], near.W[None, :], t, self.cfg.hamming,
                                          self.cfg.probe_budget, self.learner.model)
         routed = route(offsets, headers, t, self.b)
         self.learner.learn(near)  # (after its probes: the model of the pages before)
+        removals = {op.shard: op.removed for op in self._removal(d.seq, [removed] if removed
+                                                                 else [])}
         if removed is not None:
             del self.rows[removed[0]]
         self.rows[placed.ordinal] = fp
         q = NearQuery(fp, near.sketch, placed.ordinal)
         mine = self._shard(fp)
-        return [NearOps(d.seq, s, q, t, p.rank, p.header,
-                        [removed] if removed is not None and self._shard(removed[1]) == s
-                        else None, s == mine)
+        return [NearOps(d.seq, s, q, t, p.rank, p.header, removals.get(s), s == mine)
                 for s, p in enumerate(routed)]
 
     def forget(self, seq: int, expired: Iterable[Expired]) -> list[NearOps]:
-        """A sweep before the page of sequence ordinal ``seq``: the rows it removes, by
-        shard."""
+        """A sweep before the page of sequence ordinal ``seq``: the rows it removes of this
+        partition's ids, by shard."""
+        return self._removal(seq, [(e.ordinal, self.rows.pop(e.ordinal)) for e in expired
+                                   if e.ordinal in self.rows])
+
+    def _removal(self, seq: int, rows: list[tuple[int, int | None]]) -> list[NearOps]:
+        """The removal of ``rows`` (ordinal, fingerprint: None of another partition's id)."""
         by_shard: dict[int, list[tuple[int, int]]] = {}
-        for e in expired:
-            fp = self.rows.pop(e.ordinal, None)
+        for ordinal, fp in rows:
             if fp is not None:
-                by_shard.setdefault(self._shard(fp), []).append((e.ordinal, fp))
-        return [NearOps(seq, s, removed=rows) for s, rows in sorted(by_shard.items())]
+                by_shard.setdefault(self._shard(fp), []).append((ordinal, fp))
+        return [NearOps(seq, s, removed=r) for s, r in sorted(by_shard.items())]
 
     def _shard(self, fingerprint: int) -> int:
         return int(shard_of_fingerprint(np.array([fingerprint], dtype=np.uint64), self.b)[0])

@@ -57,8 +57,9 @@ PAGE_SKETCH = WireVersion("page sketch", 2, (1, 2))
 INDEX_MESSAGE = WireVersion("message", 3, (2, 3))
 # the page directory's input and output (dupalign.stages.directory)
 DIRECTORY_ENTRY = WireVersion("directory entry", 1, (1,))
-# 2 carries a stored page's content hash (the exact stage's key); no role ever wrote 1
-DIRECTORY_DECISION = WireVersion("directory decision", 2, (2,))
+# 2 carries a stored page's content hash (the exact stage's key), 3 whether it is
+# near-indexed (the routers count the near table's rows); no role ever wrote 1 or 2
+DIRECTORY_DECISION = WireVersion("directory decision", 3, (3,))
 # the exact stage's output (dupalign.stages.exact)
 EXACT_ANSWER = WireVersion("exact answer", 1, (1,))
 # the list stage's input and output (dupalign.stages.list_shard)

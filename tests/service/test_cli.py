@@ -59,7 +59,7 @@ def test_scan_with_partitions_gives_the_matches_of_scan(tmp_path: Path) -> None:
     it: the demo pages twice (the second time replays), the matches of ``scan``."""
     inputs = [str(DEMO / "llvm-docs"), str(DEMO / "web" / "creativecommons.org.warc.gz")] * 2
     outs = []
-    for name, extra in (("scan", []), ("partitioned", ["--partitions", "2,2,2,3,2"])):
+    for name, extra in (("scan", []), ("partitioned", ["--partitions", "2,2,2,3,2,2"])):
         out = tmp_path / f"{name}.jsonl"
         assert main(["scan", *inputs, "--store", str(tmp_path / name), "--out", str(out),
                      "--quiet", "--jobs", "1", *extra]) == 0
