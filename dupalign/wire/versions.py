@@ -6,7 +6,8 @@ version in ``reads`` (messages retained in a topic or kept in a store from befor
 upgrade are read again after it); a writer writes ``writes``. The engine encodes its stage
 messages (``PageSketch``, ``AlignRequest``, ``IndexResult``, the directory's
 ``DirectoryEntry`` and ``Decision``, the exact stage's ``ExactAnswer``, the list stage's
-``ListWindows`` and ``ListPartial``); the service encodes the
+``ListWindows`` and ``ListPartial``, the router's ``NearOps`` and the near shards' answers);
+the service encodes the
 topology's (dupalign/service/topology.py, dupalign/wire/forward_record.py,
 dupalign/service/roles/shard_protocol.py) and the JSON-Schema'd ones of
 dupalign/wire/messages.py. They share this table so that a version is bumped in one place and
