@@ -366,6 +366,7 @@ LONG_FIRST = (
     "tests/runtime/test_lifecycle.py::test_stop_lists_do_not_depend_on_the_list_cache",
     # -m testdata
     "tests/service/test_topology_kafka.py::test_two_of_each_role_over_the_synthetic_rfc_stream_give_the_matches_of_scan",
+    "tests/stages/test_partitioned.py::test_the_partitioned_pipeline_finds_what_the_engine_finds_on_corpora",
     "tests/stages/test_list_shard.py::test_list_shards_answer_as_the_single_indexer_on_corpora",
     "tests/service/test_role_faults_kafka.py::test_an_index_stopped_past_its_session_throttled_and_killed_exits_never_and_stalls_little",
     "tests/service/test_shard_roles_kafka.py::test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_change_nothing",
