@@ -104,6 +104,20 @@ def _sorted_ends(lo: I64, hi: I64) -> tuple[I64, I64]:
     return pos, ev
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _cell_of(bounds: I64, n: int, pos: int) -> int:
+    """The last of ``bounds[:n]`` (ascending) at or before ``pos``, -1 if none (a binary
+    search by hand: ``np.searchsorted`` on a slice costs more than the search here)."""
+    a, z = 0, n
+    while a < z:
+        mid = (a + z) >> 1
+        if bounds[mid] <= pos:
+            a = mid + 1
+        else:
+            z = mid
+    return a - 1
+
+
 @njit(cache=True, nogil=True)
 def _scan(
     il: I64, ih: I64, j_lo: I64, j_hi: I64, w: I64, threshold: int, min_len: int,
@@ -145,7 +159,17 @@ def _scan(
     pending = np.empty(m, dtype=np.int64)
     n_pend = 0
     cnt = 0
-    z = bounds[0] - 1  # largest end reported so far
+    # A query looks at cells [c0, c_top] only: c0 = max(the cell of q_lo, c_z), with c_z the
+    # first cell whose last position is past the largest end reported so far (a cell before
+    # it can report nothing); c_top, the last cell of a rectangle ever added (past it every
+    # cell weighs 0). Both c0 and c_z only grow, so cells before the last query's c0
+    # (``dead``) are never read again: the flat array's adds and removals skip them
+    # (``added``: where a rectangle's add began). On long copies most of a rectangle's end
+    # interval lies before the end already reported.
+    c_z = 0
+    c_top = -1
+    dead = 0
+    added = np.empty(m if flat else 0, dtype=np.int64)
     e = 0
     while e < n_ep:
         u = ep_pos[e]
@@ -161,7 +185,8 @@ def _scan(
                 cnt -= w[x]
                 if state[x] == 2:
                     if flat:
-                        cov[c_lo[x] : c_hi[x] + 1] -= w[x]
+                        for cc in range(max(added[x], dead), c_hi[x] + 1):
+                            cov[cc] -= w[x]
                     else:
                         seg_add(nd, size, c_lo[x], c_hi[x], -w[x])
                 state[x] = 3
@@ -170,33 +195,34 @@ def _scan(
         if cnt >= threshold:
             q_lo = u + min_len - 1  # length j − u + 1 ≥ min_len (also j ≥ u)
             if q_lo < bounds[size]:
+                # the cell holding q_lo (cell 0 if q_lo comes before every bound)
+                c0 = max(_cell_of(bounds, size + 1, q_lo), c_z, 0)
+                dead = c0
                 for y in range(n_pend):
                     x = pending[y]
                     if state[x] == 1:
                         if flat:
-                            cov[c_lo[x] : c_hi[x] + 1] += w[x]
+                            added[x] = max(c_lo[x], c0)
+                            for cc in range(added[x], c_hi[x] + 1):
+                                cov[cc] += w[x]
                         else:
                             seg_add(nd, size, c_lo[x], c_hi[x], w[x])
                         state[x] = 2
+                        c_top = max(c_top, c_hi[x])
                 n_pend = 0
-                # the cell holding q_lo (cell 0 if q_lo comes before every bound)
-                c = np.searchsorted(bounds[: size + 1], q_lo, side="right") - 1
-                if flat:  # the rightmost cell from c on reaching the threshold
-                    c0 = max(c, 0)
-                    c = size - 1
+                if flat:  # the rightmost cell from c0 on reaching the threshold
+                    c = c_top
                     while c >= c0 and cov[c] < threshold:
                         c -= 1
                     if c < c0:
                         c = -1
                 else:
-                    c = seg_rightmost(nd, st, size, max(c, 0), size - 1, threshold)
-                if c >= 0:
-                    j = bounds[c + 1] - 1
-                    if j > z:
-                        out_s[n_out] = u
-                        out_e[n_out] = j + 1
-                        n_out += 1
-                        z = j
+                    c = seg_rightmost(nd, st, size, c0, c_top, threshold)
+                if c >= 0:  # past the largest end reported so far (c ≥ c_z)
+                    out_s[n_out] = u
+                    out_e[n_out] = bounds[c + 1]
+                    n_out += 1
+                    c_z = c + 1
     return out_s[:n_out].copy(), out_e[:n_out].copy()
 
 
