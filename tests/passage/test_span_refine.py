@@ -14,6 +14,7 @@ from dupalign.passage.span_refine import (
     Piece,
     best_chain,
     chains,
+    hash_order,
     oph_estimates,
     refine,
     refine_pages,
@@ -263,3 +264,18 @@ def test_refine_pages_equals_refine_per_page(a: list[int], data: st.DataObject, 
                               p.margin, p.max_occ, p.match, p.gap, p.max_gap, p.min_score, k)
     got = [(*r, *x) for r, x in zip(rows.tolist(), sims.tolist(), strict=True)]
     assert got == want
+
+
+@given(st.lists(st.one_of(st.integers(0, 9), st.integers(0, (1 << 32) - 1),
+                          st.integers(0, (1 << 64) - 1)), min_size=1, max_size=300), st.data())
+@settings(max_examples=200, deadline=None)
+def test_hash_order_equals_stable_argsort(b: list[int], data: st.DataObject) -> None:
+    """The radix-sorted (hash, position) order of a page range, and the argsort it falls
+    back to for hashes over 32 bits, are ``seeds``' stable argsort."""
+    lo = data.draw(st.integers(0, len(b)))
+    hi = data.draw(st.integers(lo, len(b)))
+    arr = np.array(b, dtype=np.uint64)
+    order = lo + np.argsort(arr[lo:hi], kind="stable")
+    got_b, got_pos = hash_order(arr, lo, hi)
+    assert got_pos.tolist() == order.tolist()
+    assert got_b.tolist() == arr[order].tolist()
