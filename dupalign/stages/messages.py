@@ -7,7 +7,7 @@ reports (``IndexTimes``, ``LifecycleCounters``). The stage itself: dupalign.stag
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import msgpack
@@ -20,9 +20,25 @@ from dupalign.passage.forward import fits
 from dupalign.passage.sketch import PassageState
 from dupalign.passage.tasks import Tasks
 from dupalign.stages.sketch import PageSketch
+from dupalign.wire import packed
 from dupalign.wire.versions import INDEX_MESSAGE, pack_array, unpack_array
 
 I64 = npt.NDArray[np.int64]
+
+
+# the array fields of Tasks, in order (all but ``gathered`` and ``_records``)
+_TASK_ARRAYS = tuple(f.name for f in fields(Tasks) if f.name not in ("gathered", "_records"))
+
+
+def _unpickle_request(ordinal: int, positions: bytes, gathered: bool, other_ids: list[str],
+                      other_positions: list[bytes], data: bytes, codes: str,
+                      dims: tuple[int, ...]) -> AlignRequest:
+    arrays = packed.unpack(data, codes, dims)
+    n = 2 + len(_TASK_ARRAYS)
+    tasks = Tasks(**dict(zip(_TASK_ARRAYS, arrays[2:n], strict=True)), gathered=gathered,
+                  _records=None if arrays[n] is None else tuple(arrays[n:]))
+    return AlignRequest(ordinal, arrays[0], arrays[1], positions, tasks, other_ids,
+                        other_positions)
 
 
 @dataclass
@@ -44,6 +60,15 @@ class AlignRequest:
     tasks: Tasks
     other_ids: list[str] = field(default_factory=list)
     other_positions: list[bytes] = field(default_factory=list)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (the process pool's align calls) with its arrays as one buffer
+        (dupalign.wire.packed): about 15 of them, pickle's cost being per array."""
+        t = self.tasks
+        arrays = [self.starts, self.ends, *(getattr(t, name) for name in _TASK_ARRAYS),
+                  *(t._records or (None, None, None))]
+        return (_unpickle_request, (self.ordinal, self.positions, t.gathered, self.other_ids,
+                                    self.other_positions, *packed.pack(arrays)))
 
     @property
     def others(self) -> I64:

@@ -27,6 +27,7 @@ from dupalign.near.index import NearState, near_sketch
 from dupalign.page import Page, check_unicode
 from dupalign.passage.sketch import I64, U64, PassageSketcher, PassageState, Rects
 from dupalign.text.tokens import page_text, reading, tokenize
+from dupalign.wire import packed
 from dupalign.wire.versions import PAGE_SKETCH, pack_array, unpack_array
 
 
@@ -50,14 +51,22 @@ class PageSketch:
 
     # -- between the pipeline's processes ---------------------------------------------------
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        """Pickled with its windows in their wire dtypes and a few arrays instead of seven:
-        the index thread unpickles every page's sketch, and this takes it a quarter of the
-        time seven int64 arrays would (llvm pages: 51 KB of windows and 21 µs a page,
-        against 92 KB and 83 µs). Unpickled, every array has its dtype again."""
+        """Pickled with its arrays as one buffer (dupalign.wire.packed: pickle's cost is per
+        array, and a page has up to 18), the windows and passage bounds in small dtypes
+        (llvm pages: 51 KB of windows against 92 KB). Unpickled, every array has its dtype
+        again."""
+        near, passage = self.near, self.passage
+        arrays: list[Any] = []
+        near_head = passage_head = None
+        if near is not None:
+            near_head = (near.indexed, near.idf_version, near.fingerprint, near.frozen)
+            arrays += (near.unique, near.counts, near.W, near.sketch)
+        if passage is not None:
+            passage_head = (passage.n_units, passage.positions)
+            arrays += _passage_arrays(passage)
         return (_unpickle, (self.id, self.url, self.fetched_at, self.replay_key, self.rejected,
-                            self.n_tokens, self.content_hash, self.near,
-                            _pack_passage(self.passage), self.deleted, self.unchanged,
-                            self.read_as))
+                            self.n_tokens, self.content_hash, near_head, passage_head,
+                            self.deleted, self.unchanged, self.read_as, *packed.pack(arrays)))
 
     # -- wire form ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -106,45 +115,54 @@ class PageSketch:
         return sk
 
 
-def _pack_passage(s: PassageState | None) -> tuple[Any, ...] | None:
-    if s is None or s.rects is None:
-        return None if s is None else (s.n_units,)
+def _passage_arrays(s: PassageState) -> list[Any]:
+    """The passage sketch's arrays, 14 (None where it has none), the windows' bins (< 2^16)
+    and cell offsets (a page has fewer than 2^31 cells) in small dtypes."""
     r = s.rects
-    assert s.starts is not None and s.ends is not None
-    return (s.n_units, r.bin.astype(np.uint16), r.key,
-            np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi)).astype(np.int32), r.empty, s.positions,
-            np.stack((s.starts, s.ends)).astype(np.int32), s.keys, s.empty,
-            _pack_lists(s.lists), _pack_lists(s.window_lists))
+    out: list[Any] = [None] * 4 if r is None else [
+        r.bin.astype(np.uint16), r.key,
+        np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi)).astype(np.int32), r.empty]
+    out += (_narrow(s.starts, np.int32), _narrow(s.ends, np.int32), s.keys, s.empty)
+    for lists in (s.lists, s.window_lists):
+        out += [None] * 3 if lists is None else (
+            lists[0].astype(np.uint16), lists[1], lists[2].astype(np.int32))
+    return out
 
 
-def _pack_lists(lists: tuple[I64, U64, I64] | None) -> tuple[Any, ...] | None:
-    """Distinct lists (bins, keys, inverse) in small dtypes (bins < 2^16, and a page has
-    fewer than 2^31 cells)."""
-    if lists is None:
-        return None
-    return lists[0].astype(np.uint16), lists[1], lists[2].astype(np.int32)
+def _narrow(a: Any, dtype: Any) -> Any:
+    return None if a is None else a.astype(dtype)
 
 
-def _unpack_lists(packed: tuple[Any, ...] | None) -> tuple[I64, U64, I64] | None:
-    if packed is None:
-        return None
-    return packed[0].astype(np.int64), packed[1], packed[2].astype(np.int64)
+def _wide(a: Any) -> Any:
+    return None if a is None else a.astype(np.int64)
+
+
+def _passage_from_arrays(n_units: int, positions: bytes, a: list[Any]) -> PassageState:
+    rects = None
+    if a[0] is not None:
+        rect = a[2].astype(np.int64)
+        rects = Rects(a[0].astype(np.int64), a[1], rect[0], rect[1], rect[2], rect[3], a[3])
+    lists = None if a[8] is None else (a[8].astype(np.int64), a[9], a[10].astype(np.int64))
+    window = None if a[11] is None else (a[11].astype(np.int64), a[12],
+                                         a[13].astype(np.int64))
+    return PassageState(rects, n_units, positions, _wide(a[4]), _wide(a[5]), a[6], a[7], lists,
+                        window)
 
 
 def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: bytes | None,
               rejected: tuple[str, str] | None, n_tokens: int, content_hash: bytes,
-              near: NearState | None, passage: tuple[Any, ...] | None, deleted: bool,
-              unchanged: bool, read_as: str) -> PageSketch:
-    state = None
-    if passage is not None and len(passage) == 1:
-        state = PassageState(None, passage[0])
-    elif passage is not None:
-        (n_units, bins, key, rect, empty, positions, bounds, keys, q_empty, lists,
-         window_lists) = passage
-        rect, bounds = rect.astype(np.int64), bounds.astype(np.int64)
-        state = PassageState(Rects(bins.astype(np.int64), key, rect[0], rect[1], rect[2],
-                                   rect[3], empty), n_units, positions, bounds[0], bounds[1],
-                             keys, q_empty, _unpack_lists(lists), _unpack_lists(window_lists))
+              near_head: tuple[Any, ...] | None, passage_head: tuple[int, bytes] | None,
+              deleted: bool, unchanged: bool, read_as: str, data: bytes, codes: str,
+              dims: tuple[int, ...]) -> PageSketch:
+    arrays = packed.unpack(data, codes, dims)
+    near = state = None
+    if near_head is not None:
+        indexed, idf_version, fingerprint, frozen = near_head
+        near = NearState(indexed, arrays[0], arrays[1], idf_version, fingerprint, arrays[2],
+                         arrays[3], frozen)
+        arrays = arrays[4:]
+    if passage_head is not None:
+        state = _passage_from_arrays(*passage_head, arrays)
     return PageSketch(id_, url, fetched_at, replay_key, rejected, n_tokens, content_hash, near,
                       state, deleted, unchanged, read_as)
 
