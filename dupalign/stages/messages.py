@@ -31,7 +31,7 @@ _TASK_ARRAYS = tuple(f.name for f in fields(Tasks) if f.name not in ("gathered",
 
 
 def _unpickle_request(ordinal: int, positions: bytes, gathered: bool, other_ids: list[str],
-                      other_positions: list[bytes], data: bytes, codes: str,
+                      other_positions: list[bytes], data: bytearray, codes: str,
                       dims: tuple[int, ...]) -> AlignRequest:
     arrays = packed.unpack(data, codes, dims)
     n = 2 + len(_TASK_ARRAYS)

@@ -25,7 +25,7 @@ from dupalign.errors import PageRejected
 from dupalign.near.idf import IdfTable
 from dupalign.near.index import NearState, near_sketch
 from dupalign.page import Page, check_unicode
-from dupalign.passage.sketch import I64, U64, PassageSketcher, PassageState, Rects
+from dupalign.passage.sketch import PassageSketcher, PassageState, Rects
 from dupalign.text.tokens import page_text, reading, tokenize
 from dupalign.wire import packed
 from dupalign.wire.versions import PAGE_SKETCH, pack_array, unpack_array
@@ -152,7 +152,7 @@ def _passage_from_arrays(n_units: int, positions: bytes, a: list[Any]) -> Passag
 def _unpickle(id_: str, url: str | None, fetched_at: int | None, replay_key: bytes | None,
               rejected: tuple[str, str] | None, n_tokens: int, content_hash: bytes,
               near_head: tuple[Any, ...] | None, passage_head: tuple[int, bytes] | None,
-              deleted: bool, unchanged: bool, read_as: str, data: bytes, codes: str,
+              deleted: bool, unchanged: bool, read_as: str, data: bytearray, codes: str,
               dims: tuple[int, ...]) -> PageSketch:
     arrays = packed.unpack(data, codes, dims)
     near = state = None

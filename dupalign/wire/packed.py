@@ -6,10 +6,11 @@ rebuilds it the same way, a fixed cost of 5–15 µs an array whatever its size:
 messages hold about 18 of them. Here a message's arrays are one bytes object and a header
 (a character a dtype, ``-`` for None, and the shapes), and come back as views of one buffer.
 
-The buffer is copied once into a bytearray when unpacked, so every view is writable and
-aligned (each array starts at a multiple of 8 bytes) as the kernels expect; the views keep
-that whole buffer alive while any of them lives. Native byte order: the pickle stays on
-this machine (the wire form between machines is msgpack: dupalign.wire.versions).
+The buffer is a bytearray, which pickle (protocol 5) reads back as one: every view is
+writable with no copy, and aligned (each array starts at a multiple of 8 bytes) as the
+kernels expect; the views keep that whole buffer alive while any of them lives. Native byte
+order: the pickle stays on this machine (the wire form between machines is msgpack:
+dupalign.wire.versions).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-Packed = tuple[bytes, str, tuple[int, ...]]  # (buffer, dtype characters, ndim and shape each)
+Packed = tuple[bytearray, str, tuple[int, ...]]  # (buffer, dtype characters, ndim and shape each)
 
 _PAD = bytes(8)
 _DTYPES: dict[str, np.dtype[Any]] = {}
@@ -27,7 +28,9 @@ _DTYPES: dict[str, np.dtype[Any]] = {}
 
 def pack(arrays: Sequence[np.ndarray[Any, Any] | None]) -> Packed:
     """``arrays`` (None allowed) as one buffer and its header (``unpack`` reverses it)."""
-    codes, dims, parts = [], [], []
+    codes: list[str] = []
+    dims: list[int] = []
+    parts: list[Any] = []  # (arrays and padding, joined as buffers)
     for a in arrays:
         if a is None:
             codes.append("-")
@@ -41,12 +44,12 @@ def pack(arrays: Sequence[np.ndarray[Any, Any] | None]) -> Packed:
             parts.append(a)
             if a.nbytes % 8:
                 parts.append(_PAD[:-a.nbytes % 8])
-    return b"".join(parts), "".join(codes), tuple(dims)
+    return bytearray().join(parts), "".join(codes), tuple(dims)
 
 
-def unpack(data: bytes, codes: str, dims: tuple[int, ...]) -> list[Any]:
-    """The arrays of ``pack``: writable views of one copy of ``data``."""
-    buf = bytearray(data)
+def unpack(data: bytes | bytearray, codes: str, dims: tuple[int, ...]) -> list[Any]:
+    """The arrays of ``pack``: writable views of ``data`` (of a copy if it is bytes)."""
+    buf = data if isinstance(data, bytearray) else bytearray(data)
     out: list[Any] = []
     at = d = 0
     for c in codes:

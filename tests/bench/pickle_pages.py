@@ -1,7 +1,7 @@
 """What the process pool's pickling costs a page, by message: a page's sketch (in chunks as
 ``sketch_chunk_in_worker`` returns them), its align request and its answer, over real pages
 (the extracted text of a docs corpus, each page sketched, indexed, aligned and finished by one
-engine, in order). Per page: pickle.dumps + pickle.loads µs (best of a few passes over all
+engine, in order). Per page: pickle.dumps + pickle.loads CPU µs (best of a few passes over all
 messages), bytes, and numpy arrays in the pickle.
 
     python -m tests.bench.pickle_pages [--corpus llvm|boost] [--limit N]
@@ -67,12 +67,12 @@ def cost(objs: list[Any], passes: int = 5) -> tuple[float, float, int]:
     best_d = best_l = float("inf")
     size = 0
     for _ in range(passes):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         data = [pickle.dumps(o, protocol=pickle.HIGHEST_PROTOCOL) for o in objs]
-        t1 = time.perf_counter()
+        t1 = time.thread_time()
         for d in data:
             pickle.loads(d)
-        t2 = time.perf_counter()
+        t2 = time.thread_time()
         best_d, best_l = min(best_d, t1 - t0), min(best_l, t2 - t1)
         size = sum(len(d) for d in data)
     return best_d, best_l, size
