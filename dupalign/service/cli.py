@@ -66,9 +66,10 @@ def _open_scan(args: argparse.Namespace, config: EngineConfig) -> Any:
     from dupalign.stages.partitioned import Partitioned
 
     path = Path(args.store)
-    if path.exists() and any(path.iterdir()):
-        raise CliError(f"--store {args.store}: --partitions needs a new or empty directory "
-                       "(the partitioned pipeline does not reopen its stores yet)", Exit.USAGE)
+    try:
+        Partitioned.refuse_used(path)
+    except ValueError as exc:
+        raise CliError(f"--store with --partitions: {exc}", Exit.USAGE) from None
     return _PartitionedScan.open(Partitioned.open(path, config, args.partitions))
 
 

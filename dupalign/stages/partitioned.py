@@ -111,15 +111,21 @@ class Partitioned:
         """Pages stored (current versions)."""
         return self.dir_ledger.alive
 
+    @staticmethod
+    def refuse_used(root: Path) -> None:
+        """ValueError if ``root`` holds anything: the pipeline starts on empty stores (its
+        ledgers are not kept yet, so it cannot reopen them)."""
+        if root.exists() and any(root.iterdir()):
+            raise ValueError(f"{root} is not empty: the partitioned pipeline starts on empty "
+                             "stores (its ledgers are not kept yet)")
+
     @classmethod
     @contextlib.contextmanager
     def open(cls, root: str | Path, config: EngineConfig, shape: Shape = Shape()
              ) -> Iterator[Partitioned]:
         """A pipeline on new stores under ``root`` (ValueError if it holds anything)."""
         path = Path(root)
-        if path.exists() and any(path.iterdir()):
-            raise ValueError(f"{root} is not empty: the partitioned pipeline starts on empty "
-                             "stores (its ledgers are not kept yet)")
+        cls.refuse_used(path)
         params = config.frozen_params()
         stores: list[Store] = []
 
