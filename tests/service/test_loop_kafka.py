@@ -111,16 +111,14 @@ async def _committed(reader: AIOKafkaConsumer, tp: TopicPartition) -> Any:
 # and every record sent before it fails with the same cause.
 FENCED_SEND = """
 import asyncio, gc, logging, sys
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from dupalign.service.config import KafkaConfig
-from dupalign.service.topology import Outgoing, new_producer, send_all
+from dupalign.service.topology import Outgoing, ensure_topics, new_producer, send_all
 
 async def main(bootstrap, topic):
     kc = KafkaConfig(bootstrap_servers=bootstrap)
-    admin = AIOKafkaAdminClient(**kc.client_kwargs())
-    await admin.start()
-    await admin.create_topics([NewTopic(topic, 2, 1)])
-    await admin.close()
+    # waits until the topic is in the metadata: a producer that asks before then logs an
+    # ERROR "not found in cluster metadata" of its own, which is not the failure counted here
+    await ensure_topics(kc, {topic: 2})
     producer, usurper = new_producer(kc, topic), new_producer(kc, topic)
     await producer.start()
     try:
