@@ -75,7 +75,7 @@ def _add_cpu(store: Store, config: EngineConfig, fps: np.ndarray, sketches: np.n
     return (time.process_time() - t0) / len(fps)
 
 
-async def _log_stats(kc: KafkaConfig, topic: str) -> tuple[int, int]:
+async def log_stats(kc: KafkaConfig, topic: str) -> tuple[int, int]:
     """Records and key + value bytes the partition holds now."""
     tp = TopicPartition(topic, PARTITION)
     consumer = AIOKafkaConsumer(**kc.client_kwargs(), isolation_level="read_uncommitted",
@@ -96,7 +96,7 @@ async def _log_stats(kc: KafkaConfig, topic: str) -> tuple[int, int]:
         await consumer.stop()
 
 
-def _disk_bytes(data: Path, topic: str) -> float:
+def disk_bytes(data: Path, topic: str) -> float:
     return float(sum(f.stat().st_size for f in (data / f"{topic}-{PARTITION}").glob("*.log")))
 
 
@@ -168,9 +168,9 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
         expected = _contents(store)
         assert len(shard) == args.pages
 
-        written, written_bytes = await _log_stats(kc, topic)
+        written, written_bytes = await log_stats(kc, topic)
         data = tmp / "broker" / "data"
-        disk_before = _disk_bytes(data, topic) if data.exists() else float("nan")
+        disk_before = disk_bytes(data, topic) if data.exists() else float("nan")
         before = await _rebuild(kc, config, tmp / "b", topic)
         assert _contents(before[2]) == expected and before[3] == args.pages
         before[2].close()
@@ -188,7 +188,7 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
         # segment's one record (its key's older record stays until that segment is cleaned)
         compacted = live + 2 * args.removed + 1
         deadline = time.monotonic() + args.wait
-        while (held := await _log_stats(kc, topic))[0] > compacted:
+        while (held := await log_stats(kc, topic))[0] > compacted:
             if time.monotonic() > deadline:
                 print(f"not compacted after {args.wait} s: {held[0]} records, {compacted} "
                       "expected")
@@ -196,7 +196,7 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
             await asyncio.sleep(5)
         live_bytes = sum(len(encode_key(f, k)) + len(v) for f, kv in expected.items()
                          for k, v in kv)
-        disk_after = _disk_bytes(data, topic) if data.exists() else float("nan")
+        disk_after = disk_bytes(data, topic) if data.exists() else float("nan")
         after = await _rebuild(kc, config, tmp / "c", topic)
         assert _contents(after[2]) == expected and after[3] == args.pages
         after[2].close()
