@@ -26,6 +26,12 @@ batch's records compressed with zstd at level 3 (Kafka's default level), what a 
 equal, key for key, to the stores' contents at the end (the store parameters aside, which
 ``restore`` expects in a fresh store).
 
+Smaller encodings (``ALTERS``), estimated on the same records by the same model, each
+record's value re-encoded or left out: verification sketches of 32-bit samples; a list
+shard's changelog without its list entries and runs (rebuilt at restore from its forward
+records; the long-list markers kept); a list shard's forward record reduced to its lists.
+None of them is built (docs/pipeline.md, "State and what Kafka keeps").
+
 ``--broker directory0`` (a store partition's name): the model checked on a real broker for
 that partition of the last corpus: its records sent to a compacted changelog topic (a
 broker started with deploy/kafka/broker.sh), one transaction a turn, the cleaner made
@@ -123,6 +129,7 @@ class Held:
     values: int = 0
     overhead: int = 0
     zstd: int = 0
+    largest: int = 0  # the largest record
 
     @property
     def plain(self) -> int:
@@ -131,6 +138,7 @@ class Held:
     def add(self, other: Held) -> None:
         for name in ("records", "keys", "values", "overhead", "zstd"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.largest = max(self.largest, other.largest)
 
 
 @dataclass
@@ -204,6 +212,7 @@ class Recorder:
                 h.keys += len(key)
                 h.values += len(value)
                 h.overhead += len(raw) - len(key) - len(value)
+                h.largest = max(h.largest, len(raw))
             whole = sum(by_family.values())
             packed = len(cramjam.zstd.compress(b"".join(raws), level=ZSTD_LEVEL))
             for family, size in by_family.items():  # (header and zstd shared by bytes)
@@ -406,11 +415,12 @@ def report(r: Result, turn: int) -> None:
         cells.append(_sum({s: c for s, c in zip(STAGES, cells, strict=True)}))
         print(f"{a:<30}" + "".join(f"{c.plain / n:>9.0f} {c.zstd / n:>6.0f}" for c in cells))
     print(f"\n{'stage/family':<20}{'rec/page':>9}{'key B':>8}{'value B':>9}{'B/page':>8}"
-          f"{'zstd B/page':>12}")
+          f"{'zstd B/page':>12}{'largest B':>11}")
     for stage in STAGES:
         for family, h in sorted(r.held.get(stage, {}).items()):
             print(f"{stage + '/' + family:<20}{h.records / n:>9.2f}{h.keys / n:>8.0f}"
-                  f"{h.values / n:>9.0f}{h.plain / n:>8.0f}{h.zstd / n:>12.0f}")
+                  f"{h.values / n:>9.0f}{h.plain / n:>8.0f}{h.zstd / n:>12.0f}"
+                  f"{h.largest:>11,}")
 
 
 async def on_broker(bootstrap: str, tmp: Path, r: Result, wait: float) -> None:
