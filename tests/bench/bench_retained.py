@@ -247,8 +247,8 @@ def no_entries(stage: str, family: str, key: bytes, value: bytes) -> bytes | Non
 
 def list_names(stage: str, family: str, key: bytes, value: bytes) -> bytes | None:
     """A list shard's forward record reduced to what removal and a rebuild read: its lists
-    (bin <u2, key <u8, the page's windows in it <u2), no rectangles, no empty windows, and
-    no empty positions record."""
+    (bin <u2, key <u8, the page's windows in it <u2), no rectangles; and no empty positions
+    record."""
     if stage != "lists":
         return value
     if family == "positions" and not value:
