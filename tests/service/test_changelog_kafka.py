@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
 from dupalign.service.changelog import Changelog, changelog_topic, ensure_changelog, restore
 from dupalign.service.config import KafkaConfig
@@ -21,6 +21,7 @@ from dupalign.service.topology import TopologyError, new_producer, send_all
 from dupalign.store import records
 from dupalign.store.database import Store
 from dupalign.store.keys import FAMILIES, u64
+from tests.kafka_topics import create_topics
 from tests.service.test_loop_kafka import partition_values
 
 pytestmark = [pytest.mark.kafka]
@@ -130,15 +131,10 @@ async def test_a_compacted_changelog_restores_the_same_store(
     kc = KafkaConfig(bootstrap_servers=kafka_bootstrap)
     name = uuid.uuid4().hex[:8]
     topic = changelog_topic(kc, f"test-{name}")
-    admin = AIOKafkaAdminClient(**kc.client_kwargs())
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 2, 1, topic_configs={
-            "cleanup.policy": "compact", "segment.ms": "200", "min.cleanable.dirty.ratio": "0.01",
-            "delete.retention.ms": "0", "min.compaction.lag.ms": "0"})])
-        await admin.create_topics([NewTopic(f"{topic}-deleting", 1, 1)])
-    finally:
-        await admin.close()
+    await create_topics(kafka_bootstrap, [NewTopic(topic, 2, 1, topic_configs={
+        "cleanup.policy": "compact", "segment.ms": "200", "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": "0", "min.compaction.lag.ms": "0"}),
+                                          NewTopic(f"{topic}-deleting", 1, 1)])
     with pytest.raises(TopologyError, match="must be 'compact'"):
         await ensure_changelog(kc, f"{topic}-deleting", 1)
     await ensure_changelog(kc, topic, 2)

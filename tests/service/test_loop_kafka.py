@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
 from dupalign.service.config import KafkaConfig
 from dupalign.service.loop import FENCED, Checkpoint
@@ -25,6 +25,7 @@ from dupalign.service.topology import (
     new_producer,
     send_all,
 )
+from tests.kafka_topics import create_topics
 
 pytestmark = [pytest.mark.kafka]
 
@@ -56,14 +57,12 @@ async def test_a_checkpoint_commits_its_records_and_offsets_together_then_notes_
     kc = KafkaConfig(bootstrap_servers=kafka_bootstrap)
     name = uuid.uuid4().hex[:8]
     pages, out, group = f"loop-in-{name}", f"loop-out-{name}", f"loop-{name}"
-    admin = AIOKafkaAdminClient(**kc.client_kwargs())
-    await admin.start()
     producer = new_producer(kc, f"loop-{name}")
     # the group's member that reads its commits (with their metadata), subscribed to nothing
     group_reader = AIOKafkaConsumer(**kc.client_kwargs(), group_id=group,
                                     enable_auto_commit=False)
     try:
-        await admin.create_topics([NewTopic(pages, 1, 1), NewTopic(out, 1, 1)])
+        await create_topics(kafka_bootstrap, [NewTopic(pages, 1, 1), NewTopic(out, 1, 1)])
         await producer.start()
         await group_reader.start()
         notes: list[str] = []
@@ -93,7 +92,6 @@ async def test_a_checkpoint_commits_its_records_and_offsets_together_then_notes_
     finally:
         await group_reader.stop()
         await producer.stop()
-        await admin.close()
 
 
 async def _committed(reader: AIOKafkaConsumer, tp: TopicPartition) -> Any:
@@ -161,11 +159,9 @@ async def test_a_producer_fenced_in_the_background_fails_its_checkpoints_as_fenc
     AssertionError. Both must raise the fencing itself."""
     kc = KafkaConfig(bootstrap_servers=kafka_bootstrap)
     topic = f"loop-fenced-{uuid.uuid4().hex[:8]}"
-    admin = AIOKafkaAdminClient(**kc.client_kwargs())
-    await admin.start()
     producer, usurper = new_producer(kc, topic), new_producer(kc, topic)
     try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
+        await create_topics(kafka_bootstrap, [NewTopic(topic, 1, 1)])
         await producer.start()
         await usurper.start()  # same transactional id: fences the first
 
@@ -182,4 +178,3 @@ async def test_a_producer_fenced_in_the_background_fails_its_checkpoints_as_fenc
     finally:
         for client in (producer, usurper):
             await client.stop()
-        await admin.close()

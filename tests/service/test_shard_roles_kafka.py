@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
 from dupalign.config import EngineConfig, RetentionConfig
 from dupalign.service.roles.shard_protocol import ShardMessage
-from dupalign.service.topology import new_producer
+from dupalign.service.topology import new_producer, record_ordinal
 from dupalign.wire import messages
+from tests.kafka_topics import create_topics
 from tests.service.test_topology_kafka import alive_ids, delete_before, lifecycle_key
 from tests.service.test_worker_kafka import clough_pages, match_key
 from tests.topology_harness import (
@@ -43,6 +44,26 @@ async def matches_equal_scan(topo: Topology, n_pages: int, oracle: Path) -> None
     twice = [k for k, n in got.items() if n > expected[k]]
     assert not twice, f"published twice: {twice[:5]}"
     assert got == expected
+
+
+async def keys_sent_for(topo: Topology, ordinal: int) -> bool:
+    """Whether the fan-in sent keys messages of the page at ``ordinal`` (read_uncommitted:
+    in a transaction still open, as a page waiting for its shards' partials may be)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=topo.bootstrap, enable_auto_commit=False,
+                                isolation_level="read_uncommitted")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topo.topic["keys"], p) for p in range(2)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        while any([await consumer.position(tp) < end[tp] for tp in tps]):
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                if any(record_ordinal(r) >= ordinal for r in records):
+                    return True
+        return False
+    finally:
+        await consumer.stop()
 
 
 async def one_of_each(topo: Topology, fan_in: Path, shards: Path
@@ -200,7 +221,12 @@ async def test_a_fan_in_back_on_its_store_after_a_standby_published_past_it_fini
         while len(await topo.read("sequence")) < sequenced:
             topo.check_alive()
             await asyncio.sleep(0.2)
-        await asyncio.sleep(3)  # A indexes them, sends their keys messages, waits
+        # A indexes them, sends their keys messages, waits (a fixed 3 s here once: on a
+        # loaded machine A had indexed none, and never said "finishing them by replay")
+        last = (await topo.read("sequence"))[-1].offset
+        while not await keys_sent_for(topo, last):
+            topo.check_alive()
+            await asyncio.sleep(0.2)
         fan_in_a.send_signal(signal.SIGKILL)
         fan_in_a.wait(30)
         topo.start("shard", tmp_path / "shards")
@@ -245,12 +271,7 @@ async def test_a_keys_topic_with_another_partition_count_stops_the_roles(
     """The keys topic must have one partition per shard: a shard process (and the fan-in)
     on a keys topic made for 3 shards stops at start and says so."""
     topo = Topology(kafka_bootstrap, tmp_path, index_shards=2)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topo.topic["keys"], 3, 1)])
-    finally:
-        await admin.close()
+    await create_topics(kafka_bootstrap, [NewTopic(topo.topic["keys"], 3, 1)])
     for role, store in (("shard", tmp_path / "shards"), ("index", tmp_path / "fan-in")):
         proc, log = topo.start(role, store)
         assert proc.wait(120) == 1

@@ -49,6 +49,7 @@ from dupalign.stages.messages import AlignRequest
 from dupalign.store.forward_copy import ForwardCopy
 from dupalign.wire import messages
 from tests.bench.bench_worker import corpus
+from tests.kafka_topics import create_topics
 from tests.passage.test_align_caps import dense_pages
 from tests.passage.test_align_parts import forward_record
 from tests.service.test_ops_prometheus import (
@@ -634,12 +635,7 @@ async def test_a_topic_whose_partition_count_breaks_the_sharding_stops_the_role(
         kafka_bootstrap: str, tmp_path: Path, name: str, partitions: int, role: str,
         says: str) -> None:
     topo = Topology(kafka_bootstrap, tmp_path)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topo.topic[name], partitions, 1)])
-    finally:
-        await admin.close()
+    await create_topics(kafka_bootstrap, [NewTopic(topo.topic[name], partitions, 1)])
     proc, log = topo.start(role)
     assert proc.wait(120) == 1
     assert says.format(**topo.topic) in log.read_text()
@@ -689,12 +685,8 @@ async def test_the_topics_a_rebuild_replays_are_created_kept_forever(
     (``kafka.retained_compression``, zstd). Existing ones that expire records are
     logged."""
     topo = Topology(kafka_bootstrap, tmp_path, index_shards=shards)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:  # made by someone else, with the broker's retention
-        await admin.create_topics([NewTopic(topo.topic["sketches"], 1, 1)])
-    finally:
-        await admin.close()
+    # made by someone else, with the broker's retention
+    await create_topics(kafka_bootstrap, [NewTopic(topo.topic["sketches"], 1, 1)])
     await topo.create()
     retained = ["sequence", "sketches"] + (["keys", "partials"] if shards > 1 else [])
     got = await retention_of(kafka_bootstrap, [

@@ -36,6 +36,7 @@ from dupalign.service.topology import new_producer
 from dupalign.service.worker import SOURCE_HEADER, Worker
 from dupalign.wire import messages
 from tests.corpora import CLOUGH, demo_pages
+from tests.kafka_topics import create_topics
 from tests.runtime.test_lifecycle import _words
 
 pytestmark = pytest.mark.kafka
@@ -81,15 +82,10 @@ class Topics:
         self.group = f"g-{tag}"
 
     async def create(self) -> Topics:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([
-                NewTopic(self.pages, self.partitions, 1), NewTopic(self.matches, 2, 1),
-                NewTopic(self.dlq, 1, 1),
-            ])
-        finally:
-            await admin.close()
+        await create_topics(self.bootstrap, [
+            NewTopic(self.pages, self.partitions, 1), NewTopic(self.matches, 2, 1),
+            NewTopic(self.dlq, 1, 1),
+        ])
         return self
 
     def config(self, tmp: Path, **worker: Any) -> tuple[Config, Path]:
