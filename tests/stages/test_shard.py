@@ -12,6 +12,7 @@ cache holds (dupalign.passage.index, step 1), and shards hold other subsets of t
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from dupalign.store.database import Store
 from dupalign.store.keys import u64
 from dupalign.store.records import LOGS
 from tests.corpora import demo_pages
+from tests.reused_stores import Stores, temporary_stores
 from tests.runtime.test_lifecycle import _CHUNKS, _VOCAB, text_of
 
 ops = st.lists(st.one_of(
@@ -64,14 +66,19 @@ def config(mode: str, max_list: int, max_candidates: int,
     ).validate()
 
 
-def sharded(path: Path, cfg: EngineConfig, n: int) -> Engine:
-    """An engine over ``n`` shards; with n = 1 the ShardedIndexer all the same (a plain
-    ``Engine.open(shards=1)`` is the single Indexer)."""
-    if n > 1:
-        return Engine.open(path, cfg, shards=n)
-    engine = Engine.open(path, cfg)
-    engine.indexer = ShardedIndexer(engine.store, cfg, [Store(shard_dir(path, 0),
-                                                              engine.store.params)])
+@pytest.fixture(scope="module")
+def stores() -> Iterator[Stores]:
+    yield from temporary_stores("shards-")
+
+
+def sharded(stores: Stores, cfg: EngineConfig, n: int) -> Engine:
+    """An engine over ``n`` shards, on reused stores (their opening was most of an example's
+    CPU): the ShardedIndexer that ``Engine.open(shards=n)`` builds, also for n = 1 (there a
+    plain open is the single Indexer). Not closed: closing would close the reused stores."""
+    params = cfg.frozen_params()
+    engine = Engine(stores.store(f"fan-in-of-{n}", params), cfg, shards=1)
+    engine.indexer = ShardedIndexer(engine.store, cfg, [
+        stores.store(f"shard-{k}-of-{n}", params) for k in range(n)])
     return engine
 
 
@@ -153,23 +160,21 @@ def step(engine: Engine, alive: dict[str, str], clock: int, op: Any) -> list[Any
 @example(sequence=COPY_REVISIT, mode="oph", max_list=100_000, max_candidates=16,
          max_list_read=64, single_cached=True)
 def test_any_shard_count_gives_the_matches_of_the_single_indexer(
-        sequence: list[Any], mode: str, max_list: int, max_candidates: int,
+        stores: Stores, sequence: list[Any], mode: str, max_list: int, max_candidates: int,
         max_list_read: int, single_cached: bool) -> None:
     cfg = config(mode, max_list, max_candidates, max_list_read)
-    shm = Path("/dev/shm")
-    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
-        with Engine.open(Path(tmp) / "single", cfg) as single:
-            assert not isinstance(single.indexer, ShardedIndexer)
-            if not single_cached:  # every list is read again from the store
-                single.passages.cache.budget = 0
-            want = run(single, sequence)
-        for n in (1, 2, 3, 4):
-            with sharded(Path(tmp) / f"s{n}", cfg, n) as engine:
-                assert isinstance(engine.indexer, ShardedIndexer)
-                if single_cached:  # the other budget than the single Indexer's
-                    for shard in engine.indexer.shards:
-                        shard.passages.cache.budget = 0
-                assert run(engine, sequence) == want, f"{n} shards"
+    single = stores.engine("single", cfg)
+    assert not isinstance(single.indexer, ShardedIndexer)
+    if not single_cached:  # every list is read again from the store
+        single.passages.cache.budget = 0
+    want = run(single, sequence)
+    for n in (1, 2, 3, 4):
+        engine = sharded(stores, cfg, n)
+        assert isinstance(engine.indexer, ShardedIndexer)
+        if single_cached:  # the other budget than the single Indexer's
+            for shard in engine.indexer.shards:
+                shard.passages.cache.budget = 0
+        assert run(engine, sequence) == want, f"{n} shards"
 
 
 def _body(seed: int) -> str:
