@@ -11,7 +11,6 @@ cache holds (dupalign.passage.index, step 1), and shards hold other subsets of t
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -315,10 +314,15 @@ class Loopback(FanInIndexer):
     message and partial through its bytes (``ShardMessage``, ``Partial``): what the index
     and shard roles do, without Kafka; each page is decided as soon as it is indexed."""
 
-    def __init__(self, store: Store, cfg: EngineConfig, n: int) -> None:
+    def __init__(self, store: Store, cfg: EngineConfig, n: int,
+                 shard_stores: list[Store] | None = None) -> None:
+        """``shard_stores``: the shards' (reused ones, which ``close`` leaves open); else
+        new ones beside ``store``."""
         super().__init__(store, cfg, n)
-        self.shards = [IndexShard(Store(shard_dir(store.path, i), store.params), cfg, i, n)
-                       for i in range(n)]
+        self.own_stores = shard_stores is None
+        stores = shard_stores or [Store(shard_dir(store.path, i), store.params)
+                                  for i in range(n)]
+        self.shards = [IndexShard(s, cfg, i, n) for i, s in enumerate(stores)]
         self.seq = 0
 
     def deliver(self) -> list[Partial]:
@@ -350,7 +354,7 @@ class Loopback(FanInIndexer):
         assert not self.deliver()
 
     def close(self) -> None:
-        for shard in self.shards:
+        for shard in self.shards if self.own_stores else []:
             shard.store.close()
 
 
@@ -369,25 +373,23 @@ class Loopback(FanInIndexer):
 @example(sequence=COPY_REVISIT, mode="oph", max_list=100_000, max_candidates=16,
          max_list_read=64, n=2)
 def test_the_shards_as_processes_give_the_matches_of_the_single_indexer(
-        sequence: list[Any], mode: str, max_list: int, max_candidates: int,
+        stores: Stores, sequence: list[Any], mode: str, max_list: int, max_candidates: int,
         max_list_read: int, n: int) -> None:
     """The fan-in (``FanInIndexer``: the page directory, decided from partials) and S
     shards that only see keys messages (``answer``, ``settle``), every message through its
-    bytes: page by page the single Indexer's matches and tasks."""
+    bytes: page by page the single Indexer's matches and tasks. (On reused stores, as
+    the any-shard-count oracle.)"""
     cfg = config(mode, max_list, max_candidates, max_list_read)
-    shm = Path("/dev/shm")
-    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
-        with Engine.open(Path(tmp) / "single", cfg) as single:
-            want = run(single, sequence)
-        with Engine.open(Path(tmp) / "fan-in", cfg, shards=n, remote_shards=FanInIndexer) as engine:
-            assert isinstance(engine.indexer, FanInIndexer)
-            engine.indexer = Loopback(engine.store, cfg, n)
-            try:
-                assert run(engine, sequence) == want
-                assert next(engine.store.items("oph"), None) is None  # lists: the shards'
-                assert next(engine.store.items("cws"), None) is None
-            finally:
-                engine.indexer.close()
+    params = cfg.frozen_params()
+    want = run(stores.engine("single", cfg), sequence)
+    engine = Engine(stores.store(f"fan-in-{n}", params), cfg, shards=n,
+                    remote_shards=FanInIndexer)
+    assert isinstance(engine.indexer, FanInIndexer)
+    engine.indexer = Loopback(engine.store, cfg, n, [
+        stores.store(f"loopback-{k}-of-{n}", params) for k in range(n)])
+    assert run(engine, sequence) == want
+    assert next(engine.store.items("oph"), None) is None  # lists: the shards'
+    assert next(engine.store.items("cws"), None) is None
 
 
 class Recording(Loopback):
