@@ -26,6 +26,7 @@ from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.stages.align import Aligner
 from dupalign.stages.messages import AlignRequest
+from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.stages.sketch import PageSketch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,6 +67,11 @@ def warm(mode: str, root: Path) -> None:
             engine.process(pages[2])  # an unchanged revisit
     with Engine.open(root / "roles", config) as engine:
         _as_roles(engine, pages)
+    # the partitioned pipeline's own kernels (the router's probes, the prefix shards' answers)
+    with Partitioned.open(root / "partitioned", config, Shape(2, 1, 2, 2, 1)) as pipeline:
+        for page in pages:
+            with contextlib.suppress(PageRejected):
+                pipeline.process(page)
 
 
 def _as_roles(engine: Engine, pages: list[Page]) -> None:
