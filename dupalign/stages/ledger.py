@@ -62,6 +62,17 @@ class Ledger:
         self._used = 0  # slots used
         self._alive = 0
 
+    @classmethod
+    def restored(cls, rows: Iterable[tuple[int, int, int | None]], next_ordinal: int,
+                 next_seq: int) -> Ledger:
+        """The ledger of the pages alive ``rows`` (sequence ordinal, store ordinal,
+        ``fetched_at``; ascending), as kept by dupalign.stages.ledger_store."""
+        ledger = cls(next_ordinal)
+        for seq, ordinal, fetched_at in rows:
+            ledger._append(seq, ordinal, fetched_at)
+        ledger.next_seq = next_seq
+        return ledger
+
     @property
     def alive(self) -> int:
         """Pages stored (current versions)."""

@@ -19,12 +19,19 @@ NOTES = {  # one count (u64) each
     "forward_sent": b"topology_forward_sent",  # the index role's forward records sent below
     "align_partitions": b"topology_align_partitions",  # the align partition count keyed by
     "applied_seq": b"applied_seq",  # a shard process's last sequence record applied
+    # a stage's ledger (dupalign.stages.ledger_store)
+    "ledger_next_ordinal": b"ledger_next_ordinal",
+    "ledger_next_seq": b"ledger_next_seq",
+}
+BLOBS = {  # one value each
+    "stage_cursor": b"stage_cursor",  # a stage role's place in its inputs (msgpack)
 }
 LOGS = {  # values by sequence number
     "outbox": b"outbox/",  # the index fan-in's keys messages per sequence record
     "partials": b"partial/",  # a shard process's partials per sequence record
     "audit_tally": b"audit_tally/",  # the recall audit's counts (sequence 0)
     "audit_reservoir": b"audit_reservoir/",  # the audit's reservoir of pages, by slot
+    "ledger": b"ledger/",  # a stage's ledger rows: sequence ordinal -> store ordinal, fetched_at
 }
 
 
@@ -49,6 +56,18 @@ def get_note(store: Store, name: str) -> int | None:
 
 def put_note(target: Store | Batch, name: str, value: int) -> None:
     target.put("meta", _note_key(name), u64(value))
+
+
+def get_blob(store: Store, name: str) -> bytes | None:
+    if name not in BLOBS:
+        raise KeyError(f"unknown store blob {name!r}; known: {', '.join(BLOBS)}")
+    return store.get("meta", BLOBS[name])
+
+
+def put_blob(target: Store | Batch, name: str, value: bytes) -> None:
+    if name not in BLOBS:
+        raise KeyError(f"unknown store blob {name!r}; known: {', '.join(BLOBS)}")
+    target.put("meta", BLOBS[name], value)
 
 
 def log_items(store: Store, log: str) -> Iterator[tuple[int, bytes]]:

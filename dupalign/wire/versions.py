@@ -75,6 +75,9 @@ NEAR_ANSWER = WireVersion("near answer", 1, (1,))
 SERVICE_MESSAGE = WireVersion("message", 1, (1,))
 # the sequence topic's records (dupalign/service/topology.py)
 SEQUENCE_RECORD = WireVersion("sequence record", 1, (1,))
+# the partitioned pipeline's sequence: one record per sketch batch
+# (dupalign/service/sequence_batch.py)
+SEQUENCE_BATCH = WireVersion("sequence batch", 1, (1,))
 # ``aligned`` records: 1 a whole request's passages, 2 one part's best pages; the writer
 # picks the form (dupalign/service/topology.py ``encode_aligned``, ``encode_aligned_part``)
 ALIGNED = WireVersion("aligned record", 2, (1, 2))

@@ -1,0 +1,63 @@
+"""A ``Ledger`` (dupalign.stages.ledger) kept in a stage partition's store as well as in memory,
+so that whatever restores the store (a changelog: dupalign/service/changelog.py) restores the
+ledger: one row per page alive (sequence ordinal -> store ordinal and ``fetched_at``, 16
+bytes), and its two counters. The rows a turn changes are written by ``write``, in the
+batch that ends the turn."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from dupalign.stages.directory import Decision
+from dupalign.stages.ledger import Expired, Ledger, Placed
+from dupalign.store import records
+from dupalign.store.database import Batch, Store
+
+_ROW = struct.Struct(">Qq")
+_NO_TIME = np.iinfo(np.int64).min
+
+
+class StoredLedger:
+    """The ledger of ``store`` (empty for a new store)."""
+
+    def __init__(self, store: Store) -> None:
+        rows = []
+        for seq, raw in records.log_items(store, "ledger"):
+            ordinal, fetched = _ROW.unpack(raw)
+            rows.append((seq, int(ordinal), None if fetched == _NO_TIME else int(fetched)))
+        self.ledger = Ledger.restored(rows, records.get_note(store, "ledger_next_ordinal") or 0,
+                                      records.get_note(store, "ledger_next_seq") or 0)
+        self._changed: dict[int, bytes | None] = {}  # sequence ordinal -> row (None: gone)
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence ordinal of the next decision it applies."""
+        return self.ledger.next_seq
+
+    def apply(self, d: Decision) -> Placed:
+        placed = self.ledger.apply(d)
+        if d.removed is not None:
+            self._changed[d.removed.seq] = None
+        if placed.ordinal is not None:
+            fetched = _NO_TIME if d.fetched_at is None else d.fetched_at
+            self._changed[d.seq] = _ROW.pack(placed.ordinal, fetched)
+        return placed
+
+    def sweep(self, max_pages: int, max_age_s: int, now_ms: int) -> list[Expired]:
+        swept = self.ledger.sweep(max_pages, max_age_s, now_ms)
+        for e in swept:
+            self._changed[e.seq] = None
+        return swept
+
+    def write(self, batch: Batch) -> None:
+        """The rows changed since the last call, and the counters."""
+        for seq, row in self._changed.items():
+            if row is None:
+                records.log_delete(batch, "ledger", seq)
+            else:
+                records.log_put(batch, "ledger", seq, row)
+        self._changed.clear()
+        records.put_note(batch, "ledger_next_ordinal", self.ledger.next_ordinal)
+        records.put_note(batch, "ledger_next_seq", self.ledger.next_seq)
