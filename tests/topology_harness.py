@@ -130,10 +130,7 @@ enabled = false
         return proc, log
 
     def check_alive(self) -> None:
-        for proc, log in self.procs:
-            code = proc.poll()
-            if code is not None and code not in (0, -signal.SIGKILL, -signal.SIGTERM):
-                raise AssertionError(f"{log.name} exited {code}:\n{log.read_text()[-4000:]}")
+        check_alive(self.procs)
 
     def log_lines(self, text: str) -> list[str]:
         """Every line of every role process's log that contains ``text``."""
@@ -144,14 +141,7 @@ enabled = false
         return "\n".join(f"== {log.name}\n{log.read_text()[-3000:]}" for _, log in self.procs)
 
     def stop_all(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc, _ in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_all(self.procs)
 
     async def send(self, pages: list[Page]) -> None:
         kc = self.config.kafka
@@ -176,23 +166,8 @@ enabled = false
 
     async def read(self, name: str) -> list[Any]:
         """Every committed record of a topic, up to its last stable offset when called."""
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, isolation_level="read_committed",
-            enable_auto_commit=False, max_partition_fetch_bytes=BIG, fetch_max_bytes=2 * BIG)
-        await consumer.start()
-        out: list[Any] = []
-        try:
-            topic = self.topic[name]
-            tps = [TopicPartition(topic, p) for p in range(self.partitions[topic])]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            end = await consumer.end_offsets(tps)
-            while any([await consumer.position(tp) < end[tp] for tp in tps]):
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    out.extend(records)
-        finally:
-            await consumer.stop()
-        return out
+        topic = self.topic[name]
+        return await read_topic(self.bootstrap, topic, self.partitions[topic])
 
     async def index_committed(self) -> int:
         """The index group's committed sequence offset: every page before it is published."""
@@ -258,6 +233,48 @@ enabled = false
                             for m in engine.process(pages[(partition, offset)]))
         self.scanned[store] = (done, len(sequence))
         return collections.Counter(done)
+
+
+Procs = list[tuple[subprocess.Popen[bytes], Path]]  # role processes and their logs
+
+
+def check_alive(procs: Procs) -> None:
+    """AssertionError with its log's tail if a process exited on its own with an error."""
+    for proc, log in procs:
+        code = proc.poll()
+        if code is not None and code not in (0, -signal.SIGKILL, -signal.SIGTERM):
+            raise AssertionError(f"{log.name} exited {code}:\n{log.read_text()[-4000:]}")
+
+
+def stop_all(procs: Procs) -> None:
+    for proc, _ in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc, _ in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Any]:
+    """Every committed record of ``topic`` up to its last stable offset when called."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, isolation_level="read_committed",
+        enable_auto_commit=False, max_partition_fetch_bytes=BIG, fetch_max_bytes=2 * BIG)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        end = await consumer.end_offsets(tps)
+        while any([await consumer.position(tp) < end[tp] for tp in tps]):
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                out.extend(records)
+    finally:
+        await consumer.stop()
+    return out
 
 
 async def wait_log(log: Path, text: str, timeout: float) -> None:

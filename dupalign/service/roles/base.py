@@ -124,9 +124,12 @@ class StatelessRole:
     async def on_start(self) -> None:
         """Once the topics exist, before the role consumes."""
 
+    def topics(self) -> dict[str, int | None]:
+        """The topics the role checks (or makes) at start, with their partition counts."""
+        return topology_topics(self.kc)
+
     async def run(self) -> None:
-        await ensure_topics(self.kc, topology_topics(self.kc),
-                            self.config.worker.max_message_bytes)
+        await ensure_topics(self.kc, self.topics(), self.config.worker.max_message_bytes)
         await self.on_start()
         strategy = (sticky(claim_path(self.state_dir(), self.group_id)) if self.keeps_state
                     else (RoundRobinPartitionAssignor,))

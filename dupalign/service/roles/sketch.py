@@ -26,6 +26,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from dupalign.near.idf import UNIFORM_IDF
+from dupalign.page import Page
 from dupalign.service.config import Config
 from dupalign.service.parts import in_parts
 from dupalign.service.roles.base import StatelessRole
@@ -39,7 +40,7 @@ from dupalign.service.topology import (
     send_all,
     source_header,
 )
-from dupalign.stages.sketch import Sketcher
+from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.wire import messages
 from dupalign.wire.messages import MessageRejected
 
@@ -102,39 +103,19 @@ class SketchRole(StatelessRole):
         out = SketchedBatch()
         for rec in records:
             source = (tp.topic, tp.partition, rec.offset)
-            value: bytes = rec.value if rec.value is not None else b""
-            try:
-                if len(value) > self.config.worker.max_message_bytes:
-                    raise MessageRejected("too_large", f"{len(value)} bytes > "
-                                          f"worker.max_message_bytes")
-                # a null value is a tombstone: a delete, sequenced like a page
-                page = messages.decode_record(rec.key, rec.value)
-                try:
-                    sk = self.sketcher.sketch(page, UNIFORM_IDF)
-                except Exception as exc:  # a defect the page triggers: recurs on replay
-                    log.exception("sketch error on %s (sent to DLQ)", source)
-                    raise MessageRejected("internal_error", f"{type(exc).__name__}: {exc}",
-                                          page.id) from None
-                if sk.rejected is not None:
-                    raise MessageRejected(sk.rejected[0], sk.rejected[1], page.id)
-                wire = sk.to_bytes()
-            except MessageRejected as exc:
-                dl = messages.dead_letter_to_wire(
-                    error=exc.reason, detail=exc.detail, topic=tp.topic,
-                    partition=tp.partition, offset=rec.offset, raw=value, key=rec.key,
-                    failed_at_ms=int(time.time() * 1000), doc_id=exc.doc_id,
-                    raw_max_bytes=self.config.worker.dlq_raw_max_bytes)
-                out.dead_letters.append(Outgoing(
-                    self.kc.dlq_topic, messages.pack(dl), messages.dead_letter_key(rec.key),
-                    headers=[source_header(source)]))
+            sketched = sketch_record(self.sketcher, self.config, tp, rec)
+            if isinstance(sketched, Outgoing):
+                out.dead_letters.append(sketched)
                 continue
+            page, sk = sketched
             headers = [source_header(source)]
             out.sequence.append(Outgoing(self.kc.sequence_topic, encode_sequence(page.id, source),
                                          partition=0, headers=headers))
             # one index shard holds the whole index (kafka.index_shards = 1); a sketch over
             # the topic's record limit goes as parts (dupalign/service/parts.py)
-            out.sketches.append(in_parts(Outgoing(self.kc.sketch_topic, wire, partition=0,
-                                                  headers=list(headers)), self.sketch_limit))
+            out.sketches.append(in_parts(Outgoing(self.kc.sketch_topic, sk.to_bytes(),
+                                                  partition=0, headers=list(headers)),
+                                         self.sketch_limit))
         return out
 
     async def produce(self, producer: AIOKafkaProducer, prepared: SketchedBatch) -> None:
@@ -149,6 +130,38 @@ class SketchRole(StatelessRole):
 
     def outgoing(self, prepared: SketchedBatch) -> list[Outgoing]:
         return [*prepared.sequence, *_flat(prepared.sketches), *prepared.dead_letters]
+
+
+def sketch_record(sketcher: Sketcher, config: Config, tp: TopicPartition, rec: Any
+                  ) -> tuple[Page, PageSketch] | Outgoing:
+    """The page of ``rec`` (of ``tp``) and its sketch under the uniform idf table, or its
+    dead letter: a page over ``worker.max_message_bytes``, one that does not decode, one
+    the sketch rejects, or one that makes the sketch fail."""
+    source = (tp.topic, tp.partition, rec.offset)
+    value: bytes = rec.value if rec.value is not None else b""
+    try:
+        if len(value) > config.worker.max_message_bytes:
+            raise MessageRejected("too_large", f"{len(value)} bytes > "
+                                  f"worker.max_message_bytes")
+        # a null value is a tombstone: a delete, sequenced like a page
+        page = messages.decode_record(rec.key, rec.value)
+        try:
+            sk = sketcher.sketch(page, UNIFORM_IDF)
+        except Exception as exc:  # a defect the page triggers: recurs on replay
+            log.exception("sketch error on %s (sent to DLQ)", source)
+            raise MessageRejected("internal_error", f"{type(exc).__name__}: {exc}",
+                                  page.id) from None
+        if sk.rejected is not None:
+            raise MessageRejected(sk.rejected[0], sk.rejected[1], page.id)
+        return page, sk
+    except MessageRejected as exc:
+        dl = messages.dead_letter_to_wire(
+            error=exc.reason, detail=exc.detail, topic=tp.topic,
+            partition=tp.partition, offset=rec.offset, raw=value, key=rec.key,
+            failed_at_ms=int(time.time() * 1000), doc_id=exc.doc_id,
+            raw_max_bytes=config.worker.dlq_raw_max_bytes)
+        return Outgoing(config.kafka.dlq_topic, messages.pack(dl),
+                        messages.dead_letter_key(rec.key), headers=[source_header(source)])
 
 
 def _flat(sketches: list[list[Outgoing]]) -> list[Outgoing]:

@@ -1,0 +1,71 @@
+"""Run one role of the partitioned pipeline in this process (docs/pipeline.md, "Roles on
+Kafka"), until SIGTERM/SIGINT (exit 0) or a failure (exit 1)::
+
+    python -m dupalign.service.roles.stage_launch ROLE --config FILE --shape D,E,P,S,C \\
+        [--store DIR]
+
+ROLE: ``sketch``, ``directory`` or ``exact``. Not a ``dupalign`` command yet: the stage roles
+are being built (step 6) and leave the old roles (``dupalign worker --roles``) as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from dupalign.service.config import Config, load_config
+from dupalign.service.logs import setup_logging
+from dupalign.service.roles.launch import failure_line
+from dupalign.stages.partitioned import Shape
+
+log = logging.getLogger("dupalign.roles")
+STAGE_ROLES = ("sketch", "directory", "exact")
+
+
+def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any:
+    from dupalign.service.roles.stage_directory import DirectoryRole
+    from dupalign.service.roles.stage_exact import ExactRole
+    from dupalign.service.roles.stage_sketch import StageSketchRole
+
+    if role == "sketch":
+        return StageSketchRole(config, shape)
+    if store is None:
+        raise ValueError(f"the {role} role needs --store")
+    return (DirectoryRole if role == "directory" else ExactRole)(config, shape, store)
+
+
+async def serve(config: Config, role: Any) -> int:
+    from dupalign.wire import messages
+
+    messages.compile_all()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, role.stop)
+    try:
+        await role.run()
+        return 0
+    except Exception as exc:
+        line, known = failure_line(role.name, exc, config.kafka)
+        log.error("%s", line, exc_info=None if known else exc)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="stage_launch", description=__doc__.split("\n")[0])
+    p.add_argument("role", choices=STAGE_ROLES)
+    p.add_argument("--config", required=True)
+    p.add_argument("--shape", required=True, help="D,E,P,S,C[,R]")
+    p.add_argument("--store", help="the role's stores (directory, exact)")
+    args = p.parse_args(argv)
+    config = load_config(args.config)
+    setup_logging(config.worker.log_level, config.worker.log_format)
+    role = make_role(config, args.role, Shape.parse(args.shape), args.store)
+    return asyncio.run(serve(config, role))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

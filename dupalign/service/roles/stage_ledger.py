@@ -1,0 +1,80 @@
+"""The ledger of a stage role's partition (dupalign.stages.ledger_store): every directory
+partition's decisions, read from ``<in>.decisions`` and merged in ordinal order by the
+sequence, and the retention sweeps, each before the first page at a multiple of
+``retention.every`` ordinals with the clock of that page's batch. The decisions at and
+after a sweep point wait until the stage has swept there (``sweep_before``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from dupalign.config import EngineConfig
+from dupalign.service.roles.stage_role import StagePartition
+from dupalign.service.topology import record_ordinal
+from dupalign.stages.directory import Decision
+from dupalign.stages.index import engine_info
+from dupalign.stages.ledger import Expired, Placed
+from dupalign.stages.ledger_store import StoredLedger
+from dupalign.store.database import Batch, Store
+
+
+class LedgerSteps:
+    """The ledger of ``part`` over ``store``; its place in the decisions is the part's
+    merge of ``<in>.decisions``."""
+
+    def __init__(self, part: StagePartition, config: EngineConfig, store: Store) -> None:
+        self.part, self.retention = part, config.retention
+        self.engine = engine_info(config)
+        self.ledger = StoredLedger(store)
+        self.decisions = part.merge(part.topics.decisions, range(part.topics.shape.directory))
+        self.swept: int = part.noted.get("swept", 0)  # the last sweep point swept
+
+    @property
+    def next_seq(self) -> int:
+        return self.ledger.next_seq
+
+    @staticmethod
+    def key_of(record: Any) -> int:
+        return record_ordinal(record)
+
+    def due(self, o: int) -> bool:
+        """A sweep is due before page ``o`` and not done yet."""
+        r = self.retention
+        return bool(r.max_pages or r.max_age) and o > self.swept and o % r.every == 0
+
+    def sweep_before(self, o: int, forget: Callable[[list[Expired]], Any]) -> bool:
+        """Before page ``o``: the sweep due there, once the ledger holds every decision
+        below it (False: not yet)."""
+        if not self.due(o):
+            return True
+        if self.ledger.next_seq < o:
+            return False
+        ref = self.part.seq.page(o)
+        assert ref is not None
+        r = self.retention
+        forget(self.ledger.sweep(r.max_pages, r.max_age, ref.at_ms))
+        self.swept = o
+        return True
+
+    def next(self) -> tuple[Decision, Placed] | None:
+        """The next decision, placed (None: not read yet, or a sweep is due first)."""
+        o = self.ledger.next_seq
+        ref = self.part.seq.page(o)
+        if ref is None or self.due(o):
+            return None
+        raw = self.decisions.take(ref.dir, o)
+        if raw is None:
+            return None
+        d = Decision.from_bytes(raw, self.engine)
+        return d, self.ledger.apply(d)
+
+    def catch_up(self) -> None:
+        while self.next() is not None:
+            pass
+
+    def note(self, batch: Batch) -> None:
+        self.ledger.write(batch)
+
+    def extra(self) -> dict[str, Any]:
+        return {"swept": self.swept}

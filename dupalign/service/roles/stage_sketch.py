@@ -1,0 +1,96 @@
+"""The sketch role of the partitioned pipeline (docs/pipeline.md, "Roles on Kafka"): per batch of
+one ``pages`` partition, in one transaction, the batch's ``SequenceBatch`` first (to the one
+partition of ``<in>.batches``: its acknowledged offset b names the batch), then per page i
+its ``DirectoryEntry`` to ``<in>.entries`` partition ``directory_owner(id, D)`` (key: the
+id; header: (b, i)), the dead letters, and the batch's input offsets. A page that cannot be
+processed is dead-lettered as by the old sketch role (``sketch_record``) and takes no place
+in the batch; a batch of dead letters only sends no sequence record.
+
+Not sent yet (the later stages' inputs, docs/pipeline.md): the page's near state by id for
+the router, its list windows by list partition, its sketch by id for the combine, its
+forward record. Pages are sketched under the uniform idf table: the role refuses a
+configuration that learns idf tables (``require_frozen_idf``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+
+from dupalign.service.config import Config
+from dupalign.service.roles.base import StatelessRole
+from dupalign.service.roles.metrics import RoleMetrics
+from dupalign.service.roles.sketch import sketch_record
+from dupalign.service.sequence_batch import SequenceBatch, page_header
+from dupalign.service.stage_topics import StageTopics, require_frozen_idf
+from dupalign.service.topology import Outgoing, TopologyError, send_all
+from dupalign.stages.directory import directory_owner, entry_of
+from dupalign.stages.partitioned import Shape
+from dupalign.stages.sketch import Sketcher
+
+
+@dataclass
+class StageBatch:
+    topic: str
+    partition: int
+    at_ms: int
+    offsets: list[int] = field(default_factory=list)  # of the pages sequenced
+    dirs: list[int] = field(default_factory=list)
+    entries: list[Outgoing] = field(default_factory=list)  # (page header added on send)
+    dead_letters: list[Outgoing] = field(default_factory=list)
+
+
+class StageSketchRole(StatelessRole):
+    name = "stage-sketch"
+
+    def __init__(self, config: Config, shape: Shape, metrics: RoleMetrics | None = None
+                 ) -> None:
+        super().__init__(config, metrics)
+        if not self.kc.transactions:
+            raise TopologyError("the stage roles need kafka.transactions = true")
+        require_frozen_idf(config.engine)
+        self.shape = shape
+        self.topics_ = StageTopics(self.kc, shape)
+        self.sketcher = Sketcher(config.engine)
+        self.pages = 0
+
+    @property
+    def input_topic(self) -> str:
+        return self.kc.input_topic
+
+    def topics(self) -> dict[str, int | None]:
+        return self.topics_.wanted()
+
+    def prepare(self, tp: TopicPartition, records: list[Any]) -> StageBatch:
+        out = StageBatch(tp.topic, tp.partition, int(time.time() * 1000))
+        d = self.shape.directory
+        for rec in records:
+            sketched = sketch_record(self.sketcher, self.config, tp, rec)
+            if isinstance(sketched, Outgoing):
+                out.dead_letters.append(sketched)
+                continue
+            page, sk = sketched
+            owner = directory_owner(page.id, d)
+            out.offsets.append(rec.offset)
+            out.dirs.append(owner)
+            # (its ordinal is known to the stages only: the directory sets it)
+            out.entries.append(Outgoing(self.topics_.entries, entry_of(0, sk).to_bytes(),
+                                        key=page.id.encode("utf-8"), partition=owner))
+        return out
+
+    async def produce(self, producer: AIOKafkaProducer, prepared: StageBatch) -> None:
+        if prepared.entries:
+            seq = SequenceBatch(prepared.topic, prepared.partition, tuple(prepared.offsets),
+                                tuple(prepared.dirs), self.shape.directory, prepared.at_ms)
+            (b,) = await send_all(producer, [Outgoing(self.topics_.batches, seq.to_bytes(),
+                                                      partition=0)])
+            for i, entry in enumerate(prepared.entries):
+                entry.headers = [page_header(b, i)]
+        await send_all(producer, [*prepared.entries, *prepared.dead_letters])
+        self.pages += len(prepared.entries)
+
+    def outgoing(self, prepared: StageBatch) -> list[Outgoing]:
+        return [*prepared.entries, *prepared.dead_letters]

@@ -1,0 +1,53 @@
+"""The topics of the partitioned pipeline's roles (docs/pipeline.md, "Roles on Kafka"), named
+after ``kafka.input_topic``, with the partition counts of the shape, and what the roles
+need of the engine configuration before they start."""
+
+from __future__ import annotations
+
+from dupalign.config import EngineConfig
+from dupalign.service.changelog import changelog_topic
+from dupalign.service.config import KafkaConfig
+from dupalign.service.topology import TopologyError
+from dupalign.stages.partitioned import Shape
+
+
+class StageTopics:
+    """``batches`` (1 partition: the sequence), ``entries`` and ``decisions`` (D),
+    ``exact`` (E), and each stage's changelog (as many as the stage has partitions)."""
+
+    def __init__(self, kc: KafkaConfig, shape: Shape) -> None:
+        base = kc.input_topic
+        self.kc, self.shape = kc, shape
+        self.batches = f"{base}.batches"
+        self.entries = f"{base}.entries"
+        self.decisions = f"{base}.decisions"
+        self.exact = f"{base}.exact"
+
+    def partitions(self, stage: str) -> int:
+        """The partitions of ``stage`` (a role's changelog has as many)."""
+        counts = {"directory": self.shape.directory, "exact": self.shape.exact}
+        if stage not in counts:
+            raise ValueError(f"no stage role {stage!r} yet: {', '.join(counts)}")
+        return counts[stage]
+
+    def changelog(self, stage: str) -> str:
+        return changelog_topic(self.kc, stage)
+
+    def wanted(self) -> dict[str, int | None]:
+        """Every topic between the roles built so far, with its partition count."""
+        kc, shape = self.kc, self.shape
+        return {kc.input_topic: None, kc.dlq_topic: None, self.batches: 1,
+                self.entries: shape.directory, self.decisions: shape.directory,
+                self.exact: shape.exact}
+
+
+def require_frozen_idf(config: EngineConfig) -> None:
+    """The stage roles sketch under the uniform idf table: a configuration that learns
+    idf tables (``near.idf_freeze_at``) would give other fingerprints than ``scan``'s
+    (docs/pipeline.md, "Roles on Kafka": the open problem)."""
+    if config.near.idf_freeze_at:
+        raise TopologyError(
+            f"near.idf_freeze_at = {list(config.near.idf_freeze_at)}: the stage roles do not "
+            "follow learned idf tables yet (a sketch role running ahead cannot know the table "
+            "in force at a page); set near.idf_freeze_at = [] (docs/pipeline.md, "
+            "\"Roles on Kafka\")")
