@@ -52,7 +52,7 @@ max_list = 2
 max_list_read = 1
 max_candidates = 2
 [engine.retention]
-max_pages = 6
+max_pages = 3
 every = 5
 """
 
