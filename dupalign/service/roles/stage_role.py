@@ -43,6 +43,10 @@ from dupalign.store import records
 from dupalign.store.database import Store
 
 log = logging.getLogger("dupalign.roles.stage")
+# records a partition's turn takes at most. A turn comes every 200 ms at least (the group's
+# poll of its paused partitions, dupalign/service/loop.py ``turns``), so this bounds both a
+# transaction's size and a partition's rate (not yet: a turn as soon as a reader has records)
+TURN_RECORDS = 10_000
 
 
 def _key(raw: Any) -> Any:
@@ -183,9 +187,10 @@ class StageRole(StatelessRole):
                                           store)
         self.parts[tp] = part
         self.changelogs[tp] = Changelog(store, tp.topic, tp.partition)
+        # (an offset noted that the topic no longer holds is an error, never a silent skip)
         reader = AIOKafkaConsumer(
             **self.kc.client_kwargs(), group_id=None, enable_auto_commit=False,
-            isolation_level="read_committed",
+            isolation_level="read_committed", auto_offset_reset="none",
             max_partition_fetch_bytes=self.kc.max_partition_fetch_bytes,
             fetch_max_bytes=self.kc.fetch_max_bytes)
         self.readers[tp] = reader  # (stopped by ``release`` if what follows fails)
@@ -218,13 +223,13 @@ class StageRole(StatelessRole):
     async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
         loop = asyncio.get_running_loop()
         for tp, part in list(self.parts.items()):
-            fetched = await self.readers[tp].getmany(timeout_ms=0)
+            fetched = await self.readers[tp].getmany(timeout_ms=0, max_records=TURN_RECORDS)
+            if not any(fetched.values()):
+                continue  # (nothing new: nothing can have come due)
             for itp, recs in fetched.items():
                 self.metrics.consumed(self.name, itp.topic, recs)
             outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
             changes = self.changelogs[tp].outgoing()
-            if not outputs and not fetched:
-                continue  # (nothing read: the store noted nothing new)
             unit = Checkpoint({}, [*outputs, *changes])
             async with self.metrics.transaction(self.name):
                 await within(unit.commit(self.producers[tp], self.group_id), self.limit_s)

@@ -1,0 +1,215 @@
+"""The stage roles' partitions (dupalign/service/roles/stage_directory.py, stage_exact.py) without
+a broker: D = 2 directory and E = 2 exact partitions fed a random stream's records as Kafka
+could hand them over (the batches in offset order, each batch's entries in a partition in
+any commit order of nearby batches, every partition read in chunks interleaved at random),
+with turns that commit (their outputs and changelog records become visible), turns that
+abort and crashes (a fresh store restored from the committed changelog records). Their
+decisions and exact answers are ``Partitioned``'s for the pages in sequence order."""
+
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dupalign.config import RetentionConfig
+from dupalign.near.idf import IdfTable
+from dupalign.page import Page
+from dupalign.service.changelog import Changelog, decode_key
+from dupalign.service.config import KafkaConfig
+from dupalign.service.roles.stage_directory import DirectoryPartition
+from dupalign.service.roles.stage_exact import ExactPartition
+from dupalign.service.roles.stage_role import StagePartition
+from dupalign.service.sequence_batch import SequenceBatch, page_header
+from dupalign.service.stage_topics import StageTopics
+from dupalign.service.topology import Outgoing, record_ordinal
+from dupalign.stages.directory import directory_owner, entry_of
+from dupalign.stages.partitioned import Partitioned, Shape
+from dupalign.stages.sketch import Sketcher
+from tests.reused_stores import Stores, temporary_stores
+from tests.stages.streams import SHARED_TEXTS, ops, pages_of
+from tests.stages.test_list_shard import LISTS
+
+CONFIG = replace(LISTS, near=replace(LISTS.near, idf_freeze_at=()),
+                 retention=RetentionConfig(max_pages=3, every=4)).validate()
+SHAPE = Shape(2, 2, 1, 1, 1)
+TOPICS = StageTopics(KafkaConfig(), SHAPE)
+STEPS = 3_000  # turns at most (a stream of 30 ops needs a few hundred)
+Log = dict[tuple[str, int], list[Any]]  # (topic, partition) -> committed records
+
+
+def sequenced(stream: list[Any], rng: random.Random) -> tuple[list[Page], Log]:
+    """The pages that sketch (empty ones are dead-lettered), in batches of 1-3; the topics
+    the sketch role would fill: ``batches`` in offset order, each entries partition with
+    the batches' entries in an order nearby batches could commit in."""
+    sketcher, idf = Sketcher(CONFIG), IdfTable.uniform()
+    pages = []
+    for _, page in pages_of(stream, SHARED_TEXTS):
+        if isinstance(page, Page) and sketcher.sketch(page, idf).rejected is None:
+            pages.append(page)
+    log: Log = {(TOPICS.batches, 0): []}
+    for d in range(SHAPE.directory):
+        log[(TOPICS.entries, d)] = []
+    batches, at = [], 0
+    while at < len(pages):
+        n = rng.randint(1, 3)
+        batches.append(pages[at:at + n])
+        at += n
+    commit = sorted(range(len(batches)), key=lambda b: b + rng.uniform(0, 2.5))
+    for b, chunk in enumerate(batches):
+        dirs = tuple(directory_owner(p.id, SHAPE.directory) for p in chunk)
+        seq = SequenceBatch("pages", 0, tuple(range(len(chunk))), dirs, SHAPE.directory,
+                            1_000 * b)
+        log[(TOPICS.batches, 0)].append(_record(TOPICS.batches, 0, b, seq.to_bytes(), []))
+    for b in commit:
+        for i, page in enumerate(batches[b]):
+            d = directory_owner(page.id, SHAPE.directory)
+            part = log[(TOPICS.entries, d)]
+            raw = entry_of(0, sketcher.sketch(page, idf)).to_bytes()
+            part.append(_record(TOPICS.entries, d, len(part), raw, [page_header(b, i)]))
+    return pages, log
+
+
+def _record(topic: str, partition: int, offset: int, value: bytes, headers: list[Any]) -> Any:
+    return SimpleNamespace(topic=topic, partition=partition, offset=offset, value=value,
+                           headers=headers)
+
+
+@dataclass
+class Owner:
+    """One stage partition as its owner runs it: the store, its changelog, its reader's
+    positions; what its committed changelog records hold."""
+
+    name: str
+    make: Any
+    stores: Stores
+    committed: list[tuple[str, bytes, bytes | None]] = field(default_factory=list)
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        self.restart()
+
+    def restart(self) -> None:
+        """A new owner: a fresh store restored from the committed changelog records."""
+        self.generation += 1
+        store = self.stores.store(f"{self.name}-{self.generation}", CONFIG.frozen_params())
+        store.apply(self.committed)
+        self.part: StagePartition = self.make(store)
+        self.changelog = Changelog(store, "changelog", 0)
+        self.read = {(tp.topic, tp.partition): o for tp, o in self.part.positions().items()}
+
+    def turn(self, log: Log, rng: random.Random) -> list[Outgoing]:
+        """What the reader fetches (a chunk of some inputs), applied; the outputs."""
+        fetched: dict[Any, list[Any]] = {}
+        for (topic, p), at in self.read.items():
+            if rng.random() < 0.6:
+                chunk = log.get((topic, p), [])[at:at + rng.randint(1, 4)]
+                if chunk:
+                    fetched[_Tp(topic, p)] = chunk
+                    self.read[(topic, p)] = at + len(chunk)
+        return self.part.turn(fetched)
+
+    def commit(self) -> None:
+        self.committed += [(*decode_key(o.key), o.value) for o in self.changelog.outgoing()
+                           if o.key is not None]
+
+
+@dataclass(frozen=True)
+class _Tp:
+    topic: str
+    partition: int
+
+
+def run(stores: Stores, stream: list[Any], seed: int) -> tuple[dict[int, bytes],
+                                                                 dict[int, bytes], list[Page]]:
+    rng = random.Random(seed)
+    pages, log = sequenced(stream, rng)
+    for d in range(SHAPE.directory):
+        log[(TOPICS.decisions, d)] = []
+    for e in range(SHAPE.exact):
+        log[(TOPICS.exact, e)] = []
+    owners = [Owner(f"dir{d}", functools.partial(DirectoryPartition, TOPICS, d,
+                                                 config=CONFIG), stores)
+              for d in range(SHAPE.directory)]
+    owners += [Owner(f"exact{e}", functools.partial(ExactPartition, TOPICS, e, config=CONFIG),
+                     stores) for e in range(SHAPE.exact)]
+    decided = exact_done = 0
+    for _ in range(STEPS):
+        owner = rng.choice(owners)
+        r = rng.random()
+        if r < 0.05:
+            owner.restart()  # a crash: the next owner restores what was committed
+            continue
+        outputs = owner.turn(log, rng)
+        if r < 0.12:
+            owner.restart()  # the turn's transaction aborted: its store is not used again
+            continue
+        owner.commit()
+        for o in outputs:
+            part = log[(o.topic, o.partition or 0)]
+            part.append(_record(o.topic, o.partition or 0, len(part), o.value or b"",
+                                o.headers))
+        decided = sum(len(log[(TOPICS.decisions, d)]) for d in range(SHAPE.directory))
+        if decided == len(pages) and all(
+                isinstance(w.part, ExactPartition) is False
+                or w.part.ledger.next_seq == len(pages) for w in owners):
+            exact_done = 1
+            break
+    assert exact_done, f"{decided} of {len(pages)} decided"
+    got = {_ordinal(r): r.value for d in range(SHAPE.directory)
+           for r in log[(TOPICS.decisions, d)]}
+    answers = {_ordinal(r): r.value for e in range(SHAPE.exact) for r in log[(TOPICS.exact, e)]}
+    assert len(got) == len(pages)
+    return got, answers, pages
+
+
+def _ordinal(record: Any) -> int:
+    return record_ordinal(record)
+
+
+def oracle(stores: Stores, pages: list[Page]) -> tuple[dict[int, bytes], dict[int, bytes]]:
+    """``Partitioned`` on the pages, swept before every multiple of ``every`` ordinals (by
+    page count only: no ``max_age``, so the batches' clock does not matter)."""
+    decisions: dict[int, bytes] = {}
+    answers: dict[int, bytes] = {}
+
+    def decide(real: Any, entry: Any) -> Any:
+        d = real(entry)
+        decisions[d.seq] = d.to_bytes()
+        return d
+
+    def apply(real: Any, d: Any, placed: Any) -> Any:
+        a = real(d, placed)
+        if a is not None:
+            answers[a.seq] = a.to_bytes()
+        return a
+
+    p = Partitioned(CONFIG, SHAPE, functools.partial(stores.store,
+                                                     params=CONFIG.frozen_params()))
+    for shard in p.dirs:
+        shard.decide = functools.partial(decide, shard.decide)  # type: ignore[method-assign]
+    for exact, _ in p.exacts:
+        exact.apply = functools.partial(apply, exact.apply)  # type: ignore[method-assign]
+    r = CONFIG.retention
+    for o, page in enumerate(pages):
+        if o and o % r.every == 0:
+            p.sweep(r.max_pages, r.max_age, 0)
+        for _ in p.process_many([page]):
+            pass
+    return decisions, answers
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stream=ops, seed=st.integers(0, 2**32))
+def test_stage_partitions_decide_as_the_pipeline_in_one_process_across_crashes(
+        stream: list[Any], seed: int) -> None:
+    for stores in temporary_stores("stage-parts-"):
+        got, answers, pages = run(stores, stream, seed)
+        want, want_answers = oracle(stores, pages)
+        assert got == want
+        assert answers == want_answers
