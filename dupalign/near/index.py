@@ -79,16 +79,67 @@ class NearState:
 
 
 def distinct_counts(hashes: U64) -> tuple[U64, npt.NDArray[np.int64]]:
-    """``np.unique(hashes, return_counts=True)`` (its twin in the tests) as one sort and one
-    kernel pass: numpy's unique costs more in calls than in work on a page's ~1,000 tokens."""
-    ordered = np.sort(np.asarray(hashes, dtype=np.uint64))
-    uniq = np.empty(ordered.size, dtype=np.uint64)
-    counts = np.empty(ordered.size, dtype=np.int64)
+    """``np.unique(hashes, return_counts=True)`` (its twin in the tests) in one kernel:
+    numpy's unique costs more in calls than in work on a page's ~1,000 tokens."""
+    return _distinct_kernel(np.ascontiguousarray(hashes, dtype=np.uint64))
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: a slot from the top bits
+_PROBES_PER_TOKEN = 8  # past this many probes a token on average: sort all instead
+
+
+@njit(cache=True, nogil=True)
+def _distinct_kernel(h: U64) -> tuple[U64, npt.NDArray[np.int64]]:
+    """Distinct values of ``h`` ascending and their counts, counted in a hash table so that
+    only the distinct values are sorted: a page has about half as many as tokens, and
+    numba's sort of all of them took 27-32 % of the near kernel (Boost, llvm). Values that
+    collide in the table (a page made to: token hashes are public functions) make long
+    probes; past ``_PROBES_PER_TOKEN`` a token, all values are sorted instead."""
+    n = h.shape[0]
+    bits = 1
+    while (1 << bits) < 2 * n:  # at most half full
+        bits += 1
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    keys = np.empty(mask + 1, dtype=np.uint64)
+    counts = np.zeros(mask + 1, dtype=np.int64)
+    found = np.empty(n, dtype=np.uint64)
+    m = 0
+    budget = _PROBES_PER_TOKEN * n
+    for i in range(n):
+        x = h[i]
+        j = np.int64((x * _GOLDEN) >> shift)
+        while counts[j] != 0 and keys[j] != x:
+            j = (j + 1) & mask
+            budget -= 1
+        if budget < 0:
+            return _sorted_runs(h)
+        if counts[j] == 0:
+            keys[j] = x
+            found[m] = x
+            m += 1
+        counts[j] += 1
+    uniq = np.sort(found[:m])
+    out = np.empty(m, dtype=np.int64)
+    for t in range(m):
+        x = uniq[t]
+        j = np.int64((x * _GOLDEN) >> shift)
+        while keys[j] != x:  # (every distinct value is in the table)
+            j = (j + 1) & mask
+        out[t] = counts[j]
+    return uniq, out
+
+
+@njit(cache=True, nogil=True)
+def _sorted_runs(h: U64) -> tuple[U64, npt.NDArray[np.int64]]:
+    ordered = np.sort(h)
+    uniq = np.empty(h.shape[0], dtype=np.uint64)
+    counts = np.empty(h.shape[0], dtype=np.int64)
     n = _runs_kernel(ordered, uniq, counts)
     return uniq[:n], counts[:n]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _runs_kernel(ordered: U64, uniq: U64, counts: npt.NDArray[np.int64]) -> int:
     n = 0
     for i in range(ordered.shape[0]):
@@ -131,11 +182,8 @@ def _near_kernel(h: U64, keys: U64, values: npt.NDArray[np.float32], default: fl
                  ) -> tuple[U64, npt.NDArray[np.int64], np.uint64, bool]:
     """(distinct hashes, counts, fingerprint, weighted); W and the verification sketch into
     theirs. Not weighted (fingerprint 0, W unset): a count outside the tf table."""
-    ordered = np.sort(h)
-    uniq = np.empty(h.shape[0], dtype=np.uint64)
-    counts = np.empty(h.shape[0], dtype=np.int64)
-    n = _runs_kernel(ordered, uniq, counts)
-    uniq, counts = uniq[:n], counts[:n]
+    uniq, counts = _distinct_kernel(h)
+    n = uniq.shape[0]
     shingle_minhash_into(h, span, mixes, sample_keys, sketch)
     weights = np.empty(n, dtype=np.float64)
     if not weights_into(uniq, counts, keys, values, default, tf, weights):

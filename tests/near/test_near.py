@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dupalign.config import EngineConfig, PassageConfig
@@ -33,6 +33,24 @@ def test_distinct_counts_match_unique(h: list[int]) -> None:
     uniq, counts = distinct_counts(arr)
     exp_u, exp_c = np.unique(arr, return_counts=True)
     assert uniq.dtype == np.uint64 and counts.dtype == np.int64
+    assert uniq.tolist() == exp_u.tolist() and counts.tolist() == exp_c.tolist()
+
+
+_GOLDEN_INVERSE = pow(0x9E3779B97F4A7C15, -1, 2**64)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**20), max_size=300), st.lists(st.integers(0, 2**64 - 1),
+                                                                 max_size=30))
+@example(list(range(100)) * 2, [])  # 200 in one slot: ~20,000 probes, past the budget
+def test_distinct_counts_of_values_made_to_collide_match_unique(small: list[int],
+                                                                 other: list[int]) -> None:
+    """Values whose table slot is the same (Fibonacci hashing: k / golden mod 2^64 lands in
+    slot 0 for small k), with others between: long probes, then the sort of all values."""
+    arr = np.array([k * _GOLDEN_INVERSE % 2**64 for k in small] + other, dtype=np.uint64)
+    np.random.default_rng(len(small)).shuffle(arr)
+    uniq, counts = distinct_counts(arr)
+    exp_u, exp_c = np.unique(arr, return_counts=True)
     assert uniq.tolist() == exp_u.tolist() and counts.tolist() == exp_c.tolist()
 
 
