@@ -191,7 +191,8 @@ class Partitioned:
     def _near(self, d: Decision, exact: ExactAnswer | None, sketch_raw: bytes) -> list[bytes]:
         ops = []
         for router, ledger in self.routers:
-            near = PageSketch.from_bytes(sketch_raw).near if router.owns(d.doc_id) else None
+            near = (PageSketch.from_bytes(sketch_raw, passage=False).near
+                    if router.owns(d.doc_id) else None)
             ops += router.route(d, ledger.apply(d), exact, near)
         out = []
         for op in ops:

@@ -94,7 +94,9 @@ class PageSketch:
         return bytes(msgpack.packb(self.to_dict(), use_bin_type=True))
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> PageSketch:
+    def from_bytes(cls, raw: bytes, passage: bool = True) -> PageSketch:
+        """``passage=False``: without the passage sketch (its arrays are most of a page's:
+        a reader of the near sketch alone, the router, skips them)."""
         d = msgpack.unpackb(raw, raw=False)
         PAGE_SKETCH.check(d.get("v"))
         sk = cls(d["id"], d["url"], d["fetched_at"], d["replay_key"],
@@ -110,7 +112,7 @@ class PageSketch:
         sk.n_tokens, sk.content_hash = d["n_tokens"], d["content_hash"]
         if "near" in d:
             sk.near = _near_from(d["near"])
-        if "passage" in d:
+        if passage and "passage" in d:
             sk.passage = _passage_from(d["passage"])
         return sk
 
