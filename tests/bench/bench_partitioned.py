@@ -25,6 +25,11 @@ the default engine.
 
     python -m tests.bench.bench_partitioned [--corpus llvm|boost|synthetic] [--limit N]
         [--passes 3] [--shapes "1,1,1,1,1;2,2,4,3,2"] [--profile SHAPE]
+
+A shape with ``+behind`` (``2,2,4,3,2+behind``) has its list shards write their entries
+behind, in list files (``PassageIndex.write_lists_behind``), as the single engine does,
+rather than in each page's batch as a list shard does (so that a role can roll back a page
+and note every change in its changelog): what that choice costs.
 """
 
 from __future__ import annotations
@@ -209,13 +214,19 @@ def run_engine(items: list[Item], config: EngineConfig, root: Path) -> Run:
     return run
 
 
-def run_partitioned(items: list[Item], config: EngineConfig, shape: Shape, root: Path
-                    ) -> Run:
-    run, clock = Run(label_of(shape)), Clock()
+def run_partitioned(items: list[Item], config: EngineConfig, shape: Shape, root: Path,
+                    behind: bool = False) -> Run:
+    """``behind``: the list shards keep their new entries pending in memory and write them
+    in list files, as the single engine does (``PassageIndex.write_lists_behind``), not in
+    each page's batch."""
+    run, clock = Run(label_of(shape, behind)), Clock()
     stop = run.measure()
-    with Partitioned.open(root / label_of(shape), config, shape) as p, \
+    with Partitioned.open(root / run.label, config, shape) as p, \
             contextlib.ExitStack() as stack:
         instrument(p, clock, stack)
+        if behind:
+            for lists, _ in p.lists:
+                lists.passages.write_lists_behind()
         process = clock.wrap("other", p.process)
         for item in items:
             if isinstance(item, Page):
@@ -223,6 +234,9 @@ def run_partitioned(items: list[Item], config: EngineConfig, shape: Shape, root:
             else:
                 p.sweep(*item)
         c0 = time.thread_time()
+        for lists, _ in p.lists:
+            if lists.passages.pending is not None:  # (as Engine.close)
+                lists.passages.pending.drain(into_file=True)
     run.stages = dict(clock.spent)
     run.stages["close"] = time.thread_time() - c0
     run.calls = dict(clock.calls)
@@ -245,9 +259,17 @@ def profile(items: list[Item], config: EngineConfig, shape: Shape, root: Path) -
     pstats.Stats(prof, stream=sys.stderr).sort_stats("tottime").print_stats(40)
 
 
-def label_of(shape: Shape) -> str:
+def label_of(shape: Shape, behind: bool = False) -> str:
     return ",".join(str(n) for n in (shape.directory, shape.exact, shape.near, shape.lists,
-                                     shape.combine, shape.router))
+                                     shape.combine, shape.router)) + (" behind" if behind else "")
+
+
+def parse_shape(text: str) -> tuple[Shape, bool]:
+    """``D,E,P,S,C[,R]``, ``+behind``: the list shards write their entries behind."""
+    shape, _, flag = text.partition("+")
+    if flag not in ("", "behind"):
+        raise ValueError(f"shape {text!r}: only +behind after the counts")
+    return Shape.parse(shape), flag == "behind"
 
 
 def same_matches(want: Run, got: Run) -> None:
@@ -355,23 +377,23 @@ def main() -> None:
                     help="then cProfile the pipeline at SHAPE (untimed), top 40 to stderr")
     args = ap.parse_args()
     config = EngineConfig().validate()
-    shapes = [Shape.parse(s) for s in args.shapes.split(";")]
+    shapes = [parse_shape(s) for s in args.shapes.split(";")]
     items = load(args.corpus, args.limit)
     pages = sum(isinstance(i, Page) for i in items)
-    runs: dict[str, list[Run]] = {"engine": [], **{label_of(s): [] for s in shapes}}
+    runs: dict[str, list[Run]] = {"engine": [], **{label_of(*s): [] for s in shapes}}
     kinds: dict[str, int] = {}
     root = Path(tempfile.mkdtemp(prefix="bench-partitioned-"))
     try:
-        warm(items, config, shapes[0], root)
+        warm(items, config, shapes[0][0], root)
         for n in range(args.passes):
             want = run_engine(items, config, root / f"pass{n}")
             runs["engine"].append(want)
             print(f"pass {n}: engine {ms(want.thread, pages)} ms/page", file=sys.stderr)
-            for shape in shapes:
-                got = run_partitioned(items, config, shape, root / f"pass{n}")
+            for shape, behind in shapes:
+                got = run_partitioned(items, config, shape, root / f"pass{n}", behind)
                 same_matches(want, got)
                 got.outcomes = []
-                runs[label_of(shape)].append(got)
+                runs[got.label].append(got)
                 print(f"pass {n}: {got.label} {ms(got.thread, pages)} ms/page, same "
                       "matches", file=sys.stderr)
             if n == 0:
