@@ -294,6 +294,12 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path, mode: str) 
             messages.validate("page_sketch", msgpack.unpackb(sk.to_bytes(), raw=False))
             back = PageSketch.from_bytes(sk.to_bytes())
             assert back.to_bytes() == sk.to_bytes()
+            # the router's read: all but the passage sketch
+            near_only = PageSketch.from_bytes(sk.to_bytes(), passage=False)
+            assert near_only.passage is None
+            back.passage = None
+            assert near_only.to_bytes() == back.to_bytes()
+            back = PageSketch.from_bytes(sk.to_bytes())
             # a sketch of the version before (no reading) is read; the one before, refused
             earlier = {k: v for k, v in msgpack.unpackb(sk.to_bytes(), raw=False).items()
                        if k != "read_as"}
