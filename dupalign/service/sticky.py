@@ -196,6 +196,12 @@ class StickyAssignor(AbstractPartitionAssignor):
         except OSError as exc:
             log.warning("sticky claim %s not saved (%s)", path, exc)
 
+    def leave(self) -> None:
+        """The member is stopping: its claim file keeps what it says from now on. On its way
+        out it may still be given the partitions of members that left before it, which its
+        state is not for; saved, that claim would take them from their owners at a restart."""
+        self.path = None
+
     def metadata(self, topics: Iterable[str]) -> ConsumerProtocolMemberMetadata:
         return ConsumerProtocolMemberMetadata(self.version, sorted(topics),
                                               encode_claim(self.owned, self.epoch, self.seen))
@@ -239,6 +245,14 @@ def claim_path(state_dir: str | Path | None, group_id: str) -> Path | None:
     """Where a member of ``group_id`` whose state is in ``state_dir`` keeps its claim (None:
     no state directory, no claim kept). Named by group: roles of one process may share it."""
     return None if state_dir is None else Path(state_dir) / f"sticky-claim-{group_id}.json"
+
+
+def leaving(strategy: Iterable[Any]) -> None:
+    """A consumer's member stopping: the claim of its sticky assignor, if any, stays as it is
+    (``StickyAssignor.leave``)."""
+    for assignor in strategy:
+        if isinstance(assignor, StickyAssignor):
+            assignor.leave()
 
 
 def sticky(path: Path | None = None) -> tuple[Any, ...]:

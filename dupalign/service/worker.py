@@ -41,7 +41,7 @@ from dupalign.service.logs import setup_logging
 from dupalign.service.loop import Ahead, Checkpoint, Listener, run_loop
 from dupalign.service.metrics import WorkerMetrics
 from dupalign.service.outage import KafkaOutage, stop_within, within
-from dupalign.service.sticky import claim_path, sticky
+from dupalign.service.sticky import claim_path, leaving, sticky
 from dupalign.service.topology import (
     fetch_committed,
     new_producer,
@@ -80,6 +80,7 @@ class Worker(Rebalancing, BatchProcessing):
         # The engine is not thread-safe: exactly one thread ever touches it.
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.consumer: AIOKafkaConsumer | None = None
+        self.strategy: tuple[Any, ...] = ()  # the consumer's assignors
         self.producer: AIOKafkaProducer | None = None  # non-transactional mode
         self.txn_producers: dict[TopicPartition, AIOKafkaProducer] = {}
         self.ahead = Ahead(self.wc.queue_batches, self._queue_gauges, self.outage)
@@ -119,6 +120,8 @@ class Worker(Rebalancing, BatchProcessing):
             if not self.kc.transactions:
                 self.producer = new_producer(self.kc, None)
                 await self.producer.start()
+            # the store holds its partitions' pages: one moved is rebuilt elsewhere
+            self.strategy = sticky(claim_path(self.store_dir, self.kc.group_id))
             self.consumer = AIOKafkaConsumer(
                 **self.kc.client_kwargs(),
                 group_id=self.kc.group_id,
@@ -131,8 +134,7 @@ class Worker(Rebalancing, BatchProcessing):
                 max_poll_interval_ms=self.kc.max_poll_interval_ms,
                 max_partition_fetch_bytes=self.kc.max_partition_fetch_bytes,
                 fetch_max_bytes=self.kc.fetch_max_bytes,
-                # the store holds its partitions' pages: one moved is rebuilt elsewhere
-                partition_assignment_strategy=sticky(claim_path(self.store_dir, self.kc.group_id)),
+                partition_assignment_strategy=self.strategy,
             )
             STARTUP.begin()
             self.consumer.subscribe([self.kc.input_topic], listener=Listener(self))
@@ -188,6 +190,7 @@ class Worker(Rebalancing, BatchProcessing):
     def stop(self) -> None:
         """Graceful stop (SIGTERM): finish the current batch, publish, commit, close."""
         self.stopping.set()
+        leaving(self.strategy)
 
     async def _guard(self, loop_fn: Callable[[], Awaitable[None]]) -> None:
         # Takes the function, not a coroutine: a task cancelled before its first step never

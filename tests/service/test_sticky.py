@@ -30,6 +30,7 @@ from dupalign.service.sticky import (
     assign,
     claim_path,
     decode_claim,
+    leaving,
     sticky,
 )
 
@@ -319,6 +320,27 @@ def test_a_stale_saved_claim_loses_to_a_newer_owners(tmp_path: Path) -> None:
     back = group.join("a", path)
     got = group.rebalance()
     assert got[standby] != [] and got[back] == []
+
+
+def test_a_group_stopped_together_keeps_the_claims_it_had(tmp_path: Path) -> None:
+    """Seen in CI: two members stopped together; the first to leave made the other, on its
+    way out, take both partitions and save that claim, so at the restart it took its peer's
+    partition. A member that stops (``leaving``) keeps the claim it had; one that does not
+    (the check that this test can fail) saves the new one."""
+    group = Group({"keys": 2})
+    paths = [tmp_path / f"{i}" / "claim.json" for i in range(2)]
+    a, b = (group.join(p, path) for p, path in zip("ab", paths, strict=True))
+    before = group.rebalance()
+    assert before[a] and before[b]
+    for stopping in (True, False):
+        leaving([group.members[a]] if stopping else [])
+        del group.members[b]  # the first to leave
+        assert sorted(group.rebalance()[a]) == [("keys", 0), ("keys", 1)]
+        saved = StickyAssignor(paths[0]).owned
+        assert (saved == before[a]) if stopping else len(saved) == 2
+        group = Group(group.topics)
+        a, b = (group.join(p, path) for p, path in zip("ab", paths, strict=True))
+        group.rebalance()
 
 
 @pytest.mark.parametrize("data", [b"", b"{", b"null", b"[1]", b'{"owned": {"t": 3}}',

@@ -39,7 +39,7 @@ from dupalign.service.loop import (
 )
 from dupalign.service.outage import stop_within, within
 from dupalign.service.roles.metrics import RoleMetrics
-from dupalign.service.sticky import claim_path, sticky
+from dupalign.service.sticky import claim_path, leaving, sticky
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
@@ -75,6 +75,7 @@ class StatelessRole:
         self.group_id = f"{self.kc.group_id}-{self.name}"
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self.name)
         self.consumer: AIOKafkaConsumer | None = None
+        self.strategy: tuple[Any, ...] = ()  # the consumer's assignors
         self.producers: dict[TopicPartition, AIOKafkaProducer] = {}
         self.busy = asyncio.Lock()  # a batch in hand, or a rebalance
         self.generation = 0  # bumped by every assignment change
@@ -120,6 +121,7 @@ class StatelessRole:
 
     def stop(self) -> None:
         self.stopping.set()
+        leaving(self.strategy)
 
     async def on_start(self) -> None:
         """Once the topics exist, before the role consumes."""
@@ -131,8 +133,8 @@ class StatelessRole:
     async def run(self) -> None:
         await ensure_topics(self.kc, self.topics(), self.config.worker.max_message_bytes)
         await self.on_start()
-        strategy = (sticky(claim_path(self.state_dir(), self.group_id)) if self.keeps_state
-                    else (RoundRobinPartitionAssignor,))
+        strategy = self.strategy = (sticky(claim_path(self.state_dir(), self.group_id))
+                                    if self.keeps_state else (RoundRobinPartitionAssignor,))
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.config.worker.batch_size,
             rebalance_timeout_ms=rebalance_timeout_ms(self.kc),

@@ -55,7 +55,7 @@ from dupalign.service.roles.index_lifecycle import Lifecycle
 from dupalign.service.roles.index_takeover import Takeover
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.shard_protocol import Partial
-from dupalign.service.sticky import claim_path, sticky
+from dupalign.service.sticky import claim_path, leaving, sticky
 from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
@@ -109,6 +109,7 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
         self.engine: Engine | None = None
         self.producer: AIOKafkaProducer | None = None
         self.consumer: Any = None
+        self.strategy: tuple[Any, ...] = ()  # the consumer's assignors
         self.busy = asyncio.Lock()
         self.generation = 0
         self.stopping = asyncio.Event()
@@ -147,6 +148,7 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
 
     def stop(self) -> None:
         self.stopping.set()
+        leaving(self.strategy)
 
     # -- life cycle -----------------------------------------------------------------------
     async def run(self) -> None:
@@ -157,12 +159,13 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
         self.forward_limit = await record_limit(self.kc, self.kc.forward_topic)
         if self.n_shards > 1:
             self.keys_limit = await record_limit(self.kc, self.kc.keys_topic)
+        self.strategy = sticky(claim_path(self.store_dir, self.group_id))
         consumer = self.consumer = new_consumer(
             self.kc, self.group_id, self.turn_records,
             rebalance_timeout_ms=rebalance_timeout_ms(self.kc),
             # co-partitioned (partition i of every input topic to the same member) and
             # sticky: a standby that joins does not take the shard (it would rebuild it)
-            partition_assignment_strategy=sticky(claim_path(self.store_dir, self.group_id)))
+            partition_assignment_strategy=self.strategy)
         consumer.subscribe(sorted(t.topic for t in self.tps), listener=Listener(self))
         await consumer.start()
         self.started = True
