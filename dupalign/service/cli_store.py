@@ -39,6 +39,7 @@ def load_engine_config(path: str | None) -> EngineConfig:
 
 def open_engine(store: str, config: EngineConfig, read_only: bool = False,
                  shards: int | None = None, removal_only: bool = False) -> Engine:
+    """The engine over ``store`` (a reader's store must exist: said as a store error)."""
     if read_only:  # said before the engine's import (numba: about 2 s of CPU)
         existing_store(store)
     from dupalign.runtime.engine import Engine
@@ -65,6 +66,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def existing_store(store: str) -> str:
+    """``store``, or a CliError (exit 4) saying why it is not a store."""
     from dupalign.store.failures import missing_store
 
     if (missing := missing_store(store)) is not None:
