@@ -172,9 +172,9 @@ def _ordinal(record: Any) -> int:
     return record_ordinal(record)
 
 
-def oracle(stores: Stores, pages: list[Page]) -> tuple[dict[int, bytes], dict[int, bytes]]:
-    """``Partitioned`` on the pages, swept before every multiple of ``every`` ordinals (by
-    page count only: no ``max_age``, so the batches' clock does not matter)."""
+def recorded(p: Partitioned) -> tuple[dict[int, bytes], dict[int, bytes]]:
+    """The decisions and exact answers ``p`` makes from now on, by ordinal, in their wire
+    form (filled as it runs): what the directory and exact roles publish."""
     decisions: dict[int, bytes] = {}
     answers: dict[int, bytes] = {}
 
@@ -189,12 +189,19 @@ def oracle(stores: Stores, pages: list[Page]) -> tuple[dict[int, bytes], dict[in
             answers[a.seq] = a.to_bytes()
         return a
 
-    p = Partitioned(CONFIG, SHAPE, functools.partial(stores.store,
-                                                     params=CONFIG.frozen_params()))
     for shard in p.dirs:
         shard.decide = functools.partial(decide, shard.decide)  # type: ignore[method-assign]
     for exact, _ in p.exacts:
         exact.apply = functools.partial(apply, exact.apply)  # type: ignore[method-assign]
+    return decisions, answers
+
+
+def oracle(stores: Stores, pages: list[Page]) -> tuple[dict[int, bytes], dict[int, bytes]]:
+    """``Partitioned`` on the pages, swept before every multiple of ``every`` ordinals (by
+    page count only: no ``max_age``, so the batches' clock does not matter)."""
+    p = Partitioned(CONFIG, SHAPE, functools.partial(stores.store,
+                                                     params=CONFIG.frozen_params()))
+    decisions, answers = recorded(p)
     r = CONFIG.retention
     for o, page in enumerate(pages):
         if o and o % r.every == 0:

@@ -32,6 +32,7 @@ from dupalign.stages.exact import ExactAnswer
 from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.wire import messages
 from tests.reused_stores import temporary_stores
+from tests.service.test_stage_partitions import recorded
 from tests.stages.streams import N_IDS, SHARED_TEXTS, pages_of
 from tests.topology_harness import REPO, check_alive, read_topic, stop_all
 
@@ -155,29 +156,11 @@ def oracle(roles: Roles, pages: list[Any], batches: list[Any]
         b = SequenceBatch.from_bytes(r.value)
         ordered += [(by_source[(b.partition, o)], b.at_ms) for o in b.offsets]
     engine = roles.config.engine
-    decisions: dict[int, bytes] = {}
-    answers: dict[int, bytes] = {}
     swept = 0
-
-    def decide(real: Any, entry: Any) -> Any:
-        d = real(entry)
-        decisions[d.seq] = d.to_bytes()
-        return d
-
-    def apply(real: Any, d: Any, placed: Any) -> Any:
-        a = real(d, placed)
-        if a is not None:
-            answers[a.seq] = a.to_bytes()
-        return a
-
     for stores in temporary_stores("stage-oracle-"):
         params = engine.frozen_params()
         p = Partitioned(engine, SHAPE, functools.partial(stores.store, params=params))
-        for shard in p.dirs:
-            shard.decide = functools.partial(  # type: ignore[method-assign]
-                decide, shard.decide)
-        for exact, _ in p.exacts:
-            exact.apply = functools.partial(apply, exact.apply)  # type: ignore[method-assign]
+        decisions, answers = recorded(p)
         r = engine.retention
         for o, (page, at_ms) in enumerate(ordered):
             if o and o % r.every == 0:
