@@ -141,7 +141,7 @@ class Consuming(Running, Protocol):
 
 async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
                 wanted: Callable[[], list[TopicPartition]] | None = None,
-                outage: KafkaOutage | None = None
+                outage: KafkaOutage | None = None, wait_ms: int = 200
                 ) -> AsyncIterator[dict[TopicPartition, list[Any]]]:
     """The fetched batches, each handed over while holding ``owner.busy``, and only when
     no rebalance came since the fetch (those records are fetched again from the positions
@@ -158,14 +158,16 @@ async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
     once resumed.
 
     ``outage``: a fetch that fails while Kafka is away is retried, and a consumer cut off
-    from its group coordinator is in an outage too (``CoordinatorWatch``)."""
+    from its group coordinator is in an outage too (``CoordinatorWatch``).
+
+    ``wait_ms``: how long a fetch waits for records (a turn comes at least that often)."""
     watch = None if outage is None else CoordinatorWatch(outage)
     while not owner.stopping.is_set():
         if owner.failure is not None:
             raise owner.failure
         try:
             batches = await consumer.getmany(*(wanted() if wanted is not None else ()),
-                                             timeout_ms=200, max_records=max_records)
+                                             timeout_ms=wait_ms, max_records=max_records)
         except KafkaError as exc:
             if outage is None:
                 raise
@@ -182,7 +184,8 @@ async def turns(owner: Consuming, consumer: AIOKafkaConsumer, max_records: int,
 async def run_loop(owner: Running, consumer: AIOKafkaConsumer, max_records: int,
                    process: Callable[[dict[TopicPartition, list[Any]]], Awaitable[None]],
                    wanted: Callable[[], list[TopicPartition]] | None = None,
-                   ahead: Ahead | None = None, outage: KafkaOutage | None = None) -> None:
+                   ahead: Ahead | None = None, outage: KafkaOutage | None = None,
+                   wait_ms: int = 200) -> None:
     """Consume until the owner stops: each turn's batches to ``process``, which produces
     and commits them (``Checkpoint``) before the next turn. ``ahead``: fetch while a batch
     is processed (``Ahead``: one partition's batch per turn); otherwise the owner holds
@@ -193,7 +196,7 @@ async def run_loop(owner: Running, consumer: AIOKafkaConsumer, max_records: int,
     if not isinstance(owner, Consuming):
         raise TypeError(f"{type(owner).__name__} has no generation and busy lock: it "
                         "consumes in turns only with ``ahead``")
-    async for batches in turns(owner, consumer, max_records, wanted, outage):
+    async for batches in turns(owner, consumer, max_records, wanted, outage, wait_ms):
         await process(batches)
 
 

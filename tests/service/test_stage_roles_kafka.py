@@ -175,15 +175,15 @@ async def test_two_copies_of_each_role_decide_as_the_pipeline_in_one_process(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     roles = Roles(kafka_bootstrap, tmp_path)
     await ensure_topics(roles.kc, roles.topics.wanted())
-    pages = stream(5, 90)
-    first, second = pages[:50], pages[50:]
+    pages = stream(5, 110)
+    first, second, third = pages[:50], pages[50:90], pages[90:]
     try:
         for _ in range(2):
             roles.start("sketch")
         dir_a, _ = roles.start("directory", "dir-a")
         roles.start("directory", "dir-b")
         ex_a, _ = roles.start("exact", "ex-a")
-        roles.start("exact", "ex-b")
+        ex_b, _ = roles.start("exact", "ex-b")
         await roles.send(first)
         await roles.settled(len(first), 300)
         # a directory and an exact process killed: the others restore their partitions
@@ -191,16 +191,33 @@ async def test_two_copies_of_each_role_decide_as_the_pipeline_in_one_process(
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
         await roles.send(second)
-        await roles.settled(len(pages), 300)
+        await roles.settled(len(first) + len(second), 300)
         roles.start("directory", "dir-a")  # back (a standby, or takes a partition again)
+        ex_a, ex_a_log = roles.start("exact", "ex-a")
+        deadline = time.monotonic() + 120  # (its signal handlers set)
+        while "role started" not in ex_a_log.read_text() and time.monotonic() < deadline:
+            check_alive(roles.procs)
+            await asyncio.sleep(0.5)
+        # both exact processes stopped cleanly and started again: the partitions come back
+        # to the stores that held them (claims), kept, not restored
+        for proc in (ex_a, ex_b):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (ex_a, ex_b):
+            assert proc.wait(60) == 0
         roles.start("exact", "ex-a")
+        roles.start("exact", "ex-b")
+        await roles.send(third)
         batches, decided = await roles.settled(len(pages), 300)
-        answered = await roles.read(roles.topics.exact, SHAPE.exact)
         sent = await roles.read(roles.kc.input_topic, 2)
+        want_decisions, want_answers = oracle(roles, sent, batches)
+        deadline = time.monotonic() + 120
+        while len(answered := await roles.read(roles.topics.exact, SHAPE.exact)) < len(
+                want_answers) and time.monotonic() < deadline:
+            check_alive(roles.procs)
+            await asyncio.sleep(1)
         check_alive(roles.procs)
     finally:
         stop_all(roles.procs)
-    want_decisions, want_answers = oracle(roles, sent, batches)
     got = {record_ordinal(r): r.value for r in decided}
     assert len(got) == len(decided)  # each page decided once
     assert got == want_decisions
@@ -215,3 +232,6 @@ async def test_two_copies_of_each_role_decide_as_the_pipeline_in_one_process(
              if "taken:" in line and "changelog records restored" in line
              and " 0 changelog" not in line]
     assert taken, "no partition was restored from a changelog"
+    kept = [line for _, lg in roles.procs for line in lg.read_text().splitlines()
+            if "taken: store kept" in line]
+    assert kept, "no store was kept over the clean restart"

@@ -63,6 +63,7 @@ class StatelessRole:
     # a store per partition, which a move makes the next owner rebuild by replay: the group
     # keeps each partition with its owner (dupalign.service.sticky)
     keeps_state = False
+    turn_wait_ms = 200  # the group's fetch waits this long for records
 
     def __init__(self, config: Config, metrics: RoleMetrics | None = None) -> None:
         self.config = config
@@ -145,7 +146,7 @@ class StatelessRole:
         log.info("%s role started (group %s)", self.name, self.group_id)
         try:
             await run_loop(self, consumer, self.config.worker.batch_size, self._turn,
-                           outage=self.outage)
+                           outage=self.outage, wait_ms=self.turn_wait_ms)
         finally:
             await self._close()
 

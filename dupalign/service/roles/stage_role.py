@@ -12,8 +12,10 @@ partition (``StagePartition.turn``, in the role's thread), which applies every r
 turn has come, in ordinal order, writes its store and notes its place (``cursor``); then one
 transaction holds the outputs and the changelog records of what the store changed (its
 place in its inputs among them). No group offsets: the inputs' positions travel in the
-changelog. A store is never used again after its owner lets it go or a turn fails
-(``release``): the next owner restores a fresh one.
+changelog. A store is used again only by the same process directory, when its last turn
+committed and the changelog has not moved since it was let go (``release``, ``_kept``): a
+clean restart does not restore; after a failed turn, a crash or another owner, the next
+owner restores a fresh store.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ from dupalign.store import records
 from dupalign.store.database import Store
 
 log = logging.getLogger("dupalign.roles.stage")
-# records a partition's turn takes at most. A turn comes every 200 ms at least (the group's
-# poll of its paused partitions, dupalign/service/loop.py ``turns``), so this bounds both a
-# transaction's size and a partition's rate (not yet: a turn as soon as a reader has records)
+# records a partition's turn takes at most: it bounds a transaction's size
 TURN_RECORDS = 10_000
+# how long a turn waits for the first record of any partition's reader (then the group's
+# fetch runs again: it keeps the membership and hands over assignments)
+READ_WAIT_S = 0.2
 
 
 def _key(raw: Any) -> Any:
@@ -139,6 +142,7 @@ class StageRole(StatelessRole):
 
     stage = "stage"
     keeps_state = True
+    turn_wait_ms = 0  # (the turn waits on the partitions' readers instead: ``_fetched``)
 
     def __init__(self, config: Config, shape: Shape, store_dir: str | Path,
                  metrics: RoleMetrics | None = None) -> None:
@@ -153,6 +157,7 @@ class StageRole(StatelessRole):
         self.parts: dict[TopicPartition, StagePartition] = {}
         self.readers: dict[TopicPartition, AIOKafkaConsumer] = {}
         self.changelogs: dict[TopicPartition, Changelog] = {}
+        self.dirty: set[TopicPartition] = set()  # a turn begun, not committed
 
     @property
     def input_topic(self) -> str:
@@ -171,22 +176,11 @@ class StageRole(StatelessRole):
         raise NotImplementedError
 
     async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
-        """A fresh store restored from the changelog (its producer started: the last
-        owner's open transaction aborted), and a reader from the place noted in it."""
+        """The store this process kept for ``tp`` if nothing was written to the changelog
+        since (``_kept``), else a fresh store restored from the changelog (the producer
+        started: the last owner's open transaction aborted); and a reader from the place
+        noted in it."""
         loop = asyncio.get_running_loop()
-        path = self.store_dir / str(tp.partition)
-        params = self.config.engine.frozen_params()
-
-        def fresh() -> Store:
-            shutil.rmtree(path, ignore_errors=True)
-            return Store(path, params)
-
-        store = await loop.run_in_executor(self.executor, fresh)
-        done = await restore(self.kc, store, tp.topic, tp.partition)
-        part = await loop.run_in_executor(self.executor, self.open_partition, tp.partition,
-                                          store)
-        self.parts[tp] = part
-        self.changelogs[tp] = Changelog(store, tp.topic, tp.partition)
         # (an offset noted that the topic no longer holds is an error, never a silent skip)
         reader = AIOKafkaConsumer(
             **self.kc.client_kwargs(), group_id=None, enable_auto_commit=False,
@@ -195,14 +189,53 @@ class StageRole(StatelessRole):
             fetch_max_bytes=self.kc.fetch_max_bytes)
         self.readers[tp] = reader  # (stopped by ``release`` if what follows fails)
         await reader.start()
+        store = await self._kept(tp, reader)
+        how = "kept (the changelog unchanged since)"
+        if store is None:
+            store = await loop.run_in_executor(self.executor, self._fresh, tp)
+            done = await restore(self.kc, store, tp.topic, tp.partition)
+            how = f"{done.records} changelog records restored"
+        part = await loop.run_in_executor(self.executor, self.open_partition, tp.partition,
+                                          store)
+        self.parts[tp] = part
+        self.changelogs[tp] = Changelog(store, tp.topic, tp.partition)
         positions = part.positions()
         reader.assign(list(positions))
         for itp, offset in positions.items():
             reader.seek(itp, offset)
-        log.info("%s partition %d taken: %d changelog records restored, inputs from %s",
-                 self.stage, tp.partition, done.records,
-                 {f"{t.topic}:{t.partition}": o for t, o in positions.items()})
+        log.info("%s partition %d taken: store %s, inputs from %s", self.stage, tp.partition,
+                 how, {f"{t.topic}:{t.partition}": o for t, o in positions.items()})
         return committed
+
+    def _path(self, tp: TopicPartition) -> Path:
+        return self.store_dir / str(tp.partition)
+
+    def _marker(self, tp: TopicPartition) -> Path:
+        """Written when a partition is let go with its store as committed: the changelog's
+        end then."""
+        return self.store_dir / f"{tp.partition}.committed"
+
+    def _fresh(self, tp: TopicPartition) -> Store:
+        shutil.rmtree(self._path(tp), ignore_errors=True)
+        return Store(self._path(tp), self.config.engine.frozen_params())
+
+    async def _kept(self, tp: TopicPartition, reader: AIOKafkaConsumer) -> Store | None:
+        """The store left by this process's last owner of ``tp`` when its last turn
+        committed and the changelog's read_committed end has not moved since (no other
+        owner wrote, no transaction was aborted): it then holds what a restore would give.
+        The marker goes first, so a store written by a later turn is never taken as kept."""
+        marker = self._marker(tp)
+        try:
+            noted = int(marker.read_text("ascii"))
+        except (OSError, ValueError):
+            return None
+        marker.unlink()
+        end = (await within(reader.end_offsets([tp]), self.limit_s))[tp]
+        if end != noted:
+            return None
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self.executor, Store, self._path(tp), self.config.engine.frozen_params())
 
     async def _take_all(self, assigned: set[TopicPartition]) -> None:
         await super()._take_all(assigned)
@@ -210,29 +243,73 @@ class StageRole(StatelessRole):
         self.consumer.pause(*assigned)  # (the group only says who owns them)
 
     async def release(self, tps: Iterable[TopicPartition]) -> None:
+        """Lets partitions go; a store whose last turn committed is kept for the next
+        ``take`` here, with the changelog's end (read now) in its marker."""
         loop = asyncio.get_running_loop()
         for tp in tps:
-            await stop_quietly(self.readers.pop(tp, None))
+            reader = self.readers.pop(tp, None)
+            end = None
+            if reader is not None and tp not in self.dirty and tp in self.parts:
+                try:
+                    end = (await within(reader.end_offsets([tp]), self.limit_s))[tp]
+                except Exception as exc:  # (Kafka away: the next take restores)
+                    log.info("%s partition %d: store not kept (%r)", self.stage,
+                             tp.partition, exc)
+            self.dirty.discard(tp)
+            await stop_quietly(reader)
             changelog = self.changelogs.pop(tp, None)
             if changelog is not None:
                 changelog.close()
             part = self.parts.pop(tp, None)
             if part is not None:
                 await loop.run_in_executor(self.executor, part.store.close)
+                if end is not None:
+                    self._marker(tp).write_text(str(end), "ascii")
 
     async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
         loop = asyncio.get_running_loop()
-        for tp, part in list(self.parts.items()):
-            fetched = await self.readers[tp].getmany(timeout_ms=0, max_records=TURN_RECORDS)
-            if not any(fetched.values()):
-                continue  # (nothing new: nothing can have come due)
+        for tp, fetched in (await self._fetched()).items():
+            part = self.parts[tp]
             for itp, recs in fetched.items():
                 self.metrics.consumed(self.name, itp.topic, recs)
+            self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
             outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
             changes = self.changelogs[tp].outgoing()
             unit = Checkpoint({}, [*outputs, *changes])
             async with self.metrics.transaction(self.name):
                 await within(unit.commit(self.producers[tp], self.group_id), self.limit_s)
+            self.dirty.discard(tp)
             self.outage.succeeded()
             self.metrics.produced(self.name, outputs)
             self.batches += 1
+
+    async def _fetched(self) -> dict[TopicPartition, dict[TopicPartition, list[Any]]]:
+        """What the readers of the partitions owned have fetched, by partition owned (only
+        those with records: with none, nothing can have come due). Waits up to
+        ``READ_WAIT_S`` for the first record of any: a turn comes as soon as a reader has
+        records, not at the group's next poll (the group's fetch does not wait:
+        ``turn_wait_ms``)."""
+        got = {}
+        for tp, reader in self.readers.items():
+            fetched = await reader.getmany(timeout_ms=0, max_records=TURN_RECORDS)
+            if any(fetched.values()):
+                got[tp] = fetched
+        if got:
+            return got
+        if not self.readers:
+            await asyncio.sleep(READ_WAIT_S)
+            return got
+        waits = {asyncio.ensure_future(reader.getmany(timeout_ms=int(READ_WAIT_S * 1000),
+                                                      max_records=TURN_RECORDS)): tp
+                 for tp, reader in self.readers.items()}
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        # (a getmany cancelled while it waits has taken nothing: the records stay
+        # buffered in its consumer for the next turn)
+        for waiting in pending:
+            waiting.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for finished in done:
+            fetched = finished.result()
+            if any(fetched.values()):
+                got[waits[finished]] = fetched
+        return got
