@@ -95,7 +95,6 @@ def _check_out_path(out: str) -> None:
 def cmd_scan(args: argparse.Namespace) -> int:
     from dupalign.errors import PageRejected
     from dupalign.page import Page
-    from dupalign.runtime.pipeline import default_jobs
     from dupalign.service.capped import CappedLines
     from dupalign.service.inputs import InputError, check_inputs, iter_input
     from dupalign.service.progress import Progress
@@ -135,6 +134,8 @@ def cmd_scan(args: argparse.Namespace) -> int:
         interrupted = False
         ctrl_c.catch()
         try:
+            from dupalign.runtime.pipeline import default_jobs  # (numba: after the checks)
+
             jobs = args.jobs or default_jobs()
             for page, found in engine.process_many(pages_in(), jobs=jobs):
                 ctrl_c.check()

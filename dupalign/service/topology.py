@@ -25,7 +25,7 @@ import struct
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -37,8 +37,10 @@ from aiokafka.structs import OffsetAndMetadata
 from dupalign.match import Span
 from dupalign.service.config import KafkaConfig
 from dupalign.service.topics import retained_topics
-from dupalign.stages.align import RankedPage
 from dupalign.wire.versions import ALIGNED, ALIGNED_WHOLE, SEQUENCE_RECORD
+
+if TYPE_CHECKING:  # (the engine's import, numba, is not the producer's: produce fails fast)
+    from dupalign.stages.align import RankedPage
 
 log = logging.getLogger("dupalign.topology")
 
@@ -469,6 +471,8 @@ class Aligned:
 
 
 def decode_aligned(raw: bytes) -> Aligned:
+    from dupalign.stages.align import RankedPage
+
     d = msgpack.unpackb(raw, raw=False)
     if ALIGNED.check(d.get("v")) == ALIGNED_WHOLE:
         return Aligned(int(d["ordinal"]), None, passages=[

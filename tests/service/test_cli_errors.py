@@ -346,6 +346,29 @@ def test_a_missing_store_is_said_before_the_engine_is_imported(tmp_path: Path) -
         assert "no store at" in run.stderr
 
 
+# the failures said before the engine is imported (numba, its kernels: about 1 s of CPU a
+# run) besides a reader's missing store (above): a typo in a config, an input or --out
+BEFORE_THE_ENGINE = ("missing input", "unreadable input", "directory without documents",
+                     "two files, one id", ".warc.gz that is not gzip",
+                     ".jsonl.gz that is not gzip", ".warc.gz that is not a WARC",
+                     "invalid config", "--out in a missing directory",
+                     "produce, broker unreachable")
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in BEFORE_THE_ENGINE],
+                         ids=lambda c: c.name)
+def test_a_bad_config_input_or_out_is_said_before_the_engine_is_imported(
+        case: Case, tmp_path: Path) -> None:
+    """scan checks its config, inputs and --out before it imports the engine, and produce
+    never imports it: a typo fails at once."""
+    code = ("import sys\nfrom dupalign.service.cli import main\n"
+            "print(main(sys.argv[1:]), 'numba' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", code, *case.setup(tmp_path)], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert run.stdout.split() == [str(int(case.code)), "False"], run.stderr
+    assert case.message in run.stderr
+
+
 def test_compact_and_delete_leave_the_pages_a_restarted_worker_reads_again(
         tmp_path: Path) -> None:
     """Review D, bug 3: pages a Kafka worker stored past its commit are read again when it
