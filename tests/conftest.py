@@ -368,14 +368,14 @@ LONG_FIRST = (
     # after it, which waits for it. The partitioned pipeline's corpora oracle and the list
     # stage's were the second worker's pair, one after the other (~240 + ~105 s of the
     # half's 6:13 in CI at 7fade33): the synthetic stream's one-index case, skipped, and
-    # its two-shard case were the first's
-    "tests/stages/test_partitioned.py::test_the_partitioned_pipeline_finds_what_the_engine_finds_on_corpora",
+    # its two-shard case were the first's. The stages' corpora oracles are one test now
+    # (one engine run for the three)
+    "tests/stages/test_partitioned.py::test_the_stages_find_what_the_engine_finds_on_corpora",
     "tests/near/test_simhash.py::test_light_edits_stay_close_unrelated_documents_do_not",
     "tests/service/test_topology_kafka.py::test_two_of_each_role_over_the_synthetic_rfc_stream_give_the_matches_of_scan",
     "tests/near/test_cws.py::test_real_text_estimates_with_tf_idf_weights",
-    "tests/stages/test_list_shard.py::test_list_shards_answer_as_the_single_indexer_on_corpora",
-    "tests/test_bench_corpus.py::test_corpus_gives_every_page_it_has_and_refuses_one_more",
     "tests/service/test_role_faults_kafka.py::test_an_index_stopped_past_its_session_throttled_and_killed_exits_never_and_stalls_little",
+    "tests/test_bench_corpus.py::test_corpus_gives_every_page_it_has_and_refuses_one_more",
     "tests/service/test_shard_roles_kafka.py::test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_change_nothing",
     "tests/service/test_shard_roles_kafka.py::test_revisits_deletes_and_retention_with_shards_give_the_engine_s_matches",
     "tests/service/test_shard_roles_kafka.py::test_a_fan_in_back_on_its_store_after_a_standby_published_past_it_finishes_its_pages",

@@ -9,7 +9,6 @@ retention sweeps."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from hypothesis import strategies as st
 
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.errors import PageRejected
+from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.stages.directory import Decision, DirectoryEntry, DirectoryShard, entry_of
@@ -142,12 +142,13 @@ def segments(items: list[tuple[int, Page | tuple[int, int]]], entries: list[Dire
 
 
 def engine_pages(engine: Engine, items: list[tuple[int, Page | tuple[int, int]]],
-                 align: bool = True
-                 ) -> Iterator[tuple[DirectoryEntry, PageSketch, IndexResult]]:
+                 align: bool = True) -> Iterator[tuple[
+                     DirectoryEntry, PageSketch, IndexResult, list[Match] | PageRejected]]:
     """The single engine on the stream, sweeps included (2 pages a batch, as ``Sweep``):
-    each page sketched, indexed and finished, with its directory entry, sketch and
-    result. ``align=False`` finishes each page without its passage spans, for an oracle
-    that reads only what the index stage decides (the spans change no index state)."""
+    each page sketched, indexed and finished, with its directory entry, sketch, result and
+    matches (``Engine.process``'s; its PageRejected for a rejected page). ``align=False``
+    finishes each page without its passage spans, for an oracle that reads only what the
+    index stage decides (the spans change no index state)."""
     seq = 0
     for step, item in items:
         if not isinstance(item, Page):
@@ -158,6 +159,9 @@ def engine_pages(engine: Engine, items: list[tuple[int, Page | tuple[int, int]]]
         entry = entry_of(seq, sk)
         seq += 1
         result = engine.index(sk, defer=True)
-        with contextlib.suppress(PageRejected):  # (its outcome is in ``result``)
-            engine.finish(result, engine.align(result) if align else [])
-        yield entry, sk, result
+        found: list[Match] | PageRejected
+        try:
+            found = engine.finish(result, engine.align(result) if align else [])
+        except PageRejected as exc:  # (its outcome is in ``result`` too)
+            found = exc
+        yield entry, sk, result, found

@@ -9,8 +9,9 @@ each exact shard runs its own ledger and applies a whole segment between sweep p
 before the next shard starts (it never waits for a peer), every message through its wire
 form. The same on the 5,000-page synthetic stream, the RFCs and Clough with new versions,
 deletes and sweeps (``corpus_items``: 377 exact copies, 28 of them of a later original
-than the first page with their text, which was removed). And the shards against a
-brute-force twin on long random decision streams.
+than the first page with their text, which was removed), with 1 and 3 exact shards, in
+tests/stages/test_partitioned.py (the stages' corpora oracles share one engine run).
+And the shards against a brute-force twin on long random decision streams.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dupalign.config import EngineConfig, PassageConfig
+from dupalign.config import EngineConfig
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.stages.directory import Decision, DirectoryEntry, DirectoryShard, Version
 from dupalign.stages.exact import ExactAnswer, ExactShard, exact_owner
 from dupalign.stages.ledger import Ledger
+from dupalign.stages.messages import IndexResult
 from dupalign.store.database import Store
 from dupalign.text.hashing import content_hash
 from tests.corpora import clough_answers, clough_original
@@ -49,25 +51,28 @@ Item = tuple[int, Page | tuple[int, int]]  # (step, page) or (step, (max_pages, 
 
 
 def single(engine: Engine, items: list[Item]) -> tuple[list[Outcome], list[DirectoryEntry]]:
-    """Per page, the single engine's: for a stored page its store ordinal and its exact
-    original's ordinal and id (None, None: no exact match); None for a page not stored.
-    And the pages' directory entries."""
+    """Per page, the single engine's ``exact_outcome``. And the pages' directory entries."""
     out: list[Outcome] = []
     entries: list[DirectoryEntry] = []
-    for entry, _, result in engine_pages(engine, items):
+    for entry, _, result, _ in engine_pages(engine, items):
         entries.append(entry)
-        if result.ordinal is None:
-            out.append(None)
-            continue
-        exact = [m.match_doc_id for m in result.matches if m.kind == "exact"]
-        assert len(exact) <= 1
-        original = None
-        if exact:  # the original is alive: its id's current version
-            version = engine.indexer.current(exact[0])
-            assert version is not None and version.ordinal < result.ordinal
-            original = version.ordinal
-        out.append((result.ordinal, original, exact[0] if exact else None))
+        out.append(exact_outcome(engine, result))
     return out, entries
+
+
+def exact_outcome(engine: Engine, result: IndexResult) -> Outcome:
+    """For a page just stored, its store ordinal and its exact original's ordinal and id
+    (None, None: no exact match); None for a page not stored."""
+    if result.ordinal is None:
+        return None
+    exact = [m.match_doc_id for m in result.matches if m.kind == "exact"]
+    assert len(exact) <= 1
+    original = None
+    if exact:  # the original is alive: its id's current version
+        version = engine.indexer.current(exact[0])
+        assert version is not None and version.ordinal < result.ordinal
+        original = version.ordinal
+    return result.ordinal, original, exact[0] if exact else None
 
 
 def sharded(stores: Stores, n: int, items: list[Item], entries: list[DirectoryEntry],
@@ -163,18 +168,6 @@ def corpus_items(seed: int = 3) -> list[Item]:
         if i and i % 500 == 0:
             items.append((len(items), (1500, 0)))
     return items
-
-
-@pytest.mark.testdata
-def test_exact_shards_answer_as_the_single_indexer_on_corpora(stores: Stores) -> None:
-    config = EngineConfig(passage=PassageConfig(enabled=False)).validate()
-    items = corpus_items()
-    want, entries = single(Engine(stores.store("engine", config.frozen_params()), config),
-                           items)
-    copies = [o for o in want if o is not None and o[1] is not None]
-    assert len(copies) > 300  # (so that the comparison means something)
-    for n in (1, 3):
-        assert sharded(stores, n, items, entries, config) == want, n
 
 
 # -- the worked cases ----------------------------------------------------------------------

@@ -10,7 +10,9 @@ lengths, heads), and the alignment tasks selected from it (``PassageIndex.tasks_
 the engine's near matches and replaced version excluded) are the engine's; no partial for
 any other page. Each list shard runs its own ledger and applies a whole segment between
 sweep points before the next shard starts (it never waits for a peer), every message
-through its wire form.
+through its wire form. On the corpora (``answer_as_the_engine``, 3 list shards): the
+partitioned pipeline's list shards, in tests/stages/test_partitioned.py (the stages'
+corpora oracles share one engine run).
 """
 
 from __future__ import annotations
@@ -67,12 +69,13 @@ def _tasks(t: Tasks | None) -> list[Any] | None:
                                                         t.list_key)]
 
 
-def single(engine: Engine, items: list[Item], align: bool = True) -> tuple[
-        dict[int, tuple[Heads, frozenset[int], Any]], list[DirectoryEntry],
-        list[PassageState | None]]:
-    """The single engine's list queries, by the query page's store ordinal: its heads, what
-    it excluded, its tasks. And the pages' directory entries and passage states."""
-    queries: dict[int, tuple[Heads, frozenset[int], Any]] = {}
+Queries = dict[int, tuple[Heads, frozenset[int], Any]]
+
+
+def recorded_queries(engine: Engine) -> Queries:
+    """The engine's list queries from now on, by the query page's store ordinal: its heads,
+    what it excluded, its tasks (filled as it indexes)."""
+    queries: Queries = {}
     passages = engine.indexer.passages
     find_tasks, list_heads = passages.find_tasks, passages.list_heads
     seen: list[Heads] = []
@@ -91,9 +94,17 @@ def single(engine: Engine, items: list[Item], align: bool = True) -> tuple[
         return tasks
 
     passages.find_tasks, passages.list_heads = spy, heads_spy  # type: ignore[method-assign]
+    return queries
+
+
+def single(engine: Engine, items: list[Item], align: bool = True) -> tuple[
+        Queries, list[DirectoryEntry], list[PassageState | None]]:
+    """The single engine's list queries (``recorded_queries``), and the pages' directory
+    entries and passage states."""
+    queries = recorded_queries(engine)
     entries: list[DirectoryEntry] = []
     states: list[PassageState | None] = []
-    for entry, sk, _ in engine_pages(engine, items, align):
+    for entry, sk, _, _ in engine_pages(engine, items, align):
         entries.append(entry)
         states.append(sk.passage)
     return queries, entries, states
@@ -140,25 +151,34 @@ def sharded(stores: Stores, n: int, items: list[Item], entries: list[DirectoryEn
 
 def check(stores: Stores, items: list[Item], config: EngineConfig = LISTS,
           counts: tuple[int, ...] = (1, 2, 3), align: bool = True
-          ) -> tuple[dict[int, tuple[Heads, frozenset[int], Any]], PassageCounters]:
+          ) -> tuple[Queries, PassageCounters]:
     """The list shards against the engine on ``items``; returns the engine's queries and
     its passage counters."""
     engine = Engine(stores.store("engine", config.frozen_params()), config)
     queries, entries, states = single(engine, items, align)
     combine = PassageIndex(stores.store("combine", config.frozen_params()), config)
     for n in counts:
-        partials = sharded(stores, n, items, entries, states, config)
-        assert sorted(partials) == sorted(queries), n  # the pages the engine queried for
-        for ordinal, (heads, exclude, tasks) in queries.items():
-            got = partials[ordinal]
-            assert sorted(p.shard for p in got) == list(range(n))
-            state = states[got[0].seq]
-            assert state is not None
-            _, _, l_bins, l_keys, _ = query_lists(state)
-            joined = combine_lists(got, l_bins, l_keys, n)
-            assert _heads(joined) == heads, (n, ordinal)
-            assert _tasks(combine.tasks_of(state, joined, exclude)) == tasks, (n, ordinal)
+        answer_as_the_engine(queries, sharded(stores, n, items, entries, states, config),
+                             states, combine, n)
     return queries, engine.indexer.passages.counters
+
+
+def answer_as_the_engine(queries: Queries, partials: dict[int, list[ListPartial]],
+                         states: list[PassageState | None], combine: PassageIndex, n: int
+                         ) -> None:
+    """Exactly one partial from each of ``n`` list shards for every page the engine
+    queried for, none for another; their union is the engine's list heads, and the tasks
+    selected from it (``combine``'s) are the engine's."""
+    assert sorted(partials) == sorted(queries), n  # the pages the engine queried for
+    for ordinal, (heads, exclude, tasks) in queries.items():
+        got = partials[ordinal]
+        assert sorted(p.shard for p in got) == list(range(n))
+        state = states[got[0].seq]
+        assert state is not None
+        _, _, l_bins, l_keys, _ = query_lists(state)
+        joined = combine_lists(got, l_bins, l_keys, n)
+        assert _heads(joined) == heads, (n, ordinal)
+        assert _tasks(combine.tasks_of(state, joined, exclude)) == tasks, (n, ordinal)
 
 
 # the worked streams (tests/stages/streams.py SHARED_TEXTS): T0 on d0, then its copy on d2
@@ -202,17 +222,3 @@ def test_partials_and_windows_read_back_as_sent() -> None:
     assert [a.tolist() for a in (q.long, q.n, q.ords)] == [[True, False], [0, 2], [5, 1 << 40]]
     small = ListPartial.from_bytes(replace(p, ords=np.array([5, 7])).to_bytes())
     assert small.ords.tolist() == [5, 7]
-
-
-@pytest.mark.testdata
-def test_list_shards_answer_as_the_single_indexer_on_corpora(stores: Stores) -> None:
-    """The 5,000-page synthetic stream, the RFCs and Clough with new versions, deletes and
-    sweeps (tests/stages/test_exact.py ``corpus_items``), with lists short enough to stop
-    and heads cut, through 3 list shards (fewer are the random streams' cases: each count
-    costs a minute of CPU here)."""
-    from tests.stages.test_exact import corpus_items
-
-    config = EngineConfig(passage=PassageConfig(max_list=64, max_list_read=16)).validate()
-    queries, counters = check(stores, corpus_items(), config, (3,), align=False)
-    assert len(queries) > 4000 and counters.long_lists and counters.entries_cut
-    assert sum(tasks is not None for _, _, tasks in queries.values()) > 1000

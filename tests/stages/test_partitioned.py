@@ -3,10 +3,13 @@ the single engine (``Engine.process``: ``scan``), on the same streams: every pag
 (revisit, exact, near, passage), rejections, deletes and retention sweeps, for several
 partition shapes; and the router's fingerprint and probes of every page the engine looks
 up (dupalign.stages.router), through idf freezes and the volatility model's warm-up.
-Every message between the stages goes through its wire form."""
+Every message between the stages goes through its wire form. On the corpora, the list and
+exact stages' oracles (test_list_shard.py, test_exact.py) check against the same engine run
+(one run costs about a minute of CPU)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -22,11 +25,16 @@ from dupalign.errors import PageRejected
 from dupalign.match import Match
 from dupalign.near.psm_probes import probe_headers
 from dupalign.page import Page
+from dupalign.passage.index import PassageIndex
+from dupalign.passage.sketch import PassageState
 from dupalign.runtime.engine import Engine
+from dupalign.stages.directory import DirectoryEntry
+from dupalign.stages.list_shard import ListPartial
 from dupalign.stages.partitioned import Partitioned, Shape
 from tests.reused_stores import Stores, temporary_stores
-from tests.stages.streams import SHARED_TEXTS, ops, pages_of
-from tests.stages.test_list_shard import LISTS, STOPS
+from tests.stages.streams import SHARED_TEXTS, engine_pages, ops, pages_of
+from tests.stages.test_exact import Outcome as ExactOutcome
+from tests.stages.test_list_shard import LISTS, STOPS, answer_as_the_engine, recorded_queries
 
 Item = tuple[int, Page | tuple[int, int]]
 Outcome = list[dict[str, Any]] | tuple[str, str]
@@ -46,10 +54,10 @@ def _outcome(process: Callable[[Page], list[Match]], page: Page) -> Outcome:
         return (exc.reason, exc.detail)
 
 
-def single(engine: Engine, items: list[Item]) -> tuple[list[Outcome], Probes]:
-    """The engine on the stream (sweeps 2 pages a batch), and the fingerprint and probes of
-    every lookup it makes (those of one table: ``probe_headers`` at its width, with its
-    volatility model, at the lookup)."""
+@contextlib.contextmanager
+def recorded_probes() -> Iterator[Probes]:
+    """The fingerprint and probes of every lookup an engine makes meanwhile (those of one
+    table: ``probe_headers`` at its width, with its volatility model, at the lookup)."""
     probes: Probes = {}
     real = near_index.psm_search_one
 
@@ -62,6 +70,14 @@ def single(engine: Engine, items: list[Item]) -> tuple[list[Outcome], Probes]:
 
     near_index.psm_search_one = spy  # type: ignore[assignment]
     try:
+        yield probes
+    finally:
+        near_index.psm_search_one = real  # type: ignore[assignment]
+
+
+def single(engine: Engine, items: list[Item]) -> tuple[list[Outcome], Probes]:
+    """The engine on the stream (sweeps 2 pages a batch), and its ``recorded_probes``."""
+    with recorded_probes() as probes:
         out = []
         for step, item in items:
             if isinstance(item, Page):
@@ -69,15 +85,15 @@ def single(engine: Engine, items: list[Item]) -> tuple[list[Outcome], Probes]:
             else:
                 while expired := engine.expired(item[0], item[1], step * 1000, 2):
                     engine.indexer.remove(expired)
-    finally:
-        near_index.psm_search_one = real  # type: ignore[assignment]
     return out, probes
 
 
-def partitioned(stores: Stores, config: EngineConfig, shape: Shape, items: list[Item]
+def partitioned(stores: Stores, config: EngineConfig, shape: Shape, items: list[Item],
+                partials: dict[int, list[ListPartial]] | None = None
                 ) -> tuple[list[Outcome], Probes]:
     """The partitioned pipeline on the stream, and the router's fingerprint and probes of
-    every page it routes (the probes of all shards by rank)."""
+    every page it routes (the probes of all shards by rank); ``partials``: filled with the
+    list shards' partials, by the query page's store ordinal."""
     params = config.frozen_params()
     p = Partitioned(config, shape, lambda name: stores.store(name, params))
     probes: Probes = {}
@@ -98,8 +114,17 @@ def partitioned(stores: Stores, config: EngineConfig, shape: Shape, items: list[
                                       [by_rank[r] for r in range(len(by_rank))])
         return ops
 
+    def list_spy(real: Any, *args: Any) -> Any:
+        partial = real(*args)
+        if partial is not None and partials is not None:
+            partials.setdefault(partial.ordinal, []).append(
+                ListPartial.from_bytes(partial.to_bytes()))
+        return partial
+
     for router, _ in p.routers:
         router.route = functools.partial(spy, router, router.route)  # type: ignore[method-assign]
+    for shard, _ in p.lists:
+        shard.apply = functools.partial(list_spy, shard.apply)  # type: ignore[method-assign]
     out = []
     for step, item in items:
         if isinstance(item, Page):
@@ -155,22 +180,59 @@ def test_partitions_parse() -> None:
             Shape.parse(bad)
 
 
+def _outcome_of(found: list[Match] | PageRejected) -> Outcome:
+    return (found.reason, found.detail) if isinstance(found, PageRejected) else [
+        m.to_dict() for m in found]
+
+
 @pytest.mark.testdata
-def test_the_partitioned_pipeline_finds_what_the_engine_finds_on_corpora(stores: Stores
-                                                                          ) -> None:
+def test_the_stages_find_what_the_engine_finds_on_corpora(stores: Stores) -> None:
     """The 5,000-page synthetic stream, the RFCs and Clough with new versions, deletes and
     sweeps (tests/stages/test_exact.py ``corpus_items``), with the default engine but three
     idf freezes within the stream (so the learner stops learning), stop lists, cut heads,
     and fewer candidates and passage matches a page (align's work, the same in both, is
-    most of the time); one shape (the random streams take the others: each run here costs about two
-    minutes of CPU)."""
-    from tests.stages.test_exact import corpus_items
+    most of the time), against one run of the engine (about a minute of CPU a run: the
+    stages' corpora oracles share it):
+
+    * the partitioned pipeline, at one shape (the random streams take the others), finds
+      its matches and the router its probes;
+    * the pipeline's 3 list shards answer each of its list queries as the engine
+      (test_list_shard.py ``answer_as_the_engine``: heads, stop lists, tasks);
+    * 1 and 3 exact shards behind 2 directory shards name its exact originals
+      (test_exact.py ``sharded``: each shard a whole segment before the next)."""
+    from tests.stages.test_exact import corpus_items, exact_outcome
+    from tests.stages.test_exact import sharded as exact_sharded
 
     base = EngineConfig()
     config = replace(base, near=replace(base.near, idf_freeze_at=(300, 1500, 4000)),
                      passage=replace(base.passage, max_list=64, max_list_read=16,
                                      max_candidates=8, max_matches=4)).validate()
-    want, probes = check(stores, corpus_items(), config, [SHAPES[1]])
+    items = corpus_items()
+    engine = stores.engine("engine", config)
+    queries = recorded_queries(engine)
+    want: list[Outcome] = []
+    exact: list[ExactOutcome] = []
+    entries: list[DirectoryEntry] = []
+    states: list[PassageState | None] = []
+    with recorded_probes() as probes:
+        for entry, sk, result, found in engine_pages(engine, items):
+            want.append(_outcome_of(found))
+            exact.append(exact_outcome(engine, result))
+            entries.append(entry)
+            states.append(sk.passage)
+    counters = engine.indexer.passages.counters
+
+    partials: dict[int, list[ListPartial]] = {}
+    got, got_probes = partitioned(stores, config, SHAPES[1], items, partials)
+    assert got_probes == probes
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g == w, i
+    combine = PassageIndex(stores.store("combine", config.frozen_params()), config)
+    answer_as_the_engine(queries, partials, states, combine, SHAPES[1].lists)
+    for n in (1, 3):
+        assert exact_sharded(stores, n, items, entries, config) == exact, n
+
+    # (so that the comparisons mean something)
     kinds: dict[str, int] = {}
     for w in want:
         for m in w if isinstance(w, list) else []:
@@ -178,3 +240,6 @@ def test_the_partitioned_pipeline_finds_what_the_engine_finds_on_corpora(stores:
     assert len(probes) > 3000 and min(kinds.get(k, 0) for k in (
         "revisit", "exact", "near", "passage")) > 100, kinds
     assert len({t for _, _, t, _ in probes.values()}) > 3  # the width grows with the rows
+    assert len(queries) > 4000 and counters.long_lists and counters.entries_cut
+    assert sum(tasks is not None for _, _, tasks in queries.values()) > 1000
+    assert len([o for o in exact if o is not None and o[1] is not None]) > 300
