@@ -196,12 +196,14 @@ def test_the_stages_find_what_the_engine_finds_on_corpora(stores: Stores) -> Non
 
     * the partitioned pipeline, at one shape (the random streams take the others), finds
       its matches and the router its probes;
-    * the pipeline's 3 list shards answer each of its list queries as the engine
-      (test_list_shard.py ``answer_as_the_engine``: heads, stop lists, tasks);
+    * 3 list shards answer each of its list queries as the engine (test_list_shard.py
+      ``answer_as_the_engine``: heads, stop lists, tasks): the pipeline's, and 3 behind 2
+      directory and 2 exact shards, each a whole segment before the next (``sharded``);
     * 1 and 3 exact shards behind 2 directory shards name its exact originals
       (test_exact.py ``sharded``: each shard a whole segment before the next)."""
     from tests.stages.test_exact import corpus_items, exact_outcome
     from tests.stages.test_exact import sharded as exact_sharded
+    from tests.stages.test_list_shard import sharded as list_sharded
 
     base = EngineConfig()
     config = replace(base, near=replace(base.near, idf_freeze_at=(300, 1500, 4000)),
@@ -229,6 +231,9 @@ def test_the_stages_find_what_the_engine_finds_on_corpora(stores: Stores) -> Non
         assert g == w, i
     combine = PassageIndex(stores.store("combine", config.frozen_params()), config)
     answer_as_the_engine(queries, partials, states, combine, SHAPES[1].lists)
+    # and as test_list_shard.py runs them: each shard a whole segment before the next
+    answer_as_the_engine(queries, list_sharded(stores, 3, items, entries, states, config),
+                         states, combine, 3)
     for n in (1, 3):
         assert exact_sharded(stores, n, items, entries, config) == exact, n
 
