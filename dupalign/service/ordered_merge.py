@@ -63,6 +63,12 @@ class OrderedMerge(Generic[K]):
         self.taken = key
         return held[1]
 
+    def peek(self, partition: int, key: K) -> bytes | None:
+        """The record ``take`` would hand over, left held (None: not read yet): a step
+        that needs several records takes none until all are in."""
+        held = self._held.get((partition, key))
+        return None if held is None else held[1]
+
     def stale(self) -> list[tuple[int, K]]:
         """(partition, key) of records held whose key is passed: a record the sequence
         never asked for (a mis-routed record), which would stay held forever."""

@@ -4,7 +4,9 @@ Kafka"), and what a stage reads from it.
 ``SequenceBatch``: the record the sketch role sends first in a batch's transaction, to the
 single partition of ``<in>.batches``: the input partition and offsets of the batch's pages
 that are sequenced (dead letters take no place), the directory partition of each, the
-directory partition count and the batch's clock. Its acknowledged offset b names the
+directory partition count, the batch's clock, and which pages have list windows (a
+passage state: then every list partition gets a ``ListWindows`` record of the page, else
+none does). Its acknowledged offset b names the
 batch; its pages are (b, i), which the sketch role puts on every record it sends for them
 (``page_header``).
 
@@ -47,7 +49,8 @@ def record_page(record: Any) -> tuple[int, int]:
 class SequenceBatch:
     """The pages of one sketch batch: ``offsets`` in partition ``partition`` of ``topic``,
     ``dirs[i]`` the directory partition (of ``n_dirs``) of page i; ``at_ms`` the clock of
-    the retention sweeps that fall in it."""
+    the retention sweeps that fall in it; ``windows[i]``: page i has list windows, one
+    record for each list partition (empty: not said, a batch no list partition reads)."""
 
     topic: str
     partition: int
@@ -55,11 +58,15 @@ class SequenceBatch:
     dirs: tuple[int, ...]
     n_dirs: int
     at_ms: int
+    windows: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.offsets) != len(self.dirs) or not self.offsets:
             raise ValueError("a sequence batch has one directory partition per page, and "
                              "at least one page")
+        if len(self.windows) not in (0, len(self.offsets)):
+            raise ValueError("a sequence batch says for every page or none whether it has "
+                             "list windows")
         if not all(0 <= d < self.n_dirs for d in self.dirs):
             raise ValueError(f"directory partitions {self.dirs} not all below {self.n_dirs}")
 
@@ -68,29 +75,38 @@ class SequenceBatch:
         return len(self.offsets)
 
     def to_bytes(self) -> bytes:
-        return SEQUENCE_BATCH.pack({
+        d: dict[str, Any] = {
             "src": [self.topic, self.partition],
             "offsets": np.asarray(self.offsets, "<i8").tobytes(),
             "dirs": np.asarray(self.dirs, "<u2").tobytes(),
-            "d": self.n_dirs, "at": self.at_ms})
+            "d": self.n_dirs, "at": self.at_ms}
+        if self.windows:  # (a bit per page)
+            d["w"] = np.packbits(np.asarray(self.windows, np.bool_)).tobytes()
+        return SEQUENCE_BATCH.pack(d)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> SequenceBatch:
         d = SEQUENCE_BATCH.unpack(raw)
-        return cls(d["src"][0], d["src"][1],
-                   tuple(np.frombuffer(d["offsets"], "<i8").tolist()),
-                   tuple(np.frombuffer(d["dirs"], "<u2").tolist()), d["d"], d["at"])
+        offsets = tuple(np.frombuffer(d["offsets"], "<i8").tolist())
+        windows: tuple[bool, ...] = ()
+        if "w" in d:
+            bits = np.unpackbits(np.frombuffer(d["w"], np.uint8), count=len(offsets))
+            windows = tuple(bits.astype(bool).tolist())
+        return cls(d["src"][0], d["src"][1], offsets,
+                   tuple(np.frombuffer(d["dirs"], "<u2").tolist()), d["d"], d["at"], windows)
 
 
 @dataclass(frozen=True)
 class PageRef:
-    """Page ``ordinal`` of the sequence: page ``index`` of the batch at offset ``batch``."""
+    """Page ``ordinal`` of the sequence: page ``index`` of the batch at offset ``batch``;
+    ``windows``: it has list windows (None: its batch does not say)."""
 
     ordinal: int
     batch: int
     index: int
     dir: int
     at_ms: int
+    windows: bool | None = None
 
 
 class SequenceLog:
@@ -126,7 +142,8 @@ class SequenceLog:
         if k < 0:
             raise ValueError(f"ordinal {ordinal} is below the sequence kept")
         batch, i = self._batches[k], ordinal - self._firsts[k]
-        return PageRef(ordinal, self._offsets[k], i, batch.dirs[i], batch.at_ms)
+        return PageRef(ordinal, self._offsets[k], i, batch.dirs[i], batch.at_ms,
+                       batch.windows[i] if batch.windows else None)
 
     def trim(self, below: int) -> None:
         """Drop the batches whose pages are all below ordinal ``below``."""

@@ -13,7 +13,9 @@ from dupalign.stages.partitioned import Shape
 
 class StageTopics:
     """``batches`` (1 partition: the sequence), ``entries`` and ``decisions`` (D),
-    ``exact`` (E), and each stage's changelog (as many as the stage has partitions)."""
+    ``exact`` (E), ``windows`` (S: the list partitions' windows of each page), ``partials``
+    (C: the list partitions' answers, to the combine partition of the page's id), and each
+    stage's changelog (as many as the stage has partitions)."""
 
     def __init__(self, kc: KafkaConfig, shape: Shape) -> None:
         base = kc.input_topic
@@ -22,10 +24,13 @@ class StageTopics:
         self.entries = f"{base}.entries"
         self.decisions = f"{base}.decisions"
         self.exact = f"{base}.exact"
+        self.windows = f"{base}.windows"
+        self.partials = f"{base}.partials"
 
     def partitions(self, stage: str) -> int:
         """The partitions of ``stage`` (a role's changelog has as many)."""
-        counts = {"directory": self.shape.directory, "exact": self.shape.exact}
+        counts = {"directory": self.shape.directory, "exact": self.shape.exact,
+                  "lists": self.shape.lists}
         if stage not in counts:
             raise ValueError(f"no stage role {stage!r} yet: {', '.join(counts)}")
         return counts[stage]
@@ -38,7 +43,8 @@ class StageTopics:
         kc, shape = self.kc, self.shape
         return {kc.input_topic: None, kc.dlq_topic: None, self.batches: 1,
                 self.entries: shape.directory, self.decisions: shape.directory,
-                self.exact: shape.exact}
+                self.exact: shape.exact,
+                self.windows: shape.lists, self.partials: shape.combine}
 
 
 def require_frozen_idf(config: EngineConfig) -> None:

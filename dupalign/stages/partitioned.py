@@ -147,7 +147,8 @@ class Partitioned:
         sk = self.sketcher.sketch(page, self.learner.idf)
         sketch_raw = sk.to_bytes()  # to the router and the page's combine partition
         entry = DirectoryEntry.from_bytes(entry_of(seq, sk).to_bytes())
-        windows = {w.shard: w.to_bytes() for w in list_windows(seq, sk.passage,
+        # (ordinal 0 on the wire: the sketch role cannot know it; the list shard sets it)
+        windows = {w.shard: w.to_bytes() for w in list_windows(0, sk.passage,
                                                                 self.shape.lists)}
         raw = self.dirs[directory_owner(entry.doc_id, self.shape.directory)].decide(
             entry).to_bytes()
@@ -158,7 +159,8 @@ class Partitioned:
         near_raw = self._near(d, exact, sketch_raw)
         partials = [ListPartial.from_bytes(p.to_bytes()) for shard, ledger in self.lists
                     if (p := shard.apply(self._decision(raw), ledger.apply(d), exact,
-                                         self._windows(windows, shard.shard))) is not None]
+                                         self._windows(windows, shard.shard, seq)))
+                    is not None]
         self.forward.apply(d, self.forward_ledger.apply(d), exact, sk.passage)
         near = [answer_from_bytes(a)[2] for a in near_raw]
         mine: tuple[CombineShard, Combined] | None = None
@@ -202,9 +204,13 @@ class Partitioned:
         return out
 
     @staticmethod
-    def _windows(windows: dict[int, bytes], shard: int) -> ListWindows | None:
+    def _windows(windows: dict[int, bytes], shard: int, seq: int) -> ListWindows | None:
         raw = windows.get(shard)
-        return None if raw is None else ListWindows.from_bytes(raw)
+        if raw is None:
+            return None
+        w = ListWindows.from_bytes(raw)
+        w.seq = seq
+        return w
 
     # -- retention ------------------------------------------------------------------------
     def sweep(self, max_pages: int, max_age_s: int, now_ms: int) -> list[Expired]:

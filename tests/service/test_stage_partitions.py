@@ -125,6 +125,23 @@ class _Tp:
     partition: int
 
 
+def step(owner: Owner, log: Log, rng: random.Random) -> None:
+    """A crash of ``owner`` (the next owner restores what was committed), or a turn that
+    aborts or commits (its outputs appended to their partitions)."""
+    r = rng.random()
+    if r < 0.05:
+        owner.restart()
+        return
+    outputs = owner.turn(log, rng)
+    if r < 0.12:
+        owner.restart()  # the turn's transaction aborted: its store is not used again
+        return
+    owner.commit()
+    for o in outputs:
+        part = log[(o.topic, o.partition or 0)]
+        part.append(_record(o.topic, o.partition or 0, len(part), o.value or b"", o.headers))
+
+
 def run(stores: Stores, stream: list[Any], seed: int) -> tuple[dict[int, bytes],
                                                                  dict[int, bytes], list[Page]]:
     rng = random.Random(seed)
@@ -140,20 +157,7 @@ def run(stores: Stores, stream: list[Any], seed: int) -> tuple[dict[int, bytes],
                      stores) for e in range(SHAPE.exact)]
     decided = exact_done = 0
     for _ in range(STEPS):
-        owner = rng.choice(owners)
-        r = rng.random()
-        if r < 0.05:
-            owner.restart()  # a crash: the next owner restores what was committed
-            continue
-        outputs = owner.turn(log, rng)
-        if r < 0.12:
-            owner.restart()  # the turn's transaction aborted: its store is not used again
-            continue
-        owner.commit()
-        for o in outputs:
-            part = log[(o.topic, o.partition or 0)]
-            part.append(_record(o.topic, o.partition or 0, len(part), o.value or b"",
-                                o.headers))
+        step(rng.choice(owners), log, rng)
         decided = sum(len(log[(TOPICS.decisions, d)]) for d in range(SHAPE.directory))
         if decided == len(pages) and all(
                 isinstance(w.part, ExactPartition) is False
@@ -202,13 +206,18 @@ def oracle(stores: Stores, pages: list[Page]) -> tuple[dict[int, bytes], dict[in
     p = Partitioned(CONFIG, SHAPE, functools.partial(stores.store,
                                                      params=CONFIG.frozen_params()))
     decisions, answers = recorded(p)
+    process(p, pages)
+    return decisions, answers
+
+
+def process(p: Partitioned, pages: list[Page]) -> None:
+    """The pages through ``p``, swept before every multiple of ``every`` ordinals."""
     r = CONFIG.retention
     for o, page in enumerate(pages):
         if o and o % r.every == 0:
             p.sweep(r.max_pages, r.max_age, 0)
         for _ in p.process_many([page]):
             pass
-    return decisions, answers
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +78,9 @@ def stream(seed: int, n: int) -> list[Page]:
 
 
 class Roles:
-    def __init__(self, bootstrap: str, tmp: Path) -> None:
+    def __init__(self, bootstrap: str, tmp: Path, shape: Shape = SHAPE) -> None:
         tag = uuid.uuid4().hex[:8]
-        self.tmp = tmp
+        self.tmp, self.shape = tmp, shape
         self.config_path = tmp / "stage.toml"
         self.config_path.write_text(f"""
 [kafka]
@@ -100,13 +102,14 @@ enabled = false
 {ENGINE_TOML}""", "utf-8")
         self.config = load_config(self.config_path, env={})
         self.kc = self.config.kafka
-        self.topics = StageTopics(self.kc, SHAPE)
+        self.topics = StageTopics(self.kc, shape)
         self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(self, role: str, store: str | None = None) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.tmp / f"{role}-{len(self.procs)}.log"
         cmd = [sys.executable, "-m", "dupalign.service.roles.stage_launch", role,
-               "--config", str(self.config_path), "--shape", "2,2,1,1,1"]
+               "--config", str(self.config_path), "--shape",
+               ",".join(str(n) for n in astuple(self.shape))]
         if store is not None:
             cmd += ["--store", str(self.tmp / store)]
         with open(log, "ab") as fh:
@@ -134,7 +137,7 @@ enabled = false
             check_alive(self.procs)
             batches = await self.read(self.topics.batches, 1)
             dead = await self.read(self.kc.dlq_topic, 2)
-            decisions = await self.read(self.topics.decisions, SHAPE.directory)
+            decisions = await self.read(self.topics.decisions, self.shape.directory)
             sequenced = sum(SequenceBatch.from_bytes(r.value).n for r in batches)
             if sequenced + len(dead) == n_pages and len(decisions) == sequenced:
                 return batches, decisions
@@ -145,11 +148,13 @@ enabled = false
             await asyncio.sleep(1)
 
 
-def oracle(roles: Roles, pages: list[Any], batches: list[Any]
+def oracle(roles: Roles, pages: list[Any], batches: list[Any],
+           record: Callable[[Partitioned], Any] | None = None
            ) -> tuple[dict[int, bytes], dict[int, bytes]]:
     """``Partitioned`` on the sequenced pages in ordinal order, swept where the roles sweep
     (before each multiple of ``retention.every`` ordinals, with that batch's clock): its
-    decisions and exact answers by ordinal, in their wire form."""
+    decisions and exact answers by ordinal, in their wire form. ``record``: called on the
+    pipeline before its first page (to record more of it)."""
     by_source = {(r.partition, r.offset): messages.decode_record(r.key, r.value) for r in pages}
     ordered: list[tuple[Page, int]] = []
     for r in sorted(batches, key=lambda r: r.offset):
@@ -159,8 +164,10 @@ def oracle(roles: Roles, pages: list[Any], batches: list[Any]
     swept = 0
     for stores in temporary_stores("stage-oracle-"):
         params = engine.frozen_params()
-        p = Partitioned(engine, SHAPE, functools.partial(stores.store, params=params))
+        p = Partitioned(engine, roles.shape, functools.partial(stores.store, params=params))
         decisions, answers = recorded(p)
+        if record is not None:
+            record(p)
         r = engine.retention
         for o, (page, at_ms) in enumerate(ordered):
             if o and o % r.every == 0:

@@ -7,10 +7,8 @@ cursor."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from dupalign.config import EngineConfig
-from dupalign.service.roles.stage_ledger import LedgerSteps
+from dupalign.service.roles.stage_ledger import LedgerPartition, LedgerSteps
 from dupalign.service.roles.stage_role import StagePartition, StageRole
 from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import Outgoing, ordinal_header
@@ -18,24 +16,12 @@ from dupalign.stages.exact import ExactShard
 from dupalign.store.database import Store
 
 
-class ExactPartition(StagePartition):
+class ExactPartition(LedgerPartition):
     def __init__(self, topics: StageTopics, partition: int, store: Store,
                  config: EngineConfig) -> None:
         super().__init__(topics, partition, store)
         self.shard = ExactShard(store, partition, topics.shape.exact)
         self.ledger = LedgerSteps(self, config, store)
-
-    def key_of(self, topic: str, record: Any) -> Any:
-        return self.ledger.key_of(record)
-
-    def needed(self) -> int:
-        return self.ledger.next_seq
-
-    def note(self, batch: Any) -> None:
-        self.ledger.note(batch)
-
-    def extra(self) -> dict[str, Any]:
-        return self.ledger.extra()
 
     def advance(self) -> list[Outgoing]:
         out: list[Outgoing] = []

@@ -57,6 +57,15 @@ class LedgerSteps:
         self.swept = o
         return True
 
+    def peek(self) -> Decision | None:
+        """The next decision, not applied (None: not read yet, or a sweep is due first)."""
+        o = self.ledger.next_seq
+        ref = self.part.seq.page(o)
+        if ref is None or self.due(o):
+            return None
+        raw = self.decisions.peek(ref.dir, o)
+        return None if raw is None else Decision.from_bytes(raw, self.engine)
+
     def next(self) -> tuple[Decision, Placed] | None:
         """The next decision, placed (None: not read yet, or a sweep is due first)."""
         o = self.ledger.next_seq
@@ -78,3 +87,22 @@ class LedgerSteps:
 
     def extra(self) -> dict[str, Any]:
         return {"swept": self.swept}
+
+
+class LedgerPartition(StagePartition):
+    """A stage partition whose place is its ledger's (``self.ledger``, made by the
+    subclass): the decisions' merge key, the lowest ordinal needed, the ledger's rows."""
+
+    ledger: LedgerSteps
+
+    def key_of(self, topic: str, record: Any) -> Any:
+        return self.ledger.key_of(record)
+
+    def needed(self) -> int:
+        return self.ledger.next_seq
+
+    def note(self, batch: Any) -> None:
+        self.ledger.note(batch)
+
+    def extra(self) -> dict[str, Any]:
+        return self.ledger.extra()

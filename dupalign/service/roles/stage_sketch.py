@@ -2,14 +2,17 @@
 one ``pages`` partition, in one transaction, the batch's ``SequenceBatch`` first (to the one
 partition of ``<in>.batches``: its acknowledged offset b names the batch), then per page i
 its ``DirectoryEntry`` to ``<in>.entries`` partition ``directory_owner(id, D)`` (key: the
-id; header: (b, i)), the dead letters, and the batch's input offsets. A page that cannot be
-processed is dead-lettered as by the old sketch role (``sketch_record``) and takes no place
-in the batch; a batch of dead letters only sends no sequence record.
+id; header: (b, i)), its ``ListWindows`` to ``<in>.windows`` partition s for every list
+partition s if it has passages (``list_windows``; the sequence record says which pages
+have: a list partition knows whether to wait for one), the dead letters, and the batch's
+input offsets. A page that cannot be processed is dead-lettered as by the old sketch role
+(``sketch_record``) and takes no place in the batch; a batch of dead letters only sends no
+sequence record.
 
 Not sent yet (the later stages' inputs, docs/pipeline.md): the page's near state by id for
-the router, its list windows by list partition, its sketch by id for the combine, its
-forward record. Pages are sketched under the uniform idf table: the role refuses a
-configuration that learns idf tables (``require_frozen_idf``).
+the router, its sketch by id for the combine, its forward record. Pages are sketched under
+the uniform idf table: the role refuses a configuration that learns idf tables
+(``require_frozen_idf``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics, require_frozen_idf
 from dupalign.service.topology import Outgoing, TopologyError, send_all
 from dupalign.stages.directory import directory_owner, entry_of
+from dupalign.stages.list_shard import list_windows
 from dupalign.stages.partitioned import Shape
 from dupalign.stages.sketch import Sketcher
 
@@ -41,6 +45,8 @@ class StageBatch:
     dirs: list[int] = field(default_factory=list)
     entries: list[Outgoing] = field(default_factory=list)  # (page header added on send)
     dead_letters: list[Outgoing] = field(default_factory=list)
+    # per page its list windows, one record per list partition, or none
+    lists: list[list[Outgoing]] = field(default_factory=list)
 
 
 class StageSketchRole(StatelessRole):
@@ -79,18 +85,25 @@ class StageSketchRole(StatelessRole):
             # (its ordinal is known to the stages only: the directory sets it)
             out.entries.append(Outgoing(self.topics_.entries, entry_of(0, sk).to_bytes(),
                                         key=page.id.encode("utf-8"), partition=owner))
+            # (ordinal 0: the list partition sets it, as the directory an entry's)
+            out.lists.append([Outgoing(self.topics_.windows, w.to_bytes(), partition=w.shard)
+                              for w in list_windows(0, sk.passage, self.shape.lists)])
         return out
 
     async def produce(self, producer: AIOKafkaProducer, prepared: StageBatch) -> None:
         if prepared.entries:
             seq = SequenceBatch(prepared.topic, prepared.partition, tuple(prepared.offsets),
-                                tuple(prepared.dirs), self.shape.directory, prepared.at_ms)
+                                tuple(prepared.dirs), self.shape.directory, prepared.at_ms,
+                                tuple(bool(w) for w in prepared.lists))
             (b,) = await send_all(producer, [Outgoing(self.topics_.batches, seq.to_bytes(),
                                                       partition=0)])
             for i, entry in enumerate(prepared.entries):
                 entry.headers = [page_header(b, i)]
-        await send_all(producer, [*prepared.entries, *prepared.dead_letters])
+                for w in prepared.lists[i]:
+                    w.headers = [page_header(b, i)]
+        await send_all(producer, self.outgoing(prepared))
         self.pages += len(prepared.entries)
 
     def outgoing(self, prepared: StageBatch) -> list[Outgoing]:
-        return [*prepared.entries, *prepared.dead_letters]
+        return [*prepared.entries, *(w for ws in prepared.lists for w in ws),
+                *prepared.dead_letters]
