@@ -39,8 +39,11 @@ class OrderedMerge(Generic[K]):
         self.taken = taken
         self._held: dict[tuple[int, K], tuple[int, bytes]] = {}  # -> (offset, value)
 
-    def add(self, partition: int, offset: int, key: K, value: bytes) -> None:
-        """A record read from ``partition`` at ``offset`` (offsets ascend per partition)."""
+    def add(self, partition: int, offset: int, key: K, value: bytes,
+            first: int | None = None) -> None:
+        """A record read from ``partition`` at ``offset`` (offsets ascend per partition);
+        ``first``: a value sent in parts, the offset of its first part (where a restart
+        must read from while it is held)."""
         if partition not in self.next:
             raise ValueError(f"partition {partition} is not an input of this merge")
         if offset < self.next[partition]:
@@ -50,7 +53,7 @@ class OrderedMerge(Generic[K]):
             return  # applied before the resume point
         if (partition, key) in self._held:
             raise ValueError(f"partition {partition} holds key {key!r} twice")
-        self._held[(partition, key)] = (offset, value)
+        self._held[(partition, key)] = (offset if first is None else first, value)
 
     def take(self, partition: int, key: K) -> bytes | None:
         """The record ``key`` of ``partition`` if it was read (None: not yet). Keys are

@@ -23,13 +23,15 @@ from hypothesis import strategies as st
 
 from dupalign.page import Page
 from dupalign.service.config import Config, KafkaConfig
+from dupalign.service.ordered_merge import OrderedMerge
+from dupalign.service.parts import record_part
 from dupalign.service.roles.stage_directory import DirectoryPartition
 from dupalign.service.roles.stage_exact import ExactPartition
 from dupalign.service.roles.stage_lists import ListsPartition
 from dupalign.service.roles.stage_sketch import StageSketchRole
 from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics
-from dupalign.service.topology import record_ordinal
+from dupalign.service.topology import RECORD_OVERHEAD, record_ordinal
 from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.list_shard import ListPartial
 from dupalign.stages.partitioned import Partitioned, Shape
@@ -49,14 +51,19 @@ from tests.stages.streams import SHARED_TEXTS, ops, pages_of
 SHAPE = Shape(2, 2, 1, 2, 2)
 TOPICS = StageTopics(KafkaConfig(), SHAPE)
 ROLE_CONFIG = replace(Config(), engine=CONFIG)
+# records of at most 64 bytes of value (kafka.max_request_size less the room for the rest):
+# most windows records go in parts
+SMALL = replace(ROLE_CONFIG, kafka=replace(ROLE_CONFIG.kafka,
+                                          max_request_size=RECORD_OVERHEAD + 64))
 STEPS = 8_000  # turns at most (a stream of 30 ops needs a thousand or so)
 
 
-def sketched(stream: list[Any], rng: random.Random) -> tuple[list[Page], Log]:
+def sketched(stream: list[Any], rng: random.Random, config: Config = ROLE_CONFIG
+             ) -> tuple[list[Page], Log]:
     """What the stage sketch role sends for the stream's pages in batches of 1-3 records:
     the pages sequenced (in ordinal order) and the topics it fills, the sequence in offset
     order, the entries and windows of nearby batches in any commit order."""
-    role = StageSketchRole(ROLE_CONFIG, SHAPE)
+    role = StageSketchRole(config, SHAPE)
     tp = TopicPartition("pages", 0)
     sent = [p for _, p in pages_of(stream, SHARED_TEXTS) if isinstance(p, Page)]
     recs = [SimpleNamespace(topic="pages", partition=0, offset=o, key=p.id.encode("utf-8"),
@@ -82,11 +89,14 @@ def sketched(stream: list[Any], rng: random.Random) -> tuple[list[Page], Log]:
     commit = sorted(range(len(prepared)), key=lambda b: b + rng.uniform(0, 2.5))
     for b in commit:
         out = prepared[b]
-        for i, entry in enumerate(out.entries):
+        for i, entry in enumerate(out.entries):  # (the page headers, as ``produce`` sets them)
             for o in [entry, *out.lists[i]]:
+                o.headers = [page_header(b, i)]
+        for o in role.outgoing(out):
+            if o.topic != role.kc.dlq_topic:
                 part = log[(o.topic, o.partition or 0)]
                 part.append(_record(o.topic, o.partition or 0, len(part), o.value or b"",
-                                    [page_header(b, i)]))
+                                    o.headers))
     return pages, log
 
 
@@ -99,12 +109,17 @@ def _encoded(page: Page) -> bytes:
         return b"\xc1"
 
 
-def run(stores: Stores, stream: list[Any], seed: int, sweep: bool = True
+def run(stores: Stores, stream: list[Any], seed: int, sweep: bool = True,
+        config: Config = ROLE_CONFIG
         ) -> tuple[dict[tuple[int, int], tuple[int, bytes]], list[Page]]:
     """The list partitions' partials by (ordinal, list partition): (the combine partition
     sent to, the record's value); the pages sequenced."""
     rng = random.Random(seed)
-    pages, log = sketched(stream, rng)
+    pages, log = sketched(stream, rng, config)
+    if config is SMALL:  # (a record longer than a part went in parts)
+        windows = [r for k in range(SHAPE.lists) for r in log[(TOPICS.windows, k)]]
+        assert all(len(r.value) <= 64 for r in windows) or any(
+            record_part(r) is not None for r in windows)
     for topic, n in ((TOPICS.decisions, SHAPE.directory), (TOPICS.exact, SHAPE.exact),
                      (TOPICS.partials, SHAPE.combine)):
         log.update({(topic, k): [] for k in range(n)})
@@ -165,11 +180,12 @@ def recorded_partials(p: Partitioned) -> dict[tuple[int, int], bytes]:
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(stream=ops, seed=st.integers(0, 2**32))
+@given(stream=ops, seed=st.integers(0, 2**32), small=st.booleans())
 def test_list_partitions_answer_as_the_pipeline_in_one_process_across_crashes(
-        stream: list[Any], seed: int) -> None:
+        stream: list[Any], seed: int, small: bool) -> None:
+    """(``small``: the windows records in parts of at most 64 bytes)"""
     for stores in temporary_stores("stage-lists-"):
-        got, pages = run(stores, stream, seed)
+        got, pages = run(stores, stream, seed, config=SMALL if small else ROLE_CONFIG)
         assert got == oracle(stores, pages)
 
 
@@ -180,3 +196,14 @@ def test_the_sequence_says_which_pages_have_list_windows() -> None:
     assert SequenceBatch.from_bytes(replace(b, windows=()).to_bytes()).windows == ()
     with pytest.raises(ValueError, match="every page or none"):
         SequenceBatch("pages", 0, (1, 2), (0, 0), 1, 5, (True,))
+
+
+def test_a_value_in_parts_is_read_again_from_its_first_part() -> None:
+    merge: OrderedMerge[int] = OrderedMerge({0: 0})
+    merge.add(0, 3, 1, b"a")
+    merge.add(0, 9, 2, b"whole", first=5)  # (its parts at 5..9, another record between)
+    assert merge.low_water() == {0: 3}
+    assert merge.take(0, 1) == b"a"
+    assert merge.low_water() == {0: 5}
+    assert merge.take(0, 2) == b"whole"
+    assert merge.low_water() == {0: 10}

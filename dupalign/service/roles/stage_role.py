@@ -16,6 +16,11 @@ changelog. A store is used again only by the same process directory, when its la
 committed and the changelog has not moved since it was let go (``release``, ``_kept``): a
 clean restart does not restore; after a failed turn, a crash or another owner, the next
 owner restores a fresh store.
+
+A record of a merged input too large for one Kafka record comes in parts
+(dupalign/service/parts.py, one producer's transaction each): the partition puts them
+together by (partition, key) before its merge holds the value, and reads a partition again
+from the first part of a value still incomplete or held.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from dupalign.service.config import Config
 from dupalign.service.loop import Checkpoint
 from dupalign.service.ordered_merge import OrderedMerge
 from dupalign.service.outage import within
+from dupalign.service.parts import record_part
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.sequence_batch import SequenceBatch, SequenceLog
@@ -69,6 +75,9 @@ class StagePartition:
         offset, first = self.noted.get("seq", (0, 0))
         self.seq = SequenceLog(offset, first, topics.shape.directory)
         self.merges: dict[str, OrderedMerge[Any]] = {}  # topic -> its merge
+        # (topic, partition, key) -> (first offset, count, the parts read) of a value
+        # sent in parts, not all read yet
+        self.incomplete: dict[tuple[str, int, Any], tuple[int, int, dict[int, bytes]]] = {}
 
     def merge(self, topic: str, partitions: Iterable[int]) -> OrderedMerge[Any]:
         """The merge of ``partitions`` of ``topic``, from the place noted in the store."""
@@ -82,9 +91,34 @@ class StagePartition:
     def positions(self) -> dict[TopicPartition, int]:
         """Where the reader starts: the sequence's cursor and each merge's low-water marks."""
         out = {TopicPartition(self.topics.batches, 0): self.seq.cursor()[0]}
-        for topic, merge in self.merges.items():
-            out.update((TopicPartition(topic, p), o) for p, o in merge.low_water().items())
+        for topic in self.merges:
+            out.update((TopicPartition(topic, p), o) for p, o in self.low_water(topic).items())
         return out
+
+    def low_water(self, topic: str) -> dict[int, int]:
+        """Where to read ``topic``'s partitions again from: its merge's low-water marks,
+        or the first part of a value still incomplete below them."""
+        low = self.merges[topic].low_water()
+        for (t, p, _), (first, _, _) in self.incomplete.items():
+            if t == topic:
+                low[p] = min(low[p], first)
+        return low
+
+    def _add(self, topic: str, record: Any) -> None:
+        """A record of a merged topic into its merge (a part: once its value is whole)."""
+        merge, p = self.merges[topic], record.partition
+        key, part, value = self.key_of(topic, record), record_part(record), record.value
+        if part is None:
+            merge.add(p, record.offset, key, value)
+            return
+        if record.offset < merge.next.get(p, 0):
+            return  # (read again)
+        index, count = part
+        first, _, got = self.incomplete.setdefault((topic, p, key), (record.offset, count, {}))
+        got[index] = bytes(value)
+        if len(got) == count:
+            del self.incomplete[(topic, p, key)]
+            merge.add(p, record.offset, key, b"".join(got[i] for i in range(count)), first)
 
     def turn(self, fetched: dict[TopicPartition, list[Any]]) -> list[Outgoing]:
         """The records fetched, then every step whose turn has come (``advance``); the
@@ -94,9 +128,8 @@ class StagePartition:
                 for r in recs:
                     self.seq.add(r.offset, SequenceBatch.from_bytes(r.value))
             else:
-                merge = self.merges[tp.topic]
                 for r in recs:
-                    merge.add(tp.partition, r.offset, self.key_of(tp.topic, r), r.value)
+                    self._add(tp.topic, r)
         out = self.advance()
         for topic, merge in self.merges.items():
             stale = merge.stale()
@@ -112,7 +145,7 @@ class StagePartition:
     def cursor(self) -> dict[str, Any]:
         self.seq.trim(self.needed())
         return {"seq": list(self.seq.cursor()), "merges": {
-            t: {"low": {str(p): o for p, o in m.low_water().items()}, "taken": m.taken}
+            t: {"low": {str(p): o for p, o in self.low_water(t).items()}, "taken": m.taken}
             for t, m in self.merges.items()}, **self.extra()}
 
     # -- what a stage adds ------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer, TopicPartition
 
 from dupalign.service.config import Config
+from dupalign.service.parts import in_parts
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.sketch import sketch_record
@@ -105,5 +106,8 @@ class StageSketchRole(StatelessRole):
         self.pages += len(prepared.entries)
 
     def outgoing(self, prepared: StageBatch) -> list[Outgoing]:
-        return [*prepared.entries, *(w for ws in prepared.lists for w in ws),
+        # (a big page's windows go in parts: 7.3 MB for a 3 MB page of distinct words, S = 1)
+        limit = self.kc.max_request_size
+        return [*prepared.entries,
+                *(part for ws in prepared.lists for w in ws for part in in_parts(w, limit)),
                 *prepared.dead_letters]
