@@ -13,8 +13,9 @@ from dupalign.stages.partitioned import Shape
 
 class StageTopics:
     """``batches`` (1 partition: the sequence), ``entries`` and ``decisions`` (D),
-    ``exact`` (E), ``windows`` (S: the list partitions' windows of each page), ``partials``
-    (C: the list partitions' answers, to the combine partition of the page's id), and each
+    ``exact`` (E), ``near_state`` (R), ``near_ops`` (P), ``near_answers`` (C), ``windows`` (S:
+    the list partitions' windows of each page), ``partials`` (C: the list partitions' answers,
+    to the combine partition of the page's id), and each
     stage's changelog (as many as the stage has partitions)."""
 
     def __init__(self, kc: KafkaConfig, shape: Shape) -> None:
@@ -26,10 +27,15 @@ class StageTopics:
         self.exact = f"{base}.exact"
         self.windows = f"{base}.windows"
         self.partials = f"{base}.partials"
+        # the near stage: the routers' inputs by id, their ops by prefix, the answers by id
+        self.near_state = f"{base}.near_state"
+        self.near_ops = f"{base}.near_ops"
+        self.near_answers = f"{base}.near_answers"
 
     def partitions(self, stage: str) -> int:
         """The partitions of ``stage`` (a role's changelog has as many)."""
         counts = {"directory": self.shape.directory, "exact": self.shape.exact,
+                  "router": self.shape.router, "near": self.shape.near,
                   "lists": self.shape.lists}
         if stage not in counts:
             raise ValueError(f"no stage role {stage!r} yet: {', '.join(counts)}")
@@ -43,7 +49,8 @@ class StageTopics:
         kc, shape = self.kc, self.shape
         return {kc.input_topic: None, kc.dlq_topic: None, self.batches: 1,
                 self.entries: shape.directory, self.decisions: shape.directory,
-                self.exact: shape.exact,
+                self.exact: shape.exact, self.near_state: shape.router,
+                self.near_ops: shape.near, self.near_answers: shape.combine,
                 self.windows: shape.lists, self.partials: shape.combine}
 
 

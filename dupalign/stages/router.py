@@ -24,12 +24,14 @@ last freeze, and never after.
 The router is partitioned by page id: a partition reads the sketches of its ids' pages
 only, and counts the rows of every id from the decisions (``Decision.near``) and exact
 answers. The learner is one, fed by every partition's pages in sequence order. Its state
-and the routers' are in memory (the single engine keeps the learner's in its store).
+is in memory (the single engine keeps the learner's in its store); a router's rows are in
+memory too, or in a store (``StoredRows``, dupalign.stages.router_store: a role's, which its
+changelog restores).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 
 import numpy as np
 
@@ -95,7 +97,10 @@ class Router:
     by the partitions of their ids."""
 
     def __init__(self, config: EngineConfig, learner: Learner, n_near: int, shard: int = 0,
-                 n_shards: int = 1) -> None:
+                 n_shards: int = 1, rows: MutableMapping[int, int | None] | None = None
+                 ) -> None:
+        """``rows``: where the rows are kept (a role's: dupalign.stages.router_store; None:
+        a dict, in memory)."""
         if not 0 <= shard < n_shards:
             raise ValueError(f"shard {shard} of {n_shards}")
         self.cfg = config.near
@@ -103,7 +108,7 @@ class Router:
         self.shard, self.n_shards = shard, n_shards
         self.n_near, self.b = n_near, prefix_bits(n_near)
         # store ordinal -> fingerprint of every row (None: of another partition's id)
-        self.rows: dict[int, int | None] = {}
+        self.rows: MutableMapping[int, int | None] = {} if rows is None else rows
         self._width = SimhashTable()  # (its header width of a row count)
 
     def owns(self, doc_id: str) -> bool:

@@ -32,6 +32,7 @@ LOGS = {  # values by sequence number
     "audit_tally": b"audit_tally/",  # the recall audit's counts (sequence 0)
     "audit_reservoir": b"audit_reservoir/",  # the audit's reservoir of pages, by slot
     "ledger": b"ledger/",  # a stage's ledger rows: sequence ordinal -> store ordinal, fetched_at
+    "router_rows": b"router_rows/",  # a router's rows: store ordinal -> fingerprint (or none)
 }
 
 

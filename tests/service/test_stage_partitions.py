@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
@@ -43,13 +44,15 @@ STEPS = 3_000  # turns at most (a stream of 30 ops needs a few hundred)
 Log = dict[tuple[str, int], list[Any]]  # (topic, partition) -> committed records
 
 
-def sequenced(stream: list[Any], rng: random.Random) -> tuple[list[Page], Log]:
+def sequenced(stream: list[Any], rng: random.Random, texts: list[str] = SHARED_TEXTS
+              ) -> tuple[list[Page], Log]:
     """The pages that sketch (empty ones are dead-lettered), in batches of 1-3; the topics
     the sketch role would fill: ``batches`` in offset order, each entries partition with
-    the batches' entries in an order nearby batches could commit in."""
+    the batches' entries in an order nearby batches could commit in. ``texts``: the pool
+    of bodies (tests/stages/streams.py ``pages_of``)."""
     sketcher, idf = Sketcher(CONFIG), IdfTable.uniform()
     pages = []
-    for _, page in pages_of(stream, SHARED_TEXTS):
+    for _, page in pages_of(stream, texts):
         if isinstance(page, Page) and sketcher.sketch(page, idf).rejected is None:
             pages.append(page)
     log: Log = {(TOPICS.batches, 0): []}
@@ -155,21 +158,31 @@ def run(stores: Stores, stream: list[Any], seed: int) -> tuple[dict[int, bytes],
               for d in range(SHAPE.directory)]
     owners += [Owner(f"exact{e}", functools.partial(ExactPartition, TOPICS, e, config=CONFIG),
                      stores) for e in range(SHAPE.exact)]
-    decided = exact_done = 0
-    for _ in range(STEPS):
-        step(rng.choice(owners), log, rng)
-        decided = sum(len(log[(TOPICS.decisions, d)]) for d in range(SHAPE.directory))
-        if decided == len(pages) and all(
-                isinstance(w.part, ExactPartition) is False
-                or w.part.ledger.next_seq == len(pages) for w in owners):
-            exact_done = 1
-            break
-    assert exact_done, f"{decided} of {len(pages)} decided"
+
+    def decided() -> int:
+        return sum(len(log[(TOPICS.decisions, d)]) for d in range(SHAPE.directory))
+
+    def done() -> bool:
+        return decided() == len(pages) and all(
+            not isinstance(w.part, ExactPartition)
+            or w.part.ledger.next_seq == len(pages) for w in owners)
+
+    assert drive(owners, log, rng, done), f"{decided()} of {len(pages)} decided"
     got = {_ordinal(r): r.value for d in range(SHAPE.directory)
            for r in log[(TOPICS.decisions, d)]}
     answers = {_ordinal(r): r.value for e in range(SHAPE.exact) for r in log[(TOPICS.exact, e)]}
     assert len(got) == len(pages)
     return got, answers, pages
+
+
+def drive(owners: list[Owner], log: Log, rng: random.Random, done: Callable[[], bool],
+          steps: int = STEPS) -> bool:
+    """``step``s of owners picked at random until ``done()`` (False: not in ``steps``)."""
+    for _ in range(steps):
+        step(rng.choice(owners), log, rng)
+        if done():
+            return True
+    return False
 
 
 def _ordinal(record: Any) -> int:
@@ -211,8 +224,9 @@ def oracle(stores: Stores, pages: list[Page]) -> tuple[dict[int, bytes], dict[in
 
 
 def process(p: Partitioned, pages: list[Page]) -> None:
-    """The pages through ``p``, swept before every multiple of ``every`` ordinals."""
-    r = CONFIG.retention
+    """The pages through ``p``, swept before every multiple of ``every`` ordinals (by page
+    count only: no ``max_age``, so the batches' clock does not matter)."""
+    r = p.config.retention
     for o, page in enumerate(pages):
         if o and o % r.every == 0:
             p.sweep(r.max_pages, r.max_age, 0)

@@ -17,7 +17,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +59,10 @@ every = 5
 """
 
 
-def stream(seed: int, n: int) -> list[Page]:
+def stream(seed: int, n: int, texts: list[str] = SHARED_TEXTS) -> list[Page]:
     """The stage oracles' random pages (tests/stages/streams.py): revisits of every kind,
-    exact copies, deletes (of unknown ids too), empty pages (dead-lettered)."""
+    exact copies, deletes (of unknown ids too), empty pages (dead-lettered); ``texts``: the
+    pool of bodies."""
     rng = random.Random(seed)
     ops: list[tuple[Any, ...]] = []
     for _ in range(n):
@@ -74,11 +74,12 @@ def stream(seed: int, n: int) -> list[Page]:
             ops.append(("delete", rng.randrange(N_IDS + 1)))
         else:
             ops.append(("reject", rng.randrange(N_IDS), False))
-    return [p for _, p in pages_of(ops, SHARED_TEXTS) if isinstance(p, Page)]
+    return [p for _, p in pages_of(ops, texts) if isinstance(p, Page)]
 
 
 class Roles:
-    def __init__(self, bootstrap: str, tmp: Path, shape: Shape = SHAPE) -> None:
+    def __init__(self, bootstrap: str, tmp: Path, shape: Shape = SHAPE,
+                 engine_toml: str = ENGINE_TOML) -> None:
         tag = uuid.uuid4().hex[:8]
         self.tmp, self.shape = tmp, shape
         self.config_path = tmp / "stage.toml"
@@ -99,7 +100,7 @@ batch_size = 3
 log_format = "text"
 [metrics]
 enabled = false
-{ENGINE_TOML}""", "utf-8")
+{engine_toml}""", "utf-8")
         self.config = load_config(self.config_path, env={})
         self.kc = self.config.kafka
         self.topics = StageTopics(self.kc, shape)
@@ -108,8 +109,7 @@ enabled = false
     def start(self, role: str, store: str | None = None) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.tmp / f"{role}-{len(self.procs)}.log"
         cmd = [sys.executable, "-m", "dupalign.service.roles.stage_launch", role,
-               "--config", str(self.config_path), "--shape",
-               ",".join(str(n) for n in astuple(self.shape))]
+               "--config", str(self.config_path), "--shape", shape_arg(self.shape)]
         if store is not None:
             cmd += ["--store", str(self.tmp / store)]
         with open(log, "ab") as fh:
@@ -146,6 +146,11 @@ enabled = false
                 f"{n_pages}:\n" + "\n".join(f"== {lg.name}\n{lg.read_text()[-3000:]}"
                                             for _, lg in self.procs))
             await asyncio.sleep(1)
+
+
+def shape_arg(s: Shape) -> str:
+    """``--shape`` for ``s``."""
+    return f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine},{s.router}"
 
 
 def oracle(roles: Roles, pages: list[Any], batches: list[Any],

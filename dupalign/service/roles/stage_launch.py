@@ -4,9 +4,9 @@ Kafka"), until SIGTERM/SIGINT (exit 0) or a failure (exit 1)::
     python -m dupalign.service.roles.stage_launch ROLE --config FILE --shape D,E,P,S,C \\
         [--store DIR]
 
-ROLE: ``sketch``, ``directory``, ``exact`` or ``lists``. Not a ``dupalign`` command yet: the
-stage roles are being built (step 6) and leave the old roles (``dupalign worker --roles``) as
-they are.
+ROLE: ``sketch``, ``directory``, ``exact``, ``router``, ``near`` or ``lists``. Not a
+``dupalign`` command yet: the stage roles are being built (step 6) and leave the old roles
+(``dupalign worker --roles``) as they are.
 """
 
 from __future__ import annotations
@@ -24,21 +24,24 @@ from dupalign.service.roles.launch import failure_line
 from dupalign.stages.partitioned import Shape
 
 log = logging.getLogger("dupalign.roles")
-STAGE_ROLES = ("sketch", "directory", "exact", "lists")
+STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists")
 
 
 def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any:
     from dupalign.service.roles.stage_directory import DirectoryRole
     from dupalign.service.roles.stage_exact import ExactRole
     from dupalign.service.roles.stage_lists import ListsRole
+    from dupalign.service.roles.stage_near import NearRole
+    from dupalign.service.roles.stage_router import RouterRole
     from dupalign.service.roles.stage_sketch import StageSketchRole
 
     if role == "sketch":
         return StageSketchRole(config, shape)
     if store is None:
         raise ValueError(f"the {role} role needs --store")
-    stages = {"directory": DirectoryRole, "exact": ExactRole, "lists": ListsRole}
-    return stages[role](config, shape, store)
+    roles = {"directory": DirectoryRole, "exact": ExactRole, "router": RouterRole,
+             "near": NearRole, "lists": ListsRole}
+    return roles[role](config, shape, store)
 
 
 async def serve(config: Config, role: Any) -> int:
@@ -62,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("role", choices=STAGE_ROLES)
     p.add_argument("--config", required=True)
     p.add_argument("--shape", required=True, help="D,E,P,S,C[,R]")
-    p.add_argument("--store", help="the role's stores (all but sketch)")
+    p.add_argument("--store", help="the role's stores (every role but sketch)")
     args = p.parse_args(argv)
     config = load_config(args.config)
     setup_logging(config.worker.log_level, config.worker.log_format)

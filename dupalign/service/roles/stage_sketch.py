@@ -2,15 +2,17 @@
 one ``pages`` partition, in one transaction, the batch's ``SequenceBatch`` first (to the one
 partition of ``<in>.batches``: its acknowledged offset b names the batch), then per page i
 its ``DirectoryEntry`` to ``<in>.entries`` partition ``directory_owner(id, D)`` (key: the
-id; header: (b, i)), its ``ListWindows`` to ``<in>.windows`` partition s for every list
-partition s if it has passages (``list_windows``; the sequence record says which pages
+id; header: (b, i)), its near state (``near_state``: its sketch without the passage sketch)
+to ``<in>.near_state`` partition ``directory_owner(id, R)``, the router that owns the id
+(key: the id; header: (b, i)), its ``ListWindows`` to ``<in>.windows`` partition s for every
+list partition s if it has passages (``list_windows``; the sequence record says which pages
 have: a list partition knows whether to wait for one), the dead letters, and the batch's
 input offsets. A page that cannot be processed is dead-lettered as by the old sketch role
 (``sketch_record``) and takes no place in the batch; a batch of dead letters only sends no
 sequence record.
 
-Not sent yet (the later stages' inputs, docs/pipeline.md): the page's near state by id for
-the router, its sketch by id for the combine, its forward record. Pages are sketched under
+Not sent yet (the later stages' inputs, docs/pipeline.md): the page's sketch by id for the
+combine, its forward record. Pages are sketched under
 the uniform idf table: the role refuses a configuration that learns idf tables
 (``require_frozen_idf``).
 """
@@ -18,7 +20,7 @@ the uniform idf table: the role refuses a configuration that learns idf tables
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
@@ -34,7 +36,7 @@ from dupalign.service.topology import Outgoing, TopologyError, send_all
 from dupalign.stages.directory import directory_owner, entry_of
 from dupalign.stages.list_shard import list_windows
 from dupalign.stages.partitioned import Shape
-from dupalign.stages.sketch import Sketcher
+from dupalign.stages.sketch import PageSketch, Sketcher
 
 
 @dataclass
@@ -45,6 +47,7 @@ class StageBatch:
     offsets: list[int] = field(default_factory=list)  # of the pages sequenced
     dirs: list[int] = field(default_factory=list)
     entries: list[Outgoing] = field(default_factory=list)  # (page header added on send)
+    near_states: list[Outgoing] = field(default_factory=list)  # (page header added on send)
     dead_letters: list[Outgoing] = field(default_factory=list)
     # per page its list windows, one record per list partition, or none
     lists: list[list[Outgoing]] = field(default_factory=list)
@@ -89,6 +92,9 @@ class StageSketchRole(StatelessRole):
             # (ordinal 0: the list partition sets it, as the directory an entry's)
             out.lists.append([Outgoing(self.topics_.windows, w.to_bytes(), partition=w.shard)
                               for w in list_windows(0, sk.passage, self.shape.lists)])
+            out.near_states.append(Outgoing(
+                self.topics_.near_state, near_state(sk), key=page.id.encode("utf-8"),
+                partition=directory_owner(page.id, self.shape.router)))
         return out
 
     async def produce(self, producer: AIOKafkaProducer, prepared: StageBatch) -> None:
@@ -102,12 +108,21 @@ class StageSketchRole(StatelessRole):
                 entry.headers = [page_header(b, i)]
                 for w in prepared.lists[i]:
                     w.headers = [page_header(b, i)]
+            for i, state in enumerate(prepared.near_states):
+                state.headers = [page_header(b, i)]
         await send_all(producer, self.outgoing(prepared))
         self.pages += len(prepared.entries)
 
     def outgoing(self, prepared: StageBatch) -> list[Outgoing]:
         # (a big page's windows go in parts: 7.3 MB for a 3 MB page of distinct words, S = 1)
         limit = self.kc.max_request_size
-        return [*prepared.entries,
+        return [*prepared.entries, *prepared.near_states,
                 *(part for ws in prepared.lists for w in ws for part in in_parts(w, limit)),
                 *prepared.dead_letters]
+
+
+def near_state(sk: PageSketch) -> bytes:
+    """What the router of the page's id reads of it (``Router.route``'s ``near``): its
+    sketch without the passage sketch, for every sequenced page (so the router takes one
+    for each page of its ids, whatever the directory decides)."""
+    return replace(sk, passage=None).to_bytes()
