@@ -176,10 +176,14 @@ def oracle(stores: Stores, config: EngineConfig, pages: list[Page]) -> tuple[Ops
 
 def check(config: EngineConfig, stream: list[Any], seed: int) -> tuple[Ops, Answers]:
     for stores in temporary_stores("stage-near-"):
-        got, answers, pages = run(stores, config, stream, seed)
-        want, want_answers = oracle(stores, config, pages)
-        assert got == want
-        assert answers == want_answers
+        try:
+            got, answers, pages = run(stores, config, stream, seed)
+            want, want_answers = oracle(stores, config, pages)
+            assert got == want
+            assert answers == want_answers
+        except BaseException:
+            stores.close()  # (else a shrinking hypothesis runs out of file descriptors)
+            raise
     return got, answers
 
 
