@@ -34,9 +34,10 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 from aiokafka.structs import OffsetAndMetadata
 
-from dupalign.match import Span
+from dupalign.match import Match, Span
 from dupalign.service.config import KafkaConfig
 from dupalign.service.topics import retained_topics
+from dupalign.wire import messages
 from dupalign.wire.versions import ALIGNED, ALIGNED_WHOLE, SEQUENCE_RECORD
 
 if TYPE_CHECKING:  # (the engine's import, numba, is not the producer's: produce fails fast)
@@ -46,6 +47,7 @@ log = logging.getLogger("dupalign.topology")
 
 ORDINAL_HEADER = "dupalign-ordinal"  # the page's offset in the sequence topic
 SOURCE_HEADER = "dupalign-source"  # topic:partition:offset of the page in the input topic
+REPLY_HEADER = "dupalign-reply"  # topic:partition an align request is answered to
 RECORD_OVERHEAD = 4096  # room for a record's key, headers and batch framing
 
 
@@ -358,6 +360,19 @@ def header(record: Any, name: str) -> bytes | None:
     return None
 
 
+def reply_header(topic: str, partition: int) -> tuple[str, bytes]:
+    return REPLY_HEADER, f"{topic}:{partition}".encode()
+
+
+def record_reply(record: Any) -> tuple[str, int] | None:
+    """Where a request with a ``reply_header`` is answered (None: it has none)."""
+    raw = header(record, REPLY_HEADER)
+    if raw is None:
+        return None
+    topic, _, partition = raw.decode().rpartition(":")
+    return topic, int(partition)
+
+
 def record_ordinal(record: Any) -> int:
     raw = header(record, ORDINAL_HEADER)
     if raw is None:
@@ -486,3 +501,15 @@ def decode_aligned(raw: bytes) -> Aligned:
 
 def source_header(source: tuple[str, int, int]) -> tuple[str, bytes]:
     return SOURCE_HEADER, f"{source[0]}:{source[1]}:{source[2]}".encode()
+
+
+def published(kc: KafkaConfig, doc_id: str, matches: list[Match], source: tuple[str, int, int],
+              now_ms: int, ordinal: int | None = None) -> list[Outgoing]:
+    """A page's matches as the output topic's records: keyed by the page's id, with its
+    place in the input (and its ordinal, if given: the stage roles')."""
+    key = doc_id.encode("utf-8")
+    headers = [source_header(source)]
+    if ordinal is not None:
+        headers.append(ordinal_header(ordinal))
+    return [Outgoing(kc.output_topic, messages.encode_match(m, now_ms), key=key,
+                     headers=list(headers)) for m in matches]

@@ -40,6 +40,7 @@ from dupalign.service.topology import (
     encode_aligned_part,
     ordinal_header,
     record_ordinal,
+    record_reply,
     send_all,
     stop_quietly,
 )
@@ -220,8 +221,10 @@ class AlignRole(StatelessRole):
                               tp.topic, tp.partition, rec.offset)
                 out.append(self._dead_letter(tp, rec, exc))
                 answer = encode_aligned_part(ordinal, tp.partition, None)
-            # back to the index shard that asked (one shard: partition 0)
-            out.append(Outgoing(self.kc.aligned_topic, answer, partition=0,
+            # back to who asked: the partition its request names (a combine partition), else
+            # the index (one shard: partition 0)
+            topic, partition = record_reply(rec) or (self.kc.aligned_topic, 0)
+            out.append(Outgoing(topic, answer, partition=partition,
                                 headers=[ordinal_header(ordinal)]))
         return out
 

@@ -64,14 +64,13 @@ from dupalign.service.topology import (
     ensure_topics,
     new_consumer,
     ordinal_header,
+    published,
     record_limit,
     record_ordinal,
-    source_header,
     stop_quietly,
 )
 from dupalign.stages.sketch import PageSketch
 from dupalign.store.database import Store
-from dupalign.wire import messages
 from dupalign.wire.forward_record import forward_key
 
 log = logging.getLogger("dupalign.roles.index")
@@ -381,9 +380,7 @@ class IndexRole(AlignExchange, Lifecycle, Takeover):
             if waiting.ordinal < self.silent_below:
                 continue  # rebuilt: published before
             self._count_revisits(matches)
-            key = waiting.result.doc_id.encode("utf-8")
-            out.extend(Outgoing(self.kc.output_topic, messages.encode_match(m, now), key=key,
-                                headers=[source_header(waiting.source)]) for m in matches)
+            out.extend(published(self.kc, waiting.result.doc_id, matches, waiting.source, now))
         return out
 
     def _head_may_be_superseded(self) -> bool:

@@ -27,7 +27,7 @@ from dupalign.service.topology import (
     ordinal_header,
 )
 from dupalign.stages.align import RankedPage, merge_ranked
-from dupalign.stages.messages import IndexResult
+from dupalign.stages.messages import AlignRequest, IndexResult
 from dupalign.wire.forward_record import encode_forward, forward_key
 
 log = logging.getLogger("dupalign.roles.index")
@@ -57,6 +57,18 @@ class Waiting:
         return not self.undecided and (self.result.align is None or self.passages is not None)
 
 
+def align_parts(topic: str, request: AlignRequest, ordinal: int, n_parts: int, limit: int
+                ) -> list[Outgoing] | None:
+    """``request`` in parts to ``topic``, one per align partition (of ``n_parts``) that owns
+    some of its candidates (their forward records), keyed and headed by ``ordinal``; None:
+    a part is too big for one record of ``limit`` bytes (a huge page's passages)."""
+    parts = {p: r.to_bytes(forward=False) for p, r in request.split(n_parts).items()}
+    if not parts or max(map(len, parts.values())) > limit - RECORD_OVERHEAD:
+        return None
+    return [Outgoing(topic, raw, key=struct.pack(">q", ordinal), partition=p,
+                     headers=[ordinal_header(ordinal)]) for p, raw in parts.items()]
+
+
 class AlignExchange:
     """The index role's side of the align shards (``IndexRole``): the align requests of its
     pages, their answers, and the forward records that tell each align shard the pages it
@@ -80,17 +92,15 @@ class AlignExchange:
         result, ordinal = waiting.result, waiting.ordinal
         if result.align is None:
             return
-        # one part per align shard that owns some of its candidates (their forward records)
-        parts = {p: r.to_bytes(forward=False)
-                 for p, r in result.align.split(self.align_parts).items()}
-        if not parts or max(map(len, parts.values())) > self.align_limit - RECORD_OVERHEAD:
-            # too big for one record (a huge page's passages): aligned here
+        parts = align_parts(self.kc.align_topic, result.align, ordinal, self.align_parts,
+                            self.align_limit)
+        if parts is None:  # too big for one record (a huge page's passages): aligned here
             waiting.passages = self.engine.align(result)
             return
-        waiting.parts, waiting.expected_parts = {}, frozenset(parts)
-        out.extend(Outgoing(self.kc.align_topic, raw, key=struct.pack(">q", ordinal),
-                            partition=p, headers=[ordinal_header(ordinal)])
-                   for p, raw in parts.items())
+        waiting.parts = {}
+        waiting.expected_parts = frozenset(o.partition for o in parts
+                                           if o.partition is not None)
+        out.extend(parts)
 
     def _answer(self, waiting: Waiting, answer: Aligned) -> None:
         """An align answer for a page waiting for it: a whole one (an align process from
