@@ -145,6 +145,16 @@ class SequenceLog:
         return PageRef(ordinal, self._offsets[k], i, batch.dirs[i], batch.at_ms,
                        batch.windows[i] if batch.windows else None)
 
+    def source(self, ordinal: int) -> tuple[str, int, int]:
+        """Where the page of ``ordinal`` (read, kept) is in the input: topic, partition,
+        offset."""
+        ref = self.page(ordinal)
+        if ref is None:
+            raise ValueError(f"ordinal {ordinal} is not read yet")
+        k = bisect.bisect_right(self._firsts, ordinal) - 1
+        batch = self._batches[k]
+        return batch.topic, batch.partition, batch.offsets[ref.index]
+
     def trim(self, below: int) -> None:
         """Drop the batches whose pages are all below ordinal ``below``."""
         drop = 0

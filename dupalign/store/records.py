@@ -33,6 +33,10 @@ LOGS = {  # values by sequence number
     "audit_reservoir": b"audit_reservoir/",  # the audit's reservoir of pages, by slot
     "ledger": b"ledger/",  # a stage's ledger rows: sequence ordinal -> store ordinal, fetched_at
     "router_rows": b"router_rows/",  # a router's rows: store ordinal -> fingerprint (or none)
+    # the combine role's (dupalign/service/roles/stage_combine.py): store ordinal -> id of each
+    # page alive; sequence ordinal -> a page waiting for align
+    "combine_ids": b"combine_ids/",
+    "combine_pending": b"combine_pending/",
 }
 
 
