@@ -13,10 +13,10 @@ from dupalign.stages.partitioned import Shape
 
 class StageTopics:
     """``batches`` (1 partition: the sequence), ``entries`` and ``decisions`` (D),
-    ``exact`` (E), ``near_state`` (R), ``near_ops`` (P), ``near_answers`` (C), ``windows`` (S:
-    the list partitions' windows of each page), ``partials`` (C: the list partitions' answers,
-    to the combine partition of the page's id), and each
-    stage's changelog (as many as the stage has partitions)."""
+    ``exact`` (E), ``near_state`` (R), ``near_ops`` (P), ``windows`` (S: the list partitions'
+    windows of each page), the combine's inputs ``sketches``, ``near_answers``, ``partials``
+    and ``aligned`` (C: partition c = the combine partition that owns the page's id), and
+    each stage's changelog (as many as the stage has partitions)."""
 
     def __init__(self, kc: KafkaConfig, shape: Shape) -> None:
         base = kc.input_topic
@@ -26,17 +26,21 @@ class StageTopics:
         self.decisions = f"{base}.decisions"
         self.exact = f"{base}.exact"
         self.windows = f"{base}.windows"
-        self.partials = f"{base}.partials"
-        # the near stage: the routers' inputs by id, their ops by prefix, the answers by id
+        # the near stage: the routers' inputs by id, their ops by prefix
         self.near_state = f"{base}.near_state"
         self.near_ops = f"{base}.near_ops"
+        # the combine's inputs (C partitions each: partition c = the combine partition that
+        # owns the page's id) and its align answers; its requests go to today's align topic
+        self.sketches = f"{base}.sketches"
         self.near_answers = f"{base}.near_answers"
+        self.partials = f"{base}.partials"
+        self.aligned = f"{base}.aligned"
 
     def partitions(self, stage: str) -> int:
         """The partitions of ``stage`` (a role's changelog has as many)."""
         counts = {"directory": self.shape.directory, "exact": self.shape.exact,
                   "router": self.shape.router, "near": self.shape.near,
-                  "lists": self.shape.lists}
+                  "lists": self.shape.lists, "combine": self.shape.combine}
         if stage not in counts:
             raise ValueError(f"no stage role {stage!r} yet: {', '.join(counts)}")
         return counts[stage]
@@ -50,8 +54,12 @@ class StageTopics:
         return {kc.input_topic: None, kc.dlq_topic: None, self.batches: 1,
                 self.entries: shape.directory, self.decisions: shape.directory,
                 self.exact: shape.exact, self.near_state: shape.router,
-                self.near_ops: shape.near, self.near_answers: shape.combine,
-                self.windows: shape.lists, self.partials: shape.combine}
+                self.near_ops: shape.near, self.windows: shape.lists, **self._combine()}
+
+    def _combine(self) -> dict[str, int | None]:
+        c, kc = self.shape.combine, self.kc
+        return {self.sketches: c, self.near_answers: c, self.partials: c, self.aligned: c,
+                kc.align_topic: kc.align_partitions, kc.output_topic: None}
 
 
 def require_frozen_idf(config: EngineConfig) -> None:

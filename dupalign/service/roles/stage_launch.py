@@ -4,8 +4,8 @@ Kafka"), until SIGTERM/SIGINT (exit 0) or a failure (exit 1)::
     python -m dupalign.service.roles.stage_launch ROLE --config FILE --shape D,E,P,S,C \\
         [--store DIR]
 
-ROLE: ``sketch``, ``directory``, ``exact``, ``router``, ``near`` or ``lists``. Not a
-``dupalign`` command yet: the stage roles are being built (step 6) and leave the old roles
+ROLE: ``sketch``, ``directory``, ``exact``, ``router``, ``near``, ``lists`` or ``combine``. Not
+a ``dupalign`` command yet: the stage roles are being built (step 6) and leave the old roles
 (``dupalign worker --roles``) as they are.
 """
 
@@ -24,10 +24,11 @@ from dupalign.service.roles.launch import failure_line
 from dupalign.stages.partitioned import Shape
 
 log = logging.getLogger("dupalign.roles")
-STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists")
+STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine")
 
 
 def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any:
+    from dupalign.service.roles.stage_combine import CombineRole
     from dupalign.service.roles.stage_directory import DirectoryRole
     from dupalign.service.roles.stage_exact import ExactRole
     from dupalign.service.roles.stage_lists import ListsRole
@@ -40,7 +41,7 @@ def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any
     if store is None:
         raise ValueError(f"the {role} role needs --store")
     roles = {"directory": DirectoryRole, "exact": ExactRole, "router": RouterRole,
-             "near": NearRole, "lists": ListsRole}
+             "near": NearRole, "lists": ListsRole, "combine": CombineRole}
     return roles[role](config, shape, store)
 
 

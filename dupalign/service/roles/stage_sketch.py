@@ -11,10 +11,10 @@ input offsets. A page that cannot be processed is dead-lettered as by the old sk
 (``sketch_record``) and takes no place in the batch; a batch of dead letters only sends no
 sequence record.
 
-Not sent yet (the later stages' inputs, docs/pipeline.md): the page's sketch by id for the
-combine, its forward record. Pages are sketched under
-the uniform idf table: the role refuses a configuration that learns idf tables
-(``require_frozen_idf``).
+Per page also its ``PageSketch`` to ``<in>.sketches`` partition ``directory_owner(id, C)`` (the
+combine partition that owns the id; key the id, header (b, i)). Not sent yet (the later
+stages' inputs, docs/pipeline.md): its forward record. Pages are sketched under the uniform
+idf table: the role refuses a configuration that learns idf tables (``require_frozen_idf``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class StageBatch:
     dead_letters: list[Outgoing] = field(default_factory=list)
     # per page its list windows, one record per list partition, or none
     lists: list[list[Outgoing]] = field(default_factory=list)
+    sketches: list[Outgoing] = field(default_factory=list)  # to the combine (page header too)
 
 
 class StageSketchRole(StatelessRole):
@@ -95,6 +96,10 @@ class StageSketchRole(StatelessRole):
             out.near_states.append(Outgoing(
                 self.topics_.near_state, near_state(sk), key=page.id.encode("utf-8"),
                 partition=directory_owner(page.id, self.shape.router)))
+            out.sketches.append(Outgoing(self.topics_.sketches, sk.to_bytes(),
+                                         key=page.id.encode("utf-8"),
+                                         partition=directory_owner(page.id,
+                                                                   self.shape.combine)))
         return out
 
     async def produce(self, producer: AIOKafkaProducer, prepared: StageBatch) -> None:
@@ -110,6 +115,8 @@ class StageSketchRole(StatelessRole):
                     w.headers = [page_header(b, i)]
             for i, state in enumerate(prepared.near_states):
                 state.headers = [page_header(b, i)]
+            for i, sketch in enumerate(prepared.sketches):
+                sketch.headers = [page_header(b, i)]
         await send_all(producer, self.outgoing(prepared))
         self.pages += len(prepared.entries)
 
@@ -118,7 +125,7 @@ class StageSketchRole(StatelessRole):
         limit = self.kc.max_request_size
         return [*prepared.entries, *prepared.near_states,
                 *(part for ws in prepared.lists for w in ws for part in in_parts(w, limit)),
-                *prepared.dead_letters]
+                *prepared.sketches, *prepared.dead_letters]
 
 
 def near_state(sk: PageSketch) -> bytes:
