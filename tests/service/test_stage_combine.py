@@ -6,7 +6,8 @@ interleaved at random, every partition read in chunks at random), with turns tha
 turns that abort and crashes (a fresh store restored from the committed changelog records),
 and an align role that answers the requests committed, late and in any order. What the
 partitions publish, by ordinal, is ``Partitioned``'s: each page's matches once, and its
-align request; and what they store at the end is what its combine partitions store."""
+align request; and what their changelogs restore at the end (stored matches, the ids alive)
+is what its combine partitions hold."""
 
 from __future__ import annotations
 
@@ -211,6 +212,9 @@ def run(stores: Stores, stream: list[Any], seed: int) -> None:
     assert requests == oracle.requests
     assert dict(published) == {o: m for o, m in oracle.matches.items() if m}
     for c, w in enumerate(owners):
+        w.restart()  # (what the changelog restores)
+        assert isinstance(w.part, CombinePartition)
+        assert w.part.shard.ids == oracle.p.combines[c][0].ids
         assert dict(tables.matches.items(w.part.store)) == oracle.stored(c)
 
 
