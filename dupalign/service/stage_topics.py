@@ -58,8 +58,10 @@ class StageTopics:
 
     def _combine(self) -> dict[str, int | None]:
         c, kc = self.shape.combine, self.kc
+        # (the align role reads the forward topic, which has the align topic's partitions)
         return {self.sketches: c, self.near_answers: c, self.partials: c, self.aligned: c,
-                kc.align_topic: kc.align_partitions, kc.output_topic: None}
+                kc.align_topic: kc.align_partitions, kc.forward_topic: kc.align_partitions,
+                kc.output_topic: None}
 
 
 def require_frozen_idf(config: EngineConfig) -> None:

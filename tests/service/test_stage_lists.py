@@ -93,7 +93,9 @@ def sketched(stream: list[Any], rng: random.Random, config: Config = ROLE_CONFIG
             for o in [entry, *out.lists[i]]:
                 o.headers = [page_header(b, i)]
         for o in role.outgoing(out):
-            if o.topic != role.kc.dlq_topic:
+            # (the list partitions read the entries' decisions and the windows: the near
+            # states and the sketches are the router's and the combine's)
+            if o.topic not in (role.kc.dlq_topic, TOPICS.near_state, TOPICS.sketches):
                 part = log[(o.topic, o.partition or 0)]
                 part.append(_record(o.topic, o.partition or 0, len(part), o.value or b"",
                                     o.headers))
