@@ -12,9 +12,12 @@ copies, so each setup does the same work and a copy owns partitions/copies of th
 per-copy CPU falls as copies are added unless a partition repeats work for every page (a
 ledger over all decisions does). For each number of copies: fresh topics, ``copies``
 processes of each role started and every partition taken, then ``--pages`` pages sent at
-once; a role's CPU is what its processes used (/proc/PID/stat) from the send until the last
-stage is done (every page decided and every stored page answered by the exact stage), per
-page. Copies share this machine's cores: read CPU, not rate.
+once; a role's CPU is what its processes used (/proc/PID/stat) from the send until every
+page is decided and no topic has had a record for 3 s, less what they use idle (measured
+for 5 s before), per page. The align role is not run yet (it needs forward records no stage
+role sends): a page with align tasks stays waiting in the combine, so the combine's CPU
+leaves out its merge of align answers. Copies share this machine's cores: read CPU, not
+rate.
 Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
 """
 
@@ -30,132 +33,98 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dupalign.service.config import load_config
-from dupalign.service.produce import send_pages
 from dupalign.service.sequence_batch import SequenceBatch
-from dupalign.service.stage_topics import StageTopics
-from dupalign.service.topology import ensure_topics, new_producer
-from dupalign.stages.directory import Decision
+from dupalign.service.topology import ensure_topics
 from dupalign.stages.partitioned import Shape
 from tests.bench.bench_topology import cpu_seconds
 from tests.bench.bench_worker import corpus, run_with_broker
-from tests.topology_harness import REPO, check_alive, read_topic, stop_all
+from tests.service.test_stage_roles_kafka import Roles
+from tests.topology_harness import check_alive, read_topic, stop_all
 
-# the roles built, in pipeline order, and whether they keep stores
-ROLES = {"sketch": False, "directory": True, "exact": True}
+# the roles built, in pipeline order (the align role is not run: pages with align tasks stay
+# waiting in the combine)
+ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine")
+ENGINE = """
+[engine.near]
+idf_freeze_at = []
+"""
+QUIET_S = 3.0  # no record on any topic for this long: every stage is done
 
 
-class Setup:
-    """``copies`` processes of every role over fresh topics."""
+class Setup(Roles):
+    """``copies`` processes of every role over fresh topics, ``partitions`` partitions for
+    every stage."""
 
     def __init__(self, bootstrap: str, tmp: Path, partitions: int, copies: int,
                  batch: int) -> None:
-        tag = uuid.uuid4().hex[:8]
-        self.tmp = tmp / f"c{copies}-{tag}"
-        self.tmp.mkdir(parents=True)
+        where = tmp / f"c{copies}-{uuid.uuid4().hex[:8]}"
+        where.mkdir(parents=True)
+        p = partitions
+        super().__init__(bootstrap, where, Shape(p, p, p, p, p, p), ENGINE, batch, p)
         self.copies = copies
-        self.shape = Shape(partitions, partitions, 1, 1, 1)
-        self.config_path = self.tmp / "stage.toml"
-        self.config_path.write_text(f"""
-[kafka]
-bootstrap_servers = "{bootstrap}"
-input_topic = "pages-{tag}"
-output_topic = "matches-{tag}"
-dlq_topic = "dlq-{tag}"
-group_id = "g-{tag}"
-create_topics = true
-topic_partitions = {partitions}
-[worker]
-batch_size = {batch}
-log_format = "text"
-[metrics]
-enabled = false
-[engine.near]
-idf_freeze_at = []
-""", "utf-8")
-        self.config = load_config(self.config_path, env={})
-        self.kc = self.config.kafka
-        self.topics = StageTopics(self.kc, self.shape)
-        self.procs: dict[str, list[tuple[subprocess.Popen[bytes], Path]]] = {}
 
-    @property
-    def all_procs(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
-        return [p for procs in self.procs.values() for p in procs]
-
-    def start(self) -> None:
-        s = self.shape
-        shape = f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine}"
-        for role, stateful in ROLES.items():
+    def start_all(self) -> None:
+        for role in ROLES:
             for i in range(self.copies):
-                log = self.tmp / f"{role}-{i}.log"
-                cmd = [sys.executable, "-m", "dupalign.service.roles.stage_launch", role,
-                       "--config", str(self.config_path), "--shape", shape]
-                if stateful:
-                    cmd += ["--store", str(self.tmp / f"{role}-{i}")]
-                with open(log, "ab") as fh:
-                    proc = subprocess.Popen(cmd, cwd=REPO, stdout=fh, stderr=subprocess.STDOUT,
-                                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
-                self.procs.setdefault(role, []).append((proc, log))
+                self.start(role, None if role == "sketch" else f"{role}-{i}")
+
+    def of(self, role: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
+        return [(p, log) for p, log in self.procs if log.name.startswith(f"{role}-")]
 
     async def started(self, timeout: float = 300) -> None:
         """Every role consuming, every stage partition taken by one of its copies."""
         deadline = time.monotonic() + timeout
         while True:
-            check_alive(self.all_procs)
-            ready = True
-            for role, stateful in ROLES.items():
-                text = [log.read_text() for _, log in self.procs[role]]
-                if stateful:
-                    taken = {line.split(" partition ")[1].split(" ")[0]
-                             for t in text for line in t.splitlines() if "taken:" in line}
-                    ready &= len(taken) == self.topics.partitions(role)
-                else:
-                    ready &= all("assigned" in t for t in text)
+            check_alive(self.procs)
+            ready = all("assigned" in log.read_text() for _, log in self.of("sketch"))
+            for role in ROLES[1:]:
+                taken = {line.split(" partition ")[1].split(" ")[0]
+                         for _, log in self.of(role) for line in log.read_text().splitlines()
+                         if "taken:" in line}
+                ready &= len(taken) == self.topics.partitions(role)
             if ready:
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError("roles not started:\n" + "\n".join(
-                    f"== {lg.name}\n{lg.read_text()[-2000:]}" for _, lg in self.all_procs))
+                    f"== {lg.name}\n{lg.read_text()[-2000:]}" for _, lg in self.procs))
             await asyncio.sleep(0.5)
 
-    async def send(self, pages: list[Any]) -> None:
-        producer = new_producer(self.kc)
-        await producer.start()
-        try:
-            await send_pages(producer, self.kc.input_topic, pages)
-        finally:
-            await producer.stop()
+    def topic_names(self) -> dict[str, tuple[str, int]]:
+        t, s = self.topics, self.shape
+        return {"batches": (t.batches, 1), "entries": (t.entries, s.directory),
+                "decisions": (t.decisions, s.directory), "exact": (t.exact, s.exact),
+                "near_state": (t.near_state, s.router), "near_ops": (t.near_ops, s.near),
+                "near_answers": (t.near_answers, s.combine), "windows": (t.windows, s.lists),
+                "partials": (t.partials, s.combine), "sketches": (t.sketches, s.combine),
+                "matches": (self.kc.output_topic, self.kc.topic_partitions),
+                "align": (self.kc.align_topic, self.kc.align_partitions)}
 
     async def done(self, n_pages: int, timeout: float = 1800) -> dict[str, list[Any]]:
-        """Once every page is sequenced or dead-lettered, every sequenced page decided and
-        every stored page answered: the records of each topic between the roles."""
+        """Once every page is decided and no topic got a record for ``QUIET_S``: the
+        records of each topic between the roles."""
         deadline = time.monotonic() + timeout
         bootstrap = self.kc.bootstrap_servers
+        last: dict[str, int] = {}
+        since = time.monotonic()
         while True:
-            check_alive(self.all_procs)
-            got = {
-                "batches": await read_topic(bootstrap, self.topics.batches, 1),
-                "entries": await read_topic(bootstrap, self.topics.entries,
-                                            self.shape.directory),
-                "decisions": await read_topic(bootstrap, self.topics.decisions,
-                                              self.shape.directory),
-                "exact": await read_topic(bootstrap, self.topics.exact, self.shape.exact)}
-            dead = await read_topic(bootstrap, self.kc.dlq_topic, self.shape.directory)
+            check_alive(self.procs)
+            got = {name: await read_topic(bootstrap, topic, n)
+                   for name, (topic, n) in self.topic_names().items()}
+            counts = {name: len(recs) for name, recs in got.items()}
+            dead = await read_topic(bootstrap, self.kc.dlq_topic, self.kc.topic_partitions)
             sequenced = sum(SequenceBatch.from_bytes(r.value).n for r in got["batches"])
-            stored = sum(Decision.from_bytes(r.value).kind == "stored"
-                         for r in got["decisions"])
-            if (sequenced + len(dead) == n_pages and len(got["decisions"]) == sequenced
-                    and len(got["exact"]) == stored):
+            if counts != last:
+                last, since = counts, time.monotonic()
+            elif (sequenced + len(dead) == n_pages and counts["decisions"] == sequenced
+                  and time.monotonic() - since > QUIET_S):
                 return got
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{sequenced} sequenced, {len(dead)} dead, "
-                                   f"{len(got['decisions'])} decided, {len(got['exact'])} "
-                                   f"of {stored} answered, of {n_pages}")
-            await asyncio.sleep(0.2)
+                raise TimeoutError(f"{sequenced} sequenced, {len(dead)} dead, {counts}, "
+                                   f"of {n_pages}")
+            await asyncio.sleep(0.5)
 
-    def cpu(self) -> dict[str, list[float]]:
-        return {role: [cpu_seconds(p.pid) for p, _ in procs]
-                for role, procs in self.procs.items()}
+    def cpu(self) -> dict[str, float]:
+        return {role: sum(cpu_seconds(p.pid) for p, _ in self.of(role)) for role in ROLES}
 
 
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,
@@ -163,33 +132,40 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
     setup = Setup(bootstrap, tmp, partitions, copies, batch)
     await ensure_topics(setup.kc, setup.topics.wanted())
     try:
-        setup.start()
+        setup.start_all()
         await setup.started()
-        before = setup.cpu()
-        t0 = time.monotonic()
+        # what the roles use idle (their turns poll every 200 ms), taken off below
+        idle0, t_idle = setup.cpu(), time.monotonic()
+        await asyncio.sleep(5)
+        idle1 = setup.cpu()
+        idle_s = time.monotonic() - t_idle
+        before, t0 = setup.cpu(), time.monotonic()
         await setup.send(pages)
         got = await setup.done(len(pages))
-        seconds = time.monotonic() - t0
+        seconds = time.monotonic() - t0 - QUIET_S
         after = setup.cpu()
     finally:
-        stop_all(setup.all_procs)
+        stop_all(setup.procs)
     n = len(pages)
-    cpu = {role: sum(after[role]) - sum(before[role]) for role in ROLES}
+    cpu = {r: after[r] - before[r] - (idle1[r] - idle0[r]) / idle_s * (seconds + QUIET_S)
+           for r in ROLES}
     return {"copies": copies, "seconds": seconds, "pages": n,
             "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()},
-            "bytes": {t: sum(len(r.value) for r in recs) / n for t, recs in got.items()}}
+            "bytes": {t: sum(len(r.value or b"") for r in recs) / n for t, recs in got.items()}}
 
 
 def table(rows: list[dict[str, Any]], partitions: int) -> str:
     roles = list(ROLES)
     lines = [f"CPU ms per page of each role (all its copies; per copy in brackets), "
              f"{partitions} partitions per stage, {rows[0]['pages']} pages",
-             "| copies | pages/s | " + " | ".join(roles) + " |",
-             "|---|---|" + "---|" * len(roles)]
+             "| copies | pages/s | " + " | ".join(roles) + " | all roles |",
+             "|---|---|" + "---|" * (len(roles) + 1)]
     for r in rows:
         c = r["copies"]
         cells = [f"{r['cpu_ms'][role]:.2f} ({r['cpu_ms'][role] / c:.2f})" for role in roles]
-        lines.append(f"| {c} | {r['pages'] / r['seconds']:.0f} | " + " | ".join(cells) + " |")
+        total = sum(r["cpu_ms"].values())
+        lines.append(f"| {c} | {r['pages'] / r['seconds']:.0f} | " + " | ".join(cells)
+                     + f" | {total:.2f} |")
     topics = list(rows[0]["bytes"])
     lines += ["", "bytes per page on each topic (values)",
               "| copies | " + " | ".join(topics) + " |", "|---|" + "---|" * len(topics)]

@@ -79,7 +79,8 @@ def stream(seed: int, n: int, texts: list[str] = SHARED_TEXTS) -> list[Page]:
 
 class Roles:
     def __init__(self, bootstrap: str, tmp: Path, shape: Shape = SHAPE,
-                 engine_toml: str = ENGINE_TOML) -> None:
+                 engine_toml: str = ENGINE_TOML, batch_size: int = 3,
+                 topic_partitions: int = 2) -> None:
         tag = uuid.uuid4().hex[:8]
         self.tmp, self.shape = tmp, shape
         self.config_path = tmp / "stage.toml"
@@ -91,12 +92,12 @@ output_topic = "matches-{tag}"
 dlq_topic = "dlq-{tag}"
 group_id = "g-{tag}"
 create_topics = true
-topic_partitions = 2
+topic_partitions = {topic_partitions}
 session_timeout_ms = 6000
 heartbeat_interval_ms = 500
 transaction_timeout_ms = 15000
 [worker]
-batch_size = 3
+batch_size = {batch_size}
 log_format = "text"
 [metrics]
 enabled = false
