@@ -314,7 +314,9 @@ class CombineRole(StageRole):
     async def on_start(self) -> None:
         await super().on_start()
         kc = self.kc
-        counts = await ensure_topics(kc, {kc.align_topic: kc.align_partitions},
+        # (ensure_topics checks the forward topic against the align topic's count)
+        counts = await ensure_topics(kc, {kc.align_topic: kc.align_partitions,
+                                          kc.forward_topic: kc.align_partitions},
                                      self.config.worker.max_message_bytes)
         self.align_n = counts[kc.align_topic]
         self.align_limit = await record_limit(kc, kc.align_topic)
