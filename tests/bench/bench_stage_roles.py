@@ -14,7 +14,7 @@ ledger over all decisions does). For each number of copies: fresh topics, ``copi
 processes of each role started and every partition taken, then ``--pages`` pages sent at
 once; a role's CPU is what its processes used (/proc/PID/stat) from the send until every
 page is decided and no topic has had a record for 3 s, less what they use idle (measured
-for 5 s before), per page. The align role is not run yet (it needs forward records no stage
+for 5 s after), per page. The align role is not run yet (it needs forward records no stage
 role sends): a page with align tasks stays waiting in the combine, so the combine's CPU
 leaves out its merge of align answers. Copies share this machine's cores: read CPU, not
 rate.
@@ -134,20 +134,20 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
     try:
         setup.start_all()
         await setup.started()
-        # what the roles use idle (their turns poll every 200 ms), taken off below
-        idle0, t_idle = setup.cpu(), time.monotonic()
-        await asyncio.sleep(5)
-        idle1 = setup.cpu()
-        idle_s = time.monotonic() - t_idle
         before, t0 = setup.cpu(), time.monotonic()
         await setup.send(pages)
         got = await setup.done(len(pages))
         seconds = time.monotonic() - t0 - QUIET_S
         after = setup.cpu()
+        # what the roles use idle (their turns poll every 200 ms), measured once every
+        # stage is done (before the send it would catch their start), taken off below
+        await asyncio.sleep(5)
+        idle = setup.cpu()
+        idle_s = time.monotonic() - t0 - seconds - QUIET_S
     finally:
         stop_all(setup.procs)
     n = len(pages)
-    cpu = {r: after[r] - before[r] - (idle1[r] - idle0[r]) / idle_s * (seconds + QUIET_S)
+    cpu = {r: after[r] - before[r] - (idle[r] - after[r]) / idle_s * (seconds + QUIET_S)
            for r in ROLES}
     return {"copies": copies, "seconds": seconds, "pages": n,
             "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()},
