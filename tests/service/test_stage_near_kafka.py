@@ -17,17 +17,15 @@ from typing import Any
 
 import pytest
 
-from dupalign.page import Page
 from dupalign.service.roles.stage_router import SWEEP, UPTO, record_near_from
 from dupalign.service.sequence_batch import SequenceBatch
 from dupalign.service.topology import ensure_topics, record_ordinal
 from dupalign.stages.directory import directory_owner
 from dupalign.stages.near_shard import answer_from_bytes
 from dupalign.stages.partitioned import Partitioned, Shape
-from dupalign.wire import messages
 from tests.reused_stores import temporary_stores
 from tests.service.test_stage_near import NEAR_TEXTS, Answers, Ops, recorded_near
-from tests.service.test_stage_roles_kafka import ENGINE_TOML, Roles, stream
+from tests.service.test_stage_roles_kafka import ENGINE_TOML, Roles, sequence_order, stream
 from tests.topology_harness import check_alive, stop_all
 
 pytestmark = pytest.mark.kafka
@@ -65,11 +63,7 @@ async def routed(roles: Roles, n_pages: int, timeout: float) -> tuple[list[Any],
 def oracle(roles: Roles, sent: list[Any], batches: list[Any]) -> tuple[Ops, Answers]:
     """``Partitioned`` on the sequenced pages in ordinal order, swept where the roles sweep:
     its near ops and answers by ordinal (with the combine partition of the page's id)."""
-    by_source = {(r.partition, r.offset): messages.decode_record(r.key, r.value) for r in sent}
-    ordered: list[tuple[Page, int]] = []
-    for r in sorted(batches, key=lambda r: r.offset):
-        b = SequenceBatch.from_bytes(r.value)
-        ordered += [(by_source[(b.partition, o)], b.at_ms) for o in b.offsets]
+    ordered = sequence_order(sent, batches)
     engine = roles.config.engine
     for stores in temporary_stores("stage-near-oracle-"):
         p = Partitioned(engine, SHAPE, functools.partial(stores.store,

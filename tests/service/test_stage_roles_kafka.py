@@ -154,6 +154,17 @@ def shape_arg(s: Shape) -> str:
     return f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine},{s.router}"
 
 
+def sequence_order(pages: list[Any], batches: list[Any]) -> list[tuple[Page, int]]:
+    """The pages sequenced (records of the input topic), in ordinal order, each with its
+    batch's clock."""
+    by_source = {(r.partition, r.offset): messages.decode_record(r.key, r.value) for r in pages}
+    ordered: list[tuple[Page, int]] = []
+    for r in sorted(batches, key=lambda r: r.offset):
+        b = SequenceBatch.from_bytes(r.value)
+        ordered += [(by_source[(b.partition, o)], b.at_ms) for o in b.offsets]
+    return ordered
+
+
 def oracle(roles: Roles, pages: list[Any], batches: list[Any],
            record: Callable[[Partitioned], Any] | None = None
            ) -> tuple[dict[int, bytes], dict[int, bytes]]:
@@ -161,11 +172,7 @@ def oracle(roles: Roles, pages: list[Any], batches: list[Any],
     (before each multiple of ``retention.every`` ordinals, with that batch's clock): its
     decisions and exact answers by ordinal, in their wire form. ``record``: called on the
     pipeline before its first page (to record more of it)."""
-    by_source = {(r.partition, r.offset): messages.decode_record(r.key, r.value) for r in pages}
-    ordered: list[tuple[Page, int]] = []
-    for r in sorted(batches, key=lambda r: r.offset):
-        b = SequenceBatch.from_bytes(r.value)
-        ordered += [(by_source[(b.partition, o)], b.at_ms) for o in b.offsets]
+    ordered = sequence_order(pages, batches)
     engine = roles.config.engine
     swept = 0
     for stores in temporary_stores("stage-oracle-"):
