@@ -3,7 +3,7 @@ Kafka"): CPU per page of each role with 1, 2 and 4 copies, and bytes per page on
 topic between them (issue 43, deliver 6).
 
     python -m tests.bench.bench_stage_roles [--pages 600] [--copies 1,2,4] [--partitions 4]
-        [--batch 32] [--bootstrap H:P]
+        [--batch 32] [--bootstrap H:P] [--profile DIR]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py),
 under the default engine configuration but for ``near.idf_freeze_at = []`` (the stage roles
@@ -18,6 +18,10 @@ for 5 s after), per page. The align role is not run yet (it needs forward record
 role sends): a page with align tasks stays waiting in the combine, so the combine's CPU
 leaves out its merge of align answers. Copies share this machine's cores: read CPU, not
 rate.
+``--profile DIR``: every role process sampled by py-spy from the send until done (raw
+collapsed stacks, DIR/c<copies>-<role>-<i>.txt; summed by function with
+``python -m tests.bench.spy_summary DIR/c1-lists-*.txt``); its CPU figures are then the
+profiled processes', not to be quoted.
 Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
 """
 
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -127,16 +132,35 @@ class Setup(Roles):
         return {role: sum(cpu_seconds(p.pid) for p, _ in self.of(role)) for role in ROLES}
 
 
+def spied(setup: Setup, profile: Path, copies: int) -> list[subprocess.Popen[bytes]]:
+    """A py-spy recorder on every role process (raw collapsed stacks, one file each)."""
+    profile.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    return [subprocess.Popen([str(spy), "record", "--pid", str(p.pid), "--format", "raw",
+                              "--rate", "200", "--nonblocking", "-o",
+                              str(profile / f"c{copies}-{log.stem}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for p, log in setup.procs]
+
+
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,
-                  batch: int) -> dict[str, Any]:
+                  batch: int, profile: Path | None = None) -> dict[str, Any]:
     setup = Setup(bootstrap, tmp, partitions, copies, batch)
     await ensure_topics(setup.kc, setup.topics.wanted())
+    spies: list[subprocess.Popen[bytes]] = []
     try:
         setup.start_all()
         await setup.started()
+        if profile is not None:
+            spies = spied(setup, profile, copies)
+            await asyncio.sleep(1)  # (py-spy attaching)
         before, t0 = setup.cpu(), time.monotonic()
         await setup.send(pages)
         got = await setup.done(len(pages))
+        for spy in spies:
+            spy.send_signal(signal.SIGINT)  # (it writes its file and exits)
+        for spy in spies:
+            spy.wait(60)
         seconds = time.monotonic() - t0 - QUIET_S
         after = setup.cpu()
         # what the roles use idle (their turns poll every 200 ms), measured once every
@@ -179,7 +203,8 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     pages = corpus(args.pages)
     rows = []
     for copies in args.copies:
-        rows.append(await measure(bootstrap, tmp, pages, args.partitions, copies, args.batch))
+        rows.append(await measure(bootstrap, tmp, pages, args.partitions, copies, args.batch,
+                                  args.profile))
         print(f"{copies} copies: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
     print(table(rows, args.partitions))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
@@ -193,6 +218,7 @@ def main() -> int:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--bootstrap")
+    p.add_argument("--profile", type=Path, help="py-spy every role process into this folder")
     args = p.parse_args()
     if any(c > args.partitions for c in args.copies):
         p.error("more copies than partitions: the extra copies would stand by")
