@@ -3,7 +3,7 @@ Kafka"): CPU per page of each role with 1, 2 and 4 copies, and bytes per page on
 topic between them (issue 43, deliver 6).
 
     python -m tests.bench.bench_stage_roles [--pages 600] [--copies 1,2,4] [--partitions 4]
-        [--batch 32] [--bootstrap H:P] [--profile DIR]
+        [--batch 32] [--warm 0] [--bootstrap H:P] [--profile DIR]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py),
 under the default engine configuration but for ``near.idf_freeze_at = []`` (the stage roles
@@ -14,10 +14,12 @@ ledger over all decisions does). For each number of copies: fresh topics, ``copi
 processes of each role started and every partition taken, then ``--pages`` pages sent at
 once; a role's CPU is what its processes used (/proc/PID/stat) from the send until every
 page is decided and no topic has had a record for 3 s, less what they use idle (measured
-for 5 s after), per page. The align role is not run yet (it needs forward records no stage
-role sends): a page with align tasks stays waiting in the combine, so the combine's CPU
-leaves out its merge of align answers. Copies share this machine's cores: read CPU, not
-rate.
+for 5 s after), per page. ``--warm N``: N more pages sent and done before (a role's first
+pages load its kernels: a cost per process, not per page). A row says if the group moved
+partitions while it was measured (a copy timed out under load: a restore was counted).
+The align role is not run yet (it needs forward records no stage role sends): a page with
+align tasks stays waiting in the combine, so the combine's CPU leaves out its merge of
+align answers. Copies share this machine's cores: read CPU, not rate.
 ``--profile DIR``: every role process sampled by py-spy from the send until done (raw
 collapsed stacks, DIR/c<copies>-<role>-<i>.txt; summed by function with
 ``python -m tests.bench.spy_summary DIR/c1-lists-*.txt``); its CPU figures are then the
@@ -76,12 +78,33 @@ class Setup(Roles):
     def of(self, role: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
         return [(p, log) for p, log in self.procs if log.name.startswith(f"{role}-")]
 
+    def held(self, role: str) -> list[list[str]] | None:
+        """What each copy of ``role`` holds now: the partitions of its last "role assigned"
+        line (eager rebalances: each names the whole set); None while a copy has none."""
+        sets = []
+        for _, log in self.of(role):
+            lines = [ln for ln in log.read_text().splitlines() if " role assigned " in ln]
+            if not lines:
+                return None
+            named = lines[-1].split(" role assigned [")[1].split("]")[0]
+            sets.append([tp for tp in named.split(", ") if tp])
+        return sets
+
     async def started(self, timeout: float = 300) -> None:
-        """Every role consuming, every stage partition taken by one of its copies."""
+        """Every role consuming, every stage partition taken, each copy holding some: a
+        copy that joins late makes the group move partitions (a restore), which must not
+        fall inside the measurement."""
         deadline = time.monotonic() + timeout
         while True:
             check_alive(self.procs)
-            ready = all("assigned" in log.read_text() for _, log in self.of("sketch"))
+            ready = True
+            for role in ROLES:
+                sets = self.held(role)
+                want = self.kc.topic_partitions if role == "sketch" else \
+                    self.topics.partitions(role)
+                ready &= (sets is not None and all(sets)
+                          and len({tp for s in sets for tp in s}) == want
+                          and sum(map(len, sets)) == want)
             for role in ROLES[1:]:
                 taken = {line.split(" partition ")[1].split(" ")[0]
                          for _, log in self.of(role) for line in log.read_text().splitlines()
@@ -143,19 +166,30 @@ def spied(setup: Setup, profile: Path, copies: int) -> list[subprocess.Popen[byt
             for p, log in setup.procs]
 
 
+def moves(setup: Setup) -> int:
+    """Stage partitions taken so far, in every process (a move after the start: more)."""
+    return sum(log.read_text().count(" taken: ") for _, log in setup.procs)
+
+
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,
-                  batch: int, profile: Path | None = None) -> dict[str, Any]:
+                  batch: int, warm: int = 0, profile: Path | None = None) -> dict[str, Any]:
+    """``pages[:warm]`` sent and done first (the roles' first pages load their kernels
+    and fill their caches), then the rest measured."""
     setup = Setup(bootstrap, tmp, partitions, copies, batch)
     await ensure_topics(setup.kc, setup.topics.wanted())
     spies: list[subprocess.Popen[bytes]] = []
     try:
         setup.start_all()
         await setup.started()
+        if warm:
+            await setup.send(pages[:warm])
+            await setup.done(warm)
+        taken = moves(setup)
         if profile is not None:
             spies = spied(setup, profile, copies)
             await asyncio.sleep(1)  # (py-spy attaching)
         before, t0 = setup.cpu(), time.monotonic()
-        await setup.send(pages)
+        await setup.send(pages[warm:])
         got = await setup.done(len(pages))
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # (it writes its file and exits)
@@ -168,14 +202,16 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         await asyncio.sleep(5)
         idle = setup.cpu()
         idle_s = time.monotonic() - t0 - seconds - QUIET_S
+        moved = moves(setup) - taken
     finally:
         stop_all(setup.procs)
-    n = len(pages)
+    n = len(pages) - warm
     cpu = {r: after[r] - before[r] - (idle[r] - after[r]) / idle_s * (seconds + QUIET_S)
            for r in ROLES}
-    return {"copies": copies, "seconds": seconds, "pages": n,
+    return {"copies": copies, "seconds": seconds, "pages": n, "moved": moved,
             "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()},
-            "bytes": {t: sum(len(r.value or b"") for r in recs) / n for t, recs in got.items()}}
+            "bytes": {t: sum(len(r.value or b"") for r in recs) / len(pages)
+                      for t, recs in got.items()}}
 
 
 def table(rows: list[dict[str, Any]], partitions: int) -> str:
@@ -188,7 +224,8 @@ def table(rows: list[dict[str, Any]], partitions: int) -> str:
         c = r["copies"]
         cells = [f"{r['cpu_ms'][role]:.2f} ({r['cpu_ms'][role] / c:.2f})" for role in roles]
         total = sum(r["cpu_ms"].values())
-        lines.append(f"| {c} | {r['pages'] / r['seconds']:.0f} | " + " | ".join(cells)
+        moved = f" ({r['moved']} partitions moved while measured)" if r["moved"] else ""
+        lines.append(f"| {c}{moved} | {r['pages'] / r['seconds']:.0f} | " + " | ".join(cells)
                      + f" | {total:.2f} |")
     topics = list(rows[0]["bytes"])
     lines += ["", "bytes per page on each topic (values)",
@@ -200,11 +237,11 @@ def table(rows: list[dict[str, Any]], partitions: int) -> str:
 
 
 async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
-    pages = corpus(args.pages)
+    pages = corpus(args.warm + args.pages)
     rows = []
     for copies in args.copies:
         rows.append(await measure(bootstrap, tmp, pages, args.partitions, copies, args.batch,
-                                  args.profile))
+                                  args.warm, args.profile))
         print(f"{copies} copies: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
     print(table(rows, args.partitions))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
@@ -217,6 +254,8 @@ def main() -> int:
                    default=[1, 2, 4])
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--warm", type=int, default=0,
+                   help="pages sent and done before the measured ones")
     p.add_argument("--bootstrap")
     p.add_argument("--profile", type=Path, help="py-spy every role process into this folder")
     args = p.parse_args()
