@@ -26,6 +26,7 @@ from the first part of a value still incomplete or held.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 from collections.abc import Iterable
@@ -43,6 +44,7 @@ from dupalign.service.outage import within
 from dupalign.service.parts import record_part
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
+from dupalign.service.send_batches import send_batched
 from dupalign.service.sequence_batch import SequenceBatch, SequenceLog
 from dupalign.service.stage_topics import StageTopics, require_frozen_idf
 from dupalign.service.topology import Outgoing, TopologyError, stop_quietly
@@ -307,8 +309,8 @@ class StageRole(StatelessRole):
                 self.metrics.consumed(self.name, itp.topic, recs)
             self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
             outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
-            changes = self.changelogs[tp].outgoing()
-            unit = Checkpoint({}, [*outputs, *changes])
+            records = [*outputs, *self.changelogs[tp].outgoing()]
+            unit = Checkpoint({}, records, send=functools.partial(send_batched, records=records))
             async with self.metrics.transaction(self.name):
                 await within(unit.commit(self.producers[tp], self.group_id), self.limit_s)
             self.dirty.discard(tp)

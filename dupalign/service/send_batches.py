@@ -1,0 +1,69 @@
+"""Records sent a batch per partition, not one ``send`` each (docs/performance/pipeline.md,
+"The stage roles on Kafka"): a stage turn's transaction holds its outputs and the
+changelog records of what its store changed, ~230 records a page for a list partition
+(a key per list entry). ``AIOKafkaProducer.send`` costs per record (metadata wait,
+partitioner, accumulator, a future and its callbacks); a ``BatchBuilder`` filled with a
+partition's records and handed over whole (``send_batch``, which adds the partition to
+the transaction as ``send`` does) costs per batch.
+
+The same records in the same order per partition as ``send_all``: each partition's
+records go, in order, into batches sent one after the other. A record with no partition
+named, or larger than a batch holds, goes through ``send`` as before (its partitioner, its
+size check), after the batches of its partition sent so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from dupalign.service.topology import Outgoing, _retrieved, internal_waiters
+
+# a record at least this large goes through ``send`` (aiokafka's default batch size: a
+# batch's first record may exceed it, but ``send`` checks it against max_request_size)
+ALONE_BYTES = 16384
+
+
+def _size(o: Outgoing) -> int:
+    return (len(o.value or b"") + len(o.key or b"")
+            + sum(len(k) + len(v) for k, v in o.headers))
+
+
+async def send_batched(producer: AIOKafkaProducer, records: list[Outgoing]) -> None:
+    """Send ``records`` and wait for every acknowledgement (``send_all``'s failures: the
+    first raised once)."""
+    futures: list[asyncio.Future[Any]] = []
+    open_: dict[tuple[str, int], Any] = {}  # (topic, partition) -> its batch being filled
+
+    async def flush(tp: tuple[str, int]) -> None:
+        batch = open_.pop(tp, None)
+        if batch is not None:
+            futures.append(await producer.send_batch(batch, tp[0], partition=tp[1]))
+
+    try:
+        for o in records:
+            if o.partition is None or _size(o) >= ALONE_BYTES:
+                if o.partition is not None:
+                    await flush((o.topic, o.partition))
+                futures.append(await producer.send(o.topic, o.value, key=o.key,
+                                                   partition=o.partition, headers=o.headers))
+                continue
+            tp = (o.topic, o.partition)
+            headers = o.headers
+            batch = open_.get(tp)
+            if batch is None or batch.append(timestamp=None, key=o.key, value=o.value,
+                                             headers=headers) is None:
+                await flush(tp)
+                batch = open_[tp] = producer.create_batch()
+                if batch.append(timestamp=None, key=o.key, value=o.value,
+                                headers=headers) is None:
+                    raise AssertionError("a batch's first record did not fit")
+        for tp in list(open_):
+            await flush(tp)
+    except BaseException:
+        for future in [*futures, *internal_waiters(producer)]:
+            future.add_done_callback(_retrieved)
+        raise
+    await asyncio.gather(*futures)
