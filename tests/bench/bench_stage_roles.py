@@ -40,9 +40,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import msgpack
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from dupalign.service.changelog import encode_key
 from dupalign.service.sequence_batch import SequenceBatch
 from dupalign.service.topology import ensure_topics
 from dupalign.stages.partitioned import Shape
+from dupalign.store.keys import read_u64
 from tests.bench.bench_topology import cpu_seconds
 from tests.bench.bench_worker import corpus, run_with_broker
 from tests.service.test_stage_roles_kafka import Roles
@@ -56,6 +61,42 @@ ENGINE = """
 idf_freeze_at = []
 """
 QUIET_S = 3.0  # no record on any topic for this long: every stage is done
+NEXT_SEQ = encode_key("meta", b"ledger_next_seq")  # (a ledger's next ordinal, records.NOTES)
+CURSOR = encode_key("meta", b"stage_cursor")  # (the near partition's: "next")
+
+
+class Applied:
+    """How far every stage partition has applied the sequence, as committed: the last
+    ledger ``next_seq`` note (the near partition's cursor "next") in its changelog, read
+    as it comes. A role still busy with the pages sent writes no record on a topic for a
+    while (its first pages load its kernels): quiet topics alone do not say it is done."""
+
+    def __init__(self, setup: Setup) -> None:
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=setup.kc.bootstrap_servers, group_id=None,
+            isolation_level="read_committed", enable_auto_commit=False,
+            auto_offset_reset="earliest")
+        self.tps = [TopicPartition(setup.topics.changelog(role), p) for role in ROLES[1:]
+                    for p in range(setup.topics.partitions(role))]
+        self.at = dict.fromkeys(self.tps, 0)
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        self.consumer.assign(self.tps)
+        await self.consumer.seek_to_beginning(*self.tps)
+
+    async def lowest(self) -> int:
+        """The lowest ordinal any stage partition is still to apply."""
+        while True:
+            got = await self.consumer.getmany(timeout_ms=100, max_records=100_000)
+            if not any(got.values()):
+                return min(self.at.values())
+            for tp, recs in got.items():
+                for r in recs:
+                    if r.key == NEXT_SEQ and r.value is not None:
+                        self.at[tp] = read_u64(r.value)
+                    elif r.key == CURSOR and ".near." in tp.topic and r.value is not None:
+                        self.at[tp] = msgpack.unpackb(r.value)["next"]
 
 
 class Setup(Roles):
@@ -127,9 +168,10 @@ class Setup(Roles):
                 "matches": (self.kc.output_topic, self.kc.topic_partitions),
                 "align": (self.kc.align_topic, self.kc.align_partitions)}
 
-    async def done(self, n_pages: int, timeout: float = 1800) -> dict[str, list[Any]]:
-        """Once every page is decided and no topic got a record for ``QUIET_S``: the
-        records of each topic between the roles."""
+    async def done(self, n_pages: int, applied: Applied, timeout: float = 1800
+                   ) -> dict[str, list[Any]]:
+        """Once every page is applied by every stage partition (``Applied``) and no topic
+        got a record for ``QUIET_S``: the records of each topic between the roles."""
         deadline = time.monotonic() + timeout
         bootstrap = self.kc.bootstrap_servers
         last: dict[str, int] = {}
@@ -144,6 +186,7 @@ class Setup(Roles):
             if counts != last:
                 last, since = counts, time.monotonic()
             elif (sequenced + len(dead) == n_pages and counts["decisions"] == sequenced
+                  and await applied.lowest() == sequenced
                   and time.monotonic() - since > QUIET_S):
                 return got
             if time.monotonic() > deadline:
@@ -178,19 +221,21 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
     setup = Setup(bootstrap, tmp, partitions, copies, batch)
     await ensure_topics(setup.kc, setup.topics.wanted())
     spies: list[subprocess.Popen[bytes]] = []
+    applied = Applied(setup)
+    await applied.start()
     try:
         setup.start_all()
         await setup.started()
         if warm:
             await setup.send(pages[:warm])
-            await setup.done(warm)
+            await setup.done(warm, applied)
         taken = moves(setup)
         if profile is not None:
             spies = spied(setup, profile, copies)
             await asyncio.sleep(1)  # (py-spy attaching)
         before, t0 = setup.cpu(), time.monotonic()
         await setup.send(pages[warm:])
-        got = await setup.done(len(pages))
+        got = await setup.done(len(pages), applied)
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # (it writes its file and exits)
         for spy in spies:
@@ -205,6 +250,7 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         moved = moves(setup) - taken
     finally:
         stop_all(setup.procs)
+        await applied.consumer.stop()
     n = len(pages) - warm
     cpu = {r: after[r] - before[r] - (idle[r] - after[r]) / idle_s * (seconds + QUIET_S)
            for r in ROLES}
