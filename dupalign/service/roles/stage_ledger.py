@@ -29,6 +29,8 @@ class LedgerSteps:
         self.ledger = StoredLedger(store)
         self.decisions = part.merge(part.topics.decisions, range(part.topics.shape.directory))
         self.swept: int = part.noted.get("swept", 0)  # the last sweep point swept
+        # (next_seq, swept) when the rows were last written: unchanged, nothing to write
+        self._written: tuple[int, int] | None = None
 
     @property
     def next_seq(self) -> int:
@@ -83,7 +85,13 @@ class LedgerSteps:
             pass
 
     def note(self, batch: Batch) -> None:
-        self.ledger.write(batch)
+        """The rows and counters changed, if any: every change is an apply (next_seq
+        moves) or a sweep (swept moves); a turn that applied nothing writes nothing, so it
+        needs no transaction (``StageRole._work``)."""
+        at = (self.ledger.next_seq, self.swept)
+        if at != self._written:
+            self.ledger.write(batch)
+            self._written = at
 
     def extra(self) -> dict[str, Any]:
         return {"swept": self.swept}

@@ -6,12 +6,17 @@ Ownership: the copies of a stage role form a consumer group over the stage's cha
 topic, whose partitions they keep paused: the group says who owns partition p, p's
 transactional id fences its previous owner. Taking p: its producer starts (aborting what the
 last owner left open), a fresh store directory is restored from p's changelog up to its
-read_committed end, and a reader of p's own (no group, read_committed) is placed at the
-input offsets noted in that store. A turn of p: what the reader fetched goes to the
-partition (``StagePartition.turn``, in the role's thread), which applies every record whose
-turn has come, in ordinal order, writes its store and notes its place (``cursor``); then one
+read_committed end, and p's inputs are read from the offsets noted in that store. One
+reader per process (no group, read_committed) reads the inputs of every partition it holds,
+each input partition from the lowest offset any of them needs (a partition drops what it
+read before: ``OrderedMerge.add``, ``SequenceLog.add``): the sequence and the decisions,
+which every partition of a stage reads, are fetched and parsed once per process, not once
+per partition. A turn of p: what the reader fetched of p's inputs goes to the partition
+(``StagePartition.turn``, in the role's thread), which applies every record whose turn has
+come, in ordinal order, writes its store and notes its place (``cursor``); then one
 transaction holds the outputs and the changelog records of what the store changed (its
-place in its inputs among them). No group offsets: the inputs' positions travel in the
+place in its inputs among them); a turn that changed nothing (it took nothing, its place
+is the same) has no transaction. No group offsets: the inputs' positions travel in the
 changelog. A store is used again only by the same process directory, when its last turn
 committed and the changelog has not moved since it was let go (``release``, ``_kept``): a
 clean restart does not restore; after a failed turn, a crash or another owner, the next
@@ -80,6 +85,7 @@ class StagePartition:
         # (topic, partition, key) -> (first offset, count, the parts read) of a value
         # sent in parts, not all read yet
         self.incomplete: dict[tuple[str, int, Any], tuple[int, int, dict[int, bytes]]] = {}
+        self._cursor = raw  # the cursor as last written (the same again: not rewritten)
 
     def merge(self, topic: str, partitions: Iterable[int]) -> OrderedMerge[Any]:
         """The merge of ``partitions`` of ``topic``, from the place noted in the store."""
@@ -140,7 +146,10 @@ class StagePartition:
                                    "the sequence (sent to the wrong partition?)")
         batch = self.store.batch()
         self.note(batch)
-        records.put_blob(batch, "stage_cursor", msgpack.packb(self.cursor()))
+        cursor = msgpack.packb(self.cursor())
+        if cursor != self._cursor:  # (unchanged, with nothing else written: no changelog
+            records.put_blob(batch, "stage_cursor", cursor)  # records, no transaction)
+            self._cursor = cursor
         self.store.write(batch)
         return out
 
@@ -190,7 +199,8 @@ class StageRole(StatelessRole):
         self.topics_ = StageTopics(self.kc, shape)
         self.store_dir = Path(store_dir) / self.stage
         self.parts: dict[TopicPartition, StagePartition] = {}
-        self.readers: dict[TopicPartition, AIOKafkaConsumer] = {}
+        self.reader: AIOKafkaConsumer | None = None  # every partition's inputs (``_assign``)
+        self.inputs: dict[TopicPartition, frozenset[TopicPartition]] = {}  # what each reads
         self.changelogs: dict[TopicPartition, Changelog] = {}
         self.dirty: set[TopicPartition] = set()  # a turn begun, not committed
 
@@ -213,17 +223,10 @@ class StageRole(StatelessRole):
     async def take(self, tp: TopicPartition, committed: int | None) -> int | None:
         """The store this process kept for ``tp`` if nothing was written to the changelog
         since (``_kept``), else a fresh store restored from the changelog (the producer
-        started: the last owner's open transaction aborted); and a reader from the place
+        started: the last owner's open transaction aborted); its inputs read from the place
         noted in it."""
         loop = asyncio.get_running_loop()
-        # (an offset noted that the topic no longer holds is an error, never a silent skip)
-        reader = AIOKafkaConsumer(
-            **self.kc.client_kwargs(), group_id=None, enable_auto_commit=False,
-            isolation_level="read_committed", auto_offset_reset="none",
-            max_partition_fetch_bytes=self.kc.max_partition_fetch_bytes,
-            fetch_max_bytes=self.kc.fetch_max_bytes)
-        self.readers[tp] = reader  # (stopped by ``release`` if what follows fails)
-        await reader.start()
+        reader = await self._reader()
         store = await self._kept(tp, reader)
         how = "kept (the changelog unchanged since)"
         if store is None:
@@ -235,12 +238,39 @@ class StageRole(StatelessRole):
         self.parts[tp] = part
         self.changelogs[tp] = Changelog(store, tp.topic, tp.partition)
         positions = part.positions()
-        reader.assign(list(positions))
-        for itp, offset in positions.items():
-            reader.seek(itp, offset)
+        self.inputs[tp] = frozenset(positions)
+        self._assign()
         log.info("%s partition %d taken: store %s, inputs from %s", self.stage, tp.partition,
                  how, {f"{t.topic}:{t.partition}": o for t, o in positions.items()})
         return committed
+
+    async def _reader(self) -> AIOKafkaConsumer:
+        """The process's reader of its partitions' inputs, started (stopped by ``release``
+        when no partition is held)."""
+        if self.reader is None:
+            # (an offset noted that the topic no longer holds is an error, never a silent
+            # skip)
+            self.reader = AIOKafkaConsumer(
+                **self.kc.client_kwargs(), group_id=None, enable_auto_commit=False,
+                isolation_level="read_committed", auto_offset_reset="none",
+                max_partition_fetch_bytes=self.kc.max_partition_fetch_bytes,
+                fetch_max_bytes=self.kc.fetch_max_bytes)
+            await self.reader.start()
+        return self.reader
+
+    def _assign(self) -> None:
+        """The reader on every input of the partitions held, each from the lowest offset a
+        partition reading it needs (``positions``: what each has read is in its merges;
+        a record read again is dropped by those that had it). Records fetched and not yet
+        handed over are fetched again."""
+        assert self.reader is not None
+        wanted: dict[TopicPartition, int] = {}
+        for part in self.parts.values():
+            for itp, offset in part.positions().items():
+                wanted[itp] = min(offset, wanted.get(itp, offset))
+        self.reader.assign(list(wanted))
+        for itp, offset in wanted.items():
+            self.reader.seek(itp, offset)
 
     def _path(self, tp: TopicPartition) -> Path:
         return self.store_dir / str(tp.partition)
@@ -281,8 +311,8 @@ class StageRole(StatelessRole):
         """Lets partitions go; a store whose last turn committed is kept for the next
         ``take`` here, with the changelog's end (read now) in its marker."""
         loop = asyncio.get_running_loop()
+        reader = self.reader
         for tp in tps:
-            reader = self.readers.pop(tp, None)
             end = None
             if reader is not None and tp not in self.dirty and tp in self.parts:
                 try:
@@ -291,7 +321,7 @@ class StageRole(StatelessRole):
                     log.info("%s partition %d: store not kept (%r)", self.stage,
                              tp.partition, exc)
             self.dirty.discard(tp)
-            await stop_quietly(reader)
+            self.inputs.pop(tp, None)
             changelog = self.changelogs.pop(tp, None)
             if changelog is not None:
                 changelog.close()
@@ -300,6 +330,11 @@ class StageRole(StatelessRole):
                 await loop.run_in_executor(self.executor, part.store.close)
                 if end is not None:
                     self._marker(tp).write_text(str(end), "ascii")
+        if reader is not None and self.parts:
+            self._assign()  # (the inputs of the partitions still held)
+        elif reader is not None:
+            self.reader = None
+            await stop_quietly(reader)
 
     async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
         loop = asyncio.get_running_loop()
@@ -310,6 +345,9 @@ class StageRole(StatelessRole):
             self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
             outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
             records = [*outputs, *self.changelogs[tp].outgoing()]
+            if not records:  # (nothing taken, nothing moved: the store is as committed)
+                self.dirty.discard(tp)
+                continue
             unit = Checkpoint({}, records, send=functools.partial(send_batched, records=records))
             async with self.metrics.transaction(self.name):
                 await within(unit.commit(self.producers[tp], self.group_id), self.limit_s)
@@ -319,32 +357,23 @@ class StageRole(StatelessRole):
             self.batches += 1
 
     async def _fetched(self) -> dict[TopicPartition, dict[TopicPartition, list[Any]]]:
-        """What the readers of the partitions owned have fetched, by partition owned (only
-        those with records: with none, nothing can have come due). Waits up to
-        ``READ_WAIT_S`` for the first record of any: a turn comes as soon as a reader has
+        """What the reader has fetched, by partition held: each gets the records of its
+        own inputs (only those with records: with none, nothing can have come due). Waits
+        up to ``READ_WAIT_S`` for a first record: a turn comes as soon as the reader has
         records, not at the group's next poll (the group's fetch does not wait:
         ``turn_wait_ms``)."""
-        got = {}
-        for tp, reader in self.readers.items():
-            fetched = await reader.getmany(timeout_ms=0, max_records=TURN_RECORDS)
-            if any(fetched.values()):
-                got[tp] = fetched
-        if got:
-            return got
-        if not self.readers:
+        reader = self.reader
+        if reader is None or not self.parts:
             await asyncio.sleep(READ_WAIT_S)
-            return got
-        waits = {asyncio.ensure_future(reader.getmany(timeout_ms=int(READ_WAIT_S * 1000),
-                                                      max_records=TURN_RECORDS)): tp
-                 for tp, reader in self.readers.items()}
-        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        # (a getmany cancelled while it waits has taken nothing: the records stay
-        # buffered in its consumer for the next turn)
-        for waiting in pending:
-            waiting.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for finished in done:
-            fetched = finished.result()
-            if any(fetched.values()):
-                got[waits[finished]] = fetched
+            return {}
+        fetched = await reader.getmany(timeout_ms=0, max_records=TURN_RECORDS)
+        if not any(fetched.values()):
+            fetched = await reader.getmany(timeout_ms=int(READ_WAIT_S * 1000),
+                                           max_records=TURN_RECORDS)
+        got = {}
+        for tp in self.parts:
+            mine = {itp: recs for itp, recs in fetched.items()
+                    if recs and itp in self.inputs[tp]}
+            if mine:
+                got[tp] = mine
         return got
