@@ -45,7 +45,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from dupalign.service.changelog import encode_key
 from dupalign.service.sequence_batch import SequenceBatch
-from dupalign.service.topology import ensure_topics
+from dupalign.service.topology import REPLY_HEADER, ensure_topics, header
 from dupalign.stages.partitioned import Shape
 from dupalign.store.keys import read_u64
 from tests.bench.bench_topology import cpu_seconds
@@ -180,6 +180,10 @@ class Setup(Roles):
             check_alive(self.procs)
             got = {name: await read_topic(bootstrap, topic, n)
                    for name, (topic, n) in self.topic_names().items()}
+            # (the align topic is kafka.align_topic, "pages.align" for every run: this
+            # run's requests are those answered to its aligned topic)
+            got["align"] = [r for r in got["align"] if (header(r, REPLY_HEADER) or b"")
+                            .startswith(self.topics.aligned.encode() + b":")]
             counts = {name: len(recs) for name, recs in got.items()}
             dead = await read_topic(bootstrap, self.kc.dlq_topic, self.kc.topic_partitions)
             sequenced = sum(SequenceBatch.from_bytes(r.value).n for r in got["batches"])
@@ -222,10 +226,11 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
     await ensure_topics(setup.kc, setup.topics.wanted())
     spies: list[subprocess.Popen[bytes]] = []
     applied = Applied(setup)
-    await applied.start()
     try:
         setup.start_all()
         await setup.started()
+        await applied.start()  # (after the roles made the changelogs: its metadata
+        # request would make them with the broker's default partition count)
         if warm:
             await setup.send(pages[:warm])
             await setup.done(warm, applied)
@@ -256,6 +261,7 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
            for r in ROLES}
     return {"copies": copies, "seconds": seconds, "pages": n, "moved": moved,
             "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()},
+            "idle": {r: 100 * (idle[r] - after[r]) / idle_s for r in ROLES},
             "bytes": {t: sum(len(r.value or b"") for r in recs) / len(pages)
                       for t, recs in got.items()}}
 
@@ -273,6 +279,11 @@ def table(rows: list[dict[str, Any]], partitions: int) -> str:
         moved = f" ({r['moved']} partitions moved while measured)" if r["moved"] else ""
         lines.append(f"| {c}{moved} | {r['pages'] / r['seconds']:.0f} | " + " | ".join(cells)
                      + f" | {total:.2f} |")
+    lines += ["", "idle CPU of each role (all its copies), % of a core",
+              "| copies | " + " | ".join(roles) + " |", "|---|" + "---|" * len(roles)]
+    for r in rows:
+        lines.append(f"| {r['copies']} | " + " | ".join(f"{r['idle'][role]:.1f}"
+                                                      for role in roles) + " |")
     topics = list(rows[0]["bytes"])
     lines += ["", "bytes per page on each topic (values)",
               "| copies | " + " | ".join(topics) + " |", "|---|" + "---|" * len(topics)]
