@@ -13,10 +13,11 @@ per-copy CPU falls as copies are added unless a partition repeats work for every
 ledger over all decisions does). For each number of copies: fresh topics, ``copies``
 processes of each role started and every partition taken, then ``--pages`` pages sent at
 once; a role's CPU is what its processes used (/proc/PID/stat) from the send until every
-page is decided and no topic has had a record for 3 s, less what they use idle (measured
-for 5 s after), per page. ``--warm N``: N more pages sent and done before (a role's first
-pages load its kernels: a cost per process, not per page). A row says if the group moved
-partitions while it was measured (a copy timed out under load: a restore was counted).
+stage partition has applied every page (``Applied``) and no topic has had a record for 3 s,
+less what they use idle (measured for 5 s after, printed), per page. ``--warm N``: N more
+pages sent and done before (a role's first pages load its kernels: a cost per process, not
+per page). A row says if the group moved partitions while it was measured (a copy timed
+out under load: a restore was counted).
 The align role is not run yet (it needs forward records no stage role sends): a page with
 align tasks stays waiting in the combine, so the combine's CPU leaves out its merge of
 align answers. Copies share this machine's cores: read CPU, not rate.
