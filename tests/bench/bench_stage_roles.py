@@ -3,7 +3,7 @@ Kafka"): CPU per page of each role with 1, 2 and 4 copies, and bytes per page on
 topic between them (issue 43, deliver 6).
 
     python -m tests.bench.bench_stage_roles [--pages 600] [--copies 1,2,4] [--partitions 4]
-        [--batch 32] [--bootstrap H:P]
+        [--batch 32] [--bootstrap H:P] [--no-passages]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py),
 under the default engine configuration but for ``near.idf_freeze_at = []`` (the stage roles
@@ -16,8 +16,11 @@ once; a role's CPU is what its processes used (/proc/PID/stat) from the send unt
 page is decided and no topic has had a record for 3 s, less what they use idle (measured
 for 5 s after), per page. The align role is not run yet (it needs forward records no stage
 role sends): a page with align tasks stays waiting in the combine, so the combine's CPU
-leaves out its merge of align answers. Copies share this machine's cores: read CPU, not
-rate.
+leaves out its merge of align answers; the pages without align tasks are published at once,
+and on these corpora none of them has a match (the table of pages waiting and published
+says so: passage and near matches come with align tasks), so the output topic stays empty
+until align runs. ``--no-passages``: passages off, every page is published at once.
+Copies share this machine's cores: read CPU, not rate.
 Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
 """
 
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dupalign.service.sequence_batch import SequenceBatch
-from dupalign.service.topology import ensure_topics
+from dupalign.service.topology import ensure_topics, record_ordinal
 from dupalign.stages.partitioned import Shape
 from tests.bench.bench_topology import cpu_seconds
 from tests.bench.bench_worker import corpus, run_with_broker
@@ -48,6 +51,10 @@ ENGINE = """
 [engine.near]
 idf_freeze_at = []
 """
+NO_PASSAGES = """
+[engine.passage]
+enabled = false
+"""
 QUIET_S = 3.0  # no record on any topic for this long: every stage is done
 
 
@@ -56,11 +63,11 @@ class Setup(Roles):
     every stage."""
 
     def __init__(self, bootstrap: str, tmp: Path, partitions: int, copies: int,
-                 batch: int) -> None:
+                 batch: int, engine: str = ENGINE) -> None:
         where = tmp / f"c{copies}-{uuid.uuid4().hex[:8]}"
         where.mkdir(parents=True)
         p = partitions
-        super().__init__(bootstrap, where, Shape(p, p, p, p, p, p), ENGINE, batch, p)
+        super().__init__(bootstrap, where, Shape(p, p, p, p, p, p), engine, batch, p)
         self.copies = copies
 
     def start_all(self) -> None:
@@ -128,8 +135,8 @@ class Setup(Roles):
 
 
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,
-                  batch: int) -> dict[str, Any]:
-    setup = Setup(bootstrap, tmp, partitions, copies, batch)
+                  batch: int, engine: str = ENGINE) -> dict[str, Any]:
+    setup = Setup(bootstrap, tmp, partitions, copies, batch, engine)
     await ensure_topics(setup.kc, setup.topics.wanted())
     try:
         setup.start_all()
@@ -149,8 +156,12 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
     n = len(pages)
     cpu = {r: after[r] - before[r] - (idle[r] - after[r]) / idle_s * (seconds + QUIET_S)
            for r in ROLES}
-    return {"copies": copies, "seconds": seconds, "pages": n,
-            "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()},
+    # (passages on: a page with align tasks waits in the combine, unpublished, for align,
+    # which is not run; a page without has no match on these corpora)
+    waiting = len({record_ordinal(r) for r in got["align"]})
+    published = len({record_ordinal(r) for r in got["matches"]})
+    return {"copies": copies, "seconds": seconds, "pages": n, "waiting": waiting,
+            "published": published, "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()},
             "bytes": {t: sum(len(r.value or b"") for r in recs) / n for t, recs in got.items()}}
 
 
@@ -166,6 +177,9 @@ def table(rows: list[dict[str, Any]], partitions: int) -> str:
         total = sum(r["cpu_ms"].values())
         lines.append(f"| {c} | {r['pages'] / r['seconds']:.0f} | " + " | ".join(cells)
                      + f" | {total:.2f} |")
+    lines += ["", "pages waiting for align (sent a request) and pages with matches published",
+              "| copies | waiting | published |", "|---|---|---|"]
+    lines += [f"| {r['copies']} | {r['waiting']} | {r['published']} |" for r in rows]
     topics = list(rows[0]["bytes"])
     lines += ["", "bytes per page on each topic (values)",
               "| copies | " + " | ".join(topics) + " |", "|---|" + "---|" * len(topics)]
@@ -179,7 +193,8 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     pages = corpus(args.pages)
     rows = []
     for copies in args.copies:
-        rows.append(await measure(bootstrap, tmp, pages, args.partitions, copies, args.batch))
+        rows.append(await measure(bootstrap, tmp, pages, args.partitions, copies, args.batch,
+                                  ENGINE + NO_PASSAGES if args.no_passages else ENGINE))
         print(f"{copies} copies: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
     print(table(rows, args.partitions))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
@@ -193,6 +208,8 @@ def main() -> int:
     p.add_argument("--partitions", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--bootstrap")
+    p.add_argument("--no-passages", action="store_true",
+                   help="passages off: every page is published at once (no align tasks)")
     args = p.parse_args()
     if any(c > args.partitions for c in args.copies):
         p.error("more copies than partitions: the extra copies would stand by")
