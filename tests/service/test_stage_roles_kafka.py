@@ -154,7 +154,7 @@ enabled = false
 
 def shape_arg(s: Shape) -> str:
     """``--shape`` for ``s``."""
-    return f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine},{s.router}"
+    return f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine},{s.router},{s.align}"
 
 
 def sequence_order(pages: list[Any], batches: list[Any]) -> list[tuple[Page, int]]:
