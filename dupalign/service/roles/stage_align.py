@@ -28,7 +28,10 @@ store).
 
 Store: the ``ForwardStage``'s records (of its own ids only: the removal of a page another
 partition holds writes nothing), the ledger's rows, the cursor (with each combine's
-progress and the page applied whose answer is still to come).
+progress and the offset of the record that said it, and the page applied whose answer is
+still to come). After a restart the requests partition is read again from its low-water
+mark: a combine's progress noted counts again only once the reader has passed the record
+it came from, so a request read again (in parts: perhaps not whole yet) is never passed.
 """
 
 from __future__ import annotations
@@ -117,6 +120,9 @@ class AlignPartition(LedgerPartition):
         self.passages = self.merge(topics.passages, [partition])
         self.requests = self.merge(topics.align_requests, [partition])
         self.upto: list[int] = list(self.noted.get("upto", [0] * shape.combine))
+        # the offset of the record each combine's progress was read from: after a restart
+        # it counts once the reader is past it again (the requests below it read again)
+        self.upto_at: list[int] = list(self.noted.get("upto_at", [-1] * shape.combine))
         # the ordinal applied last if a request may come for it, and the combine
         # partition that would send it (None: nothing to wait for)
         asking = self.noted.get("asking")
@@ -147,13 +153,14 @@ class AlignPartition(LedgerPartition):
                 if c is None:
                     self._add(t, r)
                     continue
-                self.upto[c] = max(self.upto[c], record_ordinal(r))
+                if record_ordinal(r) > self.upto[c]:
+                    self.upto[c], self.upto_at[c] = record_ordinal(r), r.offset
                 nxt = self.requests.next
                 nxt[r.partition] = max(nxt[r.partition], r.offset + 1)
         return super().turn({tp: recs for tp, recs in fetched.items() if tp.topic != t})
 
     def extra(self) -> dict[str, Any]:
-        return {**self.ledger.extra(), "upto": self.upto,
+        return {**self.ledger.extra(), "upto": self.upto, "upto_at": self.upto_at,
                 "asking": None if self.asking is None else list(self.asking)}
 
     def advance(self) -> list[Outgoing]:
@@ -161,8 +168,8 @@ class AlignPartition(LedgerPartition):
         while True:
             if self.asking is not None:
                 o, c = self.asking
-                if self.upto[c] <= o:
-                    break  # (its combine may still ask)
+                if self.upto[c] <= o or self.requests.next[self.partition] <= self.upto_at[c]:
+                    break  # (its combine may still ask, or its request is not read again yet)
                 out += self._answer(o, c)
                 self.asking = None
             elif not self._apply_next():
