@@ -19,22 +19,25 @@ from typing import Any
 
 import msgpack
 import pytest
+from aiokafka import TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dupalign.match import Match
+from dupalign.near.idf import IdfTable
 from dupalign.page import Page
-from dupalign.service.config import KafkaConfig
+from dupalign.service.config import Config, KafkaConfig
 from dupalign.service.parts import in_parts
 from dupalign.service.roles.stage_align import AlignPartition, record_upto
 from dupalign.service.roles.stage_combine import CombinePartition
+from dupalign.service.roles.stage_sketch import StageSketchRole
 from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import RECORD_OVERHEAD, Outgoing, record_ordinal
 from dupalign.stages.directory import directory_owner
 from dupalign.stages.forward_stage import forward_value
 from dupalign.stages.partitioned import Shape
-from dupalign.stages.sketch import PageSketch
+from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.store import tables
 from dupalign.wire import messages
 from tests.reused_stores import Stores, temporary_stores
@@ -176,3 +179,25 @@ def test_a_candidate_removed_at_the_next_ordinal_is_there_when_its_request_is_an
     published, _ = check(REMOVED_NEXT, seed)
     assert any(m["kind"] == "passage" and m["match_doc_id"] == "d0"
                for m in published.get(1, [])), published
+
+
+def test_the_sketch_role_sends_each_page_with_passages_its_forward_record() -> None:
+    """To the align partition of its id, the value ``Partitioned``'s forward stage reads, in
+    parts over ``kafka.max_request_size``."""
+    tp = TopicPartition(KC.input_topic, 0)
+    pages = [Page(f"p{k}", " ".join(SHARED_TEXTS[k % 4].split()[k % 3:]) + f" w{k}")
+             for k in range(8)]
+    recs = [_record(tp.topic, 0, o, messages.encode_page(p), []) for o, p in enumerate(pages)]
+    for r, p in zip(recs, pages, strict=True):
+        r.key = p.id.encode()
+    role = StageSketchRole(Config(kafka=KC, engine=CONFIG), SHAPE)
+    out = role.prepare(tp, recs)
+    sketcher = Sketcher(CONFIG)
+    want = [forward_value(p.id, sketcher.sketch(p, IdfTable.uniform()).passage) for p in pages]
+    assert all(w is not None for w in want)
+    assert [None if f is None else f.value for f in out.passages] == want
+    assert [f.partition for f in out.passages if f is not None] == [
+        directory_owner(p.id, SHAPE.align) for p in pages]
+    assert {f.partition for f in out.passages if f is not None} == {0, 1}
+    sent = [o for o in role.outgoing(out) if o.topic == TOPICS.passages]
+    assert len(sent) > len(pages)  # (in parts)
