@@ -104,7 +104,7 @@ class Setup(Roles):
                 "near_answers": (t.near_answers, s.combine), "windows": (t.windows, s.lists),
                 "partials": (t.partials, s.combine), "sketches": (t.sketches, s.combine),
                 "matches": (self.kc.output_topic, self.kc.topic_partitions),
-                "align": (self.kc.align_topic, self.kc.align_partitions)}
+                "align": (t.align_requests, s.align)}
 
     async def done(self, n_pages: int, timeout: float = 1800) -> dict[str, list[Any]]:
         """Once every page is decided and no topic got a record for ``QUIET_S``: the
