@@ -70,6 +70,7 @@ async def records_in(roles: Roles, topic: str, partitions: int, n: int, timeout:
         await asyncio.sleep(1)
 
 
+@pytest.mark.timeout(1800)  # (ten processes on a loaded machine: up to 10 minutes seen)
 async def test_every_role_with_two_align_processes_publishes_the_pipelines_matches(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     roles = Roles(kafka_bootstrap, tmp_path, SHAPE)
