@@ -373,6 +373,8 @@ LONG_FIRST = (
     "tests/stages/test_partitioned.py::test_the_stages_find_what_the_engine_finds_on_corpora",
     "tests/near/test_simhash.py::test_light_edits_stay_close_unrelated_documents_do_not",
     "tests/service/test_topology_kafka.py::test_two_of_each_role_over_the_synthetic_rfc_stream_give_the_matches_of_scan",
+    # every stage role twice, a SIGKILL of each (1-2 min, 4 at load 22)
+    "tests/service/test_stage_chain_kafka.py::test_every_role_twice_publishes_scan_s_matches_across_a_sigkill_of_each",
     "tests/near/test_cws.py::test_real_text_estimates_with_tf_idf_weights",
     "tests/service/test_role_faults_kafka.py::test_an_index_stopped_past_its_session_throttled_and_killed_exits_never_and_stalls_little",
     "tests/test_bench_corpus.py::test_corpus_gives_every_page_it_has_and_refuses_one_more",

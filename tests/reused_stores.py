@@ -56,5 +56,7 @@ def temporary_stores(prefix: str) -> Iterator[Stores]:
     """Stores under a new directory (in memory where /dev/shm is), removed afterwards."""
     shm = Path("/dev/shm")
     s = Stores(Path(tempfile.mkdtemp(prefix=prefix, dir=shm if shm.is_dir() else None)))
-    yield s
-    s.close()
+    try:
+        yield s
+    finally:  # a failing test must not leave its stores in /dev/shm (memory)
+        s.close()

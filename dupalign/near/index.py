@@ -47,7 +47,7 @@ from dupalign.near.idf import IdfBuilder, IdfTable, TfMode, counted_weights, tf_
 from dupalign.near.psm import psm_search_one
 from dupalign.near.simhash import BITS, simhash_into, weighted_simhash
 from dupalign.near.simhash_table import SimhashTable
-from dupalign.near.vosh import VolatilityModel
+from dupalign.near.volatility import VolatilityModel
 from dupalign.store import tables
 from dupalign.store.database import Batch, Store
 

@@ -38,7 +38,8 @@ from numba.extending import intrinsic
 from dupalign.kernel_cache import njit
 from dupalign.near.psm_probes import full_budget, next_probes, probe_scratch
 from dupalign.near.simhash_table import NO_BOUND, SimhashTable
-from dupalign.near.vosh import MAX_H, VolatilityModel
+from dupalign.near.volatility import VolatilityModel
+from dupalign.near.vosh import MAX_H
 
 I64 = npt.NDArray[np.int64]
 

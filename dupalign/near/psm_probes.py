@@ -24,15 +24,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from dupalign.kernel_cache import njit
-from dupalign.near.vosh import (
-    SENTINEL,
-    VolatilityModel,
-    bit_volatility,
-    packed_mask,
-    packed_root,
-    rms_of,
-    vosh_enumerate,
-)
+from dupalign.near.volatility import VolatilityModel, bit_volatility, rms_of
+from dupalign.near.vosh import SENTINEL, packed_mask, packed_root, vosh_enumerate
 
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]

@@ -16,7 +16,8 @@ class StageTopics:
     ``exact`` (E), ``near_state`` (R), ``near_ops`` (P), ``windows`` (S: the list partitions'
     windows of each page), the combine's inputs ``sketches``, ``near_answers``, ``partials``
     and ``aligned`` (C: partition c = the combine partition that owns the page's id), and
-    each stage's changelog (as many as the stage has partitions)."""
+    the align stage's inputs ``passages`` and ``align_requests`` (A), and each stage's
+    changelog (as many as the stage has partitions)."""
 
     def __init__(self, kc: KafkaConfig, shape: Shape) -> None:
         base = kc.input_topic
@@ -35,12 +36,18 @@ class StageTopics:
         self.near_answers = f"{base}.near_answers"
         self.partials = f"{base}.partials"
         self.aligned = f"{base}.aligned"
+        # the align stage (A partitions: partition a = the align partition owning the
+        # page's id, ``directory_owner(id, A)``): the sketch role's forward records, the
+        # combine's requests and its progress (stage_align.py)
+        self.passages = f"{base}.passages"
+        self.align_requests = f"{base}.align_requests"
 
     def partitions(self, stage: str) -> int:
         """The partitions of ``stage`` (a role's changelog has as many)."""
         counts = {"directory": self.shape.directory, "exact": self.shape.exact,
                   "router": self.shape.router, "near": self.shape.near,
-                  "lists": self.shape.lists, "combine": self.shape.combine}
+                  "lists": self.shape.lists, "combine": self.shape.combine,
+                  "align": self.shape.align}
         if stage not in counts:
             raise ValueError(f"no stage role {stage!r} yet: {', '.join(counts)}")
         return counts[stage]
@@ -54,14 +61,16 @@ class StageTopics:
         return {kc.input_topic: None, kc.dlq_topic: None, self.batches: 1,
                 self.entries: shape.directory, self.decisions: shape.directory,
                 self.exact: shape.exact, self.near_state: shape.router,
-                self.near_ops: shape.near, self.windows: shape.lists, **self._combine()}
+                self.near_ops: shape.near, self.windows: shape.lists, **self._combine(),
+                **self._align()}
 
     def _combine(self) -> dict[str, int | None]:
         c, kc = self.shape.combine, self.kc
-        # (the align role reads the forward topic, which has the align topic's partitions)
         return {self.sketches: c, self.near_answers: c, self.partials: c, self.aligned: c,
-                kc.align_topic: kc.align_partitions, kc.forward_topic: kc.align_partitions,
                 kc.output_topic: None}
+
+    def _align(self) -> dict[str, int | None]:
+        return {self.passages: self.shape.align, self.align_requests: self.shape.align}
 
 
 def require_frozen_idf(config: EngineConfig) -> None:

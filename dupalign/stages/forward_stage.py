@@ -3,15 +3,18 @@ by store ordinal, each stored page's full forward record and positions (as the i
 fan-in writes them: dupalign.stages.shards ``ShardedPassages.stage_forward``) and its id,
 for the pages that are in the lists (stored, not exact copies, with passages). Kept from
 upstream data alone: the decisions placed by its ``Ledger``, the exact answers, the pages'
-passage sketches and the sweeps; read through a ``StoreForward``
-(dupalign.store.forward_reader)."""
+forward records as the sketch stage makes them (``forward_value``: the wire form the align
+stage's partitions read, dupalign/service/roles/stage_align.py) and the sweeps; read through
+a ``StoreForward`` (dupalign.store.forward_reader)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import msgpack
+import numpy as np
 
+from dupalign.passage import forward
 from dupalign.passage.sketch import PassageState
 from dupalign.stages.directory import Decision
 from dupalign.stages.exact import ExactAnswer
@@ -19,6 +22,19 @@ from dupalign.stages.ledger import Expired, Placed
 from dupalign.stages.shards import ShardedPassages
 from dupalign.store import tables
 from dupalign.store.database import Batch, Store
+from dupalign.wire.forward_record import ForwardRecord, encode_forward
+
+
+def forward_value(doc_id: str, passage: PassageState | None) -> bytes | None:
+    """The page's forward record as the sketch stage sends it (``encode_forward``: its id,
+    windows and positions, the values the store keeps; None: a page without passages,
+    which no list holds)."""
+    if passage is None or passage.rects is None:
+        return None
+    r = passage.rects
+    windows = forward.pack_windows(r.bin, r.key, np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi),
+                                                          axis=1), r.empty)
+    return encode_forward(doc_id, windows, passage.positions)
 
 
 class ForwardStage:
@@ -28,16 +44,17 @@ class ForwardStage:
         self.store = store
 
     def apply(self, d: Decision, placed: Placed, exact: ExactAnswer | None,
-              passage: PassageState | None) -> None:
+              record: ForwardRecord | None) -> None:
         """The next decision (sequence order) with the stored page's exact answer and its
-        passage sketch."""
+        forward record (``forward_value``, read)."""
         batch = self.store.batch()
         if placed.removed is not None:
             self._remove(batch, [placed.removed])
         if (d.kind == "stored" and exact is not None and exact.original is None
-                and passage is not None and passage.rects is not None):
+                and record is not None):
             assert placed.ordinal is not None
-            ShardedPassages.stage_forward(batch, placed.ordinal, passage)
+            tables.forward.put(batch, placed.ordinal, record.windows)
+            tables.positions.put(batch, placed.ordinal, record.positions)
             tables.docs.put(batch, placed.ordinal, msgpack.packb({"id": d.doc_id}))
         if len(batch):
             self.store.write(batch)

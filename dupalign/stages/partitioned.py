@@ -41,7 +41,7 @@ from dupalign.stages.directory import (
     entry_of,
 )
 from dupalign.stages.exact import ExactAnswer, ExactShard
-from dupalign.stages.forward_stage import ForwardStage
+from dupalign.stages.forward_stage import ForwardStage, forward_value
 from dupalign.stages.index import engine_info
 from dupalign.stages.ledger import Expired, Ledger
 from dupalign.stages.list_shard import ListPartial, ListShard, ListWindows, list_windows
@@ -51,12 +51,14 @@ from dupalign.stages.router import Learner, Router, prefix_bits
 from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.store.database import Store
 from dupalign.store.forward_reader import StoreForward
+from dupalign.wire.forward_record import decode_forward
 
 
 @dataclass(frozen=True)
 class Shape:
     """Partitions of each stage: directory, exact, near (a power of 2), lists, combine,
-    router."""
+    router, align (its roles on Kafka; one ``ForwardStage`` here: the answers do not depend
+    on how the candidates are split)."""
 
     directory: int = 1
     exact: int = 1
@@ -64,14 +66,15 @@ class Shape:
     lists: int = 1
     combine: int = 1
     router: int = 1
+    align: int = 1
 
     @classmethod
     def parse(cls, text: str) -> Shape:
-        """``D,E,P,S,C`` or ``D,E,P,S,C,R``."""
+        """``D,E,P,S,C``, ``D,E,P,S,C,R`` or ``D,E,P,S,C,R,A``."""
         parts = text.split(",")
-        if len(parts) not in (5, 6) or not all(p.strip().isdigit() and int(p) >= 1
-                                               for p in parts):
-            raise ValueError(f"partitions {text!r}: counts D,E,P,S,C[,R], each >= 1")
+        if len(parts) not in (5, 6, 7) or not all(p.strip().isdigit() and int(p) >= 1
+                                                  for p in parts):
+            raise ValueError(f"partitions {text!r}: counts D,E,P,S,C[,R[,A]], each >= 1")
         shape = cls(*(int(p) for p in parts))
         prefix_bits(shape.near)
         return shape
@@ -161,7 +164,9 @@ class Partitioned:
                     if (p := shard.apply(self._decision(raw), ledger.apply(d), exact,
                                          self._windows(windows, shard.shard, seq)))
                     is not None]
-        self.forward.apply(d, self.forward_ledger.apply(d), exact, sk.passage)
+        forward = forward_value(sk.id, sk.passage)  # (the align stage's wire form)
+        self.forward.apply(d, self.forward_ledger.apply(d), exact,
+                           None if forward is None else decode_forward(forward))
         near = [answer_from_bytes(a)[2] for a in near_raw]
         mine: tuple[CombineShard, Combined] | None = None
         for combine, ledger in self.combines:

@@ -41,7 +41,7 @@ from dupalign.near.index import NearState, refresh
 from dupalign.near.prefix_shards import route, shard_of_fingerprint
 from dupalign.near.psm_probes import probe_headers
 from dupalign.near.simhash_table import SimhashTable
-from dupalign.near.vosh import VolatilityModel
+from dupalign.near.volatility import VolatilityModel
 from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.exact import ExactAnswer
 from dupalign.stages.ledger import Expired, Placed

@@ -52,7 +52,7 @@ from dupalign.near.bphs import BphsIndex
 from dupalign.near.psm import Mode, PsmBatchResult, brute_force_batch, psm_search_batch
 from dupalign.near.simhash import weighted_simhash_batch
 from dupalign.near.simhash_table import SimhashTable
-from dupalign.near.vosh import VolatilityModel
+from dupalign.near.volatility import VolatilityModel
 from dupalign.text.hashing import mix64
 
 VOCAB = 1 << 20

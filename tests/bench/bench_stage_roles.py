@@ -3,7 +3,7 @@ Kafka"): CPU per page of each role with 1, 2 and 4 copies, and bytes per page on
 topic between them (issue 43, deliver 6).
 
     python -m tests.bench.bench_stage_roles [--pages 600] [--copies 1,2,4] [--partitions 4]
-        [--batch 32] [--warm 0] [--bootstrap H:P] [--profile DIR]
+        [--batch 32] [--warm 0] [--bootstrap H:P] [--profile DIR] [--no-passages]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py),
 under the default engine configuration but for ``near.idf_freeze_at = []`` (the stage roles
@@ -18,9 +18,11 @@ less what they use idle (measured for 5 s after, printed), per page. ``--warm N`
 pages sent and done before (a role's first pages load its kernels: a cost per process, not
 per page). A row says if the group moved partitions while it was measured (a copy timed
 out under load: a restore was counted).
-The align role is not run yet (it needs forward records no stage role sends): a page with
-align tasks stays waiting in the combine, so the combine's CPU leaves out its merge of
-align answers. Copies share this machine's cores: read CPU, not rate.
+The align role is not run yet: a page with align tasks stays waiting in the combine, so the
+combine's CPU leaves out its merge of align answers; the pages without align tasks are
+published at once, and on these corpora none of them has a match (the table of pages
+waiting and published says so). ``--no-passages``: passages off, every page is published at
+once. Copies share this machine's cores: read CPU, not rate.
 ``--profile DIR``: every role process sampled by py-spy from the send until done (raw
 collapsed stacks, DIR/c<copies>-<role>-<i>.txt; summed by function with
 ``python -m tests.bench.spy_summary DIR/c1-lists-*.txt``); its CPU figures are then the
@@ -45,8 +47,9 @@ import msgpack
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from dupalign.service.changelog import encode_key
+from dupalign.service.roles.stage_align import record_upto
 from dupalign.service.sequence_batch import SequenceBatch
-from dupalign.service.topology import REPLY_HEADER, ensure_topics, header
+from dupalign.service.topology import ensure_topics, record_ordinal
 from dupalign.stages.partitioned import Shape
 from dupalign.store.keys import read_u64
 from tests.bench.bench_topology import cpu_seconds
@@ -60,6 +63,10 @@ ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine")
 ENGINE = """
 [engine.near]
 idf_freeze_at = []
+"""
+NO_PASSAGES = """
+[engine.passage]
+enabled = false
 """
 QUIET_S = 3.0  # no record on any topic for this long: every stage is done
 NEXT_SEQ = encode_key("meta", b"ledger_next_seq")  # (a ledger's next ordinal, records.NOTES)
@@ -105,11 +112,11 @@ class Setup(Roles):
     every stage."""
 
     def __init__(self, bootstrap: str, tmp: Path, partitions: int, copies: int,
-                 batch: int) -> None:
+                 batch: int, engine: str = ENGINE) -> None:
         where = tmp / f"c{copies}-{uuid.uuid4().hex[:8]}"
         where.mkdir(parents=True)
         p = partitions
-        super().__init__(bootstrap, where, Shape(p, p, p, p, p, p), ENGINE, batch, p)
+        super().__init__(bootstrap, where, Shape(p, p, p, p, p, p), engine, batch, p)
         self.copies = copies
 
     def start_all(self) -> None:
@@ -167,7 +174,7 @@ class Setup(Roles):
                 "near_answers": (t.near_answers, s.combine), "windows": (t.windows, s.lists),
                 "partials": (t.partials, s.combine), "sketches": (t.sketches, s.combine),
                 "matches": (self.kc.output_topic, self.kc.topic_partitions),
-                "align": (self.kc.align_topic, self.kc.align_partitions)}
+                "align": (t.align_requests, s.align)}
 
     async def done(self, n_pages: int, applied: Applied, timeout: float = 1800
                    ) -> dict[str, list[Any]]:
@@ -181,10 +188,8 @@ class Setup(Roles):
             check_alive(self.procs)
             got = {name: await read_topic(bootstrap, topic, n)
                    for name, (topic, n) in self.topic_names().items()}
-            # (the align topic is kafka.align_topic, "pages.align" for every run: this
-            # run's requests are those answered to its aligned topic)
-            got["align"] = [r for r in got["align"] if (header(r, REPLY_HEADER) or b"")
-                            .startswith(self.topics.aligned.encode() + b":")]
+            # (the combines' UPTO records to the align partitions are not requests)
+            got["align"] = [r for r in got["align"] if record_upto(r) is None]
             counts = {name: len(recs) for name, recs in got.items()}
             dead = await read_topic(bootstrap, self.kc.dlq_topic, self.kc.topic_partitions)
             sequenced = sum(SequenceBatch.from_bytes(r.value).n for r in got["batches"])
@@ -220,10 +225,11 @@ def moves(setup: Setup) -> int:
 
 
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,
-                  batch: int, warm: int = 0, profile: Path | None = None) -> dict[str, Any]:
+                  batch: int, warm: int = 0, profile: Path | None = None,
+                  engine: str = ENGINE) -> dict[str, Any]:
     """``pages[:warm]`` sent and done first (the roles' first pages load their kernels
     and fill their caches), then the rest measured."""
-    setup = Setup(bootstrap, tmp, partitions, copies, batch)
+    setup = Setup(bootstrap, tmp, partitions, copies, batch, engine)
     await ensure_topics(setup.kc, setup.topics.wanted())
     spies: list[subprocess.Popen[bytes]] = []
     applied = Applied(setup)
@@ -260,10 +266,15 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
     n = len(pages) - warm
     cpu = {r: after[r] - before[r] - (idle[r] - after[r]) / idle_s * (seconds + QUIET_S)
            for r in ROLES}
+    # (passages on: a page with align tasks waits in the combine, unpublished, for align,
+    # which is not run; a page without has no match on these corpora)
+    waiting = len({record_ordinal(r) for r in got["align"]})
+    published = len({record_ordinal(r) for r in got["matches"]})
     return {"copies": copies, "seconds": seconds, "pages": n, "moved": moved,
+            "waiting": waiting, "published": published,
             "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()},
             "idle": {r: 100 * (idle[r] - after[r]) / idle_s for r in ROLES},
-            "bytes": {t: sum(len(r.value or b"") for r in recs) / len(pages)
+            "bytes": {t: sum(len(r.value or b"") for r in recs) / n
                       for t, recs in got.items()}}
 
 
@@ -285,6 +296,9 @@ def table(rows: list[dict[str, Any]], partitions: int) -> str:
     for r in rows:
         lines.append(f"| {r['copies']} | " + " | ".join(f"{r['idle'][role]:.1f}"
                                                       for role in roles) + " |")
+    lines += ["", "pages waiting for align (sent a request) and pages with matches published",
+              "| copies | waiting | published |", "|---|---|---|"]
+    lines += [f"| {r['copies']} | {r['waiting']} | {r['published']} |" for r in rows]
     topics = list(rows[0]["bytes"])
     lines += ["", "bytes per page on each topic (values)",
               "| copies | " + " | ".join(topics) + " |", "|---|" + "---|" * len(topics)]
@@ -299,7 +313,8 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     rows = []
     for copies in args.copies:
         rows.append(await measure(bootstrap, tmp, pages, args.partitions, copies, args.batch,
-                                  args.warm, args.profile))
+                                  args.warm, args.profile,
+                                  ENGINE + NO_PASSAGES if args.no_passages else ENGINE))
         print(f"{copies} copies: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
     print(table(rows, args.partitions))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
@@ -316,6 +331,8 @@ def main() -> int:
                    help="pages sent and done before the measured ones")
     p.add_argument("--bootstrap")
     p.add_argument("--profile", type=Path, help="py-spy every role process into this folder")
+    p.add_argument("--no-passages", action="store_true",
+                   help="passages off: every page is published at once (no align tasks)")
     args = p.parse_args()
     if any(c > args.partitions for c in args.copies):
         p.error("more copies than partitions: the extra copies would stand by")

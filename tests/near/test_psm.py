@@ -18,7 +18,8 @@ from dupalign.near.psm import (
     psm_search_one,
 )
 from dupalign.near.simhash_table import SimhashTable
-from dupalign.near.vosh import VolatilityModel, vosh_sets
+from dupalign.near.volatility import VolatilityModel
+from dupalign.near.vosh import vosh_sets
 
 
 def clustered(seed: int, n: int, n_centers: int, max_flips: int) -> np.ndarray:

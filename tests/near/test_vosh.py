@@ -10,14 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dupalign.near.vosh import (
-    LINEAR_MAX_BUDGET,
-    VolatilityModel,
-    _children,
-    pairwise_sum,
-    vosh_array,
-    vosh_sets,
-)
+from dupalign.near.volatility import VolatilityModel, pairwise_sum
+from dupalign.near.vosh import LINEAR_MAX_BUDGET, _children, vosh_array, vosh_sets
 
 
 def p_of(p: list[float], s: tuple[int, ...]) -> float:

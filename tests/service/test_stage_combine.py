@@ -24,6 +24,7 @@ from dupalign.match import Match
 from dupalign.near.idf import IdfTable
 from dupalign.page import Page
 from dupalign.service.config import Config, KafkaConfig
+from dupalign.service.roles.stage_align import record_upto
 from dupalign.service.roles.stage_combine import CombinePartition
 from dupalign.service.roles.stage_sketch import StageSketchRole
 from dupalign.service.sequence_batch import SequenceBatch, page_header
@@ -199,7 +200,9 @@ def run(stores: Stores, stream: list[Any], seed: int) -> None:
         owner.commit()
         for out in outputs:
             o = record_ordinal(out)
-            if out.topic == KC.align_topic:
+            if out.topic == TOPICS.align_requests:
+                if record_upto(out) is not None:
+                    continue  # (the combine's progress, for the align stage)
                 assert o not in requests
                 requests[o] = out.value or b""
                 asked.append((c, o))

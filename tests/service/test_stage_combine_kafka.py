@@ -1,7 +1,6 @@
-"""The combine role on a real broker: it starts, makes the topics it needs (the align and
-forward topics among them) and takes its partitions. The whole chain through it waits for
-the forward records (docs/pipeline.md, "Roles on Kafka"); until then this is the broker's
-part of its test (tests/service/test_stage_combine.py checks what it does)."""
+"""The combine role on a real broker: it starts and takes its partitions (tests/service/
+test_stage_combine.py checks what it does; test_stage_align_kafka.py runs the whole chain
+through it, passages on)."""
 
 from __future__ import annotations
 

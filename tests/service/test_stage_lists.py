@@ -94,8 +94,10 @@ def sketched(stream: list[Any], rng: random.Random, config: Config = ROLE_CONFIG
                 o.headers = [page_header(b, i)]
         for o in role.outgoing(out):
             # (the list partitions read the entries' decisions and the windows: the near
-            # states and the sketches are the router's and the combine's)
-            if o.topic not in (role.kc.dlq_topic, TOPICS.near_state, TOPICS.sketches):
+            # states, the sketches and the forward records are the router's, the combine's
+            # and align's)
+            if o.topic not in (role.kc.dlq_topic, TOPICS.near_state, TOPICS.sketches,
+                               TOPICS.passages):
                 part = log[(o.topic, o.partition or 0)]
                 part.append(_record(o.topic, o.partition or 0, len(part), o.value or b"",
                                     o.headers))

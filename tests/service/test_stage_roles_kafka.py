@@ -90,6 +90,9 @@ bootstrap_servers = "{bootstrap}"
 input_topic = "pages-{tag}"
 output_topic = "matches-{tag}"
 dlq_topic = "dlq-{tag}"
+# (their defaults are one topic per broker: every setup's align requests would meet there)
+align_topic = "align-{tag}"
+forward_topic = "forward-{tag}"
 group_id = "g-{tag}"
 create_topics = true
 topic_partitions = {topic_partitions}
@@ -151,7 +154,7 @@ enabled = false
 
 def shape_arg(s: Shape) -> str:
     """``--shape`` for ``s``."""
-    return f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine},{s.router}"
+    return f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine},{s.router},{s.align}"
 
 
 def sequence_order(pages: list[Any], batches: list[Any]) -> list[tuple[Page, int]]:

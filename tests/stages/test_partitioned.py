@@ -175,7 +175,9 @@ def test_a_worked_stream_has_every_kind_of_match(stores: Stores) -> None:
 def test_partitions_parse() -> None:
     assert Shape.parse("2,2,4,3,2") == Shape(2, 2, 4, 3, 2)
     assert Shape.parse("2,2,4,3,2,3") == Shape(2, 2, 4, 3, 2, 3)
-    for bad in ("1,1,1,1", "1,1,3,1,1", "0,1,1,1,1", "a,1,1,1,1", "1,1,1,1,1,0"):
+    assert Shape.parse("2,2,4,3,2,3,2") == Shape(2, 2, 4, 3, 2, 3, 2)
+    for bad in ("1,1,1,1", "1,1,3,1,1", "0,1,1,1,1", "a,1,1,1,1", "1,1,1,1,1,0",
+                "1,1,1,1,1,1,0", "1,1,1,1,1,1,1,1"):
         with pytest.raises(ValueError):
             Shape.parse(bad)
 

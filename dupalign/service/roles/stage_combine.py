@@ -16,14 +16,17 @@ get none. A step takes nothing until all its records are in (``OrderedMerge.peek
 
 Output: a page's matches (``CombineShard.finish``) to ``kafka.output_topic``, keyed by id
 as the index role publishes them (``published``), in the step's transaction. A page with
-passage tasks first sends its ``AlignRequest`` to today's align topic, in parts
-(``align_parts``, as the index role; a ``reply_header`` names where the align role answers),
-and waits in the store (``combine_pending``) for the answers on ``<in>.aligned`` partition c
-(header: the ordinal; a whole answer or every part asked), taken in ordinal order; then its
-matches are finished and published. The steps after it go on meanwhile: ``finish`` only
-writes the page's stored matches, which nothing reads before a replay of the same id (that
-step waits for the id's pending pages) and which a removal or sweep of the page in between
-drops (the page is then finished unstored, as ``Partitioned`` stores then removes them).
+passage tasks first sends its ``AlignRequest`` to the align stage (``<in>.align_requests``,
+one part per align partition owning some of its candidates' ids: stage_align.py
+``request_parts``; a ``reply_header`` names where it answers), and waits in the store
+(``combine_pending``) for the answers on ``<in>.aligned`` partition c (header: the ordinal; a
+whole answer or every part asked), taken in ordinal order; then its matches are finished and
+published. After each turn that stepped, an ``UPTO`` record to every align partition says
+which ordinals it is past (``upto_records``: align answers page n once its combine is).
+The steps after it go on meanwhile: ``finish`` only writes the page's stored matches, which
+nothing reads before a replay of the same id (that step waits for the id's pending pages)
+and which a removal or sweep of the page in between drops (the page is then finished
+unstored, as ``Partitioned`` stores then removes them).
 
 Store: the ``CombineShard``'s matches, the ids of the pages alive by store ordinal
 (``combine_ids``: the shard keeps them in memory), the pages waiting for align, the ledger's
@@ -43,7 +46,7 @@ from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.match import Match, Span
 from dupalign.service.config import KafkaConfig
-from dupalign.service.roles.index_align import align_parts
+from dupalign.service.roles.stage_align import request_parts, upto_records
 from dupalign.service.roles.stage_ledger import LedgerSteps
 from dupalign.service.roles.stage_role import StagePartition, StageRole
 from dupalign.service.sequence_batch import PageRef, record_page
@@ -51,11 +54,8 @@ from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import (
     Outgoing,
     decode_aligned,
-    ensure_topics,
     published,
-    record_limit,
     record_ordinal,
-    reply_header,
 )
 from dupalign.stages.align import merge_ranked
 from dupalign.stages.combine import Combined, CombineShard
@@ -106,15 +106,12 @@ class Inputs:
 
 
 class CombinePartition(StagePartition):
-    """``align_n``: the align topic's partitions; ``align_limit``: its record limit."""
-
     def __init__(self, topics: StageTopics, partition: int, store: Store,
-                 config: EngineConfig, align_n: int = 1, align_limit: int = 1 << 20) -> None:
+                 config: EngineConfig) -> None:
         super().__init__(topics, partition, store)
         s = topics.shape
         self.kc: KafkaConfig = topics.kc
         self.max_matches = config.passage.max_matches
-        self.align_n, self.align_limit = align_n, align_limit
         self.shard = CombineShard(store, config, partition, s.combine, s.lists)
         self.shard.ids = {o: raw.decode("utf-8") for o, raw in records.log_items(store, IDS)}
         self.pending = {o: Pending.from_bytes(raw)
@@ -157,8 +154,11 @@ class CombinePartition(StagePartition):
 
     def advance(self) -> list[Outgoing]:
         out: list[Outgoing] = []
+        start = self.ledger.next_seq
         while self._finish_next(out) or self._step(out):
             pass
+        if self.ledger.next_seq > start:
+            out += upto_records(self.topics, self.partition, self.ledger.next_seq)
         return out
 
     # -- a step: the next ordinal -----------------------------------------------------------
@@ -256,17 +256,10 @@ class CombinePartition(StagePartition):
         if combined.align is None:
             self._publish(combined, [], source, out)
             return
-        parts = align_parts(self.kc.align_topic, combined.align, combined.seq, self.align_n,
-                            self.align_limit)
-        if parts is None:
-            log.warning("page %d (%r): its align request is too big for a record; published "
-                        "without passages", combined.seq, combined.doc_id)
-            self._publish(combined, [], source, out)
-            return
-        for part in parts:
-            part.headers.append(reply_header(self.topics.aligned, self.partition))
+        parts = request_parts(self.topics, combined.align, combined.seq, self.partition,
+                              self.shard.ids, self.kc.max_request_size)
         p = self.pending[combined.seq] = Pending(
-            combined, source, sorted(o.partition for o in parts if o.partition is not None))
+            combined, source, sorted({o.partition for o in parts if o.partition is not None}))
         self.changed[(PENDING, combined.seq)] = p.to_bytes()
         out.extend(parts)
 
@@ -311,16 +304,5 @@ class CombinePartition(StagePartition):
 class CombineRole(StageRole):
     name = stage = "combine"
 
-    async def on_start(self) -> None:
-        await super().on_start()
-        kc = self.kc
-        # (ensure_topics checks the forward topic against the align topic's count)
-        counts = await ensure_topics(kc, {kc.align_topic: kc.align_partitions,
-                                          kc.forward_topic: kc.align_partitions},
-                                     self.config.worker.max_message_bytes)
-        self.align_n = counts[kc.align_topic]
-        self.align_limit = await record_limit(kc, kc.align_topic)
-
     def open_partition(self, partition: int, store: Store) -> StagePartition:
-        return CombinePartition(self.topics_, partition, store, self.config.engine,
-                                self.align_n, self.align_limit)
+        return CombinePartition(self.topics_, partition, store, self.config.engine)

@@ -1,12 +1,12 @@
 """Run one role of the partitioned pipeline in this process (docs/pipeline.md, "Roles on
 Kafka"), until SIGTERM/SIGINT (exit 0) or a failure (exit 1)::
 
-    python -m dupalign.service.roles.stage_launch ROLE --config FILE --shape D,E,P,S,C \\
-        [--store DIR]
+    python -m dupalign.service.roles.stage_launch ROLE --config FILE \\
+        --shape D,E,P,S,C[,R[,A]] [--store DIR]
 
-ROLE: ``sketch``, ``directory``, ``exact``, ``router``, ``near``, ``lists`` or ``combine``. Not
-a ``dupalign`` command yet: the stage roles are being built (step 6) and leave the old roles
-(``dupalign worker --roles``) as they are.
+ROLE: ``sketch``, ``directory``, ``exact``, ``router``, ``near``, ``lists``, ``combine`` or
+``align``. Not a ``dupalign`` command yet: the stage roles are being built (step 6) and leave
+the old roles (``dupalign worker --roles``) as they are.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from dupalign.service.roles.launch import failure_line
 from dupalign.stages.partitioned import Shape
 
 log = logging.getLogger("dupalign.roles")
-STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine")
+STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine", "align")
 
 
 def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any:
+    from dupalign.service.roles.stage_align import AlignStageRole
     from dupalign.service.roles.stage_combine import CombineRole
     from dupalign.service.roles.stage_directory import DirectoryRole
     from dupalign.service.roles.stage_exact import ExactRole
@@ -41,7 +42,8 @@ def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any
     if store is None:
         raise ValueError(f"the {role} role needs --store")
     roles = {"directory": DirectoryRole, "exact": ExactRole, "router": RouterRole,
-             "near": NearRole, "lists": ListsRole, "combine": CombineRole}
+             "near": NearRole, "lists": ListsRole, "combine": CombineRole,
+             "align": AlignStageRole}
     return roles[role](config, shape, store)
 
 
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="stage_launch", description=__doc__.split("\n")[0])
     p.add_argument("role", choices=STAGE_ROLES)
     p.add_argument("--config", required=True)
-    p.add_argument("--shape", required=True, help="D,E,P,S,C[,R]")
+    p.add_argument("--shape", required=True, help="D,E,P,S,C[,R[,A]]")
     p.add_argument("--store", help="the role's stores (every role but sketch)")
     args = p.parse_args(argv)
     config = load_config(args.config)

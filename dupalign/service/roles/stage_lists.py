@@ -34,6 +34,24 @@ from dupalign.stages.list_shard import ListShard, ListWindows
 from dupalign.store.database import Store
 
 
+def exact_partition(d: Decision, n_exact: int) -> int | None:
+    """The exact partition that answers decision ``d`` (None: no answer)."""
+    if d.kind != "stored":
+        return None
+    if d.content_hash is None:
+        raise ValueError(f"stored page {d.seq} has no content hash")
+    return exact_owner(d.content_hash, n_exact)
+
+
+def has_windows(ref: PageRef) -> bool:
+    """Whether the page has list windows (and a forward record: the sketch role sends
+    both, or neither)."""
+    if ref.windows is None:
+        raise ValueError(f"sequence batch {ref.batch} does not say which pages have list "
+                         "windows (written by an older sketch role?)")
+    return ref.windows
+
+
 class ListsPartition(LedgerPartition):
     def __init__(self, topics: StageTopics, partition: int, store: Store,
                  config: EngineConfig) -> None:
@@ -51,21 +69,6 @@ class ListsPartition(LedgerPartition):
             return record_ordinal(record)
         return self.ledger.key_of(record)
 
-    def _exact_of(self, d: Decision) -> int | None:
-        """The exact partition that answers decision ``d`` (None: no answer)."""
-        if d.kind != "stored":
-            return None
-        if d.content_hash is None:
-            raise ValueError(f"stored page {d.seq} has no content hash")
-        return exact_owner(d.content_hash, self.topics.shape.exact)
-
-    @staticmethod
-    def _has_windows(ref: PageRef) -> bool:
-        if ref.windows is None:
-            raise ValueError(f"sequence batch {ref.batch} does not say which pages have list "
-                             "windows (written by an older sketch role?)")
-        return ref.windows
-
     def advance(self) -> list[Outgoing]:
         out: list[Outgoing] = []
         while (ref := self.seq.page(o := self.ledger.next_seq)) is not None:
@@ -73,11 +76,11 @@ class ListsPartition(LedgerPartition):
             d = self.ledger.peek()
             if d is None:
                 break
-            e = self._exact_of(d)
+            e = exact_partition(d, self.topics.shape.exact)
             page = (ref.batch, ref.index)
-            has_windows = self._has_windows(ref)
+            windowed = has_windows(ref)
             if ((e is not None and self.exacts.peek(e, o) is None)
-                    or (has_windows and self.windows.peek(self.partition, page) is None)):
+                    or (windowed and self.windows.peek(self.partition, page) is None)):
                 break  # (nothing taken: the next turn starts at o again)
             step = self.ledger.next()
             assert step is not None
@@ -88,7 +91,7 @@ class ListsPartition(LedgerPartition):
                 assert raw is not None
                 exact = ExactAnswer.from_bytes(raw)
             windows = None
-            if has_windows:
+            if windowed:
                 raw = self.windows.take(self.partition, page)
                 assert raw is not None
                 windows = ListWindows.from_bytes(raw)

@@ -12,9 +12,12 @@ input offsets. A page that cannot be processed is dead-lettered as by the old sk
 sequence record.
 
 Per page also its ``PageSketch`` to ``<in>.sketches`` partition ``directory_owner(id, C)`` (the
-combine partition that owns the id; key the id, header (b, i)). Not sent yet (the later
-stages' inputs, docs/pipeline.md): its forward record. Pages are sketched under the uniform
-idf table: the role refuses a configuration that learns idf tables (``require_frozen_idf``).
+combine partition that owns the id; key the id, header (b, i)), and per page with passages
+(the pages whose list windows it sends) its forward record (``forward_value``) to
+``<in>.passages`` partition ``directory_owner(id, A)``, the align partition that owns the id
+(key the id, header (b, i); in parts over ``kafka.max_request_size``). Pages are sketched
+under the uniform idf table: the role refuses a configuration that learns idf tables
+(``require_frozen_idf``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics, require_frozen_idf
 from dupalign.service.topology import Outgoing, TopologyError, send_all
 from dupalign.stages.directory import directory_owner, entry_of
+from dupalign.stages.forward_stage import forward_value
 from dupalign.stages.list_shard import list_windows
 from dupalign.stages.partitioned import Shape
 from dupalign.stages.sketch import PageSketch, Sketcher
@@ -52,6 +56,8 @@ class StageBatch:
     # per page its list windows, one record per list partition, or none
     lists: list[list[Outgoing]] = field(default_factory=list)
     sketches: list[Outgoing] = field(default_factory=list)  # to the combine (page header too)
+    # per page its forward record to the align stage, or none (page header added on send)
+    passages: list[Outgoing | None] = field(default_factory=list)
 
 
 class StageSketchRole(StatelessRole):
@@ -100,6 +106,10 @@ class StageSketchRole(StatelessRole):
                                          key=page.id.encode("utf-8"),
                                          partition=directory_owner(page.id,
                                                                    self.shape.combine)))
+            fwd = forward_value(page.id, sk.passage)
+            out.passages.append(None if fwd is None else Outgoing(
+                self.topics_.passages, fwd, key=page.id.encode("utf-8"),
+                partition=directory_owner(page.id, self.shape.align)))
         return out
 
     async def produce(self, producer: AIOKafkaProducer, prepared: StageBatch) -> None:
@@ -117,6 +127,9 @@ class StageSketchRole(StatelessRole):
                 state.headers = [page_header(b, i)]
             for i, sketch in enumerate(prepared.sketches):
                 sketch.headers = [page_header(b, i)]
+            for i, fwd in enumerate(prepared.passages):
+                if fwd is not None:
+                    fwd.headers = [page_header(b, i)]
         await send_all(producer, self.outgoing(prepared))
         self.pages += len(prepared.entries)
 
@@ -125,7 +138,9 @@ class StageSketchRole(StatelessRole):
         limit = self.kc.max_request_size
         return [*prepared.entries, *prepared.near_states,
                 *(part for ws in prepared.lists for w in ws for part in in_parts(w, limit)),
-                *prepared.sketches, *prepared.dead_letters]
+                *prepared.sketches,
+                *(part for f in prepared.passages if f is not None for part in in_parts(f, limit)),
+                *prepared.dead_letters]
 
 
 def near_state(sk: PageSketch) -> bytes:
