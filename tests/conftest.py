@@ -375,6 +375,7 @@ LONG_FIRST = (
     "tests/service/test_topology_kafka.py::test_two_of_each_role_over_the_synthetic_rfc_stream_give_the_matches_of_scan",
     # every stage role twice, a SIGKILL of each (1-2 min, 4 at load 22)
     "tests/service/test_stage_chain_kafka.py::test_every_role_twice_publishes_scan_s_matches_across_a_sigkill_of_each",
+    "tests/service/test_stage_chain_kafka.py::test_with_passages_every_role_and_align_twice_publish_scan_s_matches_across_kills",
     "tests/near/test_cws.py::test_real_text_estimates_with_tf_idf_weights",
     "tests/service/test_role_faults_kafka.py::test_an_index_stopped_past_its_session_throttled_and_killed_exits_never_and_stalls_little",
     "tests/test_bench_corpus.py::test_corpus_gives_every_page_it_has_and_refuses_one_more",

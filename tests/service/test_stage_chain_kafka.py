@@ -1,6 +1,7 @@
-"""The whole chain of stage roles on a real broker (issue 43, tests (a) and (b); passages
-off, so no page waits for align): 2 processes of every role (sketch, directory, exact,
-router, near, lists, combine), 2 partitions of every stage, on the Clough + RFC pages with
+"""The whole chain of stage roles on a real broker (issue 43, tests (a) and (b); with passages
+off, no page waits for align; with passages on, the align stage closes the loop): 2
+processes of every role (sketch, directory, exact, router, near, lists, combine, align), 2
+partitions of every stage, on the Clough + RFC pages with
 exact copies, new versions, unchanged revisits, replays, deletes, rejected pages and
 retention sweeps. The matches the combine publishes on ``kafka.output_topic`` (read
 committed), by ordinal, are ``Partitioned``'s (= ``scan``'s) for the same pages in sequence
@@ -33,16 +34,19 @@ from tests.topology_harness import check_alive, lifecycle_stream, stop_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.testdata]
 
-SHAPE = Shape(2, 2, 2, 2, 2, 2)
+SHAPE = Shape(2, 2, 2, 2, 2, 2, 2)
 STAGES = ("directory", "exact", "router", "near", "lists", "combine")
+WITH_ALIGN = (*STAGES, "align")
 ENGINE_TOML = """
 [engine.near]
 idf_freeze_at = []
-[engine.passage]
-enabled = false
 [engine.retention]
 max_pages = 70
 every = 25
+"""
+NO_PASSAGES = """
+[engine.passage]
+enabled = false
 """
 RECENT = 50  # the pages copied, revisited or deleted: among the ids sent last
 LONG_TESTS = os.environ.get("DUPALIGN_LONG_TESTS") == "1"  # the long runs, opt-in (README)
@@ -139,8 +143,8 @@ class Chain:
     """Every role's processes (2 of each), a stage role's on a store directory of its
     own."""
 
-    def __init__(self, roles: Roles) -> None:
-        self.roles = roles
+    def __init__(self, roles: Roles, stages: tuple[str, ...]) -> None:
+        self.roles, self.stages = roles, stages
         self.of: dict[str, list[tuple[subprocess.Popen[bytes], Path, str | None]]] = {}
         self.killed: set[int] = set()  # (pids)
 
@@ -151,7 +155,7 @@ class Chain:
     def start_all(self) -> None:
         for i in range(2):
             self.start("sketch")
-            for stage in STAGES:
+            for stage in self.stages:
                 self.start(stage, f"{stage}-{i}")
 
     def kill_one(self, role: str) -> None:
@@ -175,7 +179,7 @@ class Chain:
             logs = {role: [lg.read_text() for _, lg, _ in procs]
                     for role, procs in self.of.items()}
             ready = all("role assigned" in text for text in logs["sketch"])
-            for stage in STAGES:
+            for stage in self.stages:
                 taken = {line.split(" partition ")[1].split(" ")[0]
                          for text in logs[stage] for line in text.splitlines()
                          if "taken:" in line}
@@ -234,9 +238,19 @@ async def published(roles: Roles, chain: Chain, n_pages: int, timeout: float
 
 async def test_every_role_twice_publishes_scan_s_matches_across_a_sigkill_of_each(
         kafka_bootstrap: str, tmp_path: Path) -> None:
-    roles = Roles(kafka_bootstrap, tmp_path, SHAPE, ENGINE_TOML, batch_size=4)
-    kinds = await run_chain(roles, [page_record(p) for p in chain_pages(130)], 300)
+    roles = Roles(kafka_bootstrap, tmp_path, SHAPE, ENGINE_TOML + NO_PASSAGES, batch_size=4)
+    kinds = await run_chain(roles, [page_record(p) for p in chain_pages(130)], 300, STAGES)
     assert min(kinds[k] for k in ("exact", "near", "revisit")) >= 5, kinds
+
+
+async def test_with_passages_every_role_and_align_twice_publish_scan_s_matches_across_kills(
+        kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The same with passages on: pages with align tasks wait in the combine for the align
+    stage's answers (2 align partitions, one process of it SIGKILLed too)."""
+    roles = Roles(kafka_bootstrap, tmp_path, SHAPE, ENGINE_TOML, batch_size=4)
+    kinds = await run_chain(roles, [page_record(p) for p in chain_pages(130)], 300,
+                            WITH_ALIGN)
+    assert min(kinds[k] for k in ("exact", "near", "revisit", "passage")) >= 5, kinds
 
 
 @pytest.mark.timeout(1800)
@@ -247,10 +261,10 @@ async def test_every_role_twice_on_the_synthetic_stream_across_a_sigkill_of_each
     """The same on the 5,000-page synthetic stream with its revisits, replays, deletes and
     pages sent again (``lifecycle_stream``), swept to 1,500 pages alive."""
     roles = Roles(kafka_bootstrap, tmp_path, SHAPE, ENGINE_TOML.replace(
-        "max_pages = 70", "max_pages = 1500").replace("every = 25", "every = 250"),
-                  batch_size=32)
+        "max_pages = 70", "max_pages = 1500").replace("every = 25", "every = 250")
+                  + NO_PASSAGES, batch_size=32)
     records, _ = lifecycle_stream(5000)
-    kinds = await run_chain(roles, records, 1500)
+    kinds = await run_chain(roles, records, 1500, STAGES)
     assert min(kinds[k] for k in ("exact", "near", "revisit")) >= 50, kinds
 
 
@@ -269,15 +283,15 @@ async def send_records(roles: Roles, records: list[tuple[bytes, bytes | None]]) 
         await producer.stop()
 
 
-async def run_chain(roles: Roles, records: list[tuple[bytes, bytes | None]], timeout: float
-                    ) -> collections.Counter[str]:
+async def run_chain(roles: Roles, records: list[tuple[bytes, bytes | None]], timeout: float,
+                    stages: tuple[str, ...]) -> collections.Counter[str]:
     """``records`` through 2 processes of every role, sent in chunks; after each chunk but
     the first one process of each role in turn SIGKILLed and started again. Checks the
     matches published against the oracle's; the oracle's count of each kind."""
     await ensure_topics(roles.kc, roles.topics.wanted())
-    kills = ("directory", "exact", "router", "near", "lists", "combine", "sketch")
+    kills = (*stages, "sketch")
     cut = len(records) // (len(kills) + 1)
-    chain = Chain(roles)
+    chain = Chain(roles, stages)
     try:
         chain.start_all()
         await chain.started()
@@ -300,5 +314,5 @@ async def run_chain(roles: Roles, records: list[tuple[bytes, bytes | None]], tim
                 for line in lg.read_text().splitlines()
                 if "taken:" in line and "changelog records restored" in line
                 and " 0 changelog" not in line}
-    assert restored == set(STAGES), restored
+    assert restored == set(stages), restored
     return collections.Counter(m["kind"] for ms in want.values() for m in ms)
