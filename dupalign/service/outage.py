@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError, ProducerFenced
 from prometheus_client import Gauge
 
-from dupalign.service.topology import internal_waiters
+from dupalign.service.topology import internal_waiters, mark_retrieved
 
 log = logging.getLogger("dupalign.kafka")
 
@@ -135,7 +135,7 @@ async def within(operation: Awaitable[T], limit_s: float) -> T:
     else:
         _abandoned.add(task)
         task.add_done_callback(_abandoned.discard)
-    task.add_done_callback(_retrieved)
+    task.add_done_callback(mark_retrieved)
     raise KafkaTimeoutError(f"no answer from Kafka in {limit_s:.0f} s")
 
 
@@ -152,18 +152,13 @@ async def stop_within(producer: AIOKafkaProducer, limit_s: float = 5.0) -> None:
     stopping = asyncio.ensure_future(producer.stop())
     _abandoned.add(stopping)  # (collected while pending, asyncio would log it as an error)
     stopping.add_done_callback(_abandoned.discard)
-    stopping.add_done_callback(_retrieved)
+    stopping.add_done_callback(mark_retrieved)
     await asyncio.wait({stopping}, timeout=limit_s)
 
 
 _abandoned: set[asyncio.Future[Any]] = set()
 
 
-def _retrieved(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()  # reported by the caller already, as a timeout
-
-
 def _forget_waiters(producer: AIOKafkaProducer) -> None:
     for waiter in internal_waiters(producer):
-        waiter.add_done_callback(_retrieved)
+        waiter.add_done_callback(mark_retrieved)

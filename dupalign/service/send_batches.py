@@ -19,7 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from dupalign.service.topology import Outgoing, _retrieved, internal_waiters
+from dupalign.service.topology import Outgoing, internal_waiters, mark_retrieved
 
 # a record at least this large goes through ``send`` (aiokafka's default batch size: a
 # batch's first record may exceed it, but ``send`` checks it against max_request_size)
@@ -64,6 +64,6 @@ async def send_batched(producer: AIOKafkaProducer, records: list[Outgoing]) -> N
             await flush(tp)
     except BaseException:
         for future in [*futures, *internal_waiters(producer)]:
-            future.add_done_callback(_retrieved)
+            future.add_done_callback(mark_retrieved)
         raise
     await asyncio.gather(*futures)

@@ -298,14 +298,16 @@ async def send_all(producer: AIOKafkaProducer, outgoing: list[Outgoing]) -> list
                                                partition=o.partition, headers=o.headers))
     except BaseException:
         for future in [*futures, *internal_waiters(producer)]:
-            future.add_done_callback(_retrieved)
+            future.add_done_callback(mark_retrieved)
         raise
     return [md.offset for md in await asyncio.gather(*futures)]
 
 
-def _retrieved(future: asyncio.Future[Any]) -> None:
+def mark_retrieved(future: asyncio.Future[Any]) -> None:
+    """A done callback: the future's exception counts as seen (its cause is reported
+    elsewhere), so asyncio does not log it as never retrieved."""
     if not future.cancelled():
-        future.exception()  # marks it retrieved: asyncio reports none that is not
+        future.exception()
 
 
 def internal_waiters(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
