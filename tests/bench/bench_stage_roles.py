@@ -18,11 +18,9 @@ less what they use idle (measured for 5 s after, printed), per page. ``--warm N`
 pages sent and done before (a role's first pages load its kernels: a cost per process, not
 per page). A row says if the group moved partitions while it was measured (a copy timed
 out under load: a restore was counted).
-The align role is not run yet: a page with align tasks stays waiting in the combine, so the
-combine's CPU leaves out its merge of align answers; the pages without align tasks are
-published at once, and on these corpora none of them has a match (the table of pages
-waiting and published says so). ``--no-passages``: passages off, every page is published at
-once. Copies share this machine's cores: read CPU, not rate.
+The align stage runs too (A = ``--partitions``): a page with align tasks is published once
+its answers are merged. ``--no-passages``: passages off, no page has align tasks. Copies
+share this machine's cores: read CPU, not rate.
 ``--profile DIR``: every role process sampled by py-spy from the send until done (raw
 collapsed stacks, DIR/c<copies>-<role>-<i>.txt; summed by function with
 ``python -m tests.bench.spy_summary DIR/c1-lists-*.txt``); its CPU figures are then the
@@ -57,9 +55,8 @@ from tests.bench.bench_worker import corpus, run_with_broker
 from tests.service.test_stage_roles_kafka import Roles
 from tests.topology_harness import check_alive, read_topic, stop_all
 
-# the roles built, in pipeline order (the align role is not run: pages with align tasks stay
-# waiting in the combine)
-ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine")
+# every role of the shape, in pipeline order
+ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine", "align")
 ENGINE = """
 [engine.near]
 idf_freeze_at = []
@@ -116,7 +113,7 @@ class Setup(Roles):
         where = tmp / f"c{copies}-{uuid.uuid4().hex[:8]}"
         where.mkdir(parents=True)
         p = partitions
-        super().__init__(bootstrap, where, Shape(p, p, p, p, p, p), engine, batch, p)
+        super().__init__(bootstrap, where, Shape(p, p, p, p, p, p, p), engine, batch, p)
         self.copies = copies
 
     def start_all(self) -> None:
@@ -174,7 +171,8 @@ class Setup(Roles):
                 "near_answers": (t.near_answers, s.combine), "windows": (t.windows, s.lists),
                 "partials": (t.partials, s.combine), "sketches": (t.sketches, s.combine),
                 "matches": (self.kc.output_topic, self.kc.topic_partitions),
-                "align": (t.align_requests, s.align)}
+                "align": (t.align_requests, s.align), "passages": (t.passages, s.align),
+                "aligned": (t.aligned, s.combine)}
 
     async def done(self, n_pages: int, applied: Applied, timeout: float = 1800
                    ) -> dict[str, list[Any]]:
@@ -266,8 +264,6 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
     n = len(pages) - warm
     cpu = {r: after[r] - before[r] - (idle[r] - after[r]) / idle_s * (seconds + QUIET_S)
            for r in ROLES}
-    # (passages on: a page with align tasks waits in the combine, unpublished, for align,
-    # which is not run; a page without has no match on these corpora)
     waiting = len({record_ordinal(r) for r in got["align"]})
     published = len({record_ordinal(r) for r in got["matches"]})
     return {"copies": copies, "seconds": seconds, "pages": n, "moved": moved,
@@ -296,8 +292,8 @@ def table(rows: list[dict[str, Any]], partitions: int) -> str:
     for r in rows:
         lines.append(f"| {r['copies']} | " + " | ".join(f"{r['idle'][role]:.1f}"
                                                       for role in roles) + " |")
-    lines += ["", "pages waiting for align (sent a request) and pages with matches published",
-              "| copies | waiting | published |", "|---|---|---|"]
+    lines += ["", "pages with align requests and pages with matches published",
+              "| copies | with requests | published |", "|---|---|---|"]
     lines += [f"| {r['copies']} | {r['waiting']} | {r['published']} |" for r in rows]
     topics = list(rows[0]["bytes"])
     lines += ["", "bytes per page on each topic (values)",
