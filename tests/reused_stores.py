@@ -5,6 +5,7 @@ up. An engine on it is new each time, so no state in memory carries over."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -52,11 +53,14 @@ class Stores:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+@contextlib.contextmanager
 def temporary_stores(prefix: str) -> Iterator[Stores]:
-    """Stores under a new directory (in memory where /dev/shm is), removed afterwards."""
+    """Stores under a new directory (in memory where /dev/shm is), removed when the block
+    ends, failed or not (a generator iterated by ``for`` would leave them to the garbage
+    collector when a test fails, which hypothesis delays: thousands were left in /dev/shm)."""
     shm = Path("/dev/shm")
     s = Stores(Path(tempfile.mkdtemp(prefix=prefix, dir=shm if shm.is_dir() else None)))
     try:
         yield s
-    finally:  # a failing test must not leave its stores in /dev/shm (memory)
+    finally:
         s.close()

@@ -78,7 +78,8 @@ ops = st.lists(st.one_of(
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[Stores]:
-    yield from temporary_stores("lifecycle-")
+    with temporary_stores("lifecycle-") as stores:
+        yield stores
 
 
 # random sequences per mode in make test, a new draw each run (the slow marker runs 10,000;

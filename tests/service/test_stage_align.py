@@ -128,7 +128,7 @@ def _id(oracle: Oracle, ordinal: int) -> str:
 
 def check(stream: list[Any], seed: int, make: Any = AlignPartition
           ) -> tuple[dict[int, list[dict[str, Any]]], Log]:
-    for stores in temporary_stores("stage-align-"):
+    with temporary_stores("stage-align-") as stores:
         try:
             published, oracle, log = run(stores, stream, seed, make)
             assert published == {o: m for o, m in oracle.matches.items() if m}

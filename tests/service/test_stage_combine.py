@@ -234,7 +234,7 @@ _FROZEN = Config(engine=CONFIG)
 @given(stream=ops, seed=st.integers(0, 2**32))
 def test_combine_partitions_publish_as_the_pipeline_in_one_process_across_crashes(
         stream: list[Any], seed: int) -> None:
-    for stores in temporary_stores("stage-combine-"):
+    with temporary_stores("stage-combine-") as stores:
         run(stores, stream, seed)
 
 

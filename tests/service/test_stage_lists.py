@@ -188,7 +188,7 @@ def recorded_partials(p: Partitioned) -> dict[tuple[int, int], bytes]:
 def test_list_partitions_answer_as_the_pipeline_in_one_process_across_crashes(
         stream: list[Any], seed: int, small: bool) -> None:
     """(``small``: the windows records in parts of at most 64 bytes)"""
-    for stores in temporary_stores("stage-lists-"):
+    with temporary_stores("stage-lists-") as stores:
         got, pages = run(stores, stream, seed, config=SMALL if small else ROLE_CONFIG)
         assert got == oracle(stores, pages)
 

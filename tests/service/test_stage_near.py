@@ -175,7 +175,7 @@ def oracle(stores: Stores, config: EngineConfig, pages: list[Page]) -> tuple[Ops
 
 
 def check(config: EngineConfig, stream: list[Any], seed: int) -> tuple[Ops, Answers]:
-    for stores in temporary_stores("stage-near-"):
+    with temporary_stores("stage-near-") as stores:
         try:
             got, answers, pages = run(stores, config, stream, seed)
             want, want_answers = oracle(stores, config, pages)

@@ -65,7 +65,7 @@ def oracle(roles: Roles, sent: list[Any], batches: list[Any]) -> tuple[Ops, Answ
     its near ops and answers by ordinal (with the combine partition of the page's id)."""
     ordered = sequence_order(sent, batches)
     engine = roles.config.engine
-    for stores in temporary_stores("stage-near-oracle-"):
+    with temporary_stores("stage-near-oracle-") as stores:
         p = Partitioned(engine, SHAPE, functools.partial(stores.store,
                                                          params=engine.frozen_params()))
         ops, answers = recorded_near(p)

@@ -238,7 +238,7 @@ def process(p: Partitioned, pages: list[Page]) -> None:
 @given(stream=ops, seed=st.integers(0, 2**32))
 def test_stage_partitions_decide_as_the_pipeline_in_one_process_across_crashes(
         stream: list[Any], seed: int) -> None:
-    for stores in temporary_stores("stage-parts-"):
+    with temporary_stores("stage-parts-") as stores:
         got, answers, pages = run(stores, stream, seed)
         want, want_answers = oracle(stores, pages)
         assert got == want

@@ -178,7 +178,7 @@ def oracle(roles: Roles, pages: list[Any], batches: list[Any],
     ordered = sequence_order(pages, batches)
     engine = roles.config.engine
     swept = 0
-    for stores in temporary_stores("stage-oracle-"):
+    with temporary_stores("stage-oracle-") as stores:
         params = engine.frozen_params()
         p = Partitioned(engine, roles.shape, functools.partial(stores.store, params=params))
         decisions, answers = recorded(p)

@@ -47,7 +47,8 @@ from tests.stages.streams import CONFIG, ENGINE, N_IDS, PARAMS, ops, pages_of
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[Stores]:
-    yield from temporary_stores("directory-")
+    with temporary_stores("directory-") as stores:
+        yield stores
 
 
 def single(engine: Engine, stream: list[Any]) -> tuple[list[Any], list[DirectoryEntry]]:

@@ -44,7 +44,8 @@ Outcome = tuple[int, int | None, str | None] | None  # a stored page's (ordinal,
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[Stores]:
-    yield from temporary_stores("exact-")
+    with temporary_stores("exact-") as stores:
+        yield stores
 
 
 Item = tuple[int, Page | tuple[int, int]]  # (step, page) or (step, (max_pages, max_age_s))

@@ -49,7 +49,7 @@ def stream(rng: random.Random, n: int, ledger: Ledger
 @given(st.integers(0, 2**32), st.lists(st.integers(0, 60), max_size=4))
 def test_a_reopened_ledger_goes_on_as_one_that_never_stopped(seed: int, stops: list[int]
                                                              ) -> None:
-    for stores in temporary_stores("ledger-store-"):
+    with temporary_stores("ledger-store-") as stores:
         run(stores, seed, set(stops))
 
 

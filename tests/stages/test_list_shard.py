@@ -56,7 +56,8 @@ Heads = tuple[list[bool], list[int], list[int]]
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[Stores]:
-    yield from temporary_stores("lists-")
+    with temporary_stores("lists-") as stores:
+        yield stores
 
 
 def _heads(h: tuple[Any, Any, Any, Any]) -> Heads:

@@ -44,7 +44,8 @@ SHAPES = [Shape(), Shape(2, 2, 4, 3, 2, 2), Shape(3, 1, 2, 2, 3, 3)]
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[Stores]:
-    yield from temporary_stores("partitioned-")
+    with temporary_stores("partitioned-") as stores:
+        yield stores
 
 
 def _outcome(process: Callable[[Page], list[Match]], page: Page) -> Outcome:

@@ -17,7 +17,7 @@ from tests.reused_stores import temporary_stores
 @given(st.integers(0, 2**32), st.lists(st.integers(0, 80), max_size=4))
 def test_reopened_rows_are_those_of_a_dict(seed: int, stops: list[int]) -> None:
     rng = random.Random(seed)
-    for stores in temporary_stores("router-rows-"):
+    with temporary_stores("router-rows-") as stores:
         plain: dict[int, int | None] = {}
         store = stores.store("rows-0", {"p": 1})
         kept = StoredRows(store)

@@ -67,7 +67,8 @@ def config(mode: str, max_list: int, max_candidates: int,
 
 @pytest.fixture(scope="module")
 def stores() -> Iterator[Stores]:
-    yield from temporary_stores("shards-")
+    with temporary_stores("shards-") as stores:
+        yield stores
 
 
 def sharded(stores: Stores, cfg: EngineConfig, n: int) -> Engine:
