@@ -9,7 +9,8 @@ the transaction as ``send`` does) costs per batch.
 The same records in the same order per partition as ``send_all``: each partition's
 records go, in order, into batches sent one after the other. A record with no partition
 named, or larger than a batch holds, goes through ``send`` as before (its partitioner, its
-size check), after the batches of its partition sent so far.
+size check), after the batches of its partition (with no partition named: of its topic)
+filled so far.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ async def send_batched(producer: AIOKafkaProducer, records: list[Outgoing]) -> N
     try:
         for o in records:
             if o.partition is None or _size(o) >= ALONE_BYTES:
-                if o.partition is not None:
-                    await flush((o.topic, o.partition))
+                # (its partition, or any of its topic's if the partitioner picks it: the
+                # records before it go first)
+                for tp in [tp for tp in open_ if tp[0] == o.topic
+                           and o.partition in (None, tp[1])]:
+                    await flush(tp)
                 futures.append(await producer.send(o.topic, o.value, key=o.key,
                                                    partition=o.partition, headers=o.headers))
                 continue
