@@ -52,6 +52,15 @@ from dupalign.stages.partitioned import Shape
 from dupalign.store.keys import read_u64
 from tests.bench.bench_topology import cpu_seconds
 from tests.bench.bench_worker import corpus, run_with_broker
+from tests.bench.stage_baseline import (
+    SingleWorker,
+    hop_latencies,
+    percentiles,
+    send_paced,
+    sent_at,
+    single_latencies,
+    stage_latencies,
+)
 from tests.service.test_stage_roles_kafka import Roles
 from tests.topology_harness import check_alive, read_topic, stop_all
 
@@ -224,9 +233,10 @@ def moves(setup: Setup) -> int:
 
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,
                   batch: int, warm: int = 0, profile: Path | None = None,
-                  engine: str = ENGINE) -> dict[str, Any]:
+                  engine: str = ENGINE, later: list[Any] | None = None) -> dict[str, Any]:
     """``pages[:warm]`` sent and done first (the roles' first pages load their kernels
-    and fill their caches), then the rest measured."""
+    and fill their caches), then the rest measured; then ``later`` sent at half the
+    measured rate for the latency (stage_baseline)."""
     setup = Setup(bootstrap, tmp, partitions, copies, batch, engine)
     await ensure_topics(setup.kc, setup.topics.wanted())
     spies: list[subprocess.Popen[bytes]] = []
@@ -258,6 +268,15 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         idle = setup.cpu()
         idle_s = time.monotonic() - t0 - seconds - QUIET_S
         moved = moves(setup) - taken
+        latency: dict[Any, float] = {}
+        hops: dict[str, float] = {}
+        if later:
+            earlier = set(await sent_at(setup.kc, setup.kc.topic_partitions))
+            await send_paced(setup.kc, later, (len(pages) - warm) / seconds / 2)
+            late = await setup.done(len(pages) + len(later), applied)
+            latency = await stage_latencies(setup.kc, late["batches"], late["matches"],
+                                            setup.kc.topic_partitions, earlier)
+            hops = await hop_latencies(setup.kc, late, setup.kc.topic_partitions, earlier)
     finally:
         stop_all(setup.procs)
         await applied.consumer.stop()
@@ -268,10 +287,63 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
     published = len({record_ordinal(r) for r in got["matches"]})
     return {"copies": copies, "seconds": seconds, "pages": n, "moved": moved,
             "waiting": waiting, "published": published,
-            "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()},
+            "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()}, "latency": latency, "hops": hops,
             "idle": {r: 100 * (idle[r] - after[r]) / idle_s for r in ROLES},
             "bytes": {t: sum(len(r.value or b"") for r in recs) / n
                       for t, recs in got.items()}}
+
+
+async def measure_single(bootstrap: str, tmp: Path, pages: list[Any], partitions: int,
+                         batch: int, warm: int, engine: str, later: list[Any]
+                         ) -> dict[str, Any]:
+    """The single worker on the same pages, as ``measure`` does the roles."""
+    setup = Setup(bootstrap, tmp, partitions, 0, batch, engine)
+    single = SingleWorker(setup.config_path, setup.kc, setup.tmp)
+    try:
+        await single.started()
+        if warm:
+            await setup.send(pages[:warm])
+            await single.committed(warm)
+        before, t0 = single.cpu(), time.monotonic()
+        await setup.send(pages[warm:])
+        await single.committed(len(pages))
+        seconds, after = time.monotonic() - t0, single.cpu()
+        await asyncio.sleep(5)
+        idle = (single.cpu() - after) / 5
+        latency: dict[Any, float] = {}
+        if later:
+            earlier = set(await sent_at(setup.kc, setup.kc.topic_partitions))
+            await send_paced(setup.kc, later, (len(pages) - warm) / seconds / 2)
+            await single.committed(len(pages) + len(later))
+            latency = await single_latencies(setup.kc, setup.kc.topic_partitions, earlier)
+    finally:
+        single.stop()
+    n = len(pages) - warm
+    return {"seconds": seconds, "pages": n, "latency": latency, "hops": {}, "idle": 100 * idle,
+            "cpu_ms": 1000 * (after - before - idle * seconds) / n}
+
+
+def baseline_table(rows: list[dict[str, Any]], single: dict[str, Any] | None) -> str:
+    """The whole topology's CPU per page against the single worker's, and the latencies."""
+    lines = ["the whole topology against the single worker (jobs = 1), same pages, same run",
+             "| setup | pages/s | CPU ms per page | vs single | p50 ms | p99 ms | pages timed |",
+             "|---|---|---|---|---|---|---|"]
+    base = single["cpu_ms"] if single else float("nan")
+    for r in ([dict(single, copies=0)] if single else []) + rows:
+        cpu = r["cpu_ms"] if r["copies"] == 0 else sum(r["cpu_ms"].values())
+        p50, p99, timed = percentiles(r["latency"])
+        name = "single worker" if r["copies"] == 0 else f"{r['copies']} copies of each role"
+        lines.append(f"| {name} | {r['pages'] / r['seconds']:.0f} | {cpu:.2f} | "
+                     f"{cpu / base:.2f} | {p50:.0f} | {p99:.0f} | {timed} |")
+    hopped = [r for r in rows if r["hops"]]
+    if hopped:
+        names = sorted(hopped[0]["hops"], key=hopped[0]["hops"].__getitem__)
+        lines += ["", "p50 ms from a page's input record to its first record on each topic "
+                  "(the latency pages)", "| copies | " + " | ".join(names) + " |",
+                  "|---|" + "---|" * len(names)]
+        lines += [f"| {r['copies']} | " + " | ".join(f"{r['hops'].get(t, float('nan')):.0f}"
+                                                     for t in names) + " |" for r in hopped]
+    return "\n".join(lines)
 
 
 def table(rows: list[dict[str, Any]], partitions: int) -> str:
@@ -305,14 +377,22 @@ def table(rows: list[dict[str, Any]], partitions: int) -> str:
 
 
 async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
-    pages = corpus(args.warm + args.pages)
+    everything = corpus(args.warm + args.pages + args.latency)
+    pages, later = everything[:args.warm + args.pages], everything[args.warm + args.pages:]
+    engine = ENGINE + NO_PASSAGES if args.no_passages else ENGINE
+    single = None
+    if args.single:
+        single = await measure_single(bootstrap, tmp, pages, args.partitions, args.batch,
+                                      args.warm, engine, later)
+        print(f"single worker: {single['seconds']:.1f} s", file=sys.stderr)
     rows = []
     for copies in args.copies:
         rows.append(await measure(bootstrap, tmp, pages, args.partitions, copies, args.batch,
-                                  args.warm, args.profile,
-                                  ENGINE + NO_PASSAGES if args.no_passages else ENGINE))
+                                  args.warm, args.profile, engine, later))
         print(f"{copies} copies: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
     print(table(rows, args.partitions))
+    if single or later:
+        print("\n" + baseline_table(rows, single))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
@@ -325,6 +405,11 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--warm", type=int, default=0,
                    help="pages sent and done before the measured ones")
+    p.add_argument("--single", action="store_true",
+                   help="the single worker (jobs = 1) on the same pages first: the ratio")
+    p.add_argument("--latency", type=int, default=0, metavar="N",
+                   help="N more pages sent at half each setup's measured rate: p50/p99 "
+                        "from a page's input record to its first match")
     p.add_argument("--bootstrap")
     p.add_argument("--profile", type=Path, help="py-spy every role process into this folder")
     p.add_argument("--no-passages", action="store_true",

@@ -77,21 +77,9 @@ async def last_sequence_offset(topo: Topology) -> int:
 
 
 async def send_paced(topo: Topology, pages: list[Page], rate: float) -> None:
-    from dupalign.service.topology import new_producer
+    from tests.bench.stage_baseline import send_paced as send_to_input  # (it imports us)
 
-    producer = new_producer(topo.config.kafka)
-    await producer.start()
-    try:
-        start, futures = time.monotonic(), []
-        for i, page in enumerate(pages):
-            delay = start + i / rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            futures.append(await producer.send(topo.topic["pages"], messages.encode_page(page),
-                                               key=page.id.encode()))
-        await asyncio.gather(*futures)
-    finally:
-        await producer.stop()
+    await send_to_input(topo.config.kafka, pages, rate)
 
 
 async def setup(bootstrap: str, tmp: Path, procs: int, batch: int, shards: int = 1,
