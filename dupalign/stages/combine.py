@@ -130,7 +130,7 @@ class CombineShard:
                     out.matches.append(self._match(d.doc_id, "near", self.ids[other],
                                                    hamming=hamming, est_jaccard=est))
         state = sk.passage
-        if state is None or state.rects is None:
+        if state is None or state.keys is None:  # (no passages: rects is None too)
             return
         if partials is None or len(partials) != self.n_lists:
             raise ValueError(f"page {d.seq} needs {self.n_lists} list partials")

@@ -148,7 +148,7 @@ class Partitioned:
         seq = self.seq
         self.seq += 1
         sk = self.sketcher.sketch(page, self.learner.idf)
-        sketch_raw = sk.to_bytes()  # to the router and the page's combine partition
+        sketch_raw = sk.to_bytes()  # to the router (the combine gets to_combine_bytes)
         entry = DirectoryEntry.from_bytes(entry_of(seq, sk).to_bytes())
         # (ordinal 0 on the wire: the sketch role cannot know it; the list shard sets it)
         windows = {w.shard: w.to_bytes() for w in list_windows(0, sk.passage,
@@ -172,7 +172,8 @@ class Partitioned:
         for combine, ledger in self.combines:
             owned = combine.owns(d.doc_id)
             out = combine.apply(self._decision(raw), ledger.apply(d),
-                                PageSketch.from_bytes(sketch_raw) if owned else None, exact,
+                                PageSketch.from_bytes(sk.to_combine_bytes()) if owned else None,
+                                exact,
                                 near if near else None, partials or None)
             if out is not None:
                 mine = (combine, out)

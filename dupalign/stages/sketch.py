@@ -69,7 +69,10 @@ class PageSketch:
                             self.deleted, self.unchanged, self.read_as, *packed.pack(arrays)))
 
     # -- wire form ------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, for_combine: bool = False) -> dict[str, Any]:
+        """``for_combine``: what the combine reads of a page (dupalign.stages.combine): of
+        the near sketch whether it is indexed, of the passage sketch its passages (its
+        windows, the most bytes of a page, go to the list stage and align instead)."""
         out: dict[str, Any] = {"v": PAGE_SKETCH.writes, "id": self.id, "url": self.url,
                                "fetched_at": self.fetched_at, "replay_key": self.replay_key}
         if self.read_as:
@@ -85,13 +88,18 @@ class PageSketch:
         if self.unchanged:
             out["unchanged"] = True
         if self.near is not None:
-            out["near"] = _near_dict(self.near)
+            out["near"] = ({"indexed": self.near.indexed} if for_combine
+                           else _near_dict(self.near))
         if self.passage is not None:
-            out["passage"] = _passage_dict(self.passage)
+            out["passage"] = _passage_dict(self.passage, windows=not for_combine)
         return out
 
     def to_bytes(self) -> bytes:
         return bytes(msgpack.packb(self.to_dict(), use_bin_type=True))
+
+    def to_combine_bytes(self) -> bytes:
+        """The wire form the combine gets (``to_dict(for_combine=True)``)."""
+        return bytes(msgpack.packb(self.to_dict(for_combine=True), use_bin_type=True))
 
     @classmethod
     def from_bytes(cls, raw: bytes, passage: bool = True) -> PageSketch:
@@ -237,22 +245,26 @@ def _near_dict(s: NearState) -> dict[str, Any]:
 
 
 def _near_from(d: dict[str, Any]) -> NearState:
+    if "unique" not in d:  # (the combine's form)
+        return NearState(indexed=d["indexed"])
     return NearState(indexed=d["indexed"], unique=unpack_array(d["unique"], "<u8"),
                      counts=unpack_array(d["counts"], "<u4", "int64"), idf_version=d["idf_version"],
                      fingerprint=d["fingerprint"], W=unpack_array(d["W"], "<f8"),
                      sketch=unpack_array(d["sketch"], "<u8"))
 
 
-def _passage_dict(s: PassageState) -> dict[str, Any]:
+def _passage_dict(s: PassageState, windows: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"n_units": s.n_units}
     if s.rects is None:
         return out
     r = s.rects
     assert s.keys is not None
+    if windows:
+        out["windows"] = {
+            "bin": pack_array(r.bin, "<u2"), "key": pack_array(r.key, "<u8"),
+            "rect": pack_array(np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1), "<i4"),
+            "empty": pack_array(r.empty, "u1")}
     out.update({
-        "windows": {"bin": pack_array(r.bin, "<u2"), "key": pack_array(r.key, "<u8"),
-                    "rect": pack_array(np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi), axis=1), "<i4"),
-                    "empty": pack_array(r.empty, "u1")},
         "positions": s.positions,
         "starts": pack_array(s.starts, "<i4"), "ends": pack_array(s.ends, "<i4"),
         "k": int(s.keys.shape[1]), "keys": pack_array(s.keys, "<u8"),
@@ -262,14 +274,15 @@ def _passage_dict(s: PassageState) -> dict[str, Any]:
 
 
 def _passage_from(d: dict[str, Any]) -> PassageState:
-    if "windows" not in d:
+    if "keys" not in d:
         return PassageState(None, d["n_units"])
-    w = d["windows"]
-    rect = unpack_array(w["rect"], "<i4", "int64").reshape(-1, 4)
-    rects = Rects(unpack_array(w["bin"], "<u2", "int64"), unpack_array(w["key"], "<u8"),
-                  rect[:, 0].copy(),
-                  rect[:, 1].copy(), rect[:, 2].copy(), rect[:, 3].copy(),
-                  unpack_array(w["empty"], "u1", "bool"))
+    rects = None  # (the combine's form: passages without windows)
+    if "windows" in d:
+        w = d["windows"]
+        rect = unpack_array(w["rect"], "<i4", "int64").reshape(-1, 4)
+        rects = Rects(unpack_array(w["bin"], "<u2", "int64"), unpack_array(w["key"], "<u8"),
+                      rect[:, 0].copy(), rect[:, 1].copy(), rect[:, 2].copy(),
+                      rect[:, 3].copy(), unpack_array(w["empty"], "u1", "bool"))
     k = d["k"]
     return PassageState(rects, d["n_units"], d["positions"],
                         unpack_array(d["starts"], "<i4", "int64"),

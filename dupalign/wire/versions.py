@@ -51,8 +51,9 @@ class WireVersion:
 
 
 # -- the engine's stage messages (dupalign) ----------------------------------------------------
-# 2 adds the page's reading (how its body was decoded) to the replay key's inputs
-PAGE_SKETCH = WireVersion("page sketch", 2, (1, 2))
+# 2 adds the page's reading (how its body was decoded) to the replay key's inputs; 3: the
+# combine's copy has no near arrays and no windows (``PageSketch.to_combine_bytes``)
+PAGE_SKETCH = WireVersion("page sketch", 3, (1, 2, 3))
 # ``AlignRequest`` and ``IndexResult``: 3 carries the align request's steps (store format
 # 7); 2 is read in ``unfinished`` records of format 6 stores and retained align tasks
 INDEX_MESSAGE = WireVersion("message", 3, (2, 3))

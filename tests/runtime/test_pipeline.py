@@ -283,6 +283,26 @@ def test_threads_read_the_forward_records_of_the_store_itself(tmp_path: Path) ->
             == run(tmp_path / "one", pages, 1, EngineConfig()))
 
 
+def _check_combine_form(sk: PageSketch) -> None:
+    """The combine's copy: valid, whether near-indexed, the passages without the windows."""
+    raw = sk.to_combine_bytes()
+    messages.validate("page_sketch", msgpack.unpackb(raw, raw=False))
+    back = PageSketch.from_bytes(raw)
+    assert back.id == sk.id and back.content_hash == sk.content_hash
+    assert (back.near is None) == (sk.near is None)
+    if sk.near is not None and back.near is not None:
+        assert back.near.indexed == sk.near.indexed and back.near.unique is None
+    if sk.passage is None or back.passage is None:
+        assert back.passage is sk.passage is None
+        return
+    assert back.passage.rects is None and back.passage.positions == sk.passage.positions
+    assert (back.passage.keys is None) == (sk.passage.rects is None)
+    for name in ("starts", "ends", "keys", "empty"):
+        got, want = getattr(back.passage, name), getattr(sk.passage, name)
+        assert (got is None and want is None) or np.array_equal(got, want)
+    assert len(raw) < len(sk.to_bytes()) or sk.passage.rects is None
+
+
 @pytest.mark.parametrize("mode", ["oph", "weighted_oph"])  # weighted_oph: 3-column empty rows
 def test_messages_round_trip_and_match_their_schemas(tmp_path: Path, mode: str) -> None:
     pages = random_pages(3, 12)
@@ -300,6 +320,7 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path, mode: str) 
             back.passage = None
             assert near_only.to_bytes() == back.to_bytes()
             back = PageSketch.from_bytes(sk.to_bytes())
+            _check_combine_form(sk)
             # a sketch of the version before (no reading) is read; the one before, refused
             earlier = {k: v for k, v in msgpack.unpackb(sk.to_bytes(), raw=False).items()
                        if k != "read_as"}

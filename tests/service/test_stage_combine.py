@@ -140,7 +140,8 @@ def inputs(pages: list[Page], oracle: Oracle, rng: random.Random) -> Log:
     for b in sorted(range(len(batches)), key=lambda b: b + rng.uniform(0, 2.5)):
         for i, o in enumerate(batches[b]):
             _append(log, TOPICS.sketches, directory_owner(ids[o], SHAPE.combine),
-                    oracle.sketches[o], [page_header(b, i)])
+                    PageSketch.from_bytes(oracle.sketches[o]).to_combine_bytes(),
+                    [page_header(b, i)])
     for o in range(len(pages)):
         d = Decision.from_bytes(oracle.decisions[o])
         _append(log, TOPICS.decisions, directory_owner(d.doc_id, SHAPE.directory),

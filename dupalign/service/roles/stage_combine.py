@@ -209,7 +209,7 @@ class CombinePartition(StagePartition):
             if any(a is None for a in near):
                 return None
             got.near = [answer_from_bytes(a)[2] for a in near if a is not None]
-        if queried and sk.passage is not None and sk.passage.rects is not None:
+        if queried and sk.passage is not None and sk.passage.keys is not None:
             # (``list_windows``: every list shard has the page's windows, and answers)
             partials = [self.partials.peek(self.partition, (d.seq, k)) for k in range(s.lists)]
             if any(p is None for p in partials):

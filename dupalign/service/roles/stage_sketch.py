@@ -102,7 +102,7 @@ class StageSketchRole(StatelessRole):
             out.near_states.append(Outgoing(
                 self.topics_.near_state, near_state(sk), key=page.id.encode("utf-8"),
                 partition=directory_owner(page.id, self.shape.router)))
-            out.sketches.append(Outgoing(self.topics_.sketches, sk.to_bytes(),
+            out.sketches.append(Outgoing(self.topics_.sketches, sk.to_combine_bytes(),
                                          key=page.id.encode("utf-8"),
                                          partition=directory_owner(page.id,
                                                                    self.shape.combine)))
