@@ -3,7 +3,8 @@ Kafka"): CPU per page of each role with 1, 2 and 4 copies, and bytes per page on
 topic between them (issue 43, deliver 6).
 
     python -m tests.bench.bench_stage_roles [--pages 600] [--copies 1,2,4] [--partitions 4]
-        [--batch 32] [--warm 0] [--bootstrap H:P] [--profile DIR] [--no-passages]
+        [--batch 32] [--warm 0] [--single] [--latency N] [--bootstrap H:P] [--profile DIR]
+        [--no-passages]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py),
 under the default engine configuration but for ``near.idf_freeze_at = []`` (the stage roles
@@ -21,6 +22,15 @@ out under load: a restore was counted).
 The align stage runs too (A = ``--partitions``): a page with align tasks is published once
 its answers are merged. ``--no-passages``: passages off, no page has align tasks. Copies
 share this machine's cores: read CPU, not rate.
+``--partitions 1,4``: a setup for each count (with each of ``--copies`` up to it), and from
+two that differ in partitions only the projection to 10^3 and 10^4 pages/s
+(tests/bench/stage_projection.py). ``--single``: the single worker on the same pages first,
+the ratio of the whole topology's CPU to its own (tests/bench/stage_baseline.py).
+``--latency N``: N more pages sent at half each setup's measured rate: p50/p99 from a
+page's input record to its first match, the p50 to each topic between the roles, and the
+CPU per page at that rate (idle polling included). Also printed: the transactions per page
+of each stage (the commit markers in its changelog) and the bytes written to the
+changelogs.
 ``--profile DIR``: every role process sampled by py-spy from the send until done (raw
 collapsed stacks, DIR/c<copies>-<role>-<i>.txt; summed by function with
 ``python -m tests.bench.spy_summary DIR/c1-lists-*.txt``); its CPU figures are then the
@@ -61,6 +71,7 @@ from tests.bench.stage_baseline import (
     single_latencies,
     stage_latencies,
 )
+from tests.bench.stage_projection import projection
 from tests.service.test_stage_roles_kafka import Roles
 from tests.topology_harness import check_alive, read_topic, stop_all
 
@@ -236,7 +247,7 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
                   engine: str = ENGINE, later: list[Any] | None = None) -> dict[str, Any]:
     """``pages[:warm]`` sent and done first (the roles' first pages load their kernels
     and fill their caches), then the rest measured; then ``later`` sent at half the
-    measured rate for the latency (stage_baseline)."""
+    measured rate for the latency and the CPU at that rate (stage_baseline)."""
     setup = Setup(bootstrap, tmp, partitions, copies, batch, engine)
     await ensure_topics(setup.kc, setup.topics.wanted())
     spies: list[subprocess.Popen[bytes]] = []
@@ -270,10 +281,14 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         moved = moves(setup) - taken
         latency: dict[Any, float] = {}
         hops: dict[str, float] = {}
+        paced: dict[str, float] = {}
         if later:
             earlier = set(await sent_at(setup.kc, setup.kc.topic_partitions))
+            before_paced = setup.cpu()
             await send_paced(setup.kc, later, (len(pages) - warm) / seconds / 2)
             late = await setup.done(len(pages) + len(later), applied)
+            paced = {r: 1000 * (c - before_paced[r]) / len(later)
+                     for r, c in setup.cpu().items()}
             latency = await stage_latencies(setup.kc, late["batches"], late["matches"],
                                             setup.kc.topic_partitions, earlier)
             hops = await hop_latencies(setup.kc, late, setup.kc.topic_partitions, earlier)
@@ -281,16 +296,27 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         stop_all(setup.procs)
         await applied.consumer.stop()
     n = len(pages) - warm
+    changelogs = {f"{role} changelog": await read_topic(
+        bootstrap, setup.topics.changelog(role), setup.topics.partitions(role))
+        for role in ROLES[1:]}
     cpu = {r: after[r] - before[r] - (idle[r] - after[r]) / idle_s * (seconds + QUIET_S)
            for r in ROLES}
     waiting = len({record_ordinal(r) for r in got["align"]})
     published = len({record_ordinal(r) for r in got["matches"]})
-    return {"copies": copies, "seconds": seconds, "pages": n, "moved": moved,
+    return {"partitions": partitions, "copies": copies, "seconds": seconds, "pages": n,
+            "moved": moved,
             "waiting": waiting, "published": published,
             "cpu_ms": {r: 1000 * c / n for r, c in cpu.items()}, "latency": latency, "hops": hops,
+            "paced_cpu_ms": paced,
             "idle": {r: 100 * (idle[r] - after[r]) / idle_s for r in ROLES},
             "bytes": {t: sum(len(r.value or b"") for r in recs) / n
-                      for t, recs in got.items()}}
+                      for t, recs in got.items()},
+            "transactions": {role: transactions(changelogs[f"{role} changelog"])
+                             / (len(pages) + len(later or []))
+                             for role in ROLES[1:]},
+            # (keys too: a changelog's key is a store key, often as long as its value)
+            "changelog_bytes": {t: sum(len(r.key or b"") + len(r.value or b"")
+                                       for r in recs) / n for t, recs in changelogs.items()}}
 
 
 async def measure_single(bootstrap: str, tmp: Path, pages: list[Any], partitions: int,
@@ -311,68 +337,103 @@ async def measure_single(bootstrap: str, tmp: Path, pages: list[Any], partitions
         await asyncio.sleep(5)
         idle = (single.cpu() - after) / 5
         latency: dict[Any, float] = {}
+        paced = float("nan")
         if later:
             earlier = set(await sent_at(setup.kc, setup.kc.topic_partitions))
+            before_paced = single.cpu()
             await send_paced(setup.kc, later, (len(pages) - warm) / seconds / 2)
             await single.committed(len(pages) + len(later))
+            paced = 1000 * (single.cpu() - before_paced) / len(later)
             latency = await single_latencies(setup.kc, setup.kc.topic_partitions, earlier)
     finally:
         single.stop()
     n = len(pages) - warm
     return {"seconds": seconds, "pages": n, "latency": latency, "hops": {}, "idle": 100 * idle,
+            "paced_cpu_ms": paced,
             "cpu_ms": 1000 * (after - before - idle * seconds) / n}
 
 
 def baseline_table(rows: list[dict[str, Any]], single: dict[str, Any] | None) -> str:
     """The whole topology's CPU per page against the single worker's, and the latencies."""
     lines = ["the whole topology against the single worker (jobs = 1), same pages, same run",
-             "| setup | pages/s | CPU ms per page | vs single | p50 ms | p99 ms | pages timed |",
-             "|---|---|---|---|---|---|---|"]
+             "| setup | pages/s | CPU ms per page | vs single | at half rate: CPU ms per page "
+             "(idle included) | vs single | p50 ms | p99 ms | pages timed |",
+             "|---|---|---|---|---|---|---|---|---|"]
     base = single["cpu_ms"] if single else float("nan")
+    base_paced = single["paced_cpu_ms"] if single else float("nan")
     for r in ([dict(single, copies=0)] if single else []) + rows:
         cpu = r["cpu_ms"] if r["copies"] == 0 else sum(r["cpu_ms"].values())
+        paced = (r["paced_cpu_ms"] if r["copies"] == 0
+                 else sum(r["paced_cpu_ms"].values()) or float("nan"))
         p50, p99, timed = percentiles(r["latency"])
-        name = "single worker" if r["copies"] == 0 else f"{r['copies']} copies of each role"
+        name = "single worker" if r["copies"] == 0 else f"roles, {setup_name(r)}"
         lines.append(f"| {name} | {r['pages'] / r['seconds']:.0f} | {cpu:.2f} | "
-                     f"{cpu / base:.2f} | {p50:.0f} | {p99:.0f} | {timed} |")
+                     f"{cpu / base:.2f} | {paced:.2f} | {paced / base_paced:.2f} | {p50:.0f} | "
+                     f"{p99:.0f} | {timed} |")
     hopped = [r for r in rows if r["hops"]]
     if hopped:
         names = sorted(hopped[0]["hops"], key=hopped[0]["hops"].__getitem__)
         lines += ["", "p50 ms from a page's input record to its first record on each topic "
-                  "(the latency pages)", "| copies | " + " | ".join(names) + " |",
+                  "(the latency pages)", "| setup | " + " | ".join(names) + " |",
                   "|---|" + "---|" * len(names)]
-        lines += [f"| {r['copies']} | " + " | ".join(f"{r['hops'].get(t, float('nan')):.0f}"
-                                                     for t in names) + " |" for r in hopped]
+        lines += [f"| {setup_name(r)} | " + " | ".join(
+            f"{r['hops'].get(t, float('nan')):.0f}" for t in names) + " |" for r in hopped]
     return "\n".join(lines)
 
 
-def table(rows: list[dict[str, Any]], partitions: int) -> str:
+def transactions(records: list[Any]) -> int:
+    """The committed transactions that wrote these changelog records (every turn that
+    changed its store writes its changelog): a partition's offsets hold its records and a
+    commit marker per transaction, the last one after its last record."""
+    last: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for r in records:
+        last[r.partition] = max(last.get(r.partition, -1), r.offset)
+        count[r.partition] = count.get(r.partition, 0) + 1
+    return sum(last[p] + 2 - count[p] for p in last)
+
+
+def setup_name(r: dict[str, Any]) -> str:
+    return f"{r['partitions']} × {r['copies']}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
     roles = list(ROLES)
     lines = [f"CPU ms per page of each role (all its copies; per copy in brackets), "
-             f"{partitions} partitions per stage, {rows[0]['pages']} pages",
-             "| copies | pages/s | " + " | ".join(roles) + " | all roles |",
+             f"{rows[0]['pages']} pages; setup: partitions per stage × copies of each role",
+             "| setup | pages/s | " + " | ".join(roles) + " | all roles |",
              "|---|---|" + "---|" * (len(roles) + 1)]
     for r in rows:
         c = r["copies"]
         cells = [f"{r['cpu_ms'][role]:.2f} ({r['cpu_ms'][role] / c:.2f})" for role in roles]
         total = sum(r["cpu_ms"].values())
         moved = f" ({r['moved']} partitions moved while measured)" if r["moved"] else ""
-        lines.append(f"| {c}{moved} | {r['pages'] / r['seconds']:.0f} | " + " | ".join(cells)
-                     + f" | {total:.2f} |")
+        lines.append(f"| {setup_name(r)}{moved} | {r['pages'] / r['seconds']:.0f} | "
+                     + " | ".join(cells) + f" | {total:.2f} |")
     lines += ["", "idle CPU of each role (all its copies), % of a core",
-              "| copies | " + " | ".join(roles) + " |", "|---|" + "---|" * len(roles)]
+              "| setup | " + " | ".join(roles) + " |", "|---|" + "---|" * len(roles)]
     for r in rows:
-        lines.append(f"| {r['copies']} | " + " | ".join(f"{r['idle'][role]:.1f}"
-                                                      for role in roles) + " |")
+        lines.append(f"| {setup_name(r)} | " + " | ".join(f"{r['idle'][role]:.1f}"
+                                                         for role in roles) + " |")
+    stages = list(ROLES[1:])
+    lines += ["", "transactions per page of each stage (all its partitions, every page sent; "
+              "from the commit markers in its changelog)",
+              "| setup | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages)]
+    lines += [f"| {setup_name(r)} | " + " | ".join(f"{r['transactions'][s]:.2f}"
+                                                  for s in stages) + " |" for r in rows]
     lines += ["", "pages with align requests and pages with matches published",
-              "| copies | with requests | published |", "|---|---|---|"]
-    lines += [f"| {r['copies']} | {r['waiting']} | {r['published']} |" for r in rows]
-    topics = list(rows[0]["bytes"])
-    lines += ["", "bytes per page on each topic (values)",
-              "| copies | " + " | ".join(topics) + " |", "|---|" + "---|" * len(topics)]
-    for r in rows:
-        lines.append(f"| {r['copies']} | "
-                     + " | ".join(f"{r['bytes'][t]:.0f}" for t in topics) + " |")
+              "| setup | with requests | published |", "|---|---|---|"]
+    lines += [f"| {setup_name(r)} | {r['waiting']} | {r['published']} |" for r in rows]
+    for kind, title in (("bytes", "bytes per page on each topic between the roles (values)"),
+                        ("changelog_bytes", "bytes per page written to each stage's "
+                                            "changelog (keys and values)")):
+        topics = list(rows[0][kind])
+        lines += ["", title, "| setup | " + " | ".join(topics) + " | all |",
+                  "|---|" + "---|" * (len(topics) + 1)]
+        for r in rows:
+            lines.append(f"| {setup_name(r)} | "
+                         + " | ".join(f"{r[kind][t]:.0f}" for t in topics)
+                         + f" | {sum(r[kind].values()):.0f} |")
     return "\n".join(lines)
 
 
@@ -382,17 +443,20 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
     engine = ENGINE + NO_PASSAGES if args.no_passages else ENGINE
     single = None
     if args.single:
-        single = await measure_single(bootstrap, tmp, pages, args.partitions, args.batch,
+        single = await measure_single(bootstrap, tmp, pages, max(args.partitions), args.batch,
                                       args.warm, engine, later)
         print(f"single worker: {single['seconds']:.1f} s", file=sys.stderr)
     rows = []
-    for copies in args.copies:
-        rows.append(await measure(bootstrap, tmp, pages, args.partitions, copies, args.batch,
-                                  args.warm, args.profile, engine, later))
-        print(f"{copies} copies: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
-    print(table(rows, args.partitions))
+    for partitions in args.partitions:
+        for copies in (c for c in args.copies if c <= partitions):
+            rows.append(await measure(bootstrap, tmp, pages, partitions, copies, args.batch,
+                                      args.warm, args.profile, engine, later))
+            print(f"{setup_name(rows[-1])}: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
+    print(table(rows))
     if single or later:
         print("\n" + baseline_table(rows, single))
+    if len({r["partitions"] for r in rows}) > 1:
+        print("\n" + projection(rows, list(ROLES)))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
@@ -401,7 +465,10 @@ def main() -> int:
     p.add_argument("--pages", type=int, default=600)
     p.add_argument("--copies", type=lambda s: [int(x) for x in s.split(",")],
                    default=[1, 2, 4])
-    p.add_argument("--partitions", type=int, default=4)
+    p.add_argument("--partitions", type=lambda s: [int(x) for x in s.split(",")],
+                   default=[4], help="partitions of every stage; several: a setup each "
+                   "(with each of --copies up to it) and the projection to 10^3 and 10^4 "
+                   "pages/s from their difference")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--warm", type=int, default=0,
                    help="pages sent and done before the measured ones")
@@ -415,7 +482,7 @@ def main() -> int:
     p.add_argument("--no-passages", action="store_true",
                    help="passages off: every page is published at once (no align tasks)")
     args = p.parse_args()
-    if any(c > args.partitions for c in args.copies):
+    if min(args.copies) > max(args.partitions):
         p.error("more copies than partitions: the extra copies would stand by")
     return run_with_broker(args.bootstrap, "bench-stage-", lambda b, t: run(args, b, t))
 
