@@ -96,8 +96,8 @@ class RoleMetrics:
         # sequence goes and how far the partition has applied it
         self.stage_sequenced = Gauge(
             "dupalign_stage_ordinal_sequenced", "A stage partition held by this process: the "
-            "ordinal after the last page it has read from the sequence", ["role", "partition"],
-            registry=r,
+            "ordinal after the last page it has read from the sequence (a near partition: "
+            "the last its routers have routed)", ["role", "partition"], registry=r,
         )
         self.stage_applied = Gauge(
             "dupalign_stage_ordinal_applied", "A stage partition held by this process: the "

@@ -172,6 +172,10 @@ class StagePartition:
         """The lowest ordinal still to be applied (the sequence below it can go)."""
         raise NotImplementedError
 
+    def sequenced(self) -> int:
+        """The ordinal after the last page this partition knows to exist (its metrics)."""
+        return self.seq.end
+
     def note(self, batch: Any) -> None:
         """Write what the turn changed beside the store's own writes (a ledger's rows)."""
 
@@ -244,7 +248,7 @@ class StageRole(StatelessRole):
         positions = part.positions()
         self.inputs[tp] = frozenset(positions)
         self._assign()
-        self.metrics.stage_progress(self.name, tp.partition, part.seq.end, part.needed())
+        self.metrics.stage_progress(self.name, tp.partition, part.sequenced(), part.needed())
         log.info("%s partition %d taken: store %s, inputs from %s", self.stage, tp.partition,
                  how, {f"{t.topic}:{t.partition}": o for t, o in positions.items()})
         return committed
@@ -350,7 +354,7 @@ class StageRole(StatelessRole):
                 self.metrics.consumed(self.name, itp.topic, recs)
             self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
             outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
-            self.metrics.stage_progress(self.name, tp.partition, part.seq.end, part.needed())
+            self.metrics.stage_progress(self.name, tp.partition, part.sequenced(), part.needed())
             records = [*outputs, *self.changelogs[tp].outgoing()]
             if not records:  # (nothing taken, nothing moved: the store is as committed)
                 self.dirty.discard(tp)
