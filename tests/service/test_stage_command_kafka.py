@@ -61,6 +61,10 @@ group_id = "g-{tag}"
 session_timeout_ms = 6000
 heartbeat_interval_ms = 500
 transaction_timeout_ms = 15000
+# (the demo's RFCs have sketches of 1.3-2.9 MB, sent whole: not every record is split yet)
+max_request_size = 33554432
+max_partition_fetch_bytes = 33554432
+fetch_max_bytes = 67108864
 [worker]
 log_format = "text"
 [engine.near]
@@ -220,5 +224,7 @@ async def caught_up(procs: Procs, ports: list[int], topics: StageTopics, timeout
                 and set(applied) == want and applied == sequenced
                 and len(set(applied.values())) == 1 and min(applied.values()) > 0):
             return
-        assert time.monotonic() < deadline, (held, applied, sequenced)
+        assert time.monotonic() < deadline, (
+            f"held {held}; partitions without series {sorted(want - set(applied))}; "
+            f"applied {sorted(applied.items())}; sequenced {sorted(sequenced.items())}")
         await asyncio.sleep(1)
