@@ -77,11 +77,12 @@ class Changelog:
         self.store.observe(None)
 
 
-async def ensure_changelog(kc: KafkaConfig, topic: str, partitions: int) -> None:
+async def ensure_changelog(kc: KafkaConfig, topic: str, partitions: int,
+                           counts_from: str = "") -> None:
     """Check (with ``kafka.create_topics``, create) the compacted changelog ``topic`` with
     ``partitions`` partitions (the stage's input's). A changelog that is not compacted
-    expires records that a restore needs: refused."""
-    await ensure_topics(kc, {topic: partitions}, compacted={topic})
+    expires records that a restore needs: refused. ``counts_from``: as ``ensure_topics``'."""
+    await ensure_topics(kc, {topic: partitions}, compacted={topic}, counts_from=counts_from)
     admin = AIOKafkaAdminClient(**kc.client_kwargs())
     await admin.start()
     try:

@@ -326,11 +326,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Their arguments are defined apart (dupalign.service.kafka_args): the commands' modules import
     # aiokafka and the engine, seconds of CPU that --help must not cost.
-    from dupalign.service.kafka_args import add_produce_arguments, add_worker_arguments
+    from dupalign.service.kafka_args import (
+        add_produce_arguments,
+        add_stage_arguments,
+        add_worker_arguments,
+    )
 
     worker = sub.add_parser("worker", help="run the Kafka worker service")
     add_worker_arguments(worker)
     worker.set_defaults(func=_run_worker)
+    stage = sub.add_parser("stage", help="run roles of the partitioned pipeline on Kafka",
+                           description="Run roles of the partitioned pipeline in this process "
+                           "(docs/topology.md): `all` for one process, then more processes "
+                           "of any roles to grow; each role's partitions are spread over the "
+                           "processes running it. The matches are those of `scan` over the "
+                           "pages in sequence order.")
+    add_stage_arguments(stage)
+    stage.set_defaults(func=_run_stage)
     produce = sub.add_parser("produce", help="publish pages from files to a Kafka topic")
     add_produce_arguments(produce)
     produce.set_defaults(func=_run_produce)
@@ -414,7 +426,9 @@ def _positive(text: str) -> int:
     return n
 
 
-def _run_worker(args: argparse.Namespace) -> int:
+def _kafka_config(args: argparse.Namespace) -> Any:
+    """The config of a Kafka command (worker, stage), its port, broker and credentials
+    checked first: each failure is one line and its exit code."""
     from dupalign.service import worker as service
     from dupalign.service.exits import check_broker_reachable
     from dupalign.service.http import check_port
@@ -428,9 +442,25 @@ def _run_worker(args: argparse.Namespace) -> int:
     from dupalign.service.kafka_security import check_security
 
     asyncio.run(check_security(config.kafka))
+    return config
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from dupalign.service import worker as service
+
+    _kafka_config(args)
     if "align" in args.roles.split(","):  # (the costliest kernels)
         _note_first_compile("worker")
     return int(service.run_worker(args))
+
+
+def _run_stage(args: argparse.Namespace) -> int:
+    from dupalign.service.roles.stage_command import run_stage, stage_roles
+
+    roles = stage_roles(args)  # (a usage error before the broker is tried)
+    config = _kafka_config(args)
+    _note_first_compile("stage")
+    return run_stage(args, roles, config)
 
 
 def _run_produce(args: argparse.Namespace) -> int:

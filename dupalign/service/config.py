@@ -83,6 +83,10 @@ class KafkaConfig:
     retained_compression: str = field(default="zstd", metadata=_one_of(
         "producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"))
     align_partitions: int = field(default=4, metadata=_rng(1, 10_000))
+    # The stage roles (``dupalign stage``, docs/pipeline.md): the partitions of each stage,
+    # directory, exact, near (a power of 2), lists, combine, router, align: the most copies
+    # of each role that get work. Fixed per deployment (the topics are made with it)
+    shape: str = field(default="2,2,2,2,2,2,2", metadata={"nonempty": True})
     topic_partitions: int = field(default=1, metadata=_rng(1, 10_000))
     replication_factor: int = field(default=1, metadata=_rng(1, 32))
     session_timeout_ms: int = field(default=10_000, metadata=_rng(1_000, 3_600_000))
@@ -137,6 +141,7 @@ class KafkaConfig:
         if len(set(topology)) != len(topology):
             raise ConfigError("kafka.sequence_topic", "the topology's topics must differ from "
                               "each other and from the input, output and DLQ topics")
+        check_shape(self.shape)
         sasl = self.security_protocol.startswith("SASL_")
         if sasl and self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
             for key in ("sasl_plain_username", "sasl_plain_password"):
@@ -181,6 +186,22 @@ class KafkaConfig:
             )
         ctx.check_hostname = self.ssl_check_hostname
         return ctx
+
+
+def check_shape(text: str) -> tuple[int, ...]:
+    """``kafka.shape`` (or ``--shape``): D,E,P,S,C[,R[,A]] partition counts, each >= 1, P a
+    power of 2 (R and A: 1 if not given). Checked here without the engine
+    (``dupalign.stages.partitioned.Shape`` parses it for the roles)."""
+    parts = [p.strip() for p in text.split(",")]
+    counts = [int(p) for p in parts if p.isdigit()]
+    if len(parts) not in (5, 6, 7) or len(counts) != len(parts) or min(counts) < 1:
+        raise ConfigError("kafka.shape", f"{text!r}: give D,E,P,S,C[,R[,A]], the partitions of "
+                          "the directory, exact, near, lists, combine, router and align "
+                          "stages, each at least 1")
+    if counts[2] & (counts[2] - 1):
+        raise ConfigError("kafka.shape", f"{text!r}: the near stage's count ({counts[2]}) "
+                          "must be a power of 2")
+    return tuple(counts)
 
 
 @dataclass(frozen=True)

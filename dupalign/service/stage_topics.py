@@ -4,6 +4,8 @@ need of the engine configuration before they start."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dupalign.config import EngineConfig
 from dupalign.service.changelog import changelog_topic
 from dupalign.service.config import KafkaConfig
@@ -63,6 +65,20 @@ class StageTopics:
                 self.exact: shape.exact, self.near_state: shape.router,
                 self.near_ops: shape.near, self.windows: shape.lists, **self._combine(),
                 **self._align()}
+
+    # -- how the roles make and check them (``dupalign stage``) ------------------------------
+    def options(self) -> dict[str, Any]:
+        """``ensure_topics``' options for these topics: none kept forever (each stage's
+        state is in its compacted changelog), and the shape named when a topic's partition
+        count is another."""
+        s = self.shape
+        shape = (f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine},{s.router},"
+                 f"{s.align}")
+        return {"retained": (), "counts_from": (
+            f"kafka.shape = {shape} (the partitions of the directory, exact, near, lists, "
+            "combine, router and align stages) gives it: every process of a deployment needs "
+            "the shape its topics were made with, and another shape needs new topics "
+            "(another kafka.input_topic; docs/topology.md)")}
 
     def _combine(self) -> dict[str, int | None]:
         c, kc = self.shape.combine, self.kc

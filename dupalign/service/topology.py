@@ -78,13 +78,18 @@ def page_record_limit(kc: KafkaConfig, max_message_bytes: int) -> int:
 
 
 async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
-                        max_message_bytes: int = 0, compacted: Collection[str] = ()
+                        max_message_bytes: int = 0, compacted: Collection[str] = (),
+                        retained: Collection[str] | None = None, counts_from: str = ""
                         ) -> dict[str, int]:
     """Check (and with ``kafka.create_topics``, create) ``wanted`` topics; their partition
     counts. Raises TopologyError for a missing topic (without create_topics) or one whose
     partition count breaks the sharding. ``max_message_bytes``: the largest page the
     input topic must take (``worker.max_message_bytes``). ``compacted``: topics made
-    compacted, as the forward topic is (the stores' changelogs)."""
+    compacted, as the forward topic is (the stores' changelogs). ``retained``: the topics
+    kept forever (None: the index topology's, ``retained_topics``). ``counts_from``: the
+    end of the error when a topic has another partition count, "topic t has n partitions,
+    not the m that ..." (default: the index topology's message)."""
+    retained = retained_topics(kc) if retained is None else set(retained)
     admin = AIOKafkaAdminClient(**kc.client_kwargs())
     await admin.start()
     try:
@@ -93,7 +98,6 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
         if missing and kc.create_topics:
             # records between roles can be large (a big page's sketch, an align request
             # with its candidates' forward records): the topic takes what the producer sends
-            retained = retained_topics(kc)
             kept = {**KEEP_FOREVER, "compression.type": kc.retained_compression}
             compact = {**COMPACTED, "compression.type": kc.retained_compression}
             # an align topic made elsewhere: the forward topic follows its count
@@ -128,6 +132,9 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
             raise TopologyError(f"topics {missing} do not exist (create them, or set "
                                 f"kafka.create_topics = true){acl}")
         for topic, need in wanted.items():
+            if need is not None and counts[topic] != need and counts_from:
+                raise TopologyError(f"topic {topic!r} has {counts[topic]} partitions, not "
+                                    f"the {need} that {counts_from}")
             if need is not None and counts[topic] != need:
                 raise TopologyError(
                     f"topic {topic!r} has {counts[topic]} partitions; the topology needs "
@@ -142,7 +149,7 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
                 "forward records of the pages its align partition owns from the same "
                 "partition of the forward topic, so both need the same count (fixed per "
                 "deployment: docs/topology.md)")
-        await _warn_unretained(admin, sorted(retained_topics(kc) & set(wanted)))
+        await _warn_unretained(admin, sorted(set(retained) & set(wanted)))
         return counts
     finally:
         await admin.close()

@@ -475,6 +475,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
         overrides.setdefault("kafka", {})["bootstrap_servers"] = args.bootstrap
     if getattr(args, "group", None):
         overrides.setdefault("kafka", {})["group_id"] = args.group
+    if getattr(args, "shape", None):
+        overrides.setdefault("kafka", {})["shape"] = args.shape
     if getattr(args, "metrics_port", None) is not None:
         overrides.setdefault("metrics", {})["port"] = args.metrics_port
     if getattr(args, "log_level", None):

@@ -188,6 +188,22 @@ def _worker_unreachable(tmp: Path) -> list[str]:
     return ["worker", "--store", "s", "--bootstrap", f"127.0.0.1:{closed_port()}"]
 
 
+def _stage_unreachable(tmp: Path) -> list[str]:
+    return ["stage", "all", "--store", "s", "--bootstrap", f"127.0.0.1:{closed_port()}"]
+
+
+def _stage_without_store(tmp: Path) -> list[str]:
+    return ["stage", "sketch", "near", "--bootstrap", f"127.0.0.1:{closed_port()}"]
+
+
+def _stage_unknown_role(tmp: Path) -> list[str]:
+    return ["stage", "sketch,index", "--store", "s"]
+
+
+def _stage_bad_shape(tmp: Path) -> list[str]:
+    return ["stage", "all", "--store", "s", "--shape", "2,2,3,2,2"]
+
+
 CASES = [
     Case("missing input", _missing_input, Exit.INPUT,
          "cannot read input nothere.txt: No such file or directory"),
@@ -239,6 +255,16 @@ CASES = [
          "cannot reach the Kafka broker (127.0.0.1:"),
     Case("worker, broker unreachable", _worker_unreachable, Exit.KAFKA,
          "is the broker running and is the address right? (--bootstrap HOST:PORT"),
+    Case("stage, broker unreachable", _stage_unreachable, Exit.KAFKA,
+         "is the broker running and is the address right? (--bootstrap HOST:PORT"),
+    Case("stage without --store", _stage_without_store, Exit.USAGE,
+         "dupalign stage: --store is required (every role but sketch keeps its stores there)"),
+    Case("stage, unknown role", _stage_unknown_role, Exit.USAGE,
+         "unknown roles ['index']: choose among sketch, directory, exact, router, near, "
+         "lists, combine, align, or all"),
+    Case("stage, a near count not a power of 2", _stage_bad_shape, Exit.USAGE,
+         "invalid configuration: config key 'kafka.shape': '2,2,3,2,2': the near stage's count "
+         "(3) must be a power of 2"),
 ]
 
 

@@ -34,6 +34,24 @@ def role_manifests() -> list[str]:
             if load_yaml(f"k8s-topology/{name}")["kind"] in ("Deployment", "StatefulSet")]
 
 
+def stage_manifests() -> list[str]:
+    """The k8s-stages resources that run a role (not its NetworkPolicy)."""
+    return [name for name in load_yaml("k8s-stages/kustomization.yaml")["resources"]
+            if load_yaml(f"k8s-stages/{name}")["kind"] in ("Deployment", "StatefulSet")]
+
+
+def probed_and_scraped(pod: Any, container: Any, port_number: int, name: str) -> None:
+    """The pod's container serves the metrics port, Prometheus is told to scrape it, and the
+    probes ask /healthz and /readyz there."""
+    (port,) = container["ports"]
+    assert port["containerPort"] == port_number, name
+    assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true",
+                                              "prometheus.io/port": str(port_number)}
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
+                        ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": port["name"]}, name
+
+
 def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
@@ -148,13 +166,7 @@ def test_every_role_pod_is_probed_and_scraped_on_the_port_the_roles_serve() -> N
     for name in role_manifests():
         pod = load_yaml(f"k8s-topology/{name}")["spec"]["template"]
         (container,) = pod["spec"]["containers"]
-        (port,) = container["ports"]
-        assert port["containerPort"] == metrics.port, name
-        assert pod["metadata"]["annotations"] == {"prometheus.io/scrape": "true",
-                                                  "prometheus.io/port": str(metrics.port)}
-        for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"),
-                            ("readinessProbe", "/readyz")):
-            assert container[probe]["httpGet"] == {"path": path, "port": port["name"]}, name
+        probed_and_scraped(pod, container, metrics.port, name)
     # compose: Prometheus scrapes exactly the role services, Grafana gets the dashboards
     services = load_yaml("docker-compose.topology.yml")["services"]
     roles = {n for n, s in services.items() if "--roles" in s.get("command", [])}
@@ -173,7 +185,8 @@ def test_the_topology_dashboard_plots_every_role_metric_and_only_those() -> None
     from dupalign.service.roles.metrics import RoleMetrics
 
     exposed = {f.name + ("_total" if f.type == "counter" else "")
-               for f in RoleMetrics().registry.collect()}
+               for f in RoleMetrics().registry.collect()
+               if not f.name.startswith("dupalign_stage_")}  # (dupalign-stages.json's)
     dashboard = topology_dashboard()
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
@@ -305,7 +318,8 @@ def test_every_kubernetes_pod_runs_the_local_image_without_pulling_it() -> None:
 SASL_KEYS = ("security_protocol", "sasl_mechanism", "sasl_password_file", "ssl_cafile")
 
 
-@pytest.mark.parametrize("config", ["k8s/configmap.yaml", "k8s-topology/topology.toml"])
+@pytest.mark.parametrize("config", ["k8s/configmap.yaml", "k8s-topology/topology.toml",
+                                    "k8s-stages/stages.toml"])
 def test_the_kubernetes_sasl_settings_read_the_mounted_secret(config: str, tmp_path: Path
                                                               ) -> None:
     """Uncommented, the SASL lines of the shipped configs load with the worker's loader and
@@ -322,13 +336,16 @@ def test_the_kubernetes_sasl_settings_read_the_mounted_secret(config: str, tmp_p
     assert (kafka.security_protocol, kafka.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
     assert kafka.sasl_plain_password == "from-the-secret"
     pods = ([("k8s/statefulset.yaml", "dupalign-kafka")] if config.startswith("k8s/") else
+            [(f"k8s-stages/{n}", None) for n in stage_manifests()]
+            if config.startswith("k8s-stages/") else
             [(f"k8s-topology/{n}", None) for n in role_manifests()] +
             [("k8s-topology-sharded/shard.yaml", None)])
     for name, secret in pods:
         spec = load_yaml(name)["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         role = name.rsplit("/", 1)[-1].removesuffix(".yaml")
-        secret = secret or f"dupalign-kafka-{role}"  # each role its own user
+        stage = "stage-" if name.startswith("k8s-stages/") else ""
+        secret = secret or f"dupalign-kafka-{stage}{role}"  # each role its own user
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert mounts["kafka-secret"] == "/run/secrets/kafka", name
         volumes = {v["name"]: v for v in spec["volumes"]}
@@ -339,12 +356,13 @@ def test_the_kubernetes_sasl_settings_read_the_mounted_secret(config: str, tmp_p
         assert spec["securityContext"]["fsGroup"] == 10001, name  # reads the 0440 files
 
 
-@pytest.mark.parametrize("folder", ["k8s", "k8s-topology"])
+@pytest.mark.parametrize("folder", ["k8s", "k8s-topology", "k8s-stages"])
 def test_only_prometheus_reaches_the_metrics_port(folder: str) -> None:
     assert "networkpolicy.yaml" in load_yaml(f"{folder}/kustomization.yaml")["resources"]
     policy = load_yaml(f"{folder}/networkpolicy.yaml")
     config = (load_yaml("k8s/configmap.yaml")["data"]["dupalign.toml"] if folder == "k8s"
-              else (DEPLOY / "k8s-topology" / "topology.toml").read_text())
+              else (DEPLOY / folder / load_yaml(f"{folder}/kustomization.yaml")[
+                  "configMapGenerator"][0]["files"][0]).read_text())
     port = int(re.search(r"^port = (\d+)", config, re.M).group(1))  # type: ignore[union-attr]
     assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "dupalign"}}
     assert policy["spec"]["policyTypes"] == ["Ingress"]
@@ -352,3 +370,109 @@ def test_only_prometheus_reaches_the_metrics_port(folder: str) -> None:
     assert rule["ports"] == [{"protocol": "TCP", "port": port}]
     assert rule["from"][0]["podSelector"] == {
         "matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+
+
+def stage_parser() -> Any:
+    """``dupalign stage``'s parser."""
+    import argparse
+
+    from dupalign.service.kafka_args import add_stage_arguments
+
+    parser = argparse.ArgumentParser()
+    add_stage_arguments(parser)
+    return parser
+
+
+def test_the_stage_manifests_run_every_role_with_the_shape_of_one_config() -> None:
+    """Compose and Kubernetes run every stage role (one service or workload each, its
+    replicas the copies, at most the stage's partitions), each with args ``dupalign stage``
+    takes, the one config that holds the shape mounted where the args say, a store for
+    every role but sketch, scraped and probed on the port the config serves."""
+    from dupalign.service.kafka_args import STAGE_ROLES
+    from dupalign.service.roles.stage_command import parse_stage_roles
+    from dupalign.service.stage_topics import StageTopics
+    from dupalign.stages.partitioned import Shape
+
+    config = load_config(DEPLOY / "k8s-stages" / "stages.toml", env={})
+    assert config.kafka.create_topics and config.kafka.max_request_size >= 16 << 20
+    assert config.engine.near.idf_freeze_at == ()  # (until the roles follow learned idf)
+    metrics = config.metrics
+    assert metrics.enabled and metrics.host == "0.0.0.0"
+    topics = StageTopics(config.kafka, Shape.parse(config.kafka.shape))
+    parser = stage_parser()
+
+    def most(role: str) -> int:  # the copies of a role that get work
+        return 10_000 if role == "sketch" else topics.partitions(role)
+
+    # Kubernetes
+    kustomization = load_yaml("k8s-stages/kustomization.yaml")
+    (generated,) = kustomization["configMapGenerator"]
+    assert generated["files"] == ["stages.toml"]
+    assert set(kustomization["resources"]) == {
+        p.name for p in (DEPLOY / "k8s-stages").glob("*.yaml")} - {"kustomization.yaml"}
+    kinds: dict[str, str] = {}
+    for name in stage_manifests():
+        doc = load_yaml(f"k8s-stages/{name}")
+        pod = doc["spec"]["template"]
+        (container,) = pod["spec"]["containers"]
+        assert container["args"][0] == "stage", name
+        args = parser.parse_args(container["args"][1:])
+        (role,) = parse_stage_roles(args.roles)
+        assert name == f"{role}.yaml" and role not in kinds
+        kinds[role] = doc["kind"]
+        assert 1 <= doc["spec"]["replicas"] <= most(role), name
+        mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert args.config == f"{mount['config']}/stages.toml" and args.shape is None, name
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        assert volumes["config"]["configMap"]["name"] == generated["name"], name
+        assert (args.store is not None) == (role != "sketch"), name
+        if args.store is not None:
+            assert args.store.startswith(mount["store"] + "/"), name
+        probed_and_scraped(pod, container, metrics.port, name)
+    assert kinds == {r: "Deployment" if r == "sketch" else "StatefulSet" for r in STAGE_ROLES}
+    # compose: a service per role, named after it (Prometheus finds its replicas by name)
+    services = load_yaml("docker-compose.stages.yml")["services"]
+    running = {}
+    for name, service in services.items():
+        if service.get("command", [""])[0] != "stage":
+            continue
+        args = parser.parse_args(service["command"][1:])
+        (role,) = parse_stage_roles(args.roles)
+        assert name == role and 1 <= service["deploy"]["replicas"] <= most(role), name
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
+        assert mounts[args.config] == "./k8s-stages/stages.toml" and args.shape is None, name
+        assert (args.store is not None) == (role != "sketch"), name
+        assert service["environment"]["DUPALIGN_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+        running[name] = role
+    assert sorted(running.values()) == sorted(STAGE_ROLES)
+    assert services["sketch"]["build"]["dockerfile"] == "deploy/Dockerfile"
+    prom = {v.split(":")[0]: v.split(":")[1] for v in services["prometheus"]["volumes"]}
+    assert prom["./prometheus/prometheus.stages.yml"] == "/etc/prometheus/prometheus.yml"
+    (job,) = load_yaml("prometheus/prometheus.stages.yml")["scrape_configs"]
+    (dns,) = job["dns_sd_configs"]
+    assert set(dns["names"]) == set(running) and dns["port"] == metrics.port
+    grafana = {v.split(":")[0]: v.split(":")[1] for v in services["grafana"]["volumes"]}
+    (provider,) = load_yaml("grafana/provisioning/dashboards/dupalign.yml")["providers"]
+    assert grafana["./grafana/dashboards"] == provider["options"]["path"]
+
+
+def test_the_stages_dashboard_plots_every_metric_of_the_stage_roles_and_only_those() -> None:
+    """Every series a stage role exports (the roles' records, bytes, transactions,
+    partitions, the stage partitions' ordinals, the outage) is on a panel, per role; no
+    panel asks for one the stage roles do not export (the index topology's)."""
+    from dupalign.service.roles.metrics import RoleMetrics
+
+    theirs = ("dupalign_index_", "dupalign_sketch_", "dupalign_audit_")  # (the old roles')
+    exposed = {f.name + ("_total" if f.type == "counter" else "")
+               for f in RoleMetrics().registry.collect() if not f.name.startswith(theirs)}
+    dashboard = dict(json.loads((DEPLOY / "grafana/dashboards/dupalign-stages.json")
+                                .read_text()))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    used = {name for e in exprs for name in re.findall(r"\bdupalign_\w+", e)}
+    assert used - exposed == set(), "panels query metrics the stage roles do not expose"
+    assert exposed - used == set(), "stage role metrics no panel shows"
+    assert any("by (role, partition)" in e for e in exprs)
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    assert dashboard["uid"] != topology_dashboard()["uid"]

@@ -131,8 +131,13 @@ class StatelessRole:
         """The topics the role checks (or makes) at start, with their partition counts."""
         return topology_topics(self.kc)
 
+    def topic_options(self) -> dict[str, Any]:
+        """More of ``ensure_topics``' options for ``topics`` (the stage roles': their own)."""
+        return {}
+
     async def run(self) -> None:
-        await ensure_topics(self.kc, self.topics(), self.config.worker.max_message_bytes)
+        await ensure_topics(self.kc, self.topics(), self.config.worker.max_message_bytes,
+                            **self.topic_options())
         await self.on_start()
         strategy = self.strategy = (sticky(claim_path(self.state_dir(), self.group_id))
                                     if self.keeps_state else (RoundRobinPartitionAssignor,))

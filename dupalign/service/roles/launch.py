@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,15 +111,16 @@ def failure_line(role: str, exc: BaseException, kc: KafkaConfig) -> tuple[str, b
     return f"{role} role stopped: {cause}", known
 
 
-async def serve_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None
-                      ) -> int:
+async def serve_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None,
+                      make: Callable[..., list[Any]] = make_roles) -> int:
     """Run the roles until SIGTERM/SIGINT (exit 0) or the first failure (exit 1: the
-    transactions in hand abort, and the next owner of the partitions redoes them)."""
+    transactions in hand abort, and the next owner of the partitions redoes them).
+    ``make``: what makes them, as ``make_roles`` (the stage roles': stage_command.py)."""
     from dupalign.wire import messages
 
     messages.compile_all()
     metrics = RoleMetrics()
-    parts = make_roles(config, roles, store_dir, metrics)
+    parts = make(config, roles, store_dir, metrics)
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[None]] = []
     health = RoleHealth(parts, tasks)

@@ -1,10 +1,11 @@
-"""Prometheus metrics of the topology's roles (``dupalign worker --roles ...``), one registry
-per process shared by the roles it runs, labelled by role. Served by dupalign/service/http.py like
-the
-single worker's (dupalign/service/metrics.py); the Grafana dashboard's "Topology" row plots them.
+"""Prometheus metrics of the topology's roles (``dupalign worker --roles ...``, ``dupalign
+stage ...``), one registry per process shared by the roles it runs, labelled by role. Served
+by dupalign/service/http.py like the single worker's (dupalign/service/metrics.py); the
+Grafana dashboard's "Topology" row plots them.
 
-Names are prefixed ``dupalign_role_`` (every role), ``dupalign_index_`` (the index shard) or
-``dupalign_sketch_`` (the sketch role).
+Names are prefixed ``dupalign_role_`` (every role), ``dupalign_index_`` (the index shard),
+``dupalign_sketch_`` (the sketch role) or ``dupalign_stage_`` (the stage roles; their
+dashboard: deploy/grafana/dashboards/dupalign-stages.json).
 """
 
 from __future__ import annotations
@@ -90,6 +91,29 @@ class RoleMetrics:
             "dupalign_index_lifecycle_waits", "Times a removal (delete, new version, "
             "retention sweep) waited for the pages before it to be published", registry=r,
         )
+
+        # the stage roles' (``dupalign stage``): per stage partition held here, how far the
+        # sequence goes and how far the partition has applied it
+        self.stage_sequenced = Gauge(
+            "dupalign_stage_ordinal_sequenced", "A stage partition held by this process: the "
+            "ordinal after the last page it has read from the sequence (a near partition: "
+            "the last its routers have routed)", ["role", "partition"], registry=r,
+        )
+        self.stage_applied = Gauge(
+            "dupalign_stage_ordinal_applied", "A stage partition held by this process: the "
+            "next ordinal it applies (sequenced minus applied: the pages it is behind)",
+            ["role", "partition"], registry=r,
+        )
+
+    def stage_progress(self, role: str, partition: int, sequenced: int, applied: int) -> None:
+        self.stage_sequenced.labels(role, str(partition)).set(sequenced)
+        self.stage_applied.labels(role, str(partition)).set(applied)
+
+    def stage_released(self, role: str, partition: int) -> None:
+        """A partition let go: its series leave with it (its next owner exports them)."""
+        for gauge in (self.stage_sequenced, self.stage_applied):
+            with contextlib.suppress(KeyError):
+                gauge.remove(role, str(partition))
 
     def outage(self, max_outage_s: float, max_backoff_s: float) -> KafkaOutage:
         """The process's one outage state, shared by its roles: one WARNING and one INFO

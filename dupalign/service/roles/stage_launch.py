@@ -2,11 +2,11 @@
 Kafka"), until SIGTERM/SIGINT (exit 0) or a failure (exit 1)::
 
     python -m dupalign.service.roles.stage_launch ROLE --config FILE \\
-        --shape D,E,P,S,C[,R[,A]] [--store DIR]
+        [--shape D,E,P,S,C[,R[,A]]] [--store DIR]
 
 ROLE: ``sketch``, ``directory``, ``exact``, ``router``, ``near``, ``lists``, ``combine`` or
-``align``. Not a ``dupalign`` command yet: the stage roles are being built (step 6) and leave
-the old roles (``dupalign worker --roles``) as they are.
+``align``; the shape: ``kafka.shape`` unless given. The tests' launcher, with no HTTP server:
+users run ``dupalign stage`` (stage_command.py), which serves metrics and runs any roles.
 """
 
 from __future__ import annotations
@@ -19,32 +19,22 @@ import sys
 from typing import Any
 
 from dupalign.service.config import Config, load_config
+from dupalign.service.kafka_args import STAGE_ROLES
 from dupalign.service.logs import setup_logging
 from dupalign.service.roles.launch import failure_line
 from dupalign.stages.partitioned import Shape
 
 log = logging.getLogger("dupalign.roles")
-STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine", "align")
 
 
 def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any:
-    from dupalign.service.roles.stage_align import AlignStageRole
-    from dupalign.service.roles.stage_combine import CombineRole
-    from dupalign.service.roles.stage_directory import DirectoryRole
-    from dupalign.service.roles.stage_exact import ExactRole
-    from dupalign.service.roles.stage_lists import ListsRole
-    from dupalign.service.roles.stage_near import NearRole
-    from dupalign.service.roles.stage_router import RouterRole
-    from dupalign.service.roles.stage_sketch import StageSketchRole
+    from dupalign.service.roles.metrics import RoleMetrics
+    from dupalign.service.roles.stage_command import make_stage_roles
 
-    if role == "sketch":
-        return StageSketchRole(config, shape)
-    if store is None:
+    if role != "sketch" and store is None:
         raise ValueError(f"the {role} role needs --store")
-    roles = {"directory": DirectoryRole, "exact": ExactRole, "router": RouterRole,
-             "near": NearRole, "lists": ListsRole, "combine": CombineRole,
-             "align": AlignStageRole}
-    return roles[role](config, shape, store)
+    (made,) = make_stage_roles(config, (role,), store, RoleMetrics(), shape)
+    return made
 
 
 async def serve(config: Config, role: Any) -> int:
@@ -67,12 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="stage_launch", description=__doc__.split("\n")[0])
     p.add_argument("role", choices=STAGE_ROLES)
     p.add_argument("--config", required=True)
-    p.add_argument("--shape", required=True, help="D,E,P,S,C[,R[,A]]")
+    p.add_argument("--shape", help="D,E,P,S,C[,R[,A]] (default: kafka.shape)")
     p.add_argument("--store", help="the role's stores (every role but sketch)")
     args = p.parse_args(argv)
     config = load_config(args.config)
     setup_logging(config.worker.log_level, config.worker.log_format)
-    role = make_role(config, args.role, Shape.parse(args.shape), args.store)
+    role = make_role(config, args.role, Shape.parse(args.shape or config.kafka.shape),
+                     args.store)
     return asyncio.run(serve(config, role))
 
 

@@ -68,6 +68,9 @@ class NearPartition(StagePartition):
     def needed(self) -> int:
         return self.next_seq
 
+    def sequenced(self) -> int:
+        return max(self.upto, default=0)  # (it reads no sequence: the routers' progress)
+
     def extra(self) -> dict[str, Any]:
         return {"next": self.next_seq, "upto": self.upto}
 

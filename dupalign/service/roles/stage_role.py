@@ -172,6 +172,10 @@ class StagePartition:
         """The lowest ordinal still to be applied (the sequence below it can go)."""
         raise NotImplementedError
 
+    def sequenced(self) -> int:
+        """The ordinal after the last page this partition knows to exist (its metrics)."""
+        return self.seq.end
+
     def note(self, batch: Any) -> None:
         """Write what the turn changed beside the store's own writes (a ledger's rows)."""
 
@@ -211,11 +215,15 @@ class StageRole(StatelessRole):
     def topics(self) -> dict[str, int | None]:
         return self.topics_.wanted()
 
+    def topic_options(self) -> dict[str, Any]:
+        return self.topics_.options()
+
     def state_dir(self) -> Path | None:
         return self.store_dir
 
     async def on_start(self) -> None:
-        await ensure_changelog(self.kc, self.input_topic, self.topics_.partitions(self.stage))
+        await ensure_changelog(self.kc, self.input_topic, self.topics_.partitions(self.stage),
+                               self.topics_.options()["counts_from"])
 
     def open_partition(self, partition: int, store: Store) -> StagePartition:
         raise NotImplementedError
@@ -240,6 +248,7 @@ class StageRole(StatelessRole):
         positions = part.positions()
         self.inputs[tp] = frozenset(positions)
         self._assign()
+        self.metrics.stage_progress(self.name, tp.partition, part.sequenced(), part.needed())
         log.info("%s partition %d taken: store %s, inputs from %s", self.stage, tp.partition,
                  how, {f"{t.topic}:{t.partition}": o for t, o in positions.items()})
         return committed
@@ -326,6 +335,7 @@ class StageRole(StatelessRole):
             if changelog is not None:
                 changelog.close()
             part = self.parts.pop(tp, None)
+            self.metrics.stage_released(self.name, tp.partition)
             if part is not None:
                 await loop.run_in_executor(self.executor, part.store.close)
                 if end is not None:
@@ -344,6 +354,7 @@ class StageRole(StatelessRole):
                 self.metrics.consumed(self.name, itp.topic, recs)
             self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
             outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
+            self.metrics.stage_progress(self.name, tp.partition, part.sequenced(), part.needed())
             records = [*outputs, *self.changelogs[tp].outgoing()]
             if not records:  # (nothing taken, nothing moved: the store is as committed)
                 self.dirty.discard(tp)

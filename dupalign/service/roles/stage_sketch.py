@@ -81,6 +81,9 @@ class StageSketchRole(StatelessRole):
     def topics(self) -> dict[str, int | None]:
         return self.topics_.wanted()
 
+    def topic_options(self) -> dict[str, Any]:
+        return self.topics_.options()
+
     def prepare(self, tp: TopicPartition, records: list[Any]) -> StageBatch:
         out = StageBatch(tp.topic, tp.partition, int(time.time() * 1000))
         d = self.shape.directory
