@@ -4,9 +4,9 @@ Kafka"), until SIGTERM/SIGINT (exit 0) or a failure (exit 1)::
     python -m dupalign.service.roles.stage_launch ROLE --config FILE \\
         --shape D,E,P,S,C[,R[,A]] [--store DIR]
 
-ROLE: ``sketch``, ``directory``, ``exact``, ``router``, ``near``, ``lists``, ``combine`` or
-``align``. Not a ``dupalign`` command yet: the stage roles are being built (step 6) and leave
-the old roles (``dupalign worker --roles``) as they are.
+ROLE: ``sketch``, ``directory``, ``exact``, ``learner``, ``router``, ``near``, ``lists``,
+``combine`` or ``align``. Not a ``dupalign`` command yet: the stage roles are being built
+(step 6) and leave the old roles (``dupalign worker --roles``) as they are.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from dupalign.service.roles.launch import failure_line
 from dupalign.stages.partitioned import Shape
 
 log = logging.getLogger("dupalign.roles")
-STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine", "align")
+STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine", "align",
+               "learner")
 
 
 def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any:
@@ -32,6 +33,7 @@ def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any
     from dupalign.service.roles.stage_combine import CombineRole
     from dupalign.service.roles.stage_directory import DirectoryRole
     from dupalign.service.roles.stage_exact import ExactRole
+    from dupalign.service.roles.stage_learner import LearnerRole
     from dupalign.service.roles.stage_lists import ListsRole
     from dupalign.service.roles.stage_near import NearRole
     from dupalign.service.roles.stage_router import RouterRole
@@ -43,7 +45,7 @@ def make_role(config: Config, role: str, shape: Shape, store: str | None) -> Any
         raise ValueError(f"the {role} role needs --store")
     roles = {"directory": DirectoryRole, "exact": ExactRole, "router": RouterRole,
              "near": NearRole, "lists": ListsRole, "combine": CombineRole,
-             "align": AlignStageRole}
+             "align": AlignStageRole, "learner": LearnerRole}
     return roles[role](config, shape, store)
 
 
