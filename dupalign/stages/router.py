@@ -18,15 +18,17 @@ The ``Learner`` keeps what ``NearIndex`` learns while pages arrive, until the la
 ``near.idf_freeze_at``'s counts (rule 3): the idf document counts (each added page's
 distinct tokens; a table frozen at each count is in force from the next page on) and the
 volatility model (each added page's weight sums, after its own probes were made). It is one
-serial computation over the added pages, which the router reads page by page until the
-last freeze, and never after.
+serial computation over the added pages; at each freeze it hands the routers a ``Frozen``
+record (the table and the model taken then: rule 7), and nothing between freezes. Each
+router's ``InForce`` counts the pages learned from the decisions and exact answers and
+needs the learner's record only when that count reaches a freeze.
 
 The router is partitioned by page id: a partition reads the sketches of its ids' pages
 only, and counts the rows of every id from the decisions (``Decision.near``) and exact
-answers. The learner is one, fed by every partition's pages in sequence order. Its state
-is in memory (the single engine keeps the learner's in its store); a router's rows are in
-memory too, or in a store (``StoredRows``, dupalign.stages.router_store: a role's, which its
-changelog restores).
+answers. The learner is one, fed by every partition's pages in sequence order (a role's
+state: dupalign/service/roles/stage_learner.py). A router's rows are in memory, or in a
+store (``StoredRows``, dupalign.stages.router_store: a role's, which its changelog
+restores).
 """
 
 from __future__ import annotations
