@@ -8,7 +8,10 @@ State kept across pages, and how it survives a restart:
   give the model exactly as it was after the last page written. It learns only until the
   last idf freeze (``idf_freeze_at[-1]`` pages), then stays: learned from consecutive pages,
   it is a serial computation that a pipeline split by key can run during a warm-up only
-  (docs/pipeline.md, rule 3);
+  (docs/pipeline.md, rule 3). The probes use the model *in force* (``in_force``): the one
+  learned up to the latest idf freeze, taken with the table (the prior before the first),
+  written to ``meta`` at each freeze; so the pipeline's routers need the learner at the
+  freeze points only, never page by page (docs/pipeline.md, rule 7);
 - idf tables: version 0 is uniform; version v is frozen from the document frequencies of
   the first ``idf_freeze_at[v-1]`` indexed pages and written to ``meta``. Until the last
   freeze the pages' distinct token hashes are kept in ``idf_pending`` so that the counts
@@ -76,6 +79,7 @@ class NearState:
     W: npt.NDArray[np.float64] | None = None
     sketch: U64 | None = None
     frozen: IdfTable | None = None
+    frozen_model: bytes | None = None  # the volatility model taken with ``frozen``
 
 
 def distinct_counts(hashes: U64) -> tuple[U64, npt.NDArray[np.int64]]:
@@ -241,11 +245,23 @@ class NearIndex:
         for raw in tables.volatility_log.values(store):
             self.model.replay(np.frombuffer(raw, dtype="<f8").astype(np.float64))
             self._logged += 1
+        self.in_force = self._model_in_force(store)
         self._table: SimhashTable | None = None
         if not removal_only:
             fps, ords = tables.simhash.load(store)  # by (fingerprint, ordinal)
             self._table = SimhashTable.from_arrays(fps, ords, ordered=True)
         self._staged: dict[int, int] = {}  # ordinal -> fingerprint of a staged removal
+
+    def _model_in_force(self, store: Store) -> VolatilityModel:
+        """The model taken at the latest freeze (the prior before the first). A store
+        written before the model was taken (none kept, a table frozen) uses the model
+        learned so far: the same past the last freeze, close to it before."""
+        raw = tables.volatility_frozen.get(store)
+        if raw is not None:
+            return VolatilityModel.from_bytes(raw)
+        if len(self.tables) > 1:
+            return VolatilityModel.from_bytes(self.model.to_bytes())
+        return VolatilityModel()
 
     @property
     def table(self) -> SimhashTable:
@@ -278,7 +294,8 @@ class NearIndex:
         self.counters.lookups += 1
         candidates, probes = psm_search_one(
             self.table, state.fingerprint, np.ascontiguousarray(state.W, dtype=np.float64),
-            self.cfg.hamming, self.cfg.probe_budget, self.cfg.mode == "first", self.model, ordinal)
+            self.cfg.hamming, self.cfg.probe_budget, self.cfg.mode == "first", self.in_force,
+            ordinal)
         self.counters.probes += probes
         self.counters.candidates += len(candidates)
         return [(other, hamming) for other, hamming in candidates if other < ordinal]
@@ -325,6 +342,8 @@ class NearIndex:
             builder.add_document(state.unique, distinct=True)
             state.frozen = builder.freeze(version)
             tables.idf_tables.put(batch, version, state.frozen.to_bytes())
+            state.frozen_model = self.model.to_bytes()  # (after this page's update)
+            tables.volatility_frozen.put(batch, state.frozen_model)
             if version == len(self.cfg.idf_freeze_at):
                 tables.idf_pending.delete_through(batch, ordinal)
 
@@ -348,6 +367,8 @@ class NearIndex:
             self.builder.add_document(state.unique, distinct=True)
             if state.frozen is not None:
                 self.tables.append(state.frozen)
+                assert state.frozen_model is not None
+                self.in_force = VolatilityModel.from_bytes(state.frozen_model)
                 if len(self.tables) > len(self.cfg.idf_freeze_at):
                     self.builder = None
 

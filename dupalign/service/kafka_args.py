@@ -12,7 +12,8 @@ __all__ = ["STAGE_ROLES", "add_produce_arguments", "add_stage_arguments",
            "add_worker_arguments"]
 
 # the roles of the partitioned pipeline, in its order (docs/pipeline.md, "Roles on Kafka")
-STAGE_ROLES = ("sketch", "directory", "exact", "router", "near", "lists", "combine", "align")
+STAGE_ROLES = ("sketch", "directory", "exact", "learner", "router", "near", "lists", "combine",
+               "align")
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:

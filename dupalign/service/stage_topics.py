@@ -1,15 +1,12 @@
 """The topics of the partitioned pipeline's roles (docs/pipeline.md, "Roles on Kafka"), named
-after ``kafka.input_topic``, with the partition counts of the shape, and what the roles
-need of the engine configuration before they start."""
+after ``kafka.input_topic``, with the partition counts of the shape."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from dupalign.config import EngineConfig
 from dupalign.service.changelog import changelog_topic
 from dupalign.service.config import KafkaConfig
-from dupalign.service.topology import TopologyError
 from dupalign.stages.partitioned import Shape
 
 
@@ -18,8 +15,9 @@ class StageTopics:
     ``exact`` (E), ``near_state`` (R), ``near_ops`` (P), ``windows`` (S: the list partitions'
     windows of each page), the combine's inputs ``sketches``, ``near_answers``, ``partials``
     and ``aligned`` (C: partition c = the combine partition that owns the page's id), and
-    the align stage's inputs ``passages`` and ``align_requests`` (A), and each stage's
-    changelog (as many as the stage has partitions)."""
+    the align stage's inputs ``passages`` and ``align_requests`` (A), the learner's ``idf``
+    (1, compacted) and the routers' ``revisits`` (C), and each stage's changelog (as many as
+    the stage has partitions)."""
 
     def __init__(self, kc: KafkaConfig, shape: Shape) -> None:
         base = kc.input_topic
@@ -43,13 +41,17 @@ class StageTopics:
         # combine's requests and its progress (stage_align.py)
         self.passages = f"{base}.passages"
         self.align_requests = f"{base}.align_requests"
+        # the learner's frozen idf tables and models (1 partition, compacted: stage_learner.py)
+        # and the routers' revisit distances, for the combine (C)
+        self.idf = f"{base}.idf"
+        self.revisits = f"{base}.revisits"
 
     def partitions(self, stage: str) -> int:
         """The partitions of ``stage`` (a role's changelog has as many)."""
         counts = {"directory": self.shape.directory, "exact": self.shape.exact,
                   "router": self.shape.router, "near": self.shape.near,
                   "lists": self.shape.lists, "combine": self.shape.combine,
-                  "align": self.shape.align}
+                  "align": self.shape.align, "learner": 1}
         if stage not in counts:
             raise ValueError(f"no stage role {stage!r} yet: {', '.join(counts)}")
         return counts[stage]
@@ -83,19 +85,7 @@ class StageTopics:
     def _combine(self) -> dict[str, int | None]:
         c, kc = self.shape.combine, self.kc
         return {self.sketches: c, self.near_answers: c, self.partials: c, self.aligned: c,
-                kc.output_topic: None}
+                self.revisits: c, kc.output_topic: None}
 
     def _align(self) -> dict[str, int | None]:
         return {self.passages: self.shape.align, self.align_requests: self.shape.align}
-
-
-def require_frozen_idf(config: EngineConfig) -> None:
-    """The stage roles sketch under the uniform idf table: a configuration that learns
-    idf tables (``near.idf_freeze_at``) would give other fingerprints than ``scan``'s
-    (docs/pipeline.md, "Roles on Kafka": the open problem)."""
-    if config.near.idf_freeze_at:
-        raise TopologyError(
-            f"near.idf_freeze_at = {list(config.near.idf_freeze_at)}: the stage roles do not "
-            "follow learned idf tables yet (a sketch role running ahead cannot know the table "
-            "in force at a page); set near.idf_freeze_at = [] (docs/pipeline.md, "
-            "\"Roles on Kafka\")")

@@ -12,7 +12,8 @@ engine's order:
   (the same id);
 - a delete: none; a rejected page: ``PageRejected``;
 - an unchanged revisit: its ``revisit`` match (the directory's);
-- a stored page: the changed revisit's match, then the ``exact`` match, or the ``near``
+- a stored page: the changed revisit's match (the distance of its fingerprints: the
+  router's, ``Router.relate``), then the ``exact`` match, or the ``near``
   matches (the version it replaces excluded) and the passage tasks (near matches and the
   replaced version excluded) as an ``AlignRequest``; ``finish`` adds align's passages and
   stores the matches by store ordinal.
@@ -26,6 +27,7 @@ n only this page's ``finish`` reads.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,7 @@ from dupalign.stages.ledger import Expired, Placed
 from dupalign.stages.list_shard import ListPartial, combine_lists
 from dupalign.stages.messages import AlignRequest
 from dupalign.stages.near_shard import NearAnswer, combine_near
+from dupalign.stages.router import Router
 from dupalign.stages.sketch import PageSketch
 from dupalign.store import tables
 from dupalign.store.database import Store
@@ -80,10 +83,12 @@ class CombineShard:
 
     def apply(self, d: Decision, placed: Placed, sk: PageSketch | None = None,
               exact: ExactAnswer | None = None, near: list[NearAnswer] | None = None,
-              partials: list[ListPartial] | None = None) -> Combined | None:
+              partials: list[ListPartial] | None = None, hamming: int | None = None
+              ) -> Combined | None:
         """The next decision (every partition's, in sequence order) placed by the ledger;
         for a page of an id of this partition, its sketch and what the stages answered
-        for it, and its matches so far (None: another partition's page)."""
+        for it (``hamming``: the router's revisit distance when ``Router.relates``), and
+        its matches so far (None: another partition's page)."""
         self._removed(placed.removed, d.doc_id)
         if placed.ordinal is not None:
             self.ids[placed.ordinal] = d.doc_id
@@ -103,17 +108,18 @@ class CombineShard:
             assert d.revisit is not None
             out.matches.append(d.revisit)
         elif d.kind == "stored":
-            self._stored(out, d, placed, sk, exact, near, partials)
+            self._stored(out, d, placed, sk, exact, near, partials, hamming)
         return out
 
     def _stored(self, out: Combined, d: Decision, placed: Placed, sk: PageSketch,
                 exact: ExactAnswer | None, near: list[NearAnswer] | None,
-                partials: list[ListPartial] | None) -> None:
+                partials: list[ListPartial] | None, hamming: int | None) -> None:
         assert placed.ordinal is not None
         if exact is None or exact.seq != d.seq:
             raise ValueError(f"stored page {d.seq} needs its exact answer")
-        if d.revisit is not None:
-            out.matches.append(d.revisit)
+        if d.revisit is not None:  # (the directory leaves the distance to the router)
+            out.matches.append(dataclasses.replace(d.revisit, hamming=hamming)
+                               if Router.relates(d) else d.revisit)
         if exact.original is not None:
             assert exact.original_id is not None
             out.matches.append(self._match(d.doc_id, "exact", exact.original_id,

@@ -41,12 +41,13 @@ stored version; ``docs``: sequence ordinal -> the version's record; ``cws``: seq
 ordinal -> its verification sketch; ``next_ordinal``: the next sequence ordinal to decide.
 One WriteBatch per page.
 
-The directory keeps every stored version's sketch and fingerprint and relates two
-versions by them, as the single engine does (it keeps an exact copy's too:
-docs/pipeline.md, rule 5), so the exact stage, downstream, never changes a revisit
-relation. A ``DirectoryEntry``'s fingerprint must be the page's under the idf table in
-force at its turn, as ``Engine.process`` sketches it; the single engine refreshes a
-fingerprint sketched under an older table, the directory cannot (it has no idf table).
+The directory keeps every stored version's verification sketch and relates two versions
+by it, as the single engine does (it keeps an exact copy's too: docs/pipeline.md, rule
+5), so the exact stage, downstream, never changes a revisit relation. The Hamming distance
+of the two versions' fingerprints is left out (None): it needs the idf tables in force at
+both pages' turns, which are learned from exact answers, downstream; the router of the id
+computes it (``Router.relate``) and the combine puts it in the match. So a decision does
+not depend on the idf table a page was sketched under.
 """
 
 from __future__ import annotations
@@ -283,8 +284,8 @@ class DirectoryShard:
         if prev is not None:
             est = hamming = None
             old = self._sketch(prev.seq)
-            if e.sketch is not None and old is not None:
-                est, hamming = resemblance(e.sketch, old, e.fingerprint, prev.fingerprint)
+            if e.sketch is not None and old is not None:  # (the distance: the router's)
+                est, hamming = resemblance(e.sketch, old, None, None)
             revisit = _revisit_match(doc_id, "changed", est, hamming, prev.url,
                                      prev.fetched_at, self.engine)
         return Decision(seq, doc_id, "stored", None if prev is None else prev.version,

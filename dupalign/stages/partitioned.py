@@ -10,11 +10,12 @@ Every consumer of the decisions (exact, router, lists, combine, the forward reco
 its own ``Ledger`` over all of them, and applies a retention sweep (``sweep``) between the
 decisions below its point and the next, as its role will. A page goes through every stage
 before the next one starts: here only the order of the work is a pipeline's, not its
-overlap. One thing is not yet as a role will run it: the sketch stage sketches a page under
-the idf table in force at its turn (the learner's, after every page before it), as
-``Engine.process`` does; the directory's revisit distances need it (a fingerprint sketched
-under an older table would give another distance; a role of its own would need the router
-to relate the versions).
+overlap. The sketch stage sketches every page under the uniform idf table, as the sketch
+role, which runs ahead of the learner, does: the router of the page's id makes its
+fingerprint again under the table in force (``refresh``: rule 7) and relates a changed
+revisit to the version it replaces (``Router.relate``, for the combine). The learner is a
+stage of its own, fed in sequence order with the pages added to the near table; the
+routers take its ``Frozen`` records (``InForce``), needed at the freeze points alone.
 
 The stage's state is not reopened: the ledgers and the learner are in memory, so a
 pipeline starts on empty stores (``open``) and lives as long as its process.
@@ -30,6 +31,7 @@ from pathlib import Path
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.match import Match, Span
+from dupalign.near.idf import IdfTable
 from dupalign.page import Page
 from dupalign.stages.align import Aligner
 from dupalign.stages.combine import Combined, CombineShard
@@ -47,7 +49,7 @@ from dupalign.stages.ledger import Expired, Ledger
 from dupalign.stages.list_shard import ListPartial, ListShard, ListWindows, list_windows
 from dupalign.stages.messages import AlignRequest
 from dupalign.stages.near_shard import NearOps, NearShard, answer_from_bytes, answer_to_bytes
-from dupalign.stages.router import Learner, Router, prefix_bits
+from dupalign.stages.router import Frozen, InForce, Learner, Router, prefix_bits
 from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.store.database import Store
 from dupalign.store.forward_reader import StoreForward
@@ -95,8 +97,9 @@ class Partitioned:
         self.exacts = [(ExactShard(store(f"exact{k}"), k, shape.exact), Ledger())
                        for k in range(shape.exact)]
         self.learner = Learner(config)
-        self.routers = [(Router(config, self.learner, shape.near, k, shape.router), Ledger())
-                        for k in range(shape.router)]
+        self.routers = [(Router(config, InForce(config), shape.near, k, shape.router),
+                         Ledger()) for k in range(shape.router)]
+        self.uniform = IdfTable.uniform()
         b = prefix_bits(shape.near)
         self.nears = [NearShard(store(f"near{k}"), config, k, b) for k in range(shape.near)]
         self.lists = [(ListShard(store(f"lists{k}"), config, k, shape.lists), Ledger())
@@ -147,7 +150,7 @@ class Partitioned:
         """The page's matches (``Engine.process``'s); PageRejected for a rejected page."""
         seq = self.seq
         self.seq += 1
-        sk = self.sketcher.sketch(page, self.learner.idf)
+        sk = self.sketcher.sketch(page, self.uniform)
         sketch_raw = sk.to_bytes()  # to the router (the combine gets to_combine_bytes)
         entry = DirectoryEntry.from_bytes(entry_of(seq, sk).to_bytes())
         # (ordinal 0 on the wire: the sketch role cannot know it; the list shard sets it)
@@ -159,7 +162,7 @@ class Partitioned:
         self.dir_ledger.apply(d)
         self.replayed = d.kind == "replay"
         exact = self._exact(d)
-        near_raw = self._near(d, exact, sketch_raw)
+        near_raw, hamming = self._near(d, exact, sketch_raw)
         partials = [ListPartial.from_bytes(p.to_bytes()) for shard, ledger in self.lists
                     if (p := shard.apply(self._decision(raw), ledger.apply(d), exact,
                                          self._windows(windows, shard.shard, seq)))
@@ -173,8 +176,7 @@ class Partitioned:
             owned = combine.owns(d.doc_id)
             out = combine.apply(self._decision(raw), ledger.apply(d),
                                 PageSketch.from_bytes(sk.to_combine_bytes()) if owned else None,
-                                exact,
-                                near if near else None, partials or None)
+                                exact, near if near else None, partials or None, hamming)
             if out is not None:
                 mine = (combine, out)
         assert mine is not None
@@ -196,18 +198,31 @@ class Partitioned:
                 answer = ExactAnswer.from_bytes(a.to_bytes())
         return answer
 
-    def _near(self, d: Decision, exact: ExactAnswer | None, sketch_raw: bytes) -> list[bytes]:
-        ops = []
+    def _near(self, d: Decision, exact: ExactAnswer | None, sketch_raw: bytes
+              ) -> tuple[list[bytes], int | None]:
+        """The near answers of the page, and its revisit distance (``Router.relate``)."""
+        ops, hamming = [], None
         for router, ledger in self.routers:
+            placed = ledger.apply(d)
             near = (PageSketch.from_bytes(sketch_raw, passage=False).near
                     if router.owns(d.doc_id) else None)
-            ops += router.route(d, ledger.apply(d), exact, near)
+            if near is not None and Router.relates(d):
+                hamming = router.relate(d, placed, near)
+            ops += router.route(d, placed, exact, near)
+        if (d.kind == "stored" and d.near and exact is not None and exact.original is None):
+            learned = PageSketch.from_bytes(sketch_raw, passage=False).near
+            assert learned is not None
+            frozen = self.learner.learn(learned)
+            if frozen is not None:
+                frozen = Frozen.from_bytes(frozen.to_bytes())  # (its wire form)
+                for router, _ in self.routers:
+                    router.in_force.take(frozen)
         out = []
         for op in ops:
             answer = self.nears[op.shard].apply(NearOps.from_bytes(op.to_bytes()))
             if answer is not None:
                 out.append(answer_to_bytes(op.seq, op.shard, answer))
-        return out
+        return out, hamming
 
     @staticmethod
     def _windows(windows: dict[int, bytes], shard: int, seq: int) -> ListWindows | None:

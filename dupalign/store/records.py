@@ -22,9 +22,11 @@ NOTES = {  # one count (u64) each
     # a stage's ledger (dupalign.stages.ledger_store)
     "ledger_next_ordinal": b"ledger_next_ordinal",
     "ledger_next_seq": b"ledger_next_seq",
+    "router_learned": b"router_learned",  # the pages a router counted as learned (InForce)
 }
 BLOBS = {  # one value each
     "stage_cursor": b"stage_cursor",  # a stage role's place in its inputs (msgpack)
+    "learner_model": b"learner_model",  # the learner role's volatility model as learned
 }
 LOGS = {  # values by sequence number
     "outbox": b"outbox/",  # the index fan-in's keys messages per sequence record
@@ -37,6 +39,12 @@ LOGS = {  # values by sequence number
     # page alive; sequence ordinal -> a page waiting for align
     "combine_ids": b"combine_ids/",
     "combine_pending": b"combine_pending/",
+    # a router's exact copies: store ordinal -> fingerprint (for a revisit's distance)
+    "router_kept": b"router_kept/",
+    # the learner role's (dupalign/service/roles/stage_learner.py): the distinct tokens of
+    # each page learned, until the last freeze; the tables it froze, by version
+    "learner_pending": b"learner_pending/",
+    "learner_tables": b"learner_tables/",
 }
 
 

@@ -239,6 +239,8 @@ next_ordinal = MetaCount(b"next_ordinal")
 # every page below has its inverted-list entries in the lists (dupalign.passage.lists.files)
 lists_through = MetaCount(b"lists_through")
 volatility = MetaValue(b"volatility")  # the near index's bit flip model, at its last checkpoint
+# the model in force for probes: as learned up to the latest idf freeze (docs/pipeline.md, rule 3)
+volatility_frozen = MetaValue(b"volatility_frozen")
 
 
 class _VolatilityLog:

@@ -135,14 +135,16 @@ def test_volatility_model_after_reopen_is_the_model_of_one_run(
 
 def test_the_volatility_model_learns_until_the_last_idf_freeze_then_stays(tmp_path: Path
                                                                        ) -> None:
-    """docs/pipeline.md, rule 3: the model learns from consecutive pages (a serial
-    computation), so it stops at the last idf freeze; a reopened store has the same model."""
+    """docs/pipeline.md, rules 3 and 7: the model learns from consecutive pages (a serial
+    computation), so it stops at the last idf freeze; the probes use the model taken at
+    the latest freeze; a reopened store has the same models."""
     base = EngineConfig()
     config = replace(base, near=replace(base.near, idf_freeze_at=(3, 6)))
     store = Store(tmp_path / "s", config.frozen_params())
     index = near_index.NearIndex(store, config, 0)
     rng = np.random.default_rng(5)
-    models = []
+    models, in_force = [], []
+    prior = index.in_force.to_bytes()
     for ordinal in range(12):
         state = near_sketch(rng.integers(0, 300, 60).astype(np.uint64), index.idf, config)
         batch = store.batch()
@@ -150,9 +152,14 @@ def test_the_volatility_model_learns_until_the_last_idf_freeze_then_stays(tmp_pa
         store.write(batch)
         index.commit(ordinal, state)
         models.append(index.model.to_bytes())
+        in_force.append(index.in_force.to_bytes())
     assert len(index.tables) == 3  # uniform + the two frozen tables
     assert len(set(models[:6])) == 6  # learning: every page changes it
     assert set(models[5:]) == {models[5]}  # from the sixth page (the last freeze) on: stays
+    # rule 7: the probes' model is the one taken at the latest freeze (the prior before)
+    assert in_force[:2] == [prior] * 2
+    assert in_force[2:5] == [models[2]] * 3 and in_force[5:] == [models[5]] * 7
     store.close()
     reopened = near_index.NearIndex(Store(tmp_path / "s", config.frozen_params()), config, 12)
     assert reopened.model.to_bytes() == models[-1]
+    assert reopened.in_force.to_bytes() == models[5]

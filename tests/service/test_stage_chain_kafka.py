@@ -1,7 +1,8 @@
 """The whole chain of stage roles on a real broker (issue 43, tests (a) and (b); with passages
 off, no page waits for align; with passages on, the align stage closes the loop): 2
-processes of every role (sketch, directory, exact, router, near, lists, combine, align), 2
-partitions of every stage, on the Clough + RFC pages with
+processes of every role (sketch, directory, exact, learner, router, near, lists, combine,
+align), 2 partitions of every stage but the learner's one, idf tables learned and frozen at
+5, 20 and 60 pages (the routers wait for the learner's freezes), on the Clough + RFC pages with
 exact copies, new versions, unchanged revisits, replays, deletes, rejected pages and
 retention sweeps. The matches the combine publishes on ``kafka.output_topic`` (read
 committed), by ordinal, are ``Partitioned``'s (= ``scan``'s) for the same pages in sequence
@@ -35,11 +36,11 @@ from tests.topology_harness import check_alive, lifecycle_stream, stop_all
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.testdata]
 
 SHAPE = Shape(2, 2, 2, 2, 2, 2, 2)
-STAGES = ("directory", "exact", "router", "near", "lists", "combine")
+STAGES = ("directory", "exact", "learner", "router", "near", "lists", "combine")
 WITH_ALIGN = (*STAGES, "align")
 ENGINE_TOML = """
 [engine.near]
-idf_freeze_at = []
+idf_freeze_at = [5, 20, 60]
 [engine.retention]
 max_pages = 70
 every = 25

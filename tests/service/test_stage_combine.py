@@ -16,6 +16,7 @@ import random
 from collections import defaultdict
 from typing import Any
 
+import msgpack
 from aiokafka import TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -63,12 +64,13 @@ class Oracle:
         self.matches: dict[int, list[dict[str, Any]]] = {}
         self.requests: dict[int, bytes] = {}
         self.passages: dict[int, Any] = {}
+        self.revisits: dict[int, bytes] = {}  # the routers' revisit distances
         self._wrap()
         r = CONFIG.retention
         for o, page in enumerate(pages):
             if o and o % r.every == 0:
                 p.sweep(r.max_pages, r.max_age, 0)
-            self.sketches[o] = p.sketcher.sketch(page, p.learner.idf).to_bytes()
+            self.sketches[o] = p.sketcher.sketch(page, p.uniform).to_bytes()
             for _ in p.process_many([page]):
                 pass
 
@@ -97,7 +99,14 @@ class Oracle:
             self.matches[out.seq] = [m.to_dict() for m in got]
             return got
 
+        def relate(real: Any, d: Any, *args: Any) -> Any:
+            got = real(d, *args)
+            self.revisits[d.seq] = msgpack.packb(got)
+            return got
+
         p = self.p
+        for router, _ in p.routers:
+            router.relate = functools.partial(relate, router.relate)  # type: ignore
         for shard in p.nears:
             shard.apply = functools.partial(near, shard.apply)  # type: ignore[method-assign]
         for lists, _ in p.lists:
@@ -124,7 +133,8 @@ def _interleaved(streams: list[list[tuple[int, bytes, int]]], rng: random.Random
 def inputs(pages: list[Page], oracle: Oracle, rng: random.Random) -> Log:
     """The combine's input partitions: the sequence, the sketches (nearby batches' in any
     commit order), the decisions and exact answers (ordinal order per partition), the near
-    answers and partials (each near or list partition's in ordinal order, interleaved)."""
+    answers and partials (each near or list partition's in ordinal order, interleaved), the
+routers' revisit distances."""
     log: Log = defaultdict(list)
     batches, at = [], 0
     while at < len(pages):
@@ -150,6 +160,9 @@ def inputs(pages: list[Page], oracle: Oracle, rng: random.Random) -> Log:
             assert d.content_hash is not None
             _append(log, TOPICS.exact, exact_owner(d.content_hash, SHAPE.exact),
                     oracle.exact[o], [ordinal_header(o)])
+    for o, raw in sorted(oracle.revisits.items()):
+        _append(log, TOPICS.revisits, directory_owner(ids[o], SHAPE.combine), raw,
+                [ordinal_header(o)])
     for topic, by_seq, n in ((TOPICS.near_answers, oracle.near, SHAPE.near),
                              (TOPICS.partials, oracle.partials, SHAPE.lists)):
         for c in range(SHAPE.combine):

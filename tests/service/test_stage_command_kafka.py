@@ -67,9 +67,6 @@ max_partition_fetch_bytes = 33554432
 fetch_max_bytes = 67108864
 [worker]
 log_format = "text"
-[engine.near]
-# (the stage roles do not follow learned idf tables yet: docs/pipeline.md)
-idf_freeze_at = []
 """, "utf-8")
     return path
 

@@ -15,6 +15,7 @@ import random
 from dataclasses import replace
 from typing import Any
 
+import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,7 @@ from dupalign.page import Page
 from dupalign.service.config import KafkaConfig
 from dupalign.service.roles.stage_directory import DirectoryPartition
 from dupalign.service.roles.stage_exact import ExactPartition
+from dupalign.service.roles.stage_learner import LearnerPartition
 from dupalign.service.roles.stage_near import NearPartition
 from dupalign.service.roles.stage_router import (
     PAGE,
@@ -35,7 +37,7 @@ from dupalign.service.roles.stage_router import (
 from dupalign.service.roles.stage_sketch import near_state
 from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics
-from dupalign.service.topology import record_ordinal
+from dupalign.service.topology import RECORD_OVERHEAD, record_ordinal
 from dupalign.stages.directory import directory_owner
 from dupalign.stages.near_shard import NearOps, answer_from_bytes, answer_to_bytes
 from dupalign.stages.partitioned import Partitioned, Shape
@@ -96,18 +98,22 @@ def with_near_states(pages: list[Page], log: Log, rng: random.Random) -> None:
                                 [page_header(b, i)]))
 
 
-def run(stores: Stores, config: EngineConfig, stream: list[Any], seed: int
-        ) -> tuple[Ops, Answers, list[Page]]:
+def run(stores: Stores, config: EngineConfig, stream: list[Any], seed: int,
+        topics: StageTopics = TOPICS) -> tuple[Ops, Answers, list[Page]]:
+    """``topics``: with its Kafka configuration (a smaller ``max_request_size`` sends the
+    learner's freezes in parts)."""
     rng = random.Random(seed)
     pages, log = sequenced(stream, rng, NEAR_TEXTS)
     with_near_states(pages, log, rng)
     for topic, n in ((TOPICS.decisions, SHAPE.directory), (TOPICS.exact, SHAPE.exact),
-                     (TOPICS.near_ops, SHAPE.near), (TOPICS.near_answers, SHAPE.combine)):
+                     (TOPICS.near_ops, SHAPE.near), (TOPICS.near_answers, SHAPE.combine),
+                     (TOPICS.idf, 1), (TOPICS.revisits, SHAPE.combine)):
         for k in range(n):
             log[(topic, k)] = []
     roles = [("dir", DirectoryPartition, SHAPE.directory), ("exact", ExactPartition, SHAPE.exact),
-             ("router", RouterPartition, SHAPE.router), ("near", NearPartition, SHAPE.near)]
-    owners = [Owner(f"{name}{k}", functools.partial(make, TOPICS, k, config=config), stores)
+             ("router", RouterPartition, SHAPE.router), ("near", NearPartition, SHAPE.near),
+             ("learner", LearnerPartition, 1)]
+    owners = [Owner(f"{name}{k}", functools.partial(make, topics, k, config=config), stores)
               for name, make, n in roles for k in range(n)]
     assert drive(owners, log, rng, lambda: all(_done(w.part, len(pages)) for w in owners),
                  STEPS), "the near partitions did not apply every ordinal"
@@ -123,6 +129,10 @@ def run(stores: Stores, config: EngineConfig, stream: list[Any], seed: int
     for c in range(SHAPE.combine):
         for rec in log[(TOPICS.near_answers, c)]:
             at = (record_ordinal(rec), answer_from_bytes(rec.value)[1])
+            assert at not in answers
+            answers[at] = (c, rec.value)
+        for rec in log[(TOPICS.revisits, c)]:  # (a revisit's distance: as shard -1)
+            at = (record_ordinal(rec), -1)
             assert at not in answers
             answers[at] = (c, rec.value)
     return got, answers, pages
@@ -149,6 +159,11 @@ def recorded_near(p: Partitioned) -> tuple[Ops, dict[tuple[int, int], bytes]]:
             sent[(op.seq, kind, r, op.shard)] = op.to_bytes()
         return out
 
+    def related(real: Any, d: Any, *args: Any) -> Any:
+        got = real(d, *args)
+        answers[(d.seq, -1)] = msgpack.packb(got)
+        return got
+
     def applied(real: Any, ops: Any) -> Any:
         answer = real(ops)
         if answer is not None:
@@ -158,6 +173,7 @@ def recorded_near(p: Partitioned) -> tuple[Ops, dict[tuple[int, int], bytes]]:
     for r, (router, _) in enumerate(p.routers):
         router.route = functools.partial(routed, router.route, PAGE, r)  # type: ignore[method-assign]
         router.forget = functools.partial(routed, router.forget, SWEEP, r)  # type: ignore[method-assign]
+        router.relate = functools.partial(related, router.relate)  # type: ignore[method-assign]
     for near in p.nears:
         near.apply = functools.partial(applied, near.apply)  # type: ignore[method-assign]
     return sent, answers
@@ -174,10 +190,11 @@ def oracle(stores: Stores, config: EngineConfig, pages: list[Page]) -> tuple[Ops
                   for (o, s), raw in answers.items()}
 
 
-def check(config: EngineConfig, stream: list[Any], seed: int) -> tuple[Ops, Answers]:
+def check(config: EngineConfig, stream: list[Any], seed: int, topics: StageTopics = TOPICS
+          ) -> tuple[Ops, Answers]:
     with temporary_stores("stage-near-") as stores:
         try:
-            got, answers, pages = run(stores, config, stream, seed)
+            got, answers, pages = run(stores, config, stream, seed, topics)
             want, want_answers = oracle(stores, config, pages)
             assert got == want
             assert answers == want_answers
@@ -206,5 +223,40 @@ def test_a_long_stream_has_sweeps_removals_and_near_matches() -> None:
     assert any(NearOps.from_bytes(v).removed for (_, kind, _, _), v in sent.items()
                if kind == SWEEP)
     assert len({r for (_, _, r, _) in sent}) == SHAPE.router
-    assert any(len(answer_from_bytes(v)[2].ordinal) for _, v in answers.values())
+    assert any(len(answer_from_bytes(v)[2].ordinal) for (_, s), (_, v) in answers.items()
+               if s != -1)
     assert len({c for c, _ in answers.values()}) == SHAPE.combine
+
+
+# idf tables learned and frozen within the streams (at 2, 5 and 12 pages added to the near
+# table): the learner role's freezes, the routers' waits for them, their fingerprints made
+# again from the sketch role's uniform ones, and the revisit distances
+LEARNED = replace(NEAR, near=replace(NEAR.near, idf_freeze_at=(2, 5, 12))).validate()
+# a freeze in 3 parts (a table of these pages and a model: about 5 KB)
+SMALL = StageTopics(replace(KafkaConfig(), max_request_size=RECORD_OVERHEAD + 2048), SHAPE)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=st.sampled_from([LEARNED, replace(LEARNED, near=replace(
+    LEARNED.near, mode="first"))]), stream=ops, seed=st.integers(0, 2**32),
+       topics=st.sampled_from([TOPICS, SMALL]))
+def test_learned_idf_tables_route_and_relate_as_the_pipeline_in_one_process(
+        config: EngineConfig, stream: list[Any], seed: int, topics: StageTopics) -> None:
+    check(config, stream, seed, topics)
+
+
+def test_a_long_stream_reaches_every_freeze_and_relates_revisits() -> None:
+    rng = random.Random(5)
+    stream = [("page", rng.randrange(N_IDS), rng.choice([0, 0, 1, 2]), rng.choice([0, 1, 3]),
+               True) if rng.random() < 0.9 else ("delete", rng.randrange(N_IDS))
+              for _ in range(60)]
+    with temporary_stores("stage-learn-") as stores:
+        got, answers, pages = run(stores, LEARNED, stream, 3, SMALL)
+        want, want_answers = oracle(stores, LEARNED, pages)
+        p = Partitioned(LEARNED, SHAPE, functools.partial(stores.store,
+                                                          params=LEARNED.frozen_params()))
+        process(p, pages)
+    assert got == want and answers == want_answers
+    assert len(p.learner.tables) == 4  # (every freeze reached)
+    assert any(msgpack.unpackb(raw) is not None for (_, s), (_, raw) in answers.items()
+               if s == -1)

@@ -78,9 +78,10 @@ def sequenced(stream: list[Any], rng: random.Random, texts: list[str] = SHARED_T
     return pages, log
 
 
-def _record(topic: str, partition: int, offset: int, value: bytes, headers: list[Any]) -> Any:
+def _record(topic: str, partition: int, offset: int, value: bytes, headers: list[Any],
+            key: bytes | None = None) -> Any:
     return SimpleNamespace(topic=topic, partition=partition, offset=offset, value=value,
-                           headers=headers)
+                           headers=headers, key=key)
 
 
 @dataclass
@@ -142,7 +143,8 @@ def step(owner: Owner, log: Log, rng: random.Random) -> None:
     owner.commit()
     for o in outputs:
         part = log[(o.topic, o.partition or 0)]
-        part.append(_record(o.topic, o.partition or 0, len(part), o.value or b"", o.headers))
+        part.append(_record(o.topic, o.partition or 0, len(part), o.value or b"", o.headers,
+                            o.key))
 
 
 def run(stores: Stores, stream: list[Any], seed: int) -> tuple[dict[int, bytes],

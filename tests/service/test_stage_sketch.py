@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
-import pytest
 from aiokafka import TopicPartition
 
 from dupalign.config import NearConfig
@@ -16,7 +15,6 @@ from dupalign.page import Page
 from dupalign.service.config import Config
 from dupalign.service.roles.sketch import SketchRole
 from dupalign.service.roles.stage_sketch import StageSketchRole
-from dupalign.service.topology import TopologyError
 from dupalign.stages.directory import DirectoryEntry, directory_owner
 from dupalign.stages.partitioned import Shape
 from dupalign.wire import messages
@@ -55,6 +53,7 @@ def test_both_sketch_roles_dead_letter_and_sequence_the_same_records() -> None:
     assert [e.partition for e in new.entries] == new.dirs
 
 
-def test_the_stage_roles_refuse_learned_idf_tables() -> None:
-    with pytest.raises(TopologyError, match="idf_freeze_at"):
-        StageSketchRole(Config(), Shape())
+def test_the_stage_roles_take_the_default_engine_config() -> None:
+    """Learned idf tables included (docs/pipeline.md, rule 7: the learner role)."""
+    assert Config().engine.near.idf_freeze_at
+    StageSketchRole(Config(), Shape())

@@ -84,7 +84,7 @@ def compare(seed: int, n: int, b: int, mode: str, h: int, budget: int, removals:
                 t = one.table.header_width(sum(map(len, shards)))
                 assert t == one.table.probe_bits
                 offsets, headers = probe_headers([state.fingerprint], state.W[None, :], t, h,
-                                                 budget, one.model)
+                                                 budget, one.in_force)
                 routed = route(offsets, headers, t, b)
                 query = [NearQuery(state.fingerprint, state.sketch, ordinal)]
                 got = combine_near([s.answer(routed[i], query, t) for i, s in

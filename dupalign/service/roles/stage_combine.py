@@ -7,7 +7,9 @@ partitions of ``<in>.decisions``, placed by its ledger, swept at the same points
 stage), the exact answer of every stored page (partition ``exact_owner(hash, E)`` of
 ``<in>.exact``), and for a page it owns: its sketch (``<in>.sketches`` partition c, by (b, i)),
 the near shards' answers and the list shards' partials (``<in>.near_answers`` and
-``<in>.partials`` partition c, keyed here by (ordinal, shard)). How many of those to wait for
+``<in>.partials`` partition c, keyed here by (ordinal, shard)), and for a changed revisit of
+a near-indexed page (``Router.relates``) the router's distance to the replaced version
+(``<in>.revisits`` partition c, by ordinal). How many of those to wait for
 follows from what the partition has already (no count travels): a stored page that is not an
 exact copy gets an answer from every near shard (P) if its decision is near-indexed
 (``Decision.near``: the router routes its query to every shard), and a partial from every list
@@ -64,6 +66,7 @@ from dupalign.stages.exact import ExactAnswer, exact_owner
 from dupalign.stages.ledger import Expired, Placed
 from dupalign.stages.list_shard import ListPartial
 from dupalign.stages.near_shard import NearAnswer, answer_from_bytes
+from dupalign.stages.router import Router
 from dupalign.stages.sketch import PageSketch
 from dupalign.store import records
 from dupalign.store.database import Batch, Store
@@ -103,6 +106,8 @@ class Inputs:
     sketch: PageSketch | None = None
     near: list[NearAnswer] | None = None
     partials: list[ListPartial] | None = None
+    related: bool = False  # the router's revisit distance read (``Router.relates``)
+    hamming: int | None = None
 
 
 class CombinePartition(StagePartition):
@@ -123,6 +128,7 @@ class CombinePartition(StagePartition):
         self.near = self.merge(topics.near_answers, [partition])
         self.partials = self.merge(topics.partials, [partition])
         self.aligned = self.merge(topics.aligned, [partition])
+        self.revisits = self.merge(topics.revisits, [partition])
 
     def key_of(self, topic: str, record: Any) -> Any:
         t = self.topics
@@ -178,7 +184,7 @@ class CombinePartition(StagePartition):
         d, placed = step
         self._take(d, ref, inputs)
         combined = self.shard.apply(d, placed, inputs.sketch, inputs.exact, inputs.near,
-                                    inputs.partials)
+                                    inputs.partials, inputs.hamming)
         self._placed(d, placed)
         if combined is not None:
             self._combined(combined, self.seq.source(o), out)
@@ -202,6 +208,11 @@ class CombinePartition(StagePartition):
         if raw is None:
             return None
         got.sketch = sk = PageSketch.from_bytes(raw)
+        if Router.relates(d):  # (the router of the id sends it: stage_router.py)
+            related = self.revisits.peek(self.partition, d.seq)
+            if related is None:
+                return None
+            got.related, got.hamming = True, msgpack.unpackb(related)
         queried = got.exact is not None and got.exact.original is None
         s = self.topics.shape
         if queried and d.near:  # (the router's rule: every near shard answers)
@@ -224,6 +235,8 @@ class CombinePartition(StagePartition):
             self.exact.take(inputs.exact_part, d.seq)
         if inputs.sketch is not None:
             self.sketches.take(c, (ref.batch, ref.index))
+        if inputs.related:
+            self.revisits.take(c, d.seq)
         for merge, got in ((self.near, inputs.near), (self.partials, inputs.partials)):
             for k in range(len(got or ())):
                 merge.take(c, (d.seq, k))

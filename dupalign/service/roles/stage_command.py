@@ -48,12 +48,14 @@ def make_stage_roles(config: Config, roles: tuple[str, ...], store_dir: str | Pa
     from dupalign.service.roles.stage_combine import CombineRole
     from dupalign.service.roles.stage_directory import DirectoryRole
     from dupalign.service.roles.stage_exact import ExactRole
+    from dupalign.service.roles.stage_learner import LearnerRole
     from dupalign.service.roles.stage_lists import ListsRole
     from dupalign.service.roles.stage_near import NearRole
     from dupalign.service.roles.stage_router import RouterRole
     from dupalign.service.roles.stage_sketch import StageSketchRole
 
-    kinds = {"directory": DirectoryRole, "exact": ExactRole, "router": RouterRole,
+    kinds = {"directory": DirectoryRole, "exact": ExactRole, "learner": LearnerRole,
+             "router": RouterRole,
              "near": NearRole, "lists": ListsRole, "combine": CombineRole,
              "align": AlignStageRole}
     out: list[Any] = []

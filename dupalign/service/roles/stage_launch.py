@@ -4,9 +4,10 @@ Kafka"), until SIGTERM/SIGINT (exit 0) or a failure (exit 1)::
     python -m dupalign.service.roles.stage_launch ROLE --config FILE \\
         [--shape D,E,P,S,C[,R[,A]]] [--store DIR]
 
-ROLE: ``sketch``, ``directory``, ``exact``, ``router``, ``near``, ``lists``, ``combine`` or
-``align``; the shape: ``kafka.shape`` unless given. The tests' launcher, with no HTTP server:
-users run ``dupalign stage`` (stage_command.py), which serves metrics and runs any roles.
+ROLE: ``sketch``, ``directory``, ``exact``, ``learner``, ``router``, ``near``, ``lists``,
+``combine`` or ``align``; the shape: ``kafka.shape`` unless given. The tests' launcher, with no
+HTTP server: users run ``dupalign stage`` (stage_command.py), which serves metrics and runs any
+roles.
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.send_batches import send_batched
 from dupalign.service.sequence_batch import SequenceBatch, SequenceLog
-from dupalign.service.stage_topics import StageTopics, require_frozen_idf
+from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import Outgoing, TopologyError, stop_quietly
 from dupalign.stages.partitioned import Shape
 from dupalign.store import records
@@ -198,7 +198,6 @@ class StageRole(StatelessRole):
         if not self.kc.transactions:
             raise TopologyError("the stage roles need kafka.transactions = true (their "
                                 "stores' changelogs go in the turns' transactions)")
-        require_frozen_idf(config.engine)
         self.shape = shape
         self.topics_ = StageTopics(self.kc, shape)
         self.store_dir = Path(store_dir) / self.stage

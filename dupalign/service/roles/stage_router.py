@@ -21,10 +21,19 @@ header: the next ordinal it will route): everything it sends for the ordinals be
 before it in that partition. One record per near partition per turn, not per page (an
 empty op for every shard and page would cost R x P records per page).
 
+The idf table and the volatility model in force (rule 7): the learner role's freezes, read
+from ``<in>.idf`` (compacted; every record from its first offset at every restore: they are
+never taken, only looked at) into ``InForce``, which counts the pages learned from the
+decisions and exact answers. When that count reaches a freeze, the next step waits for its
+record: a wait on the learner, upstream, at the freeze points only. A changed revisit of a
+near-indexed page of its ids gets its distance to the replaced version here
+(``Router.relate``), sent to the combine partition of its id on ``<in>.revisits`` (header:
+the ordinal; value: the distance or nil, msgpack): the sketch role sketches under the
+uniform table, and the directory, upstream of the tables, leaves the distance out.
+
 Store: the ledger's rows, the router's rows (``StoredRows``: ordinal -> fingerprint, which
-removals and sweeps need), the cursor. The learner holds nothing: the stage roles refuse
-learned idf tables (``require_frozen_idf``), so it stays uniform and its volatility model
-empty.
+removals and sweeps need) and its exact copies' fingerprints (``router_kept``, for a later
+revisit), the count of pages learned, the cursor.
 """
 
 from __future__ import annotations
@@ -33,7 +42,10 @@ import functools
 import struct
 from typing import Any
 
+import msgpack
+
 from dupalign.config import EngineConfig
+from dupalign.service.roles.stage_learner import ensure_idf, record_version
 from dupalign.service.roles.stage_ledger import LedgerSteps
 from dupalign.service.roles.stage_role import StagePartition, StageRole
 from dupalign.service.sequence_batch import PageRef, record_page
@@ -43,14 +55,16 @@ from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.exact import ExactAnswer, exact_owner
 from dupalign.stages.ledger import Expired
 from dupalign.stages.near_shard import NearOps
-from dupalign.stages.router import Learner, Router
+from dupalign.stages.router import Frozen, InForce, Router
 from dupalign.stages.router_store import StoredRows
 from dupalign.stages.sketch import PageSketch
+from dupalign.store import records
 from dupalign.store.database import Store
 
 NEAR_FROM = "dupalign-near-from"  # (router partition, kind, combine partition)
 _FROM = struct.Struct(">HBH")
 SWEEP, PAGE, UPTO = 0, 1, 2  # a sweep's removals, a page's ops, the router's progress
+KEPT, LEARNED = "router_kept", "router_learned"  # (the store's exact copies; count learned)
 
 
 def near_from(router: int, kind: int, combine: int = 0) -> tuple[str, bytes]:
@@ -72,16 +86,21 @@ class RouterPartition(StagePartition):
                  config: EngineConfig) -> None:
         super().__init__(topics, partition, store)
         shape = topics.shape
-        self.rows = StoredRows(store)
-        self.router = Router(config, Learner(config), shape.near, partition, shape.router,
-                             rows=self.rows)
+        self.rows, self.kept = StoredRows(store), StoredRows(store, KEPT)
+        self.in_force = InForce(config, records.get_note(store, LEARNED) or 0)
+        self._learned = self.in_force.learned  # (as written)
+        self.router = Router(config, self.in_force, shape.near, partition, shape.router,
+                             rows=self.rows, kept=self.kept)
         self.ledger = LedgerSteps(self, config, store)
         self.exacts = self.merge(topics.exact, range(shape.exact))
         self.states = self.merge(topics.near_state, [partition])
+        self.frozen = self.merge(topics.idf, [0])  # (by version, never taken)
 
     def key_of(self, topic: str, record: Any) -> Any:
         if topic == self.topics.near_state:
             return record_page(record)
+        if topic == self.topics.idf:
+            return record_version(record)
         return record_ordinal(record)  # (a decision or an exact answer)
 
     def needed(self) -> int:
@@ -90,6 +109,20 @@ class RouterPartition(StagePartition):
     def note(self, batch: Any) -> None:
         self.ledger.note(batch)
         self.rows.write(batch)
+        self.kept.write(batch)
+        if self.in_force.learned != self._learned:
+            records.put_note(batch, LEARNED, self.in_force.learned)
+            self._learned = self.in_force.learned
+
+    def _ready_tables(self) -> bool:
+        """The freeze in force at the next page is at hand (read from ``<in>.idf``)."""
+        v = self.in_force.version
+        if not self.in_force.ready():
+            raw = self.frozen.peek(0, v)
+            if raw is None:
+                return False
+            self.in_force.take(Frozen.from_bytes(raw))
+        return True
 
     def extra(self) -> dict[str, Any]:
         return self.ledger.extra()
@@ -100,7 +133,7 @@ class RouterPartition(StagePartition):
         while (ref := self.seq.page(o := self.ledger.next_seq)) is not None:
             self.ledger.sweep_before(o, functools.partial(self._forget, out, o))
             d = self._ready(ref)
-            if d is None:
+            if d is None or not self._ready_tables():
                 break
             step = self.ledger.next()
             assert step is not None
@@ -115,6 +148,10 @@ class RouterPartition(StagePartition):
                 assert raw is not None
                 near = PageSketch.from_bytes(raw, passage=False).near
             combine = directory_owner(d.doc_id, self.topics.shape.combine)  # (CombineShard.owns)
+            if near is not None and Router.relates(d):
+                hamming = self.router.relate(d, placed, near)
+                out.append(Outgoing(self.topics.revisits, msgpack.packb(hamming),
+                                    partition=combine, headers=[ordinal_header(o)]))
             out += self._sent(self.router.route(d, placed, exact, near), PAGE, combine)
         if self.ledger.next_seq > start:
             upto = self.ledger.next_seq
@@ -156,6 +193,10 @@ class RouterPartition(StagePartition):
 
 class RouterRole(StageRole):
     name = stage = "router"
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        await ensure_idf(self.kc, self.topics_)
 
     def open_partition(self, partition: int, store: Store) -> StagePartition:
         return RouterPartition(self.topics_, partition, store, self.config.engine)

@@ -16,8 +16,9 @@ combine partition that owns the id; key the id, header (b, i)), and per page wit
 (the pages whose list windows it sends) its forward record (``forward_value``) to
 ``<in>.passages`` partition ``directory_owner(id, A)``, the align partition that owns the id
 (key the id, header (b, i); in parts over ``kafka.max_request_size``). Pages are sketched
-under the uniform idf table: the role refuses a configuration that learns idf tables
-(``require_frozen_idf``).
+under the uniform idf table: the role runs ahead of the learner, so it cannot know the table
+in force at a page; the router of the page's id makes its fingerprint again under that
+table (docs/pipeline.md, rule 7).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.roles.sketch import sketch_record
 from dupalign.service.sequence_batch import SequenceBatch, page_header
-from dupalign.service.stage_topics import StageTopics, require_frozen_idf
+from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import Outgoing, TopologyError, send_all
 from dupalign.stages.directory import directory_owner, entry_of
 from dupalign.stages.forward_stage import forward_value
@@ -68,7 +69,6 @@ class StageSketchRole(StatelessRole):
         super().__init__(config, metrics)
         if not self.kc.transactions:
             raise TopologyError("the stage roles need kafka.transactions = true")
-        require_frozen_idf(config.engine)
         self.shape = shape
         self.topics_ = StageTopics(self.kc, shape)
         self.sketcher = Sketcher(config.engine)
