@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from dupalign.config import EngineConfig
 from dupalign.service.config import load_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -395,7 +396,8 @@ def test_the_stage_manifests_run_every_role_with_the_shape_of_one_config() -> No
 
     config = load_config(DEPLOY / "k8s-stages" / "stages.toml", env={})
     assert config.kafka.create_topics and config.kafka.max_request_size >= 16 << 20
-    assert config.engine.near.idf_freeze_at == ()  # (until the roles follow learned idf)
+    # the engine's defaults: idf tables learned, so the learner runs among the roles below
+    assert config.engine.near.idf_freeze_at == EngineConfig().near.idf_freeze_at
     metrics = config.metrics
     assert metrics.enabled and metrics.host == "0.0.0.0"
     topics = StageTopics(config.kafka, Shape.parse(config.kafka.shape))
