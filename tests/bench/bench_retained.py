@@ -5,7 +5,8 @@ over a real stream, every stage partition's store observed by a ``Changelog``
 bytes that a fully compacted changelog holds per page alive.
 
     python -m tests.bench.bench_retained [--corpus llvm,boost,stream] [--limit N]
-        [--shape 2,2,2,2,2,2] [--turn 64] [--near-only] [--broker PARTITION]
+        [--shape 2,2,2,2,2,2] [--turn 64] [--near-only] [--broker PARTITION] [--entries]
+        [--restore]
 
 Corpora: ``llvm`` and ``boost``, both releases' HTML pages as tests/bench/bench_scan.py loads
 them; ``stream``: tests/stages/test_exact.py ``corpus_items`` (the 5,000-page synthetic stream,
@@ -26,11 +27,15 @@ batch's records compressed with zstd at level 3 (Kafka's default level), what a 
 equal, key for key, to the stores' contents at the end (the store parameters aside, which
 ``restore`` expects in a fresh store).
 
+The list shards' changelogs leave out their entries and runs, as the list role's do
+(``ListsPartition.leave_out``; ``--entries``: kept, the layout before). ``--restore``: each
+list partition's store written into a fresh one, every key (the layout before) against the
+kept keys and then the shard opened on it (its entries rebuilt), timed, store side only.
+
 Smaller encodings (``ALTERS``), estimated on the same records by the same model, each
 record's value re-encoded or left out: verification sketches of 32-bit samples; a list
-shard's changelog without its list entries and runs (rebuilt at restore from its forward
-records; the long-list markers kept); a list shard's forward record reduced to its lists.
-None of them is built (docs/pipeline.md, "State and what Kafka keeps").
+shard's forward record reduced to its lists. Neither is built (docs/pipeline.md, "State and
+what Kafka keeps").
 
 ``--broker directory0`` (a store partition's name): the model checked on a real broker for
 that partition of the last corpus: its records sent to a compacted changelog topic (a
