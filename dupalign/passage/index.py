@@ -411,11 +411,8 @@ class PassageIndex:
         else:
             if not read_only:  # files a crash left before their ingest: read again below
                 shutil.rmtree(pending.incoming, ignore_errors=True)
-            for ordinal, record in tables.forward.items(self.store, through):
-                bins, keys, _, _, _ = forward.unpack_windows(record)
-                l_bins, l_keys, inverse = distinct_lists(bins, keys.astype(np.uint64))
-                pending.remember(ordinal, lists.entries(l_bins, l_keys, ordinal),
-                                 np.bincount(inverse, minlength=len(l_bins)))
+            for page in list_files.forward_entries(self.store, through):
+                pending.remember(*page)
             if not read_only:
                 pending.drain()
         self.pending = pending

@@ -8,6 +8,8 @@ and hands what changed since the last turn, the last value per key, as records f
 stage's transaction, the one that also carries the stage's outputs and its input offsets.
 So what read_committed readers see of the changelog is the store as of a committed input
 offset, and the store notes that offset itself (``records.put_offset``, in its batches).
+A stage may leave out keys its store derives from the others (``leave_out``: a list shard's
+entries, from its forward records), which the stage rebuilds when it opens a restored store.
 
 ``restore``: a fresh store directory reads its partition from the beginning to the end a
 read_committed consumer sees (aborted transactions skipped), then the stage resumes its input
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -54,17 +57,29 @@ def decode_key(raw: bytes) -> tuple[str, bytes]:
     return raw[1:1 + n].decode("ascii"), raw[1 + n:]
 
 
+# (family, key) -> whether the changelog leaves the key out: the stage's store derives it
+# from what the changelog keeps, again at open after a restore (a list shard's entries)
+LeaveOut = Callable[[str, bytes], bool]
+
+
 class Changelog:
     """The changes of ``store`` since the last ``outgoing``, for partition ``partition`` of
-    ``topic``: the last value per key (what the log cleaner would keep of them)."""
+    ``topic``: the last value per key (what the log cleaner would keep of them), but for
+    the keys ``leave_out`` names."""
 
-    def __init__(self, store: Store, topic: str, partition: int) -> None:
+    def __init__(self, store: Store, topic: str, partition: int,
+                 leave_out: LeaveOut | None = None) -> None:
         self.store, self.topic, self.partition = store, topic, partition
+        self.leave_out = leave_out
         self.pending: dict[tuple[str, bytes], bytes | None] = {}
         store.observe(self._note)
 
     def _note(self, changes: list[Change]) -> None:
-        self.pending.update(((f, k), v) for f, k, v in changes)
+        out = self.leave_out
+        if out is None:
+            self.pending.update(((f, k), v) for f, k, v in changes)
+        else:
+            self.pending.update(((f, k), v) for f, k, v in changes if not out(f, k))
 
     def outgoing(self) -> list[Outgoing]:
         """The records of the changes since the last call, for the turn's transaction."""

@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.passage.index import PassageIndex
+from dupalign.passage.lists import files as list_files
 from dupalign.passage.sketch import I64, U64, PassageState, Rects, query_lists
 from dupalign.stages.directory import Decision
 from dupalign.stages.exact import ExactAnswer
@@ -218,13 +219,20 @@ class ListShard:
     docstring). Not thread-safe: one thread calls ``apply`` (in sequence order) and
     ``forget``. Its store: the lists and forward records of ``PassageIndex``, and
     ``next_ordinal``: the sequence ordinal after the last decision that changed it (those
-    after changed nothing here, so applying them again after a restart is harmless)."""
+    after changed nothing here, so applying them again after a restart is harmless).
+
+    The lists' entries and runs are a function of the forward records (a page is in the
+    lists its forward record names, as often as it has windows there), so a changelog of
+    the store may leave them out (``lists.derived``: ~400 records a page on llvm, for one
+    forward record): a store restored without them rebuilds them here, at open
+    (``rebuild_entries``); the long marks, which are not derived, stay in the changelog."""
 
     def __init__(self, store: Store, config: EngineConfig, shard: int = 0,
                  n_shards: int = 1) -> None:
         if not 0 <= shard < n_shards:
             raise ValueError(f"shard {shard} of {n_shards}")
         self.store, self.shard, self.n_shards = store, shard, n_shards
+        self.rebuilt = list_files.rebuild_entries(store)  # (pages read; 0: entries kept)
         self.passages = PassageIndex(store, config)  # each page's entries in its batch
         self.next_seq = tables.next_ordinal.count(store) or 0
 

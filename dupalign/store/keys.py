@@ -14,6 +14,8 @@ FAMILIES = (
     # b"next_ordinal" -> the ordinal after the last one ever given (dupalign.stages.index);
     # b"lists_through" -> every page below has its inverted-list entries in ``oph``
     # (dupalign.passage.lists.files: the later pages' are read back from their forward records);
+    # b"lists_entries" -> b"": the inverted lists' entries and runs are in ``oph`` (absent in a
+    # list shard's store restored from its changelog: rebuilt from its forward records);
     # b"published/" ‖ topic ‖ partition -> an offset below which the Kafka worker published
     # every page's matches
     "docs",  # ordinal -> doc record (msgpack)

@@ -39,6 +39,7 @@ LIST_KEY = np.dtype([("bin", ">u2"), ("key", ">u8"), ("ordinal", ">u8")])
 _LIST_ID = np.dtype([("bin", ">u2"), ("key", ">u8")])  # a list's name: its keys' prefix
 _BIN = struct.Struct(">H")
 RUN_SEQ = b"\xff\xff\xff\xff"
+ENTRIES_KEY = b"lists_entries"  # (meta) the entries and runs are in the store
 
 # a list entry's value by its page's number of windows in the list: empty for one (most
 # lists), else the count; looked up by numpy for the common counts (not packed one by one
@@ -93,6 +94,16 @@ def names(list_prefixes: list[bytes]) -> tuple[I64, U64]:
     """The (bins, keys) of lists by their prefixes."""
     named = np.frombuffer(b"".join(list_prefixes), dtype=_LIST_ID)
     return named["bin"].astype(np.int64), named["key"].astype(np.uint64)
+
+
+def derived(family: str, key: bytes) -> bool:
+    """Whether a key is one that a store's forward records give again: a list entry or run
+    (not a long mark, which is the prefix alone), or the ``lists_entries`` key that says they
+    are in the store. A list shard's changelog leaves these out (``rebuild_entries`` in
+    dupalign.passage.lists.files)."""
+    if family == FAMILY:
+        return len(key) != _LIST_ID.itemsize
+    return family == "meta" and key == ENTRIES_KEY
 
 
 def reader(store: Store) -> PrefixReader:

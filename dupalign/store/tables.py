@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import numpy.typing as npt
 
+from dupalign.store import lists
 from dupalign.store.database import Batch, Store
 from dupalign.store.keys import read_u64, u64
 
@@ -238,6 +239,10 @@ class MetaCount(MetaValue):
 next_ordinal = MetaCount(b"next_ordinal")
 # every page below has its inverted-list entries in the lists (dupalign.passage.lists.files)
 lists_through = MetaCount(b"lists_through")
+# the lists' entries and runs are in the store: a list shard's changelog leaves them out
+# (``lists.derived``), and a store restored from it, without this key, rebuilds them from its
+# forward records at open (dupalign.passage.lists.files ``rebuild_entries``)
+lists_entries = MetaValue(lists.ENTRIES_KEY)
 volatility = MetaValue(b"volatility")  # the near index's bit flip model, at its last checkpoint
 # the model in force for probes: as learned up to the latest idf freeze (docs/pipeline.md, rule 3)
 volatility_frozen = MetaValue(b"volatility_frozen")

@@ -5,7 +5,8 @@ over a real stream, every stage partition's store observed by a ``Changelog``
 bytes that a fully compacted changelog holds per page alive.
 
     python -m tests.bench.bench_retained [--corpus llvm,boost,stream] [--limit N]
-        [--shape 2,2,2,2,2,2] [--turn 64] [--near-only] [--broker PARTITION]
+        [--shape 2,2,2,2,2,2] [--turn 64] [--near-only] [--broker PARTITION] [--entries]
+        [--restore]
 
 Corpora: ``llvm`` and ``boost``, both releases' HTML pages as tests/bench/bench_scan.py loads
 them; ``stream``: tests/stages/test_exact.py ``corpus_items`` (the 5,000-page synthetic stream,
@@ -26,11 +27,15 @@ batch's records compressed with zstd at level 3 (Kafka's default level), what a 
 equal, key for key, to the stores' contents at the end (the store parameters aside, which
 ``restore`` expects in a fresh store).
 
+The list shards' changelogs leave out their entries and runs, as the list role's do
+(``ListsPartition.leave_out``; ``--entries``: kept, the layout before). ``--restore``: each
+list partition's store written into a fresh one, every key (the layout before) against the
+kept keys and then the shard opened on it (its entries rebuilt), timed, store side only.
+
 Smaller encodings (``ALTERS``), estimated on the same records by the same model, each
 record's value re-encoded or left out: verification sketches of 32-bit samples; a list
-shard's changelog without its list entries and runs (rebuilt at restore from its forward
-records; the long-list markers kept); a list shard's forward record reduced to its lists.
-None of them is built (docs/pipeline.md, "State and what Kafka keeps").
+shard's forward record reduced to its lists. Neither is built (docs/pipeline.md, "State and
+what Kafka keeps").
 
 ``--broker directory0`` (a store partition's name): the model checked on a real broker for
 that partition of the last corpus: its records sent to a compacted changelog topic (a
@@ -66,12 +71,20 @@ from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.passage import forward
 from dupalign.passage.sketch import distinct_lists
-from dupalign.service.changelog import Changelog, changelog_topic, decode_key, ensure_changelog
+from dupalign.service.changelog import (
+    Changelog,
+    LeaveOut,
+    changelog_topic,
+    decode_key,
+    ensure_changelog,
+)
 from dupalign.service.config import KafkaConfig
 from dupalign.service.loop import Checkpoint
 from dupalign.service.topology import Outgoing, new_producer
+from dupalign.stages.list_shard import ListShard
 from dupalign.stages.partitioned import Partitioned, Shape
-from dupalign.store.database import Store
+from dupalign.store import lists
+from dupalign.store.database import Change, Store
 from dupalign.store.keys import FAMILIES
 from tests.bench.bench_changelog import admin_roll, disk_bytes, log_stats
 from tests.bench.bench_worker import run_with_broker
@@ -155,9 +168,12 @@ class Recorder:
     turns: int = 0
     keep: bool = False  # keep every turn's records (``sent``: for a broker)
     sent: list[list[tuple[bytes, bytes | None]]] = field(default_factory=list)
+    # the keys the changelog leaves out: a list shard's entries, as the list role's
+    # (``ListsPartition.leave_out``); ``--entries``: none
+    leave_out: LeaveOut | None = None
 
     def __post_init__(self) -> None:
-        self.log = Changelog(self.store, "changelog", 0)
+        self.log = Changelog(self.store, "changelog", 0, self.leave_out)
 
     def turn(self) -> None:
         """A transaction: the records of the changes since the last one."""
@@ -195,8 +211,9 @@ class Recorder:
                     continue
                 batches[where >> 24].append((where & 0xFFFFFF, key, value))
         if alter is None:
+            out_ = self.leave_out or (lambda f, k: False)
             stored = {(f, k) for f in FAMILIES if self.store.has_family(f)
-                      for k in self.store.keys(f)} - {("meta", b"params")}
+                      for k in self.store.keys(f) if not out_(f, k)} - {("meta", b"params")}
             kept = {decode_key(k) for k, w in self.last.items() if w >= 0}
             assert stored == kept, (len(stored), len(kept), sorted(stored ^ kept)[:5])
         out: dict[str, Held] = defaultdict(Held)
@@ -237,14 +254,6 @@ def cws32(stage: str, family: str, key: bytes, value: bytes) -> bytes | None:
     return value
 
 
-def no_entries(stage: str, family: str, key: bytes, value: bytes) -> bytes | None:
-    """A list shard's changelog without its list entries and runs (rebuilt at restore from
-    its forward records, as lists_through recovery does), the long-list markers kept."""
-    if stage == "lists" and family == "oph" and len(key) != 10:
-        return None
-    return value
-
-
 def list_names(stage: str, family: str, key: bytes, value: bytes) -> bytes | None:
     """A list shard's forward record reduced to what removal and a rebuild read: its lists
     (bin <u2, key <u8, the page's windows in it <u2), no rectangles; and no empty positions
@@ -274,9 +283,8 @@ def all_of(*alters: Alter) -> Alter:
 
 ALTERS: dict[str, Alter] = {
     "cws 32-bit samples": cws32,
-    "lists: no entries (rebuilt)": no_entries,
     "lists: forward = its lists": list_names,
-    "all three": all_of(cws32, no_entries, list_names),
+    "both": all_of(cws32, list_names),
 }
 
 
@@ -285,15 +293,18 @@ def stage_of(name: str) -> str:
 
 
 @contextlib.contextmanager
-def observed(root: Path, config: EngineConfig, shape: Shape, keep: str | None = None
-             ) -> Iterator[tuple[Partitioned, dict[str, Recorder]]]:
+def observed(root: Path, config: EngineConfig, shape: Shape, keep: str | None = None,
+             entries: bool = False) -> Iterator[tuple[Partitioned, dict[str, Recorder]]]:
     """The pipeline on new stores under ``root``, each observed by a ``Recorder`` (the one
-    of partition ``keep`` keeps its records)."""
+    of partition ``keep`` keeps its records; ``entries``: the list shards' changelogs with
+    their entries, the layout before)."""
     params = config.frozen_params()
     recorders: dict[str, Recorder] = {}
 
     def store(name: str) -> Store:
-        recorders[name] = Recorder(Store(root / name, params), name, keep=name == keep)
+        out = lists.derived if stage_of(name) == "lists" and not entries else None
+        recorders[name] = Recorder(Store(root / name, params), name, keep=name == keep,
+                                   leave_out=out)
         return recorders[name].store
 
     try:
@@ -332,13 +343,71 @@ class Result:
     kept: Recorder | None  # the partition whose records were kept
     kept_held: Held | None
     alts: dict[str, dict[str, Held]]  # ALTERS' name -> stage -> held
+    restores: list[Restore]  # ``--restore``: each list partition's
+
+
+@dataclass
+class Restore:
+    """A list partition's store written into a fresh one, as a restore from its compacted
+    changelog would: in the layout before (every key), and as now (the keys the changelog
+    keeps, then the shard opened on it: its entries rebuilt from its forward records)."""
+
+    name: str
+    pages: int  # forward records
+    records_before: int
+    seconds_before: float
+    records: int
+    seconds_apply: float
+    seconds_rebuild: float
+
+
+def time_restore(name: str, store: Store, config: EngineConfig, shape: Shape, tmp: Path
+                 ) -> Restore:
+    """``Restore`` of list partition ``name`` (its store ``store``), each way into a new
+    store under ``tmp``; the two stores' lists are checked equal."""
+    params = config.frozen_params()
+    every: list[Change] = [(f, k, v) for f in FAMILIES if store.has_family(f)
+                           for k, v in store.items(f) if (f, k) != ("meta", b"params")]
+    kept = [c for c in every if not lists.derived(c[0], c[1])]
+    before = Store(tmp / f"{name}-before", params)
+    t0 = time.perf_counter()
+    for at in range(0, len(every), 10_000):  # (``restore``'s chunks)
+        before.apply(every[at:at + 10_000])
+    t1 = time.perf_counter()
+    after = Store(tmp / f"{name}-after", params)
+    for at in range(0, len(kept), 10_000):
+        after.apply(kept[at:at + 10_000])
+    t2 = time.perf_counter()
+    shard = ListShard(after, config, int(name[len("lists"):]), shape.lists)
+    t3 = time.perf_counter()
+    assert lists_multiset(after) == lists_multiset(before)
+    before.close()
+    after.close()
+    return Restore(name, shard.rebuilt, len(every), t1 - t0, len(kept), t2 - t1, t3 - t2)
+
+
+def lists_multiset(store: Store) -> dict[bytes, tuple[bytes | None, list[int]]]:
+    """Every list: its long mark's value, its entries' ordinals (a page once per window)."""
+    out: dict[bytes, tuple[bytes | None, list[int]]] = {}
+    for key, value in store.items(lists.FAMILY):
+        mark, ords = out.get(key[:10], (None, []))
+        if len(key) == 10:
+            mark = value
+        elif key.endswith(lists.RUN_SEQ):
+            ords = ords + lists.decode_run(np.frombuffer(value, dtype=np.uint8)).tolist()
+        else:
+            ords = ords + [int.from_bytes(key[10:], "big")] * (
+                1 if not value else lists.COUNT.unpack(value)[0])
+        out[key[:10]] = (mark, ords)
+    return {k: (m, sorted(o)) for k, (m, o) in out.items()}
 
 
 def measure(name: str, items: list[Item], config: EngineConfig, shape: Shape, turn: int,
-            tmp: Path, keep: str | None = None) -> Result:
+            tmp: Path, keep: str | None = None, entries: bool = False,
+            restores: bool = False) -> Result:
     t0 = time.perf_counter()
     rejected = pages = 0
-    with observed(tmp / name, config, shape, keep) as (p, recorders):
+    with observed(tmp / name, config, shape, keep, entries) as (p, recorders):
         for i, (step, item) in enumerate(items):
             if isinstance(item, Page):
                 pages += 1
@@ -372,8 +441,10 @@ def measure(name: str, items: list[Item], config: EngineConfig, shape: Shape, tu
                     alts[a][stage_of(part)].add(h)
         ledgers = 1 + len(p.exacts) + len(p.routers) + len(p.lists) + len(p.combines) + 1
         rows = sum(len(router.rows) for router, _ in p.routers)
+        timed = [time_restore(part, r.store, config, shape, tmp / f"{name}-restore")
+                 for part, r in recorders.items() if restores and stage_of(part) == "lists"]
         return Result(name, pages, p.alive, rejected, seconds, held, written, ledgers, rows,
-                      kept, kept_held, alts)
+                      kept, kept_held, alts, timed)
 
 
 def _sum(held: dict[str, Held]) -> Held:
@@ -414,6 +485,11 @@ def report(r: Result, turn: int) -> None:
         cells = [held.get(s, Held()) for s in STAGES]
         cells.append(_sum({s: c for s, c in zip(STAGES, cells, strict=True)}))
         print(f"{a:<30}" + "".join(f"{c.plain / n:>9.0f} {c.zstd / n:>6.0f}" for c in cells))
+    for t in r.restores:
+        print(f"\nrestore of {t.name} ({t.pages:,} forward records), store writes only (no "
+              f"broker): before, every key: {t.records_before:,} records in "
+              f"{t.seconds_before:.2f} s; now: {t.records:,} records in {t.seconds_apply:.2f} s "
+              f"+ the entries rebuilt at open in {t.seconds_rebuild:.2f} s")
     print(f"\n{'stage/family':<20}{'rec/page':>9}{'key B':>8}{'value B':>9}{'B/page':>8}"
           f"{'zstd B/page':>12}{'largest B':>11}")
     for stage in STAGES:
@@ -481,6 +557,12 @@ def main() -> int:
                         "to a broker started with deploy/kafka/broker.sh, last corpus")
     parser.add_argument("--wait", type=float, default=300,
                         help="seconds to wait for the cleaner")
+    parser.add_argument("--entries", action="store_true",
+                        help="the list shards' changelogs with their entries (the layout "
+                        "before: every key of the store)")
+    parser.add_argument("--restore", action="store_true",
+                        help="time each list partition's restore, every key against the "
+                        "kept keys and the rebuild")
     args = parser.parse_args()
     config = EngineConfig()
     if args.near_only:
@@ -492,7 +574,7 @@ def main() -> int:
         for name in args.corpus.split(","):
             items = corpus(name, args.limit)
             result = measure(name, items, config, args.shape, args.turn, Path(tmp),
-                             args.broker)
+                             args.broker, args.entries, args.restore)
             report(result, args.turn)
     if args.broker and result is not None:
         done = result

@@ -104,7 +104,7 @@ class Owner:
         store = self.stores.store(f"{self.name}-{self.generation}", CONFIG.frozen_params())
         store.apply(self.committed)
         self.part: StagePartition = self.make(store)
-        self.changelog = Changelog(store, "changelog", 0)
+        self.changelog = Changelog(store, "changelog", 0, self.part.leave_out())
         self.read = {(tp.topic, tp.partition): o for tp, o in self.part.positions().items()}
 
     def turn(self, log: Log, rng: random.Random) -> list[Outgoing]:

@@ -24,14 +24,16 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from dupalign.passage import forward
 from dupalign.passage.lists.chains import ListChains
+from dupalign.passage.sketch import distinct_lists
 from dupalign.store import lists, tables
 from dupalign.store.database import Batch, Store
 from dupalign.store.failures import store_error
@@ -236,6 +238,55 @@ class PendingLists:
         self.flight = None
         self.files += 1
         self.recent_flight.reset()
+
+
+def forward_entries(store: Store, start: int = 0) -> Iterator[PendingPage]:
+    """The list entries and windows per entry of every page from ordinal ``start`` on, read
+    back from its forward record (the same lists, counted per list: module docstring)."""
+    for ordinal, record in tables.forward.items(store, start):
+        bins, keys, _, _, _ = forward.unpack_windows(record)
+        l_bins, l_keys, inverse = distinct_lists(bins, keys.astype(np.uint64))
+        yield (ordinal, lists.entries(l_bins, l_keys, ordinal),
+               np.bincount(inverse, minlength=len(l_bins)))
+
+
+# pages whose entries one batch of ``rebuild_entries`` writes (~400 entries a page on llvm)
+REBUILD_PAGES = 256
+
+
+def rebuild_entries(store: Store) -> int:
+    """The lists' entries of a store that lacks them (no ``lists_entries`` key: restored from
+    a list shard's changelog, which leaves them out: ``lists.derived``), written from its
+    forward records; its long marks are kept, any other list key (a changelog of an older
+    layout) goes first, so that no entry is counted twice. Returns the pages read. The key
+    goes last: a crash before it leaves a store that rebuilds again (the same keys)."""
+    if tables.lists_entries.get(store) is not None:
+        return 0
+    batch = store.batch()
+    for key in store.keys(lists.FAMILY):
+        if lists.derived(lists.FAMILY, key):
+            batch.delete(lists.FAMILY, key)
+    store.write(batch)
+    n = 0
+    pages: list[PendingPage] = []
+    for page in forward_entries(store):
+        pages.append(page)
+        if len(pages) == REBUILD_PAGES:
+            _put_pages(store, pages)
+            n += len(pages)
+            pages = []
+    _put_pages(store, pages)
+    tables.lists_entries.put(store, b"")
+    return n + len(pages)
+
+
+def _put_pages(store: Store, pages: list[PendingPage]) -> None:
+    if not pages:
+        return
+    batch = store.batch()
+    lists.put_entries(batch, lists.from_bytes(_joined(pages)),
+                      np.concatenate([c for _, _, c in pages]))
+    store.write(batch)
 
 
 def _joined(pages: list[PendingPage]) -> bytes:

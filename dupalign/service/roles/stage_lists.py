@@ -15,7 +15,9 @@ by the page's (b, i). None is taken before all are in, so a turn that stops at n
 nothing half applied. The sketch role cannot know n: its windows records carry ordinal 0,
 set here (as the directory sets an entry's).
 
-Store: the ``ListShard``'s lists and forward records, the ledger's rows, the cursor.
+Store: the ``ListShard``'s lists and forward records, the ledger's rows, the cursor. Its
+changelog leaves out the lists' entries and runs (a few records a page, not hundreds): the
+shard rebuilds them from its forward records when it opens a restored store.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from dupalign.config import EngineConfig
+from dupalign.service.changelog import LeaveOut
 from dupalign.service.roles.stage_ledger import LedgerPartition, LedgerSteps
 from dupalign.service.roles.stage_role import StagePartition, StageRole
 from dupalign.service.sequence_batch import PageRef, record_page
@@ -31,6 +34,7 @@ from dupalign.service.topology import Outgoing, ordinal_header, record_ordinal
 from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.exact import ExactAnswer, exact_owner
 from dupalign.stages.list_shard import ListShard, ListWindows
+from dupalign.store import lists
 from dupalign.store.database import Store
 
 
@@ -61,6 +65,11 @@ class ListsPartition(LedgerPartition):
         self.ledger = LedgerSteps(self, config, store)
         self.exacts = self.merge(topics.exact, range(shape.exact))
         self.windows = self.merge(topics.windows, [partition])
+
+    def leave_out(self) -> LeaveOut | None:
+        """The lists' entries and runs: the shard rebuilds them from its forward records
+        when it opens a restored store (``ListShard``)."""
+        return lists.derived
 
     def key_of(self, topic: str, record: Any) -> Any:
         if topic == self.topics.windows:

@@ -41,7 +41,7 @@ from typing import Any
 import msgpack
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from dupalign.service.changelog import Changelog, ensure_changelog, restore
+from dupalign.service.changelog import Changelog, LeaveOut, ensure_changelog, restore
 from dupalign.service.config import Config
 from dupalign.service.loop import Checkpoint
 from dupalign.service.ordered_merge import OrderedMerge
@@ -183,6 +183,11 @@ class StagePartition:
         """More of the stage's place, noted with the cursor (``self.noted`` reads it)."""
         return {}
 
+    def leave_out(self) -> LeaveOut | None:
+        """The store keys the changelog leaves out (None: none): derived from the others,
+        they are rebuilt when the partition opens a restored store."""
+        return None
+
 
 class StageRole(StatelessRole):
     """The copies of stage ``stage``: subclasses name it and make its partitions
@@ -243,7 +248,7 @@ class StageRole(StatelessRole):
         part = await loop.run_in_executor(self.executor, self.open_partition, tp.partition,
                                           store)
         self.parts[tp] = part
-        self.changelogs[tp] = Changelog(store, tp.topic, tp.partition)
+        self.changelogs[tp] = Changelog(store, tp.topic, tp.partition, part.leave_out())
         positions = part.positions()
         self.inputs[tp] = frozenset(positions)
         self._assign()
