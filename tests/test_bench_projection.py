@@ -39,6 +39,6 @@ def test_the_first_bottleneck_is_the_role_with_the_largest_fixed_cost() -> None:
                 "bytes": {"t": 100.0 * p}, "changelog_bytes": {"c": 50.0}}
 
     text = projection([row(1), row(4)], ["a", "b", "c"])
-    assert "first bottleneck: the b role" in text
+    assert "first bottleneck at the measured turn sizes: the b role" in text
     assert "near 5,000 pages/s" in text  # 0.5 core / 0.1 ms
     assert "| c | 3.00 | 0.000 | no bound measured |" in text
