@@ -204,8 +204,9 @@ async def caught_up(procs: Procs, ports: list[int], topics: StageTopics, timeout
     """Until the two processes' /metrics show every partition of every stage role held by
     one of them, each having applied every ordinal it has read of the sequence, the same
     last one everywhere."""
-    roles = {"directory": "directory", "exact": "exact", "router": "router", "near": "near",
-             "lists": "lists", "combine": "combine", "stage-align": "align"}
+    roles = {"directory": "directory", "exact": "exact", "learner": "learner",
+             "router": "router", "near": "near", "lists": "lists", "combine": "combine",
+             "stage-align": "align"}
     deadline = time.monotonic() + timeout
     while True:
         check_alive(procs)
