@@ -169,8 +169,13 @@ class NearShard:
             result = self.filter.compare(queries[qi].sketch, np.frombuffer(raw, dtype="<u8"))
             est[i], similar[i] = round(result.est_jaccard, 4), result.decision == "similar"
         keep = similar | self.first  # PSM_F: the candidate counts even when it fails
-        return NearAnswer(found.query[keep], found.ordinal[keep], found.hamming[keep],
-                          found.rank[keep], est[keep], similar[keep])
+        # rows by (query, ordinal): the order within a bucket is the table's layout (a
+        # restored shard's differs from one that never stopped), and combine_near reads
+        # rows as a set, so the wire form (a changelog, a test's bytes) does not depend on it
+        rows = np.flatnonzero(keep)
+        rows = rows[np.lexsort((found.ordinal[rows], found.query[rows]))]
+        return NearAnswer(found.query[rows], found.ordinal[rows], found.hamming[rows],
+                          found.rank[rows], est[rows], similar[rows])
 
     def apply(self, ops: NearOps) -> NearAnswer | None:
         """The router's ops for one page (or a sweep), in their order; the query's answer."""
