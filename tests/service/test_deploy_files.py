@@ -396,7 +396,7 @@ def test_the_stage_manifests_run_every_role_with_the_shape_of_one_config() -> No
     config = load_config(DEPLOY / "k8s-stages" / "stages.toml", env={})
     # (the default 1 MB records: what is larger goes in parts, docs/pipeline.md)
     assert config.kafka.create_topics and config.kafka.max_request_size == 1 << 20
-    assert config.engine.near.idf_freeze_at == ()  # (until the roles follow learned idf)
+    assert config.engine.near.idf_freeze_at == (1000, 10000, 100000)  # (the default: learned)
     metrics = config.metrics
     assert metrics.enabled and metrics.host == "0.0.0.0"
     topics = StageTopics(config.kafka, Shape.parse(config.kafka.shape))
