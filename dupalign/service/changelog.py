@@ -27,13 +27,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from dupalign.service.changelog_parts import Rejoin, value_records
 from dupalign.service.config import KafkaConfig
 from dupalign.service.topology import Outgoing, TopologyError, ensure_topics
 from dupalign.store.database import Change, Store
@@ -65,13 +66,18 @@ LeaveOut = Callable[[str, bytes], bool]
 class Changelog:
     """The changes of ``store`` since the last ``outgoing``, for partition ``partition`` of
     ``topic``: the last value per key (what the log cleaner would keep of them), but for
-    the keys ``leave_out`` names."""
+    the keys ``leave_out`` names; a value over ``limit`` bytes in parts (changelog_parts.py).
+    ``counts``: the parts of the values last sent in more than one (a restore's); ``stale``:
+    part keys to delete (a restore's)."""
 
-    def __init__(self, store: Store, topic: str, partition: int,
+    def __init__(self, store: Store, topic: str, partition: int, limit: int = 1 << 20,
+                 counts: dict[bytes, int] | None = None, stale: Iterable[bytes] = (),
                  leave_out: LeaveOut | None = None) -> None:
         self.store, self.topic, self.partition = store, topic, partition
+        self.limit, self.counts = limit, dict(counts or {})
         self.leave_out = leave_out
         self.pending: dict[tuple[str, bytes], bytes | None] = {}
+        self.stale = list(stale)
         store.observe(self._note)
 
     def _note(self, changes: list[Change]) -> None:
@@ -84,9 +90,16 @@ class Changelog:
     def outgoing(self) -> list[Outgoing]:
         """The records of the changes since the last call, for the turn's transaction."""
         pending, self.pending = self.pending, {}
-        topic, partition = self.topic, self.partition
-        return [Outgoing(topic, value, key=encode_key(f, k), partition=partition)
-                for (f, k), value in pending.items()]
+        topic, partition, limit, counts = self.topic, self.partition, self.limit, self.counts
+        out = [Outgoing(topic, None, key=k, partition=partition) for k in self.stale]
+        self.stale = []
+        for (f, k), value in pending.items():
+            key = encode_key(f, k)
+            records = value_records(topic, partition, key, value, limit, counts.pop(key, 1))
+            if len(records) > 1 and records[0].headers:
+                counts[key] = sum(r.value is not None for r in records)
+            out += records
+        return out
 
     def close(self) -> None:
         self.store.observe(None)
@@ -116,11 +129,15 @@ async def ensure_changelog(kc: KafkaConfig, topic: str, partitions: int,
 
 @dataclass
 class Restored:
-    """What ``restore`` read: records (tombstones included), up to offset ``end``."""
+    """What ``restore`` read: records (tombstones included), up to offset ``end``; the parts
+    of its values in more than one (``counts``), the part keys no value uses (``stale``):
+    for the store's ``Changelog``."""
 
     records: int
     end: int
     seconds: float
+    counts: dict[bytes, int] = field(default_factory=dict)
+    stale: list[bytes] = field(default_factory=list)
 
 
 def _is_fresh(store: Store) -> bool:
@@ -148,6 +165,7 @@ async def restore(kc: KafkaConfig, store: Store, topic: str, partition: int,
     await consumer.start()
     loop = asyncio.get_running_loop()
     n = 0
+    rejoin = Rejoin()
     try:
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
@@ -155,14 +173,17 @@ async def restore(kc: KafkaConfig, store: Store, topic: str, partition: int,
         while await consumer.position(tp) < end:
             for records in (await consumer.getmany(tp, timeout_ms=1000,
                                                    max_records=chunk)).values():
-                changes: list[Change] = [(*decode_key(r.key), r.value) for r in records
-                                         if r.offset < end]
+                mine = [r for r in records if r.offset < end]
+                changes: list[Change] = [(*decode_key(k), v) for k, v in rejoin.add(mine)]
                 # (off the event loop: a role's group heartbeats on it meanwhile)
                 await loop.run_in_executor(None, store.apply, changes)
-                n += len(changes)
+                n += len(mine)
+        rejoined = rejoin.finish()  # (the values in parts: after all others, as the latest)
+        await loop.run_in_executor(None, store.apply,
+                                   [(*decode_key(k), v) for k, v in rejoined.changes])
     finally:
         await consumer.stop()
     seconds = time.perf_counter() - t0
     log.info("store %s restored from %s[%d]: %d records up to offset %d in %.1f s",
              store.path, topic, partition, n, end, seconds)
-    return Restored(n, end, seconds)
+    return Restored(n, end, seconds, rejoined.counts, rejoined.stale)

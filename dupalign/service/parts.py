@@ -20,6 +20,7 @@ from typing import Any
 from dupalign.service.topology import RECORD_OVERHEAD, Outgoing, header
 
 PART_HEADER = "dupalign-part"
+SENDER_HEADER = "dupalign-from"  # on parts: who sent the value (``in_parts_from``)
 _PART = struct.Struct(">II")  # index, count
 
 
@@ -43,6 +44,16 @@ def in_parts(record: Outgoing, limit: int) -> list[Outgoing]:
     return [dataclasses.replace(record, value=part,
                                 headers=[*record.headers, part_header(i, len(slices))])
             for i, part in enumerate(slices)]
+
+
+def in_parts_from(record: Outgoing, sender: str, limit: int) -> list[Outgoing]:
+    """``in_parts``, with a header naming the ``sender`` on the parts: a reader tells apart
+    by their headers the parts of values that several senders send for one ordinal to one
+    partition (the list partitions' partials to a combine partition)."""
+    if record.value is None or len(record.value) <= limit - RECORD_OVERHEAD:
+        return [record]
+    return in_parts(dataclasses.replace(
+        record, headers=[*record.headers, (SENDER_HEADER, sender.encode())]), limit)
 
 
 def part_header(index: int, count: int) -> tuple[str, bytes]:

@@ -46,6 +46,11 @@ class StageTopics:
         self.idf = f"{base}.idf"
         self.revisits = f"{base}.revisits"
 
+    def parted(self) -> frozenset[str]:
+        """The stage roles' outputs that grow with a page and go in parts over the record
+        limit (their readers' merges put them together: ``StagePartition._add``)."""
+        return frozenset({self.partials, self.near_answers, self.aligned})
+
     def partitions(self, stage: str) -> int:
         """The partitions of ``stage`` (a role's changelog has as many)."""
         counts = {"directory": self.shape.directory, "exact": self.shape.exact,

@@ -98,7 +98,7 @@ def check(items: list[Item], max_list: int, cuts: set[int],
         def store(name: str) -> Store:
             s = stores.store(name, params)
             if name.startswith("lists"):
-                logs[name] = Changelog(s, "changelog", 0, lists.derived)
+                logs[name] = Changelog(s, "changelog", 0, leave_out=lists.derived)
             return s
 
         p = Partitioned(config, SHAPE, store)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from prometheus_client.parser import text_string_to_metric_families
@@ -61,10 +62,6 @@ group_id = "g-{tag}"
 session_timeout_ms = 6000
 heartbeat_interval_ms = 500
 transaction_timeout_ms = 15000
-# (the demo's RFCs have sketches of 1.3-2.9 MB, sent whole: not every record is split yet)
-max_request_size = 33554432
-max_partition_fetch_bytes = 33554432
-fetch_max_bytes = 67108864
 [worker]
 log_format = "text"
 """, "utf-8")
@@ -111,12 +108,24 @@ async def taken(procs: Procs, shape: Shape, timeout: float) -> None:
         await asyncio.sleep(0.5)
 
 
+def big_page(tmp: Path) -> Path:
+    """A directory with a page of about 3 MB (the default limits: 1 MB records, 8 MB pages):
+    an RFC of the demo, then distinct words. Its sketch, near state, list windows and
+    partials, forward record and changelog values are all over 1 MB: they go in parts."""
+    rfc = (DEMO / "rfc" / "rfc5321.txt").read_text("utf-8")
+    words = " ".join(f"w{i:07d}" for i in range(320_000))
+    (tmp / "big").mkdir()
+    (tmp / "big" / "big.txt").write_text(rfc + "\n" + words, "utf-8")
+    return tmp / "big"
+
+
 async def test_dupalign_stage_grows_from_one_process_to_two_and_publishes_scan_s_matches(
         kafka_bootstrap: str, tmp_path: Path) -> None:
     config_path = write_config(tmp_path, kafka_bootstrap)
+    then = [*THEN, big_page(tmp_path)]
     config = load_config(config_path, env={})
     kc, shape = config.kafka, Shape.parse(config.kafka.shape)
-    subprocess.run(dupalign("scan", *FIRST, *THEN, "--store", tmp_path / "scan", "--config",
+    subprocess.run(dupalign("scan", *FIRST, *then, "--store", tmp_path / "scan", "--config",
                             config_path, "--out", tmp_path / "scan.jsonl", "--quiet"),
                    cwd=REPO, check=True)
     want = by_page([json.loads(line) for line in
@@ -132,7 +141,7 @@ async def test_dupalign_stage_grows_from_one_process_to_two_and_publishes_scan_s
                        cwd=REPO, check=True)
         start(procs, tmp_path, "second", "stage", "all", "--config", config_path,
               "--store", tmp_path / "second", "--metrics-port", str(ports[1]))
-        subprocess.run(dupalign("produce", *THEN, "--config", config_path, "--quiet"),
+        subprocess.run(dupalign("produce", *then, "--config", config_path, "--quiet"),
                        cwd=REPO, check=True)
         # another shape: the process stops at its topics, naming the setting
         wrong = start(procs, tmp_path, "wrong", "stage", "directory", "--config", config_path,
@@ -154,11 +163,15 @@ async def test_dupalign_stage_grows_from_one_process_to_two_and_publishes_scan_s
             assert " taken: " in log.read_text(), log.name
         compaction = await cleanup_policies(kc, StageTopics(kc, shape))
         await caught_up(procs, ports, StageTopics(kc, shape), 60)
+        n_dlq = await partition_count(kafka_bootstrap, kc.dlq_topic)  # (0: never made)
+        dead = await read_topic(kafka_bootstrap, kc.dlq_topic, n_dlq) if n_dlq else []
     finally:
         stop_all(procs)
     ordered = sorted(out, key=record_ordinal)
     got = by_page([messages.decode_match(r.value) for r in ordered])
     assert got == want
+    assert "big.txt" in str(got.keys()), sorted(got)  # (the big page has matches)
+    assert dead == []
     assert set(compaction.values()) == {"compact"}, compaction
 
 
@@ -178,6 +191,16 @@ async def cleanup_policies(kc: Any, topics: StageTopics) -> dict[str, str]:
         return out
     finally:
         await admin.close()
+
+
+async def partition_count(bootstrap: str, topic: str) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        await consumer.topics()  # (fetches the cluster's metadata)
+        return len(consumer.partitions_for_topic(topic) or ())
+    finally:
+        await consumer.stop()
 
 
 def free_port() -> int:

@@ -45,6 +45,7 @@ from tests.service.test_stage_partitions import (
     process,
     recorded,
     step,
+    wholes,
 )
 from tests.stages.streams import SHARED_TEXTS, ops, pages_of
 
@@ -147,7 +148,7 @@ def run(stores: Stores, stream: list[Any], seed: int, sweep: bool = True,
         raise AssertionError(f"{[part.ledger.next_seq for part in parts()]} of {len(pages)}")
     got: dict[tuple[int, int], tuple[int, bytes]] = {}
     for c in range(SHAPE.combine):
-        for rec in log[(TOPICS.partials, c)]:
+        for rec in wholes(log[(TOPICS.partials, c)]):
             key = (record_ordinal(rec), ListPartial.from_bytes(rec.value).shard)
             assert key not in got  # each partial sent once
             got[key] = (c, rec.value)

@@ -51,6 +51,7 @@ from tests.service.test_stage_partitions import (
     drive,
     process,
     sequenced,
+    wholes,
 )
 from tests.stages.streams import N_IDS, ops
 
@@ -127,7 +128,7 @@ def run(stores: Stores, config: EngineConfig, stream: list[Any], seed: int,
                 got[key] = rec.value
     answers: Answers = {}
     for c in range(SHAPE.combine):
-        for rec in log[(TOPICS.near_answers, c)]:
+        for rec in wholes(log[(TOPICS.near_answers, c)]):
             at = (record_ordinal(rec), answer_from_bytes(rec.value)[1])
             assert at not in answers
             answers[at] = (c, rec.value)

@@ -22,13 +22,15 @@ from dupalign.config import RetentionConfig
 from dupalign.near.idf import IdfTable
 from dupalign.page import Page
 from dupalign.service.changelog import Changelog, decode_key
+from dupalign.service.changelog_parts import Rejoin
 from dupalign.service.config import KafkaConfig
+from dupalign.service.parts import PART_HEADER, record_part
 from dupalign.service.roles.stage_directory import DirectoryPartition
 from dupalign.service.roles.stage_exact import ExactPartition
-from dupalign.service.roles.stage_role import StagePartition
+from dupalign.service.roles.stage_role import StagePartition, parted_outputs
 from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics
-from dupalign.service.topology import Outgoing, record_ordinal
+from dupalign.service.topology import RECORD_OVERHEAD, Outgoing, record_ordinal
 from dupalign.stages.directory import directory_owner, entry_of
 from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.stages.sketch import Sketcher
@@ -40,6 +42,8 @@ CONFIG = replace(LISTS, near=replace(LISTS.near, idf_freeze_at=()),
                  retention=RetentionConfig(max_pages=3, every=4)).validate()
 SHAPE = Shape(2, 2, 1, 1, 1)
 TOPICS = StageTopics(KafkaConfig(), SHAPE)
+# records of at most this many bytes: most store values and big outputs go in parts of 300
+LIMIT = RECORD_OVERHEAD + 300
 STEPS = 3_000  # turns at most (a stream of 30 ops needs a few hundred)
 Log = dict[tuple[str, int], list[Any]]  # (topic, partition) -> committed records
 
@@ -92,19 +96,27 @@ class Owner:
     name: str
     make: Any
     stores: Stores
-    committed: list[tuple[str, bytes, bytes | None]] = field(default_factory=list)
+    committed: list[Any] = field(default_factory=list)  # the changelog's records
     generation: int = 0
 
     def __post_init__(self) -> None:
         self.restart()
 
     def restart(self) -> None:
-        """A new owner: a fresh store restored from the committed changelog records."""
+        """A new owner: a fresh store restored from the committed changelog records (what
+        the log cleaner keeps of them: the last per key), values in parts put together."""
         self.generation += 1
         store = self.stores.store(f"{self.name}-{self.generation}", CONFIG.frozen_params())
-        store.apply(self.committed)
+        if self.generation % 2:  # (the log cleaner ran: the last record per key, in order)
+            last = {r.key: i for i, r in enumerate(self.committed)}
+            self.committed = [r for i, r in enumerate(self.committed) if last[r.key] == i]
+        rejoin = Rejoin()
+        store.apply([(*decode_key(k), v) for k, v in rejoin.add(self.committed)])
+        done = rejoin.finish()
+        store.apply([(*decode_key(k), v) for k, v in done.changes])
         self.part: StagePartition = self.make(store)
-        self.changelog = Changelog(store, "changelog", 0, self.part.leave_out())
+        self.changelog = Changelog(store, "changelog", 0, LIMIT, done.counts, done.stale,
+                                   self.part.leave_out())
         self.read = {(tp.topic, tp.partition): o for tp, o in self.part.positions().items()}
 
     def turn(self, log: Log, rng: random.Random) -> list[Outgoing]:
@@ -116,11 +128,30 @@ class Owner:
                 if chunk:
                     fetched[_Tp(topic, p)] = chunk
                     self.read[(topic, p)] = at + len(chunk)
-        return self.part.turn(fetched)
+        return parted_outputs(self.part.turn(fetched), TOPICS.parted(), self.name, LIMIT)
 
     def commit(self) -> None:
-        self.committed += [(*decode_key(o.key), o.value) for o in self.changelog.outgoing()
-                           if o.key is not None]
+        self.committed += self.changelog.outgoing()
+
+
+def wholes(records: list[Any]) -> list[Any]:
+    """``records`` of a partition with the values in parts put together (as the merges of
+    the stages do: ``StagePartition._add``), each where its last part is."""
+    out, pending = [], {}
+    for r in records:
+        part = record_part(r)
+        if part is None:
+            out.append(r)
+            continue
+        headers = tuple((k, v) for k, v in r.headers if k != PART_HEADER)
+        got = pending.setdefault(headers, {})
+        got[part[0]] = r.value
+        if len(got) == part[1]:
+            del pending[headers]
+            out.append(_record(r.topic, r.partition, r.offset,
+                               b"".join(got[i] for i in range(part[1])), list(headers), r.key))
+    assert not pending, "a value sent in parts, not all of them"
+    return out
 
 
 @dataclass(frozen=True)

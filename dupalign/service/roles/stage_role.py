@@ -35,6 +35,7 @@ import functools
 import logging
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ from dupalign.service.config import Config
 from dupalign.service.loop import Checkpoint
 from dupalign.service.ordered_merge import OrderedMerge
 from dupalign.service.outage import within
-from dupalign.service.parts import record_part
+from dupalign.service.parts import PART_HEADER, in_parts_from, record_part
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.send_batches import send_batched
@@ -65,9 +66,28 @@ TURN_RECORDS = 10_000
 READ_WAIT_S = 0.2
 
 
+@dataclass
+class Whole:
+    """A value sent in parts, put together: as its first part's record, with the whole value."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
 def _key(raw: Any) -> Any:
     """A merge key read back from msgpack (a (b, i) pair comes back as a list)."""
     return tuple(raw) if isinstance(raw, list) else raw
+
+
+def parted_outputs(outputs: list[Outgoing], parted: frozenset[str], sender: str, limit: int
+                   ) -> list[Outgoing]:
+    """``outputs``, those of the ``parted`` topics over ``limit`` bytes in parts."""
+    return [part for o in outputs
+            for part in (in_parts_from(o, sender, limit) if o.topic in parted else [o])]
 
 
 class StagePartition:
@@ -82,8 +102,8 @@ class StagePartition:
         offset, first = self.noted.get("seq", (0, 0))
         self.seq = SequenceLog(offset, first, topics.shape.directory)
         self.merges: dict[str, OrderedMerge[Any]] = {}  # topic -> its merge
-        # (topic, partition, key) -> (first offset, count, the parts read) of a value
-        # sent in parts, not all read yet
+        # (topic, partition, headers) -> (first offset, count, the parts read)
+        # of a value sent in parts, not all read yet
         self.incomplete: dict[tuple[str, int, Any], tuple[int, int, dict[int, bytes]]] = {}
         self._cursor = raw  # the cursor as last written (the same again: not rewritten)
 
@@ -113,20 +133,26 @@ class StagePartition:
         return low
 
     def _add(self, topic: str, record: Any) -> None:
-        """A record of a merged topic into its merge (a part: once its value is whole)."""
-        merge, p = self.merges[topic], record.partition
-        key, part, value = self.key_of(topic, record), record_part(record), record.value
+        """A record of a merged topic into its merge (a part: once its value is whole, its
+        merge key read from the whole value). The parts of a value are told from other
+        values' by their headers (``in_parts``: the same on every part; the page's or the
+        ordinal's, with the sender's when several send for one: ``StageRole.parted``)."""
+        merge, p, part = self.merges[topic], record.partition, record_part(record)
         if part is None:
-            merge.add(p, record.offset, key, value)
+            merge.add(p, record.offset, self.key_of(topic, record), record.value)
             return
         if record.offset < merge.next.get(p, 0):
             return  # (read again)
         index, count = part
-        first, _, got = self.incomplete.setdefault((topic, p, key), (record.offset, count, {}))
-        got[index] = bytes(value)
+        headers = tuple((k, bytes(v)) for k, v in record.headers or () if k != PART_HEADER)
+        group = (topic, p, headers)
+        first, _, got = self.incomplete.setdefault(group, (record.offset, count, {}))
+        got[index] = bytes(record.value)
         if len(got) == count:
-            del self.incomplete[(topic, p, key)]
-            merge.add(p, record.offset, key, b"".join(got[i] for i in range(count)), first)
+            del self.incomplete[group]
+            whole = Whole(record.topic, p, record.offset, record.key,
+                          b"".join(got[i] for i in range(count)), list(headers))
+            merge.add(p, record.offset, self.key_of(topic, whole), whole.value, first)
 
     def turn(self, fetched: dict[TopicPartition, list[Any]]) -> list[Outgoing]:
         """The records fetched, then every step whose turn has come (``advance``); the
@@ -239,16 +265,20 @@ class StageRole(StatelessRole):
         noted in it."""
         loop = asyncio.get_running_loop()
         reader = await self._reader()
-        store = await self._kept(tp, reader)
+        kept = await self._kept(tp, reader)
         how = "kept (the changelog unchanged since)"
-        if store is None:
+        if kept is not None:
+            store, counts, stale = kept[0], kept[1], []
+        else:
             store = await loop.run_in_executor(self.executor, self._fresh, tp)
             done = await restore(self.kc, store, tp.topic, tp.partition)
+            counts, stale = done.counts, done.stale
             how = f"{done.records} changelog records restored"
         part = await loop.run_in_executor(self.executor, self.open_partition, tp.partition,
                                           store)
         self.parts[tp] = part
-        self.changelogs[tp] = Changelog(store, tp.topic, tp.partition, part.leave_out())
+        self.changelogs[tp] = Changelog(store, tp.topic, tp.partition, self.kc.max_request_size,
+                                        counts, stale, part.leave_out())
         positions = part.positions()
         self.inputs[tp] = frozenset(positions)
         self._assign()
@@ -297,23 +327,27 @@ class StageRole(StatelessRole):
         shutil.rmtree(self._path(tp), ignore_errors=True)
         return Store(self._path(tp), self.config.engine.frozen_params())
 
-    async def _kept(self, tp: TopicPartition, reader: AIOKafkaConsumer) -> Store | None:
+    async def _kept(self, tp: TopicPartition, reader: AIOKafkaConsumer
+                    ) -> tuple[Store, dict[bytes, int]] | None:
         """The store left by this process's last owner of ``tp`` when its last turn
         committed and the changelog's read_committed end has not moved since (no other
-        owner wrote, no transaction was aborted): it then holds what a restore would give.
-        The marker goes first, so a store written by a later turn is never taken as kept."""
+        owner wrote, no transaction was aborted): it then holds what a restore would give;
+        with its changelog's ``counts`` then. The marker goes first, so a store written by
+        a later turn is never taken as kept."""
         marker = self._marker(tp)
         try:
-            noted = int(marker.read_text("ascii"))
-        except (OSError, ValueError):
+            noted, counts = msgpack.unpackb(marker.read_bytes())
+            noted, counts = int(noted), {bytes(k): int(n) for k, n in counts.items()}
+        except (OSError, ValueError, TypeError, msgpack.UnpackException):
             return None
         marker.unlink()
         end = (await within(reader.end_offsets([tp]), self.limit_s))[tp]
         if end != noted:
             return None
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
+        store = await loop.run_in_executor(
             self.executor, Store, self._path(tp), self.config.engine.frozen_params())
+        return store, counts
 
     async def _take_all(self, assigned: set[TopicPartition]) -> None:
         await super()._take_all(assigned)
@@ -336,14 +370,16 @@ class StageRole(StatelessRole):
             self.dirty.discard(tp)
             self.inputs.pop(tp, None)
             changelog = self.changelogs.pop(tp, None)
+            counts: dict[bytes, int] = {}
             if changelog is not None:
                 changelog.close()
+                counts = changelog.counts
             part = self.parts.pop(tp, None)
             self.metrics.stage_released(self.name, tp.partition)
             if part is not None:
                 await loop.run_in_executor(self.executor, part.store.close)
                 if end is not None:
-                    self._marker(tp).write_text(str(end), "ascii")
+                    self._marker(tp).write_bytes(msgpack.packb([end, counts]))
         if reader is not None and self.parts:
             self._assign()  # (the inputs of the partitions still held)
         elif reader is not None:
@@ -359,7 +395,7 @@ class StageRole(StatelessRole):
             self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
             outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
             self.metrics.stage_progress(self.name, tp.partition, part.sequenced(), part.needed())
-            records = [*outputs, *self.changelogs[tp].outgoing()]
+            records = [*self.parted(tp.partition, outputs), *self.changelogs[tp].outgoing()]
             if not records:  # (nothing taken, nothing moved: the store is as committed)
                 self.dirty.discard(tp)
                 continue
@@ -370,6 +406,13 @@ class StageRole(StatelessRole):
             self.outage.succeeded()
             self.metrics.produced(self.name, outputs)
             self.batches += 1
+
+    def parted(self, partition: int, outputs: list[Outgoing]) -> list[Outgoing]:
+        """``outputs``, those over ``kafka.max_request_size`` in parts (a big page's list
+        partials, near answers, align answers: ``StageTopics.parted``), sent as from
+        stage:partition (``in_parts_from``)."""
+        return parted_outputs(outputs, self.topics_.parted(), f"{self.stage}:{partition}",
+                              self.kc.max_request_size)
 
     async def _fetched(self) -> dict[TopicPartition, dict[TopicPartition, list[Any]]]:
         """What the reader has fetched, by partition held: each gets the records of its

@@ -137,11 +137,13 @@ class StageSketchRole(StatelessRole):
         self.pages += len(prepared.entries)
 
     def outgoing(self, prepared: StageBatch) -> list[Outgoing]:
-        # (a big page's windows go in parts: 7.3 MB for a 3 MB page of distinct words, S = 1)
+        # (a big page's records go in parts: 7.3 MB of windows for a 3 MB page of distinct
+        # words, S = 1; its sketch and near state over 1 MB from a page of about 100 KB)
         limit = self.kc.max_request_size
-        return [*prepared.entries, *prepared.near_states,
+        return [*prepared.entries,
+                *(part for s in prepared.near_states for part in in_parts(s, limit)),
                 *(part for ws in prepared.lists for w in ws for part in in_parts(w, limit)),
-                *prepared.sketches,
+                *(part for s in prepared.sketches for part in in_parts(s, limit)),
                 *(part for f in prepared.passages if f is not None for part in in_parts(f, limit)),
                 *prepared.dead_letters]
 
