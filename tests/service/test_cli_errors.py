@@ -260,8 +260,8 @@ CASES = [
     Case("stage without --store", _stage_without_store, Exit.USAGE,
          "dupalign stage: --store is required (every role but sketch keeps its stores there)"),
     Case("stage, unknown role", _stage_unknown_role, Exit.USAGE,
-         "unknown roles ['index']: choose among sketch, directory, exact, router, near, "
-         "lists, combine, align, or all"),
+         "unknown roles ['index']: choose among sketch, directory, exact, learner, router, "
+         "near, lists, combine, align, or all"),
     Case("stage, a near count not a power of 2", _stage_bad_shape, Exit.USAGE,
          "invalid configuration: config key 'kafka.shape': '2,2,3,2,2': the near stage's count "
          "(3) must be a power of 2"),
