@@ -37,14 +37,18 @@ ROLES = ("sketch", "index", "align")  # all three in one process: the single wor
 ALL_ROLES = ("sketch", "index", "shard", "align")  # shard: kafka.index_shards > 1
 
 
+def ordered_roles(names: set[str], known: tuple[str, ...], choices: str) -> tuple[str, ...]:
+    """``names`` in ``known``'s order; ValueError naming ``choices`` for others or none."""
+    unknown = names - set(known)
+    if unknown or not names:
+        raise ValueError(f"unknown roles {sorted(unknown)}: choose among {choices}")
+    return tuple(r for r in known if r in names)
+
+
 def parse_roles(text: str) -> tuple[str, ...]:
     """``"sketch,align"`` -> the roles in the topology's order; ValueError for others."""
     names = {r.strip() for r in text.split(",") if r.strip()}
-    unknown = names - set(ALL_ROLES)
-    if unknown or not names:
-        raise ValueError(f"unknown roles {sorted(unknown)}: choose among "
-                         f"{', '.join(ALL_ROLES)}")
-    return tuple(r for r in ALL_ROLES if r in names)
+    return ordered_roles(names, ALL_ROLES, ", ".join(ALL_ROLES))
 
 
 def make_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None,

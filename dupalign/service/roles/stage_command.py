@@ -31,13 +31,11 @@ def parse_stage_roles(names: list[str]) -> tuple[str, ...]:
     """``["directory,exact", "near"]`` or ``["all"]`` -> the roles in the pipeline's order;
     ValueError for others."""
     wanted = {n.strip() for name in names for n in name.split(",") if n.strip()}
+    from dupalign.service.roles.launch import ordered_roles  # (it imports aiokafka)
+
     if "all" in wanted:
         wanted = (wanted - {"all"}) | set(STAGE_ROLES)
-    unknown = wanted - set(STAGE_ROLES)
-    if unknown or not wanted:
-        raise ValueError(f"unknown roles {sorted(unknown)}: choose among "
-                         f"{', '.join(STAGE_ROLES)}, or all")
-    return tuple(r for r in STAGE_ROLES if r in wanted)
+    return ordered_roles(wanted, STAGE_ROLES, f"{', '.join(STAGE_ROLES)}, or all")
 
 
 def make_stage_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None,
