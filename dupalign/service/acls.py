@@ -112,11 +112,17 @@ def accesses(role: str, kc: KafkaConfig, group: str | None = None) -> list[Acces
 def commands(role: str, principal: str, kc: KafkaConfig, bootstrap: str | None = None,
              command_config: str | None = None, group: str | None = None) -> list[str]:
     """``kafka-acls.sh --add`` commands granting ``principal`` exactly ``role``'s access."""
+    return render(accesses(role, kc, group), principal, kc, bootstrap, command_config)
+
+
+def render(found: list[Access], principal: str, kc: KafkaConfig, bootstrap: str | None = None,
+           command_config: str | None = None) -> list[str]:
+    """``kafka-acls.sh --add`` commands granting ``principal`` ``found``."""
     head = ["kafka-acls.sh", "--bootstrap-server", bootstrap or kc.bootstrap_servers]
     if command_config:
         head += ["--command-config", command_config]
     out = []
-    for a in accesses(role, kc, group):
+    for a in found:
         argv = [*head, "--add", "--allow-principal", principal]
         for op in a.operations:
             argv += ["--operation", op]

@@ -355,6 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     acls.add_argument("--role", choices=_ACL_ROLES,
                       help="worker (the single worker), a topology role, produce, or consumer "
                            "(a reader of the matches)")
+    acls.add_argument("--stage", action="append", metavar="ROLE[,ROLE...]",
+                      help="roles of `dupalign stage` instead (sketch, directory, exact, "
+                           "learner, router, near, lists, combine, align, or all): what a "
+                           "process running them needs, together")
     acls.add_argument("--principal", metavar="TYPE:NAME", help="e.g. User:sketch")
     acls.add_argument("--config", metavar="FILE",
                       help="TOML config ([kafka]: topic names, group, transactional id prefix)")
@@ -365,7 +369,8 @@ def build_parser() -> argparse.ArgumentParser:
     acls.add_argument("--group", help="consumer role: the reader's group "
                                       "(default {kafka.group_id}-matches)")
     acls.add_argument("--table", action="store_true",
-                      help="every role's access as a Markdown table instead")
+                      help="every role's access as a Markdown table instead (with --stage: "
+                           "the stage roles named)")
     acls.set_defaults(func=cmd_acls)
     return parser
 
@@ -379,17 +384,50 @@ def cmd_acls(args: argparse.Namespace) -> int:
     from dupalign.service.config import load_config
 
     overrides = {"kafka": {"bootstrap_servers": args.bootstrap}} if args.bootstrap else {}
-    kc = load_config(args.config, overrides=overrides).kafka
+    config = load_config(args.config, overrides=overrides)
+    kc = config.kafka
+    if args.stage:
+        return _stage_acls(args, config)
     if args.table:
         print(acls.table(kc))
         return 0
     if not args.role or not args.principal:
-        raise CliError("give --role and --principal (or --table)", Exit.USAGE)
-    if ":" not in args.principal:
-        raise CliError(f"--principal {args.principal}: give TYPE:NAME, e.g. User:sketch",
-                       Exit.USAGE)
+        raise CliError("give --role (or --stage) and --principal, or --table", Exit.USAGE)
+    _check_principal(args.principal)
     for line in acls.commands(args.role, args.principal, kc, args.bootstrap,
                               args.command_config, args.group):
+        print(line)
+    return 0
+
+
+def _check_principal(principal: str | None) -> None:
+    if principal is None or ":" not in principal:
+        raise CliError(f"--principal {principal}: give TYPE:NAME, e.g. User:sketch",
+                       Exit.USAGE)
+
+
+def _stage_acls(args: argparse.Namespace, config: Any) -> int:
+    """``dupalign acls --stage ROLES``: the ACLs of a process running them (or their table)."""
+    from dupalign.service import acls
+    from dupalign.service.roles import stage_acls
+    from dupalign.service.roles.stage_command import parse_stage_roles
+    from dupalign.service.topology import TopologyError
+
+    if args.role:
+        raise CliError("give --role (a process of the index topology) or --stage (roles of "
+                       "`dupalign stage`), not both", Exit.USAGE)
+    try:
+        roles = parse_stage_roles(args.stage)
+        if args.table:
+            print(stage_acls.table(config, roles))
+            return 0
+        _check_principal(args.principal)
+        grants = stage_acls.union(stage_acls.stage_grants(config, roles).values())
+    except (ValueError, TopologyError) as exc:
+        raise CliError(str(exc), Exit.USAGE) from None
+    found = stage_acls.accesses(grants, config.kafka.create_topics)
+    for line in acls.render(found, args.principal, config.kafka, args.bootstrap,
+                            args.command_config):
         print(line)
     return 0
 

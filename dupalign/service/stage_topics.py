@@ -64,6 +64,22 @@ class StageTopics:
     def changelog(self, stage: str) -> str:
         return changelog_topic(self.kc, stage)
 
+    def outputs(self, role: str) -> tuple[str, ...]:
+        """What ``role`` of ``dupalign stage`` writes besides its changelog: one writer a
+        topic (the roles' reads come from their partitions' merges: ``dupalign acls
+        --stage``, dupalign/service/roles/stage_acls.py; tests/service/test_stage_acls.py
+        checks these against what the roles send and read)."""
+        kc = self.kc
+        written = {"sketch": (self.batches, self.entries, self.windows, self.near_state,
+                              self.sketches, self.passages, kc.dlq_topic),
+                   "directory": (self.decisions,), "exact": (self.exact,),
+                   "learner": (self.idf,), "router": (self.near_ops, self.revisits),
+                   "near": (self.near_answers,), "lists": (self.partials,),
+                   "combine": (self.align_requests, kc.output_topic), "align": (self.aligned,)}
+        if role not in written:
+            raise ValueError(f"no stage role {role!r}: {', '.join(written)}")
+        return written[role]
+
     def wanted(self) -> dict[str, int | None]:
         """Every topic between the roles built so far, with its partition count."""
         kc, shape = self.kc, self.shape
