@@ -128,10 +128,23 @@ class Owner:
                 if chunk:
                     fetched[_Tp(topic, p)] = chunk
                     self.read[(topic, p)] = at + len(chunk)
-        return parted_outputs(self.part.turn(fetched), TOPICS.parted(), self.name, LIMIT)
+        out = parted_outputs(self.part.turn(fetched), TOPICS.parted(), self.name, LIMIT)
+        # (what ``dupalign acls --stage`` grants the role: StageTopics.outputs)
+        allowed = self.part.topics.outputs(stage_of(self.part))
+        assert {o.topic for o in out} <= set(allowed), (self.name, allowed)
+        return out
 
     def commit(self) -> None:
         self.committed += self.changelog.outgoing()
+
+
+def stage_of(part: StagePartition) -> str:
+    """The stage role of ``part``: its module's (dupalign/service/roles/stage_<role>.py)."""
+    for cls in type(part).__mro__:
+        module = cls.__module__.rpartition(".")[2]
+        if module.startswith("stage_") and module not in ("stage_role", "stage_ledger"):
+            return module.removeprefix("stage_")
+    raise AssertionError(f"{type(part)} is no stage role's partition")
 
 
 def wholes(records: list[Any]) -> list[Any]:
