@@ -296,9 +296,12 @@ class SecureBroker:
                 "DUPALIGN_KAFKA_SSL_CAFILE": str(self.cafile)}
 
 
-# the SCRAM users of ``secure_kafka``: a super user, one a role or command, one without ACLs
+# the SCRAM users of ``secure_kafka``: a super user, one a role or command (the index
+# topology's, then the stage roles': tests/service/test_stage_security_kafka.py), one without
+# ACLs
 SECURE_USERS = ("admin", "worker", "sketch", "index", "align", "shard", "produce", "reader",
-                "nobody")
+                "nobody", "stage-sketch", "directory", "exact", "learner", "router", "near",
+                "lists", "combine", "stage-align")
 
 
 @pytest.fixture(scope="session")

@@ -136,16 +136,23 @@ def grant(broker: SecureBroker, config: Path, *grants: tuple[str, str, tuple[str
           ) -> None:
     """Apply what ``dupalign acls --role ROLE --principal User:USER EXTRA...`` prints, for
     each (ROLE, USER, EXTRA) of ``grants``, verbatim, with kafka-acls.sh (broker.sh
-    kafka-acls, all the commands in one JVM), on the admin side."""
+    kafka-acls, all the commands in one JVM), on the admin side. ROLE ``stage:NAME``: the
+    stage role NAME's (``--stage NAME``). The printouts are made side by side."""
     commands: list[str] = []
+    printing = []
     for role, user, extra in grants:
-        printed = subprocess.run(
-            [sys.executable, "-m", "dupalign.service.cli", "acls", "--role", role,
+        which = (["--stage", role.removeprefix("stage:")] if role.startswith("stage:") else
+                 ["--role", role])
+        printing.append(subprocess.Popen(
+            [sys.executable, "-m", "dupalign.service.cli", "acls", *which,
              "--principal", f"User:{user}", "--config", str(config), "--bootstrap",
              broker.plaintext, *extra],
-            cwd=REPO, capture_output=True, text=True, check=True, env={**os.environ, **NO_CREATE})
-        assert printed.stdout.strip(), printed.stderr
-        for line in printed.stdout.splitlines():
+            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **NO_CREATE}))
+    for proc in printing:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and out.strip(), err
+        for line in out.splitlines():
             tool, *args = shlex.split(line)
             assert tool == "kafka-acls.sh", line
             commands += [*([";"] if commands else []), *args]
