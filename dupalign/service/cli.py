@@ -401,7 +401,9 @@ def cmd_acls(args: argparse.Namespace) -> int:
 
 
 def _check_principal(principal: str | None) -> None:
-    if principal is None or ":" not in principal:
+    if principal is None:
+        raise CliError("give --principal TYPE:NAME (or --table)", Exit.USAGE)
+    if ":" not in principal:
         raise CliError(f"--principal {principal}: give TYPE:NAME, e.g. User:sketch",
                        Exit.USAGE)
 

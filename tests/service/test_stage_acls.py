@@ -131,7 +131,8 @@ def test_a_process_of_several_roles_gets_the_union() -> None:
 def test_bad_choices_are_usage_errors() -> None:
     cases = {("--stage", "shard", "--principal", "User:x"): "shard",
              ("--stage", "exact", "--role", "sketch", "--principal", "User:x"): "not both",
-             ("--stage", "exact", "--principal", "x"): "give TYPE:NAME"}
+             ("--stage", "exact", "--principal", "x"): "give TYPE:NAME",
+             ("--stage", "exact"): "give --principal TYPE:NAME (or --table)"}
     for args, says in cases.items():
         run = acls(*args)
         assert run.returncode == 2 and says in run.stderr, (args, run.stderr)
