@@ -9,15 +9,27 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dupalign.config import EngineConfig
 from dupalign.stages import ledger as ledger_module
-from dupalign.stages.directory import KINDS, NO_TIME, NONE, Decision, Decisions, Version
+from dupalign.stages.combine import CombineShard
+from dupalign.stages.directory import (
+    KINDS,
+    NO_TIME,
+    NONE,
+    Decision,
+    Decisions,
+    Version,
+    directory_owner,
+)
 from dupalign.stages.ledger import Ledger
 from dupalign.stages.ledger_store import StoredLedger
+from dupalign.store import records, tables
 from dupalign.wire.versions import DIRECTORY_DECISION
 from tests.reused_stores import temporary_stores
 from tests.stages.test_ledger_store import stream
@@ -154,3 +166,56 @@ def test_the_columns_of_decisions_read_as_each_decision_reads(seed: int) -> None
         assert run.replay_of[i] == (NONE if d.replay_of is None else d.replay_of)
         assert run.fetched_at[i] == (NO_TIME if d.fetched_at is None else d.fetched_at)
     assert run.stored() == [i for i, d in enumerate(items) if d.kind == "stored"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**32))
+def test_a_combine_partition_keeps_the_ids_of_a_run_as_of_each_decision(seed: int) -> None:
+    """``CombineShard.apply_others`` (a run of pages of ids the partition does not own)
+    against ``apply`` of each: the same ids alive, nothing stored."""
+    rng = random.Random(seed)
+    config = EngineConfig()
+    # (the pages of ids partition 1 owns, no sweeps among them: a decision names a version
+    # of its own id, so each stays alive when it is named)
+    items = [i for i in _stream(rng, 60)
+             if isinstance(i, Decision) and directory_owner(i.doc_id, 2) == 1]
+    with temporary_stores("combine-others-") as stores:
+        one, at_once = (CombineShard(stores.store(n, config.frozen_params()), config, 0, 2)
+                        for n in ("one", "run"))
+        ledgers = Ledger(), Ledger()
+        for item in _runs(rng, items):
+            assert isinstance(item, list)
+            assert all(one.apply(d, ledgers[0].apply(d)) is None for d in item)
+            run = Decisions.of(item)
+            at_once.apply_others(run, ledgers[1].apply_run(run))
+            assert list(at_once.ids.items()) == list(one.ids.items())
+        keep = rng.randrange(3)
+        for shard, ledger in zip((one, at_once), ledgers, strict=True):
+            shard.forget(ledger.sweep(keep, 0, 0))
+        assert list(at_once.ids.items()) == list(one.ids.items())
+        assert not any(True for _ in tables.matches.items(at_once.store))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["ledger", "combine_ids"]), st.integers(0, 20),
+                          st.one_of(st.none(), st.binary(max_size=4))), max_size=30))
+def test_log_write_changes_the_store_as_each_put_and_delete(
+        changes: list[tuple[str, int, bytes | None]]) -> None:
+    with temporary_stores("log-write-") as stores:
+        one, at_once = stores.store("one", {"p": 1}), stores.store("run", {"p": 1})
+        noted: list[list[Any]] = [[], []]
+        for store, seen in zip((one, at_once), noted, strict=True):
+            store.observe(seen.extend)
+        batch = one.batch()
+        for log, seq, value in changes:
+            if value is None:
+                records.log_delete(batch, log, seq)
+            else:
+                records.log_put(batch, log, seq, value)
+        one.write(batch)
+        batch = at_once.batch()
+        records.log_write(batch, changes)
+        at_once.write(batch)
+        assert noted[0] == noted[1]  # (the changes in the same order: the changelog's)
+        for log in ("ledger", "combine_ids"):
+            assert list(records.log_items(one, log)) == list(records.log_items(at_once, log))
