@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from dupalign.service.changelog_parts import Rejoin, value_records
+from dupalign.service.changelog_parts import Rejoin, slice_limit, value_records
 from dupalign.service.config import KafkaConfig
 from dupalign.service.topology import Outgoing, TopologyError, ensure_topics
 from dupalign.store.database import Change, Store
@@ -93,8 +93,12 @@ class Changelog:
         topic, partition, limit, counts = self.topic, self.partition, self.limit, self.counts
         out = [Outgoing(topic, None, key=k, partition=partition) for k in self.stale]
         self.stale = []
+        one = slice_limit(limit)  # (a value up to this is one record)
         for (f, k), value in pending.items():
             key = encode_key(f, k)
+            if (value is None or len(value) <= one) and key not in counts:
+                out.append(Outgoing(topic, value, key=key, partition=partition))
+                continue  # (``value_records`` of a value in one record, none before)
             records = value_records(topic, partition, key, value, limit, counts.pop(key, 1))
             if len(records) > 1 and records[0].headers:
                 counts[key] = sum(r.value is not None for r in records)

@@ -145,6 +145,21 @@ class SequenceLog:
         return PageRef(ordinal, self._offsets[k], i, batch.dirs[i], batch.at_ms,
                        batch.windows[i] if batch.windows else None)
 
+    def dirs(self, start: int, stop: int) -> list[int]:
+        """The directory partitions of the pages from ordinal ``start`` (kept) up to
+        ``stop`` or the last page read (``page``'s ``dir``, at once)."""
+        out: list[int] = []
+        if start >= self.end:
+            return out
+        k = bisect.bisect_right(self._firsts, start) - 1
+        if k < 0:
+            raise ValueError(f"ordinal {start} is below the sequence kept")
+        while k < len(self._batches) and self._firsts[k] < stop:
+            first = self._firsts[k]
+            out += self._batches[k].dirs[max(start - first, 0):stop - first]
+            k += 1
+        return out
+
     def source(self, ordinal: int) -> tuple[str, int, int]:
         """Where the page of ``ordinal`` (read, kept) is in the input: topic, partition,
         offset."""

@@ -39,10 +39,10 @@ from dupalign.errors import PageRejected
 from dupalign.match import Match, Span
 from dupalign.passage.index import PassageIndex
 from dupalign.passage.sketch import query_lists
-from dupalign.stages.directory import Decision, directory_owner
+from dupalign.stages.directory import NONE, Decision, Decisions, directory_owner
 from dupalign.stages.exact import ExactAnswer
 from dupalign.stages.index import engine_info, passage_matches
-from dupalign.stages.ledger import Expired, Placed
+from dupalign.stages.ledger import Expired, Placed, Placements
 from dupalign.stages.list_shard import ListPartial, combine_lists
 from dupalign.stages.messages import AlignRequest
 from dupalign.stages.near_shard import NearAnswer, combine_near
@@ -111,6 +111,18 @@ class CombineShard:
             self._stored(out, d, placed, sk, exact, near, partials, hamming)
         return out
 
+    def apply_others(self, run: Decisions, placed: Placements) -> None:
+        """Decisions of pages of ids another partition owns (``apply`` of each returns
+        None), placed at once (``Ledger.apply_run``): the ids of the pages alive as they
+        change (a removed version is of an id this partition does not own: no matches)."""
+        ids = self.ids
+        for doc_id, ordinal, removed in zip(run.doc_id, placed.ordinal, placed.removed,
+                                            strict=True):
+            if removed != NONE:
+                ids.pop(removed, None)
+            if ordinal != NONE:
+                ids[ordinal] = doc_id
+
     def _stored(self, out: Combined, d: Decision, placed: Placed, sk: PageSketch,
                 exact: ExactAnswer | None, near: list[NearAnswer] | None,
                 partials: list[ListPartial] | None, hamming: int | None) -> None:
@@ -170,10 +182,11 @@ class CombineShard:
             self.store.write(batch)
 
     def forget(self, expired: Iterable[Expired]) -> None:
-        """A sweep: the swept pages' ids, and their matches stored here."""
-        ordinals = [e.ordinal for e in expired]
-        for o in ordinals:
-            self.ids.pop(o, None)
+        """A sweep: the swept pages' ids, and their matches stored here (those of the ids
+        this partition owns: no other page has matches here)."""
+        ordinals = [o for e in expired
+                    if (doc_id := self.ids.pop(o := e.ordinal, None)) is None
+                    or self.owns(doc_id)]
         if ordinals:
             batch = self.store.batch()
             tables.matches.remove(batch, ordinals)

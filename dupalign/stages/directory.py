@@ -198,6 +198,49 @@ class Decision:
                    d.get("fetched_at"), d.get("hash"), bool(d.get("near")))
 
 
+NONE = -1  # a column's "none" (no removed version, no replay; NO_TIME: no fetched_at)
+NO_TIME = int(np.iinfo(np.int64).min)
+STORED = KINDS.index("stored")
+
+
+@dataclass
+class Decisions:
+    """Consecutive decisions as columns, what the ledger and a partition that does not own
+    the pages need of them (the revisit match and ``near`` left out): ``kind`` the index in
+    ``KINDS``, ``removed`` the sequence ordinal of the version removed, NONE or NO_TIME where
+    a ``Decision`` has None."""
+
+    seq: list[int]
+    doc_id: list[str]
+    kind: list[int]
+    removed: list[int]
+    replay_of: list[int]
+    fetched_at: list[int]
+    content_hash: list[bytes | None]
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def stored(self) -> list[int]:
+        """The indices of the stored pages."""
+        return [i for i, k in enumerate(self.kind) if k == STORED]
+
+    @classmethod
+    def of_fields(cls, fields: list[dict[str, Any]]) -> Decisions:
+        """The columns of decisions read as their wire fields (``DIRECTORY_DECISION.unpack``,
+        as ``Decision.from_bytes`` reads them)."""
+        return cls([d["seq"] for d in fields], [d["id"] for d in fields],
+                   [d["kind"] for d in fields],
+                   [NONE if (r := d.get("removed")) is None else r[0] for d in fields],
+                   [d.get("replay_of", NONE) for d in fields],
+                   [NO_TIME if (t := d.get("fetched_at")) is None else t for d in fields],
+                   [d.get("hash") for d in fields])
+
+    @classmethod
+    def of(cls, decisions: list[Decision]) -> Decisions:
+        return cls.of_fields([DIRECTORY_DECISION.unpack(d.to_bytes()) for d in decisions])
+
+
 def _revisit_match(doc_id: str, status: str, est: float | None, hamming: int | None,
                    url: str | None, fetched_at: int | None, engine: dict[str, Any]) -> Match:
     """As ``Indexer._revisit``."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dupalign.stages.directory import Decision
+from dupalign.stages.directory import NO_TIME, NONE, STORED, Decision, Decisions
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,31 @@ class Expired:
     seq: int
 
 
-_NO_TIME = np.iinfo(np.int64).min  # a page without fetched_at
+@dataclass(frozen=True)
+class Placements:
+    """Consecutive decisions in store ordinals (``Placed`` as columns, NONE for None)."""
+
+    ordinal: list[int]
+    removed: list[int]
+    replay_of: list[int]
+
+    def placed(self, i: int) -> Placed:
+        o, r, p = self.ordinal[i], self.removed[i], self.replay_of[i]
+        return Placed(None if o == NONE else o, None if r == NONE else r,
+                      None if p == NONE else p)
+
+
+SHORT_RUN = 64  # decisions: a shorter run is applied one by one (its arrays cost more)
+_NO_TIME = NO_TIME  # a page without fetched_at
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """A run's columns ``Ledger._vectors`` reads as arrays."""
+
+    removed: np.ndarray
+    replay_of: np.ndarray
+    fetched_at: np.ndarray
 
 
 class Ledger:
@@ -92,26 +116,121 @@ class Ledger:
 
     def apply(self, d: Decision) -> Placed:
         """The next decision, in sequence order."""
-        if d.seq < self.next_seq:
-            raise ValueError(f"decision {d.seq} comes after decision {self.next_seq - 1}")
-        removed = replay_of = ordinal = None
-        if d.removed is not None:
-            slot = self._known(d.removed.seq, d)
-            removed = int(self._ordinal[slot])
+        ordinal, removed, replay_of = self._place(
+            d.seq, d.kind == "stored", NONE if d.removed is None else d.removed.seq,
+            NONE if d.replay_of is None else d.replay_of,
+            NO_TIME if d.fetched_at is None else d.fetched_at)
+        return Placements([ordinal], [removed], [replay_of]).placed(0)
+
+    def _place(self, seq: int, stored: bool, removed: int, replay_of: int, fetched_at: int
+               ) -> tuple[int, int, int]:
+        """``apply``'s decision as its columns (``Decisions``): its placement's."""
+        if seq < self.next_seq:
+            raise ValueError(f"decision {seq} comes after decision {self.next_seq - 1}")
+        ordinal = gone = repeats = NONE
+        if removed != NONE:
+            slot = self._known(removed, seq)
+            gone = int(self._ordinal[slot])
             self._kill(slot)
-        if d.replay_of is not None:
-            replay_of = int(self._ordinal[self._known(d.replay_of, d)])
-        if d.kind == "stored":
+        if replay_of != NONE:
+            repeats = int(self._ordinal[self._known(replay_of, seq)])
+        if stored:
             ordinal = self.next_ordinal
             self.next_ordinal += 1
-            self._append(d.seq, ordinal, d.fetched_at)
-        self.next_seq = d.seq + 1
-        return Placed(ordinal, removed, replay_of)
+            self._append(seq, ordinal, None if fetched_at == NO_TIME else fetched_at)
+        self.next_seq = seq + 1
+        return ordinal, gone, repeats
 
-    def _known(self, seq: int, d: Decision) -> int:
+    def apply_run(self, run: Decisions) -> Placements:
+        """The next decisions, placed as ``apply`` one by one places them, or its
+        ValueError: a long run in a few array operations whatever its length
+        (``_vectors``), a short one or one ``_vectors`` refuses one by one."""
+        placed = self._vectors(run) if len(run) >= SHORT_RUN else None
+        if placed is not None:
+            return placed
+        out = Placements([], [], [])
+        for d in zip(run.seq, [k == STORED for k in run.kind], run.removed, run.replay_of,
+                     run.fetched_at, strict=True):
+            ordinal, removed, replay_of = self._place(*d)
+            out.ordinal.append(ordinal)
+            out.removed.append(removed)
+            out.replay_of.append(replay_of)
+        return out
+
+    def _vectors(self, columns: Decisions) -> Placements | None:
+        """``apply_run`` in array operations (None: a decision ``apply`` would refuse;
+        nothing applied)."""
+        seq, n = np.asarray(columns.seq, np.int64), len(columns)
+        stored = np.asarray(columns.kind) == STORED
+        if not n or seq[0] < self.next_seq or (np.diff(seq) <= 0).any():
+            return None
+        run = _Columns(np.asarray(columns.removed, np.int64),
+                       np.asarray(columns.replay_of, np.int64),
+                       np.asarray(columns.fetched_at, np.int64))
+        new = seq[stored]
+        has_removed, has_replay = run.removed != NONE, run.replay_of != NONE
+        # every page a decision names is alive then: alive before the run or stored in it
+        # before the decision, not removed by an earlier one (removals are of distinct pages)
+        gone = run.removed[has_removed]
+        if ((gone >= seq[has_removed]).any() or len(np.unique(gone)) < len(gone)
+                or not (self._alive_before(gone) | np.isin(gone, new)).all()):
+            return None
+        repeats = run.replay_of[has_replay]
+        at = np.flatnonzero(has_replay)
+        if ((repeats >= seq[has_replay]).any()
+                or not (self._alive_before(repeats) | np.isin(repeats, new)).all()):
+            return None
+        order = np.argsort(gone)
+        k = np.minimum(np.searchsorted(gone[order], repeats), max(len(gone) - 1, 0))
+        if len(gone):  # (removed by a decision at or before the replay's)
+            removed_by = np.flatnonzero(has_removed)[order][k]
+            if ((gone[order][k] == repeats) & (removed_by <= at)).any():
+                return None
+        # the new pages' slots, then the removals and replays found by sequence ordinal
+        ordinal = np.full(n, NONE, np.int64)
+        ordinal[stored] = self.next_ordinal + np.arange(len(new))
+        self._reserve(len(new))
+        used, end = self._used, self._used + len(new)
+        self._seq[used:end], self._ordinal[used:end] = new, ordinal[stored]
+        self._fetched[used:end], self._live[used:end] = run.fetched_at[stored], True
+        self._used, self._alive = end, self._alive + len(new)
+        removed = np.full(n, NONE, np.int64)
+        slots = np.searchsorted(self._seq[:end], gone)
+        removed[has_removed] = self._ordinal[slots]
+        self._live[slots] = False
+        self._alive -= len(gone)
+        replay_of = np.full(n, NONE, np.int64)
+        replay_of[has_replay] = self._ordinal[np.searchsorted(self._seq[:end], repeats)]
+        self.next_ordinal += len(new)
+        self.next_seq = int(seq[-1]) + 1
+        return Placements(ordinal.tolist(), removed.tolist(), replay_of.tolist())
+
+    def _alive_before(self, seqs: np.ndarray) -> np.ndarray:
+        """Which of ``seqs`` are pages alive (``_slot``, at once)."""
+        used = self._used
+        slots = np.minimum(np.searchsorted(self._seq[:used], seqs), max(used - 1, 0))
+        if not used:
+            return np.zeros(len(seqs), np.bool_)
+        return (self._seq[slots] == seqs) & self._live[slots]
+
+    def _reserve(self, k: int) -> None:
+        """Room for ``k`` more slots (``_append``'s, at once)."""
+        if self._used + k > len(self._seq):
+            self._compact()
+        size = max(len(self._seq), 1)
+        while self._used + k > size:
+            size *= 2
+        if size > len(self._seq):
+            for name in ("_seq", "_ordinal", "_fetched", "_live"):
+                a = getattr(self, name)
+                grown = np.zeros(size, a.dtype)
+                grown[:len(a)] = a
+                setattr(self, name, grown)
+
+    def _known(self, seq: int, by: int) -> int:
         slot = self._slot(seq)
         if slot is None:
-            raise ValueError(f"decision {d.seq} names page {seq}, which is not stored")
+            raise ValueError(f"decision {by} names page {seq}, which is not stored")
         return slot
 
     def _append(self, seq: int, ordinal: int, fetched_at: int | None) -> None:
@@ -180,4 +299,6 @@ class Ledger:
         while expired := self.expired(max_pages, max_age_s, now_ms, batch_pages):
             self.remove(expired)
             out += expired
+            if len(expired) < batch_pages:  # (the page after the last one stays: the
+                break  # next batch would be empty)
         return out

@@ -10,8 +10,8 @@ import struct
 
 import numpy as np
 
-from dupalign.stages.directory import Decision
-from dupalign.stages.ledger import Expired, Ledger, Placed
+from dupalign.stages.directory import NONE, Decision, Decisions
+from dupalign.stages.ledger import Expired, Ledger, Placed, Placements
 from dupalign.store import records
 from dupalign.store.database import Batch, Store
 
@@ -45,6 +45,19 @@ class StoredLedger:
             self._changed[d.seq] = _ROW.pack(placed.ordinal, fetched)
         return placed
 
+    def apply_run(self, run: Decisions) -> Placements:
+        """The next decisions at once (``Ledger.apply_run``), their rows noted as ``apply``
+        notes them, in the same order (a ValueError: the store is left for a restore)."""
+        placed = self.ledger.apply_run(run)
+        changed, row = self._changed, _ROW.pack
+        for seq, ordinal, removed, fetched in zip(run.seq, placed.ordinal, run.removed,
+                                                  run.fetched_at, strict=True):
+            if removed != NONE:
+                changed[removed] = None
+            if ordinal != NONE:
+                changed[seq] = row(ordinal, fetched)
+        return placed
+
     def sweep(self, max_pages: int, max_age_s: int, now_ms: int) -> list[Expired]:
         swept = self.ledger.sweep(max_pages, max_age_s, now_ms)
         for e in swept:
@@ -53,11 +66,8 @@ class StoredLedger:
 
     def write(self, batch: Batch) -> None:
         """The rows changed since the last call, and the counters."""
-        for seq, row in self._changed.items():
-            if row is None:
-                records.log_delete(batch, "ledger", seq)
-            else:
-                records.log_put(batch, "ledger", seq, row)
+        records.log_write(batch, (("ledger", seq, row) for seq, row in self._changed.items()))
         self._changed.clear()
         records.put_note(batch, "ledger_next_ordinal", self.ledger.next_ordinal)
         records.put_note(batch, "ledger_next_seq", self.ledger.next_seq)
+

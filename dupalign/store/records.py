@@ -5,7 +5,7 @@ the ordinals stored, and removal by ordinal ranges."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from dupalign.store import tables
 from dupalign.store.database import Batch, Store
@@ -100,6 +100,25 @@ def log_put(batch: Batch, log: str, seq: int, value: bytes) -> None:
 
 def log_delete(batch: Batch, log: str, seq: int) -> None:
     batch.delete("meta", _log_prefix(log) + u64(seq))
+
+
+def log_write(batch: Batch, changes: Iterable[tuple[str, int, bytes | None]]) -> None:
+    """(log, sequence number, value; None: deleted) in order, as ``log_put`` and
+    ``log_delete`` one by one: a stretch of puts to one log in one call (``put_many``)."""
+    keys: list[bytes] = []
+    values: list[bytes] = []
+    for log, seq, value in changes:
+        key = _log_prefix(log) + u64(seq)
+        if value is None:
+            if keys:
+                batch.put_many("meta", keys, values)
+                keys, values = [], []
+            batch.delete("meta", key)
+        else:
+            keys.append(key)
+            values.append(value)
+    if keys:
+        batch.put_many("meta", keys, values)
 
 
 def log_delete_below(batch: Batch, log: str, end: int) -> None:

@@ -67,3 +67,25 @@ def test_ordinals_are_running_counts_from_any_cursor(
     if first:
         with pytest.raises(ValueError, match="below the sequence kept"):
             again.page(first - 1)
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=12), st.data())
+def test_the_directory_partitions_of_a_stretch_are_each_page_s(sizes: list[int],
+                                                                data: st.DataObject) -> None:
+    """``dirs`` (a run of ordinals at once) against ``page`` one ordinal at a time."""
+    log = SequenceLog(n_dirs=3)
+    for offset, n in enumerate(sizes):
+        log.add(offset, SequenceBatch("pages", 0, tuple(range(n)),
+                                      tuple(data.draw(st.integers(0, 2)) for _ in range(n)), 3,
+                                      offset))
+    log.trim(below := data.draw(st.integers(0, log.end)))
+    start = data.draw(st.integers(log.cursor()[1], log.end + 2))
+    stop = data.draw(st.integers(start, log.end + 4))
+    expected = []
+    for o in range(start, stop):
+        ref = log.page(o)
+        if ref is None:
+            break
+        expected.append(ref.dir)
+    assert log.dirs(start, stop) == expected
+    assert below >= log.cursor()[1]

@@ -192,7 +192,7 @@ class AlignPartition(LedgerPartition):
         if ((e is not None and self.exacts.peek(e, o) is None)
                 or (mine and self.passages.peek(self.partition, page) is None)):
             return False  # (nothing taken: the next turn starts at o again)
-        step = self.ledger.next()
+        step = self.ledger.next(d)  # (the decision peeked: not decoded again)
         assert step is not None
         d, placed = step
         exact = record = None

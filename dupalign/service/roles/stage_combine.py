@@ -61,7 +61,7 @@ from dupalign.service.topology import (
 )
 from dupalign.stages.align import merge_ranked
 from dupalign.stages.combine import Combined, CombineShard
-from dupalign.stages.directory import Decision
+from dupalign.stages.directory import NONE, STORED, Decision
 from dupalign.stages.exact import ExactAnswer, exact_owner
 from dupalign.stages.ledger import Expired, Placed
 from dupalign.stages.list_shard import ListPartial
@@ -148,11 +148,7 @@ class CombinePartition(StagePartition):
 
     def note(self, batch: Batch) -> None:
         self.ledger.note(batch)
-        for (name, o), row in self.changed.items():
-            if row is None:
-                records.log_delete(batch, name, o)
-            else:
-                records.log_put(batch, name, o, row)
+        records.log_write(batch, ((name, o, row) for (name, o), row in self.changed.items()))
         self.changed = {}
 
     def extra(self) -> dict[str, Any]:
@@ -161,7 +157,7 @@ class CombinePartition(StagePartition):
     def advance(self) -> list[Outgoing]:
         out: list[Outgoing] = []
         start = self.ledger.next_seq
-        while self._finish_next(out) or self._step(out):
+        while self._finish_next(out) or self._others() or self._step(out):
             pass
         if self.ledger.next_seq > start:
             out += upto_records(self.topics, self.partition, self.ledger.next_seq)
@@ -176,10 +172,11 @@ class CombinePartition(StagePartition):
         raw = self.ledger.decisions.peek(ref.dir, o)
         if raw is None:
             return False
-        inputs = self._inputs(Decision.from_bytes(raw), ref)
+        peeked = Decision.from_bytes(raw, self.ledger.engine)
+        inputs = self._inputs(peeked, ref)
         if inputs is None:
             return False
-        step = self.ledger.next()
+        step = self.ledger.next(peeked)
         assert step is not None
         d, placed = step
         self._take(d, ref, inputs)
@@ -189,6 +186,39 @@ class CombinePartition(StagePartition):
         if combined is not None:
             self._combined(combined, self.seq.source(o), out)
         return True
+
+    def _others(self) -> bool:
+        """The next pages, as long as they are of ids other partitions own and their
+        decisions (and a stored page's exact answer) are read, up to the next sweep point:
+        placed at once (``LedgerSteps.run``), their exact answers taken unread, the ids
+        alive kept (``CombineShard.apply_others``). False: the next page is not one."""
+        o = self.ledger.next_seq
+        if self.seq.page(o) is None or not self.ledger.sweep_before(o, self._forget):
+            return False
+        got = self.ledger.run(self._other)
+        if got is None:
+            return False
+        run, placed = got
+        n_exact = self.topics.shape.exact
+        for i in run.stored():
+            self.exact.take(exact_owner(run.content_hash[i] or b"", n_exact), run.seq[i])
+        self.shard.apply_others(run, placed)
+        for doc_id, ordinal, removed in zip(run.doc_id, placed.ordinal, placed.removed,
+                                            strict=True):
+            if removed != NONE:  # (as ``_placed``)
+                self.changed[(IDS, removed)] = None
+                self._unstored([removed])
+            if ordinal != NONE:
+                self.changed[(IDS, ordinal)] = doc_id.encode("utf-8")
+        return True
+
+    def _other(self, d: dict[str, Any]) -> bool:
+        """The decision of wire fields ``d`` is of an id another partition owns, and its
+        step has all it takes (``_inputs``: a stored page's exact answer)."""
+        if self.shard.owns(d["id"]):
+            return False
+        return d["kind"] != STORED or self.exact.peek(
+            exact_owner(d["hash"], self.topics.shape.exact), d["seq"]) is not None
 
     def _inputs(self, d: Decision, ref: PageRef) -> Inputs | None:
         """The step's records if all are in (None: not yet)."""

@@ -149,7 +149,7 @@ class LearnerPartition(LedgerPartition):
                 exact = ExactAnswer.from_bytes(raw)
             state = self.states.take(part, (ref.batch, ref.index))
             assert state is not None
-            self.ledger.next()
+            self.ledger.next(d)  # (the decision peeked: not decoded again)
             if learned(d, exact):
                 out += self._learn(PageSketch.from_bytes(state, passage=False))
         return out

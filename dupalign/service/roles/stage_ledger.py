@@ -12,11 +12,12 @@ from typing import Any
 from dupalign.config import EngineConfig
 from dupalign.service.roles.stage_role import StagePartition
 from dupalign.service.topology import record_ordinal
-from dupalign.stages.directory import Decision
+from dupalign.stages.directory import Decision, Decisions
 from dupalign.stages.index import engine_info
-from dupalign.stages.ledger import Expired, Placed
+from dupalign.stages.ledger import Expired, Placed, Placements
 from dupalign.stages.ledger_store import StoredLedger
 from dupalign.store.database import Batch, Store
+from dupalign.wire.versions import DIRECTORY_DECISION
 
 
 class LedgerSteps:
@@ -68,8 +69,9 @@ class LedgerSteps:
         raw = self.decisions.peek(ref.dir, o)
         return None if raw is None else Decision.from_bytes(raw, self.engine)
 
-    def next(self) -> tuple[Decision, Placed] | None:
-        """The next decision, placed (None: not read yet, or a sweep is due first)."""
+    def next(self, peeked: Decision | None = None) -> tuple[Decision, Placed] | None:
+        """The next decision, placed (None: not read yet, or a sweep is due first);
+        ``peeked``: the same decision, as ``peek`` read it (not read again)."""
         o = self.ledger.next_seq
         ref = self.part.seq.page(o)
         if ref is None or self.due(o):
@@ -77,11 +79,40 @@ class LedgerSteps:
         raw = self.decisions.take(ref.dir, o)
         if raw is None:
             return None
-        d = Decision.from_bytes(raw, self.engine)
+        d = Decision.from_bytes(raw, self.engine) if peeked is None else peeked
         return d, self.ledger.apply(d)
 
+    def run(self, fits: Callable[[dict[str, Any]], bool], limit: int = 10_000
+            ) -> tuple[Decisions, Placements] | None:
+        """The decisions from the next one on that are read, up to the next sweep point
+        and while ``fits`` says so of each one's wire fields (``DIRECTORY_DECISION``),
+        taken and placed at once (``StoredLedger.apply_run``; None: not one). Each is
+        decoded once, to its fields: the step of a page a partition does not own needs no
+        more (no ``Decision``, no ``Placed``)."""
+        o, every = self.ledger.next_seq, self.retention.every
+        if self.due(o):
+            return None
+        stop = o + limit
+        if self.retention.max_pages or self.retention.max_age:
+            stop = min(stop, (o // every + 1) * every)  # (the next sweep point)
+        dirs, fields = self.part.seq.dirs(o, stop), []
+        for k, d in enumerate(dirs):
+            raw = self.decisions.peek(d, o + k)
+            if raw is None:
+                break
+            f = DIRECTORY_DECISION.unpack(raw)
+            if not fits(f):
+                break
+            fields.append(f)
+        if not fields:
+            return None
+        for k in range(len(fields)):
+            self.decisions.take(dirs[k], o + k)
+        run = Decisions.of_fields(fields)
+        return run, self.ledger.apply_run(run)
+
     def catch_up(self) -> None:
-        while self.next() is not None:
+        while self.run(lambda fields: True) is not None:
             pass
 
     def note(self, batch: Batch) -> None:

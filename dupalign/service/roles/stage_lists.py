@@ -91,7 +91,7 @@ class ListsPartition(LedgerPartition):
             if ((e is not None and self.exacts.peek(e, o) is None)
                     or (windowed and self.windows.peek(self.partition, page) is None)):
                 break  # (nothing taken: the next turn starts at o again)
-            step = self.ledger.next()
+            step = self.ledger.next(d)  # (the decision peeked: not decoded again)
             assert step is not None
             d, placed = step
             exact = None

@@ -135,7 +135,7 @@ class RouterPartition(StagePartition):
             d = self._ready(ref)
             if d is None or not self._ready_tables():
                 break
-            step = self.ledger.next()
+            step = self.ledger.next(d)  # (the decision read: not decoded again)
             assert step is not None
             _, placed = step  # (the decision peeked)
             exact = near = None
