@@ -64,6 +64,7 @@ TURN_RECORDS = 10_000
 # how long a turn waits for the first record of any partition's reader (then the group's
 # fetch runs again: it keeps the membership and hands over assignments)
 READ_WAIT_S = 0.2
+CURSOR = ("meta", records.BLOBS["stage_cursor"])  # the store key of a partition's place
 
 
 @dataclass
@@ -387,25 +388,52 @@ class StageRole(StatelessRole):
             await stop_quietly(reader)
 
     async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """The partitions' turns on what the reader has fetched, and on what it fetched
+        while they ran, until nothing more is there (no wait) or ``TURN_RECORDS`` records
+        were taken; then each partition's transaction, all at once."""
         loop = asyncio.get_running_loop()
-        for tp, fetched in (await self._fetched()).items():
-            part = self.parts[tp]
-            for itp, recs in fetched.items():
-                self.metrics.consumed(self.name, itp.topic, recs)
-            self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
-            outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
-            self.metrics.stage_progress(self.name, tp.partition, part.sequenced(), part.needed())
-            records = [*self.parted(tp.partition, outputs), *self.changelogs[tp].outgoing()]
-            if not records:  # (nothing taken, nothing moved: the store is as committed)
-                self.dirty.discard(tp)
-                continue
+        outputs: dict[TopicPartition, list[Outgoing]] = {}
+        fetched, room = await self._fetched(TURN_RECORDS, wait=True)
+        while fetched:
+            for tp, mine in fetched.items():
+                part = self.parts[tp]
+                for itp, recs in mine.items():
+                    self.metrics.consumed(self.name, itp.topic, recs)
+                self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
+                outputs.setdefault(tp, []).extend(
+                    await loop.run_in_executor(self.executor, part.turn, mine))
+                self.metrics.stage_progress(self.name, tp.partition, part.sequenced(),
+                                            part.needed())
+            # records that came while the turns ran go in the same transactions: a commit
+            # per partition and turn is most of a turn's cost when turns are small
+            fetched, room = (await self._fetched(room, wait=False)) if room > 0 else ({}, 0)
+        failed = [r for r in await asyncio.gather(
+            *(self._commit(tp, outs) for tp, outs in outputs.items()), return_exceptions=True)
+            if isinstance(r, BaseException)]
+        if failed:  # (once every transaction ended: a step-down stops their producers)
+            raise failed[0]
+
+    async def _commit(self, tp: TopicPartition, outputs: list[Outgoing]) -> None:
+        """Partition ``tp``'s transaction: its outputs and the changelog records of what
+        its turns changed (none when they changed nothing: the store is as committed).
+        The partitions of a process commit at once: a downstream partition, which reads
+        them all, then finds their records together, in fewer turns."""
+        changelog = self.changelogs[tp]
+        if not outputs and changelog.holds_only(CURSOR):
+            # its turns took records and applied none: only where it reads moved, and the
+            # place noted before is as good (the same records are read again, none was
+            # applied). So no transaction: the cursor goes with the partition's next one.
+            self.dirty.discard(tp)
+            return
+        records = [*self.parted(tp.partition, outputs), *changelog.outgoing()]
+        if records:
             unit = Checkpoint({}, records, send=functools.partial(send_batched, records=records))
             async with self.metrics.transaction(self.name):
                 await within(unit.commit(self.producers[tp], self.group_id), self.limit_s)
-            self.dirty.discard(tp)
             self.outage.succeeded()
             self.metrics.produced(self.name, outputs)
             self.batches += 1
+        self.dirty.discard(tp)
 
     def parted(self, partition: int, outputs: list[Outgoing]) -> list[Outgoing]:
         """``outputs``, those over ``kafka.max_request_size`` in parts (a big page's list
@@ -414,24 +442,26 @@ class StageRole(StatelessRole):
         return parted_outputs(outputs, self.topics_.parted(), f"{self.stage}:{partition}",
                               self.kc.max_request_size)
 
-    async def _fetched(self) -> dict[TopicPartition, dict[TopicPartition, list[Any]]]:
-        """What the reader has fetched, by partition held: each gets the records of its
-        own inputs (only those with records: with none, nothing can have come due). Waits
-        up to ``READ_WAIT_S`` for a first record: a turn comes as soon as the reader has
-        records, not at the group's next poll (the group's fetch does not wait:
-        ``turn_wait_ms``)."""
+    async def _fetched(self, most: int, wait: bool
+                       ) -> tuple[dict[TopicPartition, dict[TopicPartition, list[Any]]], int]:
+        """What the reader has fetched, at most ``most`` records, by partition held: each
+        gets the records of its own inputs (only those with records: with none, nothing can
+        have come due); and what is left of ``most``. With ``wait``, waits up to
+        ``READ_WAIT_S`` for a first record: a turn comes as soon as the reader has records,
+        not at the group's next poll (the group's fetch does not wait: ``turn_wait_ms``)."""
         reader = self.reader
         if reader is None or not self.parts:
-            await asyncio.sleep(READ_WAIT_S)
-            return {}
-        fetched = await reader.getmany(timeout_ms=0, max_records=TURN_RECORDS)
-        if not any(fetched.values()):
+            if wait:
+                await asyncio.sleep(READ_WAIT_S)
+            return {}, most
+        fetched = await reader.getmany(timeout_ms=0, max_records=most)
+        if wait and not any(fetched.values()):
             fetched = await reader.getmany(timeout_ms=int(READ_WAIT_S * 1000),
-                                           max_records=TURN_RECORDS)
+                                           max_records=most)
         got = {}
         for tp in self.parts:
             mine = {itp: recs for itp, recs in fetched.items()
                     if recs and itp in self.inputs[tp]}
             if mine:
                 got[tp] = mine
-        return got
+        return got, most - sum(map(len, fetched.values()))
