@@ -13,14 +13,17 @@ read before: ``OrderedMerge.add``, ``SequenceLog.add``): the sequence and the de
 which every partition of a stage reads, are fetched and parsed once per process, not once
 per partition. A turn of p: what the reader fetched of p's inputs goes to the partition
 (``StagePartition.turn``, in the role's thread), which applies every record whose turn has
-come, in ordinal order, writes its store and notes its place (``cursor``); then one
-transaction holds the outputs and the changelog records of what the store changed (its
-place in its inputs among them); a turn that changed nothing (it took nothing, its place
-is the same) has no transaction. No group offsets: the inputs' positions travel in the
-changelog. A store is used again only by the same process directory, when its last turn
-committed and the changelog has not moved since it was let go (``release``, ``_kept``): a
-clean restart does not restore; after a failed turn, a crash or another owner, the next
-owner restores a fresh store.
+come, in ordinal order, writes its store and notes its place (``cursor``); records the
+reader fetched meanwhile get turns too, before any commit (no wait: only what is there, up
+to ``TURN_RECORDS``); then one transaction per partition, all at once, holds the outputs and
+the changelog records of what the store changed (its place in its inputs among them). A
+partition whose turns applied nothing has no transaction, even if its place moved (the place
+noted before reads the same records again): the new place goes with its next one. No group
+offsets: the inputs' positions travel in the changelog. A store is used again only by the
+same process directory, when its last turn committed and the changelog has not moved since
+it was let go (``release``, ``_kept``; it may note a later place than the changelog's, for
+the same state): a clean restart does not restore; after a failed turn, a crash or another
+owner, the next owner restores a fresh store.
 
 A record of a merged input too large for one Kafka record comes in parts
 (dupalign/service/parts.py, one producer's transaction each): the partition puts them
@@ -186,6 +189,12 @@ class StagePartition:
             t: {"low": {str(p): o for p, o in self.low_water(t).items()}, "taken": m.taken}
             for t, m in self.merges.items()}, **self.extra()}
 
+    def applied(self) -> bytes:
+        """What the cursor notes of what the partition applied (each merge's last key
+        taken, the stage's ``extra``), not where it reads: a cursor that changed and kept
+        this only moved the partition's place."""
+        return msgpack.packb([{t: m.taken for t, m in self.merges.items()}, self.extra()])
+
     # -- what a stage adds ------------------------------------------------------------------
     def key_of(self, topic: str, record: Any) -> Any:
         """The merge key of a record of ``topic``."""
@@ -238,6 +247,7 @@ class StageRole(StatelessRole):
         self.inputs: dict[TopicPartition, frozenset[TopicPartition]] = {}  # what each reads
         self.changelogs: dict[TopicPartition, Changelog] = {}
         self.dirty: set[TopicPartition] = set()  # a turn begun, not committed
+        self.committed: dict[TopicPartition, bytes] = {}  # ``applied`` as last committed
 
     @property
     def input_topic(self) -> str:
@@ -278,6 +288,7 @@ class StageRole(StatelessRole):
         part = await loop.run_in_executor(self.executor, self.open_partition, tp.partition,
                                           store)
         self.parts[tp] = part
+        self.committed[tp] = part.applied()
         self.changelogs[tp] = Changelog(store, tp.topic, tp.partition, self.kc.max_request_size,
                                         counts, stale, part.leave_out())
         positions = part.positions()
@@ -370,6 +381,7 @@ class StageRole(StatelessRole):
                              tp.partition, exc)
             self.dirty.discard(tp)
             self.inputs.pop(tp, None)
+            self.committed.pop(tp, None)
             changelog = self.changelogs.pop(tp, None)
             counts: dict[bytes, int] = {}
             if changelog is not None:
@@ -418,14 +430,15 @@ class StageRole(StatelessRole):
         its turns changed (none when they changed nothing: the store is as committed).
         The partitions of a process commit at once: a downstream partition, which reads
         them all, then finds their records together, in fewer turns."""
-        changelog = self.changelogs[tp]
-        if not outputs and changelog.holds_only(CURSOR):
+        changelog, applied = self.changelogs[tp], self.parts[tp].applied()
+        if not outputs and changelog.holds_only(CURSOR) and applied == self.committed[tp]:
             # its turns took records and applied none: only where it reads moved, and the
             # place noted before is as good (the same records are read again, none was
             # applied). So no transaction: the cursor goes with the partition's next one.
             self.dirty.discard(tp)
             return
         records = [*self.parted(tp.partition, outputs), *changelog.outgoing()]
+        self.committed[tp] = applied
         if records:
             unit = Checkpoint({}, records, send=functools.partial(send_batched, records=records))
             async with self.metrics.transaction(self.name):
