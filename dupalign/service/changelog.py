@@ -105,6 +105,11 @@ class Changelog:
             out += records
         return out
 
+    def holds_only(self, key: tuple[str, bytes]) -> bool:
+        """Whether the changes since the last ``outgoing`` are of store key ``key``
+        (family, key) alone."""
+        return not self.stale and set(self.pending) <= {key}
+
     def close(self) -> None:
         self.store.observe(None)
 

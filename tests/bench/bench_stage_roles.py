@@ -4,7 +4,7 @@ topic between them (issue 43, deliver 6).
 
     python -m tests.bench.bench_stage_roles [--pages 600] [--copies 1,2,4] [--partitions 4]
         [--batch 32] [--warm 0] [--single] [--latency N] [--bootstrap H:P] [--profile DIR]
-        [--no-passages]
+        [--no-passages] [--backlog]
 
 Pages: the Clough answers and the RFCs cut into ~3 KB pages (tests/bench/bench_worker.py),
 under the default engine configuration (the learner role runs: one partition, whatever
@@ -35,6 +35,11 @@ changelogs.
 collapsed stacks, DIR/c<copies>-<role>-<i>.txt; summed by function with
 ``python -m tests.bench.spy_summary DIR/c1-lists-*.txt``); its CPU figures are then the
 profiled processes', not to be quoted.
+``--backlog``: beside each setup, the same pages as a backlog (tests/bench/stage_backlog.py):
+all in the input topic first, then the stages one group at a time in upstream order, each
+until it has applied every page: each role's CPU and transactions per page at saturation,
+beside the burst's and the single worker's, and the projection from them. Also printed for
+every setup: the pages each committed turn of each stage applied (tests/bench/stage_turns.py).
 Without --bootstrap a broker is started with deploy/kafka/broker.sh and stopped at the end.
 """
 
@@ -47,21 +52,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import msgpack
-from aiokafka import AIOKafkaConsumer, TopicPartition
-
-from dupalign.service.changelog import encode_key
-from dupalign.service.roles.stage_align import record_upto
-from dupalign.service.sequence_batch import SequenceBatch
 from dupalign.service.topology import ensure_topics, record_ordinal
-from dupalign.stages.partitioned import Shape
-from dupalign.store.keys import read_u64
-from tests.bench.bench_topology import cpu_seconds
 from tests.bench.bench_worker import corpus, run_with_broker
+from tests.bench.stage_backlog import backlog_table, measure_backlog
 from tests.bench.stage_baseline import (
     SingleWorker,
     hop_latencies,
@@ -72,158 +68,19 @@ from tests.bench.stage_baseline import (
     stage_latencies,
 )
 from tests.bench.stage_projection import projection
-from tests.service.test_stage_roles_kafka import Roles
-from tests.topology_harness import check_alive, read_topic, stop_all
-
-# every role of the shape, in pipeline order
-ROLES = ("sketch", "directory", "exact", "learner", "router", "near", "lists", "combine",
-         "align")
-ENGINE = ""  # the default engine configuration (idf tables learned: the learner role runs)
-NO_PASSAGES = """
-[engine.passage]
-enabled = false
-"""
-QUIET_S = 3.0  # no record on any topic for this long: every stage is done
-NEXT_SEQ = encode_key("meta", b"ledger_next_seq")  # (a ledger's next ordinal, records.NOTES)
-CURSOR = encode_key("meta", b"stage_cursor")  # (the near partition's: "next")
-
-
-class Applied:
-    """How far every stage partition has applied the sequence, as committed: the last
-    ledger ``next_seq`` note (the near partition's cursor "next") in its changelog, read
-    as it comes. A role still busy with the pages sent writes no record on a topic for a
-    while (its first pages load its kernels): quiet topics alone do not say it is done."""
-
-    def __init__(self, setup: Setup) -> None:
-        self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=setup.kc.bootstrap_servers, group_id=None,
-            isolation_level="read_committed", enable_auto_commit=False,
-            auto_offset_reset="earliest")
-        self.tps = [TopicPartition(setup.topics.changelog(role), p) for role in ROLES[1:]
-                    for p in range(setup.topics.partitions(role))]
-        self.at = dict.fromkeys(self.tps, 0)
-
-    async def start(self) -> None:
-        await self.consumer.start()
-        self.consumer.assign(self.tps)
-        await self.consumer.seek_to_beginning(*self.tps)
-
-    async def lowest(self) -> int:
-        """The lowest ordinal any stage partition is still to apply."""
-        while True:
-            got = await self.consumer.getmany(timeout_ms=100, max_records=100_000)
-            if not any(got.values()):
-                return min(self.at.values())
-            for tp, recs in got.items():
-                for r in recs:
-                    if r.key == NEXT_SEQ and r.value is not None:
-                        self.at[tp] = read_u64(r.value)
-                    elif r.key == CURSOR and ".near." in tp.topic and r.value is not None:
-                        self.at[tp] = msgpack.unpackb(r.value)["next"]
-
-
-class Setup(Roles):
-    """``copies`` processes of every role over fresh topics, ``partitions`` partitions for
-    every stage."""
-
-    def __init__(self, bootstrap: str, tmp: Path, partitions: int, copies: int,
-                 batch: int, engine: str = ENGINE) -> None:
-        where = tmp / f"c{copies}-{uuid.uuid4().hex[:8]}"
-        where.mkdir(parents=True)
-        p = partitions
-        super().__init__(bootstrap, where, Shape(p, p, p, p, p, p, p), engine, batch, p)
-        self.copies = copies
-
-    def start_all(self) -> None:
-        for role in ROLES:
-            for i in range(self.copies):
-                self.start(role, None if role == "sketch" else f"{role}-{i}")
-
-    def of(self, role: str) -> list[tuple[subprocess.Popen[bytes], Path]]:
-        return [(p, log) for p, log in self.procs if log.name.startswith(f"{role}-")]
-
-    def held(self, role: str) -> list[list[str]] | None:
-        """What each copy of ``role`` holds now: the partitions of its last "role assigned"
-        line (eager rebalances: each names the whole set); None while a copy has none."""
-        sets = []
-        for _, log in self.of(role):
-            lines = [ln for ln in log.read_text().splitlines() if " role assigned " in ln]
-            if not lines:
-                return None
-            named = lines[-1].split(" role assigned [")[1].split("]")[0]
-            sets.append([tp for tp in named.split(", ") if tp])
-        return sets
-
-    async def started(self, timeout: float = 300) -> None:
-        """Every role consuming, every stage partition taken, each copy holding some (or
-        standing by, past the partitions): a
-        copy that joins late makes the group move partitions (a restore), which must not
-        fall inside the measurement."""
-        deadline = time.monotonic() + timeout
-        while True:
-            check_alive(self.procs)
-            ready = True
-            for role in ROLES:
-                sets = self.held(role)
-                want = self.kc.topic_partitions if role == "sketch" else \
-                    self.topics.partitions(role)
-                # (copies past the partitions, the learner's, stand by with none)
-                ready &= (sets is not None and sum(1 for s in sets if s) == min(len(sets), want)
-                          and len({tp for s in sets for tp in s}) == want
-                          and sum(map(len, sets)) == want)
-            for role in ROLES[1:]:
-                taken = {line.split(" partition ")[1].split(" ")[0]
-                         for _, log in self.of(role) for line in log.read_text().splitlines()
-                         if "taken:" in line}
-                ready &= len(taken) == self.topics.partitions(role)
-            if ready:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError("roles not started:\n" + "\n".join(
-                    f"== {lg.name}\n{lg.read_text()[-2000:]}" for _, lg in self.procs))
-            await asyncio.sleep(0.5)
-
-    def topic_names(self) -> dict[str, tuple[str, int]]:
-        t, s = self.topics, self.shape
-        return {"batches": (t.batches, 1), "entries": (t.entries, s.directory),
-                "decisions": (t.decisions, s.directory), "exact": (t.exact, s.exact),
-                "near_state": (t.near_state, s.router), "near_ops": (t.near_ops, s.near),
-                "near_answers": (t.near_answers, s.combine), "windows": (t.windows, s.lists),
-                "partials": (t.partials, s.combine), "sketches": (t.sketches, s.combine),
-                "matches": (self.kc.output_topic, self.kc.topic_partitions),
-                "align": (t.align_requests, s.align), "passages": (t.passages, s.align),
-                "aligned": (t.aligned, s.combine)}
-
-    async def done(self, n_pages: int, applied: Applied, timeout: float = 1800
-                   ) -> dict[str, list[Any]]:
-        """Once every page is applied by every stage partition (``Applied``) and no topic
-        got a record for ``QUIET_S``: the records of each topic between the roles."""
-        deadline = time.monotonic() + timeout
-        bootstrap = self.kc.bootstrap_servers
-        last: dict[str, int] = {}
-        since = time.monotonic()
-        while True:
-            check_alive(self.procs)
-            got = {name: await read_topic(bootstrap, topic, n)
-                   for name, (topic, n) in self.topic_names().items()}
-            # (the combines' UPTO records to the align partitions are not requests)
-            got["align"] = [r for r in got["align"] if record_upto(r) is None]
-            counts = {name: len(recs) for name, recs in got.items()}
-            dead = await read_topic(bootstrap, self.kc.dlq_topic, self.kc.topic_partitions)
-            sequenced = sum(SequenceBatch.from_bytes(r.value).n for r in got["batches"])
-            if counts != last:
-                last, since = counts, time.monotonic()
-            elif (sequenced + len(dead) == n_pages and counts["decisions"] == sequenced
-                  and await applied.lowest() == sequenced
-                  and time.monotonic() - since > QUIET_S):
-                return got
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{sequenced} sequenced, {len(dead)} dead, {counts}, "
-                                   f"of {n_pages}")
-            await asyncio.sleep(0.5)
-
-    def cpu(self) -> dict[str, float]:
-        return {role: sum(cpu_seconds(p.pid) for p, _ in self.of(role)) for role in ROLES}
+from tests.bench.stage_setup import (
+    ENGINE,
+    NO_PASSAGES,
+    QUIET_S,
+    ROLES,
+    Applied,
+    Setup,
+    changelogs,
+    moves,
+    turns,
+)
+from tests.bench.stage_turns import turns_table
+from tests.topology_harness import stop_all
 
 
 def spied(setup: Setup, profile: Path, copies: int) -> list[subprocess.Popen[bytes]]:
@@ -235,11 +92,6 @@ def spied(setup: Setup, profile: Path, copies: int) -> list[subprocess.Popen[byt
                               str(profile / f"c{copies}-{log.stem}.txt")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for p, log in setup.procs]
-
-
-def moves(setup: Setup) -> int:
-    """Stage partitions taken so far, in every process (a move after the start: more)."""
-    return sum(log.read_text().count(" taken: ") for _, log in setup.procs)
 
 
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,
@@ -260,6 +112,7 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         if warm:
             await setup.send(pages[:warm])
             await setup.done(warm, applied)
+        since = await applied.lowest()  # (the ordinals of the pages measured: from here)
         taken = moves(setup)
         if profile is not None:
             spies = spied(setup, profile, copies)
@@ -267,6 +120,7 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         before, t0 = setup.cpu(), time.monotonic()
         await setup.send(pages[warm:])
         got = await setup.done(len(pages), applied)
+        until = await applied.lowest()
         for spy in spies:
             spy.send_signal(signal.SIGINT)  # (it writes its file and exits)
         for spy in spies:
@@ -296,9 +150,8 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         stop_all(setup.procs)
         await applied.consumer.stop()
     n = len(pages) - warm
-    changelogs = {f"{role} changelog": await read_topic(
-        bootstrap, setup.topics.changelog(role), setup.topics.partitions(role))
-        for role in ROLES[1:]}
+    logs = await changelogs(setup)
+    turned = turns(logs, got["batches"], since, until)
     cpu = {r: after[r] - before[r] - (idle[r] - after[r]) / idle_s * (seconds + QUIET_S)
            for r in ROLES}
     waiting = len({record_ordinal(r) for r in got["align"]})
@@ -311,12 +164,12 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
             "idle": {r: 100 * (idle[r] - after[r]) / idle_s for r in ROLES},
             "bytes": {t: sum(len(r.value or b"") for r in recs) / n
                       for t, recs in got.items()},
-            "transactions": {role: transactions(changelogs[f"{role} changelog"])
-                             / (len(pages) + len(later or []))
-                             for role in ROLES[1:]},
+            "turns": turned,
+            "transactions": {role: len(turned[role]) / n for role in ROLES[1:]},
             # (keys too: a changelog's key is a store key, often as long as its value)
-            "changelog_bytes": {t: sum(len(r.key or b"") + len(r.value or b"")
-                                       for r in recs) / n for t, recs in changelogs.items()}}
+            "changelog_bytes": {f"{t} changelog": sum(len(r.key or b"") + len(r.value or b"")
+                                                      for r in recs) / n
+                                for t, recs in logs.items()}}
 
 
 async def measure_single(bootstrap: str, tmp: Path, pages: list[Any], partitions: int,
@@ -381,18 +234,6 @@ def baseline_table(rows: list[dict[str, Any]], single: dict[str, Any] | None) ->
     return "\n".join(lines)
 
 
-def transactions(records: list[Any]) -> int:
-    """The committed transactions that wrote these changelog records (every turn that
-    changed its store writes its changelog): a partition's offsets hold its records and a
-    commit marker per transaction, the last one after its last record."""
-    last: dict[int, int] = {}
-    count: dict[int, int] = {}
-    for r in records:
-        last[r.partition] = max(last.get(r.partition, -1), r.offset)
-        count[r.partition] = count.get(r.partition, 0) + 1
-    return sum(last[p] + 2 - count[p] for p in last)
-
-
 def setup_name(r: dict[str, Any]) -> str:
     return f"{r['partitions']} × {r['copies']}"
 
@@ -416,7 +257,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {setup_name(r)} | " + " | ".join(f"{r['idle'][role]:.1f}"
                                                          for role in roles) + " |")
     stages = list(ROLES[1:])
-    lines += ["", "transactions per page of each stage (all its partitions, every page sent; "
+    lines += ["", "transactions per page of each stage (all its partitions, the pages measured; "
               "from the commit markers in its changelog)",
               "| setup | " + " | ".join(stages) + " |", "|---|" + "---|" * len(stages)]
     lines += [f"| {setup_name(r)} | " + " | ".join(f"{r['transactions'][s]:.2f}"
@@ -446,17 +287,29 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
         single = await measure_single(bootstrap, tmp, pages, max(args.partitions), args.batch,
                                       args.warm, engine, later)
         print(f"single worker: {single['seconds']:.1f} s", file=sys.stderr)
-    rows = []
+    rows, backlog = [], []
     for partitions in args.partitions:
         for copies in (c for c in args.copies if c <= partitions):
             rows.append(await measure(bootstrap, tmp, pages, partitions, copies, args.batch,
                                       args.warm, args.profile, engine, later))
             print(f"{setup_name(rows[-1])}: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
+            if args.backlog:
+                backlog.append(await measure_backlog(bootstrap, tmp, pages, partitions,
+                                                     copies, args.batch, args.warm, engine))
+                print(f"{setup_name(backlog[-1])} backlog: {backlog[-1]['seconds']:.1f} s",
+                      file=sys.stderr)
     print(table(rows))
+    print("\n" + turns_table([(f"{setup_name(r)} {r.get('mode', 'burst')}", r["turns"])
+                              for r in rows + backlog]))
     if single or later:
         print("\n" + baseline_table(rows, single))
+    if backlog:
+        print("\n" + backlog_table(rows + backlog, single))
     if len({r["partitions"] for r in rows}) > 1:
         print("\n" + projection(rows, list(ROLES)))
+        if backlog:
+            print("\nat saturation (the backlog's costs): "
+                  + projection(backlog, list(ROLES)))
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
 
 
@@ -479,6 +332,9 @@ def main() -> int:
                         "from a page's input record to its first match")
     p.add_argument("--bootstrap")
     p.add_argument("--profile", type=Path, help="py-spy every role process into this folder")
+    p.add_argument("--backlog", action="store_true",
+                   help="beside each setup, the same with every page in the input first and "
+                        "the stages run one group at a time (tests/bench/stage_backlog.py)")
     p.add_argument("--no-passages", action="store_true",
                    help="passages off: every page is published at once (no align tasks)")
     args = p.parse_args()

@@ -18,7 +18,10 @@ And a pessimistic one: measured at tens of pages a second, ``fixed`` is mostly t
 partitions' transactions (a turn a few pages: bench_stage_roles prints transactions per
 page), which a faster stream spreads over more pages a turn; what stays per page and per
 partition is the ledger over all decisions. So a bound here is where the partitions' cost
-at the measured turn sizes alone takes UTILIZATION of a core, not a proven limit.
+at the measured turn sizes alone takes UTILIZATION of a core, not a proven limit. With
+``--backlog`` the same model is also fed each role's cost at saturation (stage_backlog.py:
+every page already in its input, turns as large as the role makes them): the cost at a high
+rate, the burst's kept beside it.
 """
 
 from __future__ import annotations

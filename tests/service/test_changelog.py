@@ -40,3 +40,23 @@ def test_a_turn_sends_the_last_value_per_key_then_nothing(tmp_path: Path) -> Non
     store.put("cws", b"c", b"1")  # no longer observed
     assert log.outgoing() == []
     store.close()
+
+
+def test_holds_only_says_whether_one_key_alone_changed_and_keeps_it_for_later(
+        tmp_path: Path) -> None:
+    """A stage partition whose turns only moved its cursor commits nothing (stage_role.py):
+    the cursor stays pending and goes out with the next turn's records, as last written."""
+    store = Store(tmp_path / "db", {"p": 1})
+    log = Changelog(store, "t.changelog", 0)
+    cursor = ("meta", b"stage_cursor")
+    assert log.holds_only(cursor)  # (nothing changed)
+    store.put(*cursor, b"1")
+    store.put(*cursor, b"2")
+    assert log.holds_only(cursor) and not log.holds_only(("meta", b"other"))
+    store.put("cws", b"a", b"x")
+    assert not log.holds_only(cursor)
+    out = log.outgoing()
+    assert sorted((decode_key(o.key or b""), o.value) for o in out) == [
+        (("cws", b"a"), b"x"), (cursor, b"2")]
+    log.close()
+    store.close()

@@ -13,14 +13,17 @@ read before: ``OrderedMerge.add``, ``SequenceLog.add``): the sequence and the de
 which every partition of a stage reads, are fetched and parsed once per process, not once
 per partition. A turn of p: what the reader fetched of p's inputs goes to the partition
 (``StagePartition.turn``, in the role's thread), which applies every record whose turn has
-come, in ordinal order, writes its store and notes its place (``cursor``); then one
-transaction holds the outputs and the changelog records of what the store changed (its
-place in its inputs among them); a turn that changed nothing (it took nothing, its place
-is the same) has no transaction. No group offsets: the inputs' positions travel in the
-changelog. A store is used again only by the same process directory, when its last turn
-committed and the changelog has not moved since it was let go (``release``, ``_kept``): a
-clean restart does not restore; after a failed turn, a crash or another owner, the next
-owner restores a fresh store.
+come, in ordinal order, writes its store and notes its place (``cursor``); records the
+reader fetched meanwhile get turns too, before any commit (no wait: only what is there, up
+to ``TURN_RECORDS``); then one transaction per partition, all at once, holds the outputs and
+the changelog records of what the store changed (its place in its inputs among them). A
+partition whose turns applied nothing has no transaction, even if its place moved (the place
+noted before reads the same records again): the new place goes with its next one. No group
+offsets: the inputs' positions travel in the changelog. A store is used again only by the
+same process directory, when its last turn committed and the changelog has not moved since
+it was let go (``release``, ``_kept``; it may note a later place than the changelog's, for
+the same state): a clean restart does not restore; after a failed turn, a crash or another
+owner, the next owner restores a fresh store.
 
 A record of a merged input too large for one Kafka record comes in parts
 (dupalign/service/parts.py, one producer's transaction each): the partition puts them
@@ -64,6 +67,7 @@ TURN_RECORDS = 10_000
 # how long a turn waits for the first record of any partition's reader (then the group's
 # fetch runs again: it keeps the membership and hands over assignments)
 READ_WAIT_S = 0.2
+CURSOR = ("meta", records.BLOBS["stage_cursor"])  # the store key of a partition's place
 
 
 @dataclass
@@ -185,6 +189,12 @@ class StagePartition:
             t: {"low": {str(p): o for p, o in self.low_water(t).items()}, "taken": m.taken}
             for t, m in self.merges.items()}, **self.extra()}
 
+    def applied(self) -> bytes:
+        """What the cursor notes of what the partition applied (each merge's last key
+        taken, the stage's ``extra``), not where it reads: a cursor that changed and kept
+        this only moved the partition's place."""
+        return msgpack.packb([{t: m.taken for t, m in self.merges.items()}, self.extra()])
+
     # -- what a stage adds ------------------------------------------------------------------
     def key_of(self, topic: str, record: Any) -> Any:
         """The merge key of a record of ``topic``."""
@@ -237,6 +247,7 @@ class StageRole(StatelessRole):
         self.inputs: dict[TopicPartition, frozenset[TopicPartition]] = {}  # what each reads
         self.changelogs: dict[TopicPartition, Changelog] = {}
         self.dirty: set[TopicPartition] = set()  # a turn begun, not committed
+        self.committed: dict[TopicPartition, bytes] = {}  # ``applied`` as last committed
 
     @property
     def input_topic(self) -> str:
@@ -277,6 +288,7 @@ class StageRole(StatelessRole):
         part = await loop.run_in_executor(self.executor, self.open_partition, tp.partition,
                                           store)
         self.parts[tp] = part
+        self.committed[tp] = part.applied()
         self.changelogs[tp] = Changelog(store, tp.topic, tp.partition, self.kc.max_request_size,
                                         counts, stale, part.leave_out())
         positions = part.positions()
@@ -369,6 +381,7 @@ class StageRole(StatelessRole):
                              tp.partition, exc)
             self.dirty.discard(tp)
             self.inputs.pop(tp, None)
+            self.committed.pop(tp, None)
             changelog = self.changelogs.pop(tp, None)
             counts: dict[bytes, int] = {}
             if changelog is not None:
@@ -387,25 +400,53 @@ class StageRole(StatelessRole):
             await stop_quietly(reader)
 
     async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """The partitions' turns on what the reader has fetched, and on what it fetched
+        while they ran, until nothing more is there (no wait) or ``TURN_RECORDS`` records
+        were taken; then each partition's transaction, all at once."""
         loop = asyncio.get_running_loop()
-        for tp, fetched in (await self._fetched()).items():
-            part = self.parts[tp]
-            for itp, recs in fetched.items():
-                self.metrics.consumed(self.name, itp.topic, recs)
-            self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
-            outputs = await loop.run_in_executor(self.executor, part.turn, fetched)
-            self.metrics.stage_progress(self.name, tp.partition, part.sequenced(), part.needed())
-            records = [*self.parted(tp.partition, outputs), *self.changelogs[tp].outgoing()]
-            if not records:  # (nothing taken, nothing moved: the store is as committed)
-                self.dirty.discard(tp)
-                continue
+        outputs: dict[TopicPartition, list[Outgoing]] = {}
+        fetched, room = await self._fetched(TURN_RECORDS, wait=True)
+        while fetched:
+            for tp, mine in fetched.items():
+                part = self.parts[tp]
+                for itp, recs in mine.items():
+                    self.metrics.consumed(self.name, itp.topic, recs)
+                self.dirty.add(tp)  # (until its transaction commits: the store is ahead)
+                outputs.setdefault(tp, []).extend(
+                    await loop.run_in_executor(self.executor, part.turn, mine))
+                self.metrics.stage_progress(self.name, tp.partition, part.sequenced(),
+                                            part.needed())
+            # records that came while the turns ran go in the same transactions: a commit
+            # per partition and turn is most of a turn's cost when turns are small
+            fetched, room = (await self._fetched(room, wait=False)) if room > 0 else ({}, 0)
+        failed = [r for r in await asyncio.gather(
+            *(self._commit(tp, outs) for tp, outs in outputs.items()), return_exceptions=True)
+            if isinstance(r, BaseException)]
+        if failed:  # (once every transaction ended: a step-down stops their producers)
+            raise failed[0]
+
+    async def _commit(self, tp: TopicPartition, outputs: list[Outgoing]) -> None:
+        """Partition ``tp``'s transaction: its outputs and the changelog records of what
+        its turns changed (none when they changed nothing: the store is as committed).
+        The partitions of a process commit at once: a downstream partition, which reads
+        them all, then finds their records together, in fewer turns."""
+        changelog, applied = self.changelogs[tp], self.parts[tp].applied()
+        if not outputs and changelog.holds_only(CURSOR) and applied == self.committed[tp]:
+            # its turns took records and applied none: only where it reads moved, and the
+            # place noted before is as good (the same records are read again, none was
+            # applied). So no transaction: the cursor goes with the partition's next one.
+            self.dirty.discard(tp)
+            return
+        records = [*self.parted(tp.partition, outputs), *changelog.outgoing()]
+        self.committed[tp] = applied
+        if records:
             unit = Checkpoint({}, records, send=functools.partial(send_batched, records=records))
             async with self.metrics.transaction(self.name):
                 await within(unit.commit(self.producers[tp], self.group_id), self.limit_s)
-            self.dirty.discard(tp)
             self.outage.succeeded()
             self.metrics.produced(self.name, outputs)
             self.batches += 1
+        self.dirty.discard(tp)
 
     def parted(self, partition: int, outputs: list[Outgoing]) -> list[Outgoing]:
         """``outputs``, those over ``kafka.max_request_size`` in parts (a big page's list
@@ -414,24 +455,26 @@ class StageRole(StatelessRole):
         return parted_outputs(outputs, self.topics_.parted(), f"{self.stage}:{partition}",
                               self.kc.max_request_size)
 
-    async def _fetched(self) -> dict[TopicPartition, dict[TopicPartition, list[Any]]]:
-        """What the reader has fetched, by partition held: each gets the records of its
-        own inputs (only those with records: with none, nothing can have come due). Waits
-        up to ``READ_WAIT_S`` for a first record: a turn comes as soon as the reader has
-        records, not at the group's next poll (the group's fetch does not wait:
-        ``turn_wait_ms``)."""
+    async def _fetched(self, most: int, wait: bool
+                       ) -> tuple[dict[TopicPartition, dict[TopicPartition, list[Any]]], int]:
+        """What the reader has fetched, at most ``most`` records, by partition held: each
+        gets the records of its own inputs (only those with records: with none, nothing can
+        have come due); and what is left of ``most``. With ``wait``, waits up to
+        ``READ_WAIT_S`` for a first record: a turn comes as soon as the reader has records,
+        not at the group's next poll (the group's fetch does not wait: ``turn_wait_ms``)."""
         reader = self.reader
         if reader is None or not self.parts:
-            await asyncio.sleep(READ_WAIT_S)
-            return {}
-        fetched = await reader.getmany(timeout_ms=0, max_records=TURN_RECORDS)
-        if not any(fetched.values()):
+            if wait:
+                await asyncio.sleep(READ_WAIT_S)
+            return {}, most
+        fetched = await reader.getmany(timeout_ms=0, max_records=most)
+        if wait and not any(fetched.values()):
             fetched = await reader.getmany(timeout_ms=int(READ_WAIT_S * 1000),
-                                           max_records=TURN_RECORDS)
+                                           max_records=most)
         got = {}
         for tp in self.parts:
             mine = {itp: recs for itp, recs in fetched.items()
                     if recs and itp in self.inputs[tp]}
             if mine:
                 got[tp] = mine
-        return got
+        return got, most - sum(map(len, fetched.values()))
