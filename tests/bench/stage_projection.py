@@ -57,10 +57,21 @@ def linear(lo: dict[str, float], hi: dict[str, float], p_lo: int, p_hi: int
 
 def partitions_needed(rate: float, work_ms: float, fixed_ms: float) -> int | None:
     """The fewest partitions that keep each under UTILIZATION of a core; None if none do."""
-    room = 1000 * UTILIZATION - rate * max(fixed_ms, 0.0)
-    if room <= 0:
+    work, fixed = rate * max(work_ms, 0.0), rate * max(fixed_ms, 0.0)
+
+    def fits(p: int) -> bool:  # (a cost exactly at the budget fits: floats round either way)
+        return work / p + fixed <= 1000 * UTILIZATION + 1e-9
+
+    room = 1000 * UTILIZATION + 1e-9 - fixed
+    if room < 0 or (room == 0 and work > 0):
         return None
-    return max(1, math.ceil(rate * max(work_ms, 0.0) / room))
+    p = 1 if work == 0 else max(1, math.ceil(work / room))
+    for _ in range(2):  # (the division's rounding is off by one at most)
+        if p > 1 and fits(p - 1):
+            p -= 1
+        elif not fits(p):
+            p += 1
+    return p
 
 
 def projection(rows: list[dict[str, Any]], roles: list[str]) -> str:
