@@ -300,7 +300,10 @@ def warm_up(pages: list[Page], config: EngineConfig, store: Path) -> None:
     """A few pages into a throwaway store first: numba's cached kernels load, so that the
     timed run leaves start-up out (the worker processes fork from this one)."""
     with Engine.open(store.with_name(store.name + "-warm"), config) as engine:
-        for page in pages[:WARM_UP]:
+        if not config.passage.enabled:  # (the batched path's kernels: ``run_batched``)
+            for _ in engine.process_many(((p, None) for p in pages[:WARM_UP]), jobs=1):
+                pass
+        for page in pages[WARM_UP:2 * WARM_UP]:
             with contextlib.suppress(PageRejected):
                 engine.process(page)
 
