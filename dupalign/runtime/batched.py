@@ -95,7 +95,9 @@ def process_batch(indexer: Indexer, sketch_many: SketchMany, finish: Finish,
             done.cpu_index = time.thread_time() - c1
             out.append(done)
         c2 = time.thread_time()
-        indexer.flush()
+        # (written, and the pending batch closed: whatever the caller does with the engine
+        # between two pages it is given writes at once, as before)
+        indexer.end_batch()
         flush_cpu = (time.thread_time() - c2) / max(1, len(out))
     except BaseException:
         indexer.drop_batch()

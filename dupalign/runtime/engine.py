@@ -239,14 +239,10 @@ class Engine:
     def _process_batched(self, items: Iterable[tuple[Page, Source | None]]
                          ) -> Iterator[tuple[Page, list[Match] | BaseException]]:
         pending = iter(items)
-        try:
-            while batch := list(islice(pending, self.batch_pages)):
-                for done in process_batch(self.indexer, self._sketch_many, self._finish, batch):
-                    self._report_batched(done)
-                    yield done.page, done.found
-        finally:
-            if self.indexer.writes.broken is None:
-                self.indexer.end_batch()
+        while batch := list(islice(pending, self.batch_pages)):
+            for done in process_batch(self.indexer, self._sketch_many, self._finish, batch):
+                self._report_batched(done)
+                yield done.page, done.found
 
     def _sketch_many(self, pages: list[Page], stored: list[bytes | None]
                      ) -> list[PageSketch | Exception]:

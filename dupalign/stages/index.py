@@ -351,6 +351,7 @@ class Indexer:
 
     def end_batch(self) -> None:
         """``flush``, then each page in a WriteBatch of its own again."""
+        self.flush()
         self.writes.end(self.next_ordinal)
 
     def drop_batch(self) -> None:
