@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,6 +29,7 @@ from dupalign.near.index import NearIndex
 from dupalign.page import Page
 from dupalign.passage.index import PassageIndex
 from dupalign.runtime import allocator
+from dupalign.runtime.batched import BATCH_PAGES, Done, process_batch
 from dupalign.runtime.pipeline import ExecutorKind, Source, Stages, WorkerPool, run_pipeline
 from dupalign.stages.align import Aligner
 from dupalign.stages.index import Indexer
@@ -88,6 +90,7 @@ class Engine:
         self.last_report = PageReport()
         self._pages = 0  # finished by this engine (``_finish``)
         self._pool: WorkerPool | None = None
+        self.batch_pages = BATCH_PAGES  # near-only pages a batch on one core (``process_many``)
         # the recall audit (dupalign.audit): ``audit.sample``, or the caller's default
         self.audit: Auditor | None = None
         rate = config.audit.rate(audit_default)
@@ -218,9 +221,42 @@ class Engine:
     ) -> Iterator[tuple[Page, list[Match] | BaseException]]:
         """``process`` over a stream, in order, sketch and align on ``jobs`` workers: each
         page with its matches or the exception its processing raised (PageRejected...).
-        Same matches whatever ``jobs`` (dupalign.runtime.pipeline)."""
+        Same matches whatever ``jobs`` (dupalign.runtime.pipeline). Near-only on one core,
+        pages go through in batches (dupalign.runtime.batched): the same matches, each
+        batch's given once the batch is written."""
         self._check_indexes()
+        if jobs <= 1 and self._batches():
+            return self._process_batched(items)
         return run_pipeline(self.stages(), items, jobs, executor)
+
+    def _batches(self) -> bool:
+        """Whether ``process_many`` on one core takes pages in batches: near-only (align
+        reads the stored forward records of candidates, which a pending page has not), one
+        index stage of the store's own, no recall audit (it reads what is stored)."""
+        return (not self.config.passage.enabled and type(self.indexer) is Indexer
+                and self.audit is None and not self.read_only)
+
+    def _process_batched(self, items: Iterable[tuple[Page, Source | None]]
+                         ) -> Iterator[tuple[Page, list[Match] | BaseException]]:
+        pending = iter(items)
+        while batch := list(islice(pending, self.batch_pages)):
+            for done in process_batch(self.indexer, self._sketch_many, self._finish, batch):
+                self._report_batched(done)
+                yield done.page, done.found
+
+    def _sketch_many(self, pages: list[Page], stored: list[bytes | None]
+                     ) -> list[PageSketch | Exception]:
+        return self.sketcher.sketch_many(pages, self.near.idf, stored)
+
+    def _report_batched(self, done: Done) -> None:
+        result = done.result
+        t = (result.times if result is not None else None) or IndexTimes()
+        self.last_report = PageReport(
+            replayed=result is not None and result.replay_of is not None, exact=t.exact,
+            near=t.near, passage=t.passage, store=t.store, psm_probes=t.psm_probes,
+            near_candidates=t.near_candidates, cws_pairs=t.cws_pairs,
+            cws_samples_saved=t.cws_samples_saved, cpu_sketch=done.cpu_sketch,
+            cpu_index=done.cpu_index)
 
     def stages(self) -> Stages:
         """The stages as ``run_pipeline`` drives them, on this engine's thread."""

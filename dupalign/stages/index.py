@@ -46,6 +46,7 @@ from dupalign.stages.messages import (
     Query,
     StoredVersion,
 )
+from dupalign.stages.pending import PageWrites
 from dupalign.stages.sketch import PageSketch
 from dupalign.store import tables
 from dupalign.store.database import Batch, Store
@@ -143,6 +144,8 @@ class Indexer:
         # the last ``current`` answer, until the next write: ``Engine.sketch`` asks it of
         # the page ``index`` then asks it of again (one store read a page less)
         self._looked_up: tuple[str, StoredVersion | None] | None = None
+        # each page's WriteBatch, or one for many (``begin_batch``), and the reads of them
+        self.writes = PageWrites(store, self.near)
 
     @property
     def alive(self) -> int:
@@ -164,12 +167,13 @@ class Indexer:
         if self.removal_only:  # (a tombstone too: it would be answered out of order)
             raise RuntimeError("the index stage was opened for removal only: it indexes no "
                                "page")
+        self.writes.check()
         times = self.times = IndexTimes()
         result = IndexResult(sk.id, source, times=times)
         if sk.replay_key is not None:
-            seen = tables.replay.get(self.store, sk.replay_key)
+            seen = self.writes.replay(sk.replay_key)
             if (seen is not None and _read_alike(seen[1], sk)
-                    and tables.docs.get(self.store, seen[0]) is not None):  # not removed
+                    and self.writes.doc(seen[0]) is not None):  # not removed
                 result.replay_of = seen[0]
                 return self._maybe_done(result)
         if sk.deleted:
@@ -275,38 +279,57 @@ class Indexer:
                matches: list[Match] | None) -> None:
         """One WriteBatch: the removal of the version ``prev`` the page replaces, everything
         the page adds to the index, then its matches and offset (or, when they are not
-        known yet, its ``unfinished`` record); then the in-memory indexes."""
+        known yet, its ``unfinished`` record); then the in-memory indexes. Between
+        ``begin_batch`` and ``flush``, a page that removes nothing goes into the pending
+        batch instead (the in-memory indexes at once: the batch's later pages search them
+        as they would after the write)."""
         assert result.ordinal is not None and sk.replay_key is not None
         ordinal = result.ordinal
         self._looked_up = None
-        batch = self.store.batch()
-        removal = None if prev is None else self._stage_removal(batch, [prev])
-        self.near.stage(batch, ordinal, near_state)
-        if near_state is None:  # an exact copy: its near state is kept for a revisit alone
-            self.near.keep(batch, ordinal, sk.near)
-        self.passages.stage(batch, ordinal, passage_state)
-        record = {
-            "id": sk.id,
-            "url": sk.url,
-            "n_tokens": sk.n_tokens,
-            "content_hash": sk.content_hash,
-            # (an exact copy's too: no row in the near table has it, and removing the
-            # page removes none)
-            "simhash": None if sk.near is None else sk.near.fingerprint,
-            "fetched_at": sk.fetched_at,
-            "source": list(result.source) if result.source is not None else None,
-            "replay_key": sk.replay_key,  # deleted with the page
-        }
-        tables.docs.put(batch, ordinal, msgpack.packb(record))
-        tables.ids.put(batch, sk.id, ordinal)
-        tables.replay.put(batch, sk.replay_key, ordinal, sk.read_as)
-        tables.exact.put(batch, sk.content_hash, ordinal)
-        tables.next_ordinal.put_count(batch, ordinal + 1)
-        if matches is not None:
-            self._put_matches(batch, ordinal, matches, result.source)
-        else:
-            tables.unfinished.put(batch, ordinal, result.to_bytes())
-        self.store.write(batch)
+        pending = self.writes.pending
+        if prev is not None and pending is not None:
+            # (a removal is written alone, after the pages before it: dupalign.stages.pending)
+            self.flush()
+            assert self.writes.pending is not None
+            self.writes.pending.first = ordinal + 1  # (this page goes in a batch of its own)
+            pending = None
+        batch = self.store.batch() if pending is None else pending.batch
+        try:
+            removal = None if prev is None else self._stage_removal(batch, [prev])
+            self.near.stage(batch, ordinal, near_state)
+            if near_state is None:  # an exact copy: its near state is kept for a revisit alone
+                self.near.keep(batch, ordinal, sk.near)
+            self.passages.stage(batch, ordinal, passage_state)
+            record = msgpack.packb({
+                "id": sk.id,
+                "url": sk.url,
+                "n_tokens": sk.n_tokens,
+                "content_hash": sk.content_hash,
+                # (an exact copy's too: no row in the near table has it, and removing the
+                # page removes none)
+                "simhash": None if sk.near is None else sk.near.fingerprint,
+                "fetched_at": sk.fetched_at,
+                "source": list(result.source) if result.source is not None else None,
+                "replay_key": sk.replay_key,  # deleted with the page
+            })
+            tables.docs.put(batch, ordinal, record)
+            tables.ids.put(batch, sk.id, ordinal)
+            tables.replay.put(batch, sk.replay_key, ordinal, sk.read_as)
+            tables.exact.put(batch, sk.content_hash, ordinal)
+            if matches is not None:
+                self._put_matches(batch, ordinal, matches, result.source)
+            else:
+                tables.unfinished.put(batch, ordinal, result.to_bytes())
+        except BaseException as exc:
+            if pending is not None:  # (the batch holds part of the page: never written)
+                self.writes.failed(sk.id, exc)
+            raise
+        if pending is None:
+            tables.next_ordinal.put_count(batch, ordinal + 1)
+            self.store.write(batch)
+        else:  # (``flush`` puts the next ordinal, once)
+            self.writes.add_page(ordinal, sk.id, record, sk.replay_key, sk.read_as,
+                                 sk.content_hash)
         self.next_ordinal = ordinal + 1
         if removal is not None:
             self._commit_removal(removal)
@@ -316,11 +339,30 @@ class Indexer:
         if self.audit is not None:
             self.audit.offer(ordinal, passage_state)
 
+    # -- many pages in one WriteBatch (dupalign.stages.pending) ------------------------------
+    def begin_batch(self) -> None:
+        """Stage the pages indexed from now on in one WriteBatch, written by ``flush``;
+        their matches must not leave before it (a crash loses the batch)."""
+        self.writes.begin(self.next_ordinal)
+
+    def flush(self) -> None:
+        """Write the pages staged since ``begin_batch`` or the last flush."""
+        self.writes.flush(self.next_ordinal)
+
+    def end_batch(self) -> None:
+        """``flush``, then each page in a WriteBatch of its own again."""
+        self.flush()
+        self.writes.end(self.next_ordinal)
+
+    def drop_batch(self) -> None:
+        """Forget the pending batch unwritten: this index stage takes no more pages."""
+        self.writes.drop(self.next_ordinal)
+
     def finish(self, result: IndexResult, passages: list[tuple[str, list[Span]]]) -> list[Match]:
         """Store the page's matches (``passages``: what align found) and return them, in
         ordinal order; a rejected page raises PageRejected (its offset is stored)."""
         if result.replay_of is not None:
-            raw = tables.matches.get(self.store, result.replay_of)
+            raw = self.writes.matches(result.replay_of)
             matches = [] if raw is None else [Match.from_dict(d) for d in msgpack.unpackb(raw)]
         else:
             matches = list(result.matches)
@@ -328,15 +370,14 @@ class Indexer:
         if result.deferred is not None:
             result.deferred(matches)
         elif not result.done:
-            batch = self.store.batch()
+            batch = self.writes.batch()
             if result.ordinal is not None:
                 self._put_matches(batch, result.ordinal, matches, result.source)
                 tables.unfinished.delete(batch, result.ordinal)
                 self.unfinished -= 1
             elif result.source is not None:
                 _put_offset(batch, result.source)
-            if len(batch):
-                self.store.write(batch)
+            self.writes.written(batch)
         if self.audit is not None and result.ordinal is not None:
             self.audit.close(result.ordinal, matches)
         if result.rejected is not None:
@@ -370,7 +411,7 @@ class Indexer:
     # -- versions and removal -------------------------------------------------------------
     def current(self, doc_id: str) -> StoredVersion | None:
         """The stored version of the page ``doc_id`` (None: not in the store)."""
-        ordinal = tables.ids.get(self.store, doc_id)
+        ordinal = self.writes.ordinal(doc_id)
         version = None if ordinal is None else self._version(ordinal)
         self._looked_up = (doc_id, version)
         return version
@@ -385,7 +426,7 @@ class Indexer:
         return self.current(doc_id)
 
     def _version(self, ordinal: int) -> StoredVersion | None:
-        rec = tables.docs.get(self.store, ordinal)
+        rec = self.writes.doc(ordinal)
         if rec is None:
             return None
         d = msgpack.unpackb(rec)
@@ -434,6 +475,8 @@ class Indexer:
             return
         versions = list({v.ordinal: v for v in versions}.values())
         self._looked_up = None
+        if self.writes.pending is not None:  # (the pages before it first)
+            self.flush()
         batch = self.store.batch()
         removal = self._stage_removal(batch, versions)
         self.store.write(batch)
@@ -499,14 +542,14 @@ class Indexer:
         if not self.unfinished:
             result.done = True
             if result.source is not None:
-                batch = self.store.batch()
+                batch = self.writes.batch()
                 _put_offset(batch, result.source)
-                self.store.write(batch)
+                self.writes.written(batch)
         return result
 
     def _put_matches(self, batch: Batch, ordinal: int, matches: list[Match],
                      source: tuple[str, int, int] | None) -> None:
-        tables.matches.put(batch, ordinal, msgpack.packb([m.to_dict() for m in matches]))
+        self.writes.put_matches(batch, ordinal, msgpack.packb([m.to_dict() for m in matches]))
         if source is not None:
             _put_offset(batch, source)
 
@@ -515,13 +558,13 @@ class Indexer:
                      engine=self.engine_info, **fields)
 
     def doc_id(self, ordinal: int) -> str:
-        raw = tables.docs.get(self.store, ordinal)
+        raw = self.writes.doc(ordinal)
         if raw is None:
             raise KeyError(f"no document with ordinal {ordinal}")
         return str(msgpack.unpackb(raw)["id"])
 
     def _exact_original(self, chash: bytes) -> int | None:
-        return tables.exact.first(self.store, chash)
+        return self.writes.exact(chash)
 
 
 def _put_offset(batch: Batch, source: tuple[str, int, int]) -> None:

@@ -23,10 +23,10 @@ import numpy as np
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.near.idf import IdfTable
-from dupalign.near.index import NearState, near_sketch
+from dupalign.near.index import NearState, near_sketch, near_sketch_many
 from dupalign.page import Page, check_unicode
 from dupalign.passage.sketch import PassageSketcher, PassageState, Rects
-from dupalign.text.tokens import page_text, reading, tokenize
+from dupalign.text.tokens import Tokens, page_text, reading, tokenize
 from dupalign.wire import packed
 from dupalign.wire.versions import PAGE_SKETCH, pack_array, unpack_array
 
@@ -189,13 +189,49 @@ class Sketcher:
         ``rejected`` set (other exceptions propagate). ``stored_hash``: the content hash of
         the version of ``page.id`` in the store, if the caller knows it: a page with that
         content (an unchanged revisit) is only tokenized and hashed, not sketched."""
+        sk, tokens = self._read(page, stored_hash)
+        if tokens is not None:
+            hashes = tokens.hashes(self.config.seed)
+            sk.near = near_sketch(hashes, idf, self.config)
+            sk.passage = self.passages.sketch_page(hashes, tokens)
+        return sk
+
+    def sketch_many(self, pages: list[Page], idf: IdfTable,
+                    stored_hashes: list[bytes | None] | None = None
+                    ) -> list[PageSketch | Exception]:
+        """``sketch`` of each page (``stored_hashes``: each one's ``stored_hash``), or the
+        exception it raised for that page. The pages' token hashes and near sketches are
+        each one kernel call (``Tokens.hashes_many``, ``near_sketch_many``)."""
+        stored = stored_hashes or [None] * len(pages)
+        out: list[PageSketch | Exception] = []
+        todo: list[tuple[PageSketch, Tokens]] = []
+        for page, stored_hash in zip(pages, stored, strict=True):
+            try:
+                sk, tokens = self._read(page, stored_hash)
+            except Exception as exc:
+                out.append(exc)
+                continue
+            out.append(sk)
+            if tokens is not None:
+                todo.append((sk, tokens))
+        if todo:
+            hashes = Tokens.hashes_many([t for _, t in todo], self.config.seed)
+            nears = near_sketch_many(hashes, idf, self.config)
+            for (sk, tokens), h, near in zip(todo, hashes, nears, strict=True):
+                sk.near = near
+                sk.passage = self.passages.sketch_page(h, tokens)
+        return out
+
+    def _read(self, page: Page, stored_hash: bytes | None) -> tuple[PageSketch, Tokens | None]:
+        """The page up to its tokens and content hash; its tokens when it is to be
+        sketched (None: rejected, deleted, or an unchanged revisit)."""
         cfg = self.config
         try:
             encoded = check_unicode(page)
         except PageRejected as exc:
-            return PageSketch(page.id, None, page.fetched_at, None, (exc.reason, exc.detail))
+            return PageSketch(page.id, None, page.fetched_at, None, (exc.reason, exc.detail)), None
         if page.deleted:
-            return PageSketch(page.id, page.url, page.fetched_at, None, deleted=True)
+            return PageSketch(page.id, page.url, page.fetched_at, None, deleted=True), None
         sk = PageSketch(page.id, page.url, page.fetched_at, replay_key(page, encoded),
                         read_as=reading(page))
         try:
@@ -206,16 +242,13 @@ class Sketcher:
                 raise PageRejected("empty", "no words in the page text")
         except PageRejected as exc:
             sk.rejected = (exc.reason, exc.detail)
-            return sk
+            return sk, None
         sk.n_tokens = len(tokens)
         sk.content_hash = tokens.content_hash(cfg.seed)
         if sk.content_hash == stored_hash:
             sk.unchanged = True
-            return sk
-        hashes = tokens.hashes(cfg.seed)
-        sk.near = near_sketch(hashes, idf, cfg)
-        sk.passage = self.passages.sketch_page(hashes, tokens)
-        return sk
+            return sk, None
+        return sk, tokens
 
 
 _LONG_FORM_SEED = 0x1D0  # replay keys of ids with a NUL (any seed but mmh3's default, 0)

@@ -154,7 +154,11 @@ def _collect(found: Pairs, kinds: dict[str, int], matches: list[Match]) -> None:
 
 def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, store: Path) -> Run:
     """``--jobs 1``: the three stages in turn on this thread, each timed (CPU), with the wire
-    size of the messages between them (serialized aside, not timed)."""
+    size of the messages between them (serialized aside, not timed). Near-only, the pages
+    go through ``Engine.process_many`` as ``dupalign scan --jobs 1`` gives them, in batches
+    (dupalign.runtime.batched): ``run_batched``."""
+    if not config.passage.enabled:
+        return run_batched(label, pages, config, store)
     run = Run(label, 0.0, set())
     cpu = dict.fromkeys(("sketch", "index", "align"), 0.0)
     wire = dict.fromkeys(("page_sketch", "align_task", "forward", "tokens"), 0)
@@ -214,18 +218,59 @@ def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, sto
     return run
 
 
+def run_batched(label: str, pages: list[Page], config: EngineConfig, store: Path) -> Run:
+    """Near-only ``--jobs 1`` through ``Engine.process_many``: each page's stage CPU as the
+    engine reports it (a batch's shared parts split over its pages); no wire sizes (no
+    message leaves the thread)."""
+    run = Run(label, 0.0, set())
+    cpu = dict.fromkeys(("sketch", "index", "align"), 0.0)
+    warm_up(pages, config, store)
+    engine, closed = Engine.open(store, config), False
+    store_write = _time_writes(engine)
+    try:
+        t0, p0 = time.perf_counter(), time.process_time()
+        for _, found in engine.process_many(((p, None) for p in pages), jobs=1):
+            report = engine.last_report
+            cpu["sketch"] += report.cpu_sketch
+            cpu["index"] += report.cpu_index
+            if isinstance(found, list):
+                _collect(run.pairs, run.kinds, found)
+            elif not isinstance(found, PageRejected):
+                raise found
+        c0 = time.thread_time()
+        engine.close()
+        closed = True
+        cpu["index"] += time.thread_time() - c0
+        run.seconds = time.perf_counter() - t0
+        run.cpu = time.process_time() - p0
+    finally:
+        if not closed:
+            engine.close()
+    run.stages, run.wire = cpu, dict.fromkeys(("page_sketch", "align_task", "forward",
+                                               "tokens"), 0)
+    run.stages["store"] = store_write[0]
+    return run
+
+
 def _time_writes(engine: Engine) -> list[float]:
     """Counts the CPU of this thread in the index stage's store writes (a page's WriteBatch
-    staged, written, and the in-memory indexes updated) into the list's one item."""
+    staged, written, and the in-memory indexes updated; a batch of pages' write) into the
+    list's one item."""
     spent = [0.0]
-    write = engine.indexer._write
+    write, flush = engine.indexer._write, engine.indexer.flush
 
     def timed_write(*args: Any) -> None:
         c0 = time.thread_time()
         write(*args)
         spent[0] += time.thread_time() - c0
 
-    engine.indexer._write = timed_write  # type: ignore[method-assign]
+    def timed_flush() -> None:
+        c0 = time.thread_time()
+        flush()
+        spent[0] += time.thread_time() - c0
+
+    engine.indexer._write = timed_write  # type: ignore[method-assign,assignment]
+    engine.indexer.flush = timed_flush  # type: ignore[method-assign]
     return spent
 
 
@@ -255,7 +300,10 @@ def warm_up(pages: list[Page], config: EngineConfig, store: Path) -> None:
     """A few pages into a throwaway store first: numba's cached kernels load, so that the
     timed run leaves start-up out (the worker processes fork from this one)."""
     with Engine.open(store.with_name(store.name + "-warm"), config) as engine:
-        for page in pages[:WARM_UP]:
+        if not config.passage.enabled:  # (the batched path's kernels: ``run_batched``)
+            for _ in engine.process_many(((p, None) for p in pages[:WARM_UP]), jobs=1):
+                pass
+        for page in pages[WARM_UP:2 * WARM_UP]:
             with contextlib.suppress(PageRejected):
                 engine.process(page)
 
