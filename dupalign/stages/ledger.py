@@ -54,7 +54,6 @@ class Placements:
 
 
 SHORT_RUN = 64  # decisions: a shorter run is applied one by one (its arrays cost more)
-_NO_TIME = NO_TIME  # a page without fetched_at
 
 
 @dataclass(frozen=True)
@@ -234,15 +233,10 @@ class Ledger:
         return slot
 
     def _append(self, seq: int, ordinal: int, fetched_at: int | None) -> None:
-        if self._used == len(self._seq):
-            self._compact()
-        if self._used == len(self._seq):
-            for name in ("_seq", "_ordinal", "_fetched", "_live"):
-                a = getattr(self, name)
-                setattr(self, name, np.concatenate([a, np.zeros_like(a)]))
+        self._reserve(1)
         i = self._used
         self._seq[i], self._ordinal[i] = seq, ordinal
-        self._fetched[i] = _NO_TIME if fetched_at is None else fetched_at
+        self._fetched[i] = NO_TIME if fetched_at is None else fetched_at
         self._live[i] = True
         self._used += 1
         self._alive += 1
@@ -276,7 +270,7 @@ class Ledger:
             leaves |= self._alive - np.arange(len(slots)) > max_pages
         if max_age_s:
             fetched = self._fetched[slots]
-            leaves |= (fetched != _NO_TIME) & (fetched < now_ms - max_age_s * 1000)
+            leaves |= (fetched != NO_TIME) & (fetched < now_ms - max_age_s * 1000)
         n = len(slots) if leaves.all() else int(np.argmin(leaves))  # up to the first to stay
         return [Expired(o, q) for o, q in zip(self._ordinal[slots[:n]].tolist(),
                                               self._seq[slots[:n]].tolist(), strict=True)]

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
-
-from dupalign.stages.directory import NONE, Decision, Decisions
+from dupalign.stages.directory import NO_TIME, NONE, Decision, Decisions
 from dupalign.stages.ledger import Expired, Ledger, Placed, Placements
 from dupalign.store import records
 from dupalign.store.database import Batch, Store
 
 _ROW = struct.Struct(">Qq")
-_NO_TIME = np.iinfo(np.int64).min
 
 
 class StoredLedger:
@@ -26,7 +23,7 @@ class StoredLedger:
         rows = []
         for seq, raw in records.log_items(store, "ledger"):
             ordinal, fetched = _ROW.unpack(raw)
-            rows.append((seq, int(ordinal), None if fetched == _NO_TIME else int(fetched)))
+            rows.append((seq, int(ordinal), None if fetched == NO_TIME else int(fetched)))
         self.ledger = Ledger.restored(rows, records.get_note(store, "ledger_next_ordinal") or 0,
                                       records.get_note(store, "ledger_next_seq") or 0)
         self._changed: dict[int, bytes | None] = {}  # sequence ordinal -> row (None: gone)
@@ -41,7 +38,7 @@ class StoredLedger:
         if d.removed is not None:
             self._changed[d.removed.seq] = None
         if placed.ordinal is not None:
-            fetched = _NO_TIME if d.fetched_at is None else d.fetched_at
+            fetched = NO_TIME if d.fetched_at is None else d.fetched_at
             self._changed[d.seq] = _ROW.pack(placed.ordinal, fetched)
         return placed
 
