@@ -71,6 +71,10 @@ class PassageState:
     # (and the pickle between the pipeline's processes carries them)
     lists: tuple[I64, U64, I64] | None = None
     window_lists: tuple[I64, U64, I64] | None = None
+    # the page's unit hashes: the forward stage keeps their high halves, from which it
+    # rebuilds the windows (dupalign.passage.forward_units); the sketch stage's own, neither
+    # pickled nor on the wire
+    units: U64 | None = None
 
 
 class PassageSketcher:
@@ -125,7 +129,7 @@ class PassageSketcher:
         ends = np.minimum(n, starts + self.cfg.query_len)
         keys, empty = self.sketches(units, starts, ends)
         state = PassageState(self.windows(units), n, pack_positions(tokens, units), starts,
-                             ends, keys, empty)
+                             ends, keys, empty, units=units)
         query_lists(state)  # both kept in the state: found here, off the index thread
         window_lists(state)
         return state

@@ -1,21 +1,24 @@
 """The forward records the align stage reads in the partitioned pipeline (docs/pipeline.md):
 by store ordinal, each stored page's full forward record and positions (as the index
-fan-in writes them: dupalign.stages.shards ``ShardedPassages.stage_forward``) and its id,
-for the pages that are in the lists (stored, not exact copies, with passages). Kept from
-upstream data alone: the decisions placed by its ``Ledger``, the exact answers, the pages'
-forward records as the sketch stage makes them (``forward_value``: the wire form the align
-stage's partitions read, dupalign/service/roles/stage_align.py) and the sweeps; read through
-a ``StoreForward`` (dupalign.store.forward_reader)."""
+fan-in writes them: dupalign.stages.shards ``ShardedPassages.stage_forward``), the high
+halves of its unit hashes and its id, for the pages that are in the lists (stored, not exact
+copies, with passages). Kept from upstream data alone: the decisions placed by its
+``Ledger``, the exact answers, the pages' forward records as the sketch stage makes them
+(``forward_value``: the wire form the align stage's partitions read,
+dupalign/service/roles/stage_align.py) and the sweeps; read through a ``StoreForward``
+(dupalign.store.forward_reader). The ``forward`` records are derived from the positions and
+the units (dupalign.passage.forward_units): a changelog may leave them out (``DERIVED``),
+and the stage rebuilds them when it opens a store restored without them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import msgpack
-import numpy as np
 
-from dupalign.passage import forward
-from dupalign.passage.sketch import PassageState
+from dupalign.config import EngineConfig
+from dupalign.passage import forward_units
+from dupalign.passage.sketch import PassageSketcher, PassageState
 from dupalign.stages.directory import Decision
 from dupalign.stages.exact import ExactAnswer
 from dupalign.stages.ledger import Expired, Placed
@@ -27,21 +30,29 @@ from dupalign.wire.forward_record import ForwardRecord, encode_forward
 
 def forward_value(doc_id: str, passage: PassageState | None) -> bytes | None:
     """The page's forward record as the sketch stage sends it (``encode_forward``: its id,
-    windows and positions, the values the store keeps; None: a page without passages,
-    which no list holds)."""
+    windows, positions and units' high halves, the values the store keeps; None: a page
+    without passages, which no list holds)."""
     if passage is None or passage.rects is None:
         return None
-    r = passage.rects
-    windows = forward.pack_windows(r.bin, r.key, np.stack((r.i_lo, r.i_hi, r.j_lo, r.j_hi),
-                                                          axis=1), r.empty)
-    return encode_forward(doc_id, windows, passage.positions)
+    if passage.units is None:
+        raise ValueError(f"page {doc_id!r}: a passage sketch without its units (read back "
+                         "from the wire?): its forward record needs them")
+    return encode_forward(doc_id, forward_units.windows_value(passage.rects),
+                          passage.positions, forward_units.units_high(passage.units))
+
+
+# the keys a forward stage's changelog leaves out: rebuilt at open (``ForwardStage``)
+DERIVED = forward_units.derived
 
 
 class ForwardStage:
-    """The forward records over one store (one WriteBatch per decision that changes it)."""
+    """The forward records over one store (one WriteBatch per decision that changes it).
+    Opening a store without its ``forward`` records (restored from a changelog that left
+    them out: ``DERIVED``) rebuilds them (``rebuilt``: the pages rebuilt)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, config: EngineConfig) -> None:
         self.store = store
+        self.rebuilt = forward_units.rebuild_forward(store, PassageSketcher(config))
 
     def apply(self, d: Decision, placed: Placed, exact: ExactAnswer | None,
               record: ForwardRecord | None) -> None:
@@ -53,8 +64,12 @@ class ForwardStage:
         if (d.kind == "stored" and exact is not None and exact.original is None
                 and record is not None):
             assert placed.ordinal is not None
+            if record.high is None:
+                raise ValueError(f"page {d.doc_id!r}: a forward record without its units' "
+                                 "high halves (from an older sketch role?)")
             tables.forward.put(batch, placed.ordinal, record.windows)
             tables.positions.put(batch, placed.ordinal, record.positions)
+            tables.units.put(batch, placed.ordinal, record.high)
             tables.docs.put(batch, placed.ordinal, msgpack.packb({"id": d.doc_id}))
         if len(batch):
             self.store.write(batch)
@@ -70,4 +85,5 @@ class ForwardStage:
     @staticmethod
     def _remove(batch: Batch, ordinals: list[int]) -> None:
         ShardedPassages.stage_forward_removal(batch, ordinals)
+        tables.units.remove(batch, ordinals)
         tables.docs.remove(batch, ordinals)

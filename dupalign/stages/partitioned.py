@@ -107,7 +107,7 @@ class Partitioned:
         self.combines = [(CombineShard(store(f"combine{k}"), config, k, shape.combine,
                                        shape.lists), Ledger())
                          for k in range(shape.combine)]
-        self.forward, self.forward_ledger = ForwardStage(store("forward")), Ledger()
+        self.forward, self.forward_ledger = ForwardStage(store("forward"), config), Ledger()
         self.aligner = Aligner(config, StoreForward(self.forward.store))
         self.seq = 0
         self.replayed = False  # the last page was a replay

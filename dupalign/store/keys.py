@@ -16,6 +16,8 @@ FAMILIES = (
     # (dupalign.passage.lists.files: the later pages' are read back from their forward records);
     # b"lists_entries" -> b"": the inverted lists' entries and runs are in ``oph`` (absent in a
     # list shard's store restored from its changelog: rebuilt from its forward records);
+    # b"forward_windows" -> b"": the ``forward`` records are in the store (absent in a forward
+    # stage's store restored from its changelog: rebuilt from ``positions`` and ``units``);
     # b"published/" ‖ topic ‖ partition -> an offset below which the Kafka worker published
     # every page's matches
     "docs",  # ordinal -> doc record (msgpack)
@@ -35,6 +37,9 @@ FAMILIES = (
     "forward",  # ordinal -> the page's windows: non-empty (bin, key, rectangle) and empty
     # (bin, l, r); with ``positions`` the page's forward record (dupalign.passage.forward)
     "positions",  # ordinal -> token character offsets (int32 starts, ends) and unit hashes
+    "units",  # ordinal -> the high 32 bits of the page's unit hashes (<u4; the low ones are in
+    # ``positions``): a forward stage rebuilds the page's ``forward`` record from them
+    # (dupalign.passage.forward_units)
     "idf_pending",  # ordinal -> distinct token hashes, kept until the last idf freeze
     "offsets",  # topic ‖ partition -> next offset to consume
     "unfinished",  # ordinal -> the page's index result (dupalign.stages.index), until its matches

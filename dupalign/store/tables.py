@@ -98,6 +98,7 @@ unfinished = ByOrdinal("unfinished")  # the page's index result until its matche
 cws = ByOrdinal("cws")  # the page's verification sketch (K <u8 min-hashes)
 forward = ByOrdinal("forward")  # the windows of the page's forward record
 positions = ByOrdinal("positions")  # the positions of the page's forward record
+units = ByOrdinal("units")  # the high halves of the page's unit hashes (a forward stage's)
 idf_pending = ByOrdinal("idf_pending")  # the page's distinct token hashes (<u8)
 
 # the ordinal-keyed families a removal empties, compacted after a retention sweep
@@ -243,6 +244,10 @@ lists_through = MetaCount(b"lists_through")
 # (``lists.derived``), and a store restored from it, without this key, rebuilds them from its
 # forward records at open (dupalign.passage.lists.files ``rebuild_entries``)
 lists_entries = MetaValue(lists.ENTRIES_KEY)
+# a forward stage's ``forward`` records are in the store: its changelog leaves them out, and a
+# store restored from it, without this key, rebuilds them from ``positions`` and ``units`` at
+# open (dupalign.passage.forward_units ``rebuild_forward``)
+forward_windows = MetaValue(b"forward_windows")
 volatility = MetaValue(b"volatility")  # the near index's bit flip model, at its last checkpoint
 # the model in force for probes: as learned up to the latest idf freeze (docs/pipeline.md, rule 3)
 volatility_frozen = MetaValue(b"volatility_frozen")

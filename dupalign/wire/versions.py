@@ -84,7 +84,8 @@ SEQUENCE_BATCH = WireVersion("sequence batch", 1, (1,))
 ALIGNED = WireVersion("aligned record", 2, (1, 2))
 ALIGNED_WHOLE = 1  # the version that carries a whole request's passages
 # a page's forward record for the align role's store (dupalign/wire/forward_record.py): 2 has 2-byte
-# positions and positions records of 2-byte steps (store format 7)
+# positions and positions records of 2-byte steps (store format 7); an optional "high" field (the
+# unit hashes' high halves, for a forward stage: dupalign.passage.forward_units) needs no new one
 FORWARD_RECORD = WireVersion("forward record", 2, (1, 2))
 # keys messages to the index shards: 2 carries a window as its list only (bin <u2,
 # min-hash <u8: 10 bytes, against 49 for version 1's whole rectangle); version 1 messages

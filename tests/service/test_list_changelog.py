@@ -28,7 +28,7 @@ from dupalign.store.database import Change, Store
 from dupalign.store.keys import FAMILIES, read_u64
 from tests.reused_stores import temporary_stores
 from tests.service.test_stage_partitions import CONFIG
-from tests.stages.streams import SHARED_TEXTS, ops, pages_of
+from tests.stages.streams import SHARED_TEXTS, ops, pages_of, through
 from tests.stages.test_list_shard import STOPS
 
 SHAPE = Shape(2, 2, 1, 2, 2)
@@ -108,14 +108,7 @@ def check(items: list[Item], max_list: int, cuts: set[int],
                 shard.passages.cache = ListCache(0)
         committed: dict[int, list[Change]] = defaultdict(list)
         restores = 0
-        for at, (_, item) in enumerate(items):
-            if isinstance(item, Page):
-                for _ in p.process_many([item]):
-                    pass
-            else:
-                p.sweep(*item, 0)
-            if at not in cuts and at != len(items) - 1:
-                continue
+        for at in through(p, items, cuts):
             for k, (live, _) in enumerate(p.lists):
                 committed[k] += [(*_decoded(o.key), o.value)
                                  for o in logs[f"lists{k}"].outgoing()]

@@ -37,7 +37,7 @@ from dupalign.service.topology import RECORD_OVERHEAD, Outgoing, record_ordinal
 from dupalign.stages.directory import directory_owner
 from dupalign.stages.forward_stage import forward_value
 from dupalign.stages.partitioned import Shape
-from dupalign.stages.sketch import PageSketch, Sketcher
+from dupalign.stages.sketch import Sketcher
 from dupalign.store import tables
 from dupalign.wire import messages
 from tests.reused_stores import Stores, temporary_stores
@@ -58,8 +58,7 @@ def with_passages(log: Log, pages: list[Page], oracle: Oracle, rng: random.Rando
     batches, at = [], 0
     for r in log[(TOPICS.batches, 0)]:
         batch = SequenceBatch.from_bytes(r.value)
-        fwd = [forward_value(pages[o].id, PageSketch.from_bytes(oracle.sketches[o]).passage)
-               for o in range(at, at + batch.n)]
+        fwd = [oracle.forwards[o] for o in range(at, at + batch.n)]
         r.value = replace(batch, windows=tuple(f is not None for f in fwd)).to_bytes()
         batches.append(fwd)
         at += batch.n
@@ -117,7 +116,7 @@ def run(stores: Stores, stream: list[Any], seed: int, make: Any = AlignPartition
 
 def _forward(store: Any) -> dict[str, dict[int, bytes]]:
     return {t.family: dict(t.items(store))
-            for t in (tables.forward, tables.positions, tables.docs)}
+            for t in (tables.forward, tables.positions, tables.units, tables.docs)}
 
 
 def _id(oracle: Oracle, ordinal: int) -> str:

@@ -33,6 +33,7 @@ from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import encode_aligned, ordinal_header, record_ordinal
 from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.exact import exact_owner
+from dupalign.stages.forward_stage import forward_value
 from dupalign.stages.near_shard import answer_to_bytes
 from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.stages.sketch import PageSketch, Sketcher
@@ -59,6 +60,7 @@ class Oracle:
         self.p = p
         self.decisions, self.exact = recorded(p)
         self.sketches: dict[int, bytes] = {}
+        self.forwards: dict[int, bytes | None] = {}  # the sketch role's (``forward_value``)
         self.near: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
         self.partials: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
         self.matches: dict[int, list[dict[str, Any]]] = {}
@@ -70,7 +72,9 @@ class Oracle:
         for o, page in enumerate(pages):
             if o and o % r.every == 0:
                 p.sweep(r.max_pages, r.max_age, 0)
-            self.sketches[o] = p.sketcher.sketch(page, p.uniform).to_bytes()
+            sk = p.sketcher.sketch(page, p.uniform)
+            self.sketches[o] = sk.to_bytes()
+            self.forwards[o] = forward_value(page.id, sk.passage)
             for _ in p.process_many([page]):
                 pass
 

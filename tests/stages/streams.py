@@ -24,6 +24,7 @@ from dupalign.stages.directory import Decision, DirectoryEntry, DirectoryShard, 
 from dupalign.stages.index import engine_info
 from dupalign.stages.ledger import Expired, Ledger
 from dupalign.stages.messages import IndexResult
+from dupalign.stages.partitioned import Partitioned
 from dupalign.stages.sketch import PageSketch
 
 # short pages, near-indexed (min_tokens) so that changed revisits carry a resemblance; no
@@ -93,6 +94,20 @@ def pages_of(stream: list[Any], texts: list[str] = TEXTS
             yield step, Page(f"d{op[1]}", "\ud800" if op[2] else "", fetched_at=step * 1000)
         else:
             yield step, (op[1], op[2])
+
+
+def through(p: Partitioned, items: list[tuple[int, Page | tuple[int, int]]], cuts: set[int]
+            ) -> Iterator[int]:
+    """``items`` through the pipeline ``p`` (pages processed, sweeps at time 0), yielding
+    after each item of ``cuts`` and after the last one its index."""
+    for at, (_, item) in enumerate(items):
+        if isinstance(item, Page):
+            for _ in p.process_many([item]):
+                pass
+        else:
+            p.sweep(*item, 0)
+        if at in cuts or at == len(items) - 1:
+            yield at
 
 
 @dataclass(frozen=True)

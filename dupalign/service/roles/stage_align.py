@@ -46,6 +46,7 @@ import numpy as np
 from aiokafka import TopicPartition
 
 from dupalign.config import EngineConfig
+from dupalign.service.changelog import LeaveOut
 from dupalign.service.parts import in_parts
 from dupalign.service.roles.stage_ledger import LedgerPartition, LedgerSteps
 from dupalign.service.roles.stage_lists import exact_partition, has_windows
@@ -64,7 +65,7 @@ from dupalign.service.topology import (
 from dupalign.stages.align import Aligner
 from dupalign.stages.directory import directory_owner
 from dupalign.stages.exact import ExactAnswer
-from dupalign.stages.forward_stage import ForwardStage
+from dupalign.stages.forward_stage import DERIVED, ForwardStage
 from dupalign.stages.ledger import Expired, Placed
 from dupalign.stages.messages import AlignRequest
 from dupalign.store import tables
@@ -113,7 +114,7 @@ class AlignPartition(LedgerPartition):
                  config: EngineConfig) -> None:
         super().__init__(topics, partition, store)
         shape = topics.shape
-        self.forward = ForwardStage(store)
+        self.forward = ForwardStage(store, config)
         self.aligner = Aligner(config, StoreForward(store))
         self.ledger = LedgerSteps(self, config, store)
         self.exacts = self.merge(topics.exact, range(shape.exact))
@@ -128,6 +129,11 @@ class AlignPartition(LedgerPartition):
         asking = self.noted.get("asking")
         self.asking: tuple[int, int] | None = None if asking is None else (asking[0],
                                                                            asking[1])
+
+    def leave_out(self) -> LeaveOut | None:
+        """The forward records: the stage rebuilds them from the positions and units when
+        it opens a restored store (``ForwardStage``)."""
+        return DERIVED
 
     def key_of(self, topic: str, record: Any) -> Any:
         t = self.topics
