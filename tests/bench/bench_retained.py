@@ -28,9 +28,11 @@ equal, key for key, to the stores' contents at the end (the store parameters asi
 ``restore`` expects in a fresh store).
 
 The list shards' changelogs leave out their entries and runs, as the list role's do
-(``ListsPartition.leave_out``; ``--entries``: kept, the layout before). ``--restore``: each
-list partition's store written into a fresh one, every key (the layout before) against the
-kept keys and then the shard opened on it (its entries rebuilt), timed, store side only.
+(``ListsPartition.leave_out``; ``--entries``: kept, the layout before); the forward stage's
+leaves out its ``forward`` records, as the align role's (``AlignPartition.leave_out``).
+``--restore``: each list and forward partition's store written into a fresh one in the
+layout before against the kept keys and then the stage opened on it (what it derives
+rebuilt), timed, store side only (tests/bench/retained_restore.py).
 
 Smaller encodings (``ALTERS``), estimated on the same records by the same model, each
 record's value re-encoded or left out: verification sketches of 32-bit samples; a list
@@ -81,13 +83,14 @@ from dupalign.service.changelog import (
 from dupalign.service.config import KafkaConfig
 from dupalign.service.loop import Checkpoint
 from dupalign.service.topology import Outgoing, new_producer
-from dupalign.stages.list_shard import ListShard
+from dupalign.stages.forward_stage import DERIVED
 from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.store import lists
 from dupalign.store.database import Change, Store
 from dupalign.store.keys import FAMILIES
 from tests.bench.bench_changelog import admin_roll, disk_bytes, log_stats
 from tests.bench.bench_worker import run_with_broker
+from tests.bench.retained_restore import Restore, time_forward_restore, time_restore
 
 BATCH_BYTES = 16 * 1024  # aiokafka's default max_batch_size
 BATCH_HEADER = 61  # a v2 record batch's header
@@ -169,11 +172,14 @@ class Recorder:
     keep: bool = False  # keep every turn's records (``sent``: for a broker)
     sent: list[list[tuple[bytes, bytes | None]]] = field(default_factory=list)
     # the keys the changelog leaves out: a list shard's entries, as the list role's
-    # (``ListsPartition.leave_out``); ``--entries``: none
+    # (``ListsPartition.leave_out``; ``--entries``: none), the forward stage's windows, as
+    # the align role's (``AlignPartition.leave_out``)
     leave_out: LeaveOut | None = None
 
     def __post_init__(self) -> None:
-        self.log = Changelog(self.store, "changelog", 0, self.leave_out)
+        # (every value one record, as the model counts: no parts at a record size limit)
+        self.log = Changelog(self.store, "changelog", 0, limit=1 << 40,
+                             leave_out=self.leave_out)
 
     def turn(self) -> None:
         """A transaction: the records of the changes since the last one."""
@@ -302,17 +308,37 @@ def observed(root: Path, config: EngineConfig, shape: Shape, keep: str | None = 
     recorders: dict[str, Recorder] = {}
 
     def store(name: str) -> Store:
-        out = lists.derived if stage_of(name) == "lists" and not entries else None
-        recorders[name] = Recorder(Store(root / name, params), name, keep=name == keep,
-                                   leave_out=out)
-        return recorders[name].store
+        out = (lists.derived if stage_of(name) == "lists" and not entries
+               else DERIVED if stage_of(name) == "forward" else None)
+        r = recorders[name] = Recorder(Store(root / name, params), name, keep=name == keep,
+                                       leave_out=out)
+        if stage_of(name) == "forward":  # (and the layout before, of the same writes)
+            before = recorders[BEFORE + name] = Recorder(r.store, BEFORE + name,
+                                                         leave_out=_units)
+            notes = (r.log._note, before.log._note)
+
+            def both(changes: list[Change]) -> None:
+                for note in notes:
+                    note(changes)
+
+            r.store.observe(both)
+        return r.store
 
     try:
         yield Partitioned(config, shape, store), recorders
     finally:
-        for r in recorders.values():
+        for name, r in recorders.items():
             r.log.close()
-            r.store.close()
+            if not name.startswith(BEFORE):
+                r.store.close()
+
+
+BEFORE = "before-"  # a forward stage's changelog in the layout before: its windows kept
+
+
+def _units(family: str, key: bytes) -> bool:
+    """What the layout before did not have: the units' high halves."""
+    return family == "units"
 
 
 Item = tuple[int, Page | tuple[int, int]]
@@ -343,63 +369,7 @@ class Result:
     kept: Recorder | None  # the partition whose records were kept
     kept_held: Held | None
     alts: dict[str, dict[str, Held]]  # ALTERS' name -> stage -> held
-    restores: list[Restore]  # ``--restore``: each list partition's
-
-
-@dataclass
-class Restore:
-    """A list partition's store written into a fresh one, as a restore from its compacted
-    changelog would: in the layout before (every key), and as now (the keys the changelog
-    keeps, then the shard opened on it: its entries rebuilt from its forward records)."""
-
-    name: str
-    pages: int  # forward records
-    records_before: int
-    seconds_before: float
-    records: int
-    seconds_apply: float
-    seconds_rebuild: float
-
-
-def time_restore(name: str, store: Store, config: EngineConfig, shape: Shape, tmp: Path
-                 ) -> Restore:
-    """``Restore`` of list partition ``name`` (its store ``store``), each way into a new
-    store under ``tmp``; the two stores' lists are checked equal."""
-    params = config.frozen_params()
-    every: list[Change] = [(f, k, v) for f in FAMILIES if store.has_family(f)
-                           for k, v in store.items(f) if (f, k) != ("meta", b"params")]
-    kept = [c for c in every if not lists.derived(c[0], c[1])]
-    before = Store(tmp / f"{name}-before", params)
-    t0 = time.perf_counter()
-    for at in range(0, len(every), 10_000):  # (``restore``'s chunks)
-        before.apply(every[at:at + 10_000])
-    t1 = time.perf_counter()
-    after = Store(tmp / f"{name}-after", params)
-    for at in range(0, len(kept), 10_000):
-        after.apply(kept[at:at + 10_000])
-    t2 = time.perf_counter()
-    shard = ListShard(after, config, int(name[len("lists"):]), shape.lists)
-    t3 = time.perf_counter()
-    assert lists_multiset(after) == lists_multiset(before)
-    before.close()
-    after.close()
-    return Restore(name, shard.rebuilt, len(every), t1 - t0, len(kept), t2 - t1, t3 - t2)
-
-
-def lists_multiset(store: Store) -> dict[bytes, tuple[bytes | None, list[int]]]:
-    """Every list: its long mark's value, its entries' ordinals (a page once per window)."""
-    out: dict[bytes, tuple[bytes | None, list[int]]] = {}
-    for key, value in store.items(lists.FAMILY):
-        mark, ords = out.get(key[:10], (None, []))
-        if len(key) == 10:
-            mark = value
-        elif key.endswith(lists.RUN_SEQ):
-            ords = ords + lists.decode_run(np.frombuffer(value, dtype=np.uint8)).tolist()
-        else:
-            ords = ords + [int.from_bytes(key[10:], "big")] * (
-                1 if not value else lists.COUNT.unpack(value)[0])
-        out[key[:10]] = (mark, ords)
-    return {k: (m, sorted(o)) for k, (m, o) in out.items()}
+    restores: list[Restore]  # ``--restore``: each list and forward partition's
 
 
 def measure(name: str, items: list[Item], config: EngineConfig, shape: Shape, turn: int,
@@ -443,6 +413,8 @@ def measure(name: str, items: list[Item], config: EngineConfig, shape: Shape, tu
         rows = sum(len(router.rows) for router, _ in p.routers)
         timed = [time_restore(part, r.store, config, shape, tmp / f"{name}-restore")
                  for part, r in recorders.items() if restores and stage_of(part) == "lists"]
+        timed += [time_forward_restore(part, r.store, config, tmp / f"{name}-restore")
+                  for part, r in recorders.items() if restores and stage_of(part) == "forward"]
         return Result(name, pages, p.alive, rejected, seconds, held, written, ledgers, rows,
                       kept, kept_held, alts, timed)
 
@@ -474,6 +446,18 @@ def report(r: Result, turn: int) -> None:
           f"{total.zstd / n:>12.0f}")
     ledger = r.ledgers * LEDGER_RECORD * r.alive / n
     router = ROUTER_RECORD * r.router_rows / n
+    h = _sum(r.held.get(BEFORE + "forward", {}))
+    was = Held()
+    was.add(total)
+    was.add(h)
+    for fh in r.held.get("forward", {}).values():
+        was.add(Held(-fh.records, -fh.keys, -fh.values, -fh.overhead, -fh.zstd))
+    print("the layout before (the forward stage's windows kept, no units):")
+    print(f"{'  forward':<12}{h.records:>10,}{h.records / n:>9.2f}{h.keys / n:>8.0f}"
+          f"{h.values / n:>9.0f}{h.overhead / n:>11.0f}{h.plain / n:>8.0f}{h.zstd / n:>12.0f}")
+    print(f"{'  total':<12}{was.records:>10,}{was.records / n:>9.2f}{was.keys / n:>8.0f}"
+          f"{was.values / n:>9.0f}{was.overhead / n:>11.0f}{was.plain / n:>8.0f}"
+          f"{was.zstd / n:>12.0f}")
     print(f"not in a store (estimated as records, uncompressed): {r.ledgers} ledgers "
           f"{ledger:.0f} B/page, router rows {router:.0f} B/page")
     print(f"against 2,048 B/page: {total.plain / n:.0f} B as records, {total.zstd / n:.0f} B "
@@ -489,10 +473,10 @@ def report(r: Result, turn: int) -> None:
         print(f"\nrestore of {t.name} ({t.pages:,} forward records), store writes only (no "
               f"broker): before, every key: {t.records_before:,} records in "
               f"{t.seconds_before:.2f} s; now: {t.records:,} records in {t.seconds_apply:.2f} s "
-              f"+ the entries rebuilt at open in {t.seconds_rebuild:.2f} s")
+              f"+ rebuilt at open in {t.seconds_rebuild:.2f} s")
     print(f"\n{'stage/family':<20}{'rec/page':>9}{'key B':>8}{'value B':>9}{'B/page':>8}"
           f"{'zstd B/page':>12}{'largest B':>11}")
-    for stage in STAGES:
+    for stage in (*STAGES, BEFORE + "forward"):
         for family, h in sorted(r.held.get(stage, {}).items()):
             print(f"{stage + '/' + family:<20}{h.records / n:>9.2f}{h.keys / n:>8.0f}"
                   f"{h.values / n:>9.0f}{h.plain / n:>8.0f}{h.zstd / n:>12.0f}"
@@ -561,8 +545,8 @@ def main() -> int:
                         help="the list shards' changelogs with their entries (the layout "
                         "before: every key of the store)")
     parser.add_argument("--restore", action="store_true",
-                        help="time each list partition's restore, every key against the "
-                        "kept keys and the rebuild")
+                        help="time each list and forward partition's restore, the layout "
+                        "before against the kept keys and the rebuild")
     args = parser.parse_args()
     config = EngineConfig()
     if args.near_only:
