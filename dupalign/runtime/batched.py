@@ -27,7 +27,7 @@ from dupalign.errors import StoreError
 from dupalign.match import Match, Span
 from dupalign.page import Page
 from dupalign.stages.index import Indexer
-from dupalign.stages.messages import IndexResult
+from dupalign.stages.messages import IndexResult, StoredVersion
 from dupalign.stages.sketch import PageSketch
 
 BATCH_PAGES = 64  # pages a WriteBatch: RocksDB's write 15 µs a page at 64, 20 at 8, 36 at 1
@@ -40,7 +40,8 @@ Finish = Callable[[IndexResult, list[tuple[str, list[Span]]]], list[Match]]
 @dataclass
 class Done:
     """A page of the batch: its matches or its exception, and what it cost (CPU seconds of
-    this thread; the batch's shared parts split evenly over its pages)."""
+    this thread: the batch's sketch stage and its index stage each split evenly over its
+    pages)."""
 
     page: Page
     found: list[Match] | BaseException
@@ -49,20 +50,32 @@ class Done:
     cpu_index: float = 0.0
 
 
-def stored_hashes(indexer: Indexer, pages: list[Page]) -> list[bytes | None]:
-    """The content hash of each page's stored version, for the sketch stage to skip an
-    unchanged revisit; None for a page whose id came earlier in the batch (that page's
-    turn may replace the version: it is sketched in full, as the index would see it)."""
-    out: list[bytes | None] = []
-    seen: set[str] = set()
-    for page in pages:
-        stored = None
-        if not page.deleted and page.id not in seen:
-            version = indexer.current(page.id)
-            stored = None if version is None else version.content_hash
-        seen.add(page.id)
-        out.append(stored)
-    return out
+@dataclass
+class Stored:
+    """The stored versions of a batch's pages, read at once before it (two reads of the
+    store, not two a page: the sketch stage's and the index stage's)."""
+
+    versions: dict[int, StoredVersion | None]  # by the page's place in the batch
+
+    @classmethod
+    def read(cls, indexer: Indexer, pages: list[Page]) -> Stored:
+        """Of each page but a tombstone or one whose id came earlier in the batch (that
+        page's turn may replace or delete the version: its own turn reads it again)."""
+        seen: set[str] = set()
+        first = []
+        for x, page in enumerate(pages):
+            if not page.deleted and page.id not in seen:
+                first.append(x)
+            seen.add(page.id)
+        found = indexer.current_many([pages[x].id for x in first])
+        return cls(dict(zip(first, found, strict=True)))
+
+    def hashes(self, n: int) -> list[bytes | None]:
+        """The content hash of each page's stored version, for the sketch stage to skip an
+        unchanged revisit (None: none, or not read: sketched in full, as the index would
+        see it)."""
+        versions = [self.versions.get(x) for x in range(n)]
+        return [None if v is None else v.content_hash for v in versions]
 
 
 def process_batch(indexer: Indexer, sketch_many: SketchMany, finish: Finish,
@@ -73,18 +86,23 @@ def process_batch(indexer: Indexer, sketch_many: SketchMany, finish: Finish,
     index stage takes no more pages (memory is ahead of the store)."""
     pages = [page for page, _ in items]
     c0 = time.thread_time()
-    sketches = sketch_many(pages, stored_hashes(indexer, pages))
+    stored = Stored.read(indexer, pages)
+    sketches = sketch_many(pages, stored.hashes(len(pages)))
     sketch_cpu = (time.thread_time() - c0) / max(1, len(pages))
     out: list[Done] = []
+    c1 = time.thread_time()
     indexer.begin_batch()
     try:
-        for (page, source), sk in zip(items, sketches, strict=True):
-            c1 = time.thread_time()
+        indexer.writes.read_replays([sk.replay_key for sk in sketches
+                                     if isinstance(sk, PageSketch) and sk.replay_key])
+        for x, ((page, source), sk) in enumerate(zip(items, sketches, strict=True)):
             done = Done(page, [], cpu_sketch=sketch_cpu)
             try:
                 if isinstance(sk, Exception):  # (as Engine.sketch: the offset advances)
                     indexer.finish(indexer.skip(page.id, source), [])
                     raise sk
+                if x in stored.versions:  # (nothing of its id written since it was read)
+                    indexer.remember(page.id, stored.versions[x])
                 done.result = indexer.index(sk, source, defer=True)
                 done.found = finish(done.result, [])
             except StoreError:
@@ -92,16 +110,16 @@ def process_batch(indexer: Indexer, sketch_many: SketchMany, finish: Finish,
             except Exception as exc:
                 indexer.writes.check()  # (a page that failed halfway through its staging)
                 done.found = exc
-            done.cpu_index = time.thread_time() - c1
             out.append(done)
-        c2 = time.thread_time()
         # (written, and the pending batch closed: whatever the caller does with the engine
         # between two pages it is given writes at once, as before)
         indexer.end_batch()
-        flush_cpu = (time.thread_time() - c2) / max(1, len(out))
+        # (split evenly, as the sketch stage's: a CPU clock here is a system call, ~1.2 µs,
+        # and one around each page cost more than a store read)
+        index_cpu = (time.thread_time() - c1) / max(1, len(out))
     except BaseException:
         indexer.drop_batch()
         raise
     for done in out:
-        done.cpu_index += flush_cpu
+        done.cpu_index = index_cpu
     return out

@@ -416,6 +416,18 @@ class Indexer:
         self._looked_up = (doc_id, version)
         return version
 
+    def current_many(self, doc_ids: list[str]) -> list[StoredVersion | None]:
+        """``current`` of each id, in two reads of the store (ids, then docs)."""
+        ordinals = self.writes.ordinals(doc_ids)
+        known = [o for o in ordinals if o is not None]
+        records = dict(zip(known, self.writes.docs(known), strict=True))
+        return [None if o is None else self._version_of(o, records[o]) for o in ordinals]
+
+    def remember(self, doc_id: str, version: StoredVersion | None) -> None:
+        """What ``current`` of ``doc_id`` answers now (read since nothing was written of
+        it: ``current_many``), for ``index`` to take instead of reading it again."""
+        self._looked_up = (doc_id, version)
+
     def _current_once(self, doc_id: str) -> StoredVersion | None:
         """``current``, answered by the last lookup if it was of ``doc_id`` and nothing
         was written since (only this stage writes the ids and docs families: ``_write``
@@ -426,7 +438,10 @@ class Indexer:
         return self.current(doc_id)
 
     def _version(self, ordinal: int) -> StoredVersion | None:
-        rec = self.writes.doc(ordinal)
+        return self._version_of(ordinal, self.writes.doc(ordinal))
+
+    @staticmethod
+    def _version_of(ordinal: int, rec: bytes | None) -> StoredVersion | None:
         if rec is None:
             return None
         d = msgpack.unpackb(rec)

@@ -38,6 +38,9 @@ class PendingPages:
     replay: dict[bytes, tuple[int, str]] = field(default_factory=dict)  # key -> (ordinal, read_as)
     exact: dict[bytes, int] = field(default_factory=dict)  # content hash -> lowest ordinal
     matches: dict[int, bytes] = field(default_factory=dict)  # ordinal -> packed matches
+    # the store's answers to the batch's replay keys, read at once (``read_replays``): the
+    # store changes only when a batch is written, and then a new one starts without them
+    stored_replay: dict[bytes, tuple[int, str | None] | None] = field(default_factory=dict)
 
     def staged(self, ordinal: int) -> bool:
         """Whether the page ``ordinal`` is staged here, not in the store."""
@@ -115,9 +118,19 @@ class PageWrites:
     # -- reads --------------------------------------------------------------------------
     def replay(self, key: bytes) -> tuple[int, str | None] | None:
         pending = self.pending
-        if pending is not None and (seen := pending.replay.get(key)) is not None:
-            return seen
+        if pending is not None:
+            if (seen := pending.replay.get(key)) is not None:
+                return seen
+            if key in pending.stored_replay:
+                return pending.stored_replay[key]
         return tables.replay.get(self.store, key)
+
+    def read_replays(self, keys: list[bytes]) -> None:
+        """Read the store's answers to ``keys`` at once, for ``replay`` to give while the
+        pending batch is not written."""
+        if self.pending is not None and keys:
+            self.pending.stored_replay = dict(zip(keys, tables.replay.get_many(self.store, keys),
+                                                  strict=True))
 
     def doc(self, ordinal: int) -> bytes | None:
         """The page's doc record."""
@@ -131,6 +144,23 @@ class PageWrites:
         pending = self.pending
         found = None if pending is None else pending.ids.get(doc_id)
         return tables.ids.get(self.store, doc_id) if found is None else found
+
+    def ordinals(self, doc_ids: list[str]) -> list[int | None]:
+        """``ordinal`` of each id, the store's in one read."""
+        pending = self.pending
+        found = [None if pending is None else pending.ids.get(d) for d in doc_ids]
+        stored = iter(tables.ids.get_many(
+            self.store, [d for d, f in zip(doc_ids, found, strict=True) if f is None]))
+        return [next(stored) if f is None else f for f in found]
+
+    def docs(self, ordinals: list[int]) -> list[bytes | None]:
+        """``doc`` of each ordinal, the store's in one read."""
+        pending = self.pending
+        staged = [pending is not None and pending.staged(o) for o in ordinals]
+        stored = iter(tables.docs.get_many(
+            self.store, [o for o, s in zip(ordinals, staged, strict=True) if not s]))
+        return [pending.docs.get(o) if s and pending is not None else next(stored)
+                for o, s in zip(ordinals, staged, strict=True)]
 
     def exact(self, content_hash: bytes) -> int | None:
         """The lowest ordinal with ``content_hash`` (the store's come before the pending)."""

@@ -119,6 +119,11 @@ class _Ids:
         raw = store.get(self.family, doc_id.encode("utf-8"))
         return None if raw is None else read_u64(raw)
 
+    def get_many(self, store: Store, doc_ids: list[str]) -> list[int | None]:
+        """``get`` of each id, in one read of the store."""
+        found = store.multi_get(self.family, [d.encode("utf-8") for d in doc_ids])
+        return [None if raw is None else read_u64(raw) for raw in found]
+
     def put(self, batch: Batch, doc_id: str, ordinal: int) -> None:
         batch.put(self.family, doc_id.encode("utf-8"), u64(ordinal))
 
@@ -136,7 +141,14 @@ class _Replay:
     family = "replay"
 
     def get(self, store: Store, key: bytes) -> tuple[int, str | None] | None:
-        raw = store.get(self.family, key)
+        return self._read(store.get(self.family, key))
+
+    def get_many(self, store: Store, keys: list[bytes]) -> list[tuple[int, str | None] | None]:
+        """``get`` of each key, in one read of the store."""
+        return [self._read(raw) for raw in store.multi_get(self.family, keys)]
+
+    @staticmethod
+    def _read(raw: bytes | None) -> tuple[int, str | None] | None:
         if raw is None:
             return None
         return read_u64(raw), (raw[8:].decode("utf-8") if len(raw) > 8 else None)

@@ -16,11 +16,14 @@ machine disturbs less than wall time):
   thread), each in a process of its own (``run_staged_apart``), so that no run inherits
   the state the others leave in a process;
 - ``main``: the single-threaded engine of a checkout of another revision (``--main-ref``,
-  default ``main``, checked out with ``git worktree add --detach``) run as a subprocess on
-  the same pages, so that the ratio to the old path is measured in the same run;
+  default ``main``) run as a subprocess on the same pages, so that the ratio to the old
+  path is measured in the same run;
 - ``--baseline-ref REV``: the ``--jobs 1`` staged runs of a checkout of an earlier staged
   engine (its own ``run_staged_one_core``, in a subprocess), with their stage CPU: what a
   change to one stage gained, measured side by side;
+- both checkouts are kept by commit (tests.bench.checkouts ``warm_checkout``), their numba
+  kernels compiled by their own ``tests.warm_kernels`` before any clock starts; a run
+  that still compiles a kernel inside its clock is named under the table (WARNING);
 - datasketch MinHashLSH and rensa RMinHashLSH: threshold 0.8, 128 permutations, as their
   users write them (tests.bench.scan_peers: regex words, Python word 5-shingles, timed as
   a whole with the MinHash and the LSH), each in a process of its own; from HTML they also
@@ -75,6 +78,7 @@ from dupalign.runtime.engine import Engine
 from dupalign.runtime.pipeline import ExecutorKind
 from dupalign.stages.messages import AlignRequest
 from dupalign.text.tokens import page_text, tokenize
+from tests.bench.checkouts import warm_checkout
 from tests.bench.scan_peers import PEERS
 from tests.corpora import DOCS_CORPORA, LLVM_DOCS, docs_releases
 
@@ -94,6 +98,7 @@ class Run:
     kinds: dict[str, int] = field(default_factory=dict)
     stages: dict[str, float] = field(default_factory=dict)  # CPU seconds per stage
     wire: dict[str, int] = field(default_factory=dict)  # bytes per message kind, tokens
+    compiled: list[str] = field(default_factory=list)  # kernels compiled inside the clock
 
 
 def load_pages(docs: Path, limit: int | None, corpus: str = "llvm"
@@ -308,7 +313,21 @@ def warm_up(pages: list[Page], config: EngineConfig, store: Path) -> None:
                 engine.process(page)
 
 
-_MAIN_SCRIPT = """
+# (run in the process of a checkout of any revision: numba's own event API only) the
+# kernels compiled, not loaded from the cache, after the clock started: a run's
+# clock started ``seconds`` before it stopped (a pool's processes are not seen)
+_COMPILES = """
+import time
+from numba.core import event
+recorder = event.install_recorder("numba:compile")
+compiles = recorder.__enter__()
+def compiled_since(seconds):
+    start = time.time() - seconds
+    return sorted({e.data["dispatcher"].py_func.__qualname__ for t, e in compiles.buffer
+                   if e.is_start and t >= start})
+"""
+
+_MAIN_SCRIPT = _COMPILES + """
 import json, pickle, sys, time
 from dupalign.config import EngineConfig, PassageConfig, TextConfig
 from dupalign.runtime.engine import Engine
@@ -339,11 +358,12 @@ with Engine.open(sys.argv[2], cfg) as engine:
         pending.drain(into_file=True)
     seconds = time.perf_counter() - t0
     cpu = time.process_time() - c0
-print(json.dumps({"seconds": seconds, "cpu": cpu, "pairs": pairs, "kinds": kinds}))
+print(json.dumps({"seconds": seconds, "cpu": cpu, "pairs": pairs, "kinds": kinds,
+                  "compiled": compiled_since(seconds)}))
 """
 
 
-_STAGED_SCRIPT = """
+_STAGED_SCRIPT = _COMPILES + """
 import json, pickle, sys
 from pathlib import Path
 from dupalign.config import EngineConfig, PassageConfig, TextConfig
@@ -357,7 +377,8 @@ if jobs == 1:
 else:
     r = timed(lambda: run_staged(label, pages, cfg, Path(sys.argv[2]), jobs, executor))
 print(json.dumps({"seconds": r.seconds, "cpu": r.cpu, "pairs": sorted(r.pairs),
-                  "kinds": r.kinds, "stages": r.stages, "wire": r.wire}))
+                  "kinds": r.kinds, "stages": r.stages, "wire": r.wire,
+                  "compiled": compiled_since(r.seconds)}))
 """
 
 
@@ -373,7 +394,7 @@ def run_staged_apart(label: str, code: Path, pages_file: Path, store: Path, pass
                          check=True, capture_output=True, text=True)
     d = json.loads(out.stdout.strip().splitlines()[-1])
     return Run(label, d["seconds"], {(a, b) for a, b in d["pairs"]}, d["cpu"], d["kinds"],
-               d["stages"], d["wire"])
+               d["stages"], d["wire"], d["compiled"])
 
 
 def run_main(label: str, ref: Path, pages_file: Path, store: Path, passages: bool) -> Run:
@@ -382,13 +403,8 @@ def run_main(label: str, ref: Path, pages_file: Path, store: Path, passages: boo
                           "1" if passages else "0", str(WARM_UP)], cwd=ref, check=True,
                          capture_output=True, text=True)
     d = json.loads(out.stdout.strip().splitlines()[-1])
-    return Run(label, d["seconds"], {(a, b) for a, b in d["pairs"]}, d["cpu"], d["kinds"])
-
-
-def checkout(ref: str, where: Path) -> Path:
-    subprocess.run(["git", "-C", str(HERE), "worktree", "add", "--detach", str(where), ref],
-                   check=True, capture_output=True)
-    return where
+    return Run(label, d["seconds"], {(a, b) for a, b in d["pairs"]}, d["cpu"], d["kinds"],
+               compiled=d["compiled"])
 
 
 def main() -> int:
@@ -424,10 +440,11 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-scan-"))
     ref = base = None
     try:
+        # (kept under CHECKOUTS by commit, their kernels compiled before any clock starts)
         if not args.no_main:
-            ref = checkout(args.main_ref, tmp / "ref")
+            ref = warm_checkout(args.main_ref)
         if args.baseline_ref:
-            base = checkout(args.baseline_ref, tmp / "base")
+            base = warm_checkout(args.baseline_ref)
         for form, pages in (("html", html), ("text", text)):
             if args.only and form != args.only:
                 continue
@@ -438,10 +455,6 @@ def main() -> int:
                            args.near_only)
             report(form, len(pages), runs, truth, sh, old_ids)
     finally:
-        for where in (ref, base):
-            if where is not None:
-                subprocess.run(["git", "-C", str(HERE), "worktree", "remove", "--force",
-                                str(where)], check=False, capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
@@ -499,6 +512,10 @@ def report(form: str, n_pages: int, runs: list[Run], truth: set[str],
         print(f"{r.label:<40} {r.seconds:8.2f} {rate[r.label]:8.1f} "
               f"{r.cpu / n_pages * 1e3:11.2f} {cpu_rate[r.label]:11.1f} {len(pairs):9d} "
               f"{recall:7.3f} {precision:9.3f}  {r.kinds or ''}")
+    for r in runs:  # (a cold kernel cache: its compile time is in that run's figures)
+        if r.compiled:
+            print(f"  WARNING {r.label}: kernels compiled inside its clock: "
+                  f"{', '.join(r.compiled)}")
 
     def ratio(a: str, b: str) -> None:
         if a in rate and b in rate:
