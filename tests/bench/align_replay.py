@@ -30,7 +30,7 @@ from dupalign.config import EngineConfig, TextConfig
 from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
-from dupalign.stages.align import Aligner
+from dupalign.stages.align import Aligner, union_hits
 from dupalign.stages.messages import AlignRequest
 from dupalign.store import tables
 from tests.bench.bench_scan import load_pages, main_text, warm_up
@@ -119,7 +119,9 @@ def replay(path: Path, limit: int | None) -> None:
         c["mismatch_every_hit"] += found != before
         # the pages hit and the upper bound of each candidate's rank key: the units its
         # tasks' passages cover
-        h_t, _, _, _ = aligner.scan(AlignRequest.from_bytes(raw).tasks)
+        hits = aligner.scan(AlignRequest.from_bytes(raw).tasks)
+        h_t = hits[0]
+        c["hits_after_union"] += len(union_hits(*hits)[0])
         hit_pages = np.unique(t.t_o[h_t])
         c["pages_hit"] += len(hit_pages)
         c["pages_kept"] += min(len(hit_pages), cfg.passage.max_matches)
