@@ -217,8 +217,7 @@ def ranked_spans(
     pages, covered, best_est = rank_keys(h_p, h_o, h_x, starts, ends)
     top = np.argsort(pages[: spans.cfg.max_matches], kind="stable")
     kept = pages[top]
-    if counters is not None:
-        counters.hits += len(h_p)
+    if counters is not None:  # (hits: counted by the caller, as the scan reported them)
         counters.pages_hit += len(pages)
         counters.pages_spanned += len(kept)
     order = np.argsort(h_o, kind="stable")  # each page's hits in the scan's order
@@ -301,6 +300,26 @@ def _refined_spans(spans: PassageSpans, groups: list[tuple[int, I64, npt.NDArray
         found.sort(key=lambda s: s.tokens)
         out[other] = found
     return out
+
+
+def union_hits(h_t: I64, h_s: I64, h_e: I64, h_x: npt.NDArray[np.float64]
+               ) -> tuple[I64, I64, I64, npt.NDArray[np.float64]]:
+    """A task's hits (in the scan's order: by task, then start) whose page ranges
+    overlap or touch, merged into one: their union, with the highest estimate. Spans
+    depend on the hits only through that (``rank_keys``: which passages hit a page and
+    the best estimate; ``span_refine.refine_pages`` and ``merge_hits``: the union of the
+    boxes of a passage), and the scan reports about ten overlapping ranges a task on
+    templated text (Boost: 2.27 M for 232 k tasks)."""
+    if len(h_t) < 2:
+        return h_t, h_s, h_e, h_x
+    # the running end of each task's hits (a task's starts ascend; its ends may not)
+    width = int(h_e.max()) + 1
+    reach = np.maximum.accumulate(h_t * width + h_e) - h_t * width
+    first = np.flatnonzero(np.concatenate((
+        [True], (h_t[1:] != h_t[:-1]) | (h_s[1:] > reach[:-1]))))
+    last = np.concatenate((first[1:], [len(h_t)])) - 1
+    return (h_t[first], h_s[first], reach[last],
+            np.maximum.reduceat(h_x, first))
 
 
 def rank_pages(h_p: I64, h_o: I64, h_x: npt.NDArray[np.float64], starts: I64,
@@ -400,6 +419,8 @@ class Aligner:
         h_t, h_s, h_e, h_x = self.scan(t)
         self.counters.pages += 1
         self.counters.tasks += len(t)
+        self.counters.hits += len(h_t)
+        h_t, h_s, h_e, h_x = union_hits(h_t, h_s, h_e, h_x)
         others = request.others.tolist()
         if carried:
             self._carried = dict(zip(others, request.other_positions, strict=True))
