@@ -1,6 +1,6 @@
 """The forward records the align stage reads in the partitioned pipeline (docs/pipeline.md):
-by store ordinal, each stored page's full forward record and positions (as the index
-fan-in writes them: dupalign.stages.shards ``ShardedPassages.stage_forward``) and its id,
+by store ordinal, each stored page's full forward record and positions (as the single
+index writes them: dupalign.passage.index) and its id,
 for the pages that are in the lists (stored, not exact copies, with passages). Kept from
 upstream data alone: the decisions placed by its ``Ledger``, the exact answers, the pages'
 forward records as the sketch stage makes them (``forward_value``: the wire form the align
@@ -19,7 +19,6 @@ from dupalign.passage.sketch import PassageState
 from dupalign.stages.directory import Decision
 from dupalign.stages.exact import ExactAnswer
 from dupalign.stages.ledger import Expired, Placed
-from dupalign.stages.shards import ShardedPassages
 from dupalign.store import tables
 from dupalign.store.database import Batch, Store
 from dupalign.wire.forward_record import ForwardRecord, encode_forward
@@ -69,5 +68,7 @@ class ForwardStage:
 
     @staticmethod
     def _remove(batch: Batch, ordinals: list[int]) -> None:
-        ShardedPassages.stage_forward_removal(batch, ordinals)
+        dead = np.unique(np.asarray(ordinals, dtype=np.int64)).tolist()
+        tables.forward.remove(batch, dead)
+        tables.positions.remove(batch, dead)
         tables.docs.remove(batch, ordinals)

@@ -290,7 +290,8 @@ def test_a_role_process_imports_neither_aiohttp_without_metrics_nor_scipy_linalg
     probe (dupalign/kernel_cache.py): ~0.3 s of CPU each at every process start."""
     code = ("import sys\nimport numpy as np\n"
             "from dupalign.service import worker\n"
-            "from dupalign.service.roles import align, index, launch, shard, sketch\n"
+            "from dupalign.service.roles import launch, stage_command\n"
+            "from dupalign.service.roles import stage_align, stage_combine, stage_sketch\n"
             "from dupalign.text.hashing import mix64\n"
             "mix64(np.arange(3, dtype=np.uint64))\n"
             "print(sorted({'aiohttp', 'scipy.linalg'} & set(sys.modules)))\n")
