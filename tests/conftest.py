@@ -296,12 +296,10 @@ class SecureBroker:
                 "DUPALIGN_KAFKA_SSL_CAFILE": str(self.cafile)}
 
 
-# the SCRAM users of ``secure_kafka``: a super user, one a role or command (the index
-# topology's, then the stage roles': tests/service/test_stage_security_kafka.py), one without
-# ACLs
-SECURE_USERS = ("admin", "worker", "sketch", "index", "align", "shard", "produce", "reader",
-                "nobody", "stage-sketch", "directory", "exact", "learner", "router", "near",
-                "lists", "combine", "stage-align")
+# the SCRAM users of ``secure_kafka``: a super user, one a process (the single worker,
+# produce, the stage roles': tests/service/test_stage_security_kafka.py), one without ACLs
+SECURE_USERS = ("admin", "worker", "produce", "nobody", "stage-sketch", "directory", "exact",
+                "learner", "router", "near", "lists", "combine", "stage-align")
 
 
 @pytest.fixture(scope="session")
@@ -352,17 +350,13 @@ def prometheus_bin() -> Path:
 # and then one whenever a worker finishes one. The first half's first worker gets the tests
 # that mostly wait (the broker outage, then a SASL broker's start and misconfigurations)
 # while the other two begin with the tests that compute, so that both cores stay busy; the
-# other waiting ones (a page of several MB through Kafka) come once those are under way.
+# other waiting ones come once those are under way.
 LONG_FIRST = (
-    "tests/service/test_worker_broker_outage.py::test_the_worker_and_every_role_wait_out_a_broker_restart_and_idle_ones_exit_5",
+    "tests/service/test_worker_broker_outage.py::test_the_worker_waits_out_a_broker_restart_and_an_idle_one_exits_5",
     "tests/service/test_kafka_security.py::test_misconfigurations_stop_with_one_line_and_lose_nothing_then_the_worker_matches_scan",
-    "tests/stages/test_shard.py::test_any_shard_count_gives_the_matches_of_the_single_indexer",
     "tests/passage/test_forward.py::test_gather_equals_unpacking_every_record",
     "tests/passage/test_passage_align.py::test_scan_tasks_equal_pairwise_alignment",
     "tests/runtime/test_kernel_cache.py::test_kernels_cached_by_two_processes_never_call_each_other_s_code",
-    "tests/service/test_large_records_kafka.py::test_with_default_settings_a_page_of_several_mb_gives_the_single_worker_s_matches",
-    "tests/service/test_kafka_security.py::test_a_topology_of_one_process_per_role_with_only_its_acls_gives_the_matches_of_scan",
-    "tests/service/test_large_records_kafka.py::test_sketches_over_the_topic_s_limit_go_as_interleaved_parts",
     "tests/runtime/test_lifecycle.py::test_matches_after_removals_equal_a_fresh_store_of_the_pages_alive",
     "tests/near/test_psm.py::test_psm_unlimited_budget_equals_brute_force",
     "tests/near/test_psm.py::test_psm_is_subset_of_brute_force",
@@ -370,26 +364,16 @@ LONG_FIRST = (
     # -m testdata: the three longest each begin a worker's pair, a short one (a few s)
     # after it, which waits for it. The partitioned pipeline's corpora oracle and the list
     # stage's were the second worker's pair, one after the other (~240 + ~105 s of the
-    # half's 6:13 in CI at 7fade33): the synthetic stream's one-index case, skipped, and
-    # its two-shard case were the first's. The stages' corpora oracles are one test now
-    # (one engine run for the three)
+    # half's 6:13 in CI at 7fade33). The stages' corpora oracles are one test now (one
+    # engine run for the three)
     "tests/stages/test_partitioned.py::test_the_stages_find_what_the_engine_finds_on_corpora",
     "tests/near/test_simhash.py::test_light_edits_stay_close_unrelated_documents_do_not",
-    "tests/service/test_topology_kafka.py::test_two_of_each_role_over_the_synthetic_rfc_stream_give_the_matches_of_scan",
     # every stage role twice, a SIGKILL of each (1-2 min, 4 at load 22)
     "tests/service/test_stage_chain_kafka.py::test_every_role_twice_publishes_scan_s_matches_across_a_sigkill_of_each",
     "tests/service/test_stage_chain_kafka.py::test_with_passages_every_role_and_align_twice_publish_scan_s_matches_across_kills",
     "tests/near/test_cws.py::test_real_text_estimates_with_tf_idf_weights",
-    "tests/service/test_role_faults_kafka.py::test_an_index_stopped_past_its_session_throttled_and_killed_exits_never_and_stalls_little",
     "tests/test_bench_corpus.py::test_corpus_gives_every_page_it_has_and_refuses_one_more",
-    "tests/service/test_shard_roles_kafka.py::test_a_shard_killed_mid_stream_and_a_shard_moved_to_a_fresh_store_change_nothing",
-    "tests/service/test_shard_roles_kafka.py::test_revisits_deletes_and_retention_with_shards_give_the_engine_s_matches",
-    "tests/service/test_shard_roles_kafka.py::test_a_fan_in_back_on_its_store_after_a_standby_published_past_it_finishes_its_pages",
-    "tests/service/test_shard_roles_kafka.py::test_two_index_shards_as_processes_give_the_matches_of_scan_across_a_join_and_leave",
-    "tests/service/test_topology_kafka.py::test_sigkill_of_each_role_and_a_shard_moved_to_a_fresh_store_change_nothing",
-    "tests/service/test_topology_kafka.py::test_two_of_each_role_give_the_matches_of_scan_across_align_join_and_leave",
     "tests/service/test_worker_store_failures.py::test_disk_full_stops_the_worker_without_committing_and_loses_nothing",
-    "tests/service/test_topology_kafka.py::test_revisits_deletes_and_retention_give_the_engine_s_matches_across_index_kills",
     "tests/service/test_worker_kafka.py::test_a_group_without_offsets_resumes_where_the_store_says_matches_were_published",
 )
 _RANK = {nodeid: rank for rank, nodeid in enumerate(LONG_FIRST)}

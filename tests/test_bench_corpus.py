@@ -1,5 +1,5 @@
 """The benchmarks' Clough + RFC corpus refuses more pages than it has: a benchmark that
-sent fewer pages than it then waits for would wait forever (bench_topology did)."""
+sent fewer pages than it then waits for would wait forever (one did)."""
 
 from __future__ import annotations
 

@@ -57,14 +57,13 @@ def warm(mode: str, root: Path) -> None:
     config = replace(EngineConfig(passage=PassageConfig(mode=mode)),
                      retention=RetentionConfig(max_pages=20)).validate()
     pages = _pages(1)
-    for shards in (1, 2):
-        with Engine.open(root / f"s{shards}", config, shards=shards) as engine:
-            for page in pages:
-                engine.process(page)
-            engine.process(Page("d3", str(pages[7].body) + " changed"))  # a revisit
-            engine.delete(["d5"])
-            engine.compact(now_ms=100)
-            engine.process(pages[2])  # an unchanged revisit
+    with Engine.open(root / "s", config) as engine:
+        for page in pages:
+            engine.process(page)
+        engine.process(Page("d3", str(pages[7].body) + " changed"))  # a revisit
+        engine.delete(["d5"])
+        engine.compact(now_ms=100)
+        engine.process(pages[2])  # an unchanged revisit
     with Engine.open(root / "roles", config) as engine:
         _as_roles(engine, pages)
     # the partitioned pipeline's own kernels (the router's probes, the prefix shards' answers)

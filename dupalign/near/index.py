@@ -340,7 +340,8 @@ class NearIndex:
 
     def candidates(self, state: NearState, ordinal: int) -> list[tuple[int, int]]:
         """The PSM lookup: (ordinal, hamming) of the pages before ``ordinal`` within the
-        hamming bound in the probed buckets (index shards verify them: dupalign.stages.shards)."""
+        hamming bound in the probed buckets (the near stage's shards verify them:
+        dupalign.stages.near_shard)."""
         if not state.indexed:
             return []
         self.refresh(state)
@@ -409,7 +410,7 @@ class NearIndex:
             self.put_sketch(batch, ordinal, state.sketch)
 
     def put_sketch(self, batch: Batch, ordinal: int, sketch: U64) -> None:
-        """Store the page's verification sketch (index shards keep it: dupalign.stages.shards)."""
+        """Store the page's verification sketch."""
         raw = sketch.astype("<u8", copy=False).tobytes()
         tables.cws.put(batch, ordinal, raw)
         if self.pending_sketches is not None:

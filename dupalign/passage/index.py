@@ -183,8 +183,7 @@ class PassageIndex:
         """The inverted lists (bin, key) as a query counts them: per list whether it is a
         stop list (step 1: found so now, its mark written by the next batch), and its
         counted entries ``ords[start:start + n]``: those of pages before ``before``, at
-        most ``max_list_read`` (none for a stop list). Index shards override this with
-        the union of their lists' heads (dupalign.stages.shards)."""
+        most ``max_list_read`` (none for a stop list)."""
         reader = lists.reader(self.store)  # made now: sees every earlier page
         slots = self._list_slots(reader, bins, keys, old_version=replaced)
         start, length = self.cache.s_start[slots], self.cache.s_len[slots]

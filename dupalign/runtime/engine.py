@@ -20,10 +20,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import msgpack
+
 from dupalign.audit.auditor import Auditor, CaseResult
 from dupalign.audit.recall import Tally
 from dupalign.audit.stored import audit_store
 from dupalign.config import IMPLIED_PARAMS, PARAM_UPGRADES, EngineConfig
+from dupalign.errors import StoreMismatch
 from dupalign.match import Match, Span, best_span
 from dupalign.near.index import NearIndex
 from dupalign.page import Page
@@ -35,7 +38,6 @@ from dupalign.stages.align import Aligner
 from dupalign.stages.index import Indexer
 from dupalign.stages.messages import IndexResult, IndexTimes, StoredVersion
 from dupalign.stages.query import PassageQuery
-from dupalign.stages.shards import RemoteIndexer, ShardedIndexer, open_indexer
 from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.store import records, tables
 from dupalign.store.database import Store
@@ -63,6 +65,20 @@ class PageReport(IndexTimes):
 TRIM_PAGES = 100
 
 
+def refuse_sharded(store: Store) -> None:
+    """StoreMismatch for a store built for index shards (``scan --shards`` or the index
+    topology's fan-in, both removed after commit 4e63f5c): its keys live in shard stores
+    that nothing here reads."""
+    raw = tables.shard_count.get(store)
+    count = 1 if raw is None else int(msgpack.unpackb(raw))
+    if count != 1:
+        raise StoreMismatch(
+            f"store {store.path} was built for {count} index shards, which this version of "
+            "dupalign no longer has (removed after commit 4e63f5c): rebuild it by replay "
+            "into a new store, `dupalign scan --store NEW_STORE INPUT...`, or run `dupalign "
+            "stage` to spread the index over processes (docs/topology.md)")
+
+
 class Engine:
     """The duplicate engine over one store. Not thread-safe: call from one thread.
 
@@ -72,19 +88,16 @@ class Engine:
     afterwards is the one a full engine's removal leaves)."""
 
     def __init__(self, store: Store, config: EngineConfig, read_only: bool = False,
-                 shards: int | None = None, remote_shards: RemoteIndexer | None = None,
                  removal_only: bool = False, audit_default: float = 0.0) -> None:
-        if removal_only and (read_only or remote_shards is not None):
+        if removal_only and read_only:
             raise ValueError("removal_only is for an engine that writes its own store")
         self.config = config
         self.store = store
         self.read_only = read_only
         self.removal_only = removal_only
-        # one Indexer, or index shards (dupalign.stages.shards); ``shards``: None takes the store's
-        # (``remote_shards``: builds the index stage of the Kafka topology's index role, its
-        # shards elsewhere)
-        self.indexer: Indexer = open_indexer(store, config, read_only, shards, remote_shards,
-                                             removal_only)
+        refuse_sharded(store)
+        self.indexer = Indexer(store, config, removal_only)
+        self.indexer.passages.write_lists_behind(read_only)
         self.sketcher = Sketcher(config)
         self.aligner = Aligner(config, StoreForward(store))
         self.last_report = PageReport()
@@ -115,7 +128,6 @@ class Engine:
     @classmethod
     def open(
         cls, store_dir: str | Path, config: EngineConfig | None = None, read_only: bool = False,
-        shards: int | None = None, remote_shards: RemoteIndexer | None = None,
         removal_only: bool = False, audit_default: float = 0.0,
     ) -> Engine:
         config = (config or EngineConfig()).validate()
@@ -126,8 +138,7 @@ class Engine:
         try:
             if read_only:  # a reader takes the store's frozen parameters, whatever it asked
                 config = config.with_frozen(store.params)
-            return cls(store, config, read_only, shards, remote_shards, removal_only,
-                       audit_default)
+            return cls(store, config, read_only, removal_only, audit_default)
         except BaseException:
             store.close()
             raise
@@ -151,8 +162,6 @@ class Engine:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
-            if isinstance(self.indexer, ShardedIndexer):
-                self.indexer.close()
             self.store.close()
 
     def worker_pool(self, kind: ExecutorKind, jobs: int) -> WorkerPool:

@@ -1,2 +1,2 @@
-"""The Kafka side: CLI, inputs, the single worker, the topology's roles, metrics, HTTP. Nothing
+"""The Kafka side: CLI, inputs, the single worker, the stage roles, metrics, HTTP. Nothing
 in the engine imports it."""

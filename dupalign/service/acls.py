@@ -1,15 +1,13 @@
-"""Least privilege on a Kafka cluster with an authorizer: what each process of dupalign
-reads, writes and uses (topics, consumer groups, transactional ids), and the exact ACLs
-that allow it, as ``kafka-acls.sh`` commands (``dupalign acls``) and as the table of
-docs/security.md (tests/service/test_acls.py checks the docs against ``table``).
+"""Least privilege on a Kafka cluster with an authorizer: what the single worker, ``dupalign
+produce`` and a reader of the matches read, write and use (topics, consumer groups,
+transactional ids), and the exact ACLs that allow it, as ``kafka-acls.sh`` commands
+(``dupalign acls --role``) and as the table of docs/security.md (tests/service/test_acls.py
+checks the docs against ``table``); the stage roles' are dupalign/service/roles/stage_acls.py.
 
-Derived from ``[kafka]`` as the roles use it: a role's group is ``{group_id}-{role}``
-(dupalign/service/roles/base.py), the single worker's ``group_id``; a transactional id is
+Derived from ``[kafka]``: the single worker's group is ``group_id``; a transactional id is
 ``{transactional_id_prefix}-{group}-{input topic}-{partition}`` (one per input partition),
-granted by prefix. Every topology role checks every topic of the topology at start-up
-(Describe; DescribeConfigs on the retained ones and the ones whose record limit it reads);
-with ``kafka.create_topics`` it may create them (Create). Idempotent producers need no
-cluster ACL: Write on a topic implies IdempotentWrite (Kafka 3.0 and later).
+granted by prefix. Idempotent producers need no cluster ACL: Write on a topic implies
+IdempotentWrite (Kafka 3.0 and later).
 """
 
 from __future__ import annotations
@@ -18,11 +16,12 @@ import shlex
 from dataclasses import dataclass
 
 from dupalign.service.config import KafkaConfig
-from dupalign.service.topics import retained_topics, topology_topics
 
-# the processes ``dupalign acls --role`` knows: the topology's roles, the single worker
-# (``dupalign worker`` with its default roles), ``dupalign produce``, a reader of the matches
-ROLES = ("worker", "sketch", "index", "shard", "align", "produce", "consumer")
+# the processes ``dupalign acls --role`` knows: the single worker (``dupalign worker``),
+# ``dupalign produce``, a reader of the matches
+ROLES = ("worker", "produce", "consumer")
+# the removed index topology's roles (``dupalign acls --stage`` names the stage roles')
+REMOVED_ROLES = ("sketch", "index", "shard", "align")
 KINDS = {"topic": "--topic", "group": "--group", "transactional-id": "--transactional-id"}
 
 
@@ -43,23 +42,9 @@ def _txn(kc: KafkaConfig, group: str, topic: str) -> Access | None:
                   ("Write", "Describe"), prefixed=True)
 
 
-def _startup(kc: KafkaConfig, limits: tuple[str, ...]) -> list[Access]:
-    """What every topology role needs before it consumes (``ensure_topics``,
-    ``record_limit``): the topology's topics described, the retained ones' and ``limits``'
-    configs read, and with ``kafka.create_topics`` the missing ones created."""
-    topics = tuple(topology_topics(kc))
-    out = [Access("topic", topics, ("Describe",)),
-           Access("topic", tuple(sorted(retained_topics(kc) | set(limits))),
-                  ("DescribeConfigs",))]
-    if kc.create_topics:
-        out.append(Access("topic", topics, ("Create",)))
-    return out
-
-
 def accesses(role: str, kc: KafkaConfig, group: str | None = None) -> list[Access]:
     """What ``role`` does on the cluster of ``kc``; ``group``: the consumer role's group
     (default ``{group_id}-matches``)."""
-    sharded = kc.index_shards > 1
     out: list[Access | None]
     if role == "worker":
         out = [Access("topic", (kc.input_topic,), ("Read",)),
@@ -69,35 +54,6 @@ def accesses(role: str, kc: KafkaConfig, group: str | None = None) -> list[Acces
         if kc.create_topics:
             out.append(Access("topic", (kc.input_topic, kc.output_topic, kc.dlq_topic),
                               ("Describe", "Create")))
-    elif role == "sketch":
-        g = f"{kc.group_id}-sketch"
-        # sequence: read back to resume a partition whose group lost its offsets
-        out = [Access("topic", (kc.input_topic, kc.sequence_topic), ("Read",)),
-               Access("topic", (kc.sequence_topic, kc.sketch_topic, kc.dlq_topic), ("Write",)),
-               Access("group", (g,), ("Read",)), _txn(kc, g, kc.input_topic),
-               *_startup(kc, (kc.sketch_topic,))]
-    elif role == "index":
-        g = f"{kc.group_id}-index"
-        reads = (kc.sequence_topic, kc.sketch_topic, kc.aligned_topic,
-                 *((kc.partials_topic,) if sharded else ()))
-        writes = (kc.output_topic, kc.align_topic, kc.forward_topic,
-                  *((kc.keys_topic,) if sharded else ()))
-        out = [Access("topic", reads, ("Read",)), Access("topic", writes, ("Write",)),
-               Access("group", (g,), ("Read",)), _txn(kc, g, kc.sequence_topic),
-               *_startup(kc, (kc.align_topic, kc.forward_topic))]
-    elif role == "shard":
-        g = f"{kc.group_id}-shard"
-        out = [Access("topic", (kc.keys_topic,), ("Read",)),
-               Access("topic", (kc.partials_topic,), ("Write",)),
-               Access("group", (g,), ("Read",)), _txn(kc, g, kc.keys_topic),
-               *_startup(kc, ())]
-    elif role == "align":
-        g = f"{kc.group_id}-align"
-        # forward: its partitions' records, read without a group (assigned)
-        out = [Access("topic", (kc.align_topic, kc.forward_topic), ("Read",)),
-               Access("topic", (kc.aligned_topic, kc.dlq_topic), ("Write",)),
-               Access("group", (g,), ("Read",)), _txn(kc, g, kc.align_topic),
-               *_startup(kc, ())]
     elif role == "produce":
         # dead letters: records cut or corrupt in the inputs
         out = [Access("topic", (kc.input_topic, kc.dlq_topic), ("Write",))]
@@ -139,11 +95,9 @@ def table(kc: KafkaConfig) -> str:
     rows = ["| role | reads (Read) | writes (Write) | consumer group (Read) | transactional "
             "ids (Write, Describe; prefix) | also |",
             "|---|---|---|---|---|---|"]
-    every = tuple(topology_topics(kc))
     for role in ROLES:
         found = accesses(role, kc)
-        also = [f"{op} on " + ("every topic of the topology" if a.names == every else
-                               ", ".join(f"`{n}`" for n in a.names))
+        also = [f"{op} on " + ", ".join(f"`{n}`" for n in a.names)
                 for a in found if a.kind == "topic"
                 for op in a.operations if op not in ("Read", "Write")]
         txn = [f"`{a.names[0]}*`" for a in found if a.kind == "transactional-id"]

@@ -1,5 +1,5 @@
 """Prometheus metrics of the recall audit (dupalign.audit), in the registry of the process
-that runs it: the single worker, or the topology's index role."""
+that runs it: the single worker."""
 
 from __future__ import annotations
 

@@ -37,9 +37,7 @@ def _open_scan(args: argparse.Namespace, config: EngineConfig) -> Any:
     """The engine ``scan`` runs, or with --partitions the partitioned pipeline in one process
     (dupalign.stages.partitioned: the same matches, each stage over stores of its own)."""
     if args.partitions is None:
-        return open_engine(args.store, config, shards=args.shards)
-    if args.shards is not None:
-        raise CliError("--shards and --partitions: give one", Exit.USAGE)
+        return open_engine(args.store, config)
     from dupalign.stages.partitioned import Partitioned
 
     path = Path(args.store)
@@ -101,6 +99,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
     # Nothing is created or truncated before the config, every input, --out and the store
     # have been checked or opened: a typo must not cost the previous run's output.
+    if args.shards is not None:  # (removed: a clear error, not an unknown option)
+        raise CliError("--shards: index shards were removed after commit 4e63f5c: scan keeps "
+                       "one index (or --partitions, the stages in one process); `dupalign "
+                       "stage` spreads them over processes (docs/topology.md)", Exit.USAGE)
     config = load_engine_config(args.config)
     check_inputs(args.inputs)
     if args.out:
@@ -265,9 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--jobs", type=_jobs, default=0,
                       help="cores for the sketch and align stages: N - 1 processes and this one "
                            "(default, or 0: all)")
-    scan.add_argument("--shards", type=int, default=None,
-                      help="index shards by key (dupalign.stages.shards); fixed when the store is "
-                           "made (default: the store's, 1 for a new store)")
+    scan.add_argument("--shards", help=argparse.SUPPRESS)  # removed (cmd_scan says so)
     scan.add_argument("--partitions", type=_partitions, default=None, metavar="D,E,P,S,C[,R]",
                       help="run the partitioned pipeline in this process: directory, exact, "
                            "near (a power of 2), list, combine and router partitions (R: 1 "
@@ -352,9 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "exactly what ROLE needs on the cluster of the config's [kafka] "
                           "table (topics, consumer group, transactional ids): least "
                           "privilege on a cluster with an authorizer (docs/security.md).")
-    acls.add_argument("--role", choices=_ACL_ROLES,
-                      help="worker (the single worker), a topology role, produce, or consumer "
-                           "(a reader of the matches)")
+    acls.add_argument("--role", metavar="{" + ",".join(_ACL_ROLES) + "}",
+                      help="worker (the single worker), produce, or consumer (a reader of the "
+                           "matches)")
     acls.add_argument("--stage", action="append", metavar="ROLE[,ROLE...]",
                       help="roles of `dupalign stage` instead (sketch, directory, exact, "
                            "learner, router, near, lists, combine, align, or all): what a "
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # dupalign.service.acls.ROLES (not imported at parse time; tests/service/test_acls.py checks)
-_ACL_ROLES = ("worker", "sketch", "index", "shard", "align", "produce", "consumer")
+_ACL_ROLES = ("worker", "produce", "consumer")
 
 
 def cmd_acls(args: argparse.Namespace) -> int:
@@ -391,6 +391,13 @@ def cmd_acls(args: argparse.Namespace) -> int:
     if args.table:
         print(acls.table(kc))
         return 0
+    if args.role in acls.REMOVED_ROLES:
+        from dupalign.service.kafka_args import REMOVED_TOPOLOGY
+
+        raise CliError(f"--role {args.role}: {REMOVED_TOPOLOGY}; the stage roles' ACLs: "
+                       "`dupalign acls --stage ROLE`", Exit.USAGE)
+    if args.role is not None and args.role not in acls.ROLES:
+        raise CliError(f"--role {args.role}: choose among {', '.join(acls.ROLES)}", Exit.USAGE)
     if not args.role or not args.principal:
         raise CliError("give --role (or --stage) and --principal, or --table", Exit.USAGE)
     _check_principal(args.principal)
@@ -416,8 +423,8 @@ def _stage_acls(args: argparse.Namespace, config: Any) -> int:
     from dupalign.service.topology import TopologyError
 
     if args.role:
-        raise CliError("give --role (a process of the index topology) or --stage (roles of "
-                       "`dupalign stage`), not both", Exit.USAGE)
+        raise CliError("give --role (the single worker, produce or a consumer) or --stage "
+                       "(roles of `dupalign stage`), not both", Exit.USAGE)
     try:
         roles = parse_stage_roles(args.stage)
         if args.table:
@@ -487,10 +494,12 @@ def _kafka_config(args: argparse.Namespace) -> Any:
 
 def _run_worker(args: argparse.Namespace) -> int:
     from dupalign.service import worker as service
+    from dupalign.service.kafka_args import REMOVED_TOPOLOGY
 
+    if args.roles is not None:  # (before the broker is tried)
+        raise CliError(f"--roles: {REMOVED_TOPOLOGY}", Exit.USAGE)
     _kafka_config(args)
-    if "align" in args.roles.split(","):  # (the costliest kernels)
-        _note_first_compile("worker")
+    _note_first_compile("worker")
     return int(service.run_worker(args))
 
 

@@ -38,14 +38,13 @@ def load_engine_config(path: str | None) -> EngineConfig:
 
 
 def open_engine(store: str, config: EngineConfig, read_only: bool = False,
-                 shards: int | None = None, removal_only: bool = False) -> Engine:
+                 removal_only: bool = False) -> Engine:
     """The engine over ``store`` (a reader's store must exist: said as a store error)."""
     if read_only:  # said before the engine's import (numba: about 2 s of CPU)
         existing_store(store)
     from dupalign.runtime.engine import Engine
 
-    return Engine.open(store, config, read_only=read_only, shards=shards,
-                       removal_only=removal_only)
+    return Engine.open(store, config, read_only=read_only, removal_only=removal_only)
 
 
 def cmd_query(args: argparse.Namespace) -> int:

@@ -25,9 +25,14 @@ from typing import Any
 
 from dupalign.config import SECTIONS, EngineConfig
 from dupalign.errors import ConfigError
+from dupalign.service.kafka_args import REMOVED_TOPOLOGY
 from dupalign.wire.messages import DEAD_LETTER_OVERHEAD
 
 ENV_PREFIX = "DUPALIGN_"
+# the keys of the index topology, removed: naming one is an error that says so
+REMOVED_KEYS = {"kafka": frozenset({
+    "sequence_topic", "sketch_topic", "align_topic", "aligned_topic", "forward_topic",
+    "index_shards", "keys_topic", "partials_topic", "shard_partials_kept", "align_partitions"})}
 SECRET_KEYS = ("sasl_plain_password", "ssl_password", "sasl_oauth_token")
 
 
@@ -56,33 +61,10 @@ class KafkaConfig:
     # create missing topics at start-up: a first start works as the README shows it; set
     # false where topics are made by your tooling (and the principal may not create them)
     create_topics: bool = True
-    # The topology (``dupalign worker --roles``, dupalign/service/roles/launch.py): the topics
-    # between the
-    # sketch, index and align roles. ``sequence_topic`` has one partition (its offsets are
-    # the pages' ordinals); ``sketch_topic`` and ``aligned_topic`` have one partition (the
-    # index role's); ``align_topic`` has ``align_partitions`` (the most align processes).
-    sequence_topic: str = field(default="pages.sequence", metadata={"nonempty": True})
-    sketch_topic: str = field(default="pages.sketches", metadata={"nonempty": True})
-    align_topic: str = field(default="pages.align", metadata={"nonempty": True})
-    aligned_topic: str = field(default="pages.aligned", metadata={"nonempty": True})
-    # align shards keyed by earlier page: the forward records of the pages partition p of
-    # ``align_topic`` owns (ordinal % its partition count), compacted, as many partitions
-    forward_topic: str = field(default="pages.forward", metadata={"nonempty": True})
-    # index shards: fixed per deployment. 1: the index role holds the whole index. S > 1:
-    # the index role is the fan-in (the page directory) and S shard processes (``--roles
-    # shard``) hold the keyed index, one partition of ``keys_topic`` each; they answer on
-    # ``partials_topic`` (1 partition); each keeps the partials of its last
-    # ``shard_partials_kept`` pages (answers to repeats after a crash)
-    index_shards: int = field(default=1, metadata=_rng(1, 1024))
-    keys_topic: str = field(default="pages.keys", metadata={"nonempty": True})
-    partials_topic: str = field(default="pages.partials", metadata={"nonempty": True})
-    shard_partials_kept: int = field(default=4096, metadata=_rng(16, 1 << 24))
-    # compression.type of the retained topics the roles create (sequence, sketches, keys,
-    # partials): the broker compresses what it keeps forever (sketches: 15 KB a page on
-    # disk instead of 41 KB, docs/performance/topology.md); "producer": as sent
+    # compression.type of the compacted changelogs the stage roles create: the broker
+    # compresses what it keeps (docs/performance/changelog.md); "producer": as sent
     retained_compression: str = field(default="zstd", metadata=_one_of(
         "producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"))
-    align_partitions: int = field(default=4, metadata=_rng(1, 10_000))
     # The stage roles (``dupalign stage``, docs/pipeline.md): the partitions of each stage,
     # directory, exact, near (a power of 2), lists, combine, router, align: the most copies
     # of each role that get work. Fixed per deployment (the topics are made with it)
@@ -135,12 +117,6 @@ class KafkaConfig:
             )
         if len({self.input_topic, self.output_topic, self.dlq_topic}) != 3:
             raise ConfigError("kafka.output_topic", "input, output and DLQ topics must differ")
-        topology = (self.input_topic, self.output_topic, self.dlq_topic, self.sequence_topic,
-                    self.sketch_topic, self.align_topic, self.aligned_topic, self.forward_topic,
-                    self.keys_topic, self.partials_topic)
-        if len(set(topology)) != len(topology):
-            raise ConfigError("kafka.sequence_topic", "the topology's topics must differ from "
-                              "each other and from the input, output and DLQ topics")
         check_shape(self.shape)
         sasl = self.security_protocol.startswith("SASL_")
         if sasl and self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
@@ -302,10 +278,16 @@ def _build(table: str, cls: type, data: Mapping[str, Any]) -> Any:
     defaults = cls()
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
+        _refuse_removed(table, key)
         if key not in known:
             raise ConfigError(f"{table}.{key}", f"unknown key; known: {', '.join(known)}")
         kwargs[key] = _check_value(table, key, value, getattr(defaults, key), known[key].metadata)
     return cls(**kwargs)
+
+
+def _refuse_removed(table: str, key: str) -> None:
+    if key in REMOVED_KEYS.get(table, ()):
+        raise ConfigError(f"{table}.{key}", REMOVED_TOPOLOGY)
 
 
 def _env_value(raw: str, default: Any) -> Any:
@@ -328,6 +310,7 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
         if table in TABLES:
             cls = TABLES[table]
             defaults = cls()
+            _refuse_removed(table, rest)
             if rest not in {f.name for f in fields(cls)}:
                 raise ConfigError(f"{table}.{rest}", f"unknown key (from environment {var})")
             data.setdefault(table, {})[rest] = _env_value(env[var], getattr(defaults, rest))

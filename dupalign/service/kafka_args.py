@@ -8,25 +8,26 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["STAGE_ROLES", "add_produce_arguments", "add_stage_arguments",
+__all__ = ["REMOVED_TOPOLOGY", "STAGE_ROLES", "add_produce_arguments", "add_stage_arguments",
            "add_worker_arguments"]
 
 # the roles of the partitioned pipeline, in its order (docs/pipeline.md, "Roles on Kafka")
 STAGE_ROLES = ("sketch", "directory", "exact", "learner", "router", "near", "lists", "combine",
                "align")
 
+# what an option of the index topology (removed after commit 4e63f5c) says: bad config gets a
+# clear error, never a silent ignore
+REMOVED_TOPOLOGY = ("the index topology (`dupalign worker --roles`, index shards, their topics "
+                    "and ACLs) was removed after commit 4e63f5c: run `dupalign worker` for "
+                    "one process, or `dupalign stage ROLE...|all` to grow to many "
+                    "(docs/topology.md)")
+
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
                         help="Kafka bootstrap servers (overrides kafka.bootstrap_servers)")
-    parser.add_argument("--store", metavar="DIR",
-                        help="RocksDB store directory (needed by the index and shard roles; "
-                             "the align role keeps its forward records under DIR/align, "
-                             "else in a temporary directory)")
-    parser.add_argument("--roles", default="sketch,index,align", metavar="ROLES",
-                        help="comma-separated roles of the topology to run here: sketch, "
-                        "index, shard (kafka.index_shards > 1), align (default sketch,index,"
-                        "align: the single worker; docs/topology.md)")
+    parser.add_argument("--store", metavar="DIR", help="RocksDB store directory (required)")
+    parser.add_argument("--roles", help=argparse.SUPPRESS)  # removed: REMOVED_TOPOLOGY
     _add_process_arguments(parser, "consumer group id (overrides kafka.group_id)")
 
 

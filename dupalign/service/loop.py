@@ -6,7 +6,7 @@ and the input offsets it consumed, made visible together, then noted in the stor
   offsets (``send_offsets_to_transaction``): a crash before it commits leaves neither
   visible to read_committed readers. At-least-once (``kafka.transactions = false``): every
   record acknowledged, then the group commits the offsets; a crash in between sends them
-  again (docs/topology.md, "At-least-once"). Then ``after``: the store's own note of the
+  again (docs/delivery.md). Then ``after``: the store's own note of the
   commit (the resume point should the group lose its offsets).
 * ``turns``: the fetched batches of a consumer, each handed over only when no rebalance came
   since the fetch; ``Listener`` hands rebalances to the loop's owner.

@@ -91,13 +91,13 @@ class StageTopics:
 
     # -- how the roles make and check them (``dupalign stage``) ------------------------------
     def options(self) -> dict[str, Any]:
-        """``ensure_topics``' options for these topics: none kept forever (each stage's
-        state is in its compacted changelog), and the shape named when a topic's partition
-        count is another."""
+        """``ensure_topics``' options for these topics: the shape named when a topic's
+        partition count is another (none is kept forever: each stage's state is in its
+        compacted changelog)."""
         s = self.shape
         shape = (f"{s.directory},{s.exact},{s.near},{s.lists},{s.combine},{s.router},"
                  f"{s.align}")
-        return {"retained": (), "counts_from": (
+        return {"counts_from": (
             f"kafka.shape = {shape} (the partitions of the directory, exact, near, lists, "
             "combine, router and align stages) gives it: every process of a deployment needs "
             "the shape its topics were made with, and another shape needs new topics "

@@ -1,15 +1,7 @@
-"""Kafka plumbing shared by the roles of the topology (dupalign/service/roles/launch.py): the
-topics and their
-partition counts, the records that travel between roles and transactional producers. The
-checkpoint unit (produced records + consumed offsets, one Kafka transaction) is
-dupalign/service/loop.py's ``Checkpoint``.
-
-Topics (names from ``[kafka]``)::
-
-    pages ──▶ sketch ──▶ sequence (1 partition: offset = ordinal)  ──┐
-                     ──▶ sketches (1 per index shard)               ──┼─▶ index ──▶ matches
-                                                                     │        └──▶ align (requests)
-    align (requests) ──▶ align ──▶ aligned (1 per index shard) ────────┘
+"""Kafka plumbing shared by the single worker and the roles of ``dupalign stage``
+(dupalign/service/roles/launch.py): the topics and their partition counts, the records that
+travel between roles and transactional producers. The checkpoint unit (produced records +
+consumed offsets, one Kafka transaction) is dupalign/service/loop.py's ``Checkpoint``.
 
 Every record a role produces is sent in the transaction that also commits the input offsets
 it was made from (pre-KIP-447 aiokafka: one transactional id per input partition, so the
@@ -22,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import struct
-import time
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,22 +21,20 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import TopicAlreadyExistsError, for_code
 from aiokafka.structs import OffsetAndMetadata
 
 from dupalign.match import Match, Span
 from dupalign.service.config import KafkaConfig
-from dupalign.service.topics import retained_topics
 from dupalign.wire import messages
-from dupalign.wire.versions import ALIGNED, ALIGNED_WHOLE, SEQUENCE_RECORD
+from dupalign.wire.versions import ALIGNED, ALIGNED_WHOLE
 
 if TYPE_CHECKING:  # (the engine's import, numba, is not the producer's: produce fails fast)
     from dupalign.stages.align import RankedPage
 
 log = logging.getLogger("dupalign.topology")
 
-ORDINAL_HEADER = "dupalign-ordinal"  # the page's offset in the sequence topic
+ORDINAL_HEADER = "dupalign-ordinal"  # the page's ordinal
 SOURCE_HEADER = "dupalign-source"  # topic:partition:offset of the page in the input topic
 REPLY_HEADER = "dupalign-reply"  # topic:partition an align request is answered to
 RECORD_OVERHEAD = 4096  # room for a record's key, headers and batch framing
@@ -58,16 +47,14 @@ class TopologyError(RuntimeError):
 @dataclass
 class Outgoing:
     topic: str
-    value: bytes | None  # None: a tombstone (the forward topic)
+    value: bytes | None  # None: a tombstone
     key: bytes | None = None
     partition: int | None = None
     headers: list[tuple[str, bytes]] = field(default_factory=list)
 
 
 # -- topics ---------------------------------------------------------------------------------
-KEEP_FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
-# the forward topic keeps each live page's last record (its key: the ordinal) forever, and
-# a removed page's tombstone for a day
+# a changelog keeps each key's last record forever, and a removed key's tombstone for a day
 COMPACTED = {"cleanup.policy": "compact"}
 
 
@@ -79,17 +66,13 @@ def page_record_limit(kc: KafkaConfig, max_message_bytes: int) -> int:
 
 async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
                         max_message_bytes: int = 0, compacted: Collection[str] = (),
-                        retained: Collection[str] | None = None, counts_from: str = ""
-                        ) -> dict[str, int]:
+                        counts_from: str = "") -> dict[str, int]:
     """Check (and with ``kafka.create_topics``, create) ``wanted`` topics; their partition
     counts. Raises TopologyError for a missing topic (without create_topics) or one whose
     partition count breaks the sharding. ``max_message_bytes``: the largest page the
     input topic must take (``worker.max_message_bytes``). ``compacted``: topics made
-    compacted, as the forward topic is (the stores' changelogs). ``retained``: the topics
-    kept forever (None: the index topology's, ``retained_topics``). ``counts_from``: the
-    end of the error when a topic has another partition count, "topic t has n partitions,
-    not the m that ..." (default: the index topology's message)."""
-    retained = retained_topics(kc) if retained is None else set(retained)
+    compacted (the stores' changelogs). ``counts_from``: the end of the error when a topic
+    has another partition count, "topic t has n partitions, not the m that ..."."""
     admin = AIOKafkaAdminClient(**kc.client_kwargs())
     await admin.start()
     try:
@@ -98,19 +81,12 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
         if missing and kc.create_topics:
             # records between roles can be large (a big page's sketch, an align request
             # with its candidates' forward records): the topic takes what the producer sends
-            kept = {**KEEP_FOREVER, "compression.type": kc.retained_compression}
             compact = {**COMPACTED, "compression.type": kc.retained_compression}
-            # an align topic made elsewhere: the forward topic follows its count
-            follows = ({kc.forward_topic: counts[kc.align_topic]}
-                       if kc.align_topic in counts else {})
-            new = [NewTopic(t, wanted[t] or follows.get(t, _default_partitions(kc, t)),
-                            kc.replication_factor,
+            new = [NewTopic(t, wanted[t] or kc.topic_partitions, kc.replication_factor,
                             topic_configs={"max.message.bytes": str(
                                 page_record_limit(kc, max_message_bytes)
                                 if t == kc.input_topic else kc.max_request_size),
-                                           **(kept if t in retained else {}),
-                                           **(compact if t == kc.forward_topic or t in compacted
-                                              else {})})
+                                           **(compact if t in compacted else {})})
                    for t in missing]
             response = await admin.create_topics(new)
             for name, code, *_ in response.topic_errors:  # the admin client does not raise
@@ -132,92 +108,12 @@ async def ensure_topics(kc: KafkaConfig, wanted: dict[str, int | None],
             raise TopologyError(f"topics {missing} do not exist (create them, or set "
                                 f"kafka.create_topics = true){acl}")
         for topic, need in wanted.items():
-            if need is not None and counts[topic] != need and counts_from:
-                raise TopologyError(f"topic {topic!r} has {counts[topic]} partitions, not "
-                                    f"the {need} that {counts_from}")
             if need is not None and counts[topic] != need:
-                raise TopologyError(
-                    f"topic {topic!r} has {counts[topic]} partitions; the topology needs "
-                    f"exactly {need} (the sequence, sketch, aligned and partials topics 1, "
-                    f"the keys topic one per index shard: kafka.index_shards = "
-                    f"{kc.index_shards}). Changing the shard count means new topics and a "
-                    "rebuild by replay (docs/topology.md)")
-        if kc.align_topic in wanted and counts[kc.forward_topic] != counts[kc.align_topic]:
-            raise TopologyError(
-                f"topic {kc.forward_topic!r} has {counts[kc.forward_topic]} partitions and "
-                f"{kc.align_topic!r} {counts[kc.align_topic]}: an align shard reads the "
-                "forward records of the pages its align partition owns from the same "
-                "partition of the forward topic, so both need the same count (fixed per "
-                "deployment: docs/topology.md)")
-        await _warn_unretained(admin, sorted(set(retained) & set(wanted)))
+                raise TopologyError(f"topic {topic!r} has {counts[topic]} partitions, not "
+                                    f"the {need} that {counts_from or 'it needs'}")
         return counts
     finally:
         await admin.close()
-
-
-async def _warn_unretained(admin: AIOKafkaAdminClient, topics: list[str]) -> None:
-    """Log the retained topics whose records can expire: the role works, but a store
-    rebuilt after they expired cannot be (``require_retained`` stops it then)."""
-    if not topics:
-        return
-    resources = [ConfigResource(ConfigResourceType.TOPIC, t, configs=dict.fromkeys(KEEP_FOREVER))
-                 for t in topics]
-    for response in await admin.describe_configs(resources):
-        for _, _, _, topic, entries in response.resources:
-            expiring = {e[0]: e[1] for e in entries if e[0] in KEEP_FOREVER and e[1] != "-1"}
-            if expiring:
-                log.warning("topic %r expires records (%s): a store rebuilt by replay needs "
-                            "it from its first record; set retention.ms = -1 and "
-                            "retention.bytes = -1 (docs/topology.md)", topic,
-                            ", ".join(f"{k} = {v}" for k, v in sorted(expiring.items())))
-
-
-async def record_limit(kc: KafkaConfig, topic: str) -> int:
-    """The largest record ``topic`` takes: ``kafka.max_request_size``, or the topic's
-    effective ``max.message.bytes`` when that is smaller (a topic made elsewhere). A record
-    over it is refused by the broker, which stops the role that sends it, at the same
-    record after every restart; the roles dead-letter or reroute such records instead."""
-    admin = AIOKafkaAdminClient(**kc.client_kwargs())
-    await admin.start()
-    try:
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic,
-                                  configs={"max.message.bytes": None})
-        limit = None
-        for response in await admin.describe_configs([resource]):
-            for _, _, _, _, entries in response.resources:
-                for entry in entries:
-                    if entry[0] == "max.message.bytes" and entry[1] is not None:
-                        limit = int(entry[1])
-    finally:
-        await admin.close()
-    if limit is None or limit >= kc.max_request_size:
-        return kc.max_request_size
-    log.warning("topic %r takes records of at most %d bytes (max.message.bytes), below "
-                "kafka.max_request_size (%d): larger records are handled as too large",
-                topic, limit, kc.max_request_size)
-    return limit
-
-
-async def require_retained(consumer: AIOKafkaConsumer, tp: TopicPartition, start: int,
-                           reader: str) -> None:
-    """Raise TopologyError when ``tp`` no longer holds its records from ``start`` on (its log
-    starts later: retention or a deletion removed them). Reading it anyway would go on
-    from its log start (auto_offset_reset) and build a store without the pages before."""
-    begin = (await consumer.beginning_offsets([tp]))[tp]
-    if begin > start:
-        raise TopologyError(
-            f"{reader} must read {tp.topic}[{tp.partition}] from offset {start}, but the "
-            f"topic's log starts at {begin}: its records before were deleted (retention.ms "
-            "or retention.bytes, or a deletion). The store cannot be rebuilt from Kafka: "
-            f"restore it from a backup taken at or after offset {begin}, or start a new "
-            "deployment (new topics and stores) from the pages; keep these topics with "
-            "retention.ms = -1 and retention.bytes = -1 (docs/topology.md)")
-
-
-def _default_partitions(kc: KafkaConfig, topic: str) -> int:
-    if topic in (kc.align_topic, kc.forward_topic):
-        return kc.align_partitions
-    return kc.topic_partitions
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, topics: Iterable[str]
@@ -390,78 +286,6 @@ def record_ordinal(record: Any) -> int:
     return int(struct.unpack(">q", raw)[0])
 
 
-def encode_sequence(page_id: str, source: tuple[str, int, int]) -> bytes:
-    """A ``sequence`` record: the page id and where the page is in the input topic (enough
-    to replay the order with ``scan``)."""
-    return bytes(msgpack.packb({"v": SEQUENCE_RECORD.writes, "id": page_id, "source": list(source)},
-                               use_bin_type=True))
-
-
-def decode_sequence(raw: bytes) -> tuple[str, tuple[str, int, int]]:
-    d = msgpack.unpackb(raw, raw=False)
-    SEQUENCE_RECORD.check(d.get("v"))
-    s = d["source"]
-    return d["id"], (s[0], int(s[1]), int(s[2]))
-
-
-async def _stable_end(kc: KafkaConfig, consumer: AIOKafkaConsumer, seq: TopicPartition) -> int:
-    """``seq``'s end for the read_committed ``consumer`` once every transaction open now has
-    ended: a transaction that committed after another one opened sits above the last stable
-    offset until that one ends (within ``transaction_timeout_ms``, or the broker aborts it),
-    and the page it sequenced must be seen."""
-    peek = AIOKafkaConsumer(**kc.client_kwargs(), group_id=None, enable_auto_commit=False,
-                            isolation_level="read_uncommitted")
-    await peek.start()
-    try:
-        high = (await peek.end_offsets([seq]))[seq]
-    finally:
-        await peek.stop()
-    deadline = time.monotonic() + kc.transaction_timeout_ms / 1000 + 10
-    while (stop := (await consumer.end_offsets([seq]))[seq]) < high:
-        if time.monotonic() > deadline:
-            raise TopologyError(f"{seq.topic}: the last stable offset stays at {stop} below "
-                                f"{high}: a transaction that neither commits nor aborts")
-        await asyncio.sleep(0.2)
-    return int(stop)
-
-
-async def last_sequenced(kc: KafkaConfig, source: TopicPartition, window: int = 20_000,
-                         skip: int = 0) -> int | None:
-    """The input offset of the last page of ``source`` (a partition of the pages topic) in
-    the ``sequence`` topic, read backwards ``window`` records at a time (~50 bytes each);
-    None if no page of it is there. Where a sketch role resumes when its group has no
-    offset for ``source`` (expired, deleted): every page after that one is unsequenced.
-    ``skip``: the offset before the last ``skip`` distinct ones instead."""
-    seq = TopicPartition(kc.sequence_topic, 0)
-    consumer = AIOKafkaConsumer(
-        **kc.client_kwargs(), group_id=None, enable_auto_commit=False,
-        isolation_level="read_committed", max_partition_fetch_bytes=kc.max_partition_fetch_bytes,
-        fetch_max_bytes=kc.fetch_max_bytes)
-    await consumer.start()
-    try:
-        consumer.assign([seq])
-        begin = (await consumer.beginning_offsets([seq]))[seq]
-        stop = await _stable_end(kc, consumer, seq)
-        found: set[int] = set()
-        while stop > begin:
-            start = max(begin, stop - window)
-            consumer.seek(seq, start)
-            while await consumer.position(seq) < stop:
-                for records in (await consumer.getmany(seq, timeout_ms=500)).values():
-                    for rec in records:
-                        if rec.offset >= stop:
-                            break
-                        _, (topic, partition, offset) = decode_sequence(rec.value)
-                        if topic == source.topic and partition == source.partition:
-                            found.add(offset)
-            if len(found) > skip:  # (the windows go back in time: the newest are found)
-                return sorted(found, reverse=True)[skip]
-            stop = start
-        return None
-    finally:
-        await consumer.stop()
-
-
 def encode_aligned(ordinal: int, passages: list[tuple[str, list[Span]]]) -> bytes:
     """An ``aligned`` record (``ALIGNED_WHOLE``): what align found for a whole request, one that
     carried its candidates' forward records."""
@@ -474,8 +298,7 @@ def encode_aligned(ordinal: int, passages: list[tuple[str, list[Span]]]) -> byte
 def encode_aligned_part(ordinal: int, part: int, ranked: list[RankedPage] | None) -> bytes:
     """An ``aligned`` record (``ALIGNED.writes``): the best pages of one part of a request (its
     align partition ``part``), with their rank keys (``align.merge_ranked``); None: the
-    part could not be aligned here (a candidate's forward record is missing), the index
-    aligns the page itself."""
+    part could not be aligned here (a candidate's forward record is missing)."""
     pages = None if ranked is None else [
         [r.ordinal, r.doc_id, r.covered, r.best_est, [s.to_dict() for s in r.spans]]
         for r in ranked]

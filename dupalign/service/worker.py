@@ -34,7 +34,7 @@ from dupalign.runtime.engine import Engine
 from dupalign.service.config import Config, load_config
 from dupalign.service.exits import Exit
 from dupalign.service.http import HttpServer
-from dupalign.service.kafka_args import add_worker_arguments
+from dupalign.service.kafka_args import REMOVED_TOPOLOGY, add_worker_arguments
 from dupalign.service.kafka_security import quiet_refusals, refusal
 from dupalign.service.log_repeats import STARTUP
 from dupalign.service.logs import setup_logging
@@ -498,30 +498,19 @@ async def serve(config: Config, store_dir: str | Path) -> int:
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    if getattr(args, "roles", None) is not None:
+        print(f"dupalign worker: --roles: {REMOVED_TOPOLOGY}", file=sys.stderr)
+        return 2
     try:
         config = config_from_args(args)
     except ConfigError as exc:
         print(f"dupalign worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    from dupalign.service.roles.launch import ROLES, parse_roles, serve_roles
-
-    try:
-        roles = parse_roles(getattr(args, "roles", None) or ",".join(ROLES))
-    except ValueError as exc:
-        print(f"dupalign worker: --roles: {exc}", file=sys.stderr)
-        return 2
-    if ("index" in roles or "shard" in roles) and not args.store:
-        print("dupalign worker: --store is required (the index and shard roles keep their "
-              "stores there)", file=sys.stderr)
-        return 2
-    if "shard" in roles and config.kafka.index_shards < 2:
-        print("dupalign worker: --roles shard needs kafka.index_shards >= 2 (with 1, the "
-              "index role holds the whole index)", file=sys.stderr)
+    if not args.store:
+        print("dupalign worker: --store is required", file=sys.stderr)
         return 2
     setup_logging(config.worker.log_level, config.worker.log_format)
     quiet_refusals()
-    if roles != ROLES:  # a part of the topology (dupalign/service/roles/launch.py)
-        return asyncio.run(serve_roles(config, roles, args.store))
     return asyncio.run(serve(config, args.store))
 
 

@@ -207,7 +207,7 @@ class Rebalancing:
         if every and held != every:
             log.warning("this worker holds partitions %s of %s; another member of group %s "
                         "holds the others: each single worker matches pages against its own "
-                        "store only. Run one per group (replicas: 1), or the roles "
+                        "store only. Run one per group (replicas: 1), or the stage roles "
                         "(docs/topology.md) to scale out", sorted(held), self.kc.input_topic,
                         self.kc.group_id)
 

@@ -25,8 +25,7 @@ keys of stored pages only, each page is the current version of its id, and a rep
 hashes the id with the body, so no rule needs another id's state.
 
 Retention. The caller names sweep points: a sweep at sequence ordinal ``p`` (with its
-``now_ms``, the same everywhere: carried by the sequence, not read from a clock, as the
-topology's index role does today: dupalign.service.roles.index_lifecycle) removes
+``now_ms``, the same everywhere: carried by the sequence, not read from a clock) removes
 what ``Indexer.expired`` would after every page below ``p``, and the Ledger computes it from
 the decisions below ``p`` alone. So a directory shard, before it decides its first page at
 or after ``p``: waits until its own Ledger has applied every shard's decisions below ``p``,

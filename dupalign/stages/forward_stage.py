@@ -1,20 +1,20 @@
 """The forward records the align stage reads in the partitioned pipeline (docs/pipeline.md):
-by store ordinal, each stored page's full forward record and positions (as the index
-fan-in writes them: dupalign.stages.shards ``ShardedPassages.stage_forward``), the high
-halves of its unit hashes and its id, for the pages that are in the lists (stored, not exact
-copies, with passages). Kept from upstream data alone: the decisions placed by its
-``Ledger``, the exact answers, the pages' forward records as the sketch stage makes them
-(``forward_value``: the wire form the align stage's partitions read,
-dupalign/service/roles/stage_align.py) and the sweeps; read through a ``StoreForward``
-(dupalign.store.forward_reader). The ``forward`` records are derived from the positions and
-the units (dupalign.passage.forward_units): a changelog may leave them out (``DERIVED``),
-and the stage rebuilds them when it opens a store restored without them."""
+by store ordinal, each stored page's full forward record and positions (as the single
+index writes them: dupalign.passage.index), the high halves of its unit hashes and its id,
+for the pages that are in the lists (stored, not exact copies, with passages). Kept from
+upstream data alone: the decisions placed by its ``Ledger``, the exact answers, the pages'
+forward records as the sketch stage makes them (``forward_value``: the wire form the align
+stage's partitions read, dupalign/service/roles/stage_align.py) and the sweeps; read through
+a ``StoreForward`` (dupalign.store.forward_reader). The ``forward`` records are derived from
+the positions and the units (dupalign.passage.forward_units): a changelog may leave them out
+(``DERIVED``), and the stage rebuilds them when it opens a store restored without them."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 import msgpack
+import numpy as np
 
 from dupalign.config import EngineConfig
 from dupalign.passage import forward_units
@@ -22,7 +22,6 @@ from dupalign.passage.sketch import PassageSketcher, PassageState
 from dupalign.stages.directory import Decision
 from dupalign.stages.exact import ExactAnswer
 from dupalign.stages.ledger import Expired, Placed
-from dupalign.stages.shards import ShardedPassages
 from dupalign.store import tables
 from dupalign.store.database import Batch, Store
 from dupalign.wire.forward_record import ForwardRecord, encode_forward
@@ -84,6 +83,8 @@ class ForwardStage:
 
     @staticmethod
     def _remove(batch: Batch, ordinals: list[int]) -> None:
-        ShardedPassages.stage_forward_removal(batch, ordinals)
-        tables.units.remove(batch, ordinals)
+        dead = np.unique(np.asarray(ordinals, dtype=np.int64)).tolist()
+        tables.forward.remove(batch, dead)
+        tables.positions.remove(batch, dead)
+        tables.units.remove(batch, dead)
         tables.docs.remove(batch, ordinals)

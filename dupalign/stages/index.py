@@ -201,14 +201,14 @@ class Indexer:
         t1 = time.perf_counter()
         times.exact = t1 - t0
         query = Query(result, sk, prev, original, ordinal)
-        decided = self._decide(query)
+        self._decide(query)
         near_state, passage_state = query.near_state, query.passage_state
         t3 = time.perf_counter()
         write = partial(self._write, result, sk, near_state, passage_state, prev)
-        if decided and result.align is None and not self.unfinished:  # one batch
+        if result.align is None and not self.unfinished:  # one batch
             result.done = True
             write(result.matches)
-        elif decided and defer and not self.unfinished:  # finish writes it all, after align
+        elif defer and not self.unfinished:  # finish writes it all, after align
             result.deferred = write
         else:
             self.unfinished += 1
@@ -216,13 +216,10 @@ class Indexer:
         times.store = time.perf_counter() - t3
         return result
 
-    def _decide(self, q: Query) -> bool:
+    def _decide(self, q: Query) -> None:
         """The page's matches and alignment tasks: the revisit relation to the version it
         replaces, then the exact match, or the near search and the passage tasks (``q``:
-        what ``index`` found in the page directory). True: decided now; the index fan-in
-        of the Kafka topology (dupalign.service.roles.fan_in ``FanInIndexer``) decides later, from
-        its
-        shards' partials, and returns False."""
+        what ``index`` found in the page directory)."""
         result, sk, prev, ordinal, times = q.result, q.sk, q.prev, q.ordinal, self.times
         skip = q.skip
         t1 = time.perf_counter()
@@ -272,7 +269,6 @@ class Indexer:
                     near_state, matched, passage_state, trace, self.alive)
         t3 = time.perf_counter()
         times.near, times.passage = t2 - t1, t3 - t2
-        return True
 
     def _write(self, result: IndexResult, sk: PageSketch, near_state: NearState | None,
                passage_state: PassageState | None, prev: StoredVersion | None,

@@ -5,11 +5,11 @@ with its *partial*: the heads of the page's lists it owns (docs/pipeline.md, "Th
 page's alignment tasks from them (``PassageIndex.tasks_of``), as the single ``Indexer``
 does from its own lists.
 
-The shard's list state is a ``PassageIndex`` over its store, as the index shards of
-dupalign.stages.shards keep it (the same code: list heads, the ``max_list_read`` cut,
-stop lists, appends, packed runs, and per page a forward record of its windows in these
-lists, which a removal visits). What differs is who drives it: not the index fan-in, but
-the upstream stages' outputs, read in sequence order:
+The shard's list state is a ``PassageIndex`` over its store, as the single ``Indexer``
+keeps it (the same code: list heads, the ``max_list_read`` cut, stop lists, appends,
+packed runs, and per page a forward record of its windows in these lists, which a removal
+visits). What differs is who drives it: the upstream stages' outputs, read in sequence
+order:
 
 - every decision of the page directory, placed by the shard's own ``Ledger``
   (dupalign.stages.directory, dupalign.stages.ledger), and at each sweep point the

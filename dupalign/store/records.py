@@ -16,9 +16,6 @@ from dupalign.store.keys import read_u64, u64
 # be atomic with a page. Their keys are fixed by the stores already written, so each name maps
 # to its key here: a service names them and never builds a key.
 NOTES = {  # one count (u64) each
-    "forward_sent": b"topology_forward_sent",  # the index role's forward records sent below
-    "align_partitions": b"topology_align_partitions",  # the align partition count keyed by
-    "applied_seq": b"applied_seq",  # a shard process's last sequence record applied
     # a stage's ledger (dupalign.stages.ledger_store)
     "ledger_next_ordinal": b"ledger_next_ordinal",
     "ledger_next_seq": b"ledger_next_seq",
@@ -29,8 +26,6 @@ BLOBS = {  # one value each
     "learner_model": b"learner_model",  # the learner role's volatility model as learned
 }
 LOGS = {  # values by sequence number
-    "outbox": b"outbox/",  # the index fan-in's keys messages per sequence record
-    "partials": b"partial/",  # a shard process's partials per sequence record
     "audit_tally": b"audit_tally/",  # the recall audit's counts (sequence 0)
     "audit_reservoir": b"audit_reservoir/",  # the audit's reservoir of pages, by slot
     "ledger": b"ledger/",  # a stage's ledger rows: sequence ordinal -> store ordinal, fetched_at

@@ -285,9 +285,9 @@ class _VolatilityLog:
 
 
 volatility_log = _VolatilityLog()
-shard_count = MetaValue(b"index_shards")  # the fan-in's store: its shard count (msgpack)
-shard_of = MetaValue(b"index_shard")  # a shard's store: [shard, count] (msgpack)
-fan_in = MetaValue(b"index_fan_in")  # the Kafka topology's fan-in store: its shards are roles
+# a store built for index shards (removed after 4e63f5c): its shard count (msgpack); the
+# engine refuses a store of more than one
+shard_count = MetaValue(b"index_shards")
 
 
 class _IdfTables:

@@ -74,8 +74,6 @@ NEAR_ANSWER = WireVersion("near answer", 1, (1,))
 # -- the service's messages (worker) -----------------------------------------------------------
 # page, match, dead letter (schemas/*.json)
 SERVICE_MESSAGE = WireVersion("message", 1, (1,))
-# the sequence topic's records (dupalign/service/topology.py)
-SEQUENCE_RECORD = WireVersion("sequence record", 1, (1,))
 # the partitioned pipeline's sequence: one record per sketch batch
 # (dupalign/service/sequence_batch.py)
 SEQUENCE_BATCH = WireVersion("sequence batch", 1, (1,))
@@ -87,16 +85,6 @@ ALIGNED_WHOLE = 1  # the version that carries a whole request's passages
 # positions and positions records of 2-byte steps (store format 7); an optional "high" field (the
 # unit hashes' high halves, for a forward stage: dupalign.passage.forward_units) needs no new one
 FORWARD_RECORD = WireVersion("forward record", 2, (1, 2))
-# keys messages to the index shards: 2 carries a window as its list only (bin <u2,
-# min-hash <u8: 10 bytes, against 49 for version 1's whole rectangle); version 1 messages
-# (retained in the keys topic, or in a fan-in's outbox from before an upgrade) are read too
-KEYS_MESSAGE = WireVersion("keys message", 2, (1, 2))
-# partials: 2 sends the list heads' counts and ordinals as <u4 when they fit (below 4.3e9
-# ordinals), half of version 1's <i8, which is still read (the retained partials topic, and
-# the partials a shard keeps to answer a repeated message). A shard answers a version 1
-# keys message, from a fan-in that predates both, with a version 1 partial: so a rolling
-# upgrade works shards first, then the index processes.
-PARTIAL = WireVersion("partial", 2, (1, 2))
 
 
 # -- numpy arrays on the wire: little-endian bytes of a fixed dtype ----------------------------

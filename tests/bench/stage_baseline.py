@@ -27,8 +27,14 @@ from dupalign.service.config import KafkaConfig
 from dupalign.service.sequence_batch import PAGE_HEADER, SequenceBatch, record_page
 from dupalign.service.topology import ORDINAL_HEADER, header, new_producer, record_ordinal
 from dupalign.wire import messages
-from tests.bench.bench_topology import cpu_seconds
-from tests.topology_harness import REPO, check_alive, read_topic, stop_all, wait_log
+from tests.topology_harness import (
+    REPO,
+    check_alive,
+    cpu_seconds,
+    read_topic,
+    stop_all,
+    wait_log,
+)
 
 SOURCE_HEADER = "dupalign-source"  # the single worker's matches: "topic:partition:offset"
 

@@ -31,23 +31,21 @@ def _words(n: int) -> list[str]:
 
 
 def _dump(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
-    """Every key and value of the store and of its index shards' stores."""
+    """Every key and value of the store."""
     with Engine.open(path, read_only=True) as eng:
-        stores = [eng.store] + [s.store for s in getattr(eng.indexer, "shards", [])]
-        return {f"{i}/{family}": list(store.items(family)) for i, store in enumerate(stores)
-                for family in FAMILIES if store.has_family(family)}
+        return {family: list(eng.store.items(family)) for family in FAMILIES
+                if eng.store.has_family(family)}
 
 
-@pytest.mark.parametrize("shards", [1, 2])
 def test_a_removal_only_engine_indexes_nothing_and_removes_as_a_full_one(
-        tmp_path: Path, shards: int) -> None:
+        tmp_path: Path) -> None:
     base, other = _words(200), _words(200)
     near = list(base)
     near[50] = "changed"
     pages = [Page("a", " ".join(base)), Page("b", " ".join(other)),
              Page("c", " ".join(near)),  # a near copy of a
              Page("d", " ".join(other[:120] + _words(80)))]  # a passage of b
-    with Engine.open(tmp_path / "built", _config(), shards=shards) as eng:
+    with Engine.open(tmp_path / "built", _config()) as eng:
         for page in pages:
             eng.process(page)
     full, removal = tmp_path / "full", tmp_path / "removal"

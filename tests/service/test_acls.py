@@ -1,8 +1,7 @@
 """``dupalign acls``: the table of docs/security.md is what the code derives, the command's
 role choices are the module's, and its printout is kafka-acls.sh commands naming exactly the
-resources of the config. (tests/service/test_kafka_security.py applies them to a broker that
-enforces ACLs and runs the topology under them; test_cli.py checks that `acls --help` imports
-no heavy module.)"""
+resources of the config. (The stage roles' ACLs: test_stage_acls.py; test_cli.py checks that
+`acls --help` imports no heavy module.)"""
 
 from __future__ import annotations
 
@@ -30,11 +29,10 @@ def generated_table(made_by: str) -> str:
 
 
 def test_the_docs_table_is_the_one_the_code_derives() -> None:
-    found = generated_table("`dupalign acls --table` (kafka.index_shards = 2, "
-                            "kafka.create_topics = false)")
-    assert found == acls.table(KafkaConfig(index_shards=2, create_topics=False)), (
+    found = generated_table("`dupalign acls --table` (kafka.create_topics = false)")
+    assert found == acls.table(KafkaConfig(create_topics=False)), (
         "docs/security.md's table differs from the code: paste `dupalign acls --table` of a "
-        "config with kafka.index_shards = 2 and kafka.create_topics = false")
+        "config with kafka.create_topics = false")
 
 
 def test_the_command_offers_every_role_the_module_knows() -> None:
@@ -46,36 +44,36 @@ def test_the_printout_is_kafka_acls_commands_for_the_configs_names(tmp_path: Pat
     config.write_text('[kafka]\ninput_topic = "crawl"\ngroup_id = "dedup"\n'
                       'transactional_id_prefix = "tx"\n')
     run = subprocess.run([sys.executable, "-m", "dupalign.service.cli", "acls", "--role",
-                          "sketch", "--principal", "User:sk", "--config", str(config),
+                          "worker", "--principal", "User:w", "--config", str(config),
                           "--bootstrap", "b:9093", "--command-config", "admin.properties"],
                          cwd=REPO, capture_output=True, text=True, check=True)
     lines = [shlex.split(line) for line in run.stdout.splitlines()]
     assert all(argv[:6] == ["kafka-acls.sh", "--bootstrap-server", "b:9093",
                             "--command-config", "admin.properties", "--add"] and
-               argv[6:8] == ["--allow-principal", "User:sk"] for argv in lines)
+               argv[6:8] == ["--allow-principal", "User:w"] for argv in lines)
     granted = {(argv[argv.index("--operation") + 1], kind, name)
                for argv in lines for kind, name in zip(argv[8::2], argv[9::2], strict=False)
                if kind in ("--topic", "--group", "--transactional-id")}
     assert ("Read", "--topic", "crawl") in granted
-    assert ("Write", "--topic", "pages.sketches") in granted
-    assert ("Read", "--group", "dedup-sketch") in granted
-    assert ("Write", "--transactional-id", "tx-dedup-sketch-crawl-") in granted
-    assert not any(name == "matches" and op == "Write" for op, _, name in granted)
+    assert ("Write", "--topic", "matches") in granted
+    assert ("Read", "--group", "dedup") in granted
+    assert ("Write", "--transactional-id", "tx-dedup-crawl-") in granted
+    assert not any(name == "crawl" and op == "Write" for op, _, name in granted)
     txn = next(argv for argv in lines if "--transactional-id" in argv)
     assert txn[-2:] == ["--resource-pattern-type", "prefixed"]
 
 
 def test_without_transactions_no_transactional_id_and_create_only_when_asked() -> None:
-    plain = acls.accesses("align", KafkaConfig(transactions=False, create_topics=False))
+    plain = acls.accesses("worker", KafkaConfig(transactions=False, create_topics=False))
     assert not [a for a in plain if a.kind == "transactional-id"]
     assert not [a for a in plain if "Create" in a.operations]
-    creating = acls.accesses("align", KafkaConfig(create_topics=True))
+    creating = acls.accesses("worker", KafkaConfig(create_topics=True))
     assert [a for a in creating if "Create" in a.operations]
 
 
 def test_a_principal_without_a_type_is_a_usage_error() -> None:
     run = subprocess.run([sys.executable, "-m", "dupalign.service.cli", "acls", "--role",
-                          "index", "--principal", "sketch"], cwd=REPO, capture_output=True,
+                          "worker", "--principal", "sketch"], cwd=REPO, capture_output=True,
                          text=True, check=False)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [

@@ -280,7 +280,8 @@ def test_help_imports_neither_the_engine_nor_kafka(command: str) -> None:
 
         sub = next(a for a in build_parser()._actions
                    if isinstance(a, argparse._SubParsersAction))
-        options = [o for a in sub.choices[command]._actions for o in a.option_strings]
+        options = [o for a in sub.choices[command]._actions if a.help != argparse.SUPPRESS
+                   for o in a.option_strings]  # (removed options stay hidden: an error)
         assert "--help" in options and all(o in "\n".join(shown) for o in options)
 
 
@@ -290,7 +291,8 @@ def test_a_role_process_imports_neither_aiohttp_without_metrics_nor_scipy_linalg
     probe (dupalign/kernel_cache.py): ~0.3 s of CPU each at every process start."""
     code = ("import sys\nimport numpy as np\n"
             "from dupalign.service import worker\n"
-            "from dupalign.service.roles import align, index, launch, shard, sketch\n"
+            "from dupalign.service.roles import launch, stage_command\n"
+            "from dupalign.service.roles import stage_align, stage_combine, stage_sketch\n"
             "from dupalign.text.hashing import mix64\n"
             "mix64(np.arange(3, dtype=np.uint64))\n"
             "print(sorted({'aiohttp', 'scipy.linalg'} & set(sys.modules)))\n")

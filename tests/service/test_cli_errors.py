@@ -19,7 +19,6 @@ import pytest
 from dupalign.config import STORE_FORMAT
 from dupalign.page import Page
 from dupalign.service.exits import Exit
-from dupalign.service.roles.fan_in import FanInIndexer
 from dupalign.store.database import Store
 from tests.corpora import DEMO
 
@@ -105,11 +104,20 @@ def _store_other_params(tmp: Path) -> list[str]:
     return ["scan", str(RFC2821), "--store", "s"]
 
 
-def _store_other_shard_count(tmp: Path) -> list[str]:
-    from dupalign.runtime.engine import Engine
+def _store_of_index_shards(tmp: Path) -> list[str]:
+    """A store an older dupalign built for 2 index shards (``scan --shards 2``)."""
+    import msgpack
 
-    Engine.open(tmp / "s", shards=2).close()
-    return ["scan", str(RFC2821), "--store", "s", "--shards", "3"]
+    from dupalign.runtime.engine import Engine
+    from dupalign.store import tables
+
+    with Engine.open(tmp / "s") as engine:
+        tables.shard_count.put(engine.store, msgpack.packb(2))
+    return ["scan", str(RFC2821), "--store", "s"]
+
+
+def _scan_shards(tmp: Path) -> list[str]:
+    return ["scan", str(RFC2821), "--store", "s", "--shards", "2"]
 
 
 def worker_store_ahead_of_its_commit(path: Path) -> None:
@@ -138,14 +146,6 @@ def _compact_ahead_of_commit(tmp: Path) -> list[str]:
 def _delete_ahead_of_commit(tmp: Path) -> list[str]:
     worker_store_ahead_of_its_commit(tmp / "s")
     return ["delete", "p1", "--store", "s"]
-
-
-def _compact_fan_in(tmp: Path) -> list[str]:
-    from dupalign.runtime.engine import Engine
-
-    # the topology's index role
-    Engine.open(tmp / "s", shards=2, remote_shards=FanInIndexer).close()
-    return ["compact", "--store", "s"]
 
 
 def _store_other_version(tmp: Path) -> list[str]:
@@ -200,6 +200,19 @@ def _stage_unknown_role(tmp: Path) -> list[str]:
     return ["stage", "sketch,index", "--store", "s"]
 
 
+def _worker_roles(tmp: Path) -> list[str]:
+    return ["worker", "--roles", "index", "--store", "s"]
+
+
+def _acls_topology_role(tmp: Path) -> list[str]:
+    return ["acls", "--role", "index", "--principal", "User:index"]
+
+
+def _topology_config(tmp: Path) -> list[str]:
+    (tmp / "old.toml").write_text("[kafka]\nindex_shards = 2\n")
+    return ["worker", "--store", "s", "--config", "old.toml"]
+
+
 def _stage_bad_shape(tmp: Path) -> list[str]:
     return ["stage", "all", "--store", "s", "--shape", "2,2,3,2,2"]
 
@@ -225,13 +238,10 @@ CASES = [
          "cannot create the store directory plain/store: Not a directory"),
     Case("store with other parameters", _store_other_params, Exit.STORE,
          "seed: store has 1, asked for 24301"),
-    Case("store of another shard count", _store_other_shard_count, Exit.STORE,
-         "store s was built for 2 index shard(s), asked for 3: the shard count is fixed per "
-         "store (it decides where every key lives); rebuild by replay into a new store: "
-         "dupalign scan --store NEW_STORE --shards 3 INPUT..."),
-    Case("compact on the index fan-in of a Kafka topology", _compact_fan_in, Exit.STORE,
-         "store s is the index fan-in of a Kafka topology: its 2 index shards are the shard "
-         "roles' stores; only the index role opens it"),
+    Case("store of index shards", _store_of_index_shards, Exit.STORE,
+         "rebuild it by replay into a new store, `dupalign scan --store NEW_STORE INPUT...`"),
+    Case("scan --shards", _scan_shards, Exit.USAGE,
+         "--shards: index shards were removed after commit 4e63f5c: scan keeps one index"),
     Case("compact on a store ahead of its Kafka commit", _compact_ahead_of_commit,
          Exit.UNCOMMITTED, "store s holds pages of pages:0 at offsets 1 to 2 that a Kafka "
          "worker stored but has not recorded as committed"),
@@ -262,6 +272,15 @@ CASES = [
     Case("stage, unknown role", _stage_unknown_role, Exit.USAGE,
          "unknown roles ['index']: choose among sketch, directory, exact, learner, router, "
          "near, lists, combine, align, or all"),
+    # the index topology was removed: what named it says so, and where to go
+    Case("worker --roles", _worker_roles, Exit.USAGE,
+         "--roles: the index topology (`dupalign worker --roles`, index shards, their topics "
+         "and ACLs) was removed after commit 4e63f5c: run `dupalign worker` for one process, "
+         "or `dupalign stage ROLE...|all` to grow to many"),
+    Case("acls --role of the topology", _acls_topology_role, Exit.USAGE,
+         "--role index: the index topology (`dupalign worker --roles`, index shards"),
+    Case("config key of the topology", _topology_config, Exit.USAGE,
+         "config key 'kafka.index_shards': the index topology"),
     Case("stage, a near count not a power of 2", _stage_bad_shape, Exit.USAGE,
          "invalid configuration: config key 'kafka.shape': '2,2,3,2,2': the near stage's count "
          "(3) must be a power of 2"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -27,12 +26,6 @@ def load_yaml(name: str) -> Any:
 def dockerfile_cmd() -> list[str]:
     lines = re.findall(r"^CMD (\[.*\])$", (DEPLOY / "Dockerfile").read_text(), re.M)
     return list(json.loads(lines[-1]))
-
-
-def role_manifests() -> list[str]:
-    """The k8s-topology resources that run a role (not its NetworkPolicy)."""
-    return [name for name in load_yaml("k8s-topology/kustomization.yaml")["resources"]
-            if load_yaml(f"k8s-topology/{name}")["kind"] in ("Deployment", "StatefulSet")]
 
 
 def stage_manifests() -> list[str]:
@@ -116,189 +109,6 @@ def test_compose_mounts_what_the_services_read() -> None:
     assert source["url"] == "http://prometheus:9090" and "prometheus" in services
 
 
-def test_topology_manifests_run_each_role_with_the_topology_config() -> None:
-    """Compose and Kubernetes run 2 processes of each role, each with args the worker's
-    parser takes, a config mounted where the args say, and the index with a store."""
-    import argparse
-
-    from dupalign.service.roles.launch import parse_roles
-    from dupalign.service.worker import add_worker_arguments
-
-    parser = argparse.ArgumentParser()
-    add_worker_arguments(parser)
-    config = load_config(DEPLOY / "k8s-topology" / "topology.toml", env={})
-    assert config.kafka.max_request_size >= 16 << 20  # sketches of large pages
-    roles: dict[str, int] = {}
-    services = load_yaml("docker-compose.topology.yml")["services"]
-    for name, service in services.items():
-        if "--roles" not in service.get("command", []):
-            continue
-        args = parser.parse_args(service["command"][1:])
-        (role,) = parse_roles(args.roles)
-        roles[role] = roles.get(role, 0) + 1
-        mounts = {v.split(":")[1]: v.split(":")[0] for v in service["volumes"]}
-        assert mounts[args.config] == "./k8s-topology/topology.toml", name
-        assert (args.store is not None) == (role in ("index", "align")), name
-        if args.store is not None:
-            assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
-    assert roles == {"sketch": 2, "index": 2, "align": 2}
-    kinds = {}
-    for name in role_manifests():
-        doc = load_yaml(f"k8s-topology/{name}")
-        container = doc["spec"]["template"]["spec"]["containers"][0]
-        args = parser.parse_args(container["args"][1:])
-        (role,) = parse_roles(args.roles)
-        kinds[role] = (doc["kind"], doc["spec"]["replicas"])
-        mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-        assert args.config == f"{mount['config']}/topology.toml"
-        if role in ("index", "align"):
-            assert args.store.startswith(mount["store"] + "/")
-    assert kinds == {"sketch": ("Deployment", 2), "index": ("StatefulSet", 2),
-                     "align": ("StatefulSet", 2)}
-
-
-def topology_dashboard() -> dict[str, Any]:
-    return dict(json.loads((DEPLOY / "grafana/dashboards/dupalign-topology.json").read_text()))
-
-
-def test_every_role_pod_is_probed_and_scraped_on_the_port_the_roles_serve() -> None:
-    metrics = load_config(DEPLOY / "k8s-topology" / "topology.toml", env={}).metrics
-    assert metrics.enabled and metrics.host == "0.0.0.0"
-    for name in role_manifests():
-        pod = load_yaml(f"k8s-topology/{name}")["spec"]["template"]
-        (container,) = pod["spec"]["containers"]
-        probed_and_scraped(pod, container, metrics.port, name)
-    # compose: Prometheus scrapes exactly the role services, Grafana gets the dashboards
-    services = load_yaml("docker-compose.topology.yml")["services"]
-    roles = {n for n, s in services.items() if "--roles" in s.get("command", [])}
-    assert "healthcheck" not in services[sorted(roles)[0]]  # the image's HEALTHCHECK applies
-    prom = {v.split(":")[0]: v.split(":")[1] for v in services["prometheus"]["volumes"]}
-    assert prom["./prometheus/prometheus.topology.yml"] == "/etc/prometheus/prometheus.yml"
-    (job,) = load_yaml("prometheus/prometheus.topology.yml")["scrape_configs"]
-    targets = {t for group in job["static_configs"] for t in group["targets"]}
-    assert targets == {f"{n}:{metrics.port}" for n in roles}
-    grafana = {v.split(":")[0]: v.split(":")[1] for v in services["grafana"]["volumes"]}
-    (provider,) = load_yaml("grafana/provisioning/dashboards/dupalign.yml")["providers"]
-    assert grafana["./grafana/dashboards"] == provider["options"]["path"]
-
-
-def test_the_topology_dashboard_plots_every_role_metric_and_only_those() -> None:
-    from dupalign.service.roles.metrics import RoleMetrics
-
-    exposed = {f.name + ("_total" if f.type == "counter" else "")
-               for f in RoleMetrics().registry.collect()
-               if not f.name.startswith("dupalign_stage_")}  # (dupalign-stages.json's)
-    dashboard = topology_dashboard()
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
-    used = {name for e in exprs for name in re.findall(r"\bdupalign_\w+", e)}
-    assert used - exposed == set(), "panels query metrics the roles do not expose"
-    assert exposed - used == set(), "role metrics no panel shows"
-    ids = [p["id"] for p in dashboard["panels"]]
-    assert len(ids) == len(set(ids))
-
-
-def test_the_sharded_topology_runs_a_fan_in_and_one_shard_process_per_shard() -> None:
-    """The sharded overlays (compose override, Kubernetes kustomization) load a config with
-    index shards, run the shard role with a store per process, the fan-in and its standby,
-    create the keys topic with one partition per shard and keep it and the partials topic
-    forever (a shard and a fan-in are rebuilt from them), and scrape every process they
-    run."""
-    import argparse
-
-    from dupalign.service.roles.launch import parse_roles
-    from dupalign.service.worker import add_worker_arguments
-
-    parser = argparse.ArgumentParser()
-    add_worker_arguments(parser)
-    config = load_config(DEPLOY / "k8s-topology-sharded" / "topology.toml", env={})
-    shards = config.kafka.index_shards
-    assert shards == 2
-    base = load_yaml("docker-compose.topology.yml")["services"]
-    override = load_yaml("docker-compose.sharded.yml")["services"]
-    running: dict[str, str] = {}
-    for name in sorted(set(base) | set(override)):
-        service = {**base.get(name, {}), **override.get(name, {})}
-        if "--roles" not in service.get("command", []) or "profiles" in override.get(name, {}):
-            continue
-        args = parser.parse_args(service["command"][1:])
-        (role,) = parse_roles(args.roles)
-        running[name] = role
-        # compose merges volumes by their target: the override's config mount wins
-        mounts = {v.split(":")[1]: v.split(":")[0] for v in base.get(name, {}).get("volumes", [])}
-        mounts.update({v.split(":")[1]: v.split(":")[0] for v in override[name]["volumes"]})
-        assert mounts[args.config] == "./k8s-topology-sharded/topology.toml", name
-        assert (args.store is not None) == (role in ("index", "shard", "align")), name
-        if args.store is not None:
-            assert mounts[str(PurePosixPath(args.store).parent)].endswith("-store"), name
-    roles = sorted(running.values())
-    assert roles == sorted(["sketch", "index", "align"] * 2 + ["shard"] * shards)
-    topics = override["topics"]["command"][0]
-    assert f"{config.kafka.keys_topic}:{shards}:-1" in topics
-    assert f"{config.kafka.partials_topic}:1:-1" in topics
-    (job,) = load_yaml("prometheus/prometheus.sharded.yml")["scrape_configs"]
-    targets = {t for group in job["static_configs"] for t in group["targets"]}
-    assert targets == {f"{n}:{config.metrics.port}" for n in running}
-    prom = {v.split(":")[1]: v.split(":")[0] for v in override["prometheus"]["volumes"]}
-    assert prom["/etc/prometheus/prometheus.yml"] == "./prometheus/prometheus.sharded.yml"
-    # Kubernetes: the base's pods (the fan-in with its standby), the shard StatefulSet
-    kustomization = load_yaml("k8s-topology-sharded/kustomization.yaml")
-    assert kustomization["resources"] == ["../k8s-topology", "shard.yaml"]
-    (generated,) = kustomization["configMapGenerator"]
-    assert generated["behavior"] == "replace" and generated["files"] == ["topology.toml"]
-    assert generated["name"] == load_yaml("k8s-topology/kustomization.yaml")[
-        "configMapGenerator"][0]["name"]
-    assert "patches" not in kustomization
-    doc = load_yaml("k8s-topology-sharded/shard.yaml")
-    container = doc["spec"]["template"]["spec"]["containers"][0]
-    args = parser.parse_args(container["args"][1:])
-    assert parse_roles(args.roles) == ("shard",)
-    assert (doc["kind"], doc["spec"]["replicas"]) == ("StatefulSet", shards)
-    mount = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert args.store.startswith(mount["store"] + "/")
-    assert args.config == f"{mount['config']}/topology.toml"
-    assert container["ports"][0]["containerPort"] == config.metrics.port
-
-
-@pytest.mark.parametrize("overlays", [["docker-compose.topology.yml"],
-                                      ["docker-compose.topology.yml",
-                                       "docker-compose.sharded.yml"]])
-def test_the_compose_topics_service_keeps_the_retained_topics_compressed(
-        overlays: list[str]) -> None:
-    """The ``topics`` service's shell loop (run here with ``echo`` for kafka-topics.sh)
-    creates every retained topic of the config (a store is rebuilt from them) with
-    retention.ms = -1 and compression.type = zstd, and the others as their producers
-    send them."""
-    from dupalign.service.topics import retained_topics
-
-    services: dict[str, Any] = {}
-    for name in overlays:
-        services.update(load_yaml(name)["services"])
-    config = load_config(DEPLOY / ("k8s-topology-sharded" if len(overlays) > 1
-                                   else "k8s-topology") / "topology.toml", env={})
-    script = services["topics"]["command"][0].replace("$$", "$").replace(
-        "/opt/kafka/bin/kafka-topics.sh", "echo")
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
-    created = {}
-    for line in out.stdout.splitlines():
-        args = line.split()
-        configs = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "--config")
-        created[args[args.index("--topic") + 1]] = configs
-    retained = retained_topics(config.kafka)
-    assert retained <= set(created)
-    assert created[config.kafka.forward_topic] == {  # kept: the align shards' records
-        "cleanup.policy": "compact", "compression.type": "zstd",
-        "max.message.bytes": "33554432"}
-    for topic, configs in created.items():
-        if topic == config.kafka.forward_topic:
-            continue
-        if topic in retained:
-            assert (configs["retention.ms"], configs["compression.type"]) == ("-1", "zstd")
-        elif topic != config.kafka.input_topic:  # (the crawl's own topic, kept too)
-            assert configs["retention.ms"] != "-1", topic
-            assert configs["compression.type"] == "producer", topic
-
-
 def test_every_kubernetes_pod_runs_the_local_image_without_pulling_it() -> None:
     """``dupalign:latest`` is built locally (deploy/README.md); with a ``:latest`` tag and no
     imagePullPolicy, Kubernetes pulls it at every start, from a registry that has none."""
@@ -319,8 +129,7 @@ def test_every_kubernetes_pod_runs_the_local_image_without_pulling_it() -> None:
 SASL_KEYS = ("security_protocol", "sasl_mechanism", "sasl_password_file", "ssl_cafile")
 
 
-@pytest.mark.parametrize("config", ["k8s/configmap.yaml", "k8s-topology/topology.toml",
-                                    "k8s-stages/stages.toml"])
+@pytest.mark.parametrize("config", ["k8s/configmap.yaml", "k8s-stages/stages.toml"])
 def test_the_kubernetes_sasl_settings_read_the_mounted_secret(config: str, tmp_path: Path
                                                               ) -> None:
     """Uncommented, the SASL lines of the shipped configs load with the worker's loader and
@@ -337,16 +146,12 @@ def test_the_kubernetes_sasl_settings_read_the_mounted_secret(config: str, tmp_p
     assert (kafka.security_protocol, kafka.sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
     assert kafka.sasl_plain_password == "from-the-secret"
     pods = ([("k8s/statefulset.yaml", "dupalign-kafka")] if config.startswith("k8s/") else
-            [(f"k8s-stages/{n}", None) for n in stage_manifests()]
-            if config.startswith("k8s-stages/") else
-            [(f"k8s-topology/{n}", None) for n in role_manifests()] +
-            [("k8s-topology-sharded/shard.yaml", None)])
+            [(f"k8s-stages/{n}", None) for n in stage_manifests()])
     for name, secret in pods:
         spec = load_yaml(name)["spec"]["template"]["spec"]
         (container,) = spec["containers"]
         role = name.rsplit("/", 1)[-1].removesuffix(".yaml")
-        stage = "stage-" if name.startswith("k8s-stages/") else ""
-        secret = secret or f"dupalign-kafka-{stage}{role}"  # each role its own user
+        secret = secret or f"dupalign-kafka-stage-{role}"  # each role its own user
         mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
         assert mounts["kafka-secret"] == "/run/secrets/kafka", name
         volumes = {v["name"]: v for v in spec["volumes"]}
@@ -357,7 +162,7 @@ def test_the_kubernetes_sasl_settings_read_the_mounted_secret(config: str, tmp_p
         assert spec["securityContext"]["fsGroup"] == 10001, name  # reads the 0440 files
 
 
-@pytest.mark.parametrize("folder", ["k8s", "k8s-topology", "k8s-stages"])
+@pytest.mark.parametrize("folder", ["k8s", "k8s-stages"])
 def test_only_prometheus_reaches_the_metrics_port(folder: str) -> None:
     assert "networkpolicy.yaml" in load_yaml(f"{folder}/kustomization.yaml")["resources"]
     policy = load_yaml(f"{folder}/networkpolicy.yaml")
@@ -462,12 +267,11 @@ def test_the_stage_manifests_run_every_role_with_the_shape_of_one_config() -> No
 def test_the_stages_dashboard_plots_every_metric_of_the_stage_roles_and_only_those() -> None:
     """Every series a stage role exports (the roles' records, bytes, transactions,
     partitions, the stage partitions' ordinals, the outage) is on a panel, per role; no
-    panel asks for one the stage roles do not export (the index topology's)."""
+    panel asks for one the stage roles do not export."""
     from dupalign.service.roles.metrics import RoleMetrics
 
-    theirs = ("dupalign_index_", "dupalign_sketch_", "dupalign_audit_")  # (the old roles')
     exposed = {f.name + ("_total" if f.type == "counter" else "")
-               for f in RoleMetrics().registry.collect() if not f.name.startswith(theirs)}
+               for f in RoleMetrics().registry.collect()}
     dashboard = dict(json.loads((DEPLOY / "grafana/dashboards/dupalign-stages.json")
                                 .read_text()))
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
@@ -478,4 +282,3 @@ def test_the_stages_dashboard_plots_every_metric_of_the_stage_roles_and_only_tho
     assert any("by (role, partition)" in e for e in exprs)
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
-    assert dashboard["uid"] != topology_dashboard()["uid"]

@@ -1,7 +1,7 @@
 """dupalign against a broker that requires TLS and SASL (SCRAM-SHA-512) and enforces ACLs
 (``secure_kafka``: deploy/kafka/broker.sh with BROKER_SASL_SSL=1), each process of its own:
-the single worker and a topology of one process per role give ``scan``'s matches over the
-SASL_SSL listener; a wrong password, an untrusted certificate and a missing ACL each stop
+the single worker gives ``scan``'s matches over the SASL_SSL listener (the stage roles':
+test_stage_security_kafka.py); a wrong password, an untrusted certificate and a missing ACL
 the process with one line and the Kafka exit code, nothing committed and nothing lost (a
 run with the right settings afterwards gives every match); no password in a log line,
 /metrics or ``dupalign stats --json``. The admin side (topics, readers) is the plaintext
@@ -9,7 +9,6 @@ listener's super user."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import json
 import os
@@ -34,7 +33,7 @@ from tests.service.test_worker_kafka import (
     match_key,
     stop_when_committed,
 )
-from tests.topology_harness import REPO, Topology
+from tests.topology_harness import REPO
 
 pytestmark = pytest.mark.kafka
 
@@ -180,65 +179,6 @@ async def refused(broker: SecureBroker, user: str, write: str | None = None,
         await client.stop()
     raise AssertionError(f"{user} was allowed to {'write' if write else 'read'} "
                          f"{write or read}")
-
-
-async def read_matches_as(broker: SecureBroker, user: str, topic: str, group: str, n: int
-                          ) -> int:
-    """A reader of the matches as ``user`` (the consumer role's ACLs): how many it read."""
-    kc = load_config(env=broker.kafka_env(user)).kafka
-    consumer = AIOKafkaConsumer(topic, **kc.client_kwargs(), group_id=group,
-                                isolation_level="read_committed", auto_offset_reset="earliest",
-                                enable_auto_commit=False)
-    await consumer.start()
-    got = 0
-    try:
-        while got < n:
-            for records in (await asyncio.wait_for(consumer.getmany(timeout_ms=1000), 60)
-                            ).values():
-                got += len(records)
-        await consumer.commit()
-    finally:
-        await consumer.stop()
-    return got
-
-
-async def test_a_topology_of_one_process_per_role_with_only_its_acls_gives_the_matches_of_scan(
-        secure_kafka: SecureBroker, tmp_path: Path) -> None:
-    """Over SASL_SSL, each role, ``produce`` and a reader of the matches as a user of its own
-    holding only what ``dupalign acls`` grants it; and none can touch what is not its own."""
-    broker = secure_kafka
-    topo = await Topology(broker.plaintext, tmp_path).create()
-    config = topo.config_path
-    reader_group = f"{topo.group}-reader"
-    grant(broker, config, *((role, role, ()) for role in ("sketch", "index", "align", "produce")),
-          ("consumer", "reader", ("--group", reader_group)))
-    try:
-        topo.start("sketch", env={**broker.kafka_env("sketch"), **NO_CREATE})
-        topo.start("index", tmp_path / "index", env={**broker.kafka_env("index"), **NO_CREATE})
-        topo.start("align", env={**broker.kafka_env("align"), **NO_CREATE})
-        log = tmp_path / "produce.log"
-        produce = dupalign("produce", *(str(REPO / "demo" / d) for d in DEMO_INPUTS),
-                           "--config", str(config), "--quiet", env=broker.kafka_env("produce"),
-                           log=log)
-        assert produce.wait(120) == 0, log.read_text()
-        pages = demo_pages()
-        published = await topo.published(len(pages), timeout=600)
-        expected = await topo.scan_in_sequence_order(tmp_path / "oracle")
-        got = collections.Counter(match_key(messages.decode_match(r.value)) for r in published)
-        assert {k[1] for k in expected} == {"exact", "near", "passage"}
-        assert got == expected
-        assert await read_matches_as(broker, "reader", topo.topic["matches"], reader_group,
-                                     len(published)) == len(published)
-    finally:
-        topo.stop_all()
-    # least privilege: a role cannot write a topic it does not own, nor read one
-    t = topo.topic
-    assert await refused(broker, "sketch", write=t["matches"]) == "TopicAuthorizationFailedError"
-    assert await refused(broker, "align", write=t["sequence"]) == "TopicAuthorizationFailedError"
-    assert await refused(broker, "reader", write=t["matches"]) == "TopicAuthorizationFailedError"
-    assert await refused(broker, "produce", read=t["pages"]) == "TopicAuthorizationFailedError"
-    assert await refused(broker, "index", read=t["pages"]) == "TopicAuthorizationFailedError"
-    assert_no_secret(broker, log.read_text(), *(log.read_text() for _, log in topo.procs))
 
 
 DEMO_INPUTS = ("llvm-docs", "rfc", "web/creativecommons.org.warc.gz")  # demo_pages' order

@@ -33,11 +33,10 @@ from tests.service.test_worker_kafka import Topics
 REPO = Path(__file__).resolve().parents[2]
 PROM_DIR = REPO / "deploy" / "prometheus"
 ALERTS_TEST = Path(__file__).resolve().parents[1] / "prometheus" / "alerts_test.yml"
-# The single worker's dashboards; the roles' (dupalign-topology.json) is queried against live
-# role processes in test_topology_kafka.py, the stage roles' series in
+# The single worker's dashboards; the stage roles' series are queried in
 # test_stage_command_kafka.py.
 DASHBOARDS = sorted(p for p in (REPO / "deploy" / "grafana" / "dashboards").glob("*.json")
-                    if p.name not in ("dupalign-topology.json", "dupalign-stages.json"))
+                    if p.name != "dupalign-stages.json")
 JOB = "dupalign-worker"  # the scrape job in prometheus.yml; the alerts select on it
 MESSAGES_PER_ROUND = 5  # pages_for_round: four pages and one malformed message
 
@@ -55,9 +54,8 @@ def test_promtool_check_config(prometheus_bin: Path) -> None:
     assert "1 rule files found" in out  # alerts.yml is found beside it
 
 
-@pytest.mark.parametrize("config", ["prometheus.topology.yml", "prometheus.stages.yml"])
-def test_promtool_check_topology_config(prometheus_bin: Path, config: str) -> None:
-    promtool(prometheus_bin, "check", "config", str(PROM_DIR / config))
+def test_promtool_check_stages_config(prometheus_bin: Path) -> None:
+    promtool(prometheus_bin, "check", "config", str(PROM_DIR / "prometheus.stages.yml"))
 
 
 def test_promtool_check_rules(prometheus_bin: Path) -> None:

@@ -90,9 +90,6 @@ bootstrap_servers = "{bootstrap}"
 input_topic = "pages-{tag}"
 output_topic = "matches-{tag}"
 dlq_topic = "dlq-{tag}"
-# (their defaults are one topic per broker: every setup's align requests would meet there)
-align_topic = "align-{tag}"
-forward_topic = "forward-{tag}"
 group_id = "g-{tag}"
 create_topics = true
 topic_partitions = {topic_partitions}

@@ -33,8 +33,8 @@ from tests.topology_harness import REPO, check_alive, read_topic, stop_all
 
 pytestmark = pytest.mark.kafka
 
-# each stage role's SCRAM user (tests/conftest.py SECURE_USERS): the index topology's sketch
-# and align users are not these roles'
+# each stage role's SCRAM user (tests/conftest.py SECURE_USERS), as its Kubernetes Secret
+# names it (deploy/k8s-stages: dupalign-kafka-stage-sketch, -stage-align)
 USERS = {role: {"sketch": "stage-sketch", "align": "stage-align"}.get(role, role)
          for role in STAGE_ROLES}
 Procs = list[tuple[subprocess.Popen[bytes], Path]]

@@ -1,6 +1,6 @@
-"""The sketch roles' pages without Kafka: the old sketch role and the stage sketch role
-(dupalign/service/roles/stage_sketch.py) dead-letter the same records (``sketch_record``:
-too large, empty, not a page) and sequence the others in order; the stage role's entries
+"""The sketch role's pages without Kafka (dupalign/service/roles/stage_sketch.py): it
+dead-letters the records it cannot sketch (``sketch_record``: too large, empty, not a page)
+and sequences the others in order; the stage role's entries
 go to the directory partition of their id, one sequence record per batch."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from aiokafka import TopicPartition
 from dupalign.config import NearConfig
 from dupalign.page import Page
 from dupalign.service.config import Config
-from dupalign.service.roles.sketch import SketchRole
 from dupalign.service.roles.stage_sketch import StageSketchRole
 from dupalign.stages.directory import DirectoryEntry, directory_owner
 from dupalign.stages.partitioned import Shape
@@ -35,17 +34,14 @@ def records(tp: TopicPartition) -> list[SimpleNamespace]:
                             headers=[]) for o, (k, v) in enumerate(raw)]
 
 
-def test_both_sketch_roles_dead_letter_and_sequence_the_same_records() -> None:
+def test_the_sketch_role_dead_letters_what_it_cannot_sketch_and_sequences_the_rest() -> None:
     tp = TopicPartition(FROZEN.kafka.input_topic, 1)
     recs = records(tp)
-    old = SketchRole(FROZEN).prepare(tp, recs)
     new = StageSketchRole(FROZEN, Shape(3, 1, 1, 1, 1)).prepare(tp, recs)
-    dead = [messages.decode_dead_letter(d.value)["source"]["offset"] for d in old.dead_letters]
+    dead = [messages.decode_dead_letter(d.value)["source"]["offset"] for d in new.dead_letters]
     assert dead == [2, 4, 5]
-    assert dead == [messages.decode_dead_letter(d.value)["source"]["offset"]
-                    for d in new.dead_letters]
     assert new.offsets == [o for o in range(len(recs)) if o not in dead]
-    assert len(old.sequence) == len(new.entries) == len(new.offsets)
+    assert len(new.entries) == len(new.offsets)
     ids = [DirectoryEntry.from_bytes(e.value).doc_id for e in new.entries]
     assert ids == ["p0", "p1", "p2", "p3", "p4", "p5", "p1"]
     assert DirectoryEntry.from_bytes(new.entries[-1].value).deleted

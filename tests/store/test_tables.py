@@ -34,7 +34,7 @@ def test_tables_write_the_documented_keys_and_values(tmp_path: Path) -> None:
     tables.next_ordinal.put_count(batch, 8)
     tables.idf_tables.put(batch, 2, b"idf")
     records.put_offset(batch, "pages", 3, 41)
-    records.put_note(batch, "applied_seq", 5)
+    records.put_note(batch, "ledger_next_seq", 5)
     store.write(batch)
     records.put_checkpoint(store, "pages", 3, 40)
     assert _raw(store, "docs") == [(_q(7), b"doc")]
@@ -45,7 +45,7 @@ def test_tables_write_the_documented_keys_and_values(tmp_path: Path) -> None:
     assert _raw(store, "cws") == [(_q(300), b"sketch")]
     assert _raw(store, "offsets") == [(b"pages\x00" + struct.pack(">I", 3), _q(41))]
     assert {k: v for k, v in _raw(store, "meta") if k != b"params"} == {
-        b"next_ordinal": _q(8), b"idf/" + _q(2): b"idf", b"applied_seq": _q(5),
+        b"next_ordinal": _q(8), b"idf/" + _q(2): b"idf", b"ledger_next_seq": _q(5),
         b"published/pages\x00" + struct.pack(">I", 3): _q(40)}
     # and read back through the tables
     assert tables.ids.get(store, "pé") == 7 and tables.ids.get(store, "x") is None
@@ -53,7 +53,7 @@ def test_tables_write_the_documented_keys_and_values(tmp_path: Path) -> None:
     assert tables.exact.first(store, chash) == 7
     assert records.stored_offsets(store) == {("pages", 3): 41}
     assert records.checkpoints(store) == {("pages", 3): 40}
-    assert records.get_note(store, "applied_seq") == 5
+    assert records.get_note(store, "ledger_next_seq") == 5
     fps, ords = tables.simhash.load(store, chunk=1)
     assert fps.tolist() == [2**64 - 1] and ords.tolist() == [7]
     store.close()

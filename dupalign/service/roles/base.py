@@ -1,9 +1,10 @@
-"""A stateless role (sketch, align, shard): a consumer-group member of one input topic that
-turns each fetched batch of one partition into records, produced in one transaction with
-the batch's offsets (dupalign/service/loop.py: the loop and its ``Checkpoint``). Any number
-of copies run at once: the group spreads the partitions (those of a role with a store per
-partition stay with their owner as members come and go: ``keeps_state``), and a
-partition's transactional id fences its previous owner.
+"""A role of ``dupalign stage`` (the sketch role; the others through ``StageRole``,
+stage_role.py): a consumer-group member of one input topic that turns each fetched batch
+of one partition into records, produced in one transaction with the batch's offsets
+(dupalign/service/loop.py: the loop and its ``Checkpoint``). Any number of copies run at
+once: the group spreads the partitions (those of a role with a store per partition stay
+with their owner as members come and go: ``keeps_state``), and a partition's
+transactional id fences its previous owner.
 
 A rebalance waits for the batch in hand (``busy``), then stops the producers of revoked
 partitions; a batch fetched before the assignment changed is dropped (its partitions were
@@ -40,7 +41,6 @@ from dupalign.service.loop import (
 from dupalign.service.outage import stop_within, within
 from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.sticky import claim_path, leaving, sticky
-from dupalign.service.topics import topology_topics
 from dupalign.service.topology import (
     Outgoing,
     committed_offsets,
@@ -129,10 +129,10 @@ class StatelessRole:
 
     def topics(self) -> dict[str, int | None]:
         """The topics the role checks (or makes) at start, with their partition counts."""
-        return topology_topics(self.kc)
+        raise NotImplementedError
 
     def topic_options(self) -> dict[str, Any]:
-        """More of ``ensure_topics``' options for ``topics`` (the stage roles': their own)."""
+        """More of ``ensure_topics``' options for ``topics``."""
         return {}
 
     async def run(self) -> None:

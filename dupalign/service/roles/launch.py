@@ -1,14 +1,11 @@
-"""``dupalign worker --roles sketch,index,align``: the stages as roles of a topology on Kafka
-(docs/topology.md). All three roles (the default) is the single worker of
-dupalign/service/worker.py,
-whose behaviour is unchanged; any other choice runs the listed roles in this process, each
-a consumer-group member of its input topics, connected to the others by topics only.
+"""A process running roles of ``dupalign stage`` (dupalign/service/roles/stage_command.py):
+each role a consumer-group member of its input topics, connected to the others by topics
+only.
 
-The process serves ``/metrics`` (dupalign/service/roles/metrics.py), ``/healthz`` and ``/readyz``
-like
-the single worker (dupalign/service/http.py, ``[metrics]``): healthy until a role fails, ready once
-every role consumes and until a stop; a failure stops every role, is logged in one line and
-exits 1.
+The process serves ``/metrics`` (dupalign/service/roles/metrics.py), ``/healthz`` and
+``/readyz`` like the single worker (dupalign/service/http.py, ``[metrics]``): healthy until a
+role fails, ready once every role consumes and until a stop; a failure stops every role, is
+logged in one line and exits 1.
 """
 
 from __future__ import annotations
@@ -33,46 +30,12 @@ from dupalign.service.roles.metrics import RoleMetrics
 
 log = logging.getLogger("dupalign.roles")
 
-ROLES = ("sketch", "index", "align")  # all three in one process: the single worker
-ALL_ROLES = ("sketch", "index", "shard", "align")  # shard: kafka.index_shards > 1
-
-
 def ordered_roles(names: set[str], known: tuple[str, ...], choices: str) -> tuple[str, ...]:
     """``names`` in ``known``'s order; ValueError naming ``choices`` for others or none."""
     unknown = names - set(known)
     if unknown or not names:
         raise ValueError(f"unknown roles {sorted(unknown)}: choose among {choices}")
     return tuple(r for r in known if r in names)
-
-
-def parse_roles(text: str) -> tuple[str, ...]:
-    """``"sketch,align"`` -> the roles in the topology's order; ValueError for others."""
-    names = {r.strip() for r in text.split(",") if r.strip()}
-    return ordered_roles(names, ALL_ROLES, ", ".join(ALL_ROLES))
-
-
-def make_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None,
-               metrics: RoleMetrics | None = None) -> list[Any]:
-    from dupalign.service.roles.align import AlignRole
-    from dupalign.service.roles.index import IndexRole
-    from dupalign.service.roles.shard import ShardRole
-    from dupalign.service.roles.sketch import SketchRole
-
-    metrics = metrics if metrics is not None else RoleMetrics()
-    out: list[Any] = []
-    if "sketch" in roles:
-        out.append(SketchRole(config, metrics))
-    if "index" in roles:
-        if store_dir is None:
-            raise ValueError("the index role needs --store")
-        out.append(IndexRole(config, store_dir, metrics))
-    if "shard" in roles:
-        if store_dir is None:
-            raise ValueError("the shard role needs --store")
-        out.append(ShardRole(config, store_dir, metrics))
-    if "align" in roles:
-        out.append(AlignRole(config, metrics, store_dir))
-    return out
 
 
 class RoleHealth:
@@ -116,10 +79,10 @@ def failure_line(role: str, exc: BaseException, kc: KafkaConfig) -> tuple[str, b
 
 
 async def serve_roles(config: Config, roles: tuple[str, ...], store_dir: str | Path | None,
-                      make: Callable[..., list[Any]] = make_roles) -> int:
+                      make: Callable[..., list[Any]]) -> int:
     """Run the roles until SIGTERM/SIGINT (exit 0) or the first failure (exit 1: the
     transactions in hand abort, and the next owner of the partitions redoes them).
-    ``make``: what makes them, as ``make_roles`` (the stage roles': stage_command.py)."""
+    ``make``: what makes them (``make_stage_roles``: stage_command.py)."""
     from dupalign.wire import messages
 
     messages.compile_all()

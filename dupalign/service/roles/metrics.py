@@ -1,11 +1,8 @@
-"""Prometheus metrics of the topology's roles (``dupalign worker --roles ...``, ``dupalign
-stage ...``), one registry per process shared by the roles it runs, labelled by role. Served
-by dupalign/service/http.py like the single worker's (dupalign/service/metrics.py); the
-Grafana dashboard's "Topology" row plots them.
-
-Names are prefixed ``dupalign_role_`` (every role), ``dupalign_index_`` (the index shard),
-``dupalign_sketch_`` (the sketch role) or ``dupalign_stage_`` (the stage roles; their
-dashboard: deploy/grafana/dashboards/dupalign-stages.json).
+"""Prometheus metrics of the roles of ``dupalign stage``, one registry per process shared by
+the roles it runs, labelled by role. Served by dupalign/service/http.py like the single
+worker's (dupalign/service/metrics.py); deploy/grafana/dashboards/dupalign-stages.json plots
+them. Names are prefixed ``dupalign_role_`` (every role) or ``dupalign_stage_`` (a stage
+partition's progress).
 """
 
 from __future__ import annotations
@@ -16,11 +13,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from dupalign.service.audit_metrics import AuditMetrics
 from dupalign.service.outage import KafkaOutage
 from dupalign.service.topology import Outgoing
-
-LIFECYCLE_EVENTS = ("deleted", "revisit_unchanged", "revisit_changed", "expired")
 
 
 class RoleMetrics:
@@ -28,7 +22,6 @@ class RoleMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self._outage: KafkaOutage | None = None
-        self.audit = AuditMetrics(r)  # the index role's (dupalign/service/roles/index.py)
         self.kafka_outage = Gauge(
             "dupalign_kafka_outage_seconds", "How long the process has been waiting for "
             "Kafka, unreachable or failing with retriable errors (0: not waiting); it exits "
@@ -51,49 +44,8 @@ class RoleMetrics:
             "dupalign_role_assigned_partitions", "Input partitions assigned to the role",
             ["role"], registry=r,
         )
-        self.ordinal_seen = Gauge(
-            "dupalign_index_ordinal_seen", "Last ordinal read from the sequence topic",
-            registry=r,
-        )
-        self.ordinal_applied = Gauge(
-            "dupalign_index_ordinal_applied", "Last ordinal applied to the index store",
-            registry=r,
-        )
-        self.ordinal_lag = Gauge(
-            "dupalign_index_ordinal_lag", "Last ordinal seen minus last applied (pages "
-            "sequenced whose sketch has not come or not been applied)", registry=r,
-        )
-        self.align_in_flight = Gauge(
-            "dupalign_index_align_in_flight",
-            "Align requests sent whose answer has not come back yet", registry=r,
-        )
-        self.rebuild_target = Gauge(
-            "dupalign_index_rebuild_target_ordinal", "Rebuilding by replay: the ordinal up "
-            "to which the store is being rebuilt (0 when not rebuilding)", registry=r,
-        )
-        self.rebuild_ordinal = Gauge(
-            "dupalign_index_rebuild_ordinal",
-            "Rebuilding by replay: the next ordinal to apply", registry=r,
-        )
-        self.ordinal_sequenced = Gauge(
-            "dupalign_sketch_ordinal_sequenced", "Last ordinal this sketch process gave a "
-            "page (acknowledged by the sequence topic): its max over the sketch processes "
-            "minus the index's applied ordinal is how far the index is behind", registry=r,
-        )
-        self.lifecycle = Counter(
-            "dupalign_index_lifecycle_pages", "Pages by lifecycle event applied by the index "
-            "(deleted, revisit_unchanged, revisit_changed, expired by retention)", ["event"],
-            registry=r,
-        )
-        for event in LIFECYCLE_EVENTS:
-            self.lifecycle.labels(event)
-        self.lifecycle_waits = Counter(
-            "dupalign_index_lifecycle_waits", "Times a removal (delete, new version, "
-            "retention sweep) waited for the pages before it to be published", registry=r,
-        )
-
-        # the stage roles' (``dupalign stage``): per stage partition held here, how far the
-        # sequence goes and how far the partition has applied it
+        # per stage partition held here: how far the sequence goes and how far the
+        # partition has applied it
         self.stage_sequenced = Gauge(
             "dupalign_stage_ordinal_sequenced", "A stage partition held by this process: the "
             "ordinal after the last page it has read from the sequence (a near partition: "

@@ -8,8 +8,7 @@ The shape (the partitions of each stage) is ``kafka.shape``, which ``--shape`` o
 process of a deployment needs the same, and a role whose topics were made with another stops
 at start, naming it (``StageTopics.options``). Missing topics are made at start
 (``kafka.create_topics``, true by default), the changelogs compacted. The process serves
-``/metrics``, ``/healthz`` and ``/readyz`` as ``dupalign worker --roles`` does
-(``serve_roles``).
+``/metrics``, ``/healthz`` and ``/readyz`` (``serve_roles``: launch.py).
 """
 
 from __future__ import annotations

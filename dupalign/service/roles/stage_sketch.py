@@ -7,8 +7,8 @@ to ``<in>.near_state`` partition ``directory_owner(id, R)``, the router that own
 (key: the id; header: (b, i)), its ``ListWindows`` to ``<in>.windows`` partition s for every
 list partition s if it has passages (``list_windows``; the sequence record says which pages
 have: a list partition knows whether to wait for one), the dead letters, and the batch's
-input offsets. A page that cannot be processed is dead-lettered as by the old sketch role
-(``sketch_record``) and takes no place in the batch; a batch of dead letters only sends no
+input offsets. A page that cannot be processed is dead-lettered (``sketch_record``) and
+takes no place in the batch; a batch of dead letters only sends no
 sequence record.
 
 Per page also its ``PageSketch`` to ``<in>.sketches`` partition ``directory_owner(id, C)`` (the
@@ -23,25 +23,31 @@ table (docs/pipeline.md, rule 7).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 
+from dupalign.near.idf import UNIFORM_IDF
+from dupalign.page import Page
 from dupalign.service.config import Config
 from dupalign.service.parts import in_parts
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
-from dupalign.service.roles.sketch import sketch_record
 from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics
-from dupalign.service.topology import Outgoing, TopologyError, send_all
+from dupalign.service.topology import Outgoing, TopologyError, send_all, source_header
 from dupalign.stages.directory import directory_owner, entry_of
 from dupalign.stages.forward_stage import forward_value
 from dupalign.stages.list_shard import list_windows
 from dupalign.stages.partitioned import Shape
 from dupalign.stages.sketch import PageSketch, Sketcher
+from dupalign.wire import messages
+from dupalign.wire.messages import MessageRejected
+
+log = logging.getLogger("dupalign.roles.sketch")
 
 
 @dataclass
@@ -153,3 +159,35 @@ def near_state(sk: PageSketch) -> bytes:
     sketch without the passage sketch, for every sequenced page (so the router takes one
     for each page of its ids, whatever the directory decides)."""
     return replace(sk, passage=None).to_bytes()
+
+
+def sketch_record(sketcher: Sketcher, config: Config, tp: TopicPartition, rec: Any
+                  ) -> tuple[Page, PageSketch] | Outgoing:
+    """The page of ``rec`` (of ``tp``) and its sketch under the uniform idf table, or its
+    dead letter: a page over ``worker.max_message_bytes``, one that does not decode, one
+    the sketch rejects, or one that makes the sketch fail."""
+    source = (tp.topic, tp.partition, rec.offset)
+    value: bytes = rec.value if rec.value is not None else b""
+    try:
+        if len(value) > config.worker.max_message_bytes:
+            raise MessageRejected("too_large", f"{len(value)} bytes > "
+                                  f"worker.max_message_bytes")
+        # a null value is a tombstone: a delete, sequenced like a page
+        page = messages.decode_record(rec.key, rec.value)
+        try:
+            sk = sketcher.sketch(page, UNIFORM_IDF)
+        except Exception as exc:  # a defect the page triggers: recurs on replay
+            log.exception("sketch error on %s (sent to DLQ)", source)
+            raise MessageRejected("internal_error", f"{type(exc).__name__}: {exc}",
+                                  page.id) from None
+        if sk.rejected is not None:
+            raise MessageRejected(sk.rejected[0], sk.rejected[1], page.id)
+        return page, sk
+    except MessageRejected as exc:
+        dl = messages.dead_letter_to_wire(
+            error=exc.reason, detail=exc.detail, topic=tp.topic,
+            partition=tp.partition, offset=rec.offset, raw=value, key=rec.key,
+            failed_at_ms=int(time.time() * 1000), doc_id=exc.doc_id,
+            raw_max_bytes=config.worker.dlq_raw_max_bytes)
+        return Outgoing(config.kafka.dlq_topic, messages.pack(dl),
+                        messages.dead_letter_key(rec.key), headers=[source_header(source)])
