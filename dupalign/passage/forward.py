@@ -68,6 +68,8 @@ def pack_rects(bins: I64, keys: U64, i_lo: I64, i_hi: I64, j_lo: I64, j_hi: I64,
     empty window of a page given as columns (the same bytes, without building the
     rectangles of the windows left out)."""
     emp = np.flatnonzero(empty)
+    if not len(emp) and not (i_lo.any() or i_hi.any() or j_lo.any() or j_hi.any()):
+        return _packed_bare(keys[full], bins[full])
     # (bins fit in <u2: a stable sort of them is a radix sort)
     emp = emp[np.argsort(bins[emp].astype(np.uint16), kind="stable")]
     rects = np.empty((len(full), 4), dtype=np.int64)
@@ -102,6 +104,16 @@ def _packed(keys: U64, rects: I64, lr: I64, bins: I64, e_bins: I64) -> bytes:
         e_bins.astype("<u2").tobytes(),
     ))
     return raw + bytes(-len(raw) % 8)  # 8-byte multiples: records concatenate aligned
+
+
+def _packed_bare(keys: U64, bins: I64) -> bytes:
+    """``_packed`` of non-empty windows whose rectangles are all zeros and no empty window
+    (a list shard's: it keeps which lists hold the page, not where): the same bytes in a
+    few array operations, for a list partition pays them for every page."""
+    n = len(keys)
+    raw = b"".join((_HEAD.pack(n | NARROW, 0), keys.astype("<u8").tobytes(),
+                    bytes(8 * n), bins.astype("<u2").tobytes()))
+    return raw + bytes(-len(raw) % 8)
 
 
 def unpack_windows(raw: bytes) -> tuple[I64, U64, I32, I64, I32]:

@@ -341,7 +341,8 @@ class PassageIndex:
         # that holds the page) and the token offsets
         tables.forward.put(batch, ordinal, forward.pack_rects(
             r.bin, r.key, r.i_lo, r.i_hi, r.j_lo, r.j_hi, r.empty, nonempty))
-        tables.positions.put(batch, ordinal, state.positions)
+        if state.positions:  # (a list shard's windows come without: it reads none)
+            tables.positions.put(batch, ordinal, state.positions)
         # the page in each list of its non-empty windows, with its number of windows there
         entries = lists.entries(l_bins, l_keys, ordinal)
         # written behind, once committed (dupalign.passage.lists.files)

@@ -317,6 +317,13 @@ class Aligned:
     ranked: list[RankedPage] | None = None
 
 
+def aligned_part(raw: bytes) -> int | None:
+    """``decode_aligned(raw).part`` without making its spans (the combine keys every
+    answer by it before it reads it)."""
+    d = msgpack.unpackb(raw, raw=False)
+    return None if ALIGNED.check(d.get("v")) == ALIGNED_WHOLE else int(d["part"])
+
+
 def decode_aligned(raw: bytes) -> Aligned:
     from dupalign.stages.align import RankedPage
 

@@ -190,6 +190,12 @@ class ListPartial:
             "long": pack_array(self.long, "?"), "n": pack_array(self.n, "<u4"),
             "ords": [pack_array(self.ords, "<i8" if width == 8 else "<u4"), width]})
 
+    @staticmethod
+    def shard_of(raw: bytes) -> int:
+        """The shard of a partial's wire form, its arrays left as bytes (a combine keys
+        each of the S partials of a page by it before it reads them)."""
+        return int(LIST_PARTIAL.unpack(raw)["shard"])
+
     @classmethod
     def from_bytes(cls, raw: bytes) -> ListPartial:
         d = LIST_PARTIAL.unpack(raw)

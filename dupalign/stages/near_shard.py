@@ -110,6 +110,11 @@ def answer_to_bytes(seq: int, shard: int, a: NearAnswer) -> bytes:
                              "similar": pack_array(a.similar, "?")})
 
 
+def answer_shard(raw: bytes) -> int:
+    """The shard of ``answer_to_bytes``, its arrays left as bytes."""
+    return int(NEAR_ANSWER.unpack(raw)["shard"])
+
+
 def answer_from_bytes(raw: bytes) -> tuple[int, int, NearAnswer]:
     """(seq, shard, answer) of ``answer_to_bytes``: one query, the page's."""
     d = NEAR_ANSWER.unpack(raw)

@@ -77,21 +77,11 @@ from tests.bench.stage_setup import (
     Setup,
     changelogs,
     moves,
+    spied,
     turns,
 )
 from tests.bench.stage_turns import turns_table
 from tests.topology_harness import stop_all
-
-
-def spied(setup: Setup, profile: Path, copies: int) -> list[subprocess.Popen[bytes]]:
-    """A py-spy recorder on every role process (raw collapsed stacks, one file each)."""
-    profile.mkdir(parents=True, exist_ok=True)
-    spy = Path(sys.executable).with_name("py-spy")
-    return [subprocess.Popen([str(spy), "record", "--pid", str(p.pid), "--format", "raw",
-                              "--rate", "200", "--nonblocking", "-o",
-                              str(profile / f"c{copies}-{log.stem}.txt")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for p, log in setup.procs]
 
 
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,
@@ -115,7 +105,7 @@ async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, 
         since = await applied.lowest()  # (the ordinals of the pages measured: from here)
         taken = moves(setup)
         if profile is not None:
-            spies = spied(setup, profile, copies)
+            spies = spied(setup.procs, profile, f"c{copies}")
             await asyncio.sleep(1)  # (py-spy attaching)
         before, t0 = setup.cpu(), time.monotonic()
         await setup.send(pages[warm:])
@@ -295,7 +285,8 @@ async def run(args: argparse.Namespace, bootstrap: str, tmp: Path) -> None:
             print(f"{setup_name(rows[-1])}: {rows[-1]['seconds']:.1f} s", file=sys.stderr)
             if args.backlog:
                 backlog.append(await measure_backlog(bootstrap, tmp, pages, partitions,
-                                                     copies, args.batch, args.warm, engine))
+                                                     copies, args.batch, args.warm, engine,
+                                                     args.profile))
                 print(f"{setup_name(backlog[-1])} backlog: {backlog[-1]['seconds']:.1f} s",
                       file=sys.stderr)
     print(table(rows))

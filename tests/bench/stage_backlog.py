@@ -95,11 +95,13 @@ class BacklogSetup(Setup):
 
 async def measure_backlog(bootstrap: str, tmp: Path, pages: list[Any], partitions: int,
                           copies: int, batch: int, warm: int = 0,
-                          engine: str = stage_setup.ENGINE
+                          engine: str = stage_setup.ENGINE, profile: Path | None = None
                           ) -> dict[str, Any]:
     """``pages[:warm]`` through every role first, then the rest as a backlog: each group
     of roles alone on it in turn (module docstring). A row as ``measure``'s, with each
-    group's seconds."""
+    group's seconds. ``profile``: each group's processes sampled by py-spy while it runs
+    (``stage_setup.spied``: DIR/p<partitions>-<role>-<i>.txt); its CPU figures are then
+    not to be quoted."""
     setup = BacklogSetup(bootstrap, tmp, partitions, copies, batch, engine)
     await ensure_topics(setup.kc, setup.topics.wanted())
     applied = Applied(setup)
@@ -120,7 +122,13 @@ async def measure_backlog(bootstrap: str, tmp: Path, pages: list[Any], partition
         for group in GROUPS:
             before, t0 = setup.cpu(), time.monotonic()
             setup.signal(group, signal.SIGCONT)
+            spies = [] if profile is None else stage_setup.spied(
+                [pl for role in group for pl in setup.of(role)], profile, f"p{partitions}")
             until = await setup.group_done(group, len(pages), applied)
+            for spy in spies:
+                spy.send_signal(signal.SIGINT)  # (it writes its file and exits)
+            for spy in spies:
+                spy.wait(60)
             took = time.monotonic() - t0
             after = setup.cpu()
             await asyncio.sleep(IDLE_S)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -175,6 +176,19 @@ class Setup(Roles):
 
     def cpu(self) -> dict[str, float]:
         return {role: sum(cpu_seconds(p.pid) for p, _ in self.of(role)) for role in ROLES}
+
+
+def spied(procs: list[tuple[subprocess.Popen[bytes], Path]], profile: Path, prefix: str
+          ) -> list[subprocess.Popen[bytes]]:
+    """A py-spy recorder on each process (raw collapsed stacks, one file each:
+    DIR/<prefix>-<its log's stem>.txt; ``python -m tests.bench.spy_summary`` sums them)."""
+    profile.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    return [subprocess.Popen([str(spy), "record", "--pid", str(p.pid), "--format", "raw",
+                              "--rate", "200", "--nonblocking", "-o",
+                              str(profile / f"{prefix}-{log.stem}.txt")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for p, log in procs]
 
 
 def moves(setup: Setup) -> int:

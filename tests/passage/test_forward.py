@@ -159,6 +159,25 @@ def test_pack_rects_equals_pack_windows_of_the_windows_kept(data: st.DataObject)
     assert got == expect
 
 
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_a_list_shards_record_has_the_bytes_of_pack_windows(data: st.DataObject) -> None:
+    """A list shard's windows have no rectangles (zeros) and none is empty: ``pack_rects``
+    packs them by a shorter path (``_packed_bare``), to the same bytes."""
+    n = data.draw(st.integers(0, 30))
+    bins = np.array(data.draw(st.lists(st.integers(0, 1023), min_size=n, max_size=n)),
+                    dtype=np.int64)
+    keys = np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n)),
+                    dtype=np.uint64)
+    z, empty = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.bool_)
+    drop = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+                    dtype=np.bool_)
+    full = np.flatnonzero(~drop)
+    expect = forward.pack_windows(bins[full], keys[full], np.zeros((len(full), 4), np.int64),
+                                  empty[full])
+    assert forward.pack_rects(bins, keys, z, z, z, z, empty, full) == expect
+
+
 def test_a_record_is_narrow_when_every_position_fits_two_bytes() -> None:
     """Positions 0..65535 are written as <u2 (a page of fewer than 65,536 units), others as
     <i4; either way the record reads back as written."""

@@ -17,11 +17,12 @@ from collections import defaultdict
 from typing import Any
 
 import msgpack
+import numpy as np
 from aiokafka import TopicPartition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dupalign.match import Match
+from dupalign.match import Match, Span
 from dupalign.near.idf import IdfTable
 from dupalign.page import Page
 from dupalign.service.config import Config, KafkaConfig
@@ -30,11 +31,25 @@ from dupalign.service.roles.stage_combine import CombinePartition
 from dupalign.service.roles.stage_sketch import StageSketchRole
 from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics
-from dupalign.service.topology import encode_aligned, ordinal_header, record_ordinal
+from dupalign.service.topology import (
+    aligned_part,
+    decode_aligned,
+    encode_aligned,
+    encode_aligned_part,
+    ordinal_header,
+    record_ordinal,
+)
+from dupalign.stages.align import RankedPage
 from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.exact import exact_owner
 from dupalign.stages.forward_stage import forward_value
-from dupalign.stages.near_shard import answer_to_bytes
+from dupalign.stages.list_shard import ListPartial
+from dupalign.stages.near_shard import (
+    NearAnswer,
+    answer_from_bytes,
+    answer_shard,
+    answer_to_bytes,
+)
 from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.store import tables
@@ -268,3 +283,20 @@ def test_the_sketch_role_sends_each_page_sketch_to_the_combine_partition_of_its_
     assert [s.partition for s in out.sketches] == [directory_owner(p.id, SHAPE.combine)
                                                    for p in pages]
 
+
+
+
+def test_the_combine_keys_answers_by_shard_and_part_without_decoding_them() -> None:
+    """``ListPartial.shard_of``, ``answer_shard`` and ``aligned_part`` read the key the
+    combine's merges hold a record by: the same as the whole record decoded."""
+    z, span = np.zeros(2, dtype=np.int64), Span((0, 4), (0, 20), (1, 5), (5, 25), 0.9)
+    for shard in (0, 3, 7):
+        raw = ListPartial(9, 4, shard, np.zeros(2, np.bool_), z, z).to_bytes()
+        assert ListPartial.shard_of(raw) == ListPartial.from_bytes(raw).shard == shard
+        near = answer_to_bytes(9, shard, NearAnswer(z, z, z, z, np.zeros(2), np.zeros(2, bool)))
+        assert answer_shard(near) == answer_from_bytes(near)[1] == shard
+        for ranked in ([RankedPage(3, 10, 0.5, [span], "d3")], None):
+            part = encode_aligned_part(9, shard, ranked)
+            assert aligned_part(part) == decode_aligned(part).part == shard
+    whole = encode_aligned(9, [("d3", [span])])
+    assert aligned_part(whole) is decode_aligned(whole).part is None

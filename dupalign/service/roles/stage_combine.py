@@ -55,6 +55,7 @@ from dupalign.service.sequence_batch import PageRef, record_page
 from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import (
     Outgoing,
+    aligned_part,
     decode_aligned,
     published,
     record_ordinal,
@@ -65,7 +66,7 @@ from dupalign.stages.directory import NONE, STORED, Decision
 from dupalign.stages.exact import ExactAnswer, exact_owner
 from dupalign.stages.ledger import Expired, Placed
 from dupalign.stages.list_shard import ListPartial
-from dupalign.stages.near_shard import NearAnswer, answer_from_bytes
+from dupalign.stages.near_shard import NearAnswer, answer_from_bytes, answer_shard
 from dupalign.stages.router import Router
 from dupalign.stages.sketch import PageSketch
 from dupalign.store import records
@@ -134,12 +135,13 @@ class CombinePartition(StagePartition):
         t = self.topics
         if topic == t.sketches:
             return record_page(record)
+        # (keyed by the shard or part alone: the value is decoded when its step reads it)
         if topic == t.near_answers:
-            return record_ordinal(record), answer_from_bytes(record.value)[1]
+            return record_ordinal(record), answer_shard(record.value)
         if topic == t.partials:
-            return record_ordinal(record), ListPartial.from_bytes(record.value).shard
+            return record_ordinal(record), ListPartial.shard_of(record.value)
         if topic == t.aligned:
-            part = decode_aligned(record.value).part
+            part = aligned_part(record.value)
             return record_ordinal(record), WHOLE if part is None else part
         return self.ledger.key_of(record)  # (decisions, exact answers: by ordinal)
 
