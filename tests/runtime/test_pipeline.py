@@ -8,6 +8,7 @@ import pickle
 import random
 import time
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -334,7 +335,14 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path, mode: str) 
                 assert back.passage is not None and back.passage.lists is None
                 _assert_same(query_lists(back.passage)[2:], sk.passage.lists)
                 _assert_same(window_lists(back.passage), sk.passage.window_lists)
-            _assert_same(pickle.loads(pickle.dumps(sk)), sk)  # the pool's compact form
+            # the pool's compact form: all but the unit hashes, which only the forward
+            # stage of the partitioned pipeline reads (from the sketch stage's own)
+            pooled = pickle.loads(pickle.dumps(sk))
+            if sk.passage is None:
+                _assert_same(pooled, sk)
+            else:
+                assert pooled.passage is not None and pooled.passage.units is None
+                _assert_same(pooled, replace(sk, passage=replace(sk.passage, units=None)))
             result = engine.index(back)
             assert IndexResult.from_bytes(result.to_bytes()).to_bytes() == result.to_bytes()
             if result.align is not None:
