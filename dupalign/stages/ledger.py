@@ -73,7 +73,8 @@ class Ledger:
     so both are found by binary search): sequence and store ordinal, ``fetched_at`` and
     whether the page is alive, 25 bytes a slot. The slots of removed pages are dropped
     once they are half the slots used, so memory follows the pages alive, not the pages
-    ever stored."""
+    ever stored. A cursor (``_first``) stays past the dead slots at the front, so a sweep
+    reads the pages it takes, not every slot."""
 
     def __init__(self, next_ordinal: int = 0, slots: int = 1024) -> None:
         self.next_ordinal = next_ordinal
@@ -84,6 +85,7 @@ class Ledger:
         self._live = np.zeros(slots, dtype=np.bool_)
         self._used = 0  # slots used
         self._alive = 0
+        self._first = 0  # every slot below it is dead
 
     @classmethod
     def restored(cls, rows: Iterable[tuple[int, int, int | None]], next_ordinal: int,
@@ -255,6 +257,7 @@ class Ledger:
             a[:len(keep)] = a[keep]
         self._live[len(keep):] = False
         self._used = len(keep)
+        self._first = 0
 
     def expired(self, max_pages: int, max_age_s: int, now_ms: int, limit: int = 1000
                 ) -> list[Expired]:
@@ -264,7 +267,7 @@ class Ledger:
         age and stops the age sweep (``Indexer.expired``)."""
         if not max_pages and not max_age_s:
             return []
-        slots = np.flatnonzero(self._live[:self._used])[:limit]
+        slots = self._oldest(limit)
         leaves = np.zeros(len(slots), dtype=np.bool_)
         if max_pages:  # the j-th oldest leaves if more than max_pages are left before it
             leaves |= self._alive - np.arange(len(slots)) > max_pages
@@ -274,6 +277,28 @@ class Ledger:
         n = len(slots) if leaves.all() else int(np.argmin(leaves))  # up to the first to stay
         return [Expired(o, q) for o, q in zip(self._ordinal[slots[:n]].tolist(),
                                               self._seq[slots[:n]].tolist(), strict=True)]
+
+    def _oldest(self, limit: int) -> np.ndarray:
+        """The first ``limit`` live slots, read from the cursor in windows that double: the
+        dead slots at the front are passed once (the cursor moves past them), and only as
+        many slots are read as hold ``limit`` live ones (a scan of every slot cost a crawl
+        that never stops O(pages alive) a sweep)."""
+        used, start, step = self._used, self._first, 64
+        while start < used:
+            window = self._live[start:min(start + step, used)]
+            if window.any():
+                start += int(np.argmax(window))
+                break
+            start += len(window)
+            step *= 2
+        self._first = start
+        found: list[np.ndarray] = []
+        n, end, step = 0, start, max(limit, 64)
+        while n < limit and end < used:
+            found.append(np.flatnonzero(self._live[end:min(end + step, used)]) + end)
+            n += len(found[-1])
+            end, step = end + step, step * 2
+        return np.concatenate(found)[:limit] if found else np.zeros(0, np.int64)
 
     def remove(self, expired: Iterable[Expired]) -> None:
         ordinals = np.array([e.ordinal for e in expired], dtype=np.int64)
