@@ -42,3 +42,7 @@ def test_the_first_bottleneck_is_the_role_with_the_largest_fixed_cost() -> None:
     assert "first bottleneck at the measured turn sizes: the b role" in text
     assert "near 5,000 pages/s" in text  # 0.5 core / 0.1 ms
     assert "| c | 3.00 | 0.000 | no bound measured |" in text
+    # every role counted in the partitions a rate needs, those no partitions fit named
+    assert "at 1,000 pages/s (6 partitions per stage, the most any role needs)" in text
+    assert ("at 10,000 pages/s (60 partitions per stage, the most the others need; no number "
+            "of partitions fits the b role)") in text

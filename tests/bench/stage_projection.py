@@ -86,6 +86,7 @@ def projection(rows: list[dict[str, Any]], roles: list[str]) -> str:
              "|---|---|---|---|" + "---|---|" * len(RATES)]
     bounds: dict[str, float] = {}
     wanted: dict[int, int] = dict.fromkeys(RATES, 1)
+    unfit: dict[int, list[str]] = {rate: [] for rate in RATES}  # roles no partitions fit
     for role in roles:
         work, fixed = cpu[role]
         bound = math.inf if fixed <= 0 else 1000 * UTILIZATION / fixed
@@ -95,6 +96,7 @@ def projection(rows: list[dict[str, Any]], roles: list[str]) -> str:
             n = partitions_needed(rate, work, fixed)
             if n is None:
                 cells += ["none fits", "-"]
+                unfit[rate].append(role)
                 continue
             wanted[rate] = max(wanted[rate], n)
             cells += [str(n), f"{rate * (work + n * fixed) / 1000:.1f}"]
@@ -108,8 +110,11 @@ def projection(rows: list[dict[str, Any]], roles: list[str]) -> str:
     for rate in RATES:
         p = wanted[rate]
         per_page = {k: sum(max(a + p * b, 0.0) for a, b in sizes[k].values()) for k in kinds}
-        lines.append(f"- at {rate:,} pages/s ({p} partitions per stage, the most any role "
-                     f"needs): the broker takes {rate * per_page['bytes'] / 1e6:.1f} MB/s "
+        some = ("the most any role needs" if not unfit[rate] else
+                f"the most the others need; no number of partitions fits the "
+                f"{', '.join(unfit[rate])} role{'s' if len(unfit[rate]) > 1 else ''}")
+        lines.append(f"- at {rate:,} pages/s ({p} partitions per stage, {some}): the broker "
+                     f"takes {rate * per_page['bytes'] / 1e6:.1f} MB/s "
                      f"between the roles and {rate * per_page['changelog_bytes'] / 1e6:.1f} "
                      f"MB/s into the changelogs (before compression and replication)")
     bound = bounds[first]
