@@ -356,7 +356,7 @@ class Aligner:
     """The align stage for one engine configuration (cheap; one per process or thread).
     ``store``: where the candidates' forward records are read (the store, or a secondary
     instance of it that catches up with the writer when a record is not there yet, as a
-    ``StoreForward``; or the align role's copy);
+    ``StoreForward``; or an align partition's store);
     without one, only requests that carry them can be aligned."""
 
     def __init__(self, config: EngineConfig, store: ForwardReader | None = None) -> None:

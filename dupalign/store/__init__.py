@@ -2,6 +2,5 @@
 ``keys`` (the column families and how their keys are built), ``database`` (``Store``,
 ``Batch``), ``tables`` (the families by what they hold: ``docs.get(store, ordinal)``),
 ``lists`` (the passage index's inverted lists), ``records`` (notes, logs, offsets and
-checkpoints by name), ``forward_reader`` (what the align stage reads), ``forward_copy``
-(the align role's copy of forward records), ``options`` (RocksDB options), ``failures``
-(errors in an operator's words)."""
+checkpoints by name), ``forward_reader`` (what the align stage reads), ``options``
+(RocksDB options), ``failures`` (errors in an operator's words)."""

@@ -1,6 +1,6 @@
 """What the align stage reads of the candidate pages: their forward records (windows and
-positions) and ids, from the engine's store (``StoreForward``), a secondary instance of it,
-or the align role's copy (``dupalign.store.forward_copy.ForwardCopy``)."""
+positions) and ids, from the engine's store or an align partition's (``StoreForward``), or a
+secondary instance of the engine's (the process pool's workers)."""
 
 from __future__ import annotations
 

@@ -7,11 +7,10 @@ upgrade are read again after it); a writer writes ``writes``. The engine encodes
 messages (``PageSketch``, ``AlignRequest``, ``IndexResult``, the directory's
 ``DirectoryEntry`` and ``Decision``, the exact stage's ``ExactAnswer``, the list stage's
 ``ListWindows`` and ``ListPartial``, the router's ``NearOps`` and the near shards' answers);
-the service encodes the
-topology's (dupalign/service/topology.py, dupalign/wire/forward_record.py,
-dupalign/service/roles/shard_protocol.py) and the JSON-Schema'd ones of
-dupalign/wire/messages.py. They share this table so that a version is bumped in one place and
-every reader's list is in sight of it.
+the service encodes the stage roles' records (dupalign/service/topology.py,
+dupalign/wire/forward_record.py) and the JSON-Schema'd ones of dupalign/wire/messages.py.
+They share this table so that a version is bumped in one place and every reader's list is
+in sight of it.
 """
 
 from __future__ import annotations
@@ -81,9 +80,10 @@ SEQUENCE_BATCH = WireVersion("sequence batch", 1, (1,))
 # picks the form (dupalign/service/topology.py ``encode_aligned``, ``encode_aligned_part``)
 ALIGNED = WireVersion("aligned record", 2, (1, 2))
 ALIGNED_WHOLE = 1  # the version that carries a whole request's passages
-# a page's forward record for the align role's store (dupalign/wire/forward_record.py): 2 has 2-byte
-# positions and positions records of 2-byte steps (store format 7); an optional "high" field (the
-# unit hashes' high halves, for a forward stage: dupalign.passage.forward_units) needs no new one
+# a page's forward record, sketch role to align partition (dupalign/wire/forward_record.py): 2
+# has 2-byte positions and positions records of 2-byte steps (store format 7); an optional
+# "high" field (the unit hashes' high halves, for a forward stage:
+# dupalign.passage.forward_units) needs no new one
 FORWARD_RECORD = WireVersion("forward record", 2, (1, 2))
 
 

@@ -1,14 +1,16 @@
-"""Align shards keyed by earlier page: a request split by its candidates' owners
-(``AlignRequest.split``), each part aligned by an ``Aligner`` on a store that holds only
-the forward records of the pages that part owns (``dupalign.store.forward_copy.ForwardCopy``, filled
-as from the forward topic), the parts' best pages merged (``merge_ranked``): the matches of
-one ``Aligner.align`` of the whole request, with ``passage.max_matches`` binding."""
+"""Align partitions keyed by earlier page: a request split by its candidates' owners
+(``AlignRequest.split``), each part aligned by an ``Aligner`` on a ``ForwardReader`` that
+holds only the forward records of the pages that part owns (``PartForward``, as an align
+partition's store holds its own ids' records), the parts' best pages merged
+(``merge_ranked``): the matches of one ``Aligner.align`` of the whole request, with
+``passage.max_matches`` binding."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,24 +18,29 @@ from hypothesis import strategies as st
 from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.match import Span
 from dupalign.runtime.engine import Engine
-from dupalign.service.align_store import forward_changes
 from dupalign.stages.align import Aligner, RankedPage, merge_ranked
 from dupalign.stages.messages import AlignRequest
-from dupalign.store.forward_copy import ForwardCopy
-from dupalign.store.keys import u64
-from dupalign.wire.forward_record import encode_forward
+from dupalign.wire.forward_record import decode_forward
 from tests.passage.test_align_caps import dense_pages
 
 
-class Record(NamedTuple):  # what the align role reads from the forward topic
-    key: bytes
-    value: bytes | None
+class PartForward:
+    """A ``ForwardReader`` (dupalign.store.forward_reader) of the pages one part owns."""
 
+    def __init__(self) -> None:
+        self.records: dict[int, tuple[str, bytes, bytes]] = {}
 
-def forward_record(engine: Engine, ordinal: int, doc_id: str) -> Record:
-    record = engine.forward_record(ordinal)
-    assert record is not None
-    return Record(u64(ordinal), encode_forward(doc_id, *record))
+    def windows(self, ordinals: list[int]) -> list[bytes | None]:
+        return [self.records[o][1] if o in self.records else None for o in ordinals]
+
+    def positions(self, ordinal: int) -> bytes | None:
+        return self.records[ordinal][2] if ordinal in self.records else None
+
+    def doc_id(self, ordinal: int) -> str | None:
+        return self.records[ordinal][0] if ordinal in self.records else None
+
+    def catch_up(self) -> bool:
+        return False
 
 
 @pytest.mark.parametrize(("parts", "max_matches", "seed"),
@@ -42,55 +49,37 @@ def test_a_request_aligned_in_parts_gives_the_matches_of_the_whole(
         tmp_path: Path, parts: int, max_matches: int, seed: int) -> None:
     cfg = EngineConfig(near=NearConfig(enabled=False), passage=PassageConfig(
         max_matches=max_matches)).validate()
-    stores = {p: ForwardCopy(tmp_path / f"align-{p}") for p in range(parts)}
+    stores = {p: PartForward() for p in range(parts)}
     aligners = {p: Aligner(cfg, store=s) for p, s in stores.items()}
     capped = 0
     split_pages = 0
-    try:
-        with Engine.open(tmp_path / "index", cfg) as engine:
-            for page in dense_pages(36, seed):
-                result = engine.index(engine.sketch(page))
-                hit_before = engine.aligner.counters.pages_hit
-                whole = engine.align(result)
-                if result.align is not None:
-                    split = result.align.split(parts)
-                    assert sorted(o for r in split.values() for o in r.others.tolist()) \
-                        == result.align.others.tolist()
-                    split_pages += len(split) > 1
-                    ranked = []
-                    for p, part in split.items():
-                        assert set(part.others.tolist()) <= {
-                            o for o in result.align.others.tolist() if o % parts == p}
-                        wire = AlignRequest.from_bytes(part.to_bytes(forward=False))
-                        ranked.append(aligners[p].align_ranked(wire))
-                    assert merge_ranked(ranked, max_matches) == whole
-                    capped += engine.aligner.counters.pages_hit - hit_before > max_matches
-                engine.indexer.finish(result, whole)
-                if result.ordinal is not None:
-                    p = result.ordinal % parts
-                    stores[p].apply(p, forward_changes([forward_record(engine, result.ordinal,
-                                                                       page.id)]),
-                                    result.ordinal + 1)
-    finally:
-        for s in stores.values():
-            s.close()
+    with Engine.open(tmp_path / "index", cfg) as engine:
+        for page in dense_pages(36, seed):
+            result = engine.index(engine.sketch(page))
+            hit_before = engine.aligner.counters.pages_hit
+            whole = engine.align(result)
+            if result.align is not None:
+                split = result.align.split(parts)
+                assert sorted(o for r in split.values() for o in r.others.tolist()) \
+                    == result.align.others.tolist()
+                split_pages += len(split) > 1
+                ranked = []
+                for p, part in split.items():
+                    assert set(part.others.tolist()) <= {
+                        o for o in result.align.others.tolist() if o % parts == p}
+                    wire = AlignRequest.from_bytes(part.to_bytes(forward=False))
+                    ranked.append(aligners[p].align_ranked(wire))
+                assert merge_ranked(ranked, max_matches) == whole
+                capped += engine.aligner.counters.pages_hit - hit_before > max_matches
+            engine.indexer.finish(result, whole)
+            record = None if result.ordinal is None else engine.forward_record(
+                result.ordinal)
+            if record is not None:
+                stores[result.ordinal % parts].records[result.ordinal] = (page.id, *record)
     if max_matches < 10:
         assert capped > 0  # the cap bound: the merge chose among the parts' best
     if parts > 1:
         assert split_pages > 0
-
-
-def test_a_page_that_left_the_index_leaves_the_align_store(tmp_path: Path) -> None:
-    store = ForwardCopy(tmp_path / "a")
-    try:
-        store.apply(1, forward_changes([Record(u64(5), encode_forward("p5", b"w", b"pos"))]), 7)
-        assert store.windows([5]) == [b"w"] and store.offset(1) == 7
-        assert store.has_all([5]) and not store.has_all([5, 9])
-        store.apply(1, forward_changes([Record(u64(5), None)]), 8)
-        assert store.windows([5]) == [None] and store.doc_id(5) is None
-        assert store.offset(1) == 8 and store.offset(0) is None
-    finally:
-        store.close()
 
 
 def _span(x: int) -> Span:
@@ -117,21 +106,13 @@ def test_merge_ranked_equals_ranking_the_whole(pages: list[Any], parts: int, cap
     assert merge_ranked(per_part, cap) == want
 
 
-def test_forward_records_of_the_version_before_are_read_and_older_ones_refused(
-        tmp_path: Path) -> None:
-    """A rolling upgrade: the align store reads forward records of version 1 (int32
-    positions, from an index role not yet upgraded) as it reads its own; an older version
+def test_forward_records_of_the_version_before_are_read_and_older_ones_refused() -> None:
+    """A rolling upgrade: an align partition reads forward records of version 1 (int32
+    positions, from a sketch role not yet upgraded) as it reads its own; an older version
     is refused, not misread."""
-    import msgpack
-
-    store = ForwardCopy(tmp_path / "a")
-    try:
-        for v in (1, 2):
-            value = msgpack.packb({"v": v, "id": f"p{v}", "forward": b"w" * 8,
-                                   "positions": b"x"}, use_bin_type=True)
-            store.apply(0, forward_changes([Record(u64(v), value)]), v + 1)
-            assert store.windows([v]) == [b"w" * 8]
-        with pytest.raises(ValueError, match="forward record version 0"):
-            store.apply(0, forward_changes([Record(u64(9), msgpack.packb({"v": 0}))]), 10)
-    finally:
-        store.close()
+    for v in (1, 2):
+        value = msgpack.packb({"v": v, "id": f"p{v}", "forward": b"w" * 8,
+                               "positions": b"x"}, use_bin_type=True)
+        assert decode_forward(value)[:3] == (f"p{v}", b"w" * 8, b"x")
+    with pytest.raises(ValueError, match="forward record version 0"):
+        decode_forward(msgpack.packb({"v": 0}))
