@@ -13,7 +13,7 @@ returned).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -403,11 +403,6 @@ class Engine:
         if self.read_only:
             raise RuntimeError("engine opened read-only")
         records.put_note(self.store, name, value)
-
-    def on_removed(self, callback: Callable[[list[int]], None] | None) -> None:
-        """Call ``callback`` with the ordinals of the pages that leave the store (deletes,
-        replaced versions, retention), after they left."""
-        self.indexer.on_removed = callback
 
     def removes(self, sk: PageSketch) -> list[int]:
         """The stored page that indexing ``sk`` removes, if any (``Indexer.removes``)."""

@@ -22,7 +22,6 @@ replay always finds the matches the page produced. Other pages write one batch.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -131,12 +130,9 @@ class Indexer:
         self.counters = LifecycleCounters()
         self.times = IndexTimes()
         # candidates' forward records kept between align requests that carry them
-        # (``with_forward``: benchmarks and tests; the topology's align shards read their
-        # own copies), as the align stage keeps them
+        # (``with_forward``: the benchmarks' requests for an align stage without a store), as
+        # the align stage keeps them
         self.forward_records = RecordCache(config.cache.budgets_mb()["forward"] << 20)
-        # told the ordinals of every page removed from the store (the topology's index
-        # role empties the align shards' copies of their forward records)
-        self.on_removed: Callable[[list[int]], None] | None = None
         # the recall audit (dupalign.audit), when on: told of sampled pages, stored pages and
         # removals, it never changes what the stage answers
         self.audit: Auditor | None = None
@@ -537,8 +533,6 @@ class Indexer:
 
     def _commit_removal(self, removal: Removal) -> None:
         ordinals = removal.ordinals.tolist()
-        if self.on_removed is not None:
-            self.on_removed(ordinals)
         self.near.commit_removal(ordinals)
         self.passages.commit_removal(removal)
         if self.audit is not None:

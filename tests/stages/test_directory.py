@@ -41,6 +41,7 @@ from dupalign.stages.directory import (
     entry_of,
 )
 from dupalign.stages.ledger import Expired, Ledger
+from dupalign.store import tables
 from dupalign.store.database import Store
 from tests.reused_stores import Stores, temporary_stores
 from tests.stages.streams import CONFIG, ENGINE, N_IDS, PARAMS, ops, pages_of
@@ -57,8 +58,6 @@ def single(engine: Engine, stream: list[Any]) -> tuple[list[Any], list[Directory
     the pages (from the sketches it indexed)."""
     out: list[Any] = []
     entries: list[DirectoryEntry] = []
-    removed: list[int] = []
-    engine.on_removed(removed.extend)
     for step, item in pages_of(stream):
         if not isinstance(item, Page):
             swept = []
@@ -71,7 +70,7 @@ def single(engine: Engine, stream: list[Any]) -> tuple[list[Any], list[Directory
         sk = engine.sketch(item)
         entry = entry_of(len(entries), sk)
         entries.append(entry)
-        removed.clear()
+        alive = engine.alive
         result = engine.index(sk, defer=True)
         with contextlib.suppress(PageRejected):  # (its outcome is in ``result``)
             engine.finish(result, engine.align(result))
@@ -83,8 +82,12 @@ def single(engine: Engine, stream: list[Any]) -> tuple[list[Any], list[Directory
             kind = "rejected"
         else:
             kind = "unchanged" if result.ordinal is None else "stored"
+        # the version the page removed, read from the store (and no other: the count)
+        removed = [] if prev is None or tables.docs.get(engine.store, prev.ordinal) else [
+            prev.ordinal]
         assert removed == ([] if prev is None or kind not in ("delete", "stored")
                            else [prev.ordinal])
+        assert engine.alive == alive + (kind == "stored") - len(removed)
         gone = [(o, prev.content_hash, prev.simhash) for o in removed if prev is not None]
         # (a changed revisit's distance is the router's: Router.relate, tests/stages/
         # test_partitioned.py)
