@@ -187,9 +187,8 @@ class CacheConfig:
     # page by then (docs/performance/passages.md, "Cost as the store grows")
     lists_mb: int = 0
     blocks_mb: int = 0  # RocksDB block cache shared by all column families
-    # candidate pages' forward records kept by each align worker, and by the topology's
-    # index role for the align requests it builds (dupalign.passage.forward RecordCache): on
-    # llvm-13/14, 4,059 reads were of 313 pages (39 MB)
+    # candidate pages' forward records kept by each align worker (dupalign.passage.forward
+    # RecordCache): on llvm-13/14, 4,059 reads were of 313 pages (39 MB)
     forward_mb: int = 0
 
     def validate(self) -> None:

@@ -64,8 +64,8 @@ def warm(mode: str, root: Path) -> None:
         engine.delete(["d5"])
         engine.compact(now_ms=100)
         engine.process(pages[2])  # an unchanged revisit
-    with Engine.open(root / "roles", config) as engine:
-        _as_roles(engine, pages)
+    with Engine.open(root / "carried", config) as engine:
+        _carried(engine, pages)
     # the partitioned pipeline's own kernels (the router's probes, the prefix shards' answers)
     with Partitioned.open(root / "partitioned", config, Shape(2, 1, 2, 2, 1)) as pipeline:
         for page in pages:
@@ -73,10 +73,10 @@ def warm(mode: str, root: Path) -> None:
                 pipeline.process(page)
 
 
-def _as_roles(engine: Engine, pages: list[Page]) -> None:
-    """The stages as the Kafka roles run them: sketches and align requests through their
-    wire form, align without a store (the forward records carried: int64 rectangles, not
-    the list cache's int32 ones)."""
+def _carried(engine: Engine, pages: list[Page]) -> None:
+    """Sketches and align requests through their wire form, align without a store, as
+    tests.bench.align_replay replays them (the forward records carried: int64 rectangles,
+    not the list cache's int32 ones)."""
     no_store = Aligner(engine.config)
     for page in pages:
         result = engine.index(PageSketch.from_bytes(engine.sketch(page).to_bytes()))

@@ -331,7 +331,7 @@ class NearIndex:
 
     def refresh(self, state: NearState) -> None:
         """The fingerprint under the idf table in force, if ``state`` was sketched under an
-        older one (before the last freeze, or by the topology's sketch role)."""
+        older one (before the last freeze, or by a sketch role, which has no store)."""
         refresh(state, self.idf, self.cfg.tf_mode)
 
     def search(self, state: NearState, ordinal: int) -> list[tuple[int, int, float]]:

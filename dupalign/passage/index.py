@@ -118,7 +118,7 @@ class PassageIndex:
         self._new_runs: dict[bytes, tuple[bytes, bytes, list[bytes]]] = {}
         self.pack_min = PACK_MIN  # runtime only: packing changes the layout, not the lists
         # the entries of committed pages not in the store yet (``write_lists_behind``; None:
-        # each page's entries are in its batch, as index shards need)
+        # each page's entries are in its batch, as a list partition's store keeps them)
         self.pending: list_files.PendingLists | None = None
         self._entries: tuple[int, npt.NDArray[Any], I64] | None = None  # staged, for commit
         self._mark: int | None = None  # the pending lists' mark in the staged batch

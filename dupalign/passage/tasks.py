@@ -120,4 +120,4 @@ class PassageTrace:
     tasks: frozenset[int] = frozenset()  # pages that became alignment tasks
     heads: frozenset[int] = frozenset()  # pages counted (in a list's first max_list_read)
     beyond: frozenset[int] = frozenset()  # pages in a list past its first max_list_read
-    heads_known: bool = False  # (index shards do not report the heads)
+    heads_known: bool = False  # whether ``heads`` was filled (the lists' heads counted)

@@ -1,10 +1,10 @@
 """A sticky, co-partitioned assignment for consumer groups whose partitions carry local state
-(the index role's shard, a shard process's or an align process's store, the single
-worker's store): a member that joins does not take a partition from the member that owns
-it, since the owner would let go of its state and the newcomer rebuild it by replay.
+(the single worker's store, a stage role's partition stores): a member that joins does not
+take a partition from the member that owns it, since the owner would let go of its state
+and the newcomer rebuild it by replay.
 
 Partition i of every subscribed topic goes to one member (a *slot*, as the range assignor
-gives it: the index role needs partition 0 of its topics together). Each member's
+gives it: a member needs partition i of each topic together). Each member's
 subscription says which partitions it was last given, the *epoch* they were given at and
 the highest epoch it has seen: partitions that change hands are given at 1 + the highest
 epoch any member has seen, so when two members claim a slot (one was expelled and the group

@@ -50,8 +50,8 @@ class AlignRequest:
     (``Tasks.gather``) from the store or a secondary instance of it; for an align stage
     without store access ``Indexer.with_forward`` attaches what it would read: the tasks
     gathered, and per candidate page (``others``, ascending) its id and positions record.
-    Everything about a candidate is keyed by its ordinal, so a request splits into one
-    ``AlignTask`` per candidate for align shards keyed by page."""
+    Everything about a candidate is keyed by its ordinal, so a request splits by candidate
+    for the align partitions that own them (``split_by``)."""
 
     ordinal: int
     starts: I64
@@ -80,7 +80,7 @@ class AlignRequest:
         return self.tasks.gathered and len(self.other_positions) == len(self.others)
 
     def split(self, parts: int) -> dict[int, AlignRequest]:
-        """The request split by earlier page, for align shards keyed by page: part ``p``
+        """The request split by earlier page, for align parts keyed by ordinal: part ``p``
         holds the tasks against the pages whose ordinal is ``p`` modulo ``parts`` (only
         the parts with tasks; none carries forward data). Each part's ``Aligner.
         align_ranked``, merged by ``align.merge_ranked``, gives the whole's matches."""

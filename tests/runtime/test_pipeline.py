@@ -364,7 +364,7 @@ def test_messages_round_trip_and_match_their_schemas(tmp_path: Path, mode: str) 
                 wire = AlignRequest.from_bytes(carried.to_bytes())
                 assert wire.to_bytes() == carried.to_bytes()
                 _assert_every_width_round_trips(AlignRequest.from_bytes(carried.to_bytes()))
-                no_store = Aligner(engine.config)  # the Kafka align role's view
+                no_store = Aligner(engine.config)  # (align_replay's view)
                 assert (no_store.align(wire) == engine.aligner.align(bare)
                         == engine.aligner.align(result.align))
                 with pytest.raises(KeyError, match="no store"):

@@ -155,7 +155,7 @@ async def test_a_producer_fenced_in_the_background_fails_its_checkpoints_as_fenc
         kafka_bootstrap: str) -> None:
     """Seen in the role faults test: the sender task met the fencing between two sends of a
     unit, and the next send said only IllegalOperation ("not in transaction"), which stopped
-    the index role instead of having it step down; the next unit's begin said
+    the role instead of having it step down; the next unit's begin said
     AssertionError. Both must raise the fencing itself."""
     kc = KafkaConfig(bootstrap_servers=kafka_bootstrap)
     topic = f"loop-fenced-{uuid.uuid4().hex[:8]}"

@@ -1,6 +1,6 @@
 """A new version's ``revisit`` message does not depend on the idf table its sketch was made
-under. The topology's sketch role has no store, so it sketches under the uniform table
-(version 0); a pipeline's sketch can run before a freeze. The index recomputes such a
+under. A sketch made elsewhere can be under an older table than the index's: the uniform
+one (version 0) or one before a freeze (a pipeline's sketch runs ahead). The index recomputes such a
 fingerprint before it searches: the revisit's ``hamming`` must use the recomputed one too,
 or it differs from ``Engine.process``'s once a table is frozen."""
 

@@ -17,7 +17,7 @@ shard (S) if its sketch has passage windows (``list_windows`` cuts one per shard
 get none. A step takes nothing until all its records are in (``OrderedMerge.peek``).
 
 Output: a page's matches (``CombineShard.finish``) to ``kafka.output_topic``, keyed by id
-as the index role publishes them (``published``), in the step's transaction. A page with
+as the single worker publishes them (``published``), in the step's transaction. A page with
 passage tasks first sends its ``AlignRequest`` to the align stage (``<in>.align_requests``,
 one part per align partition owning some of its candidates' ids: stage_align.py
 ``request_parts``; a ``reply_header`` names where it answers), and waits in the store
@@ -336,7 +336,7 @@ class CombinePartition(StagePartition):
                 self.aligned.take(c, (seq, part))
             answers = [decode_aligned(r) for r in raw if r is not None]
             if any(a.ranked is None for a in answers):
-                # (the index role aligns such a page itself; the combine has no forward store)
+                # (the combine has no forward records to align such a part itself)
                 log.warning("page %d: an align part was not aligned there; its passages "
                             "from the other parts only", seq)
             passages = merge_ranked([a.ranked or [] for a in answers], self.max_matches)
