@@ -29,8 +29,8 @@ def run_engine(mode: str) -> dict[str, float | int | str]:
     from dupalign.config import EngineConfig, PassageConfig
     from dupalign.page import Page
     from dupalign.runtime.engine import Engine
+    from tests.role_processes import rfc_pages
     from tests.service.test_worker_kafka import clough_pages
-    from tests.topology_harness import rfc_pages
 
     pages = clough_pages() + rfc_pages(max_bytes=20_000)  # (weighted mode was 0.4 s a page)
     config = EngineConfig(passage=PassageConfig(mode=mode)).validate()  # type: ignore[arg-type]

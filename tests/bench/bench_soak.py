@@ -67,7 +67,7 @@ COLUMNS = ("rss", "peak", "lists", "fwd", "blocks", "memtab", "readers", "near",
 
 
 def stream(n: int, seed: int = 7, recent: int = 2000) -> Iterator[Page]:
-    """``n`` pages as tests.topology_harness.synthetic_pages makes them (every RFC), copying
+    """``n`` pages as tests.role_processes.synthetic_pages makes them (every RFC), copying
     only from the last ``recent`` pages so that the generator's memory stays bounded."""
     rng = np.random.default_rng(seed)
     sources = [words((RFC / f"rfc{k}.txt").read_text("utf-8", "replace"))

@@ -81,7 +81,7 @@ from tests.bench.stage_setup import (
     turns,
 )
 from tests.bench.stage_turns import turns_table
-from tests.topology_harness import stop_all
+from tests.role_processes import stop_all
 
 
 async def measure(bootstrap: str, tmp: Path, pages: list[Any], partitions: int, copies: int,

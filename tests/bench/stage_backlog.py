@@ -31,7 +31,7 @@ from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import ensure_topics, record_ordinal
 from tests.bench import stage_setup
 from tests.bench.stage_setup import ROLES, Applied, Setup
-from tests.topology_harness import check_alive, read_topic, stop_all
+from tests.role_processes import check_alive, read_topic, stop_all
 
 # run one after the other, in upstream order; a group's roles together
 GROUPS = (("sketch",), ("directory",), ("exact",), ("learner",), ("router",), ("near",),

@@ -27,7 +27,7 @@ from dupalign.service.config import KafkaConfig
 from dupalign.service.sequence_batch import PAGE_HEADER, SequenceBatch, record_page
 from dupalign.service.topology import ORDINAL_HEADER, header, new_producer, record_ordinal
 from dupalign.wire import messages
-from tests.topology_harness import (
+from tests.role_processes import (
     REPO,
     check_alive,
     cpu_seconds,

@@ -21,8 +21,8 @@ from dupalign.service.sequence_batch import SequenceBatch
 from dupalign.stages.partitioned import Shape
 from dupalign.store.keys import read_u64
 from tests.bench.stage_turns import turn_pages
+from tests.role_processes import check_alive, cpu_seconds, read_topic
 from tests.service.test_stage_roles_kafka import Roles
-from tests.topology_harness import check_alive, cpu_seconds, read_topic
 
 # every role of the shape, in pipeline order
 ROLES = ("sketch", "directory", "exact", "learner", "router", "near", "lists", "combine",

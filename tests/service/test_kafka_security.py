@@ -26,6 +26,7 @@ from dupalign.service.exits import Exit
 from dupalign.wire import messages
 from tests.conftest import BROKER_SH, SecureBroker
 from tests.corpora import demo_pages
+from tests.role_processes import REPO
 from tests.service.test_ops_prometheus import free_port, http_get
 from tests.service.test_worker_kafka import (
     Topics,
@@ -33,7 +34,6 @@ from tests.service.test_worker_kafka import (
     match_key,
     stop_when_committed,
 )
-from tests.topology_harness import REPO
 
 pytestmark = pytest.mark.kafka
 

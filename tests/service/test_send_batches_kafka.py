@@ -16,7 +16,7 @@ from dupalign.service.config import KafkaConfig
 from dupalign.service.send_batches import ALONE_BYTES, send_batched
 from dupalign.service.topology import Outgoing, new_producer
 from tests.kafka_topics import create_topics
-from tests.topology_harness import read_topic
+from tests.role_processes import read_topic
 
 pytestmark = [pytest.mark.kafka]
 

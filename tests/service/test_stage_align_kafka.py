@@ -23,8 +23,8 @@ from dupalign.match import Match
 from dupalign.service.topology import decode_aligned, ensure_topics, record_ordinal
 from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.wire import messages
+from tests.role_processes import check_alive, stop_all
 from tests.service.test_stage_roles_kafka import Roles, oracle, stream
-from tests.topology_harness import check_alive, stop_all
 
 pytestmark = pytest.mark.kafka
 

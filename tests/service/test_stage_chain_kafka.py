@@ -30,8 +30,8 @@ from dupalign.service.topology import ensure_topics, new_producer, record_ordina
 from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.wire import messages
 from tests.bench.bench_worker import corpus
+from tests.role_processes import check_alive, lifecycle_stream, stop_all
 from tests.service.test_stage_roles_kafka import Roles, oracle
-from tests.topology_harness import check_alive, lifecycle_stream, stop_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.testdata]
 

@@ -10,8 +10,8 @@ import pytest
 
 from dupalign.service.topology import ensure_topics
 from dupalign.stages.partitioned import Shape
+from tests.role_processes import check_alive, stop_all, wait_log
 from tests.service.test_stage_roles_kafka import Roles
-from tests.topology_harness import check_alive, stop_all, wait_log
 
 pytestmark = pytest.mark.kafka
 

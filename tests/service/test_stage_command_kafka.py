@@ -32,7 +32,7 @@ from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import record_ordinal
 from dupalign.stages.partitioned import Shape
 from dupalign.wire import messages
-from tests.topology_harness import REPO, check_alive, read_topic, stop_all
+from tests.role_processes import REPO, check_alive, read_topic, stop_all
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

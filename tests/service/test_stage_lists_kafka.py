@@ -20,9 +20,9 @@ from dupalign.service.topology import ensure_topics, record_ordinal
 from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.list_shard import ListPartial
 from dupalign.stages.partitioned import Partitioned, Shape
+from tests.role_processes import check_alive, stop_all
 from tests.service.test_stage_lists import recorded_partials
 from tests.service.test_stage_roles_kafka import Roles, oracle, stream
-from tests.topology_harness import check_alive, stop_all
 
 pytestmark = pytest.mark.kafka
 

@@ -27,9 +27,9 @@ from dupalign.stages.directory import directory_owner
 from dupalign.stages.near_shard import answer_from_bytes
 from dupalign.stages.partitioned import Partitioned, Shape
 from tests.reused_stores import temporary_stores
+from tests.role_processes import check_alive, stop_all
 from tests.service.test_stage_near import NEAR_TEXTS, Answers, Ops, recorded_near
 from tests.service.test_stage_roles_kafka import ENGINE_TOML, Roles, sequence_order, stream
-from tests.topology_harness import check_alive, stop_all
 
 pytestmark = pytest.mark.kafka
 

@@ -33,9 +33,9 @@ from dupalign.stages.exact import ExactAnswer
 from dupalign.stages.partitioned import Partitioned, Shape
 from dupalign.wire import messages
 from tests.reused_stores import temporary_stores
+from tests.role_processes import REPO, check_alive, read_topic, stop_all
 from tests.service.test_stage_partitions import recorded
 from tests.stages.streams import N_IDS, SHARED_TEXTS, pages_of
-from tests.topology_harness import REPO, check_alive, read_topic, stop_all
 
 pytestmark = pytest.mark.kafka
 

@@ -26,10 +26,10 @@ from dupalign.service.topology import ensure_topics, record_ordinal
 from dupalign.stages.partitioned import Shape
 from dupalign.wire import messages
 from tests.conftest import SecureBroker
+from tests.role_processes import REPO, check_alive, read_topic, stop_all
 from tests.service.test_kafka_security import DEMO_INPUTS, assert_no_secret, grant, refused
 from tests.service.test_stage_command_kafka import by_page
 from tests.service.test_stage_command_kafka import write_config as stage_config
-from tests.topology_harness import REPO, check_alive, read_topic, stop_all
 
 pytestmark = pytest.mark.kafka
 

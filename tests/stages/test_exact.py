@@ -151,7 +151,7 @@ def corpus_items(seed: int = 3) -> list[Item]:
     Clough's answers and originals; after every 11th page a new version of an earlier id
     with another earlier page's body (often an exact copy), after every 13th a delete of an
     earlier id, every 500 pages a sweep to 1,500 pages alive."""
-    from tests.topology_harness import rfc_pages, synthetic_pages  # (imports the service)
+    from tests.role_processes import rfc_pages, synthetic_pages  # (imports the service)
 
     pages = synthetic_pages(5000) + rfc_pages() + [
         Page(a.file, a.body) for a in clough_answers()] + [
