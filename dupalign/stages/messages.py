@@ -79,17 +79,12 @@ class AlignRequest:
         """Whether the candidates' forward data is attached (``Indexer.with_forward``)."""
         return self.tasks.gathered and len(self.other_positions) == len(self.others)
 
-    def split(self, parts: int) -> dict[int, AlignRequest]:
-        """The request split by earlier page, for align parts keyed by ordinal: part ``p``
-        holds the tasks against the pages whose ordinal is ``p`` modulo ``parts`` (only
-        the parts with tasks; none carries forward data). Each part's ``Aligner.
-        align_ranked``, merged by ``align.merge_ranked``, gives the whole's matches."""
-        return self.split_by(self.tasks.t_o % parts)
-
     def split_by(self, owner: I64) -> dict[int, AlignRequest]:
         """The request split by ``owner`` (the part of each task's earlier page, in
         ``tasks.t_o``'s order): the align stage keyed by the candidate's id gives each
-        candidate's owner (``directory_owner``) here. Parts as ``split``'s."""
+        candidate's owner (``directory_owner``) here. Only the parts with tasks; none
+        carries forward data. Each part's ``Aligner.align_ranked``, merged by
+        ``align.merge_ranked``, gives the whole's matches."""
         t = self.tasks
         out = {}
         for part in np.unique(owner).tolist():

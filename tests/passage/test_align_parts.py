@@ -1,7 +1,8 @@
-"""Align partitions keyed by earlier page: a request split by its candidates' owners
-(``AlignRequest.split``), each part aligned by an ``Aligner`` on a ``ForwardReader`` that
-holds only the forward records of the pages that part owns (``PartForward``, as an align
-partition's store holds its own ids' records), the parts' best pages merged
+"""Align partitions keyed by the candidate's id: a request split by its candidates' owners
+(``AlignRequest.split_by``, with ``directory_owner`` as the combine's ``request_parts``), each
+part aligned by an ``Aligner`` on a ``ForwardReader`` that holds only the forward records of
+the pages that part owns (``PartForward``, as an align partition's store holds its own ids'
+records), the parts' best pages merged
 (``merge_ranked``): the matches of one ``Aligner.align`` of the whole request, with
 ``passage.max_matches`` binding."""
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,6 +21,7 @@ from dupalign.config import EngineConfig, NearConfig, PassageConfig
 from dupalign.match import Span
 from dupalign.runtime.engine import Engine
 from dupalign.stages.align import Aligner, RankedPage, merge_ranked
+from dupalign.stages.directory import directory_owner
 from dupalign.stages.messages import AlignRequest
 from dupalign.wire.forward_record import decode_forward
 from tests.passage.test_align_caps import dense_pages
@@ -51,6 +54,7 @@ def test_a_request_aligned_in_parts_gives_the_matches_of_the_whole(
         max_matches=max_matches)).validate()
     stores = {p: PartForward() for p in range(parts)}
     aligners = {p: Aligner(cfg, store=s) for p, s in stores.items()}
+    ids: dict[int, str] = {}  # store ordinal -> id of the pages with forward records
     capped = 0
     split_pages = 0
     with Engine.open(tmp_path / "index", cfg) as engine:
@@ -59,14 +63,17 @@ def test_a_request_aligned_in_parts_gives_the_matches_of_the_whole(
             hit_before = engine.aligner.counters.pages_hit
             whole = engine.align(result)
             if result.align is not None:
-                split = result.align.split(parts)
+                owner = np.array([directory_owner(ids[o], parts)
+                                  for o in result.align.tasks.t_o.tolist()], dtype=np.int64)
+                split = result.align.split_by(owner)
                 assert sorted(o for r in split.values() for o in r.others.tolist()) \
                     == result.align.others.tolist()
                 split_pages += len(split) > 1
                 ranked = []
                 for p, part in split.items():
                     assert set(part.others.tolist()) <= {
-                        o for o in result.align.others.tolist() if o % parts == p}
+                        o for o in result.align.others.tolist()
+                        if directory_owner(ids[o], parts) == p}
                     wire = AlignRequest.from_bytes(part.to_bytes(forward=False))
                     ranked.append(aligners[p].align_ranked(wire))
                 assert merge_ranked(ranked, max_matches) == whole
@@ -75,7 +82,10 @@ def test_a_request_aligned_in_parts_gives_the_matches_of_the_whole(
             record = None if result.ordinal is None else engine.forward_record(
                 result.ordinal)
             if record is not None:
-                stores[result.ordinal % parts].records[result.ordinal] = (page.id, *record)
+                assert result.ordinal is not None
+                ids[result.ordinal] = page.id
+                stores[directory_owner(page.id, parts)].records[result.ordinal] = (page.id,
+                                                                                  *record)
     if max_matches < 10:
         assert capped > 0  # the cap bound: the merge chose among the parts' best
     if parts > 1:
