@@ -45,6 +45,17 @@ def pack_positions(tokens: Tokens, units: U64) -> bytes:
     return both.tobytes() + tail + _UNITS_MARK
 
 
+def pack_offsets(fit: bool, steps: npt.NDArray[np.uint16], pairs: npt.NDArray[np.int32],
+                 low: npt.NDArray[np.uint32]) -> bytes:
+    """``pack_positions`` of offsets and units already laid out (a kernel's): the tokens'
+    <u2 ``steps`` if every step ``fit``, else their int32 (start, end) ``pairs``, and the
+    low 32 bits of the unit hashes."""
+    tail = low.tobytes() + struct.pack("<i", len(low))
+    if fit:
+        return steps.tobytes() + tail + _STEPS_MARK
+    return pairs.tobytes() + tail + _UNITS_MARK
+
+
 def unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32],
                                             npt.NDArray[np.uint32] | None]:
     """Token starts, ends and unit hashes (None in records without them)."""

@@ -25,7 +25,8 @@ from dupalign.kernel_cache import njit
 from dupalign.passage import batch_align as passage_align
 from dupalign.passage import monoactive, monoactive_query, weighted_oph
 from dupalign.passage.oph import compact_windows, oph_bins, oph_values
-from dupalign.passage.positions import pack_positions
+from dupalign.passage.oph_page import oph_page, unit_keys
+from dupalign.passage.positions import pack_offsets, pack_positions
 from dupalign.text.hashing import mix64
 from dupalign.text.tokens import Tokens
 
@@ -84,6 +85,7 @@ class PassageSketcher:
         self.cfg = config.passage
         self.k = self.cfg.k
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
+        self._unit_keys = unit_keys(self.cfg.shingle, _SHINGLE_SALT)
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -117,7 +119,26 @@ class PassageSketcher:
 
     # -- the page's passages ----------------------------------------------------------------
     def sketch_page(self, hashes: U64, tokens: Tokens) -> PassageState:
-        """Everything the passage index needs from the page alone (no store access)."""
+        """Everything the passage index needs from the page alone (no store access): OPH
+        pages in one kernel (dupalign.passage.oph_page), the other modes step by step."""
+        cfg = self.cfg
+        if not cfg.enabled or cfg.mode != "oph":
+            return self.sketch_page_steps(hashes, tokens)
+        n = len(hashes) - cfg.shingle + 1 if len(hashes) >= cfg.shingle else 0
+        if n == 0 or n + cfg.shingle - 1 < cfg.min_len:
+            return PassageState(None, n)
+        (units, starts, ends, keys, empty, w_bin, w_key, w_empty, i_lo, i_hi, j_lo, j_hi, fit,
+         steps, pairs, low, q_bins, q_keys, w_bins, w_keys) = oph_page(
+            np.ascontiguousarray(hashes, dtype=np.uint64), self._unit_keys, self.k,
+            cfg.query_len, cfg.stride, np.asarray(tokens.starts, dtype=np.int64),
+            np.asarray(tokens.ends, dtype=np.int64))
+        return PassageState(Rects(w_bin, w_key, i_lo, i_hi, j_lo, j_hi, w_empty), n,
+                            pack_offsets(fit, steps, pairs, low), starts, ends, keys, empty,
+                            distinct_lists(q_bins, q_keys), distinct_lists(w_bins, w_keys),
+                            units)
+
+    def sketch_page_steps(self, hashes: U64, tokens: Tokens) -> PassageState:
+        """``sketch_page`` step by step (the oracle of the OPH kernel in the tests)."""
         if not self.cfg.enabled:
             return PassageState(None, 0)
         units = self.units(hashes)
