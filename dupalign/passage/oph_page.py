@@ -10,12 +10,14 @@ bytes (``sketch_page_steps`` is its oracle in the tests).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dupalign.kernel_cache import njit
+from dupalign.passage.distinct import distinct_lists_kernel
 from dupalign.passage.oph import OPH_SALT, _windows, oph_sketch_kernel
 from dupalign.text.hashing import mix_one, salt_key
 
@@ -65,26 +67,42 @@ def _starts(n: int, length: int, stride: int) -> I64:
     return out
 
 
+@njit(cache=True, inline="always")
+def _put(out: npt.NDArray[np.uint8], at: int, value: int | np.int64, size: int) -> int:
+    """``value`` as ``size`` little-endian bytes into ``out`` at ``at``; the next place."""
+    for x in range(size):
+        out[at + x] = (value >> (8 * x)) & 0xFF
+    return at + size
+
+
 @njit(cache=True, nogil=True)
-def _offsets(starts: I64, ends: I64) -> tuple[bool, npt.NDArray[np.uint16],
-                                              npt.NDArray[np.int32]]:
-    """The token offsets of ``pack_positions``: whether every step fits <u2, the steps
-    as <u2 if so, else the int32 (start, end) pairs (the other array empty)."""
+def _record(starts: I64, ends: I64, units: U64) -> tuple[bool, npt.NDArray[np.uint8]]:
+    """The positions record of ``pack_positions`` but its closing mark: whether every
+    token's step fits <u2 (then the steps, else int32 (start, end) pairs), the low 32 bits
+    of the units, their number."""
     n = starts.shape[0]
-    steps = np.empty(2 * n, dtype=np.int64)
-    prev = 0
     narrow = True
+    prev = 0
     for t in range(n):
         a, b = starts[t] - prev, ends[t] - starts[t]
-        steps[2 * t], steps[2 * t + 1] = a, b
         narrow = narrow and 0 <= a <= 0xFFFF and 0 <= b <= 0xFFFF
         prev = ends[t]
-    if narrow:
-        return True, steps.astype(np.uint16), np.empty(0, dtype=np.int32)
-    both = np.empty(2 * n, dtype=np.int32)
+    size = 4 if narrow else 8
+    out = np.empty(size * n + 4 * units.shape[0] + 4, dtype=np.uint8)
+    at = 0
+    prev = 0
     for t in range(n):
-        both[2 * t], both[2 * t + 1] = starts[t], ends[t]
-    return False, np.empty(0, dtype=np.uint16), both
+        if narrow:
+            at = _put(out, at, starts[t] - prev, 2)
+            at = _put(out, at, ends[t] - starts[t], 2)
+            prev = ends[t]
+        else:  # (offsets are below 2^31: a page has at most max_page_bytes)
+            at = _put(out, at, starts[t], 4)
+            at = _put(out, at, ends[t], 4)
+    for i in range(units.shape[0]):
+        at = _put(out, at, np.int64(units[i] & np.uint64(0xFFFFFFFF)), 4)
+    _put(out, at, units.shape[0], 4)
+    return narrow, out
 
 
 @njit(cache=True, nogil=True)
@@ -122,7 +140,9 @@ def _nonempty(bins: I64, keys: U64, empty: Bools) -> tuple[I64, U64]:
 @njit(cache=True, nogil=True)
 def _oph_page_kernel(hashes: U64, unit_keys: U64, oph_key: np.uint64, k: int, query_len: int,
                      stride: int, tok_starts: I64, tok_ends: I64) -> tuple[Any, ...]:
-    """Everything of ``sketch_page`` from the page's token hashes on (at least one unit)."""
+    """Everything of ``sketch_page`` from the page's token hashes on (at least one unit), in
+    four arrays (numba boxes each array it returns for about as long as a short page's
+    windows take: ``oph_page`` cuts them) and their parts' sizes."""
     units = _units(hashes, unit_keys)
     n = units.shape[0]
     kk = np.uint64(k)
@@ -141,16 +161,15 @@ def _oph_page_kernel(hashes: U64, unit_keys: U64, oph_key: np.uint64, k: int, qu
         keys[p], empty[p] = oph_sketch_kernel(hvals[starts[p]:ends[p]], bins[starts[p]:ends[p]],
                                               k)
     ob, ov, oe, ol, oc, orr = _windows(hvals, bins, k)
-    i_hi = np.where(oe, orr, oc)
-    j_lo = np.where(oe, ol, oc)
-    fit, narrow, wide = _offsets(tok_starts, tok_ends)
-    low = np.empty(n, dtype=np.uint32)
-    for i in range(n):
-        low[i] = np.uint32(units[i] & np.uint64(0xFFFFFFFF))
-    q_bins, q_keys = _cells(keys, empty)
-    w_bins, w_keys = _nonempty(ob, ov, oe)
-    return (units, starts, ends, keys, empty, ob, ov, oe, ol, i_hi, j_lo, orr, fit, narrow,
-            wide, low, q_bins, q_keys, w_bins, w_keys)
+    q_bins, q_keys, q_inverse = distinct_lists_kernel(*_cells(keys, empty))
+    w_bins, w_keys, w_inverse = distinct_lists_kernel(*_nonempty(ob, ov, oe))
+    fit, record = _record(tok_starts, tok_ends, units)
+    ints = np.concatenate((starts, ends, ob, ol, np.where(oe, orr, oc), np.where(oe, ol, oc),
+                           orr, q_bins, q_inverse, w_bins, w_inverse))
+    words = np.concatenate((units, keys.ravel(), ov, q_keys, w_keys))
+    flags = np.concatenate((empty.ravel(), oe))
+    return (ints, words, flags, record, fit, n_p, ob.shape[0], q_bins.shape[0],
+            q_inverse.shape[0], w_bins.shape[0], w_inverse.shape[0])
 
 
 def unit_keys(shingle: int, salt: int) -> U64:
@@ -160,14 +179,46 @@ def unit_keys(shingle: int, salt: int) -> U64:
                     dtype=np.uint64)
 
 
+@dataclass
+class OphPage:
+    """The kernel's answer, cut: the page's units, its passages' bounds and sketches, its
+    windows as rectangles, its positions record but the closing mark, whether its offsets
+    are <u2 steps (``fit``), the distinct lists of its passages and of its windows."""
+
+    units: U64
+    starts: I64
+    ends: I64
+    keys: U64
+    empty: Bools
+    windows: tuple[I64, U64, I64, I64, I64, I64, Bools]  # bin, key, i_lo, i_hi, j_lo, j_hi, empty
+    record: npt.NDArray[np.uint8]
+    fit: bool
+    lists: tuple[I64, U64, I64]
+    window_lists: tuple[I64, U64, I64]
+
+
 def oph_page(hashes: U64, unit_keys: U64, k: int, query_len: int, stride: int,
-             tok_starts: I64, tok_ends: I64) -> tuple[Any, ...]:
-    """The kernel's answer for a page of at least one unit: units, passage starts, ends,
-    keys, empty, the windows' bin, key, empty, i_lo, i_hi, j_lo, j_hi, the offsets
-    (``pack_offsets``' arguments but the units), and the cells of the passages' and of the
-    windows' lists (bins, keys each)."""
-    return _oph_page_kernel(hashes, unit_keys, _OPH_KEY, k, query_len, stride, tok_starts,
-                            tok_ends)
+             tok_starts: I64, tok_ends: I64) -> OphPage:
+    """The OPH passage sketch of a page of at least one unit (views of the kernel's four
+    arrays)."""
+    ints, words, flags, record, fit, n_p, m, a, c, b, d = _oph_page_kernel(
+        hashes, unit_keys, _OPH_KEY, k, query_len, stride, tok_starts, tok_ends)
+    n = len(words) - n_p * k - m - a - b
+    starts, ends, w_bin, i_lo, i_hi, j_lo, j_hi, ql_bins, ql_inv, wl_bins, wl_inv = _cut(
+        ints, (n_p, n_p, m, m, m, m, m, a, c, b, d))
+    units, keys, w_key, ql_keys, wl_keys = _cut(words, (n, n_p * k, m, a, b))
+    empty, w_empty = _cut(flags, (n_p * k, m))
+    return OphPage(units, starts, ends, keys.reshape(n_p, k), empty.reshape(n_p, k),
+                   (w_bin, w_key, i_lo, i_hi, j_lo, j_hi, w_empty), record, fit,
+                   (ql_bins, ql_keys, ql_inv), (wl_bins, wl_keys, wl_inv))
+
+
+def _cut(buf: npt.NDArray[Any], sizes: tuple[int, ...]) -> list[npt.NDArray[Any]]:
+    out, at = [], 0
+    for size in sizes:
+        out.append(buf[at:at + size])
+        at += size
+    return out
 
 
 _OPH_KEY = salt_key(OPH_SALT)
