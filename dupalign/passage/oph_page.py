@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from dupalign.kernel_cache import njit
 from dupalign.passage.distinct import distinct_lists_kernel
-from dupalign.passage.oph import OPH_SALT, _windows, oph_sketch_kernel
+from dupalign.passage.oph import OPH_SALT, oph_sketch_kernel, windows_kernel
 from dupalign.text.hashing import mix_one, salt_key
 
 I64 = npt.NDArray[np.int64]
@@ -160,7 +160,7 @@ def _oph_page_kernel(hashes: U64, unit_keys: U64, oph_key: np.uint64, k: int, qu
         ends[p] = min(n, starts[p] + query_len)
         keys[p], empty[p] = oph_sketch_kernel(hvals[starts[p]:ends[p]], bins[starts[p]:ends[p]],
                                               k)
-    ob, ov, oe, ol, oc, orr = _windows(hvals, bins, k)
+    ob, ov, oe, ol, oc, orr = windows_kernel(hvals, bins, k)
     q_bins, q_keys, q_inverse = distinct_lists_kernel(*_cells(keys, empty))
     w_bins, w_keys, w_inverse = distinct_lists_kernel(*_nonempty(ob, ov, oe))
     fit, record = _record(tok_starts, tok_ends, units)
