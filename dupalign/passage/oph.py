@@ -138,7 +138,7 @@ class OPHWindows:
 
 
 @njit(cache=True, nogil=True)
-def _windows(hvals: U64, bins: I64, k: int) -> tuple[I64, U64, Bools, I64, I64, I64]:
+def windows_kernel(hvals: U64, bins: I64, k: int) -> tuple[I64, U64, Bools, I64, I64, I64]:
     n = hvals.shape[0]
     # group positions by bin, in increasing position order (counting sort: O(n + k))
     start = np.zeros(k + 1, dtype=np.int64)
@@ -217,7 +217,7 @@ def compact_windows_binned(hvals: U64, bins: I64, k: int) -> OPHWindows:
     if h.shape != b.shape or h.ndim != 1:
         raise ValueError("hvals and bins must be 1-d arrays of the same length")
     _check_bins(b, k)
-    ob, ov, oe, ol, oc, orr = _windows(h, b, k)
+    ob, ov, oe, ol, oc, orr = windows_kernel(h, b, k)
     return OPHWindows(bin=ob, value=ov, empty=oe, l=ol, c=oc, r=orr)
 
 

@@ -45,6 +45,13 @@ def pack_positions(tokens: Tokens, units: U64) -> bytes:
     return both.tobytes() + tail + _UNITS_MARK
 
 
+def positions_record(fit: bool, body: npt.NDArray[np.uint8]) -> bytes:
+    """``pack_positions`` of a record laid out already but its closing mark (a kernel's:
+    dupalign.passage.oph_page): its tokens' <u2 steps if every step ``fit``, else their
+    int32 (start, end) pairs, then the units' low halves and their number."""
+    return body.tobytes() + (_STEPS_MARK if fit else _UNITS_MARK)
+
+
 def unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32],
                                             npt.NDArray[np.uint32] | None]:
     """Token starts, ends and unit hashes (None in records without them)."""

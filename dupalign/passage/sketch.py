@@ -21,11 +21,12 @@ import numpy as np
 import numpy.typing as npt
 
 from dupalign.config import EngineConfig
-from dupalign.kernel_cache import njit
 from dupalign.passage import batch_align as passage_align
 from dupalign.passage import monoactive, monoactive_query, weighted_oph
+from dupalign.passage.distinct import distinct_lists
 from dupalign.passage.oph import compact_windows, oph_bins, oph_values
-from dupalign.passage.positions import pack_positions
+from dupalign.passage.oph_page import oph_page, unit_keys
+from dupalign.passage.positions import pack_positions, positions_record
 from dupalign.text.hashing import mix64
 from dupalign.text.tokens import Tokens
 
@@ -84,6 +85,7 @@ class PassageSketcher:
         self.cfg = config.passage
         self.k = self.cfg.k
         self._tf = cast(monoactive.TfMode, self.cfg.tf_mode)  # validated by PassageConfig
+        self._unit_keys = unit_keys(self.cfg.shingle, _SHINGLE_SALT)
 
     # -- units: the tokens the alignment sees ------------------------------------------------
     def units(self, hashes: U64) -> U64:
@@ -117,7 +119,22 @@ class PassageSketcher:
 
     # -- the page's passages ----------------------------------------------------------------
     def sketch_page(self, hashes: U64, tokens: Tokens) -> PassageState:
-        """Everything the passage index needs from the page alone (no store access)."""
+        """Everything the passage index needs from the page alone (no store access): OPH
+        pages in one kernel (dupalign.passage.oph_page), the other modes step by step."""
+        cfg = self.cfg
+        if not cfg.enabled or cfg.mode != "oph":
+            return self.sketch_page_steps(hashes, tokens)
+        n = len(hashes) - cfg.shingle + 1 if len(hashes) >= cfg.shingle else 0
+        if n == 0 or n + cfg.shingle - 1 < cfg.min_len:
+            return PassageState(None, n)
+        o = oph_page(np.ascontiguousarray(hashes, dtype=np.uint64), self._unit_keys, self.k,
+                     cfg.query_len, cfg.stride, np.asarray(tokens.starts, dtype=np.int64),
+                     np.asarray(tokens.ends, dtype=np.int64))
+        return PassageState(Rects(*o.windows), n, positions_record(o.fit, o.record), o.starts,
+                            o.ends, o.keys, o.empty, o.lists, o.window_lists, o.units)
+
+    def sketch_page_steps(self, hashes: U64, tokens: Tokens) -> PassageState:
+        """``sketch_page`` step by step (the oracle of the OPH kernel in the tests)."""
         if not self.cfg.enabled:
             return PassageState(None, 0)
         units = self.units(hashes)
@@ -174,88 +191,6 @@ def window_lists(state: PassageState) -> tuple[I64, U64, I64]:
         nonempty = np.flatnonzero(~r.empty)
         state.window_lists = distinct_lists(r.bin[nonempty], r.key[nonempty])
     return state.window_lists
-
-
-def distinct_lists(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
-    """The distinct lists (bin, key) in key order, and the index of each input among them
-    (np.unique on a structured array sorts several times slower, np.lexsort twice)."""
-    return _distinct_lists_kernel(np.ascontiguousarray(bins, dtype=np.int64),
-                                  np.ascontiguousarray(keys, dtype=np.uint64))
-
-
-_SHORT_RUN = 32  # distinct lists of one bin sorted by insertion up to this many
-
-
-@njit(cache=True)
-def _distinct_lists_kernel(bins: I64, keys: U64) -> tuple[I64, U64, I64]:
-    """The distinct (bin, key) found with a hash table (a page's passages name each list
-    several times: on llvm pages ~2.5 cells per list), then only those sorted: by bin
-    (counting sort: bins are small), then by key within each bin. Half the time of sorting
-    every cell on llvm pages."""
-    n = bins.shape[0]
-    size = 16
-    while size < 2 * n:
-        size <<= 1
-    mask = size - 1
-    table = np.full(size, -1, dtype=np.int64)
-    d_bin = np.empty(n, dtype=np.int64)
-    d_key = np.empty(n, dtype=np.uint64)
-    cell = np.empty(n, dtype=np.int64)  # each input's distinct list, in finding order
-    m = 0
-    n_bins = 0
-    for x in range(n):
-        b, key = bins[x], keys[x]
-        # min-hash keys: their low bits are as good as any
-        h = (np.int64(key & np.uint64(0x7FFFFFFFFFFFFFFF)) ^ (b * 0x9E3779B1)) & mask
-        while True:
-            d = table[h]
-            if d < 0:
-                table[h] = m
-                d_bin[m], d_key[m] = b, key
-                cell[x] = m
-                m += 1
-                n_bins = max(n_bins, b + 1)
-                break
-            if d_bin[d] == b and d_key[d] == key:
-                cell[x] = d
-                break
-            h = (h + 1) & mask
-    off = np.zeros(n_bins + 1, dtype=np.int64)
-    for d in range(m):
-        off[d_bin[d] + 1] += 1
-    for b in range(n_bins):
-        off[b + 1] += off[b]
-    at = off[:-1].copy()
-    order = np.empty(m, dtype=np.int64)
-    out_keys = np.empty(m, dtype=np.uint64)
-    for d in range(m):
-        y = at[d_bin[d]]
-        order[y], out_keys[y] = d, d_key[d]
-        at[d_bin[d]] += 1
-    for b in range(n_bins):
-        lo, hi = off[b], off[b + 1]
-        if hi - lo > _SHORT_RUN:
-            by_key = np.argsort(out_keys[lo:hi])
-            order[lo:hi] = order[lo:hi][by_key]
-            out_keys[lo:hi] = out_keys[lo:hi][by_key]
-            continue
-        for y in range(lo + 1, hi):  # keys are distinct within a bin
-            kv, ov = out_keys[y], order[y]
-            z = y - 1
-            while z >= lo and out_keys[z] > kv:
-                out_keys[z + 1], order[z + 1] = out_keys[z], order[z]
-                z -= 1
-            out_keys[z + 1], order[z + 1] = kv, ov
-    rank = np.empty(m, dtype=np.int64)
-    out_bins = np.empty(m, dtype=np.int64)
-    for y in range(m):
-        rank[order[y]] = y
-        out_bins[y] = d_bin[order[y]]
-    inverse = np.empty(n, dtype=np.int64)
-    for x in range(n):
-        inverse[x] = rank[cell[x]]
-    return out_bins, out_keys, inverse
-
 
 
 def passage_starts(n: int, length: int, stride: int) -> list[int]:

@@ -229,94 +229,48 @@ def normalize_token(token: str) -> str:
     return unicodedata.normalize("NFKC", token).casefold()
 
 
-# \w for the ASCII range as a lookup table; other code points are classified once per
-# distinct character by the regex itself (and remembered), so the result is exactly ``\w+``.
-_ASCII_WORD = np.array([bool(_WORD.fullmatch(chr(c))) for c in range(128)], dtype=np.bool_)
-_HIGH_IS_WORD: dict[int, bool] = {}
+# What each code point is, learned as pages bring them (one byte a code point, so bounded
+# whatever pages come): known yet, a word character (exactly ``\w+``'s: classified by the
+# regex itself), kept as it is by ``str.lower`` (wherever it stands: the one rule that looks
+# at neighbours, the final sigma, is for a character it changes). A page's characters are
+# looked up in the tokenizer's kernel, in its one pass: finding a page's distinct non-ASCII
+# characters and classifying them as a set cost a third of the tokenizer on Boost pages
+# (nearly all of them hold a "©" or an NBSP). Threads that learn one character at once write
+# the same byte.
+_KNOWN, _WORDY, _KEEPS = 1, 2, 4
+_FLAGS = np.zeros(0x110000, dtype=np.uint8)
+_UNKNOWN, _LOWERS = -1, -2  # the kernel met a character not known yet, or one lower() changes
 
 
-def _is_word(cp: int) -> bool:
-    known = _HIGH_IS_WORD.get(cp)
-    if known is None:
-        known = _WORD.fullmatch(chr(cp)) is not None
-        if len(_HIGH_IS_WORD) < 1 << 16:  # bounded, whatever pages come
-            _HIGH_IS_WORD[cp] = known
-    return known
+def _learn(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32]) -> None:
+    """Classify the code points of ``codes`` not known yet."""
+    for cp in np.unique(codes[_FLAGS[codes] == 0]).tolist():
+        ch = chr(cp)
+        _FLAGS[cp] = (_KNOWN | (_WORDY if _WORD.fullmatch(ch) else 0)
+                      | (_KEEPS if ch.lower() == ch else 0))
 
 
-_NO_HIGH = np.zeros(0, dtype=np.uint32)
-_NO_HIGH_WORD = np.zeros(0, dtype=np.bool_)
-_LOWER_KEEPS: dict[int, bool] = {}
+_learn(np.arange(128, dtype=np.uint32))
 
 
-def _lower_keeps(cp: int) -> bool:
-    """Whether ``str.lower`` leaves the character as it is (wherever it stands: the one
-    rule that looks at neighbours, the final sigma, is for a character it changes)."""
-    known = _LOWER_KEEPS.get(cp)
-    if known is None:
-        known = chr(cp).lower() == chr(cp)
-        if len(_LOWER_KEEPS) < 1 << 16:
-            _LOWER_KEEPS[cp] = known
-    return known
-
-
-# what the characters of a set of distinct non-ASCII ones are (``_classify``), by the set:
-# pages of a site repeat a few ("©", "•", NBSP)
-_HIGH_SETS: dict[bytes, tuple[npt.NDArray[np.bool_], bool]] = {}
-
-
-def _classify(scanned: str) -> tuple[npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
-                                     npt.NDArray[np.uint32], npt.NDArray[np.bool_], bool]:
-    """The code points of ``scanned`` (bytes for ASCII text), its distinct non-ASCII ones
-    (ascending), which of those are word characters, and whether lower-casing keeps them
-    all."""
-    if scanned.isascii():
-        return (np.frombuffer(scanned.encode("ascii"), dtype=np.uint8), _NO_HIGH,
-                _NO_HIGH_WORD, True)
-    cps = np.frombuffer(scanned.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    high = _distinct_high(cps)
-    key = high.tobytes()
-    known = _HIGH_SETS.get(key)
-    if known is None:
-        listed = high.tolist()
-        known = (np.fromiter(map(_is_word, listed), dtype=np.bool_, count=high.size),
-                 all(map(_lower_keeps, listed)))
-        if len(_HIGH_SETS) < 1 << 12:  # bounded, whatever pages come
-            _HIGH_SETS[key] = known
-    return cps, high, known[0], known[1]
-
-
-@njit(cache=True, nogil=True)
-def _distinct_high(cps: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint32]:
-    """The distinct code points >= 128 of ``cps``, ascending."""
-    found = np.empty(cps.shape[0], dtype=np.uint32)
-    n = 0
-    for i in range(cps.shape[0]):
-        if cps[i] >= 128:
-            found[n] = cps[i]
-            n += 1
-    ordered = np.sort(found[:n])
-    out = np.empty(n, dtype=np.uint32)
-    m = 0
-    for i in range(n):
-        if m == 0 or ordered[i] != out[m - 1]:
-            out[m] = ordered[i]
-            m += 1
-    return out[:m]
+def _codes(text: str) -> npt.NDArray[np.uint8] | npt.NDArray[np.uint32]:
+    """The code points of ``text`` (bytes for ASCII text)."""
+    if text.isascii():
+        return np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
 
 
 @njit(cache=True, nogil=True)
 def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
-                ascii_word: npt.NDArray[np.bool_], high_cps: npt.NDArray[np.uint32],
-                high_word: npt.NDArray[np.bool_], lower_ascii: bool, width: int
-                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8],
-                           npt.NDArray[np.bool_], int]:
-    """The runs of word characters of the code points ``codes``: their starts, ends, UTF-8
-    bytes joined by NULs (A-Z lower-cased if ``lower_ascii``), whether each holds a
-    non-ASCII character, and how many do. A code point is a word character by
-    ``ascii_word`` (ASCII) or by the page's distinct others (``high_cps``, ascending) and
-    theirs (``high_word``). ``width``: the most UTF-8 bytes a code point takes (1 for ASCII
-    text, else 4)."""
+                flags: npt.NDArray[np.uint8], lower_ascii: bool, width: int
+                ) -> tuple[int, int, npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """The runs of word characters of the code points ``codes``: a status, their number t,
+    their starts, ends and the runs holding a non-ASCII character in one array (t, t and
+    the rest: numba boxes each array it returns, ~0.5 µs), and their UTF-8 bytes joined by
+    NULs (A-Z lower-cased if ``lower_ascii``). The status is 0, or ``_UNKNOWN`` (the rest
+    unfinished) when a character is not in ``flags`` yet, or ``_LOWERS`` when
+    ``lower_ascii`` and lower-casing changes a non-ASCII character. ``width``: the most
+    UTF-8 bytes a code point takes (1 for ASCII text, else 4)."""
     n = codes.shape[0]
     starts = np.empty(n // 2 + 1, dtype=np.int64)
     ends = np.empty(n // 2 + 1, dtype=np.int64)
@@ -328,7 +282,13 @@ def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
     inside = False
     for i in range(n):
         c = np.uint32(codes[i])
-        if ascii_word[c] if c < 128 else high_word[np.searchsorted(high_cps, c)]:
+        f = flags[c]
+        if c >= 128:
+            if not f & _KNOWN:
+                return _UNKNOWN, 0, starts[:0], joined[:0]
+            if lower_ascii and not f & _KEEPS:
+                return _LOWERS, 0, starts[:0], joined[:0]
+        if f & _WORDY:
             if not inside:
                 if t > 0:
                     joined[m] = 0
@@ -364,7 +324,28 @@ def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
     if inside:
         ends[t] = n
         t += 1
-    return starts[:t], ends[:t], joined[:m], high[:t], n_high
+    out = np.empty(2 * t + n_high, dtype=np.int64)
+    out[:t] = starts[:t]
+    out[t:2 * t] = ends[:t]
+    at = 2 * t
+    for x in range(t):
+        if high[x]:
+            out[at] = x
+            at += 1
+    return 0, t, out, joined[:m]
+
+
+def _words(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], lower_ascii: bool
+           ) -> tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
+                      npt.NDArray[np.uint8]]:
+    """``_word_bytes`` of ``codes`` (their characters learned first if need be): the
+    status, the runs' starts, ends, the runs holding a non-ASCII character, their bytes."""
+    width = 1 if codes.dtype == np.uint8 else 4
+    status, t, out, joined = _word_bytes(codes, _FLAGS, lower_ascii, width)
+    if status == _UNKNOWN:
+        _learn(codes)
+        status, t, out, joined = _word_bytes(codes, _FLAGS, lower_ascii, width)
+    return status, out[:t], out[t:2 * t], out[2 * t:], joined
 
 
 def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
@@ -375,19 +356,16 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
     # Text whose non-ASCII characters all stay as they are lower-cased (most non-ASCII text
     # of a page is punctuation: "©", "—", NBSP) is read as is, A-Z lower-cased in the
     # kernel: what its lower-cased copy would give, at a quarter of the cost.
-    codes, high_cps, high_word, lower_ascii = _classify(text)
-    scanned, lowered = text, True
+    codes = _codes(text)
+    status, starts, ends, high, joined = _words(codes, True)
+    scanned, lowered, lower_ascii = text, True, status != _LOWERS
     if not lower_ascii:
         scanned = text.lower()
         lowered = len(scanned) == len(text)
-        if lowered:
-            codes, high_cps, high_word, _ = _classify(scanned)
-        else:
+        if not lowered:
             scanned = text
-    # the tokens as bytes, without a Python string per token: hashing reads those
-    starts, ends, joined, high, n_high = _word_bytes(codes, _ASCII_WORD, high_cps, high_word,
-                                                     lower_ascii,
-                                                     1 if codes.dtype == np.uint8 else 4)
+        status, starts, ends, high, joined = _words(_codes(scanned) if lowered else codes,
+                                                    False)
     if max_tokens is not None and len(starts) > max_tokens:
         raise PageRejected("too_many_tokens", f"{len(starts)} tokens, limit is {max_tokens}")
     raw = joined.tobytes()
@@ -396,7 +374,7 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
             starts) else []
         return Tokens(text, tokens, starts, ends)
     odd = []
-    for x in np.flatnonzero(high).tolist() if n_high else ():
+    for x in high.tolist():
         # (read as is: a token with a non-ASCII character then changes only in A-Z, by
         # lower(), as in the copy: no character it holds has a rule that looks around it)
         token = scanned[starts[x]:ends[x]]
