@@ -216,13 +216,8 @@ class PassageIndex:
         self.counters.lists_cached += len(slots) - len(miss)
         if not len(miss):
             return slots
-        long = np.zeros(len(miss), dtype=np.bool_)
-        n_run = np.zeros(len(miss), dtype=np.int64)
-        n_single = np.zeros(len(miss), dtype=np.int64)
-        runs: list[I64] = []
-        key_bytes: list[bytes] = []
-        values: list[bytes] = []
-        to_pack: list[tuple[int, bytes, list[bytes]]] = []
+        reads = StoredLists(len(miss))
+        long, n_run, n_single = reads.long, reads.n_run, reads.n_single
         max_list = self.cfg.max_list
         # at most max_list + 1 keys of pages other than ``old_version``: each key holds at
         # least one entry, and ``old_version`` has at most one key outside the run
@@ -260,17 +255,10 @@ class PassageIndex:
                 self.counters.long_lists += 1
                 self._new_markers[prefix] = n + int(n_recent[y])
                 continue
-            if len(run):
-                runs.append(run)
-            if len(stored.keys) >= max(self.pack_min, len(run) // 4):
-                to_pack.append((y, prefix, stored.stored_keys()))
-            n_run[y] = len(run)
-            n_single[y] = singles
-            key_bytes += stored.keys
-            values += stored.values
+            reads.add(y, prefix, stored, singles, self.pack_min)
         self.counters.lists_read += len(miss)
-        off, ords = _assemble_lists(n_run, runs, n_single, key_bytes, values)
-        for y, prefix, replaced in to_pack:  # (the store's entries only)
+        off, ords = reads.assemble()
+        for y, prefix, replaced in reads.to_pack:  # (the store's entries only)
             packed = ords[off[y] : off[y + 1]]
             self._new_runs[prefix] = lists.packed(prefix, packed, replaced)
         if len(recent):
@@ -396,6 +384,13 @@ class PassageIndex:
         self._mark = None
         self.cache.trim()
 
+    def commit_run(self) -> None:
+        """After the batch of a run of pages is written (dupalign.passage.list_run
+        ``query_run``, which appended their windows to the lists in memory): keep the
+        memory budget."""
+        self._staged = None
+        self.cache.trim()
+
     def write_lists_behind(self, read_only: bool = False) -> None:
         """From now on, committed pages' list entries are written behind the index thread
         (dupalign.passage.lists.files), after those of the pages from the store's mark on are read
@@ -492,7 +487,37 @@ def _segments(values: I64, start: I64, length: I64) -> I64:
     return values[at]
 
 
-def _assemble_lists(n_run: I64, runs: list[I64], n_single: I64, keys: list[bytes],
+class StoredLists:
+    """Lists read from the store, by their place y among those asked for: marked long
+    (``long``), or their entries (``add``), then assembled at once (``assemble``)."""
+
+    def __init__(self, n: int) -> None:
+        self.long = np.zeros(n, dtype=np.bool_)
+        self.n_run = np.zeros(n, dtype=np.int64)
+        self.n_single = np.zeros(n, dtype=np.int64)
+        self.runs: list[I64] = []
+        self.keys: list[bytes] = []
+        self.values: list[bytes] = []
+        # (y, prefix, keys): lists with many keys, packed into a run by the next batch
+        self.to_pack: list[tuple[int, bytes, list[bytes]]] = []
+
+    def add(self, y: int, prefix: bytes, stored: lists.StoredList, singles: int,
+            pack_min: int) -> None:
+        """The entries of list y (not marked): its run's, then ``singles`` more."""
+        if len(stored.run):
+            self.runs.append(stored.run)
+        if len(stored.keys) >= max(pack_min, len(stored.run) // 4):
+            self.to_pack.append((y, prefix, stored.stored_keys()))
+        self.n_run[y], self.n_single[y] = len(stored.run), singles
+        self.keys += stored.keys
+        self.values += stored.values
+
+    def assemble(self) -> tuple[I64, I64]:
+        """``(offsets, ordinals)`` of every list (``assemble_lists``)."""
+        return assemble_lists(self.n_run, self.runs, self.n_single, self.keys, self.values)
+
+
+def assemble_lists(n_run: I64, runs: list[I64], n_single: I64, keys: list[bytes],
                     values: list[bytes]) -> tuple[I64, I64]:
     """Lists read from the store as CSR ``(offsets, ordinals)``: list y is its run's
     ``n_run[y]`` entries (``runs`` holds those of the lists that have one, in order), then

@@ -35,7 +35,7 @@ those removed, minus those written after it became one. Every term is upstream d
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from dupalign.config import EngineConfig
 from dupalign.passage.index import PassageIndex
+from dupalign.passage.list_run import RunPage, query_run
 from dupalign.passage.lists import files as list_files
 from dupalign.passage.sketch import I64, U64, PassageState, Rects, query_lists
 from dupalign.stages.directory import Decision
@@ -220,6 +221,10 @@ def combine_lists(partials: Iterable[ListPartial], bins: I64, keys: U64, n_shard
     return join_heads(len(bins), parts)
 
 
+# what ``ListShard.apply`` takes: a decision, its place, the exact answer, the windows
+Step = tuple[Decision, Placed, ExactAnswer | None, ListWindows | None]
+
+
 class ListShard:
     """Shard ``shard`` of ``n_shards`` of the list stage, over its own store (module
     docstring). Not thread-safe: one thread calls ``apply`` (in sequence order) and
@@ -249,6 +254,31 @@ class ListShard:
         the page's ``ListWindows`` for this shard (None: it has no passages). Returns the
         page's partial if it queries the lists: a stored page with passages, not an exact
         copy."""
+        return self._one(d, placed, self._query(d, placed, exact, page))
+
+    def apply_run(self, steps: Sequence[Step]) -> list[ListPartial | None]:
+        """``apply`` of each step in order (its arguments), with the pages between two
+        removals queried and staged as one run (dupalign.passage.list_run: one lookup, one
+        kernel, one batch): the same partials, and the same lists. A page that removes a
+        version (a changed revisit, a delete) goes alone, between two runs."""
+        out: list[ListPartial | None] = []
+        run: list[tuple[int, Decision, Placed, ListWindows]] = []
+        for d, placed, exact, page in steps:
+            query = self._query(d, placed, exact, page)
+            if placed.removed is not None:
+                self._run(run, out)
+                out.append(self._one(d, placed, query))
+            elif query is not None:
+                run.append((len(out), d, placed, query))
+                out.append(None)
+            else:
+                out.append(None)
+        self._run(run, out)
+        return out
+
+    def _query(self, d: Decision, placed: Placed, exact: ExactAnswer | None,
+               page: ListWindows | None) -> ListWindows | None:
+        """The step checked and taken (``next_seq``); the page's windows if it queries."""
         if d.seq < self.next_seq:
             raise ValueError(f"decision {d.seq} comes after decision {self.next_seq - 1}")
         if page is not None and (page.seq != d.seq or page.shard != self.shard):
@@ -261,6 +291,10 @@ class ListShard:
             if exact.original is None and page is not None:
                 query = page
         self.next_seq = d.seq + 1
+        return query
+
+    def _one(self, d: Decision, placed: Placed, query: ListWindows | None
+             ) -> ListPartial | None:
         if query is None and placed.removed is None:
             return None
         p = self.passages
@@ -284,6 +318,26 @@ class ListShard:
             assert placed.ordinal is not None
             p.commit(placed.ordinal, query.windows)
         return partial
+
+    def _run(self, run: list[tuple[int, Decision, Placed, ListWindows]],
+             out: list[ListPartial | None]) -> None:
+        """Query and stage the pages of ``run`` (none removes a version) in one batch;
+        their partials into ``out`` at their places. Empties ``run``."""
+        if not run:
+            return
+        pages = []
+        for _, _, placed, q in run:
+            assert placed.ordinal is not None
+            pages.append(RunPage(placed.ordinal, q.bins, q.keys, q.windows))
+        batch = self.store.batch()
+        heads = query_run(self.passages, batch, pages)
+        tables.next_ordinal.put_count(batch, run[-1][1].seq + 1)
+        self.store.write(batch)
+        self.passages.commit_run()
+        for (at, d, placed, _), h in zip(run, heads, strict=True):
+            assert placed.ordinal is not None
+            out[at] = ListPartial(d.seq, placed.ordinal, self.shard, h.long, h.n, h.ords)
+        run.clear()
 
     def forget(self, expired: Iterable[Expired]) -> None:
         """Apply a retention sweep (``Ledger.sweep``: the pages it removes, of every

@@ -163,9 +163,10 @@ class Partitioned:
         self.replayed = d.kind == "replay"
         exact = self._exact(d)
         near_raw, hamming = self._near(d, exact, sketch_raw)
+        # (the run form, as the list role applies a turn's pages: here a run of one)
         partials = [ListPartial.from_bytes(p.to_bytes()) for shard, ledger in self.lists
-                    if (p := shard.apply(self._decision(raw), ledger.apply(d), exact,
-                                         self._windows(windows, shard.shard, seq)))
+                    if (p := shard.apply_run([(self._decision(raw), ledger.apply(d), exact,
+                                               self._windows(windows, shard.shard, seq))])[0])
                     is not None]
         forward = forward_value(sk.id, sk.passage)  # (the align stage's wire form)
         self.forward.apply(d, self.forward_ledger.apply(d), exact,

@@ -174,13 +174,15 @@ def recorded_partials(p: Partitioned) -> dict[tuple[int, int], bytes]:
     partials: dict[tuple[int, int], bytes] = {}
 
     def apply(real: Any, *args: Any) -> Any:
-        partial = real(*args)
-        if partial is not None:
-            partials[(partial.seq, partial.shard)] = partial.to_bytes()
-        return partial
+        got = real(*args)
+        for partial in got:
+            if partial is not None:
+                partials[(partial.seq, partial.shard)] = partial.to_bytes()
+        return got
 
     for shard, _ in p.lists:
-        shard.apply = functools.partial(apply, shard.apply)  # type: ignore[method-assign]
+        shard.apply_run = functools.partial(  # type: ignore[method-assign]
+            apply, shard.apply_run)
     return partials
 
 

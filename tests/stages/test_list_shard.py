@@ -38,12 +38,21 @@ from dupalign.stages.list_shard import (
     ListPartial,
     ListShard,
     ListWindows,
+    Step,
     combine_lists,
     copy_heads,
     list_windows,
 )
 from tests.reused_stores import Stores, temporary_stores
-from tests.stages.streams import CONFIG, SHARED_TEXTS, engine_pages, ops, pages_of, segments
+from tests.stages.streams import (
+    CONFIG,
+    SHARED_TEXTS,
+    Sweep,
+    engine_pages,
+    ops,
+    pages_of,
+    segments,
+)
 
 # passages on the streams' 8-word pages: 7 units of 2 words, query passages of 4; every
 # list of more than 2 pages a stop list, heads of 1 entry, 2 candidates a passage
@@ -111,23 +120,22 @@ def single(engine: Engine, items: list[Item], align: bool = True) -> tuple[
     return queries, entries, states
 
 
-def sharded(stores: Stores, n: int, items: list[Item], entries: list[DirectoryEntry],
-            states: list[PassageState | None], config: EngineConfig = LISTS
-            ) -> dict[int, list[ListPartial]]:
-    """The same stream through 2 directory shards, 2 exact shards and ``n`` list shards,
-    each with its own ledger: the partials of every query page, by store ordinal."""
+def inputs(stores: Stores, n: int, items: list[Item], entries: list[DirectoryEntry],
+           states: list[PassageState | None], config: EngineConfig = LISTS
+           ) -> Iterator[tuple[list[list[Step]], Sweep | None]]:
+    """The stream through 2 directory shards and 2 exact shards, one segment between sweep
+    points at a time: each of ``n`` list shards' steps (decision, place in its own ledger,
+    exact answer, windows: through their wire forms), and the sweep after the segment
+    (None at the end), which the list shards' ledgers have applied when the next comes."""
     params = config.frozen_params()
     dirs = [DirectoryShard(stores.store(f"dir{k}", params), config, k, 2) for k in range(2)]
     exacts = [ExactShard(stores.store(f"exact{k}", params), k, 2) for k in range(2)]
-    shards = [ListShard(stores.store(f"lists{k}of{n}", params), config, k, n)
-              for k in range(n)]
-    exact_ledgers, ledgers = [Ledger(), Ledger()], [Ledger() for _ in shards]
+    exact_ledgers, ledgers = [Ledger(), Ledger()], [Ledger() for _ in range(n)]
     # what the sketch stage sends each list shard, through its wire form
     windows: list[dict[int, ListWindows]] = [{} for _ in range(n)]
     for seq, state in enumerate(states):
         for w in list_windows(seq, state, n):
             windows[w.shard][seq] = ListWindows.from_bytes(w.to_bytes())
-    partials: dict[int, list[ListPartial]] = {}
     for decided, sweep in segments(items, entries, dirs):
         answers: dict[int, ExactAnswer] = {}
         for exact, ledger in zip(exacts, exact_ledgers, strict=True):
@@ -137,30 +145,47 @@ def sharded(stores: Stores, n: int, items: list[Item], entries: list[DirectoryEn
                     answers[a.seq] = ExactAnswer.from_bytes(a.to_bytes())
             if sweep is not None:
                 exact.forget(sweep.apply(ledger))
-        for shard, ledger in zip(shards, ledgers, strict=True):
-            for d in decided:
-                p = shard.apply(d, ledger.apply(d), answers.get(d.seq),
-                                windows[shard.shard].get(d.seq))
+        yield [[(d, ledger.apply(d), answers.get(d.seq), windows[s].get(d.seq))
+                 for d in decided] for s, ledger in enumerate(ledgers)], sweep
+        if sweep is not None:
+            for ledger in ledgers:
+                sweep.apply(ledger)
+
+
+def sharded(stores: Stores, n: int, items: list[Item], entries: list[DirectoryEntry],
+            states: list[PassageState | None], config: EngineConfig = LISTS,
+            runs: bool = False) -> dict[int, list[ListPartial]]:
+    """The same stream (``inputs``) through ``n`` list shards: the partials of every query
+    page, by store ordinal. ``runs``: each shard applies a segment's steps as one run
+    (``ListShard.apply_run``), not one by one."""
+    params = config.frozen_params()
+    shards = [ListShard(stores.store(f"lists{k}of{n}", params), config, k, n)
+              for k in range(n)]
+    partials: dict[int, list[ListPartial]] = {}
+    for steps, sweep in inputs(stores, n, items, entries, states, config):
+        for shard, mine in zip(shards, steps, strict=True):
+            got = shard.apply_run(mine) if runs else [shard.apply(*step) for step in mine]
+            for p in got:
                 if p is not None:
                     assert p.shard == shard.shard
                     partials.setdefault(p.ordinal, []).append(
                         ListPartial.from_bytes(p.to_bytes()))
             if sweep is not None:
-                shard.forget(sweep.apply(ledger))
+                shard.forget(sweep.swept)
     return partials
 
 
 def check(stores: Stores, items: list[Item], config: EngineConfig = LISTS,
-          counts: tuple[int, ...] = (1, 2, 3), align: bool = True
+          counts: tuple[int, ...] = (1, 2, 3), align: bool = True, runs: bool = False
           ) -> tuple[Queries, PassageCounters]:
-    """The list shards against the engine on ``items``; returns the engine's queries and
-    its passage counters."""
+    """The list shards against the engine on ``items`` (``runs``: in the run form); returns
+    the engine's queries and its passage counters."""
     engine = Engine(stores.store("engine", config.frozen_params()), config)
     queries, entries, states = single(engine, items, align)
     combine = PassageIndex(stores.store("combine", config.frozen_params()), config)
     for n in counts:
-        answer_as_the_engine(queries, sharded(stores, n, items, entries, states, config),
-                             states, combine, n)
+        answer_as_the_engine(queries, sharded(stores, n, items, entries, states, config,
+                                              runs), states, combine, n)
     return queries, engine.indexer.passages.counters
 
 

@@ -116,16 +116,18 @@ def partitioned(stores: Stores, config: EngineConfig, shape: Shape, items: list[
         return ops
 
     def list_spy(real: Any, *args: Any) -> Any:
-        partial = real(*args)
-        if partial is not None and partials is not None:
-            partials.setdefault(partial.ordinal, []).append(
-                ListPartial.from_bytes(partial.to_bytes()))
-        return partial
+        got = real(*args)
+        for partial in got:
+            if partial is not None and partials is not None:
+                partials.setdefault(partial.ordinal, []).append(
+                    ListPartial.from_bytes(partial.to_bytes()))
+        return got
 
     for router, _ in p.routers:
         router.route = functools.partial(spy, router, router.route)  # type: ignore[method-assign]
     for shard, _ in p.lists:
-        shard.apply = functools.partial(list_spy, shard.apply)  # type: ignore[method-assign]
+        shard.apply_run = functools.partial(  # type: ignore[method-assign]
+            list_spy, shard.apply_run)
     out = []
     for step, item in items:
         if isinstance(item, Page):

@@ -315,7 +315,7 @@ def _append_slots(
         s = slots[x]
         if s < 0 or s_len[s] == LONG:
             continue
-        moved = _append_to(s, s_start, s_len, s_cap, a_ord, end, ordinal)
+        moved = append_to(s, s_start, s_len, s_cap, a_ord, end, ordinal)
         if moved < 0:
             return end, x
         end = moved
@@ -323,7 +323,7 @@ def _append_slots(
 
 
 @njit(cache=True)
-def _append_to(s: int, s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, end: int,
+def append_to(s: int, s_start: I64, s_len: I64, s_cap: I64, a_ord: I64, end: int,
                ordinal: int) -> int:
     """Append ``ordinal`` to the list in slot ``s`` (a full run moves to the arena's end
     with twice the room); the arena's new end, or -1 if it has no room for the move."""

@@ -33,7 +33,7 @@ from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import Outgoing, ordinal_header, record_ordinal
 from dupalign.stages.directory import Decision, directory_owner
 from dupalign.stages.exact import ExactAnswer, exact_owner
-from dupalign.stages.list_shard import ListShard, ListWindows
+from dupalign.stages.list_shard import ListShard, ListWindows, Step
 from dupalign.store import lists
 from dupalign.store.database import Store
 
@@ -79,8 +79,13 @@ class ListsPartition(LedgerPartition):
         return self.ledger.key_of(record)
 
     def advance(self) -> list[Outgoing]:
+        # the pages between sweep points go to the shard together: one run a turn
+        # (``ListShard.apply_run``), not one call a page
+        steps: list[Step] = []
         out: list[Outgoing] = []
         while (ref := self.seq.page(o := self.ledger.next_seq)) is not None:
+            if self.ledger.due(o):
+                self._apply(steps, out)
             self.ledger.sweep_before(o, self.shard.forget)  # (the ledger is at o)
             d = self.ledger.peek()
             if d is None:
@@ -105,13 +110,19 @@ class ListsPartition(LedgerPartition):
                 assert raw is not None
                 windows = ListWindows.from_bytes(raw)
                 windows.seq = o
-            partial = self.shard.apply(d, placed, exact, windows)
+            steps.append((d, placed, exact, windows))
+        self._apply(steps, out)
+        return out
+
+    def _apply(self, steps: list[Step], out: list[Outgoing]) -> None:
+        """The shard's partials of ``steps`` to the combine partitions; empties ``steps``."""
+        for (d, _, _, _), partial in zip(steps, self.shard.apply_run(steps), strict=True):
             if partial is not None:
                 # (the combine partition owning the id: ``CombineShard.owns``)
                 combine = directory_owner(d.doc_id, self.topics.shape.combine)
                 out.append(Outgoing(self.topics.partials, partial.to_bytes(),
-                                    partition=combine, headers=[ordinal_header(o)]))
-        return out
+                                    partition=combine, headers=[ordinal_header(partial.seq)]))
+        steps.clear()
 
 
 class ListsRole(StageRole):
