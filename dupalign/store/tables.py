@@ -170,6 +170,12 @@ class _Exact:
         key = store.first_key(self.family, content_hash)
         return None if key is None else read_u64(key, len(content_hash))
 
+    def first_many(self, store: Store, content_hashes: list[bytes]) -> list[int | None]:
+        """``first`` of each content hash, through one iterator."""
+        keys = store.first_keys(self.family, content_hashes)
+        return [None if k is None else read_u64(k, len(h))
+                for k, h in zip(keys, content_hashes, strict=True)]
+
     def put(self, batch: Batch, content_hash: bytes, ordinal: int) -> None:
         batch.put(self.family, content_hash + u64(ordinal), b"")
 

@@ -50,6 +50,9 @@ def test_first_key_is_the_prefix_scans_first(tmp_path_factory: pytest.TempPathFa
     for prefix in [*prefixes, *keys, b"\xff", b"\xff\xff"]:
         expected = next((k for k, _ in store.prefix("exact", prefix)), None)
         assert store.first_key("exact", prefix) == expected
+    asked = [*prefixes, *keys, b"\xff", b"\xff\xff"]
+    assert store.first_keys("exact", asked) == [store.first_key("exact", p) for p in asked]
+    assert store.first_keys("exact", []) == []
     store.close()
 
 
