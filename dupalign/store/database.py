@@ -386,28 +386,6 @@ class Store:
         except Exception as exc:
             raise store_error("read", self.path, exc) from exc
 
-    def first_keys(self, family: str, prefixes: list[bytes]) -> list[bytes | None]:
-        """``first_key`` of each prefix through one iterator: a page's lookup made and
-        dropped an iterator of its own, which cost more than its seek (issue #44)."""
-        if not prefixes:
-            return []
-        cf = self._cfs[family]
-        out: list[bytes | None] = []
-        try:
-            it = cf.iter(self._total_order)
-            seek, valid, key_of = it.seek, it.valid, it.key  # hot loop
-            for prefix in prefixes:
-                seek(prefix)
-                if valid():
-                    key = bytes(key_of())
-                    out.append(key if key.startswith(prefix) else None)
-                else:
-                    it.status()  # invalid after a read error too, not only past the data
-                    out.append(None)
-        except Exception as exc:
-            raise store_error("read", self.path, exc) from exc
-        return out
-
     def last_key(self, family: str) -> bytes | None:
         cf = self._cfs[family]
         try:
