@@ -32,9 +32,12 @@ class Span:
             "match_chars": list(self.match_chars),
             "est_jaccard": self.est_jaccard,
         }
-        for name in ("jaccard", "containment", "match_containment"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
+        # (the values read once, not by getattr twice: a page's matches record packs every
+        # span of them; this order makes the bytes)
+        for name, value in (("jaccard", self.jaccard), ("containment", self.containment),
+                            ("match_containment", self.match_containment)):
+            if value is not None:
+                out[name] = value
         return out
 
     @classmethod

@@ -423,6 +423,10 @@ class CwsFilter:
         bounds = [observation_bounds(k, t, ef) for k in pts]
         self.m_lower = np.array([b[0] for b in bounds], dtype=np.int64)
         self.m_upper = np.array([b[1] for b in bounds], dtype=np.int64)
+        # (as Python ints for ``compare``'s loop, made once: it runs per candidate pair)
+        self._steps = list(zip(pts, (b[0] for b in bounds), (b[1] for b in bounds),
+                               strict=True))
+        self._last = self.points - 1
 
     @property
     def t_lower(self) -> F64:
@@ -452,13 +456,10 @@ class CwsFilter:
         bv = np.asarray(b, dtype=np.uint64)
         if av.shape != (self.K,) or bv.shape != (self.K,):
             raise ValueError(f"sketches must have shape ({self.K},), got {av.shape}, {bv.shape}")
-        matches = 0
-        prev = 0
-        for k, lo, up in zip(
-            self.points.tolist(), self.m_lower.tolist(), self.m_upper.tolist(), strict=True
-        ):
-            matches += int(np.count_nonzero(av[prev:k] == bv[prev:k]))
-            prev = k
+        # the matches up to each observation point at once: three numpy calls in all, not
+        # two a point (the index stage compares every PSM candidate)
+        counts = np.cumsum(av == bv)[self._last].tolist()
+        for (k, lo, up), matches in zip(self._steps, counts, strict=True):
             if matches > up:
                 return CwsResult("similar", "upper", matches / k, k, matches, self.K)
             if matches <= lo:

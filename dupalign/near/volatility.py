@@ -98,17 +98,19 @@ class VolatilityModel:
         cost more in calls than in work."""
         given = np.asarray(W, dtype=np.float64)
         flat = np.ascontiguousarray(given).ravel()
-        w = np.empty_like(flat)
+        # (``np.empty``, not ``empty_like``, and no reshape of a flat W: a page's update is
+        # a few µs, most of it in such calls)
+        w = np.empty(flat.shape[0])
         prev = self._prev
         paired = prev is not None and prev.shape == given.shape
         other = prev.ravel() if prev is not None and paired else flat
-        surv = np.empty_like(self.counts)  # the next lookup's, made here: one call less
+        surv = np.empty(self.counts.shape[0])  # the next lookup's, made here: one call less
         added = _update_kernel(flat, other, paired, self.counts, self.n_bins / self.y_max,
                                self.n_bins, w, surv)
         if added:
             self.n_samples += added
             self._surv = surv
-        self._prev = shaped = w.reshape(given.shape)
+        self._prev = shaped = w if given.ndim == 1 else w.reshape(given.shape)
         return shaped
 
     def replay(self, w: F64) -> None:

@@ -31,6 +31,7 @@ windows name every inverted list that holds the page: removing a page deletes ``
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from typing import Any, cast
@@ -83,8 +84,15 @@ def pack_rects(bins: I64, keys: U64, i_lo: I64, i_hi: I64, j_lo: I64, j_hi: I64,
 def fits(dtype: str, *arrays: npt.NDArray[Any]) -> bool:
     """Whether every value of ``arrays`` is in the range of the integer ``dtype``: what a
     record (or a message carrying records' data) may be written narrow in."""
+    lo, hi = _int_range(dtype)
+    return all(not a.size or (a.min() >= lo and a.max() <= hi) for a in arrays)
+
+
+@functools.cache
+def _int_range(dtype: str) -> tuple[int, int]:
+    """(made once a dtype: ``np.iinfo`` cost as much as the page's reductions)"""
     info = np.iinfo(np.dtype(dtype))
-    return all(not a.size or (a.min() >= info.min and a.max() <= info.max) for a in arrays)
+    return int(info.min), int(info.max)
 
 
 def _packed(keys: U64, rects: I64, lr: I64, bins: I64, e_bins: I64) -> bytes:

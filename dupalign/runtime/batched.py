@@ -95,6 +95,10 @@ def process_batch(indexer: Indexer, sketch_many: SketchMany, finish: Finish,
     try:
         indexer.writes.read_replays([sk.replay_key for sk in sketches
                                      if isinstance(sk, PageSketch) and sk.replay_key])
+        indexer.writes.read_exacts([sk.content_hash for sk in sketches
+                                    if isinstance(sk, PageSketch) and sk.content_hash
+                                    and sk.rejected is None and not sk.deleted
+                                    and not sk.unchanged])
         for x, ((page, source), sk) in enumerate(zip(items, sketches, strict=True)):
             done = Done(page, [], cpu_sketch=sketch_cpu)
             try:

@@ -52,6 +52,7 @@ from dupalign.store.database import Batch, Store
 from dupalign.store.records import put_offset
 
 ENGINE_NAME = "dupalign"
+_NO_MATCHES = msgpack.packb([])
 
 
 def _read_alike(read_as: str | None, sk: PageSketch) -> bool:
@@ -554,7 +555,9 @@ class Indexer:
 
     def _put_matches(self, batch: Batch, ordinal: int, matches: list[Match],
                      source: tuple[str, int, int] | None) -> None:
-        self.writes.put_matches(batch, ordinal, msgpack.packb([m.to_dict() for m in matches]))
+        # (most pages have none: msgpack's empty array without a Packer)
+        packed = msgpack.packb([m.to_dict() for m in matches]) if matches else _NO_MATCHES
+        self.writes.put_matches(batch, ordinal, packed)
         if source is not None:
             _put_offset(batch, source)
 

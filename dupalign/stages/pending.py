@@ -41,6 +41,8 @@ class PendingPages:
     # the store's answers to the batch's replay keys, read at once (``read_replays``): the
     # store changes only when a batch is written, and then a new one starts without them
     stored_replay: dict[bytes, tuple[int, str | None] | None] = field(default_factory=dict)
+    # the same for the batch's content hashes (``read_exacts``): the lowest stored ordinal
+    stored_exact: dict[bytes, int | None] = field(default_factory=dict)
 
     def staged(self, ordinal: int) -> bool:
         """Whether the page ``ordinal`` is staged here, not in the store."""
@@ -132,6 +134,14 @@ class PageWrites:
             self.pending.stored_replay = dict(zip(keys, tables.replay.get_many(self.store, keys),
                                                   strict=True))
 
+    def read_exacts(self, content_hashes: list[bytes]) -> None:
+        """Read the store's answers to ``exact`` of ``content_hashes`` at once, through one
+        iterator, for ``exact`` to give while the pending batch is not written."""
+        if self.pending is not None and content_hashes:
+            hashes = list(dict.fromkeys(content_hashes))
+            self.pending.stored_exact = dict(zip(
+                hashes, tables.exact.first_many(self.store, hashes), strict=True))
+
     def doc(self, ordinal: int) -> bytes | None:
         """The page's doc record."""
         pending = self.pending
@@ -164,9 +174,13 @@ class PageWrites:
 
     def exact(self, content_hash: bytes) -> int | None:
         """The lowest ordinal with ``content_hash`` (the store's come before the pending)."""
-        first = tables.exact.first(self.store, content_hash)
-        if first is None and self.pending is not None:
-            return self.pending.exact.get(content_hash)
+        pending = self.pending
+        if pending is not None and content_hash in pending.stored_exact:
+            first = pending.stored_exact[content_hash]
+        else:
+            first = tables.exact.first(self.store, content_hash)
+        if first is None and pending is not None:
+            return pending.exact.get(content_hash)
         return first
 
     def matches(self, ordinal: int) -> bytes | None:

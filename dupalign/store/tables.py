@@ -170,6 +170,16 @@ class _Exact:
         key = store.first_key(self.family, content_hash)
         return None if key is None else read_u64(key, len(content_hash))
 
+    def first_many(self, store: Store, content_hashes: list[bytes]) -> list[int | None]:
+        """``first`` of each content hash, through one iterator (``first`` makes one a
+        lookup, which cost more than its seek: issue #44)."""
+        reader = store.prefix_reader(self.family)
+        out: list[int | None] = []
+        for content_hash in content_hashes:
+            keys, _ = reader.items(content_hash, 1)
+            out.append(read_u64(keys[0], len(content_hash)) if keys else None)
+        return out
+
     def put(self, batch: Batch, content_hash: bytes, ordinal: int) -> None:
         batch.put(self.family, content_hash + u64(ordinal), b"")
 

@@ -374,3 +374,18 @@ def test_a_directory_wider_than_the_probes_answers_as_the_table_of_the_rows_left
             assert [sorted(got.get(i)) for i in range(64)] == [
                 sorted(want.get(i)) for i in range(64)]
             assert sum(len(got.get(i)) for i in range(64)) > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.one_of(st.integers(0, 1 << 20), st.integers(0, 1 << 47)),
+       slack=st.integers(0, 4))
+def test_header_width_is_floor_log2_less_the_slack(n: int, slack: int) -> None:
+    """The probes' width from the row count: floor(log2 n) - slack within [0, 32], exactly
+    (the float log2 it was computed with, read as the oracle, is exact at these sizes)."""
+    table = SimhashTable(header_slack=slack)
+    expected = min(max(0, math.floor(math.log2(n)) - slack), 32) if n > 0 else 0
+    assert table.header_width(n) == expected
+    for power in (1 << k for k in range(48)):  # (the edges: a power of two and one below)
+        assert table.header_width(power) == min(max(0, power.bit_length() - 1 - slack), 32)
+        assert table.header_width(power - 1) == (
+            0 if power == 1 else min(max(0, math.floor(math.log2(power - 1)) - slack), 32))

@@ -1,6 +1,7 @@
 """The index stage's reads of a batch's pages at once (dupalign.runtime.batched ``Stored``,
-``PageWrites.read_replays``): the answers of the reads one by one (the oracle), for ids and
-replay keys stored, staged in the pending batch, both, and absent."""
+``PageWrites.read_replays`` and ``read_exacts``): the answers of the reads one by one (the
+oracle), for ids, replay keys and content hashes stored, staged in the pending batch, both,
+and absent."""
 
 from __future__ import annotations
 
@@ -42,4 +43,12 @@ def test_reads_of_many_pages_answer_as_reads_one_by_one(
         indexer.writes.read_replays(keys)
         assert indexer.writes.pending.stored_replay, "the reads were kept"
         assert [indexer.writes.replay(k) for k in keys] == one_by_one
+        hashes = [b"\x00" * 16, b"\xff" * 16]
+        for page in pages:
+            with contextlib.suppress(PageRejected):
+                hashes.append(engine.sketch(page).content_hash)
+        one_by_one_exact = [indexer.writes.exact(h) for h in hashes]
+        indexer.writes.read_exacts(hashes)
+        assert indexer.writes.pending.stored_exact, "the reads were kept"
+        assert [indexer.writes.exact(h) for h in hashes] == one_by_one_exact
         indexer.end_batch()

@@ -50,6 +50,10 @@ def test_first_key_is_the_prefix_scans_first(tmp_path_factory: pytest.TempPathFa
     for prefix in [*prefixes, *keys, b"\xff", b"\xff\xff"]:
         expected = next((k for k, _ in store.prefix("exact", prefix)), None)
         assert store.first_key("exact", prefix) == expected
+    reader = store.prefix_reader("exact")  # (``tables.exact.first_many``: one for many)
+    for prefix in [*prefixes, *keys, b"\xff", b"\xff\xff"]:
+        found, _ = reader.items(prefix, 1)
+        assert (found[0] if found else None) == store.first_key("exact", prefix)
     store.close()
 
 
