@@ -14,7 +14,6 @@ from dupalign.passage.forward import fits
 from dupalign.text.tokens import Tokens
 
 U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
 
 # The positions record of a page: its tokens' (start, end) character offsets, then the low
 # 32 bits of its unit hashes (for span refinement and exact similarity), their number and a
@@ -68,29 +67,3 @@ def unpack_positions(data: bytes) -> tuple[npt.NDArray[np.int32], npt.NDArray[np
             return bounds[0::2].astype(np.int32), bounds[1::2].astype(np.int32), units
     both = np.frombuffer(data, dtype="<i4")
     return both[0::2], both[1::2], units
-
-
-def unit_hashes(data: bytes) -> npt.NDArray[np.uint32] | None:
-    """``unpack_positions(data)[2]`` (a view of the record), without decoding the tokens'
-    offsets."""
-    if not has_units(data):
-        return None
-    (n_units,) = struct.unpack_from("<i", data, len(data) - 8)
-    return np.frombuffer(data, dtype="<u4", offset=len(data) - 8 - 4 * n_units,
-                         count=n_units)
-
-
-def token_offsets(data: bytes, first: I64, last: I64) -> tuple[I64, I64]:
-    """``(starts[first], ends[last])`` of ``unpack_positions(data)``: the character offsets
-    of a few tokens, decoding the record only up to the last of them (the spans citing an
-    earlier page read two offsets each, of a record that may hold tens of thousands)."""
-    first = np.asarray(first, dtype=np.int64)
-    last = np.asarray(last, dtype=np.int64)
-    if not len(first):
-        return first.copy(), last.copy()
-    top = 2 * int(max(first.max(), last.max())) + 2  # values read: through ends[top // 2 - 1]
-    if data.endswith(_STEPS_MARK):
-        bounds = np.cumsum(np.frombuffer(data, dtype="<u2", count=top), dtype=np.int64)
-    else:
-        bounds = np.frombuffer(data, dtype="<i4", count=top).astype(np.int64)
-    return bounds[2 * first], bounds[2 * last + 1]

@@ -25,7 +25,7 @@ from dupalign.config import EngineConfig
 from dupalign.match import Span
 from dupalign.passage import batch_align as passage_align
 from dupalign.passage import forward, monoactive, monoactive_query, span_refine, weighted_oph
-from dupalign.passage.positions import token_offsets, unit_hashes, unpack_positions
+from dupalign.passage.positions import has_units, unpack_positions
 from dupalign.passage.sketch import U64, word_range
 from dupalign.passage.tasks import Tasks, Weights
 from dupalign.store.forward_reader import ForwardReader
@@ -224,13 +224,12 @@ def ranked_spans(
     lo = np.searchsorted(h_o[order], kept, side="left").tolist()
     hi = np.searchsorted(h_o[order], kept, side="right").tolist()
     q_units = np.asarray(units, np.uint64)
-    # per kept page: the boxes (query passage × page range) and estimates of its hits,
-    # slices of one array built for every hit at once
-    p_sorted = h_p[order]
-    boxes_all = np.stack((starts[p_sorted], ends[p_sorted], h_s[order], h_e[order]), axis=1)
-    x_sorted = h_x[order]
-    groups = [(other, boxes_all[a:z], x_sorted[a:z])
-              for other, a, z in zip(kept.tolist(), lo, hi, strict=True)]
+    # per kept page: the boxes (query passage × page range) and estimates of its hits
+    groups = []
+    for other, a, z in zip(kept.tolist(), lo, hi, strict=True):
+        rows = order[a:z]
+        boxes = np.stack((starts[h_p[rows]], ends[h_p[rows]], h_s[rows], h_e[rows]), axis=1)
+        groups.append((other, boxes, h_x[rows]))
     if spans.cfg.refine and spans.cfg.mode == "oph":
         found = _refined_spans(spans, groups, tokens, q_units)
     else:
@@ -258,41 +257,34 @@ def _refined_spans(spans: PassageSpans, groups: list[tuple[int, I64, npt.NDArray
     the scan itself on the dense stream. Pages indexed before units were kept go the old
     way (they have the scan's spans only)."""
     out: dict[int, list[Span]] = {}
-    batch = []  # (other, boxes, its positions record, its units)
+    batch = []  # (other, boxes, its positions record)
     for other, boxes, ests in groups:
         raw = spans.positions(other)
-        b_units = None if raw is None else unit_hashes(raw)
         if raw is None:
             out[other] = []
-        elif b_units is None:  # no units: the scan's spans
+        elif not has_units(raw):  # no units: the scan's spans
             out[other] = spans.spans(other, boxes, ests, tokens, q_units)
         else:
-            batch.append((other, boxes, raw, b_units))
+            batch.append((other, boxes, unpack_positions(raw)))
     if not batch:
         return out
     a = np.ascontiguousarray(q_units & np.uint64(0xFFFFFFFF))
+    b_units = [cast(npt.NDArray[np.uint32], pos[2]) for _, _, pos in batch]
     b_off = np.zeros(len(batch) + 1, dtype=np.int64)
-    np.cumsum([len(u) for _, _, _, u in batch], out=b_off[1:])
+    np.cumsum([len(u) for u in b_units], out=b_off[1:])
     box_off = np.zeros(len(batch) + 1, dtype=np.int64)
-    np.cumsum([len(boxes) for _, boxes, _, _ in batch], out=box_off[1:])
+    np.cumsum([len(boxes) for _, boxes, _ in batch], out=box_off[1:])
     params = spans.chain_params
     rows, sims = span_refine.refine_pages(
-        a, np.concatenate([u for _, _, _, u in batch]).astype(np.uint64),
-        b_off, np.ascontiguousarray(np.concatenate([boxes for _, boxes, _, _ in batch]),
+        a, np.concatenate(b_units).astype(np.uint64),
+        b_off, np.ascontiguousarray(np.concatenate([boxes for _, boxes, _ in batch]),
                                     dtype=np.int64),
         box_off, params.margin, params.max_occ, params.match, params.gap, params.max_gap,
         params.min_score, spans.k)
     shingle = spans.cfg.shingle
     g_rows = np.searchsorted(rows[:, 0], np.arange(len(batch) + 1)).tolist()
     rows_l, sims_l = rows.tolist(), sims.tolist()
-    # the earlier pages' tokens cited: t_start and t_end - 1 of each piece (clipped: an
-    # empty piece cites none)
-    cite_first = rows[:, 3]
-    cite_last = np.maximum(rows[:, 4] - 2 + shingle, 0)
-    for g, (other, _, raw, _) in enumerate(batch):
-        c0, c1 = token_offsets(raw, cite_first[g_rows[g]:g_rows[g + 1]],
-                               cite_last[g_rows[g]:g_rows[g + 1]])
-        c0_l, c1_l = c0.tolist(), c1.tolist()
+    for g, (other, _, (o_starts, o_ends, _)) in enumerate(batch):
         found = []
         for x in range(g_rows[g], g_rows[g + 1]):
             _, q0, q1, t0, t1 = rows_l[x]
@@ -301,10 +293,9 @@ def _refined_spans(spans: PassageSpans, groups: list[tuple[int, I64, npt.NDArray
             ts, te = t0, t1 - 1 + shingle
             if x + 1 < g_rows[g + 1]:  # pieces are disjoint in units, and in words too:
                 qe = min(qe, rows_l[x + 1][1])  # a last shingle's tail is cut
-            y = x - g_rows[g]
             found.append(Span(
                 tokens=(qs, qe), chars=tokens.char_range(qs, qe), match_tokens=(ts, te),
-                match_chars=(c0_l[y], c1_l[y]) if te > ts else (0, 0),
+                match_chars=(int(o_starts[ts]), int(o_ends[te - 1])) if te > ts else (0, 0),
                 est_jaccard=est, jaccard=jac, containment=cont, match_containment=m_cont))
         found.sort(key=lambda s: s.tokens)
         out[other] = found

@@ -813,16 +813,3 @@ def test_positions_records_read_back_as_written(data: st.DataObject) -> None:
     got_starts, got_ends, got_units = positions.unpack_positions(old.tobytes())
     assert got_units is None and not positions.has_units(old.tobytes())
     assert (got_starts.tolist(), got_ends.tolist()) == (starts.tolist(), ends.tolist())
-    # the align stage's partial reads (``unit_hashes``, ``token_offsets``): the same values
-    units_view = positions.unit_hashes(raw)
-    assert units_view is not None and units_view.tolist() == (
-        units & np.uint64(0xFFFFFFFF)).tolist()
-    assert positions.unit_hashes(old.tobytes()) is None
-    first = np.array(data.draw(st.lists(st.integers(0, max(0, n - 1)),
-                                        max_size=6 if n else 0)), dtype=np.int64)
-    last = np.array(data.draw(st.lists(st.integers(0, max(0, n - 1)), min_size=len(first),
-                                       max_size=len(first))), dtype=np.int64)
-    for record in (raw, old.tobytes()):
-        got_first, got_last = positions.token_offsets(record, first, last)
-        assert (got_first.tolist(), got_last.tolist()) == (
-            starts[first].tolist(), ends[last].tolist())
