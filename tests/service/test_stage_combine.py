@@ -100,16 +100,17 @@ class Oracle:
                 self.near[ops.seq].append((ops.shard, answer_to_bytes(ops.seq, ops.shard, a)))
             return a
 
-        def partial(real: Any, *args: Any) -> Any:
+        def partials(real: Any, *args: Any) -> Any:
             got = real(*args)
-            if got is not None:
-                self.partials[got.seq].append((got.shard, got.to_bytes()))
+            for partial in got:
+                if partial is not None:
+                    self.partials[partial.seq].append((partial.shard, partial.to_bytes()))
             return got
 
         def apply(real: Any, *args: Any) -> Any:
             out = real(*args)
             if out is not None and out.align is not None:
-                self.requests[out.seq] = out.align.split(1)[0].to_bytes(forward=False)
+                self.requests[out.seq] = out.align.to_bytes(forward=False)
             return out
 
         def finish(real: Any, out: Any, passages: Any) -> Any:
@@ -129,7 +130,8 @@ class Oracle:
         for shard in p.nears:
             shard.apply = functools.partial(near, shard.apply)  # type: ignore[method-assign]
         for lists, _ in p.lists:
-            lists.apply = functools.partial(partial, lists.apply)  # type: ignore[method-assign]
+            lists.apply_run = functools.partial(  # type: ignore[method-assign]
+                partials, lists.apply_run)
         for combine, _ in p.combines:
             combine.apply = functools.partial(apply, combine.apply)  # type: ignore
             combine.finish = functools.partial(finish, combine.finish)  # type: ignore
