@@ -22,8 +22,9 @@ from aiokafka import AIOKafkaProducer
 
 from dupalign.service.topology import Outgoing, internal_waiters, mark_retrieved
 
-# a record at least this large goes through ``send`` (aiokafka's default batch size: a
-# batch's first record may exceed it, but ``send`` checks it against max_request_size)
+# a record at least this large goes through ``send`` by default (aiokafka's default batch
+# size: a batch's first record may exceed it, but ``send`` checks it against
+# max_request_size)
 ALONE_BYTES = 16384
 
 
@@ -32,9 +33,12 @@ def _size(o: Outgoing) -> int:
             + sum(len(k) + len(v) for k, v in o.headers))
 
 
-async def send_batched(producer: AIOKafkaProducer, records: list[Outgoing]) -> None:
+async def send_batched(producer: AIOKafkaProducer, records: list[Outgoing],
+                       alone: int = ALONE_BYTES) -> None:
     """Send ``records`` and wait for every acknowledgement (``send_all``'s failures: the
-    first raised once)."""
+    first raised once). ``alone``: records at least this large go through ``send`` (the
+    producer's batch size, ``topology.batch_bytes``: a larger one would get a batch of
+    its own unchecked)."""
     futures: list[asyncio.Future[Any]] = []
     open_: dict[tuple[str, int], Any] = {}  # (topic, partition) -> its batch being filled
 
@@ -45,7 +49,7 @@ async def send_batched(producer: AIOKafkaProducer, records: list[Outgoing]) -> N
 
     try:
         for o in records:
-            if o.partition is None or _size(o) >= ALONE_BYTES:
+            if o.partition is None or _size(o) >= alone:
                 # (its partition, or any of its topic's if the partitioner picks it: the
                 # records before it go first)
                 for tp in [tp for tp in open_ if tp[0] == o.topic

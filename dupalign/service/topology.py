@@ -38,6 +38,11 @@ ORDINAL_HEADER = "dupalign-ordinal"  # the page's ordinal
 SOURCE_HEADER = "dupalign-source"  # topic:partition:offset of the page in the input topic
 REPLY_HEADER = "dupalign-reply"  # topic:partition an align request is answered to
 RECORD_OVERHEAD = 4096  # room for a record's key, headers and batch framing
+# a producer's batch, at most (``batch_bytes``): aiokafka sends one batch per partition a
+# request and one request per broker at a time, so a transaction's N batches to one
+# partition cost N round trips; at its default 16 KB a sketch batch's records to the
+# sketches partition alone were ~30 (14 KB a page)
+BATCH_BYTES = 1 << 20
 
 
 class TopologyError(RuntimeError):
@@ -141,9 +146,17 @@ def new_producer(kc: KafkaConfig, transactional_id: str | None = None,
         kw["transaction_timeout_ms"] = kc.transaction_timeout_ms
     return AIOKafkaProducer(
         **kc.client_kwargs(), enable_idempotence=True, acks="all",
+        max_batch_size=batch_bytes(kc),
         linger_ms=kc.linger_ms if linger_ms is None else linger_ms,
         max_request_size=kc.max_request_size if max_request_size is None else max_request_size,
         compression_type=None if kc.compression_type == "none" else kc.compression_type, **kw)
+
+
+def batch_bytes(kc: KafkaConfig) -> int:
+    """A producer's largest batch: ``BATCH_BYTES``, or less when records are capped lower (a
+    batch must fit every topic's ``max.message.bytes``, which ``ensure_topics`` makes at
+    least ``kafka.max_request_size``)."""
+    return min(kc.max_request_size, BATCH_BYTES)
 
 
 def new_consumer(kc: KafkaConfig, group_id: str, max_records: int, **kw: Any

@@ -122,8 +122,9 @@ async def main(bootstrap, topic):
     try:
         async with producer.transaction():
             await usurper.start()  # same transactional id: fences the first
-            # batches fill (16 kB each), so sends wait for the sender, which meets the fencing
-            await send_all(producer, [Outgoing(topic, b"x" * 2000, key=b"%d" % i)
+            # batches fill (1 MB each: topology.batch_bytes), so sends wait for the sender,
+            # which meets the fencing
+            await send_all(producer, [Outgoing(topic, b"x" * 20_000, key=b"%d" % i)
                                       for i in range(200)])
     except Exception as exc:
         logging.error("send failed: %r", exc)

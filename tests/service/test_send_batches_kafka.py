@@ -14,7 +14,7 @@ from aiokafka.admin import NewTopic
 
 from dupalign.service.config import KafkaConfig
 from dupalign.service.send_batches import ALONE_BYTES, send_batched
-from dupalign.service.topology import Outgoing, new_producer
+from dupalign.service.topology import Outgoing, batch_bytes, new_producer
 from tests.kafka_topics import create_topics
 from tests.role_processes import read_topic
 
@@ -36,8 +36,13 @@ def _records(topics: dict[str, int], rng: random.Random, n: int) -> list[Outgoin
     return out
 
 
-async def test_batched_records_arrive_once_in_order_per_partition(kafka_bootstrap: str) -> None:
+@pytest.mark.parametrize("big_batches", [False, True])
+async def test_batched_records_arrive_once_in_order_per_partition(kafka_bootstrap: str,
+                                                                  big_batches: bool) -> None:
+    """``big_batches``: the records of ``ALONE_BYTES`` and more in batches too (the
+    producer's ``batch_bytes``, as the roles send), many records a batch."""
     kc = KafkaConfig(bootstrap_servers=kafka_bootstrap)
+    alone = batch_bytes(kc) if big_batches else ALONE_BYTES
     name = uuid.uuid4().hex[:8]
     topics = {f"batched-{name}-a": 3, f"batched-{name}-b": 2}
     await create_topics(kafka_bootstrap, [NewTopic(t, n, 1) for t, n in topics.items()])
@@ -48,7 +53,7 @@ async def test_batched_records_arrive_once_in_order_per_partition(kafka_bootstra
     try:
         for turn in (sent[:2000], sent[2000:]):  # (two transactions, as two turns)
             async with producer.transaction():
-                await send_batched(producer, turn)
+                await send_batched(producer, turn, alone=alone)
     finally:
         await producer.stop()
     got = {t: await read_topic(kafka_bootstrap, t, n) for t, n in topics.items()}

@@ -56,7 +56,7 @@ from dupalign.service.roles.metrics import RoleMetrics
 from dupalign.service.send_batches import send_batched
 from dupalign.service.sequence_batch import SequenceBatch, SequenceLog
 from dupalign.service.stage_topics import StageTopics
-from dupalign.service.topology import Outgoing, TopologyError, stop_quietly
+from dupalign.service.topology import Outgoing, TopologyError, batch_bytes, stop_quietly
 from dupalign.stages.partitioned import Shape
 from dupalign.store import records
 from dupalign.store.database import Store
@@ -440,7 +440,8 @@ class StageRole(StatelessRole):
         records = [*self.parted(tp.partition, outputs), *changelog.outgoing()]
         self.committed[tp] = applied
         if records:
-            unit = Checkpoint({}, records, send=functools.partial(send_batched, records=records))
+            unit = Checkpoint({}, records, send=functools.partial(
+                send_batched, records=records, alone=batch_bytes(self.kc)))
             async with self.metrics.transaction(self.name):
                 await within(unit.commit(self.producers[tp], self.group_id), self.limit_s)
             self.outage.succeeded()

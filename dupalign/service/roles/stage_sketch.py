@@ -36,9 +36,16 @@ from dupalign.service.config import Config
 from dupalign.service.parts import in_parts
 from dupalign.service.roles.base import StatelessRole
 from dupalign.service.roles.metrics import RoleMetrics
+from dupalign.service.send_batches import send_batched
 from dupalign.service.sequence_batch import SequenceBatch, page_header
 from dupalign.service.stage_topics import StageTopics
-from dupalign.service.topology import Outgoing, TopologyError, send_all, source_header
+from dupalign.service.topology import (
+    Outgoing,
+    TopologyError,
+    batch_bytes,
+    send_all,
+    source_header,
+)
 from dupalign.stages.directory import directory_owner, entry_of
 from dupalign.stages.forward_stage import forward_value
 from dupalign.stages.list_shard import list_windows
@@ -139,7 +146,8 @@ class StageSketchRole(StatelessRole):
             for i, fwd in enumerate(prepared.passages):
                 if fwd is not None:
                     fwd.headers = [page_header(b, i)]
-        await send_all(producer, self.outgoing(prepared))
+        # (a batch per partition, not a send per record: ~5 records a page)
+        await send_batched(producer, self.outgoing(prepared), alone=batch_bytes(self.kc))
         self.pages += len(prepared.entries)
 
     def outgoing(self, prepared: StageBatch) -> list[Outgoing]:
