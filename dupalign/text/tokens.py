@@ -235,8 +235,11 @@ def normalize_token(token: str) -> str:
 # at neighbours, the final sigma, is for a character it changes). A page's characters are
 # looked up in the tokenizer's kernel, in its one pass: finding a page's distinct non-ASCII
 # characters and classifying them as a set cost a third of the tokenizer on Boost pages
-# (nearly all of them hold a "©" or an NBSP). Threads that learn one character at once write
-# the same byte.
+# (nearly all of them hold a "©" or an NBSP). Shared by every thread, without a lock: the
+# kernel reads it without the GIL while ``_learn`` writes it, so a character's byte is 0 until
+# one store writes it whole (a reader sees 0, learns it too, or the whole byte, never a
+# part), threads that learn one character at once store the same byte, and none is ever
+# cleared (tests/text/test_tokens_threads.py).
 _KNOWN, _WORDY, _KEEPS = 1, 2, 4
 _FLAGS = np.zeros(0x110000, dtype=np.uint8)
 _UNKNOWN, _LOWERS = -1, -2  # the kernel met a character not known yet, or one lower() changes
@@ -246,8 +249,9 @@ def _learn(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32]) -> None:
     """Classify the code points of ``codes`` not known yet."""
     for cp in np.unique(codes[_FLAGS[codes] == 0]).tolist():
         ch = chr(cp)
-        _FLAGS[cp] = (_KNOWN | (_WORDY if _WORD.fullmatch(ch) else 0)
-                      | (_KEEPS if ch.lower() == ch else 0))
+        flags = (_KNOWN | (_WORDY if _WORD.fullmatch(ch) else 0)
+                 | (_KEEPS if ch.lower() == ch else 0))
+        _FLAGS[cp] = flags  # (whole, in one store: see above)
 
 
 _learn(np.arange(128, dtype=np.uint32))
@@ -345,6 +349,8 @@ def _words(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32], lower_ascii: b
     if status == _UNKNOWN:
         _learn(codes)
         status, t, out, joined = _word_bytes(codes, _FLAGS, lower_ascii, width)
+        if status == _UNKNOWN:  # (no page's characters are unknown once it is learned)
+            raise RuntimeError("the tokenizer's table lost a character it had learned")
     return status, out[:t], out[t:2 * t], out[2 * t:], joined
 
 

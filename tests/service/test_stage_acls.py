@@ -24,10 +24,14 @@ from dupalign.page import Page
 from dupalign.service.config import Config, KafkaConfig, load_config
 from dupalign.service.kafka_args import STAGE_ROLES
 from dupalign.service.roles import stage_acls
+from dupalign.service.roles.metrics import RoleMetrics
+from dupalign.service.roles.stage_command import make_stage_roles
+from dupalign.service.roles.stage_role import StageRole
 from dupalign.service.roles.stage_sketch import StageSketchRole
 from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import transactional_id
 from dupalign.stages.partitioned import Shape
+from dupalign.store.database import Store
 from dupalign.wire import messages
 from tests.service.test_acls import generated_table
 from tests.service.test_stage_sketch import FROZEN, records
@@ -139,3 +143,33 @@ def test_bad_choices_are_usage_errors() -> None:
     without = acls("--stage", "exact", "--principal", "User:x",
                    DUPALIGN_KAFKA_TRANSACTIONS="false")
     assert without.returncode == 2 and "kafka.transactions = true" in without.stderr
+
+
+
+def test_the_partitions_read_on_one_shared_store_what_each_reads_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """The grants open every partition of every role on one empty store, which the lists'
+    partitions write to at open: each role's reads must be those of its partitions opened
+    each on an empty store of its own (a write at open that changed what a later partition
+    reads would grant the wrong topics)."""
+    shape = Shape.parse(NO_CREATE.kafka.shape)
+    topics = StageTopics(NO_CREATE.kafka, shape)
+    grants = stage_acls.stage_grants(NO_CREATE, STAGE_ROLES)
+    made = make_stage_roles(NO_CREATE, STAGE_ROLES, str(tmp_path / "roles"), RoleMetrics(),
+                            shape)
+    try:
+        for name, role in zip(STAGE_ROLES, made, strict=True):
+            if not isinstance(role, StageRole):
+                continue
+            own = {role.input_topic}
+            for p in range(topics.partitions(role.stage)):
+                store = Store(tmp_path / "own" / f"{name}-{p}", NO_CREATE.engine.frozen_params())
+                try:
+                    own |= {tp.topic for tp in role.open_partition(p, store).positions()}
+                finally:
+                    store.close()
+            assert grants[name].reads == own, name
+    finally:
+        for role in made:
+            role.executor.shutdown(wait=True)

@@ -61,8 +61,11 @@ def stage_grants(config: Config, roles: Iterable[str]) -> dict[str, Grants]:
     topics = StageTopics(kc, shape)
     with tempfile.TemporaryDirectory(prefix="dupalign-acls-") as tmp:
         made = make_stage_roles(config, roles, tmp, RoleMetrics(), shape)
-        # one empty store for every partition (only read: a partition opened on it names
-        # the positions it reads from), not one each: each open costs ~0.3 s of RocksDB
+        # one empty store for every partition, not one each (each open costs ~0.3 s of
+        # RocksDB): a partition opened on it names the positions it reads from. Not opened
+        # read-only: a list shard writes at open (``rebuild_entries``' mark, nothing to
+        # rebuild); tests/service/test_stage_acls.py holds every partition's reads here to
+        # those on a store of its own
         empty = Store(Path(tmp) / "empty", config.engine.frozen_params())
         try:
             return {name: _grants(config, name, role, topics, empty) for name, role in zip(
