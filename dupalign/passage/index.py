@@ -38,6 +38,7 @@ Thresholds are exact integers (dupalign.passage.tasks.Weights).
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -216,8 +217,6 @@ class PassageIndex:
         self.counters.lists_cached += len(slots) - len(miss)
         if not len(miss):
             return slots
-        reads = StoredLists(len(miss))
-        long, n_run, n_single = reads.long, reads.n_run, reads.n_single
         max_list = self.cfg.max_list
         # at most max_list + 1 keys of pages other than ``old_version``: each key holds at
         # least one entry, and ``old_version`` has at most one key outside the run
@@ -232,31 +231,18 @@ class PassageIndex:
             seen = np.concatenate(([0], np.cumsum(recent == old_version)))
             ends = np.cumsum(n_recent)
             extra -= seen[ends] - seen[ends - n_recent]
-        # most lists a page names are new: found absent by one seek, nothing more to do
-        for y in reader.present(prefixes):
-            prefix = prefixes[y]
-            stored = lists.read(reader, prefix, limit)
-            if stored is None:
-                continue
-            self.counters.keys_read += stored.keys_read()
-            if stored.marked:
-                self.counters.entries_read += 1
-                long[y] = True
-                self.counters.long_lists += 1
-                continue
-            run = stored.run
-            singles = stored.windows()
-            n = len(run) + singles
-            self.counters.entries_read += n
+
+        def too_long(y: int, stored: lists.StoredList, n: int) -> bool:
             # not counting the old version's entries
             n_own = 0 if old_version is None else stored.windows_of(old_version)
-            if n - n_own + extra[y] > max_list:
-                long[y] = True
-                self.counters.long_lists += 1
-                self._new_markers[prefix] = n + int(n_recent[y])
-                continue
-            reads.add(y, prefix, stored, singles, self.pack_min)
-        self.counters.lists_read += len(miss)
+            if n - n_own + extra[y] <= max_list:
+                return False
+            self.counters.long_lists += 1
+            self._new_markers[prefixes[y]] = n + int(n_recent[y])
+            return True
+
+        reads = self.read_stored(prefixes, limit, reader, too_long)
+        long, n_run, n_single = reads.long, reads.n_run, reads.n_single
         off, ords = reads.assemble()
         for y, prefix, replaced in reads.to_pack:  # (the store's entries only)
             packed = ords[off[y] : off[y + 1]]
@@ -291,6 +277,56 @@ class PassageIndex:
         self.cache.mark_long(over)
         self.counters.long_lists += len(over)
 
+
+    def read_stored(self, prefixes: list[bytes], limit: int,
+                    reader: PrefixReader | None = None,
+                    too_long: Callable[[int, lists.StoredList, int], bool] | None = None
+                    ) -> StoredLists:
+        """The lists ``prefixes`` as the store holds them (at most ``limit`` keys each, one
+        seek for an absent one): marked ones flagged long, the others' entries to
+        ``assemble``; ``too_long(y, list, entries)``: whether list y, read, is a stop list
+        instead (flagged, not kept)."""
+        c = self.counters
+        reads = StoredLists(len(prefixes))
+        reader = reader or lists.reader(self.store)
+        # most lists a page names are new: found absent by one seek, nothing more to do
+        for y in reader.present(prefixes):
+            stored = lists.read(reader, prefixes[y], limit)
+            if stored is None:
+                continue
+            c.keys_read += stored.keys_read()
+            if stored.marked:
+                c.entries_read += 1
+                reads.long[y] = True
+                c.long_lists += 1
+                continue
+            singles = stored.windows()
+            c.entries_read += len(stored.run) + singles
+            if too_long is not None and too_long(y, stored, len(stored.run) + singles):
+                reads.long[y] = True
+                continue
+            reads.add(y, prefixes[y], stored, singles, self.pack_min)
+        c.lists_read += len(prefixes)
+        return reads
+
+    def begin_run(self, last: int) -> None:
+        """A run of pages up to ordinal ``last`` (dupalign.passage.list_run) is about to
+        change the lists in memory: they are dropped if its batch is never committed
+        (``commit_run``). A run needs each page's entries in its batch, and no trace."""
+        if self.pending is not None or self.trace is not None:
+            raise ValueError("a run of pages needs each page's entries in its batch, no trace")
+        self._forget_uncommitted()
+        self._staged = last
+
+    def stage_found(self, batch: Batch, marks: dict[bytes, int]) -> None:
+        """Into ``batch``: the stop-list marks ``marks`` (prefix -> entries) a run found,
+        and those and the packed runs earlier queries left to the next batch."""
+        self._new_markers.update(marks)
+        self._write_markers(batch)
+        for run in self._new_runs.values():
+            lists.put_run(batch, run)
+        self.counters.runs_written += len(self._new_runs)
+        self._new_runs.clear()
 
     # -- writes -----------------------------------------------------------------------------
     def stage(self, batch: Batch, ordinal: int, state: PassageState | None) -> None:

@@ -124,37 +124,37 @@ def join_heads(n_lists: int, parts: Iterable[tuple[I64, Bools, I64, I64]]) -> He
 class ListWindows:
     """What list shard ``shard`` needs of the page of sequence ordinal ``seq``, which has
     passages: the distinct lists its query passages name that the shard owns (``bins``,
-    ``keys``, in the page's list order), and its non-empty windows in the shard's lists
-    (one per window: a page is in a list once per window it has there)."""
+    ``keys``, in the page's list order), and the lists of its non-empty windows in the
+    shard's lists, one per window (``w_bins``, ``w_keys``: a page is in a list once per
+    window it has there; empty: none), of a page of ``n_units`` units."""
 
     seq: int
     shard: int
     bins: I64
     keys: U64
-    windows: PassageState | None
+    w_bins: I64
+    w_keys: U64
+    n_units: int = 0
 
     def to_bytes(self) -> bytes:
-        w = self.windows
         d: dict[str, Any] = {"seq": self.seq, "shard": self.shard,
                              "bins": pack_array(self.bins, "<u2"),
                              "keys": pack_array(self.keys, "<u8")}
-        if w is not None and w.rects is not None:
-            d["w"] = [w.n_units, pack_array(w.rects.bin, "<u2"), pack_array(w.rects.key, "<u8")]
+        if len(self.w_bins):
+            d["w"] = [self.n_units, pack_array(self.w_bins, "<u2"),
+                      pack_array(self.w_keys, "<u8")]
         return LIST_WINDOWS.pack(d)
 
     @classmethod
     def from_bytes(cls, raw: bytes) -> ListWindows:
-        """The windows without their rectangles (zeros: a list shard needs their lists)."""
         d = LIST_WINDOWS.unpack(raw)
-        windows = None
-        if "w" in d:
-            n_units, wb, wk = d["w"]
-            bins = unpack_array(wb, "<u2", np.int64)
-            z = np.zeros(len(bins), dtype=np.int64)
-            windows = PassageState(Rects(bins, unpack_array(wk, "<u8"), z, z, z, z,
-                                         np.zeros(len(bins), dtype=np.bool_)), n_units)
+        n_units, wb, wk = d.get("w", _NO_WINDOWS)
         return cls(d["seq"], d["shard"], unpack_array(d["bins"], "<u2", np.int64),
-                   unpack_array(d["keys"], "<u8"), windows)
+                   unpack_array(d["keys"], "<u8"), unpack_array(wb, "<u2", np.int64),
+                   unpack_array(wk, "<u8"), n_units)
+
+
+_NO_WINDOWS = (0, b"", b"")
 
 
 def list_windows(seq: int, state: PassageState | None, n_shards: int) -> list[ListWindows]:
@@ -164,8 +164,14 @@ def list_windows(seq: int, state: PassageState | None, n_shards: int) -> list[Li
         return []
     _, _, l_bins, l_keys, _ = query_lists(state)
     owner = list_owner(l_bins, l_keys, n_shards)
-    return [ListWindows(seq, s, l_bins[owner == s], l_keys[owner == s], part)
-            for s, part in enumerate(owned_parts(state, n_shards))]
+    out = []
+    for s, part in enumerate(owned_parts(state, n_shards)):
+        r = None if part is None else part.rects
+        w_bins = np.zeros(0, np.int64) if r is None else r.bin
+        w_keys = np.zeros(0, np.uint64) if r is None else r.key
+        out.append(ListWindows(seq, s, l_bins[owner == s], l_keys[owner == s], w_bins,
+                               w_keys, state.n_units))
+    return out
 
 
 @dataclass
@@ -249,25 +255,29 @@ class ListShard:
 
     def apply(self, d: Decision, placed: Placed, exact: ExactAnswer | None = None,
               page: ListWindows | None = None) -> ListPartial | None:
-        """The next decision (of any directory shard, sequence ordinals ascending) with its
-        place in the ledger (``Ledger.apply(d)``), the exact answer of a stored page, and
-        the page's ``ListWindows`` for this shard (None: it has no passages). Returns the
-        page's partial if it queries the lists: a stored page with passages, not an exact
-        copy."""
-        return self._one(d, placed, self._query(d, placed, exact, page))
+        """``apply_run`` of one step (a run of one page)."""
+        return self.apply_run([(d, placed, exact, page)])[0]
 
     def apply_run(self, steps: Sequence[Step]) -> list[ListPartial | None]:
-        """``apply`` of each step in order (its arguments), with the pages between two
-        removals queried and staged as one run (dupalign.passage.list_run: one lookup, one
-        kernel, one batch): the same partials, and the same lists. A page that removes a
-        version (a changed revisit, a delete) goes alone, between two runs."""
+        """The next decisions (of any directory shard, sequence ordinals ascending), each
+        with its place in the ledger (``Ledger.apply(d)``), the exact answer of a stored
+        page, and the page's ``ListWindows`` for this shard (None: it has no passages).
+        Returns each page's partial if it queries the lists (a stored page with passages,
+        not an exact copy), else None. The pages go through the lists in runs
+        (dupalign.passage.list_run: one lookup, one kernel, one batch a run): a page that
+        removes a version (a changed revisit, a delete) ends its run, or goes alone after
+        it when the version is in that run (a removal reads the store)."""
         out: list[ListPartial | None] = []
-        run: list[tuple[int, Decision, Placed, ListWindows]] = []
+        run: list[tuple[int, Decision, Placed, ListWindows | None]] = []
         for d, placed, exact, page in steps:
             query = self._query(d, placed, exact, page)
             if placed.removed is not None:
+                first = run[0][2].ordinal if run else None
+                if first is not None and placed.removed >= first:
+                    self._run(run, out)
+                run.append((len(out), d, placed, query))
+                out.append(None)
                 self._run(run, out)
-                out.append(self._one(d, placed, query))
             elif query is not None:
                 run.append((len(out), d, placed, query))
                 out.append(None)
@@ -293,50 +303,35 @@ class ListShard:
         self.next_seq = d.seq + 1
         return query
 
-    def _one(self, d: Decision, placed: Placed, query: ListWindows | None
-             ) -> ListPartial | None:
-        if query is None and placed.removed is None:
-            return None
+    def _run(self, run: list[tuple[int, Decision, Placed, ListWindows | None]],
+             out: list[ListPartial | None]) -> None:
+        """Query and stage the pages of ``run`` in one batch (only the last may remove a
+        version, stored before the run, or query nothing: a delete); their partials into
+        ``out`` at their places. Empties ``run``."""
+        if not run:
+            return
         p = self.passages
-        partial = None
-        if query is not None:
-            assert placed.ordinal is not None
-            long, start, n, ords = p.list_heads(query.bins, query.keys, placed.ordinal,
-                                                placed.removed)
-            partial = ListPartial(d.seq, placed.ordinal, self.shard, long.copy(), n.copy(),
-                                  copy_heads(start, n, ords))
+        removed = run[-1][2].removed
+        queries: list[tuple[int, Decision, int, ListWindows]] = []
+        for at, d, placed, q in run:
+            if q is not None:
+                assert placed.ordinal is not None
+                queries.append((at, d, placed.ordinal, q))
+        pages = [RunPage(o, q.bins, q.keys, q.w_bins, q.w_keys) for _, _, o, q in queries]
         batch = self.store.batch()
-        removal = None if placed.removed is None else p.stage_removal(batch, [placed.removed])
-        if query is not None:  # (with no windows here, the stop-list marks its query found)
-            assert placed.ordinal is not None
-            p.stage(batch, placed.ordinal, query.windows)
-        tables.next_ordinal.put_count(batch, d.seq + 1)
+        heads = []
+        if pages:  # (the last page replaces ``removed`` if it is the removal's)
+            replaces = removed is not None and queries[-1][0] == run[-1][0]
+            heads = query_run(p, batch, pages, removed if replaces else None)
+        removal = None if removed is None else p.stage_removal(batch, [removed])
+        tables.next_ordinal.put_count(batch, run[-1][1].seq + 1)
         self.store.write(batch)
         if removal is not None:
             p.commit_removal(removal)
-        if query is not None:
-            assert placed.ordinal is not None
-            p.commit(placed.ordinal, query.windows)
-        return partial
-
-    def _run(self, run: list[tuple[int, Decision, Placed, ListWindows]],
-             out: list[ListPartial | None]) -> None:
-        """Query and stage the pages of ``run`` (none removes a version) in one batch;
-        their partials into ``out`` at their places. Empties ``run``."""
-        if not run:
-            return
-        pages = []
-        for _, _, placed, q in run:
-            assert placed.ordinal is not None
-            pages.append(RunPage(placed.ordinal, q.bins, q.keys, q.windows))
-        batch = self.store.batch()
-        heads = query_run(self.passages, batch, pages)
-        tables.next_ordinal.put_count(batch, run[-1][1].seq + 1)
-        self.store.write(batch)
-        self.passages.commit_run()
-        for (at, d, placed, _), h in zip(run, heads, strict=True):
-            assert placed.ordinal is not None
-            out[at] = ListPartial(d.seq, placed.ordinal, self.shard, h.long, h.n, h.ords)
+        if pages:
+            p.commit_run()
+        for (at, d, o, _), h in zip(queries, heads, strict=True):
+            out[at] = ListPartial(d.seq, o, self.shard, h.long, h.n, h.ords)
         run.clear()
 
     def forget(self, expired: Iterable[Expired]) -> None:

@@ -5,18 +5,25 @@ backlog's turn: the cost at saturation) and timed with ``time.process_time``. Wh
 with S in the sum over the partitions is per-partition work on every page (issue 43).
 
     python -m tests.bench.list_partition_costs [--pages 400] [--lists 1,4] [--rounds 1] [--profile]
+        [--baseline-ref REV]
 
 ``--profile``: cProfile of the list partitions' turns at each S (inclusive time).
+``--baseline-ref REV``: the same measure of a warmed checkout of REV (tests/bench/checkouts.py)
+and of this tree, each in a child process, alternately ``--rounds`` times (the least CPU of
+each kept), side by side with the fixed cost a partition, (CPU at the most S − at S = 1) /
+(S − 1), and the projection's bound at half a core a partition (500 / fixed pages/s).
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import pstats
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -124,6 +131,57 @@ def run(engine: EngineConfig, shape: Shape, log: Log, stores: Any,
     return cpu, sent
 
 
+def measure(n_pages: int, counts: list[int], batch: int, rounds: int, profile: bool
+            ) -> list[tuple[int, float, int]]:
+    """(S, CPU seconds of the list partitions, partials sent) for each S of ``counts``,
+    the least CPU of ``rounds`` runs each."""
+    config = Config()
+    engine = config.engine
+    pages = corpus(n_pages)
+    rows: list[tuple[int, float, int]] = []
+    for s in [1, *counts]:  # (the first, on a few pages, loads the kernels: not counted)
+        shape = Shape(2, 2, 1, s, 2)
+        log = sketched(replace(config, engine=engine), shape, pages if rows else pages[:40],
+                       batch)
+        runs = []
+        for _ in range(rounds if rows else 1):
+            prof = cProfile.Profile(time.process_time) if profile and rows else None
+            with temporary_stores("list-costs-") as stores:
+                runs.append((*run(engine, shape, log, stores, prof), prof))
+        cpu, sent, prof = min(runs, key=lambda r: r[0])
+        rows.append((s, cpu, sent))
+        if prof:
+            print(f"== {s} list partitions")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(80)
+    return rows[1:]
+
+
+def compare(args: argparse.Namespace) -> None:
+    """``--baseline-ref``: both trees in child processes, alternately (module docstring)."""
+    from tests.bench.checkouts import REPO, commit_of, run_in, warm_checkout
+
+    trees = {f"{args.baseline_ref} ({commit_of(args.baseline_ref)[:7]})":
+             warm_checkout(args.baseline_ref), f"this ({commit_of('HEAD')[:7]}+)": REPO}
+    best: dict[tuple[str, int], float] = {}
+    child = ["--child", "--pages", str(args.pages), "--lists",
+             ",".join(map(str, args.lists)), "--batch", str(args.batch)]
+    for _ in range(args.rounds):
+        for label, tree in trees.items():
+            for s, cpu, _ in run_in(tree, Path(__file__), *child)["rows"]:
+                best[(label, s)] = min(best.get((label, s), float("inf")), cpu)
+    n, top = args.pages, max(args.lists)
+    print(f"{n} pages (Clough + RFC); CPU ms per page of all list partitions, least of "
+          f"{args.rounds} rounds; fixed a partition: (S{top} - S1) / {top - 1}")
+    print("| code | " + " | ".join(f"S = {s}" for s in args.lists)
+          + " | fixed per partition | bound pages/s |")
+    print("|---" * (len(args.lists) + 3) + "|")
+    for label in trees:
+        ms = {s: 1000 * best[(label, s)] / n for s in args.lists}
+        fixed = (ms[top] - ms[1]) / (top - 1) if 1 in ms and top > 1 else float("nan")
+        print(f"| {label} | " + " | ".join(f"{ms[s]:.2f}" for s in args.lists)
+              + f" | {fixed:.3f} | {500 / fixed if fixed > 0 else float('inf'):,.0f} |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pages", type=int, default=400)
@@ -132,27 +190,20 @@ def main() -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--rounds", type=int, default=1,
                    help="runs of each S (the least CPU is kept: a loaded machine)")
+    p.add_argument("--baseline-ref", help="also this revision, side by side (docstring)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    config = Config()
-    engine = config.engine
-    pages = corpus(args.pages)
-    rows = []
-    for s in [1, *args.lists]:  # (the first, on a few pages, loads the kernels: not counted)
-        shape = Shape(2, 2, 1, s, 2)
-        log = sketched(replace(config, engine=engine), shape, pages if rows else pages[:40],
-                       args.batch)
-        runs = []
-        for _ in range(args.rounds if rows else 1):
-            prof = cProfile.Profile(time.process_time) if args.profile and rows else None
-            with temporary_stores("list-costs-") as stores:
-                runs.append((*run(engine, shape, log, stores, prof), prof))
-        cpu, sent, prof = min(runs, key=lambda r: r[0])
-        rows.append((s, cpu, sent))
-        if prof:
-            print(f"== {s} list partitions")
-            pstats.Stats(prof).sort_stats("tottime").print_stats(80)
-    n = len(pages)
-    rows = rows[1:]
+    if args.baseline_ref:
+        compare(args)
+        return 0
+    rows = measure(args.pages, args.lists, args.batch, 1 if args.child else args.rounds,
+                   args.profile)
+    if args.child:  # (one JSON line: ``checkouts.run_in``)
+        import dupalign
+
+        print(json.dumps({"module": dupalign.__file__, "rows": rows}))
+        return 0
+    n = args.pages
     print(f"{n} pages (Clough + RFC), all inputs of each list partition in one turn")
     print("| list partitions | partials sent | CPU ms per page (all partitions) | per partition |")
     print("|---|---|---|---|")

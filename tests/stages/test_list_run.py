@@ -1,15 +1,17 @@
 """The run form of a list shard (``ListShard.apply_run``, dupalign.passage.list_run)
-against its per-page form (``ListShard.apply``) and against the single engine, on the
+against the single engine's per-page index code and against the single engine, on the
 random streams of tests/stages/streams.py (replays, revisits, exact copies, deletes,
 retention sweeps) with stop lists, the ``max_list_read`` cut and packed runs small
 enough to decide.
 
 The same decisions, exact answers and windows go to two shards over their own stores: one
-page by page, one in runs cut where hypothesis draws (a sweep cuts every run: it comes
-between two pages). Every partial is the same bytes, and after each run the stores hold
-the same lists (the marked stop lists, and every other list's entries), forward records
-and next ordinal. Then the run form with every segment between sweeps in one run answers
-as the single ``Indexer`` does (tests/stages/test_list_shard.py ``answer_as_the_engine``).
+page by page through the single engine's per-page code (``PassageIndex.list_heads``,
+``stage_removal``, ``stage``, ``commit``: ``PageByPage`` below), one in runs cut where
+hypothesis draws (a sweep cuts every run: it comes between two pages; a removal ends one).
+Every partial is the same bytes, and after each run the stores hold the same lists (the
+marked stop lists, and every other list's entries), forward records and next ordinal.
+Then the run form with every segment between sweeps in one run answers as the single
+``Indexer`` does (tests/stages/test_list_shard.py ``answer_as_the_engine``).
 """
 
 from __future__ import annotations
@@ -25,9 +27,15 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from dupalign.config import EngineConfig
+from dupalign.passage import forward
 from dupalign.passage.index import PassageCounters
+from dupalign.passage.list_run import _forward_records
+from dupalign.passage.sketch import PassageState, Rects
 from dupalign.runtime.engine import Engine
-from dupalign.stages.list_shard import ListShard, Step
+from dupalign.stages.directory import Decision
+from dupalign.stages.exact import ExactAnswer
+from dupalign.stages.ledger import Placed
+from dupalign.stages.list_shard import ListPartial, ListShard, ListWindows, Step, copy_heads
 from dupalign.store import lists, tables
 from dupalign.store.database import Store
 from tests.reused_stores import Stores, temporary_stores
@@ -42,6 +50,50 @@ PACK_MIN = 2
 def stores() -> Iterator[Stores]:
     with temporary_stores("list-run-") as stores:
         yield stores
+
+
+class PageByPage(ListShard):
+    """A list shard driven page by page through the per-page methods of ``PassageIndex``
+    (those of the single engine's index stage), as list shards were before the run form:
+    the reference the run form is held to."""
+
+    def apply(self, d: Decision, placed: Placed, exact: ExactAnswer | None = None,
+              page: ListWindows | None = None) -> ListPartial | None:
+        query = self._query(d, placed, exact, page)
+        if query is None and placed.removed is None:
+            return None
+        p = self.passages
+        partial, state = None, None
+        if query is not None:
+            assert placed.ordinal is not None
+            long, start, n, ords = p.list_heads(query.bins, query.keys, placed.ordinal,
+                                                placed.removed)
+            partial = ListPartial(d.seq, placed.ordinal, self.shard, long.copy(), n.copy(),
+                                  copy_heads(start, n, ords))
+            state = _state(query)
+        batch = self.store.batch()
+        removal = None if placed.removed is None else p.stage_removal(batch, [placed.removed])
+        if query is not None:
+            assert placed.ordinal is not None
+            p.stage(batch, placed.ordinal, state)
+        tables.next_ordinal.put_count(batch, d.seq + 1)
+        self.store.write(batch)
+        if removal is not None:
+            p.commit_removal(removal)
+        if query is not None:
+            assert placed.ordinal is not None
+            p.commit(placed.ordinal, state)
+        return partial
+
+
+def _state(w: ListWindows) -> PassageState | None:
+    """The windows as ``PassageIndex.stage`` takes them (zero rectangles, as a list
+    shard's)."""
+    if not len(w.w_bins):
+        return None
+    z = np.zeros(len(w.w_bins), dtype=np.int64)
+    return PassageState(Rects(w.w_bins, w.w_keys, z, z, z, z,
+                              np.zeros(len(z), dtype=np.bool_)), w.n_units)
 
 
 def stored_lists(store: Store) -> dict[bytes, Any]:
@@ -84,7 +136,7 @@ def run_against_pages(stores: Stores, items: list[Item], cuts: list[int], n: int
     engine = Engine(stores.store("engine", config.frozen_params()), config)
     _, entries, states = single(engine, items, align=False)
     params = config.frozen_params()
-    pairs = [(ListShard(stores.store(f"page{k}", params), config, k, n),
+    pairs = [(PageByPage(stores.store(f"page{k}", params), config, k, n),
               ListShard(stores.store(f"run{k}", params), config, k, n)) for k in range(n)]
     for by_page, by_run in pairs:
         by_page.passages.pack_min = by_run.passages.pack_min = PACK_MIN
@@ -147,3 +199,32 @@ def test_a_run_meets_stop_lists_cut_heads_and_packed_runs(stores: Stores) -> Non
 @example(STOPS)
 def test_runs_answer_as_the_single_indexer(stores: Stores, stream: list[Any]) -> None:
     check(stores, list(pages_of(stream, SHARED_TEXTS)), counts=(1, 3), runs=True)
+
+
+@settings(max_examples=80, deadline=None)
+@given(pages=st.lists(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 2**64 - 1),
+                                         st.booleans()), max_size=12), min_size=1, max_size=5))
+def test_a_runs_forward_records_are_those_stage_packs(
+        pages: list[list[tuple[int, int, bool]]]) -> None:
+    """``_forward_records`` (one kernel for the run) gives each page's record as
+    ``forward.pack_rects`` packs it with zero rectangles, its windows in stop lists left
+    out; a page with no windows has none."""
+    w_page = np.zeros(len(pages) + 1, dtype=np.int64)
+    np.cumsum([len(p) for p in pages], out=w_page[1:])
+    flat = [w for p in pages for w in p]
+    bins = np.array([b for b, _, _ in flat], dtype=np.int64)
+    keys = np.array([k for _, k, _ in flat], dtype=np.uint64)
+    live = np.array([not s for _, _, s in flat], dtype=np.bool_)
+    w_list = np.arange(len(flat), dtype=np.int64)  # (one list a window: the kernel's input)
+    buf, rec_off = _forward_records(w_page, keys, bins, w_list, live)
+    raw = buf.astype("<u8").tobytes()
+    for m in range(len(pages)):
+        got = raw[8 * rec_off[m]:8 * rec_off[m + 1]]
+        a, b = int(w_page[m]), int(w_page[m + 1])
+        if a == b:
+            assert got == b""
+            continue
+        z = np.zeros(b - a, dtype=np.int64)
+        want = forward.pack_rects(bins[a:b], keys[a:b], z, z, z, z,
+                                  np.zeros(b - a, dtype=np.bool_), np.flatnonzero(live[a:b]))
+        assert got == want

@@ -116,6 +116,10 @@ class ListCache:
             keys.view(np.int64), long, off, ords, self.clock)
         return slots
 
+    def reserve_rows(self, n: int) -> None:
+        """Room for ``n`` more rows in the arena (``append_to`` then never fails)."""
+        self._reserve(0, n)
+
     def append_page(self, bins: I64, keys: U64, ordinal: int) -> None:
         """Append a page's windows (one entry per window) to the cached lists they belong to
         (not to stop-list flags)."""
