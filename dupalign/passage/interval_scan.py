@@ -170,11 +170,6 @@ def _scan(
     c_top = -1
     dead = 0
     added = np.empty(m if flat else 0, dtype=np.int64)
-    # A query finds nothing new until a rectangle opens: after one, every cell past its
-    # answer (or from its c0 on, if none) is below the threshold, later queries look at
-    # a part of those cells, and closes only lower them. So a start reached by closes
-    # alone is not queried (Boost's templated tasks: 0.92x the scan's time).
-    opened = True
     e = 0
     while e < n_ep:
         u = ep_pos[e]
@@ -182,7 +177,6 @@ def _scan(
             x = ep_ev[e]
             if x < m:
                 cnt += w[x]
-                opened = True
                 state[x] = 1
                 pending[n_pend] = x
                 n_pend += 1
@@ -198,8 +192,7 @@ def _scan(
                 state[x] = 3
             e += 1
         # every start in [u, next endpoint) has the same covering set: u is the longest
-        if cnt >= threshold and opened:
-            opened = False
+        if cnt >= threshold:
             q_lo = u + min_len - 1  # length j − u + 1 ≥ min_len (also j ≥ u)
             if q_lo < bounds[size]:
                 # the cell holding q_lo (cell 0 if q_lo comes before every bound)

@@ -127,36 +127,6 @@ def test_scan_with_the_tree_equals_brute_force(r: dict, flat_cells: int) -> None
     assert scan_rectangles(*args, flat_cells=flat_cells) == brute_scan_rectangles(*args)
 
 
-@st.composite
-def stacked_rectangles(draw: st.DrawFn) -> dict:
-    """Many rectangles over few positions, low thresholds: most starts are reached by
-    closes alone right after a query (the scan skips their queries), and queries often
-    report (the z filter moves)."""
-    m = draw(st.integers(2, 24))
-    dom = draw(st.integers(4, 16))
-    rects = []
-    for _ in range(m):
-        a = draw(st.integers(0, dom))
-        b = draw(st.integers(a, min(dom, a + 4)))
-        c = draw(st.integers(a, dom))
-        d = draw(st.integers(c, dom))
-        rects.append((a, b, c, d, draw(st.integers(1, 3))))
-    return dict(
-        i_lo=[r[0] for r in rects], i_hi=[r[1] for r in rects],
-        j_lo=[r[2] for r in rects], j_hi=[r[3] for r in rects], w=[r[4] for r in rects],
-        threshold=draw(st.integers(1, 8)), min_len=draw(st.integers(1, 4)),
-    )  # fmt: skip
-
-
-@settings(max_examples=500, deadline=None)
-@given(stacked_rectangles(), st.sampled_from([0, 256]))
-def test_starts_reached_by_closes_alone_equal_brute_force(r: dict, flat_cells: int) -> None:
-    """No query at a start reached by closes alone since the last query (it could find no
-    new end): the ranges are still the brute force's, with the tree and the flat array."""
-    args = (r["i_lo"], r["i_hi"], r["j_lo"], r["j_hi"], r["w"], r["threshold"], r["min_len"])
-    assert scan_rectangles(*args, flat_cells=flat_cells) == brute_scan_rectangles(*args)
-
-
 @settings(max_examples=150, deadline=None)
 @given(rectangles())
 def test_algorithm3_is_an_exact_partition(r: dict) -> None:
