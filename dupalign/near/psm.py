@@ -25,6 +25,7 @@ overlap with other queries' work. Each query's result equals a lookup on its own
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -36,7 +37,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from dupalign.kernel_cache import njit
-from dupalign.near.psm_probes import full_budget, next_probes, probe_scratch
+from dupalign.near.psm_probes import (
+    full_budget,
+    next_probes,
+    probe_scratch,
+    probe_views,
+    probe_work,
+)
 from dupalign.near.simhash_table import NO_BOUND, SimhashTable
 from dupalign.near.volatility import VolatilityModel
 from dupalign.near.vosh import MAX_H
@@ -156,6 +163,85 @@ def probe_rows(fps, directory, v, t, td):
     return first, lower_bound(fps, first, hi, (v + one) << shift)
 
 
+@njit(cache=True, inline="always")
+def _bucket_rows(fps, directory, hv, los, his, row, k, t, td):
+    """Stage B of a query: the rows of each of its ``k`` probes into los/his[row], their
+    first and last rows prefetched."""
+    for i in range(k):
+        lo, hi = probe_rows(fps, directory, hv[row, i], t, td)
+        los[row, i] = lo
+        his[row, i] = hi
+        if lo < hi:
+            prefetch(fps, lo)
+            prefetch(fps, hi - 1)
+
+
+@njit(cache=True, inline="always")
+def _scan_query(fps, ords, buf_fps, buf_ords, x, bound, hv, los, his, row, kq, shift, t, h,
+                first, bo, bd, bp, res_ord, res_ham, n):
+    """Stage C of a query: its matches into res_*[n:] (room for every row scanned: the
+    caller's check). Returns (n, probes used)."""
+    # The buffer is small and unsorted: its rows count as if merged into the sorted
+    # table, i.e. only in the buckets probed (their probe index in pb), so an answer
+    # never depends on when the buffer merges (nor, in a table split by header
+    # prefix, on which part holds a row: docs/pipeline.md, rule 1)
+    nbh = 0
+    for r in range(buf_fps.shape[0]):
+        d = bit_count64(x ^ buf_fps[r])
+        if d <= h and buf_ords[r] < bound:
+            hb = buf_fps[r] >> shift if t > 0 else np.uint64(0)
+            for i in range(kq):
+                if hv[row, i] == hb:
+                    bo[nbh] = buf_ords[r]
+                    bd[nbh] = d
+                    bp[nbh] = i
+                    nbh += 1
+                    break
+    used = kq
+    if not first:  # every row within h in the probed buckets
+        for j in range(nbh):
+            res_ord[n] = bo[j]
+            res_ham[n] = bd[j]
+            n += 1
+        for i in range(kq):  # the buckets, inline: a scan_range call per probe ~10%
+            for r in range(los[row, i], his[row, i]):
+                d = bit_count64(x ^ fps[r])
+                if d <= h and ords[r] < bound:
+                    res_ord[n] = ords[r]
+                    res_ham[n] = d
+                    n += 1
+    else:  # the first probe with a row within h; in it, the closest, then smallest ordinal
+        for i in range(kq):
+            best = NO_BOUND
+            best_d = h + 1
+            for r in range(los[row, i], his[row, i]):
+                d = bit_count64(x ^ fps[r])
+                if d <= h and ords[r] < bound and (
+                        d < best_d or (d == best_d and ords[r] < best)):
+                    best = ords[r]
+                    best_d = d
+            for j in range(nbh):
+                if bp[j] == i and (bd[j] < best_d or (bd[j] == best_d and bo[j] < best)):
+                    best = bo[j]
+                    best_d = bd[j]
+            if best != NO_BOUND:
+                res_ord[n] = best
+                res_ham[n] = best_d
+                n += 1
+                used = i + 1
+                break
+    return n, used
+
+
+@njit(cache=True, inline="always")
+def _scanned(los, his, row, kq, nb):
+    """The rows stage C of a query scans: the buffer's and its buckets'."""
+    rows = nb
+    for i in range(kq):
+        rows += his[row, i] - los[row, i]
+    return rows
+
+
 @njit(cache=True)
 def _psm_batch_kernel(fps, ords, directory, td, t, buf_fps, buf_ords, qfps, W, before, surv,
                       y_max, prior_scale, h, budget, first):
@@ -195,80 +281,44 @@ def _psm_batch_kernel(fps, ords, directory, td, t, buf_fps, buf_ords, qfps, W, b
                 prefetch(directory, np.intp(dir_entry(hv[sa, i], t, td)))
         qb = it - 1
         if 0 <= qb < m:  # stage B
-            sb = qb % 3
-            for i in range(nk[sb]):
-                lo, hi = probe_rows(fps, directory, hv[sb, i], t, td)
-                los[sb, i] = lo
-                his[sb, i] = hi
-                if lo < hi:
-                    prefetch(fps, lo)
-                    prefetch(fps, hi - 1)
+            _bucket_rows(fps, directory, hv, los, his, qb % 3, nk[qb % 3], t, td)
         qc = it - 2
         if 0 <= qc < m:  # stage C
             sc = qc % 3
-            x = qfps[qc]
-            bound = before[qc]
-            kq = nk[sc]
-            rows = nb
-            for i in range(kq):
-                rows += his[sc, i] - los[sc, i]
+            rows = _scanned(los, his, sc, nk[sc], nb)
             while nres + rows > res_ord.shape[0]:  # room for every row scanned
                 res_ord = grow(res_ord)
                 res_ham = grow(res_ham)
-            # The buffer is small and unsorted: its rows count as if merged into the sorted
-            # table, i.e. only in the buckets probed (their probe index in pb), so an answer
-            # never depends on when the buffer merges (nor, in a table split by header
-            # prefix, on which part holds a row: docs/pipeline.md, rule 1)
-            n = nres
-            nbh = 0
-            for r in range(nb):
-                d = bit_count64(x ^ buf_fps[r])
-                if d <= h and buf_ords[r] < bound:
-                    hb = buf_fps[r] >> shift if t > 0 else np.uint64(0)
-                    for i in range(kq):
-                        if hv[sc, i] == hb:
-                            bo[nbh] = buf_ords[r]
-                            bd[nbh] = d
-                            bp[nbh] = i
-                            nbh += 1
-                            break
-            used = kq
-            if not first:  # every row within h in the probed buckets
-                for j in range(nbh):
-                    res_ord[n] = bo[j]
-                    res_ham[n] = bd[j]
-                    n += 1
-                for i in range(kq):  # the buckets, inline: a scan_range call per probe ~10%
-                    for r in range(los[sc, i], his[sc, i]):
-                        d = bit_count64(x ^ fps[r])
-                        if d <= h and ords[r] < bound:
-                            res_ord[n] = ords[r]
-                            res_ham[n] = d
-                            n += 1
-            else:  # the first probe with a row within h; in it, the closest, then smallest ordinal
-                for i in range(kq):
-                    best = NO_BOUND
-                    best_d = h + 1
-                    for r in range(los[sc, i], his[sc, i]):
-                        d = bit_count64(x ^ fps[r])
-                        if d <= h and ords[r] < bound and (
-                                d < best_d or (d == best_d and ords[r] < best)):
-                            best = ords[r]
-                            best_d = d
-                    for j in range(nbh):
-                        if bp[j] == i and (bd[j] < best_d or (bd[j] == best_d and bo[j] < best)):
-                            best = bo[j]
-                            best_d = bd[j]
-                    if best != NO_BOUND:
-                        res_ord[n] = best
-                        res_ham[n] = best_d
-                        n += 1
-                        used = i + 1
-                        break
-            nres = n
-            probes[qc] = used
+            nres, probes[qc] = _scan_query(fps, ords, buf_fps, buf_ords, qfps[qc], before[qc],
+                                           hv, los, his, sc, nk[sc], shift, t, h, first, bo,
+                                           bd, bp, res_ord, res_ham, nres)
             offsets[qc + 1] = nres
     return offsets, res_ord[:nres], res_ham[:nres], probes
+
+
+@njit(cache=True)
+def _psm_one_kernel(fps, ords, directory, td, t, buf_fps, buf_ords, x, W, before, surv,
+                    y_max, prior_scale, h, budget, first, fw, iw, out):
+    """``_psm_batch_kernel`` of one query (fingerprint x, W of shape (64,)) with no array
+    made or returned: the probes' working arrays are views of ``fw`` and ``iw``
+    (``psm_probes.probe_work`` and 3 * budget more int64 slots), its matches go into
+    out[0] (ordinals) and out[1] (hammings), out[2:5] hold its buffer rows. Returns
+    (matches, probes), or (-rows, 0) when out has fewer columns than the rows it would
+    scan: give it that many and call again."""
+    scratch = probe_views(fw, iw, t, h, budget)
+    a = iw.shape[0] - 3 * budget
+    hv = iw[a:a + budget].view(np.uint64).reshape((1, budget))
+    los = iw[a + budget:a + 2 * budget].reshape((1, budget))
+    his = iw[a + 2 * budget:].reshape((1, budget))
+    k = next_probes(W.reshape((1, 64)), 0, 1, x, t, h, budget, surv, y_max, prior_scale,
+                    scratch, hv, 0)
+    _bucket_rows(fps, directory, hv, los, his, 0, k, t, td)
+    rows = _scanned(los, his, 0, k, buf_fps.shape[0])
+    if rows > out.shape[1]:
+        return -rows, 0
+    shift = np.uint64(64 - t) if t > 0 else np.uint64(0)
+    return _scan_query(fps, ords, buf_fps, buf_ords, x, before, hv, los, his, 0, k, shift, t,
+                       h, first, out[2], out[3], out[4], out[0], out[1], 0)
 
 
 @dataclass(frozen=True)
@@ -341,16 +391,38 @@ def psm_search_one(table: SimhashTable, fp: int, W: npt.NDArray[np.float64], h: 
     arguments are valid already (the index stage, once a page: the batch call's checks and
     conversions cost it more than the kernel). ``W``: float64, contiguous, shape (64,)."""
     surv, y_max, prior_scale = model.kernel_params()
-    offsets, ords, hams, probes = _psm_batch_kernel(
-        table.fps, table.ordinals, table.directory, table.header_bits, table.probe_bits,
-        table.buffer_fps, table.buffer_ordinals, np.array([fp], dtype=np.uint64),
-        W.reshape(1, 64), np.array([before], dtype=np.int64), surv, y_max, prior_scale, h,
-        budget, first)
-    n = int(offsets[1])
-    found = list(zip(ords[:n].tolist(), hams[:n].tolist(), strict=True)) if n else []
+    t = table.probe_bits
+    work = _WORK
+    if work.key != (t, h, budget):
+        work.fw, work.iw = probe_work(t, h, budget, 3 * budget)
+        work.key = (t, h, budget)
+    while True:
+        n, probes = _psm_one_kernel(
+            table.fps, table.ordinals, table.directory, table.header_bits, t,
+            table.buffer_fps, table.buffer_ordinals, np.uint64(fp), W, before, surv, y_max,
+            prior_scale, h, budget, first, work.fw, work.iw, work.out)
+        if n >= 0:
+            break
+        work.out = np.empty((5, 2 * -n), dtype=np.int64)
+    if not n:
+        return [], probes
+    found = list(zip(work.out[0, :n].tolist(), work.out[1, :n].tolist(), strict=True))
     if n > 1:
         found.sort(key=lambda r: (r[1], r[0]))
-    return found, int(probes[0])
+    return found, probes
+
+
+class _OneWork(threading.local):
+    """``psm_search_one``'s working arrays, kept for the next lookup of this thread at the
+    same probe width, h and budget (the width grows with the table: rarely made again)."""
+
+    key: tuple[int, int, int] | None = None
+    fw: npt.NDArray[np.float64]
+    iw: I64
+    out: I64 = np.empty((5, 0), dtype=np.int64)
+
+
+_WORK = _OneWork()
 
 
 def psm_search(

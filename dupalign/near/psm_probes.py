@@ -221,19 +221,68 @@ def vosh_probes(x, t, L, h, budget, base, order, ratioT, i, ratio_ext, bits_ext,
 
 
 @njit(cache=True)
-def probe_scratch(t, h, budget):
-    """The working arrays of ``next_probes`` for queries of width t, radius h, budget."""
+def scratch_sizes(t, h, budget):
+    """(float64 slots, int64 slots) of ``next_probes``'s working arrays (``probe_views``)."""
     L = min(t, budget - 1)
     cap = 2 * budget + min(h, t) + 2
-    fkeys = np.empty(FRONTIER)
     tt = max(t, 1)
-    return (L, np.empty(cap), np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.int64),
-            np.empty(budget, dtype=np.int64), np.empty(budget), fkeys,
+    return (cap + budget + FRONTIER + 4 * tt * CHUNK + CHUNK + SENTINEL + 1,
+            2 * cap + budget + FRONTIER + tt * CHUNK + CHUNK * max(L, 1) + SENTINEL + 1)
+
+
+@njit(cache=True)
+def probe_work(t, h, budget, extra):
+    """The two arrays ``probe_views`` cuts the working arrays from (and ``extra`` int64
+    slots after them for the caller), filled where a probe reads before it writes (the
+    sentinel rank's ratio 1 and bit 0). Reusable: a lookup reads no slot it did not write
+    but those."""
+    nf, ni = scratch_sizes(t, h, budget)
+    fw = np.empty(nf)
+    iw = np.empty(ni + extra, dtype=np.int64)
+    views = probe_views(fw, iw, t, h, budget)
+    views[16][:] = 1.0  # ratio_ext
+    views[17][:] = 0  # bits_ext
+    return fw, iw
+
+
+@njit(cache=True)
+def probe_views(fw, iw, t, h, budget):
+    """The working arrays of ``next_probes`` for queries of width t, radius h, budget, as
+    views of ``probe_work``'s two arrays (made once, a one-query lookup's 18 allocations
+    cost more than its probes: docs/performance/scan.md)."""
+    L = min(t, budget - 1)
+    cap = 2 * budget + min(h, t) + 2
+    tt = max(t, 1)
+    g = tt * CHUNK
+    keys, pkeys = fw[:cap], fw[cap:cap + budget]
+    f = cap + budget
+    fkeys = fw[f:f + FRONTIER]
+    f += FRONTIER
+    absT = fw[f:f + g].reshape((tt, CHUNK))
+    ckf = fw[f + g:f + 2 * g].reshape((tt, CHUNK))
+    pT = fw[f + 2 * g:f + 3 * g].reshape((tt, CHUNK))
+    ratioT = fw[f + 3 * g:f + 4 * g].reshape((tt, CHUNK))
+    f += 4 * g
+    base, ratio_ext = fw[f:f + CHUNK], fw[f + CHUNK:f + CHUNK + SENTINEL + 1]
+    seqs, sets, packed = iw[:cap], iw[cap:2 * cap], iw[2 * cap:2 * cap + budget]
+    i = 2 * cap + budget
+    fsets = iw[i:i + FRONTIER]
+    i += FRONTIER
+    rkT = iw[i:i + g].reshape((tt, CHUNK))
+    i += g
+    order = iw[i:i + CHUNK * max(L, 1)].reshape((CHUNK, max(L, 1)))
+    i += CHUNK * max(L, 1)
+    bits_ext = iw[i:i + SENTINEL + 1].view(np.uint64)
+    return (L, keys, seqs, sets, packed, pkeys, fkeys,
             fkeys.view(np.int64),  # the same slots: keys >= 0 order like their int64 bits
-            np.empty(FRONTIER, dtype=np.int64), np.empty((tt, CHUNK)), np.empty((tt, CHUNK)),
-            np.empty((tt, CHUNK), dtype=np.int64), np.empty((tt, CHUNK)),
-            np.empty((CHUNK, max(L, 1)), dtype=np.int64), np.empty((tt, CHUNK)),
-            np.empty(CHUNK), np.ones(SENTINEL + 1), np.zeros(SENTINEL + 1, dtype=np.uint64))
+            fsets, absT, ckf, rkT, pT, order, ratioT, base, ratio_ext, bits_ext)
+
+
+@njit(cache=True)
+def probe_scratch(t, h, budget):
+    """The working arrays of ``next_probes`` for queries of width t, radius h, budget."""
+    fw, iw = probe_work(t, h, budget, 0)
+    return probe_views(fw, iw, t, h, budget)
 
 
 @njit(cache=True, inline="always")

@@ -305,6 +305,29 @@ def test_one_query_is_the_batch_of_one(params, h, mode, budget) -> None:
         assert probes == int(batch.probes[0])
 
 
+@settings(max_examples=15, deadline=None)
+@given(a=table_params, b=table_params, h=st.integers(0, 5), budget=st.integers(1, 70),
+       order=st.lists(st.tuples(st.booleans(), st.integers(0, 19)), min_size=1, max_size=30))
+def test_one_query_work_kept_between_tables(a, b, h, budget, order) -> None:
+    """``psm_search_one`` keeps its working arrays between lookups: lookups that alternate
+    between two tables (two probe widths, as a table grows), two radii and both modes, some
+    after one that scanned many rows and some before, each answer as the batch of one."""
+    tables = [make_table(p, buffer_min=16) for p in (a, b)]
+    queries = [queries_and_w(p[0], fps, 20) for p, (_, fps) in zip((a, b), tables, strict=True)]
+    model = VolatilityModel()
+    for which, i in order:
+        table = tables[which][0]
+        q, W = queries[which]
+        hh = h if which else min(h, 2)
+        for mode in ("all", "first"):
+            batch = psm_search_batch(table, q[i:i + 1], W[i:i + 1], h=hh, budget=budget,
+                                     mode=mode, model=model)
+            found, probes = psm_search_one(table, int(q[i]), np.ascontiguousarray(W[i]), hh,
+                                           budget, mode == "first", model, 2**62)
+            assert found == batch.get(0)
+            assert probes == int(batch.probes[0])
+
+
 def test_psm_probes_follow_vosh_order() -> None:
     """Probe k of a query is its header flipped by the k-th VOSH set of the header bits."""
     rng = np.random.default_rng(3)
