@@ -51,8 +51,11 @@ def stop_all(procs: Procs) -> None:
             proc.kill()
 
 
-async def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Any]:
-    """Every committed record of ``topic`` up to its last stable offset when called."""
+async def read_topic(bootstrap: str, topic: str, partitions: int,
+                     timeout_s: float = 600) -> list[Any]:
+    """Every committed record of ``topic`` up to its last stable offset when called (read to
+    those offsets, not until nothing new comes for a while: a consumer slow to start on a
+    loaded machine would cut that short)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, isolation_level="read_committed",
         enable_auto_commit=False, max_partition_fetch_bytes=BIG, fetch_max_bytes=2 * BIG)
@@ -62,8 +65,10 @@ async def read_topic(bootstrap: str, topic: str, partitions: int) -> list[Any]:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        end = await consumer.end_offsets(tps)
+        end = await consumer.end_offsets(tps)  # read_committed: the last stable offsets
+        deadline = time.monotonic() + timeout_s
         while any([await consumer.position(tp) < end[tp] for tp in tps]):
+            assert time.monotonic() < deadline, f"{topic}: not read to {end} in {timeout_s} s"
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 out.extend(records)
     finally:

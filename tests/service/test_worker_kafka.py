@@ -37,6 +37,7 @@ from dupalign.service.worker import SOURCE_HEADER, Worker
 from dupalign.wire import messages
 from tests.corpora import CLOUGH, demo_pages
 from tests.kafka_topics import create_topics
+from tests.role_processes import read_topic
 from tests.runtime.test_lifecycle import _words
 
 pytestmark = pytest.mark.kafka
@@ -142,30 +143,9 @@ port = 0
             await consumer.stop()
 
     async def read(self, topic: str, timeout_s: float = 60) -> list[Any]:
-        """Every committed record of ``topic`` up to its last stable offset when called.
-        (It used to read until nothing new came for 1.5 s, which a slow start of the
-        consumer on a loaded machine cut short: a partition's records missing, and a
-        'nothing lost' check failing on records that were there.)"""
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, isolation_level="read_committed",
-            enable_auto_commit=False,
-        )
-        await consumer.start()
-        out: list[Any] = []
-        try:
-            parts = {self.pages: self.partitions, self.matches: 2, self.dlq: 1}[topic]
-            tps = [TopicPartition(topic, p) for p in range(parts)]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            end = await consumer.end_offsets(tps)  # read_committed: the last stable offsets
-            deadline = time.monotonic() + timeout_s
-            while any([await consumer.position(tp) < end[tp] for tp in tps]):
-                assert time.monotonic() < deadline, f"{topic}: not read to {end} in {timeout_s} s"
-                for records in (await consumer.getmany(timeout_ms=500)).values():
-                    out.extend(records)
-        finally:
-            await consumer.stop()
-        return out
+        """Every committed record of ``topic`` up to its last stable offset when called."""
+        parts = {self.pages: self.partitions, self.matches: 2, self.dlq: 1}[topic]
+        return await read_topic(self.bootstrap, topic, parts, timeout_s)
 
 
 async def wait_for(predicate: Any, timeout: float, what: str) -> None:
