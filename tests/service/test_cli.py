@@ -334,7 +334,7 @@ def test_kernels_cached_reads_the_index_numba_writes(tmp_path: Path) -> None:
         for k in (span_refine.refine_pages, passage_align.scan_tasks):
             k._cache._cache_file._save_index({"signature": "data file"})
         print(kernel_status.kernels_cached())
-        psm._psm_batch_kernel._cache._cache_file._save_index({"signature": "data file"})
+        psm._psm_one_kernel._cache._cache_file._save_index({"signature": "data file"})
         print(kernel_status.kernels_cached())"""
     run = _with_numba_cache(tmp_path / "numba", code=code)
     assert run.stdout.split() == ["False", "False", "True"], run.stderr
