@@ -10,10 +10,12 @@ of the recorded passage matches.
   inside its two neighbours' (stride ≤ half a passage), so the pages hit and the units
   each covers (``rank_keys``' first key) cannot change; the best estimate and the spans
   (seeded from every hit's box) can.
+- ``--infer S,...``: tests.bench.align_infer's rule with stride S (tasks between two
+  scanned tasks of a page that hit it in as many ranges inferred, unscanned).
 
 Each request is aligned by both paths in one process, alternating which goes first.
 
-    python -m tests.bench.align_rules R --caps 8,4 --sandwich
+    python -m tests.bench.align_rules R --caps 8,4 --sandwich --infer 16
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dupalign.passage import batch_align as passage_align
 from dupalign.passage.tasks import Tasks
 from dupalign.stages.align import Aligner, RankedPage
 from dupalign.stages.messages import AlignRequest
+from tests.bench.align_infer import InferAligner
 from tests.bench.align_replay import config
 
 I64 = np.ndarray
@@ -97,15 +100,24 @@ class SandwichAligner(Aligner):
         return hits[0][order], hits[1][order], hits[2][order], hits[3][order]
 
 
-def compare(requests: list[tuple[bytes, Any]], rule: str, cap: int | None) -> None:
+def covered_tokens(spans: list[Any]) -> set[int]:
+    """The query tokens a page's spans cover."""
+    return {x for sp in spans for x in range(*sp.tokens)}
+
+
+def compare(requests: list[tuple[bytes, Any]], rule: str, cap: int | None,
+            infer: int = 1) -> None:
     cfg = config()
     base = Aligner(cfg)
-    other: Aligner = SandwichAligner(cfg) if cap is None else Aligner(cfg)
+    other: Aligner = (SandwichAligner(cfg) if cap is None and infer == 1
+                      else InferAligner(cfg, infer) if infer > 1 else Aligner(cfg))
     for al in (base, other):  # (kernels loaded before any clock)
         al.align_ranked(AlignRequest.from_bytes(requests[0][0]))
     cpu = {id(base): 0.0, id(other): 0.0}
     same = same_pages = same_keys = 0
     kept = total = reported = 0
+    spans_same = spans_want = 0
+    tokens_want = tokens_kept = tokens_have = 0
     for n, (raw, _) in enumerate(requests):
         got: dict[int, list[RankedPage]] = {}
         for al in (base, other) if n % 2 else (other, base):
@@ -124,12 +136,25 @@ def compare(requests: list[tuple[bytes, Any]], rule: str, cap: int | None) -> No
         kept += len(want & have)
         total += len(want)
         reported += len(have)
+        theirs = {p.ordinal: p.spans for p in b}
+        spans_want += sum(len(p.spans) for p in a)
+        spans_same += sum(len(set(map(repr, p.spans)) & set(map(repr, theirs.get(
+            p.ordinal, [])))) for p in a)
+        for p in a:  # the query tokens main's spans of a page cover, and this rule's
+            mine = covered_tokens(p.spans)
+            other_tokens = covered_tokens(theirs.get(p.ordinal, []))
+            tokens_want += len(mine)
+            tokens_kept += len(mine & other_tokens)
+            tokens_have += len(other_tokens) if p.ordinal in theirs else 0
     extra = (f"; viable tasks skipped {other.skipped:,} of {other.viable:,}"
              if isinstance(other, SandwichAligner) else "")
     print(f"| {rule} | {cpu[id(base)]:.2f} → {cpu[id(other)]:.2f} s "
           f"({cpu[id(other)] / cpu[id(base)]:.2f}×) | {kept:,} of {total:,} "
           f"({kept / max(1, total):.1%}); {reported:,} reported | {same_pages:,} / {same_keys:,}"
-          f" / {same:,} of {len(requests):,}{extra} |", flush=True)
+          f" / {same:,} of {len(requests):,}{extra}; spans kept identical {spans_same:,} of "
+          f"{spans_want:,}; query tokens of main's spans covered {tokens_kept:,} of "
+          f"{tokens_want:,} ({tokens_kept / max(1, tokens_want):.2%}), this rule's "
+          f"{tokens_have:,} |", flush=True)
 
 
 def main() -> None:
@@ -137,6 +162,7 @@ def main() -> None:
     ap.add_argument("path", type=Path)
     ap.add_argument("--caps", default="", help="max_candidates values to try, e.g. 8,4")
     ap.add_argument("--sandwich", action="store_true")
+    ap.add_argument("--infer", default="", help="strides of align_infer's rule, e.g. 16,64")
     ap.add_argument("--limit", type=int, default=None, help="requests")
     args = ap.parse_args()
     requests = pickle.loads(args.path.read_bytes())[0][:args.limit]
@@ -147,6 +173,8 @@ def main() -> None:
         compare(requests, f"max_candidates {cap}", cap)
     if args.sandwich:
         compare(requests, "skip sandwiched odd passages", None)
+    for stride in [int(c) for c in args.infer.split(",") if c]:
+        compare(requests, f"infer_stride {stride}", None, stride)
 
 
 if __name__ == "__main__":
