@@ -154,10 +154,19 @@ class Engine:
 
     def close(self) -> None:
         pending = self.indexer.passages.pending
+        pool = self._pool
         try:
             if pending is not None and not self.read_only:
-                # (if this fails, the next open reads them back from the forward records)
-                pending.drain(into_file=True)
+                # (if this fails, the next open reads them back from the forward records);
+                # the last file in parts, built here and by the pool's idle workers at once
+                parts = 1
+                if pool is not None and not pool.broken:
+                    parts = pool.jobs + 1
+                    pending.submit = lambda fn, arg: pool.executor.submit(fn, arg)
+                try:
+                    pending.drain(into_file=True, parts=parts)
+                finally:
+                    pending.submit = None
         finally:
             if self._pool is not None:
                 self._pool.close()
