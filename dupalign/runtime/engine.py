@@ -34,7 +34,7 @@ from dupalign.passage.index import PassageIndex
 from dupalign.runtime import allocator
 from dupalign.runtime.batched import BATCH_PAGES, Done, process_batch
 from dupalign.runtime.pipeline import ExecutorKind, Source, Stages, WorkerPool, run_pipeline
-from dupalign.stages.align import Aligner
+from dupalign.stages.align import Aligner, merge_ranked
 from dupalign.stages.index import Indexer
 from dupalign.stages.messages import IndexResult, IndexTimes, StoredVersion
 from dupalign.stages.query import PassageQuery
@@ -286,7 +286,9 @@ class Engine:
         return Stages(
             process=self.process,
             sketch=lambda page: self.sketcher.sketch(page, self.near.idf),
-            index=self.index, align=self.align, finish=self._finish, skip=skip,
+            index=self.index, align=self.align, align_part=self.aligner.align_ranked,
+            merge=lambda parts: merge_ranked(parts, self.config.passage.max_matches),
+            finish=self._finish, skip=skip,
             removes=indexer.removes, reported=self.report_pipelined, pool=self.worker_pool,
             idf_version=lambda: self.near.idf.version, lists=indexer.passages.pending)
 
