@@ -17,7 +17,8 @@ Prints ``--jobs 1`` (the stages' sum) against the modelled ``--jobs 2``, whole a
 and how long each core waits. A model: no RocksDB background threads, no cache effects, no
 GIL; the costs are the recording's, measured on a loaded machine alike for all rows.
 
-    python -m tests.bench.pool_schedule [--corpus llvm|boost] [--depth 64]
+    python -m tests.bench.pool_schedule [--corpus llvm|boost] [--depth 64] [--windows 64,256]
+        [--keep FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -122,9 +124,12 @@ class _Worker:
 
 
 def simulate(pages: list[Costs], split: bool, depth: int, caller_s: float, worker_s: float,
-             chunk: int = pipeline.SKETCH_CHUNK) -> tuple[float, float, float]:
+             window: int | None = None, chunk: int = pipeline.SKETCH_CHUNK
+             ) -> tuple[float, float, float]:
     """The modelled wall seconds of ``run_pipeline`` with ``jobs=2``, and the seconds the
-    calling thread and the worker were idle."""
+    calling thread and the worker were idle; ``window``: pages indexed and not finished at
+    most (``depth`` if None), ``depth``: pages submitted and not indexed."""
+    window = window or depth
     worker = _Worker()
     t = 0.0
     caller_idle = 0.0
@@ -181,7 +186,7 @@ def simulate(pages: list[Costs], split: bool, depth: int, caller_s: float, worke
                 break
             finish()
             continue
-        if len(aligns) >= depth:
+        if len(aligns) >= window:
             finish()
             continue
         x, call = sketches.popleft()
@@ -204,6 +209,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", choices=sorted(DOCS_CORPORA), default="llvm")
     ap.add_argument("--depth", type=int, default=pipeline.DEPTH)
+    ap.add_argument("--windows", default="64,256",
+                    help="pages indexed and not finished at most, each modelled")
+    ap.add_argument("--keep", type=Path, help="the recording: read if there, else written")
     ap.add_argument("--caller-ms", type=float, default=0.45,
                     help="the hand-over's CPU a page on the calling thread")
     ap.add_argument("--worker-ms", type=float, default=0.55,
@@ -216,7 +224,12 @@ def main() -> int:
     try:
         print(f"{args.corpus}: {len(pages)} pages from text, load {os.getloadavg()[0]:.1f}; "
               "recording each page's stage CPU", flush=True)
-        costs, close = record(pages, tmp / "store", 4)
+        if args.keep is not None and args.keep.exists():
+            costs, close = pickle.loads(args.keep.read_bytes())
+        else:
+            costs, close = record(pages, tmp / "store", 4)
+            if args.keep is not None:
+                args.keep.write_bytes(pickle.dumps((costs, close)))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     n = len(costs)
@@ -230,15 +243,18 @@ def main() -> int:
           f"top 1 % of pages ({top}) {sum(aligned[:top]) / max(sum(aligned), 1e-9):.0%} of it; "
           f"{len(split)} requests split, their parts {parts_ratio:.2f}x the whole's CPU")
     caller_s, worker_s = args.caller_ms / 1e3, args.worker_ms / 1e3
-    print(f"modelled --jobs 2 (depth {args.depth}, hand-over {args.caller_ms} + "
+    print(f"modelled --jobs 2 (sketches {args.depth} pages ahead, hand-over {args.caller_ms} + "
           f"{args.worker_ms} ms a page):")
-    for label, split, tail in (("whole alignments, close on one core", False, close),
-                               ("whole alignments, close split", False, close / 2),
-                               ("alignments in parts, close on one core", True, close),
-                               ("alignments in parts, close split", True, close / 2)):
-        wall, idle_c, idle_w = simulate(costs, split, args.depth, caller_s, worker_s)
-        print(f"  {label:<40} {wall + tail:6.2f} s: {(one + close) / (wall + tail):.2f}x "
-              f"--jobs 1; idle: calling thread {idle_c:.2f} s, worker {idle_w:.2f} s")
+    for window in (int(w) for w in args.windows.split(",")):
+        for label, split, tail in (("whole alignments, close on one core", False, close),
+                                   ("whole alignments, close split", False, close / 2),
+                                   ("alignments in parts, close on one core", True, close),
+                                   ("alignments in parts, close split", True, close / 2)):
+            wall, idle_c, idle_w = simulate(costs, split, args.depth, caller_s, worker_s,
+                                            window)
+            print(f"  window {window:>4}: {label:<40} {wall + tail:6.2f} s: "
+                  f"{(one + close) / (wall + tail):.2f}x --jobs 1; idle: calling thread "
+                  f"{idle_c:.2f} s, worker {idle_w:.2f} s")
     return 0
 
 
