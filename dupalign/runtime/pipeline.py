@@ -74,12 +74,15 @@ Work = Callable[[], Any]  # a pool call's work, done here instead
 # its PageSketch (~90 KB on llvm) and align request (~17 KB): 64 pages are a few MB.
 DEPTH = 64
 SKETCH_CHUNK = 4  # pages per call of the sketch stage in a worker (sketch_chunk_in_worker)
-# An align request of at least twice this many tasks goes to the pool in parts (by
-# candidate page: ``align_parts``), so that both cores share it. On llvm text the 24 pages
-# of 500 tasks or more were 69 % of the align stage's CPU (one up to 0.76 s, the tasks
-# 0.88-correlated with it): one page's alignment, on one core, held back the in-order
-# finish of the 64 pages behind it while the other core ran out of work.
-SPLIT_TASKS = 256
+# An align request of at least twice this many tasks goes to the pool in ``jobs`` parts (by
+# candidate page: ``align_parts``), so that both cores share it. On llvm text 1 % of the
+# pages took 62-65 % of the align stage's CPU (one up to 0.79 s; its CPU follows its tasks,
+# correlation 0.88): one page's alignment on one core held back the in-order finish of the
+# pages behind it while the other core ran out of work. The parts cost 1.02-1.05x the
+# whole's CPU (each ranks and refines its own best pages), so only large requests split, in
+# as few parts as there are cores (tests/bench/pool_schedule.py: on two idle cores llvm
+# 1.64x -> 1.72x, Boost 1.75x -> 1.74x, from 1,024 tasks in 2 parts; in 4, 1.67x and 1.72x).
+SPLIT_TASKS = 512
 SECONDARY_PREFIX = "dupalign-pool-secondary-"  # a pool process's secondary instance's files
 
 
@@ -450,7 +453,7 @@ def run_pipeline(
                 stages.skip(page.id, source)
             calls: list[tuple[Pending, Work]] = []
             if isinstance(result, IndexResult) and result.align is not None:
-                parts = align_parts(result.align, 2 * jobs)
+                parts = align_parts(result.align, jobs)
                 if len(parts) == 1:
                     calls = [(pool.executor.submit(align_in_worker, result.align),
                               partial(stages.align, result))]

@@ -50,10 +50,11 @@ class Costs:
     sketch: float
     index: float = 0.0
     align: float | None = None  # None: no alignment
-    parts: list[float] = field(default_factory=list)
+    tasks: int = 0
+    parts: dict[int, list[float]] = field(default_factory=dict)  # at most N parts: theirs
 
 
-def record(pages: list[Page], store: Path, most: int) -> tuple[list[Costs], float]:
+def record(pages: list[Page], store: Path, most: tuple[int, ...]) -> tuple[list[Costs], float]:
     """Each page's costs, and the CPU of the close (the last list file, built here)."""
     config = EngineConfig(text=TextConfig(main_content=True)).validate()
     warm_up(pages, config, store)
@@ -76,12 +77,13 @@ def record(pages: list[Page], store: Path, most: int) -> tuple[list[Costs], floa
             c4 = time.thread_time()
             costs = Costs(c1 - c0, c2 - c1 + c4 - c3)
             if result.align is not None:
-                costs.align = c3 - c2
-                parts = pipeline.align_parts(result.align, most)
-                for part in parts if len(parts) > 1 else []:
-                    p0 = time.thread_time()
-                    engine.aligner.align_ranked(part)
-                    costs.parts.append(time.thread_time() - p0)
+                costs.align, costs.tasks = c3 - c2, len(result.align.tasks.t_o)
+                for k in most:
+                    parts = pipeline.align_parts(result.align, k)
+                    for part in parts if len(parts) > 1 else []:
+                        p0 = time.thread_time()
+                        engine.aligner.align_ranked(part)
+                        costs.parts.setdefault(k, []).append(time.thread_time() - p0)
             out.append(costs)
         c0 = time.thread_time()
         if engine.passages.pending is not None:
@@ -123,12 +125,14 @@ class _Worker:
             self.busy += call.cost
 
 
-def simulate(pages: list[Costs], split: bool, depth: int, caller_s: float, worker_s: float,
-             window: int | None = None, chunk: int = pipeline.SKETCH_CHUNK
+def simulate(pages: list[Costs], split: tuple[int, int] | None, depth: int, caller_s: float,
+             worker_s: float, window: int | None = None, chunk: int = pipeline.SKETCH_CHUNK
              ) -> tuple[float, float, float]:
     """The modelled wall seconds of ``run_pipeline`` with ``jobs=2``, and the seconds the
-    calling thread and the worker were idle; ``window``: pages indexed and not finished at
-    most (``depth`` if None), ``depth``: pages submitted and not indexed."""
+    calling thread and the worker were idle; ``split``: (at most N parts, from T tasks) the
+    requests of T tasks or more aligned in their recorded N parts; ``window``: pages
+    indexed and not finished at most (``depth`` if None), ``depth``: pages submitted and
+    not indexed."""
     window = window or depth
     worker = _Worker()
     t = 0.0
@@ -198,7 +202,9 @@ def simulate(pages: list[Costs], split: bool, depth: int, caller_s: float, worke
         t += page.index + caller_s
         calls = []
         if page.align is not None:
-            costs = page.parts if split and page.parts else [page.align]
+            costs = [page.align]
+            if split is not None and page.tasks >= split[1] and page.parts.get(split[0]):
+                costs = page.parts[split[0]]
             calls = [submit(c + worker_s / 2 / len(costs)) for c in costs]
         aligns.append(calls)
     worker.advance(float("inf"))
@@ -227,7 +233,7 @@ def main() -> int:
         if args.keep is not None and args.keep.exists():
             costs, close = pickle.loads(args.keep.read_bytes())
         else:
-            costs, close = record(pages, tmp / "store", 4)
+            costs, close = record(pages, tmp / "store", (2, 4))
             if args.keep is not None:
                 args.keep.write_bytes(pickle.dumps((costs, close)))
     finally:
@@ -236,24 +242,26 @@ def main() -> int:
     one = sum(c.sketch + c.index + (c.align or 0.0) for c in costs)
     aligned = sorted((c.align for c in costs if c.align is not None), reverse=True)
     top = max(1, len(costs) // 100)
-    split = [c for c in costs if c.parts]
-    parts_ratio = sum(sum(c.parts) for c in split) / max(sum(c.align or 0 for c in split), 1e-9)
+    split = [c for c in costs if c.parts.get(4)]
+    parts_ratio = sum(sum(c.parts[4]) for c in split) / max(sum(c.align or 0 for c in split),
+                                                            1e-9)
     print(f"--jobs 1: {one:.2f} s + close {close:.2f} s ({(one + close) / n * 1e3:.2f} ms a "
           f"page); align {sum(aligned):.2f} s, its longest {aligned[0] * 1e3:.0f} ms, the "
           f"top 1 % of pages ({top}) {sum(aligned[:top]) / max(sum(aligned), 1e-9):.0%} of it; "
-          f"{len(split)} requests split, their parts {parts_ratio:.2f}x the whole's CPU")
+          f"{len(split)} requests split in up to 4, their parts {parts_ratio:.2f}x the whole's "
+          "CPU")
     caller_s, worker_s = args.caller_ms / 1e3, args.worker_ms / 1e3
     print(f"modelled --jobs 2 (sketches {args.depth} pages ahead, hand-over {args.caller_ms} + "
           f"{args.worker_ms} ms a page):")
+    shapes: list[tuple[str, tuple[int, int] | None]] = [("whole alignments", None)] + [
+        (f"parts: up to {k}, from {t} tasks", (k, t)) for k in (2, 4) for t in (512, 1024, 2048)]
     for window in (int(w) for w in args.windows.split(",")):
-        for label, split, tail in (("whole alignments, close on one core", False, close),
-                                   ("whole alignments, close split", False, close / 2),
-                                   ("alignments in parts, close on one core", True, close),
-                                   ("alignments in parts, close split", True, close / 2)):
-            wall, idle_c, idle_w = simulate(costs, split, args.depth, caller_s, worker_s,
+        for label, split_as in shapes:
+            wall, idle_c, idle_w = simulate(costs, split_as, args.depth, caller_s, worker_s,
                                             window)
-            print(f"  window {window:>4}: {label:<40} {wall + tail:6.2f} s: "
-                  f"{(one + close) / (wall + tail):.2f}x --jobs 1; idle: calling thread "
+            print(f"  window {window:>4}: {label:<28} close on one core "
+                  f"{(one + close) / (wall + close):.2f}x --jobs 1, close split "
+                  f"{(one + close) / (wall + close / 2):.2f}x; idle: calling thread "
                   f"{idle_c:.2f} s, worker {idle_w:.2f} s")
     return 0
 
