@@ -34,7 +34,7 @@ from dupalign.passage.index import PassageIndex
 from dupalign.runtime import allocator
 from dupalign.runtime.batched import BATCH_PAGES, Done, process_batch
 from dupalign.runtime.pipeline import ExecutorKind, Source, Stages, WorkerPool, run_pipeline
-from dupalign.stages.align import Aligner
+from dupalign.stages.align import Aligner, merge_ranked
 from dupalign.stages.index import Indexer
 from dupalign.stages.messages import IndexResult, IndexTimes, StoredVersion
 from dupalign.stages.query import PassageQuery
@@ -154,10 +154,19 @@ class Engine:
 
     def close(self) -> None:
         pending = self.indexer.passages.pending
+        pool = self._pool
         try:
             if pending is not None and not self.read_only:
-                # (if this fails, the next open reads them back from the forward records)
-                pending.drain(into_file=True)
+                # (if this fails, the next open reads them back from the forward records);
+                # the last file in parts, built here and by the pool's idle workers at once
+                parts = 1
+                if pool is not None and not pool.broken:
+                    parts = pool.jobs + 1
+                    pending.submit = lambda fn, arg: pool.executor.submit(fn, arg)
+                try:
+                    pending.drain(into_file=True, parts=parts)
+                finally:
+                    pending.submit = None
         finally:
             if self._pool is not None:
                 self._pool.close()
@@ -277,7 +286,9 @@ class Engine:
         return Stages(
             process=self.process,
             sketch=lambda page: self.sketcher.sketch(page, self.near.idf),
-            index=self.index, align=self.align, finish=self._finish, skip=skip,
+            index=self.index, align=self.align, align_part=self.aligner.align_ranked,
+            merge=lambda parts: merge_ranked(parts, self.config.passage.max_matches),
+            finish=self._finish, skip=skip,
             removes=indexer.removes, reported=self.report_pipelined, pool=self.worker_pool,
             idf_version=lambda: self.near.idf.version, lists=indexer.passages.pending)
 

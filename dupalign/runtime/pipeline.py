@@ -20,13 +20,15 @@ Both queues are bounded (``depth`` pages each), so memory stays flat whatever th
 
 Results never depend on ``jobs``: the index sees the pages in the same order as
 ``Engine.process`` one by one, every page's tasks are found against the same index state,
-and align is a pure function of its tasks. The only state the sketch stage reads, the idf
-table, may change while sketches are in flight (an idf freeze): the index recomputes the
-fingerprint of a page sketched under an older table (dupalign.near.index). Each chunk of
-pages names the table in force when it was sent (``PageChunk``); a worker that holds an
-older one reads the new one from the store, where it was written before it came in force,
-so that the same workers serve the whole run (a new pool costs a fork of this process and
-a new secondary instance).
+and align is a pure function of its tasks; a page with many tasks is aligned in parts, by
+candidate page (``align_parts``), merged as the align partitions' answers are
+(``align.merge_ranked``): the same matches, with both cores on one long alignment. The
+only state the sketch stage reads, the idf table, may change while sketches are in flight
+(an idf freeze): the index recomputes the fingerprint of a page sketched under an older
+table (dupalign.near.index). Each chunk of pages names the table in force when it was
+sent (``PageChunk``); a worker that holds an older one reads the new one from the store,
+where it was written before it came in force, so that the same workers serve the whole
+run (a new pool costs a fork of this process and a new secondary instance).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from dupalign.page import Page
 from dupalign.passage.lists.files import PendingLists
 from dupalign.runtime.owned_dir import OwnedTempDir
 from dupalign.runtime.pool import Call, ProcessPool
-from dupalign.stages.align import Aligner
+from dupalign.stages.align import Aligner, RankedPage
 from dupalign.stages.messages import AlignRequest, IndexResult
 from dupalign.stages.sketch import PageSketch, Sketcher
 from dupalign.store import tables
@@ -64,6 +66,7 @@ Source = tuple[str, int, int]  # where a page was read: (topic or file, partitio
 PassageMatches = list[tuple[str, list[Span]]]  # the align stage's answer for one page
 T = TypeVar("T")
 Pending = Call | Future[Any]  # a call into the pool (processes | threads)
+Work = Callable[[], Any]  # a pool call's work, done here instead
 # Pages in flight per queue. Pages are finished in order, so one page whose alignment is
 # slow (a templated llvm page: tens of ms) holds back those behind it; a shallow queue then
 # fills and idles the other workers. On llvm-13/14 from text, --jobs 2, depth 64 against 8:
@@ -71,6 +74,15 @@ Pending = Call | Future[Any]  # a call into the pool (processes | threads)
 # its PageSketch (~90 KB on llvm) and align request (~17 KB): 64 pages are a few MB.
 DEPTH = 64
 SKETCH_CHUNK = 4  # pages per call of the sketch stage in a worker (sketch_chunk_in_worker)
+# An align request of at least twice this many tasks goes to the pool in ``jobs`` parts (by
+# candidate page: ``align_parts``), so that both cores share it. On llvm text 1 % of the
+# pages took 62-65 % of the align stage's CPU (one up to 0.79 s; its CPU follows its tasks,
+# correlation 0.88): one page's alignment on one core held back the in-order finish of the
+# pages behind it while the other core ran out of work. The parts cost 1.02-1.05x the
+# whole's CPU (each ranks and refines its own best pages), so only large requests split, in
+# as few parts as there are cores (tests/bench/pool_schedule.py: on two idle cores llvm
+# 1.64x -> 1.72x, Boost 1.75x -> 1.74x, from 1,024 tasks in 2 parts; in 4, 1.67x and 1.72x).
+SPLIT_TASKS = 512
 SECONDARY_PREFIX = "dupalign-pool-secondary-"  # a pool process's secondary instance's files
 
 
@@ -177,6 +189,31 @@ def align_in_worker(request: AlignRequest) -> list[tuple[str, list[Span]]]:
     return aligner.align(request)
 
 
+def align_part_in_worker(request: AlignRequest) -> list[RankedPage]:
+    """The align stage in a worker, on a part of a request (``align_parts``)."""
+    aligner: Aligner = _stage("aligner")
+    return aligner.align_ranked(request)
+
+
+def align_parts(request: AlignRequest, most: int) -> list[AlignRequest]:
+    """``request`` split by candidate page into up to ``most`` parts of about as many tasks
+    each (the candidates with most tasks first, each to the part with fewest so far), when
+    it has ``2 * SPLIT_TASKS`` tasks or more; else ``[request]``. Each part's
+    ``Aligner.align_ranked``, merged by ``align.merge_ranked``, gives ``Aligner.align`` of
+    the whole (``AlignRequest.split_by``)."""
+    t_o = request.tasks.t_o
+    others, inverse, tasks = np.unique(t_o, return_inverse=True, return_counts=True)
+    k = min(most, len(t_o) // SPLIT_TASKS, len(others))
+    if k < 2:
+        return [request]
+    load = np.zeros(k, dtype=np.int64)
+    part_of = np.empty(len(others), dtype=np.int64)
+    for c in np.argsort(-tasks, kind="stable").tolist():
+        part_of[c] = part = int(np.argmin(load))
+        load[part] += tasks[c]
+    return list(request.split_by(part_of[inverse]).values())
+
+
 def _in_flight_reading(aligns: deque[tuple[Page, IndexResult | BaseException, Any]],
                        removed: list[int]) -> int:
     """How many of the pages in flight (``aligns``, in order) must finish before the pages
@@ -235,6 +272,8 @@ class Stages:
     sketch: Callable[[Page], PageSketch]  # the sketch stage here, as a worker runs it
     index: Callable[[PageSketch, Source | None], IndexResult]
     align: Callable[[IndexResult], PassageMatches]  # the align stage here, on the store
+    align_part: Callable[[AlignRequest], list[RankedPage]]  # a part of one (``align_parts``)
+    merge: Callable[[list[list[RankedPage]]], PassageMatches]  # the parts' answers, merged
     finish: Callable[[IndexResult, PassageMatches], list[Match]]  # store the matches
     skip: Callable[[str, Source | None], object]  # a failed page: its offset advances
     removes: Callable[[PageSketch], list[int]]  # stored pages that indexing it removes
@@ -259,15 +298,15 @@ def _sketch_here(stages: Stages, pages: list[Page]) -> list[PageSketch | Excepti
     return _sketch_each(stages.sketch, pages)
 
 
-def _aligned(stages: Stages, result: IndexResult, future: Pending) -> Any:
-    """The worker's passage matches; if the worker failed (its view of the store, say a
-    secondary instance that could not catch up), the page is aligned here, on the store
-    itself, so that no page's result depends on a worker: an error of the page's own
-    raises here the same way."""
+def _aligned(here: Work, future: Pending) -> Any:
+    """The worker's answer (a page's passage matches, or a part's ranked pages); if the
+    worker failed (its view of the store, say a secondary instance that could not catch
+    up), the same work ``here``, on the store itself, so that no page's result depends on a
+    worker: an error of the page's own raises here the same way."""
     try:
         return future.result()
     except Exception:
-        return stages.align(result)
+        return here()
 
 
 def run_pipeline(
@@ -296,7 +335,10 @@ def run_pipeline(
     pool = stages.pool(executor, workers)
     # a page, its source, and its chunk's future with its place in the chunk
     sketches: deque[tuple[Page, Source | None, Pending, int]] = deque()
-    aligns: deque[tuple[Page, IndexResult | BaseException, Pending | None]] = deque()
+    # a page, its index result, and its alignment's pool calls (one, or one per part) with
+    # the same work to do here if no worker has started it
+    aligns: deque[tuple[Page, IndexResult | BaseException, list[tuple[Pending, Work]]]] = (
+        deque())
     # the pages of each sketch chunk not done yet, in submission order (its first pages
     # may have left ``sketches`` already)
     chunk_pages: dict[Pending, list[Page]] = {}
@@ -314,20 +356,20 @@ def run_pipeline(
     def now(future: Pending) -> Pending:
         return stolen.get(future, future)
 
-    def steal(waited: Pending, result: IndexResult | None = None) -> bool:
+    def steal(waited: Pending, work: Work | None = None) -> bool:
         """While ``waited`` is not done, run here one piece of work no worker has started
-        (cancelled in the pool): the alignment ``waited`` (of ``result``), else the
-        earliest alignment, else the earliest chunk of sketches (the one ``waited``, when
-        it is a chunk). The calling thread, idle otherwise, is one of the ``jobs``. False:
+        (cancelled in the pool): ``waited``'s (``work``), else the earliest alignment (or
+        part of one), else the earliest chunk of sketches (the one ``waited``, when it is
+        a chunk). The calling thread, idle otherwise, is one of the ``jobs``. False:
         nothing left to take."""
         if not caller_works or now(waited).done():
             return False
-        if result is not None and take(waited, partial(stages.align, result)):
+        if work is not None and take(waited, work):
             return True
-        for _, queued, future in aligns:
-            if (future is not None and isinstance(queued, IndexResult)
-                    and take(future, partial(stages.align, queued))):
-                return True
+        for _, _, calls in aligns:
+            for future, job in calls:
+                if take(future, job):
+                    return True
         for future, pages in chunk_pages.items():
             if take(future, partial(_sketch_here, stages, pages)):
                 return True
@@ -341,16 +383,17 @@ def run_pipeline(
         return True
 
     def finish() -> tuple[Page, list[Match] | BaseException]:
-        page, result, future = aligns.popleft()
+        page, result, calls = aligns.popleft()
         if isinstance(result, BaseException):
             return page, result
         stages.reported(result)
         try:
-            found = []
-            if future is not None:
-                while steal(future, result):
+            answers = []
+            for future, job in calls:
+                while steal(future, job):
                     pass
-                found = _aligned(stages, result, stolen.pop(future, future))
+                answers.append(_aligned(job, stolen.pop(future, future)))
+            found = (answers[0] if len(answers) == 1 else stages.merge(answers)) if calls else []
             return page, stages.finish(result, found)
         except StoreError:
             raise
@@ -371,7 +414,7 @@ def run_pipeline(
                 chunk_pages[sketched] = pages
                 sketches.extend((page, source, sketched, x)
                                 for x, (page, source) in enumerate(batch))
-            while aligns and (aligns[0][2] is None or aligns[0][2].done()):
+            while aligns and all(now(f).done() for f, _ in aligns[0][2]):
                 yield finish()
             if not sketches:
                 if not aligns:
@@ -408,10 +451,16 @@ def run_pipeline(
                 # an unexpected sketch or index error: the page's offset still advances
                 result = exc
                 stages.skip(page.id, source)
-            future = None
+            calls: list[tuple[Pending, Work]] = []
             if isinstance(result, IndexResult) and result.align is not None:
-                future = pool.executor.submit(align_in_worker, result.align)
-            aligns.append((page, result, future))
+                parts = align_parts(result.align, jobs)
+                if len(parts) == 1:
+                    calls = [(pool.executor.submit(align_in_worker, result.align),
+                              partial(stages.align, result))]
+                else:
+                    calls = [(pool.executor.submit(align_part_in_worker, part),
+                              partial(stages.align_part, part)) for part in parts]
+            aligns.append((page, result, calls))
     finally:  # the caller stopped reading: pages not indexed yet are dropped, pages
         # indexed are finished (their matches stored, for a replay to find)
         for _, _, sketched, _ in sketches:

@@ -4,6 +4,7 @@ pool, through revisits, deletes and crashes."""
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,52 @@ def test_a_format_7_store_is_upgraded_in_place(tmp_path: Path) -> None:
         assert engine.passages.pending is not None and not len(engine.passages.pending)
         got += _process(engine, pages[25:])
     assert got == expected
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 5), st.integers(1, 300)),
+                min_size=1, max_size=60), st.integers(1, 4))
+def test_the_split_of_a_file_holds_its_entries_in_disjoint_key_ranges(
+        rows: list[tuple[int, int, int]], parts: int) -> None:
+    """``split_entries`` against the whole: every entry in exactly one part, in the order it
+    had, a list's entries all in one part, and the parts' names in ascending ranges."""
+    records = np.empty(len(rows), dtype=LIST_KEY)
+    records["bin"] = [b for b, _, _ in rows]
+    records["key"] = [k * (2**61) for _, k, _ in rows]  # (keys of the whole u64 range)
+    records["ordinal"] = np.arange(len(rows))
+    counts = np.array([n for _, _, n in rows], dtype=np.int64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(list_files, "SPLIT_ENTRIES", 0)
+        pieces = list_files.split_entries(records, counts, parts)
+    assert 1 <= len(pieces) <= parts
+    assert sorted(o for r, _ in pieces for o in r["ordinal"].tolist()) == list(range(len(rows)))
+    names = []
+    for r, c in pieces:
+        assert len(r) and r["ordinal"].tolist() == sorted(r["ordinal"].tolist())
+        assert c.tolist() == counts[r["ordinal"]].tolist()
+        names.append(sorted((int(b), int(k)) for b, k in zip(r["bin"], r["key"], strict=True)))
+    for lo, hi in itertools.pairwise(names):
+        assert lo[-1] < hi[0]
+
+
+@pytest.mark.parametrize("executor", ["process", "thread"])
+def test_the_last_file_split_over_the_pool_at_close_gives_the_same_lists(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executor: str) -> None:
+    """``Engine.close`` after ``--jobs 2``: the last file in two parts of disjoint keys, one
+    built by the pool; the same lists as every entry in its page's batch."""
+    cfg = EngineConfig()
+    pages = [p for p in random_pages(17, 50) if not p.id.startswith("bad")]
+    _inline(tmp_path / "inline", pages, cfg)
+    monkeypatch.setattr(list_files, "SPLIT_ENTRIES", 0)
+    ingested: list[list[str]] = []
+    ingest = list_files.lists.ingest
+    monkeypatch.setattr(list_files.lists, "ingest",
+                        lambda store, paths: (ingested.append(paths), ingest(store, paths)))
+    with Engine.open(tmp_path / "split", cfg) as engine:
+        for _ in engine.process_many(((p, None) for p in pages), jobs=2,
+                                     executor=executor):  # type: ignore[arg-type]
+            pass
+        pending = engine.passages.pending
+        assert pending is not None and pending.pages and not pending.files  # (one file: below)
+    assert [len(paths) for paths in ingested] == [2]
+    assert _lists(tmp_path / "split", cfg) == _lists(tmp_path / "inline", cfg)

@@ -738,3 +738,61 @@ def test_a_pool_process_killed_while_it_sends_a_result_stops_the_run_instead_of_
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["BrokenProcessPool", "finished", "True"], (
         run.stdout + run.stderr[-3000:])
+
+
+@pytest.mark.parametrize(("executor", "blind"), [("process", False), ("thread", False),
+                                                 ("process", True)])
+def test_alignments_in_parts_give_the_matches_of_one_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, executor: ExecutorKind,
+        blind: bool) -> None:
+    """Every request of 2 tasks or more split by candidate page (``align_parts``), its
+    parts aligned by the pool or taken back, and merged: the matches of one thread; also
+    when the workers cannot read the store (``blind``: every part aligned here)."""
+    monkeypatch.setattr(pipeline, "SPLIT_TASKS", 1)
+    split: list[int] = []
+    parts = pipeline.align_parts
+    monkeypatch.setattr(pipeline, "align_parts", lambda request, most: (
+        lambda out: (split.append(len(out)), out)[1])(parts(request, most)))
+    if blind:
+        monkeypatch.setattr(pipeline, "_worker_store", lambda: None)  # forked into the workers
+    pages = random_pages(5, 50)
+    one = run(tmp_path / "one", pages, 1, EngineConfig())
+    assert run(tmp_path / "two", pages, 2, EngineConfig(), executor) == one
+    assert split and max(split) == 2  # (up to jobs parts)
+    assert any(m["kind"] == "passage" for _, *rest in one if rest and isinstance(rest[0], list)
+               for m in rest[0])
+
+
+def test_align_parts_split_the_tasks_by_candidate_page(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each task in one part, each candidate page's tasks all in one, at most ``most`` parts,
+    and the parts' task counts within the largest candidate's of each other (each
+    candidate goes to the part with fewest tasks so far)."""
+    monkeypatch.setattr(pipeline, "SPLIT_TASKS", 1)
+    seen = 0
+    with Engine.open(tmp_path / "s") as engine:
+        for page in random_pages(5, 50):
+            try:
+                result = engine.indexer.index(engine.sketch(page), defer=True)
+            except PageRejected:
+                continue
+            request = result.align
+            if request is not None:
+                t_o = request.tasks.t_o
+                for most in (2, 3, 8):
+                    parts = pipeline.align_parts(request, most)
+                    assert 1 <= len(parts) <= most
+                    assert len(parts) > 1 or len(set(t_o.tolist())) == 1 or len(t_o) < 2
+                    got = sorted(zip(*(np.concatenate([getattr(p.tasks, n) for p in parts])
+                                       .tolist() for n in ("t_o", "t_p")), strict=True))
+                    assert got == sorted(zip(t_o.tolist(), request.tasks.t_p.tolist(),
+                                             strict=True))
+                    owners = [set(p.tasks.t_o.tolist()) for p in parts]
+                    assert sum(map(len, owners)) == len(set().union(*owners))
+                    sizes = [len(p.tasks.t_o) for p in parts]
+                    biggest = max(np.unique(t_o, return_counts=True)[1])
+                    assert max(sizes) - min(sizes) <= biggest
+                seen += len(t_o) > 1
+            with contextlib.suppress(PageRejected):
+                engine.indexer.finish(result, engine.align(result))
+    assert seen
