@@ -142,7 +142,7 @@ def main() -> int:
                                              idf.values, idf.default_idf, tf, weights[i]),
         "weighted simhash": lambda i: _simhash(distinct[i][0], weights[i], W),
         "_near_kernel (all of it)": lambda i: _near_kernel(
-            indexed[i], idf.keys, idf.values, idf.default_idf, tf,
+            indexed[i], idf.keys, idf.values, idf.directory, idf.default_idf, tf,
             min(span, indexed[i].size), mixes, sample_keys, W, sketch),
     }, len(indexed), args.repeat)
     return 0
