@@ -46,7 +46,14 @@ from dupalign.near.cws import (
     shingle_minhash_keys,
     shingle_minhash_sketch,
 )
-from dupalign.near.idf import IdfBuilder, IdfTable, TfMode, counted_weights, tf_table, weights_into
+from dupalign.near.idf import (
+    IdfBuilder,
+    IdfTable,
+    TfMode,
+    counted_weights,
+    tf_table,
+    weights_by_directory,
+)
 from dupalign.near.psm import psm_search_one
 from dupalign.near.simhash import BITS, simhash_into, weighted_simhash
 from dupalign.near.simhash_table import SimhashTable
@@ -169,7 +176,7 @@ def near_sketch(hashes: U64, idf: IdfTable, config: EngineConfig) -> NearState:
     W = np.empty(BITS, dtype=np.float64)
     state.sketch = np.empty(cfg.cws_samples, dtype=np.uint64)
     state.unique, state.counts, fp, weighted = _near_kernel(
-        h, idf.keys, idf.values, float(idf.default_idf),
+        h, idf.keys, idf.values, idf.directory, float(idf.default_idf),
         tf_table(cast(TfMode, cfg.tf_mode)), min(cfg.shingle, h.size),
         *shingle_minhash_keys(_SHINGLE_SALT, cfg.cws_samples, config.seed), W, state.sketch)
     if weighted:
@@ -180,31 +187,38 @@ def near_sketch(hashes: U64, idf: IdfTable, config: EngineConfig) -> NearState:
 
 
 @njit(cache=True, nogil=True)
-def _near_kernel(h: U64, keys: U64, values: npt.NDArray[np.float32], default: float,
+def _near_kernel(h: U64, keys: U64, values: npt.NDArray[np.float32],
+                 directory: npt.NDArray[np.int32], default: float,
                  tf: npt.NDArray[np.float64], span: int, mixes: U64, sample_keys: U64,
-                 W: npt.NDArray[np.float64], sketch: U64
+                 W: npt.NDArray[np.float64], sketch: U64, minhash: bool = True
                  ) -> tuple[U64, npt.NDArray[np.int64], np.uint64, bool]:
     """(distinct hashes, counts, fingerprint, weighted); W and the verification sketch into
-    theirs. Not weighted (fingerprint 0, W unset): a count outside the tf table."""
+    theirs (not ``minhash``: ``sketch`` is the page's already). Not weighted (fingerprint 0,
+    W unset): a count outside the tf table."""
     uniq, counts = _distinct_kernel(h)
     n = uniq.shape[0]
-    shingle_minhash_into(h, span, mixes, sample_keys, sketch)
+    if minhash:
+        shingle_minhash_into(h, span, mixes, sample_keys, sketch)
     weights = np.empty(n, dtype=np.float64)
-    if not weights_into(uniq, counts, keys, values, default, tf, weights):
+    if not weights_by_directory(uniq, counts, keys, values, directory, default, tf, weights):
         return uniq, counts, np.uint64(0), False
     return uniq, counts, simhash_into(uniq, weights, W), True
 
 
-def near_sketch_many(hashes: list[U64], idf: IdfTable, config: EngineConfig
-                     ) -> list[NearState]:
+def near_sketch_many(hashes: list[U64], idf: IdfTable, config: EngineConfig,
+                     known: list[U64 | None] | None = None) -> list[NearState]:
     """``near_sketch`` of each page's token hashes (its oracle in the tests), the pages'
     kernels in one call: on short pages (Boost: ~375 tokens) the calls around the kernel
-    cost about a fifth of it. The pages' arrays are views of the batch's."""
+    cost about a fifth of it. The pages' arrays are views of the batch's. ``known``: a
+    page's verification sketch where the caller has it already (a page with the same
+    tokens stored: an exact copy), its K min-hashes not computed again: they were most of
+    an exact copy's kernel."""
     cfg = config.near
     states = [NearState(indexed=cfg.enabled and len(h) >= cfg.min_tokens) for h in hashes]
     page = [x for x, s in enumerate(states) if s.indexed]
     if not page:
         return states
+    given = [None] * len(page) if known is None else [known[x] for x in page]
     parts = [np.ascontiguousarray(hashes[x], dtype=np.uint64).ravel() for x in page]
     bounds = np.zeros(len(parts) + 1, dtype=np.int64)
     np.cumsum([len(h) for h in parts], out=bounds[1:])
@@ -213,10 +227,14 @@ def near_sketch_many(hashes: list[U64], idf: IdfTable, config: EngineConfig
     uniq, counts = np.empty(bounds[-1], dtype=np.uint64), np.empty(bounds[-1], dtype=np.int64)
     ends, fps = np.empty(len(parts), dtype=np.int64), np.empty(len(parts), dtype=np.uint64)
     weighted = np.empty(len(parts), dtype=np.bool_)
-    _near_many_kernel(np.concatenate(parts), bounds, idf.keys, idf.values,
+    minhash = np.ones(len(parts), dtype=np.bool_)
+    for i, sketch in enumerate(given):
+        if sketch is not None and sketch.shape == (cfg.cws_samples,):
+            sketches[i], minhash[i] = sketch, False
+    _near_many_kernel(np.concatenate(parts), bounds, idf.keys, idf.values, idf.directory,
                       float(idf.default_idf), tf_table(cast(TfMode, cfg.tf_mode)), cfg.shingle,
                       *shingle_minhash_keys(_SHINGLE_SALT, cfg.cws_samples, config.seed), W,
-                      sketches, uniq, counts, ends, fps, weighted)
+                      sketches, minhash, uniq, counts, ends, fps, weighted)
     for i, x in enumerate(page):
         state, a, b = states[x], bounds[i], ends[i]
         state.unique, state.counts, state.sketch = uniq[a:b], counts[a:b], sketches[i]
@@ -229,17 +247,19 @@ def near_sketch_many(hashes: list[U64], idf: IdfTable, config: EngineConfig
 
 @njit(cache=True, nogil=True)
 def _near_many_kernel(h: U64, bounds: I64, keys: U64, values: npt.NDArray[np.float32],
-                      default: float, tf: npt.NDArray[np.float64], shingle: int, mixes: U64,
-                      sample_keys: U64, W: npt.NDArray[np.float64], sketches: U64, uniq: U64,
-                      counts: I64, ends: I64, fps: U64, weighted: npt.NDArray[np.bool_]
-                      ) -> None:
+                      directory: npt.NDArray[np.int32], default: float,
+                      tf: npt.NDArray[np.float64], shingle: int, mixes: U64, sample_keys: U64,
+                      W: npt.NDArray[np.float64], sketches: U64,
+                      minhash: npt.NDArray[np.bool_], uniq: U64, counts: I64, ends: I64,
+                      fps: U64, weighted: npt.NDArray[np.bool_]) -> None:
     """``_near_kernel`` of each page ``h[bounds[i]:bounds[i + 1]]``: its distinct hashes and
-    counts into ``uniq`` and ``counts`` from ``bounds[i]`` to ``ends[i]``, W, sketch,
-    fingerprint and ``weighted`` into row or item i."""
+    counts into ``uniq`` and ``counts`` from ``bounds[i]`` to ``ends[i]``, W, sketch (unless
+    not ``minhash[i]``: given), fingerprint and ``weighted`` into row or item i."""
     for i in range(bounds.shape[0] - 1):
         a, b = bounds[i], bounds[i + 1]
-        u, c, fp, ok = _near_kernel(h[a:b], keys, values, default, tf, min(shingle, b - a),
-                                    mixes, sample_keys, W[i], sketches[i])
+        u, c, fp, ok = _near_kernel(h[a:b], keys, values, directory, default, tf,
+                                    min(shingle, b - a), mixes, sample_keys, W[i], sketches[i],
+                                    minhash[i])
         m = u.shape[0]
         uniq[a:a + m] = u
         counts[a:a + m] = c

@@ -28,12 +28,13 @@ from dupalign.match import Match, Span
 from dupalign.page import Page
 from dupalign.stages.index import Indexer
 from dupalign.stages.messages import IndexResult, StoredVersion
-from dupalign.stages.sketch import PageSketch
+from dupalign.stages.sketch import CopySketches, PageSketch
 
 BATCH_PAGES = 64  # pages a WriteBatch: RocksDB's write 15 µs a page at 64, 20 at 8, 36 at 1
 
 Source = tuple[str, int, int]
-SketchMany = Callable[[list[Page], list[bytes | None]], list[PageSketch | Exception]]
+SketchMany = Callable[[list[Page], list[bytes | None], CopySketches],
+                      list[PageSketch | Exception]]
 Finish = Callable[[IndexResult, list[tuple[str, list[Span]]]], list[Match]]
 
 
@@ -87,18 +88,16 @@ def process_batch(indexer: Indexer, sketch_many: SketchMany, finish: Finish,
     pages = [page for page, _ in items]
     c0 = time.thread_time()
     stored = Stored.read(indexer, pages)
-    sketches = sketch_many(pages, stored.hashes(len(pages)))
-    sketch_cpu = (time.thread_time() - c0) / max(1, len(pages))
-    out: list[Done] = []
-    c1 = time.thread_time()
     indexer.begin_batch()
     try:
+        # (the exact copies' verification sketches are read, not computed: the batch's
+        # exact lookups with them, which the index stage's then answer from)
+        sketches = sketch_many(pages, stored.hashes(len(pages)), indexer.copy_sketches)
+        sketch_cpu = (time.thread_time() - c0) / max(1, len(pages))
+        out: list[Done] = []
+        c1 = time.thread_time()
         indexer.writes.read_replays([sk.replay_key for sk in sketches
                                      if isinstance(sk, PageSketch) and sk.replay_key])
-        indexer.writes.read_exacts([sk.content_hash for sk in sketches
-                                    if isinstance(sk, PageSketch) and sk.content_hash
-                                    and sk.rejected is None and not sk.deleted
-                                    and not sk.unchanged])
         for x, ((page, source), sk) in enumerate(zip(items, sketches, strict=True)):
             done = Done(page, [], cpu_sketch=sketch_cpu)
             try:

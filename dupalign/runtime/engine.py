@@ -38,7 +38,7 @@ from dupalign.stages.align import Aligner, merge_ranked
 from dupalign.stages.index import Indexer
 from dupalign.stages.messages import IndexResult, IndexTimes, StoredVersion
 from dupalign.stages.query import PassageQuery
-from dupalign.stages.sketch import PageSketch, Sketcher
+from dupalign.stages.sketch import CopySketches, PageSketch, Sketcher
 from dupalign.store import records, tables
 from dupalign.store.database import Store
 from dupalign.store.forward_reader import StoreForward
@@ -262,9 +262,9 @@ class Engine:
                 self._report_batched(done)
                 yield done.page, done.found
 
-    def _sketch_many(self, pages: list[Page], stored: list[bytes | None]
-                     ) -> list[PageSketch | Exception]:
-        return self.sketcher.sketch_many(pages, self.near.idf, stored)
+    def _sketch_many(self, pages: list[Page], stored: list[bytes | None],
+                     copies: CopySketches) -> list[PageSketch | Exception]:
+        return self.sketcher.sketch_many(pages, self.near.idf, stored, copies)
 
     def _report_batched(self, done: Done) -> None:
         result = done.result

@@ -416,6 +416,25 @@ class Indexer:
         records = dict(zip(known, self.writes.docs(known), strict=True))
         return [None if o is None else self._version_of(o, records[o]) for o in ordinals]
 
+    def copy_sketches(self, content_hashes: list[bytes]) -> list[U64 | None]:
+        """The verification sketch stored with a page of each content hash (None: no such
+        page is stored, or it has none), read at once: a page with that content has the
+        same tokens, so the same sketch, which the sketch stage then takes instead of its K
+        min-hashes (``Sketcher.sketch_many``: an exact copy's). Any stored page of the
+        content will do, so the store alone is read, not a pending batch; with one open,
+        what it read answers the index stage's exact lookups of the batch
+        (``PageWrites.read_exacts``)."""
+        distinct = list(dict.fromkeys(content_hashes))
+        self.writes.read_exacts(distinct)
+        stored_exact = self.writes.pending.stored_exact if self.writes.pending else {}
+        first = {c: stored_exact[c] if c in stored_exact else tables.exact.first(self.store, c)
+                 for c in distinct}
+        stored = sorted({o for o in first.values() if o is not None})
+        raw = dict(zip(stored, tables.cws.get_many(self.store, stored), strict=True))
+        sketches = [raw.get(o) if o is not None else None for o in map(first.get,
+                                                                        content_hashes)]
+        return [None if r is None else np.frombuffer(r, dtype="<u8") for r in sketches]
+
     def remember(self, doc_id: str, version: StoredVersion | None) -> None:
         """What ``current`` of ``doc_id`` answers now (read since nothing was written of
         it: ``current_many``), for ``index`` to take instead of reading it again."""

@@ -13,6 +13,7 @@ so that the index stage still sees it in order (its offset advances, nothing els
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +24,15 @@ import numpy as np
 from dupalign.config import EngineConfig
 from dupalign.errors import PageRejected
 from dupalign.near.idf import IdfTable
-from dupalign.near.index import NearState, near_sketch, near_sketch_many
+from dupalign.near.index import U64, NearState, near_sketch, near_sketch_many
 from dupalign.page import Page, check_unicode
 from dupalign.passage.sketch import PassageSketcher, PassageState, Rects
 from dupalign.text.tokens import Tokens, page_text, reading, tokenize
 from dupalign.wire import packed
 from dupalign.wire.versions import PAGE_SKETCH, pack_array, unpack_array
+
+# content hashes -> the verification sketch stored with a page of each (None: none)
+CopySketches = Callable[[list[bytes]], list[U64 | None]]
 
 
 @dataclass
@@ -197,11 +201,13 @@ class Sketcher:
         return sk
 
     def sketch_many(self, pages: list[Page], idf: IdfTable,
-                    stored_hashes: list[bytes | None] | None = None
-                    ) -> list[PageSketch | Exception]:
+                    stored_hashes: list[bytes | None] | None = None,
+                    copies: CopySketches | None = None) -> list[PageSketch | Exception]:
         """``sketch`` of each page (``stored_hashes``: each one's ``stored_hash``), or the
         exception it raised for that page. The pages' token hashes and near sketches are
-        each one kernel call (``Tokens.hashes_many``, ``near_sketch_many``)."""
+        each one kernel call (``Tokens.hashes_many``, ``near_sketch_many``). ``copies``: the
+        verification sketches stored with pages of the given content hashes (None: none),
+        taken instead of computing them again (the same tokens give the same sketch)."""
         stored = stored_hashes or [None] * len(pages)
         out: list[PageSketch | Exception] = []
         todo: list[tuple[PageSketch, Tokens]] = []
@@ -216,7 +222,8 @@ class Sketcher:
                 todo.append((sk, tokens))
         if todo:
             hashes = Tokens.hashes_many([t for _, t in todo], self.config.seed)
-            nears = near_sketch_many(hashes, idf, self.config)
+            known = None if copies is None else copies([sk.content_hash for sk, _ in todo])
+            nears = near_sketch_many(hashes, idf, self.config, known)
             for (sk, tokens), h, near in zip(todo, hashes, nears, strict=True):
                 sk.near = near
                 sk.passage = self.passages.sketch_page(h, tokens)

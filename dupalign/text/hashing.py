@@ -19,6 +19,11 @@ from dupalign.kernel_cache import njit, vectorize
 U64 = npt.NDArray[np.uint64]
 
 _MASK64 = (1 << 64) - 1
+# Between tokens wherever they are joined: the content hash's separator (stored content
+# hashes depend on it), so the tokenizer's joined bytes are hashed as they are. A control
+# character, in no word token.
+SEP = "\x1f"
+_SEP_BYTE = np.uint8(0x1F)
 
 
 def token_hashes(tokens: Iterable[str], seed: int = 0) -> U64:
@@ -27,8 +32,8 @@ def token_hashes(tokens: Iterable[str], seed: int = 0) -> U64:
     (the oracle in the tests), computed by one kernel over the tokens' bytes."""
     toks = tokens if isinstance(tokens, list) else list(tokens)
     n = len(toks)
-    joined = "\x00".join(toks)  # the tokens' bytes, NUL after each but the last
-    if joined.count("\x00") != max(0, n - 1):  # a token holds a NUL: hash them one by one
+    joined = SEP.join(toks)  # the tokens' bytes, the separator after each but the last
+    if joined.count(SEP) != max(0, n - 1):  # a token holds one: hash them one by one
         seed32 = seed & 0xFFFFFFFF
         return np.array([mmh3.hash64(t, seed32, signed=False)[0] for t in toks],
                         dtype=np.uint64)
@@ -36,8 +41,8 @@ def token_hashes(tokens: Iterable[str], seed: int = 0) -> U64:
 
 
 def hash_joined(joined: bytes, n: int, seed: int = 0) -> U64:
-    """``token_hashes`` of ``n`` tokens given as their UTF-8 bytes joined by NULs (no token
-    holds one)."""
+    """``token_hashes`` of ``n`` tokens given as their UTF-8 bytes joined by ``SEP`` (no
+    token holds one)."""
     out = np.empty(n, dtype=np.uint64)
     if n:
         _murmur3_64_kernel(np.frombuffer(joined, dtype=np.uint8), np.uint64(seed & 0xFFFFFFFF),
@@ -75,13 +80,13 @@ def _bytes_le(buf: npt.NDArray[np.uint8], a: int, n: int) -> np.uint64:
 
 @njit(cache=True, nogil=True)
 def _murmur3_64_kernel(buf: npt.NDArray[np.uint8], seed: np.uint64, out: U64) -> None:
-    # MurmurHash3_x64_128 (Austin Appleby, public domain), h1 only, of each NUL-separated
+    # MurmurHash3_x64_128 (Austin Appleby, public domain), h1 only, of each SEP-separated
     # run of ``buf`` (token t goes to out[t]); uint64 arithmetic wraps as in C
     c1, c2 = _C1, _C2
     a = 0
     for t in range(out.shape[0]):
         b = a
-        while b < buf.shape[0] and buf[b] != 0:
+        while b < buf.shape[0] and buf[b] != _SEP_BYTE:
             b += 1
         length = b - a
         h1 = seed
@@ -116,13 +121,13 @@ def _murmur3_64_kernel(buf: npt.NDArray[np.uint8], seed: np.uint64, out: U64) ->
 
 def content_hash(tokens: Iterable[str], seed: int = 0) -> bytes:
     """128-bit hash of a token sequence; tokens are joined with a separator no token holds."""
-    return mmh3.hash_bytes("\x1f".join(tokens).encode("utf-8"), seed & 0xFFFFFFFF)
+    return mmh3.hash_bytes(SEP.join(tokens).encode("utf-8"), seed & 0xFFFFFFFF)
 
 
 def content_hash_joined(joined: bytes, seed: int = 0) -> bytes:
-    """``content_hash`` of tokens given as their UTF-8 bytes joined by NULs (no token holds
-    a NUL or the separator)."""
-    return mmh3.hash_bytes(joined.replace(b"\x00", b"\x1f"), seed & 0xFFFFFFFF)
+    """``content_hash`` of tokens given as their UTF-8 bytes joined by ``SEP`` (no token
+    holds one): those bytes as they are."""
+    return mmh3.hash_bytes(joined, seed & 0xFFFFFFFF)
 
 
 @njit(cache=True, inline="always")

@@ -20,7 +20,13 @@ from resiliparse.extract.html2text import extract_plain_text
 from dupalign.errors import PageRejected
 from dupalign.kernel_cache import njit
 from dupalign.page import Page
-from dupalign.text.hashing import content_hash, content_hash_joined, hash_joined, token_hashes
+from dupalign.text.hashing import (
+    SEP,
+    content_hash,
+    content_hash_joined,
+    hash_joined,
+    token_hashes,
+)
 
 _WORD = re.compile(r"\w+")
 _CONTROL_BYTES = bytes([*range(0x00, 0x09), *range(0x0E, 0x20)])
@@ -32,6 +38,7 @@ _BOMS = (
     (codecs.BOM_UTF16_LE, "utf-16"),
     (codecs.BOM_UTF16_BE, "utf-16"),
 )
+_SEP = SEP.encode("ascii")
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 PLAIN_TYPES = ("text/plain",)
 
@@ -39,7 +46,7 @@ PLAIN_TYPES = ("text/plain",)
 class Tokens:
     """Normalized tokens of a text and where each one stands in it.
 
-    ``tokenize`` writes the tokens' UTF-8 bytes, NUL after each but the last (``joined``),
+    ``tokenize`` writes the tokens' UTF-8 bytes, ``SEP`` after each but the last (``joined``),
     without a Python string per token: hashing reads those bytes, and the strings
     (``tokens``) are made only if asked for (a third of the near-only sketch went to
     making, splitting and joining them again). Tokens that NFKC or case folding changed
@@ -55,7 +62,7 @@ class Tokens:
     @property
     def tokens(self) -> list[str]:
         if self._tokens is None:
-            self._tokens = self._joined.decode("utf-8").split("\x00") if self._joined else []
+            self._tokens = self._joined.decode("utf-8").split(SEP) if self._joined else []
         return self._tokens
 
     def __len__(self) -> int:
@@ -76,11 +83,11 @@ class Tokens:
     @staticmethod
     def hashes_many(pages: list[Tokens], seed: int) -> list[npt.NDArray[np.uint64]]:
         """``hashes`` of each page's tokens (its oracle in the tests), the pages given as
-        bytes hashed by one kernel call (their tokens joined by NULs, as within a page)."""
+        bytes hashed by one kernel call (their tokens joined by ``SEP``, as within a page)."""
         out: list[npt.NDArray[np.uint64] | None] = [None] * len(pages)
         joined = [x for x, t in enumerate(pages) if t._joined is not None and len(t)]
         if joined:
-            every = hash_joined(b"\x00".join([pages[x]._joined or b"" for x in joined]),
+            every = hash_joined(_SEP.join([pages[x]._joined or b"" for x in joined]),
                                 sum(len(pages[x]) for x in joined), seed)
             at = 0
             for x in joined:
@@ -271,7 +278,7 @@ def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
     """The runs of word characters of the code points ``codes``: a status, their number t,
     their starts, ends and the runs holding a non-ASCII character in one array (t, t and
     the rest: numba boxes each array it returns, ~0.5 µs), and their UTF-8 bytes joined by
-    NULs (A-Z lower-cased if ``lower_ascii``). The status is 0, or ``_UNKNOWN`` (the rest
+    ``SEP`` (A-Z lower-cased if ``lower_ascii``). The status is 0, or ``_UNKNOWN`` (the rest
     unfinished) when a character is not in ``flags`` yet, or ``_LOWERS`` when
     ``lower_ascii`` and lower-casing changes a non-ASCII character. ``width``: the most
     UTF-8 bytes a code point takes (1 for ASCII text, else 4)."""
@@ -279,7 +286,7 @@ def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
     starts = np.empty(n // 2 + 1, dtype=np.int64)
     ends = np.empty(n // 2 + 1, dtype=np.int64)
     high = np.zeros(n // 2 + 1, dtype=np.bool_)
-    joined = np.empty(width * n, dtype=np.uint8)  # (a NUL replaces a non-word character)
+    joined = np.empty(width * n, dtype=np.uint8)  # (SEP replaces a non-word character)
     m = 0
     t = 0
     n_high = 0
@@ -295,7 +302,7 @@ def _word_bytes(codes: npt.NDArray[np.uint8] | npt.NDArray[np.uint32],
         if f & _WORDY:
             if not inside:
                 if t > 0:
-                    joined[m] = 0
+                    joined[m] = 0x1F  # (SEP)
                     m += 1
                 starts[t] = i
                 inside = True
@@ -376,7 +383,7 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
         raise PageRejected("too_many_tokens", f"{len(starts)} tokens, limit is {max_tokens}")
     raw = joined.tobytes()
     if not lowered:  # e.g. "İ" lower-cases to two characters: ASCII tokens need it too
-        tokens = [normalize_token(t) for t in raw.decode("utf-8").split("\x00")] if len(
+        tokens = [normalize_token(t) for t in raw.decode("utf-8").split(SEP)] if len(
             starts) else []
         return Tokens(text, tokens, starts, ends)
     odd = []
@@ -389,7 +396,7 @@ def tokenize(text: str, max_tokens: int | None = None) -> Tokens:
         if normalize_token(token) != token:
             odd.append(x)
     if odd:  # (rare: a ligature, a sharp s, a final sigma)
-        tokens = raw.decode("utf-8").split("\x00")
+        tokens = raw.decode("utf-8").split(SEP)
         for x in odd:
             tokens[x] = normalize_token(tokens[x])
         return Tokens(text, tokens, starts, ends)

@@ -29,7 +29,7 @@ import numpy.typing as npt
 from dupalign.config import EngineConfig, PassageConfig, TextConfig
 from dupalign.kernel_cache import njit
 from dupalign.near.cws import _minhash_kernel, _shingle_features_kernel, shingle_minhash_keys
-from dupalign.near.idf import IdfBuilder, IdfTable, tf_table, weights_into
+from dupalign.near.idf import IdfBuilder, IdfTable, tf_table, weights_by_directory, weights_into
 from dupalign.near.index import (
     _SHINGLE_SALT,
     _distinct_kernel,
@@ -138,11 +138,15 @@ def main() -> int:
         "shingle features": lambda i: _features(indexed[i], min(span, indexed[i].size), mixes),
         f"{cfg.near.cws_samples} min-hashes": lambda i: _minhashes(features[i], sample_keys,
                                                                     mixes, sketch),
-        "tf-idf weights": lambda i: _weights(distinct[i][0], distinct[i][1], idf.keys,
-                                             idf.values, idf.default_idf, tf, weights[i]),
+        "tf-idf weights: binary search": lambda i: _weights(
+            distinct[i][0], distinct[i][1], idf.keys, idf.values, idf.default_idf, tf,
+            weights[i]),
+        "tf-idf weights: directory": lambda i: weights_by_directory(
+            distinct[i][0], distinct[i][1], idf.keys, idf.values, idf.directory,
+            idf.default_idf, tf, weights[i]),
         "weighted simhash": lambda i: _simhash(distinct[i][0], weights[i], W),
         "_near_kernel (all of it)": lambda i: _near_kernel(
-            indexed[i], idf.keys, idf.values, idf.default_idf, tf,
+            indexed[i], idf.keys, idf.values, idf.directory, idf.default_idf, tf,
             min(span, indexed[i].size), mixes, sample_keys, W, sketch),
     }, len(indexed), args.repeat)
     return 0

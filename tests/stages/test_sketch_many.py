@@ -52,6 +52,31 @@ def test_near_sketch_many_is_near_sketch_of_each_page(pages: list[np.ndarray], f
         same_state(a, near_sketch(h, idf, config))
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(page_st, st.sampled_from(["computed", "given", "planted"])),
+                min_size=1, max_size=8), st.booleans())
+def test_a_known_sketch_is_taken_and_the_rest_computed(pages: list[tuple[np.ndarray, str]],
+                                                       frozen: bool) -> None:
+    """``known``: a page's verification sketch given (an exact copy's, read from the
+    store) is taken as it is, its other arrays computed as ``near_sketch``'s; a page
+    without one is ``near_sketch``'s. A planted sketch shows it is not computed again."""
+    hashes = [h for h, _ in pages]
+    idf = idf_table(hashes) if frozen else IdfTable.uniform()
+    expected = [near_sketch(h, idf, CONFIG) for h in hashes]
+    known: list[np.ndarray | None] = []
+    for (_, how), e in zip(pages, expected, strict=True):
+        if how == "computed" or e.sketch is None:
+            known.append(None)
+        else:
+            known.append(e.sketch.copy() if how == "given" else e.sketch ^ np.uint64(1))
+    for a, e, k in zip(near_sketch_many(hashes, idf, CONFIG, known), expected, known,
+                       strict=True):
+        if k is not None:
+            assert a.sketch is not None and np.array_equal(a.sketch, k)
+            a.sketch = e.sketch
+        same_state(a, e)
+
+
 words_st = st.lists(st.sampled_from(["a", "Word", "ÉTÉ", "straße", "ﬁne", "x1", "©", "İs",
                                      "the", "ΣΑΣ", "\x00", "日本"]), min_size=0, max_size=60)
 

@@ -19,6 +19,9 @@ from dupalign.near.idf import (
     counted_weights,
     smoothed_idf,
     tf_idf_weights,
+    tf_table,
+    weights_by_directory,
+    weights_into,
 )
 
 # small hash alphabet so that documents share tokens; one huge value for the uint64 edge
@@ -188,3 +191,37 @@ def test_counted_weights_are_tf_times_idf(tokens: list[int], known: list[int],
     assert counted_weights(uniq, c, table, mode).tobytes() == twin.tobytes()
     assert counted_weights(uniq, c, IdfTable.uniform(), mode).tobytes() == (
         _tf(c, mode) * IdfTable.uniform().idf(uniq)).tobytes()
+
+
+# token hashes spread over the whole range (the directory buckets them by their top bits),
+# with neighbours, the extremes and a crowded bucket
+spread = st.integers(0, 2**64 - 1) | st.sampled_from([0, 1, 2**63 - 1, 2**63, 2**64 - 2,
+                                                       2**64 - 1]) | st.integers(0, 64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(spread, max_size=200), st.lists(spread, max_size=60), st.data(),
+       st.sampled_from(["log", "raw", "binary", "sqrt"]))
+def test_weights_by_directory_are_weights_into(known: list[int], others: list[int],
+                                               data: st.DataObject, mode: TfMode) -> None:
+    """The near kernel's lookup through ``IdfTable.directory`` against the binary search
+    (``weights_into``), bit for bit: known tokens, unknown ones, an empty table, counts past
+    the tf table (both say not weighted)."""
+    keys = np.unique(np.array(known, dtype=np.uint64))
+    table = IdfTable(2, 9, keys, (np.arange(keys.size, dtype=np.float32) + 0.5) / 3, 0.7)
+    picked = data.draw(st.lists(st.sampled_from(known), max_size=60)) if known else []
+    uniq = np.unique(np.array(picked + others, dtype=np.uint64))
+    c = np.array(data.draw(st.lists(st.sampled_from([1, 2, 5, 4096, 4097]), min_size=uniq.size,
+                                    max_size=uniq.size)), dtype=np.int64)
+    tf = tf_table(mode)
+    for t in (table, IdfTable.uniform()):
+        a, b = np.empty(uniq.size), np.empty(uniq.size)
+        ok_a = weights_by_directory(uniq, c, t.keys, t.values, t.directory, t.default_idf, tf, a)
+        ok_b = weights_into(uniq, c, t.keys, t.values, t.default_idf, tf, b)
+        assert ok_a == ok_b
+        if ok_a:
+            assert a.tobytes() == b.tobytes()
+    d = table.directory  # every key in its bucket, the buckets in order
+    bits = (d.size - 1).bit_length() - 1
+    for x, k in enumerate(keys.tolist()):
+        assert d[k >> (64 - bits)] <= x < d[(k >> (64 - bits)) + 1]
