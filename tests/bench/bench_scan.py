@@ -76,7 +76,8 @@ from dupalign.match import Match
 from dupalign.page import Page
 from dupalign.runtime.engine import Engine
 from dupalign.runtime.pipeline import ExecutorKind
-from dupalign.stages.messages import AlignRequest
+from dupalign.stages.messages import AlignRequest, IndexResult
+from dupalign.stages.sketch import PageSketch
 from dupalign.text.tokens import page_text, tokenize
 from tests.bench.checkouts import warm_checkout
 from tests.bench.scan_peers import PEERS
@@ -157,6 +158,33 @@ def _collect(found: Pairs, kinds: dict[str, int], matches: list[Match]) -> None:
             found.add((m.doc_id, m.match_doc_id))
 
 
+@dataclass
+class StagedPage:
+    """One page through the stages one after the other, as ``--jobs 1`` runs them, with
+    each stage's thread CPU seconds (``index`` counts the finish)."""
+
+    sketch: PageSketch
+    result: IndexResult
+    matches: list[Match]  # none when the finish rejected the page
+    cpu: dict[str, float]
+
+
+def staged_page(engine: Engine, page: Page) -> StagedPage:
+    c0 = time.thread_time()
+    sk = engine.sketch(page)
+    c1 = time.thread_time()
+    result = engine.indexer.index(sk, defer=True)
+    c2 = time.thread_time()
+    found = engine.align(result)
+    c3 = time.thread_time()
+    matches: list[Match] = []
+    with contextlib.suppress(PageRejected):
+        matches = engine.indexer.finish(result, found)
+    c4 = time.thread_time()
+    return StagedPage(sk, result, matches,
+                      {"sketch": c1 - c0, "index": c2 - c1 + c4 - c3, "align": c3 - c2})
+
+
 def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, store: Path) -> Run:
     """``--jobs 1``: the three stages in turn on this thread, each timed (CPU), with the wire
     size of the messages between them (serialized aside, not timed). Near-only, the pages
@@ -174,19 +202,11 @@ def run_staged_one_core(label: str, pages: list[Page], config: EngineConfig, sto
     try:
         t0, p0 = time.perf_counter(), time.process_time()
         for page in pages:
-            c0 = time.thread_time()
-            sk = engine.sketch(page)
-            c1 = time.thread_time()
-            result = engine.indexer.index(sk, defer=True)
-            c2 = time.thread_time()
-            found = engine.align(result)
-            c3 = time.thread_time()
-            with contextlib.suppress(PageRejected):
-                _collect(run.pairs, run.kinds, engine.indexer.finish(result, found))
-            c4 = time.thread_time()
-            cpu["sketch"] += c1 - c0
-            cpu["index"] += c2 - c1 + c4 - c3
-            cpu["align"] += c3 - c2
+            staged = staged_page(engine, page)
+            sk, result = staged.sketch, staged.result
+            _collect(run.pairs, run.kinds, staged.matches)
+            for stage, seconds in staged.cpu.items():
+                cpu[stage] += seconds
             # the wire sizes, left out of the run's time
             t_wire, p_wire = time.perf_counter(), time.process_time()
             wire["page_sketch"] += len(sk.to_bytes())

@@ -39,7 +39,7 @@ from dupalign.errors import PageRejected
 from dupalign.page import Page
 from dupalign.runtime import pipeline
 from dupalign.runtime.engine import Engine
-from tests.bench.bench_scan import load_pages, main_text, warm_up
+from tests.bench.bench_scan import load_pages, main_text, staged_page, warm_up
 from tests.corpora import DOCS_CORPORA, LLVM_DOCS
 
 
@@ -63,21 +63,14 @@ def record(pages: list[Page], store: Path, most: tuple[int, ...]) -> tuple[list[
         for page in pages:
             c0 = time.thread_time()
             try:
-                sk = engine.sketch(page)
+                staged = staged_page(engine, page)
             except PageRejected:
                 out.append(Costs(time.thread_time() - c0))
                 continue
-            c1 = time.thread_time()
-            result = engine.indexer.index(sk, defer=True)
-            c2 = time.thread_time()
-            found = engine.align(result)
-            c3 = time.thread_time()
-            with contextlib.suppress(PageRejected):
-                engine.indexer.finish(result, found)
-            c4 = time.thread_time()
-            costs = Costs(c1 - c0, c2 - c1 + c4 - c3)
+            costs = Costs(staged.cpu["sketch"], staged.cpu["index"])
+            result = staged.result
             if result.align is not None:
-                costs.align, costs.tasks = c3 - c2, len(result.align.tasks.t_o)
+                costs.align, costs.tasks = staged.cpu["align"], len(result.align.tasks.t_o)
                 for k in most:
                     parts = pipeline.align_parts(result.align, k)
                     for part in parts if len(parts) > 1 else []:
