@@ -99,3 +99,20 @@ def test_a_turn_that_only_moved_the_cursor_still_commits_nothing(role: Any) -> N
     r.dirty.add(TP)
     asyncio.run(r._commit(TP, []))  # (nothing changed, nothing applied)
     assert committed == [] and TP not in r.deferred and TP not in r.dirty
+
+
+def test_a_deferred_partition_without_records_of_its_own_commits_in_another_s_turn(
+        role: Any) -> None:
+    """``_work`` hands every deferred partition to ``_commit``, records or not (which
+    commits it when the reader is idle, as here, or once it has waited ``DEFER_S``)."""
+    r, store, part, committed = role
+
+    async def nothing(most: int, wait: bool) -> tuple[dict[Any, Any], int]:
+        return {}, most
+    r._fetched = nothing
+    _change(store, b"a")
+    part.value = b"1"
+    asyncio.run(r._commit(TP, []))
+    assert TP in r.deferred and committed == []
+    asyncio.run(r._work({}))  # (nothing fetched: idle)
+    assert TP not in r.deferred and len(committed) == 1

@@ -416,8 +416,6 @@ class StageRole(StatelessRole):
         outputs: dict[TopicPartition, list[Outgoing]] = {}
         fetched, room = await self._fetched(TURN_RECORDS, wait=True)
         idle = not fetched  # (for READ_WAIT_S: what was deferred is committed now)
-        if idle:
-            outputs = {tp: [] for tp in self.deferred}
         while fetched:
             for tp, mine in fetched.items():
                 part = self.parts[tp]
@@ -431,6 +429,8 @@ class StageRole(StatelessRole):
             # records that came while the turns ran go in the same transactions: a commit
             # per partition and turn is most of a turn's cost when turns are small
             fetched, room = (await self._fetched(room, wait=False)) if room > 0 else ({}, 0)
+        for tp in self.deferred:  # (idle, or one that got no records while others did)
+            outputs.setdefault(tp, [])
         failed = [r for r in await asyncio.gather(
             *(self._commit(tp, outs, idle) for tp, outs in outputs.items()),
             return_exceptions=True) if isinstance(r, BaseException)]
