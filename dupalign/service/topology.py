@@ -239,6 +239,22 @@ def internal_waiters(producer: AIOKafkaProducer) -> list[asyncio.Future[Any]]:
     return [f for f in found if isinstance(f, asyncio.Future)]
 
 
+def add_to_transaction(producer: AIOKafkaProducer, tps: Iterable[TopicPartition]) -> None:
+    """``tps`` added to the producer's open transaction at once (one AddPartitionsToTxn),
+    before records for them are sent. aiokafka adds a partition when a batch for it is
+    handed over, and sends one transactional request at a time (AddPartitionsToTxn,
+    AddOffsetsToTxn, TxnOffsetCommit, EndTxn): a transaction whose records go in two
+    rounds (the sketch role's sequence record first, whose offset the others' headers
+    name) waits for a second AddPartitionsToTxn, queued behind the offsets' requests.
+    A partition added and then not written gets a marker only. Private to aiokafka
+    (tests/service/test_aiokafka_privates.py)."""
+    txn = producer._txn_manager
+    if txn is None or txn.transactional_id is None:
+        return
+    for tp in tps:
+        txn.maybe_add_partition_to_txn(tp)
+
+
 def background_failure(producer: AIOKafkaProducer) -> BaseException | None:
     """What failed the producer's sender task, if it did (a ProducerFenced in the reply to a
     request of its own): aiokafka then moves the transaction to a fatal state, and a later

@@ -3,7 +3,8 @@ offsets with their metadata (dupalign.service.topology.fetch_committed), its req
 the group (dupalign.service.loop.rejoin, a role stepping down), its coordinator's node id
 (dupalign.service.loop.coordinator_known: an idle role noticing an outage) and
 ``internal_waiters`` (a failed producer's futures that nothing awaits, also once a producer
-given up on fails: dupalign.service.outage.stop_within). Fails when aiokafka
+given up on fails: dupalign.service.outage.stop_within) and the transaction manager's
+partitions to add (dupalign.service.topology.add_to_transaction). Fails when aiokafka
 changes them, so an upgrade is caught here rather than at a worker's takeover."""
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.consumer.group_coordinator import GroupCoordinator
 
 from dupalign.service.loop import coordinator_known, rejoin
-from dupalign.service.topology import background_failure, fetch_committed, internal_waiters
+from dupalign.service.topology import (
+    add_to_transaction,
+    background_failure,
+    fetch_committed,
+    internal_waiters,
+)
 
 
 def test_the_consumer_keeps_its_group_coordinator_where_fetch_committed_reads_it() -> None:
@@ -113,3 +119,32 @@ def test_a_failed_sender_task_is_where_background_failure_finds_the_fencing() ->
     async def unstarted() -> None:
         assert background_failure(AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")) is None
     asyncio.run(unstarted())
+
+
+def test_partitions_added_ahead_go_in_the_senders_next_add_partitions_request() -> None:
+    """``add_to_transaction`` puts partitions where a batch's hand-over puts them (the
+    transaction manager's pending partitions), which the sender adds in one request before
+    its offsets' requests and mutes until added; a producer with no transactions: none."""
+    from aiokafka.producer.message_accumulator import MessageAccumulator
+    from aiokafka.producer.sender import Sender
+
+    assert "self._txn_manager.maybe_add_partition_to_txn(tp)" in inspect.getsource(
+        MessageAccumulator._append_batch)
+    request = inspect.getsource(Sender._maybe_do_transactional_request)
+    assert request.index("partitions_to_add()") < request.index("consumer_group_to_add()")
+    assert "txn_manager.partitions_to_add()" in inspect.getsource(Sender._sender_routine)
+
+    async def check() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9", transactional_id="t")
+        plain = AIOKafkaProducer(bootstrap_servers="127.0.0.1:9")
+        try:
+            producer._txn_manager.set_pid_and_epoch(1, 0)  # (what start() gets from the broker)
+            producer._txn_manager.begin_transaction()
+            tps = {TopicPartition("a", 0), TopicPartition("b", 3)}
+            add_to_transaction(producer, tps)
+            assert producer._txn_manager.partitions_to_add() == tps
+            add_to_transaction(plain, tps)  # (no transaction manager: nothing to add)
+        finally:
+            await producer.stop()
+            await plain.stop()
+    asyncio.run(check())

@@ -234,7 +234,10 @@ class StatelessRole:
         t0 = time.perf_counter()
         for tp in sorted(assigned):
             if tp not in self.producers:
-                producer = new_producer(self.kc, transactional_id(self.kc, self.group_id, tp))
+                # (no linger: a turn hands over all its records at once, in batches it
+                # built, and waits for them; lingering only delays each of its requests)
+                producer = new_producer(self.kc, transactional_id(self.kc, self.group_id, tp),
+                                        linger_ms=0)
                 self.producers[tp] = producer  # (stopped by a step-down if it fails)
                 # fences the previous owner, aborts its open transaction
                 await within(producer.start(), self.limit_s)

@@ -37,6 +37,7 @@ import asyncio
 import functools
 import logging
 import shutil
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,9 @@ TURN_RECORDS = 10_000
 # how long a turn waits for the first record of any partition's reader (then the group's
 # fetch runs again: it keeps the membership and hands over assignments)
 READ_WAIT_S = 0.2
+# how long a partition's turns that sent nothing downstream may keep their store changes out
+# of a transaction (they go with its next one; or when no record came for READ_WAIT_S)
+DEFER_S = 1.0
 CURSOR = ("meta", records.BLOBS["stage_cursor"])  # the store key of a partition's place
 
 
@@ -247,6 +251,9 @@ class StageRole(StatelessRole):
         self.inputs: dict[TopicPartition, frozenset[TopicPartition]] = {}  # what each reads
         self.changelogs: dict[TopicPartition, Changelog] = {}
         self.dirty: set[TopicPartition] = set()  # a turn begun, not committed
+        # partitions whose turns changed the store and sent nothing, not committed yet:
+        # since when (``_commit``)
+        self.deferred: dict[TopicPartition, float] = {}
         self.committed: dict[TopicPartition, bytes] = {}  # ``applied`` as last committed
 
     @property
@@ -380,6 +387,7 @@ class StageRole(StatelessRole):
                     log.info("%s partition %d: store not kept (%r)", self.stage,
                              tp.partition, exc)
             self.dirty.discard(tp)
+            self.deferred.pop(tp, None)
             self.inputs.pop(tp, None)
             self.committed.pop(tp, None)
             changelog = self.changelogs.pop(tp, None)
@@ -402,10 +410,12 @@ class StageRole(StatelessRole):
     async def _work(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """The partitions' turns on what the reader has fetched, and on what it fetched
         while they ran, until nothing more is there (no wait) or ``TURN_RECORDS`` records
-        were taken; then each partition's transaction, all at once."""
+        were taken; then each partition's transaction, all at once. Nothing fetched: the
+        deferred partitions' transactions (``_commit``)."""
         loop = asyncio.get_running_loop()
         outputs: dict[TopicPartition, list[Outgoing]] = {}
         fetched, room = await self._fetched(TURN_RECORDS, wait=True)
+        idle = not fetched  # (for READ_WAIT_S: what was deferred is committed now)
         while fetched:
             for tp, mine in fetched.items():
                 part = self.parts[tp]
@@ -419,24 +429,40 @@ class StageRole(StatelessRole):
             # records that came while the turns ran go in the same transactions: a commit
             # per partition and turn is most of a turn's cost when turns are small
             fetched, room = (await self._fetched(room, wait=False)) if room > 0 else ({}, 0)
+        for tp in self.deferred:  # (idle, or one that got no records while others did)
+            outputs.setdefault(tp, [])
         failed = [r for r in await asyncio.gather(
-            *(self._commit(tp, outs) for tp, outs in outputs.items()), return_exceptions=True)
-            if isinstance(r, BaseException)]
+            *(self._commit(tp, outs, idle) for tp, outs in outputs.items()),
+            return_exceptions=True) if isinstance(r, BaseException)]
         if failed:  # (once every transaction ended: a step-down stops their producers)
             raise failed[0]
 
-    async def _commit(self, tp: TopicPartition, outputs: list[Outgoing]) -> None:
+    async def _commit(self, tp: TopicPartition, outputs: list[Outgoing], idle: bool = False
+                      ) -> None:
         """Partition ``tp``'s transaction: its outputs and the changelog records of what
         its turns changed (none when they changed nothing: the store is as committed).
         The partitions of a process commit at once: a downstream partition, which reads
-        them all, then finds their records together, in fewer turns."""
+        them all, then finds their records together, in fewer turns. Turns that sent
+        nothing have no transaction of their own (``deferred``) unless the reader is
+        ``idle`` or they have waited ``DEFER_S``."""
         changelog, applied = self.changelogs[tp], self.parts[tp].applied()
         if not outputs and changelog.holds_only(CURSOR) and applied == self.committed[tp]:
             # its turns took records and applied none: only where it reads moved, and the
             # place noted before is as good (the same records are read again, none was
             # applied). So no transaction: the cursor goes with the partition's next one.
-            self.dirty.discard(tp)
+            if tp not in self.deferred:
+                self.dirty.discard(tp)
             return
+        if not outputs and not idle:
+            # no stage waits for a transaction that sends nothing downstream (no stage
+            # reads another's changelog): its store changes go with the next one, and the
+            # partition is free for the records that will send something (a transaction
+            # costs a turn tens of ms). The store stays ahead of the changelog (``dirty``:
+            # a crash or a move restores it, and its inputs are read again).
+            since = self.deferred.setdefault(tp, time.monotonic())
+            if time.monotonic() - since < DEFER_S:
+                return
+        self.deferred.pop(tp, None)
         records = [*self.parted(tp.partition, outputs), *changelog.outgoing()]
         self.committed[tp] = applied
         if records:

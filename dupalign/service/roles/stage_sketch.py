@@ -42,6 +42,7 @@ from dupalign.service.stage_topics import StageTopics
 from dupalign.service.topology import (
     Outgoing,
     TopologyError,
+    add_to_transaction,
     batch_bytes,
     send_all,
     source_header,
@@ -129,6 +130,13 @@ class StageSketchRole(StatelessRole):
         return out
 
     async def produce(self, producer: AIOKafkaProducer, prepared: StageBatch) -> None:
+        # every partition the batch writes, added before the sequence record is sent: one
+        # AddPartitionsToTxn, not a second one after its acknowledgement
+        add_to_transaction(producer, {TopicPartition(o.topic, o.partition) for o in (
+            *prepared.entries, *prepared.near_states, *(w for ws in prepared.lists for w in ws),
+            *prepared.sketches, *(f for f in prepared.passages if f is not None))
+            if o.partition is not None} | ({TopicPartition(self.topics_.batches, 0)}
+                                           if prepared.entries else set()))
         if prepared.entries:
             seq = SequenceBatch(prepared.topic, prepared.partition, tuple(prepared.offsets),
                                 tuple(prepared.dirs), self.shape.directory, prepared.at_ms,
