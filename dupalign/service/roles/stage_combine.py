@@ -205,13 +205,15 @@ class CombinePartition(StagePartition):
         for i in run.stored():
             self.exact.take(exact_owner(run.content_hash[i] or b"", n_exact), run.seq[i])
         self.shard.apply_others(run, placed)
+        gone = []
         for doc_id, ordinal, removed in zip(run.doc_id, placed.ordinal, placed.removed,
                                             strict=True):
             if removed != NONE:  # (as ``_placed``)
                 self.changed[(IDS, removed)] = None
-                self._unstored([removed])
+                gone.append(removed)
             if ordinal != NONE:
                 self.changed[(IDS, ordinal)] = doc_id.encode("utf-8")
+        self._unstored(gone)  # (once a run: it reads every page waiting for align)
         return True
 
     def _other(self, d: dict[str, Any]) -> bool:
@@ -289,6 +291,8 @@ class CombinePartition(StagePartition):
 
     def _unstored(self, ordinals: list[int]) -> None:
         """Pages waiting for align that left the store: finished without storing."""
+        if not ordinals or not self.pending:
+            return
         gone = set(ordinals)
         for seq, p in self.pending.items():
             if p.out.ordinal in gone:
@@ -322,7 +326,7 @@ class CombinePartition(StagePartition):
         """The first page waiting for align, finished and published if its answers are in."""
         if not self.pending:
             return False
-        seq = min(self.pending)
+        seq = next(iter(self.pending))  # (the lowest: pages wait in ordinal order)
         p, c = self.pending[seq], self.partition
         whole = self.aligned.peek(c, (seq, WHOLE))
         if whole is not None:

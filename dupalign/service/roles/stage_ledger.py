@@ -19,6 +19,8 @@ from dupalign.stages.ledger_store import StoredLedger
 from dupalign.store.database import Batch, Store
 from dupalign.wire.versions import DIRECTORY_DECISION
 
+RUN_WINDOW = 16  # ordinals of the sequence a run reads first (then 32, 64, ...)
+
 
 class LedgerSteps:
     """The ledger of ``part`` over ``store``; its place in the decisions is the part's
@@ -88,22 +90,33 @@ class LedgerSteps:
         and while ``fits`` says so of each one's wire fields (``DIRECTORY_DECISION``),
         taken and placed at once (``StoredLedger.apply_run``; None: not one). Each is
         decoded once, to its fields: the step of a page a partition does not own needs no
-        more (no ``Decision``, no ``Placed``)."""
+        more (no ``Decision``, no ``Placed``). The sequence is read in windows that double
+        (``RUN_WINDOW`` first): a run as long as the decisions that fit, not as the
+        backlog (a turn of a backlog reads thousands of ordinals ahead, and a partition
+        of P asks for a run at every P-th page or so)."""
         o, every = self.ledger.next_seq, self.retention.every
         if self.due(o):
             return None
         stop = o + limit
         if self.retention.max_pages or self.retention.max_age:
             stop = min(stop, (o // every + 1) * every)  # (the next sweep point)
-        dirs, fields = self.part.seq.dirs(o, stop), []
-        for k, d in enumerate(dirs):
-            raw = self.decisions.peek(d, o + k)
-            if raw is None:
+        dirs: list[int] = []
+        fields: list[dict[str, Any]] = []
+        window = RUN_WINDOW
+        while len(fields) == len(dirs) and (at := o + len(dirs)) < stop:
+            more = self.part.seq.dirs(at, min(stop, at + window))
+            if not more:
                 break
-            f = DIRECTORY_DECISION.unpack(raw)
-            if not fits(f):
-                break
-            fields.append(f)
+            dirs += more
+            for k, d in enumerate(more, at):
+                raw = self.decisions.peek(d, k)
+                if raw is None:
+                    break
+                f = DIRECTORY_DECISION.unpack(raw)
+                if not fits(f):
+                    break
+                fields.append(f)
+            window *= 2
         if not fields:
             return None
         for k in range(len(fields)):
