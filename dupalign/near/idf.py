@@ -327,9 +327,10 @@ def counted_weights(
     their counts, which the sketch has already (no second sort)."""
     if not normalize:  # one kernel instead of ~15 numpy calls, which cost more than the work
         w = np.empty(uniq.shape[0], dtype=np.float64)
-        if weights_into(np.ascontiguousarray(uniq, dtype=np.uint64),
-                           np.ascontiguousarray(counts, dtype=np.int64), idf.keys, idf.values,
-                           np.float64(idf.default_idf), tf_table(tf_mode), w):
+        if weights_by_directory(np.ascontiguousarray(uniq, dtype=np.uint64),
+                                np.ascontiguousarray(counts, dtype=np.int64), idf.keys,
+                                idf.values, idf.directory, np.float64(idf.default_idf),
+                                tf_table(tf_mode), w):
             return w
     w = _tf(counts, tf_mode) * idf.idf(uniq)
     if normalize and w.size:
@@ -352,8 +353,9 @@ def tf_table(mode: TfMode) -> F64:
 @njit(cache=True, nogil=True)
 def weights_into(uniq: U64, counts: npt.NDArray[np.int64], keys: U64, values: F32,
                     default: float, tf: F64, out: F64) -> bool:
-    """``_tf(counts) * idf.idf(uniq)`` into ``out``; False (``out`` unfinished) if a count
-    is outside the table ``tf``."""
+    """``_tf(counts) * idf.idf(uniq)`` into ``out`` by a binary search of ``keys``; False
+    (``out`` unfinished) if a count is outside the table ``tf``. The engine looks tokens up
+    with ``weights_by_directory``; this is its twin in the tests."""
     n = keys.shape[0]
     for i in range(uniq.shape[0]):
         c = counts[i]
